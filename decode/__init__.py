@@ -1,0 +1,1 @@
+"""drafterkit's speculative decoder: proposal, verification, KV-cache bookkeeping, metrics, benchmarks."""

@@ -1,0 +1,105 @@
+"""The proposal protocol: how any drafter plugs into ``decode.generate``.
+
+One round of chain speculation (Leviathan et al. 2023; Chen et al. 2023):
+
+    proposer.propose(state, k) -> k draft tokens per row (+ their draft distribution q, or None)
+    target verifies [last committed token, d_1 .. d_k] in ONE forward
+    accept a prefix of the draft tokens, add one bonus/correction token, roll back the rest
+
+A proposer is any object with the members below. It never touches the target's cache; it sees the
+committed tokens (and, if it asks, the target's hidden features) through :class:`DecodeState` and
+keeps whatever private cache it wants, re-synchronising with ``state.num_stable``.
+
+A custom proposer in a few lines (always proposes a repeat of the last token)::
+
+    class Repeat:
+        feature_layers = None
+        def check_compatible(self, target, vocab_size): pass
+        def reset(self, batch_size): pass
+        def propose(self, state, k, sampling, generator):
+            last = torch.tensor([row[-1] for row in state.tokens])
+            return Proposal(tokens=last[:, None].repeat(1, k), probs=None)
+
+    decode.generate(target, ids, drafter=Repeat(), max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding distribution. ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1``
+    disable those filters. The same params shape both the target's p and the drafter's q."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class DecodeState:
+    """What the engine shows a proposer at each round.
+
+    Attributes:
+        tokens: per row, prompt + every committed token. The last token of each row has NOT been
+            through the target yet (it is the bonus/correction token of the previous round, or the
+            first token sampled from the prefill).
+        num_stable: per row, how many leading entries of ``tokens[b]`` are unchanged since the
+            previous ``propose`` call (0 on the first call). Entries past it are new; any private
+            cache a proposer holds beyond ``num_stable[b]`` positions is stale and must be dropped.
+        features: per row, a float tensor ``[len(tokens[b]) - 1, F]``: the target's hidden states at
+            every position it has processed, concatenated over ``proposer.feature_layers`` (indices
+            into transformers' ``output_hidden_states`` tuple: 0 = embeddings, L = last layer after
+            the final norm). Row t is the state at the position that saw ``tokens[b][t]``, which is the
+            state that predicts ``tokens[b][t + 1]``. ``None`` when the proposer asks for none.
+        active: per row, False once the row has finished (its proposals are ignored).
+        vocab_size: the number of token ids that may be proposed (ids ``>= vocab_size`` never are).
+    """
+
+    tokens: list[list[int]]
+    num_stable: list[int]
+    features: list[torch.Tensor] | None
+    active: list[bool]
+    vocab_size: int
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for one round.
+
+    Attributes:
+        tokens: LongTensor ``[B, k]`` of draft token ids, each ``< state.vocab_size``.
+        probs: FloatTensor ``[B, k, V]``: the draft distribution q each draft token was SAMPLED from
+            (same temperature/top-k/top-p as the target), or ``None`` for a deterministic proposer
+            (treated as one-hot q, which keeps speculative sampling exact). ``V`` may exceed
+            ``vocab_size`` (padding rows); entries there must be 0.
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Anything ``decode.generate(drafter=...)`` accepts besides ``None`` and a transformers LM."""
+
+    feature_layers: tuple[int, ...] | None
+
+    def check_compatible(self, target: torch.nn.Module, vocab_size: int) -> None:
+        """Raise ``ValueError`` (naming the mismatch) if this drafter cannot serve ``target``."""
+
+    def reset(self, batch_size: int) -> None:
+        """Drop all private state before a new ``generate`` call."""
+
+    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        """Return ``k`` draft tokens per row (rows with ``active[b] == False`` may hold anything)."""

@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny seeded random Llama models built from config dicts, and the real target."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+TINY_VOCAB = 128
+
+
+def tiny_llama(seed: int = 0, *, vocab_size: int = TINY_VOCAB, hidden_size: int = 32, layers: int = 2,
+               heads: int = 4, kv_heads: int = 2, intermediate: int = 64, tie: bool = False):
+    """A seeded random LlamaForCausalLM, fp32, eval mode, frozen. Same seed -> same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      intermediate_size=intermediate, max_position_embeddings=512,
+                      tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    # Random init gives near-uniform logits; sharpen them so greedy/sampling behave like an LM.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture
+def tiny_target():
+    return tiny_llama(0)
+
+
+@pytest.fixture
+def tiny_draft():
+    return tiny_llama(1, layers=1)
+
+
+@pytest.fixture(scope="session")
+def real_target():
+    """The real default target (SmolLM2-135M-Instruct, fp32, CPU), fetched once into DRAFTERKIT_HOME."""
+    from decode.target import load_target
+
+    return load_target("smollm2-135m", dtype="float32", device="cpu")
+
+
+def pytest_configure(config):
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))

@@ -1,0 +1,1 @@
+"""Drafter training: data, target features, losses, the accelerate loop, in-loop evaluation."""
