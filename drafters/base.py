@@ -1,0 +1,119 @@
+"""What every drafter kind shares: config (de)serialisation and strict safetensors save/load.
+
+A drafter kind is one module in ``drafters/`` defining
+
+* a config dataclass (JSON-serialisable fields only),
+* an ``nn.Module`` subclass of :class:`Drafter` with ``forward`` for training and ``propose`` for the
+  decoder (the protocol in ``decode/protocol.py``),
+* registration in ``drafters.KINDS`` (a plain dict, kind name -> class).
+
+Checkpoints are a folder with ``config.json`` (``{"kind": ..., "config": {...}}``) and
+``model.safetensors`` holding only the drafter's OWN trainable tensors and buffers; modules borrowed
+frozen from the target (embeddings, LM head) are not saved and are re-attached from the target at
+load time. Loading is strict: a missing or unexpected tensor raises, never silently re-initialises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+class DrafterLoadError(RuntimeError):
+    """A checkpoint folder does not match the drafter it is loaded into."""
+
+
+class Drafter(nn.Module):
+    """Base class for drafter kinds.
+
+    Subclasses set ``kind`` and ``config_class``, build their modules in ``__init__(config, target=None)``,
+    and implement ``propose`` (see ``decode.protocol.Proposer``). ``borrowed_prefixes`` names
+    state-dict prefixes taken frozen from the target (excluded from checkpoints).
+    """
+
+    kind: ClassVar[str] = ""
+    config_class: ClassVar[type] = object
+    borrowed_prefixes: ClassVar[tuple[str, ...]] = ()
+    feature_layers: tuple[int, ...] | None = None
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = config
+
+    # --- decoder protocol defaults -------------------------------------------------------------
+    def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
+        tv = target.get_output_embeddings().weight.shape[0]
+        mine = getattr(self.config, "vocab_size", None)
+        if mine is not None and mine != tv:
+            raise ValueError(f"{self.kind} drafter has vocab_size {mine} but the target's LM head has {tv} "
+                             "rows; train the drafter for this target (same tokenizer)")
+
+    def reset(self, batch_size: int) -> None:
+        pass
+
+    # --- save / load -----------------------------------------------------------------------------
+    def own_state_dict(self) -> dict[str, torch.Tensor]:
+        """State dict without tensors borrowed from the target; contiguous, detached copies."""
+        return {k: v.detach().contiguous().clone() for k, v in self.state_dict().items()
+                if not k.startswith(self.borrowed_prefixes)}
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` into ``path`` (created). Returns ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
+        (path / "config.json").write_text(json.dumps({"kind": self.kind, "config": cfg}, indent=2))
+        save_file(self.own_state_dict(), str(path / "model.safetensors"), metadata={"kind": self.kind})
+        return path
+
+    def load_own_state_dict(self, state: dict[str, torch.Tensor], source: str = "") -> None:
+        """Strictly load ``state`` into the drafter's own (non-borrowed) tensors.
+
+        Raises:
+            DrafterLoadError: listing missing and unexpected tensor names, or a shape mismatch.
+        """
+        expected = {k for k in self.state_dict() if not k.startswith(self.borrowed_prefixes)}
+        missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
+        if missing or unexpected:
+            raise DrafterLoadError(f"{self.kind} checkpoint {source} does not match: missing tensors "
+                                   f"{missing[:8]}, unexpected tensors {unexpected[:8]}")
+        own = self.state_dict()
+        for k, v in state.items():
+            if own[k].shape != v.shape:
+                raise DrafterLoadError(f"{self.kind} checkpoint {source}: tensor {k} has shape "
+                                       f"{tuple(v.shape)}, expected {tuple(own[k].shape)}")
+        self.load_state_dict(state, strict=False)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target: nn.Module | None = None, **kw) -> "Drafter":
+        """Load a checkpoint written by ``save_pretrained``; ``target`` supplies borrowed modules."""
+        path = Path(path)
+        kind, cfg = read_config(path)
+        if kind != cls.kind:
+            raise DrafterLoadError(f"{path} holds a {kind!r} drafter, not {cls.kind!r}")
+        drafter = cls(cls.config_class(**cfg), target=target, **kw)
+        state = load_file(str(path / "model.safetensors"))
+        drafter.load_own_state_dict(state, source=str(path))
+        return drafter.eval()
+
+
+def read_config(path: str | Path) -> tuple[str, dict]:
+    """Read ``(kind, config dict)`` from a drafter checkpoint folder.
+
+    Raises:
+        DrafterLoadError: no ``config.json``/``model.safetensors`` there, or no ``kind`` in it.
+    """
+    path = Path(path)
+    if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
+        raise DrafterLoadError(f"{path} is not a drafter checkpoint (needs config.json and "
+                               "model.safetensors, as written by save_pretrained)")
+    data = json.loads((path / "config.json").read_text())
+    if "kind" not in data:
+        raise DrafterLoadError(f"{path}/config.json has no 'kind'; it was not written by drafterkit")
+    return data["kind"], data.get("config", {})
