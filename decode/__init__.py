@@ -1,1 +1,27 @@
-"""drafterkit's speculative decoder: proposal, verification, KV-cache bookkeeping, metrics, benchmarks."""
+"""drafterkit's speculative decoder: proposal, verification, KV-cache bookkeeping, metrics, benchmarks.
+
+``generate`` is the public entry point (DESIGN.md "Decoder contract"). Importing the package stays
+light: the engine (and transformers) load on first use of ``generate``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from decode.engine import GenerateResult, generate
+    from decode.metrics import DecodeStats
+
+__all__ = ["generate", "GenerateResult", "DecodeStats"]
+
+
+def __getattr__(name: str):
+    if name in ("generate", "GenerateResult"):
+        from decode import engine
+
+        return getattr(engine, name)
+    if name == "DecodeStats":
+        from decode.metrics import DecodeStats
+
+        return DecodeStats
+    raise AttributeError(f"module 'decode' has no attribute {name!r}")

@@ -1,0 +1,276 @@
+"""``drafterkit eval``: measure drafters on real prompts against plain decoding and transformers.
+
+In ONE process, prompt by prompt (interleaved, method order rotated per prompt, because these
+machines are noisy), run on the same chat-templated prompt:
+
+* ``spec``: ``decode.generate`` with each drafter (``PATH`` | ``ngram`` | ``draft:N`` | ``none``),
+* ``engine``: ``decode.generate(drafter=None)``, plain decoding through the same engine,
+* ``hf``: ``target.generate`` (greedy or sampled with the same params, ``max_new_tokens`` and EOS),
+* ``hf-assisted``: transformers' own speculative path for the same drafter where one exists
+  (``assistant_model=`` for a draft LM, ``prompt_lookup_num_tokens=K`` for n-gram).
+
+A warm-up call of every method comes first and is not counted. Every method is timed with the same
+wall-clock stopwatch around its call; tokens/s = total new tokens / total seconds over the prompts;
+speedups are ratios of those measurements (never derived from tau). At temperature 0 in fp32 the
+speculative outputs are compared token for token with the engine's plain output (the decoder's
+exactness guarantee): the mismatch count (expected 0) goes into the table and the JSON.
+
+``--sweep`` adds K x temperature x category rows, a Markdown table and PNG plots
+(``decode.report``); ``--concurrency 1,2,4,8`` decodes that many prompts together as one batch,
+speculation on vs off. The JSON record holds the config, machine info and every per-prompt run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from decode import report
+from decode.harness import (BASELINES, BENCHMARKS, build_drafter, build_methods, check_exactness, load_prompts,
+                            machine_info, measure, run_concurrency, run_sweep, warm_up)
+
+__all__ = ["BASELINES", "BENCHMARKS", "EvalConfig", "add_arguments", "evaluate", "print_record", "run",
+           "write_outputs"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole evaluation
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class EvalConfig:
+    """Everything ``drafterkit eval`` measures; the CLI flags map one to one (see ``add_arguments``)."""
+
+    target: str = "smollm2-135m"
+    drafters: list[str] = field(default_factory=lambda: ["ngram"])
+    benchmark: str = "mt-bench"
+    num_prompts: int = 8
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    k: int = 5
+    dtype: str = "fp32"
+    device: str = "auto"
+    seed: int = 0
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    sweep: bool = False
+    sweep_k: list[int] = field(default_factory=lambda: list(range(1, 9)))
+    sweep_temperature: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
+    concurrency: list[int] = field(default_factory=list)
+    max_prompt_tokens: int = 2048
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad flag and the fix."""
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad:
+            raise ValueError(f"--baselines: unknown {bad}; choose from {','.join(BASELINES)}")
+        for name, value, low in (("--num-prompts", self.num_prompts, 1), ("--max-new-tokens", self.max_new_tokens, 1),
+                                 ("--k", self.k, 1), ("--top-k", self.top_k, 0)):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {self.temperature}, {self.top_p}")
+        if any(k < 1 for k in self.sweep_k) or any(t < 0 for t in self.sweep_temperature) or \
+                any(c < 1 for c in self.concurrency):
+            raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
+        if not self.drafters:
+            raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
+
+
+def _eos_and_pad(target, tok) -> tuple[list[int], int]:
+    eos = getattr(target.generation_config, "eos_token_id", None) or tok.eos_token_id
+    eos = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    return eos, int(pad)
+
+
+def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
+    """Measure ``cfg.drafters`` on ``cfg.benchmark``; return the full JSON record (nothing written).
+
+    Args:
+        cfg: the evaluation; ``target`` / ``tok`` may be passed pre-loaded (else ``load_target``).
+
+    Returns:
+        ``{"config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs",
+        "timings", "sweep"?, "concurrency"?}`` (see ``decode.report`` for the run and row fields).
+
+    Raises:
+        ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
+    """
+    from decode.device import resolve_dtype
+    from decode.target import load_target, resolve_target_path
+
+    cfg.validate()
+    timings = {}
+    t0 = time.perf_counter()
+    if target is None:
+        target, tok = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    prompts = load_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
+    specs = [s for s in (build_drafter(d, target) for d in cfg.drafters) if s is not None]
+    eos, pad = _eos_and_pad(target, tok)
+    sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    methods = build_methods(target, specs, cfg.k, sampling, eos, pad, cfg.baselines)
+    if not methods:
+        raise ValueError("nothing to measure: --drafter none with no --baselines")
+    timings["load_s"] = time.perf_counter() - t0
+    timings["warmup_s"] = warm_up(methods, prompts[0])
+    t0 = time.perf_counter()
+    runs = measure(prompts, methods, cfg.max_new_tokens, cfg.seed, desc=cfg.benchmark, progress=cfg.progress)
+    timings["eval_s"] = time.perf_counter() - t0
+    exact = check_exactness(runs, cfg.temperature, resolve_dtype(cfg.dtype))
+    summary = report.summarize_eval([m.meta() for m in methods], runs)
+    for row in summary:
+        if row["role"] == "spec":
+            row["mismatches"] = exact["mismatches"].get(row["method"]) if exact["checked"] else None
+    record = dict(
+        tool="drafterkit eval", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        config=dataclasses.asdict(cfg), machine=machine_info(target),
+        target=dict(name=cfg.target, path=str(resolve_target_path(cfg.target)),
+                    parameters=sum(p.numel() for p in target.parameters()), eos_token_id=eos),
+        prompts=[dict(index=i, id=p.id, category=p.category, prompt_tokens=len(p.input_ids))
+                 for i, p in enumerate(prompts)],
+        methods=[dict(m.meta(), hf_kwargs=_public_kwargs(s.hf_kwargs, cfg.k) if m.role == "hf-assisted" else None)
+                 for m in methods for s in [next((x for x in specs if x.label == m.drafter), None)]],
+        summary=summary, exactness=exact, runs=runs, timings=timings)
+    if cfg.sweep and specs:
+        t0 = time.perf_counter()
+        sweep_runs = run_sweep(target, prompts, specs, cfg.sweep_k, cfg.sweep_temperature, top_k=cfg.top_k,
+                               top_p=cfg.top_p, eos=eos, pad=pad, max_new=cfg.max_new_tokens, seed=cfg.seed,
+                               baselines=cfg.baselines, progress=cfg.progress)
+        record["sweep"] = dict(k=cfg.sweep_k, temperature=cfg.sweep_temperature,
+                               rows=report.summarize_sweep(sweep_runs), runs=sweep_runs)
+        timings["sweep_s"] = time.perf_counter() - t0
+    if cfg.concurrency:
+        t0 = time.perf_counter()
+        conc_runs = run_concurrency(target, prompts, specs, cfg.concurrency, k=cfg.k, sampling=sampling, eos=eos,
+                                    max_new=cfg.max_new_tokens, seed=cfg.seed, progress=cfg.progress)
+        record["concurrency"] = dict(levels=cfg.concurrency, rows=report.summarize_concurrency(conc_runs),
+                                     runs=conc_runs)
+        timings["concurrency_s"] = time.perf_counter() - t0
+    return record
+
+
+def _public_kwargs(kwargs: dict | None, k: int) -> dict | None:
+    if kwargs is None:
+        return None
+    return {key: ("<draft model>" if key == "assistant_model" else (k if v == "{k}" else v))
+            for key, v in kwargs.items()}
+
+
+def write_outputs(record: dict, output: str | Path, plots_dir: str | Path | None = None) -> dict:
+    """Write ``output`` (JSON), ``output`` with ``.md`` (Markdown report) and, when the record has a
+    sweep or a concurrency sweep, PNG plots into ``plots_dir`` (default: ``<output stem>-plots``
+    next to it). Returns ``{"json", "markdown", "plots"}`` paths (also stored in the record)."""
+    output = Path(output)
+    plots = Path(plots_dir) if plots_dir else output.parent / f"{output.stem}-plots"
+    pngs = []
+    if record.get("sweep", {}).get("rows"):
+        pngs += report.plot_sweep(record["sweep"]["rows"], plots)
+    if record.get("concurrency", {}).get("rows"):
+        pngs.append(report.plot_concurrency(record["concurrency"]["rows"], plots))
+    md = output.with_suffix(".md")
+    record["artifacts"] = dict(json=str(output), markdown=str(md), plots=[str(p) for p in pngs])
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(report.render_markdown(record))
+    report.write_json(output, record)
+    return record["artifacts"]
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+def _csv(kind: type, name: str) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} takes comma-separated {kind.__name__}s, got {text!r}")
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``drafterkit eval`` (see the module docstring)."""
+    p.add_argument("--target", default="smollm2-135m", help="smollm2-135m | local folder | Hub id")
+    p.add_argument("--drafter", action="append", dest="drafters", metavar="SPEC",
+                   help="PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | none; repeatable "
+                        "(default: ngram)")
+    p.add_argument("--benchmark", default="mt-bench", help="mt-bench | humaneval | sharegpt | FILE.jsonl")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-prompt-tokens", type=int, default=2048, help="skip longer prompts")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--k", type=int, default=5, help="draft tokens per verification (K)")
+    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default="drafterkit-eval.json", help="JSON record; Markdown next to it (.md)")
+    p.add_argument("--plots-dir", default=None, help="PNG folder (default: <output stem>-plots)")
+    p.add_argument("--baselines", type=_csv(str, "--baselines"), default=list(BASELINES),
+                   help="comma-separated subset of engine,hf,hf-assisted (default: all)")
+    p.add_argument("--sweep", action="store_true", help="sweep K x temperature per category; Markdown + PNGs")
+    p.add_argument("--sweep-k", type=_csv(int, "--sweep-k"), default=list(range(1, 9)))
+    p.add_argument("--sweep-temperature", type=_csv(float, "--sweep-temperature"), default=[0.0, 0.5, 1.0])
+    p.add_argument("--concurrency", type=_csv(int, "--concurrency"), default=[],
+                   help="e.g. 1,2,4,8: prompts decoded together, speculation on vs off")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    return EvalConfig(
+        target=args.target, drafters=args.drafters or ["ngram"], benchmark=args.benchmark,
+        num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, k=args.k, dtype=args.dtype, device=args.device, seed=args.seed,
+        baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
+        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)
+
+
+def print_record(record: dict, console=None) -> None:
+    """Print the eval table and, when present, the sweep (category ``all``) and concurrency tables."""
+    from rich.console import Console
+
+    console = console or Console()
+    cfg = record["config"]
+    title = (f"{cfg['benchmark']}: {len(record['prompts'])} prompts, {cfg['max_new_tokens']} new tokens, "
+             f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")
+    report.print_eval(record["summary"], title, console)
+    ex = record["exactness"]
+    console.print(f"exactness: {'mismatches ' + str(ex['mismatches']) if ex['checked'] else 'not checked'} "
+                  f"({ex['reason']})")
+    if "sweep" in record:
+        rows = [r for r in record["sweep"]["rows"] if r["category"] == "all"]
+        console.print(report.rich_table("sweep (all categories)", rows, report.SWEEP_COLUMNS))
+    if "concurrency" in record:
+        console.print(report.rich_table("concurrency", record["concurrency"]["rows"], report.CONCURRENCY_COLUMNS))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``drafterkit eval``: 0 on success, 2 on a usage error (message on stderr)."""
+    from drafters.base import DrafterLoadError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        cfg = config_from_args(args)
+        record = evaluate(cfg)
+    except (ValueError, DrafterLoadError, OSError) as exc:
+        print(f"drafterkit eval: error: {exc}", file=sys.stderr)
+        return 2
+    paths = write_outputs(record, args.output, args.plots_dir)
+    print_record(record)
+    print(f"wrote {paths['json']} and {paths['markdown']}" + (f" and {len(paths['plots'])} plots" if paths['plots']
+                                                               else ""))
+    return 0

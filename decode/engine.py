@@ -1,0 +1,329 @@
+"""The speculative decoding engine behind ``decode.generate`` (chain drafts, batched and ragged).
+
+Each round (Leviathan et al. 2023; Chen et al. 2023; loop shaped after pytorch-labs/gpt-fast):
+
+    proposer.propose(state, k)            -> draft tokens d_1..d_k per row (+ q when sampling)
+    ONE target forward over [last, d_1..d_k] with the KV cache   -> logits [B, k+1, V]
+    verify_greedy / verify_sampling       -> n accepted + one bonus / correction token per row
+    keep n+1 new cache columns per row, mask the rest, crop to the longest row
+
+Rows of a ragged batch are left-padded; stale and padding cache columns are masked in a 2-D
+attention mask and each row carries explicit RoPE positions (see ``drafters.draft_lm.RaggedCache``).
+Finished rows stay in the batch as masked dummies. ``drafter=None`` runs the same loop with k = 0:
+plain decoding, the honest baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from decode.metrics import DecodeCounts, DecodeStats, compute_stats
+from decode.protocol import DecodeState, Proposer, SamplingParams
+from decode.sampling import check_sampling_params, logits_to_probs, sanitize_logits, select_tokens
+from decode.verify import verify_greedy, verify_sampling
+from drafters.draft_lm import DraftLM, RaggedCache, check_vocab_match, lm_head_rows
+
+_ROUND_HOOKS: list[Callable[["RoundInfo"], None]] = []
+
+
+@dataclass
+class GenerateResult:
+    """``sequences``: new token ids per row (EOS included when emitted); ``finish_reasons``: ``"stop"``
+    (EOS emitted) or ``"length"`` (``max_new_tokens`` reached); ``stats``: :class:`DecodeStats`."""
+
+    sequences: list[list[int]]
+    finish_reasons: list[str]
+    stats: DecodeStats
+
+
+@dataclass
+class RoundInfo:
+    """What a :func:`watch_rounds` callback sees after prefill (round 0) and after each round."""
+
+    round: int
+    cache_length: int  # columns in the target's KV cache
+    mask_length: int  # columns the engine believes the cache holds
+    valid_columns: list[int]  # per row, unmasked cache columns
+    n_real: list[int]  # per row, tokens the target has processed
+    tokens: list[list[int]]  # per row, prompt + committed tokens
+    active: list[bool]
+
+
+@contextmanager
+def watch_rounds(callback: Callable[[RoundInfo], None]) -> Iterator[None]:
+    """Debug hook: call ``callback(RoundInfo)`` after every round of ``generate`` inside the block."""
+    _ROUND_HOOKS.append(callback)
+    try:
+        yield
+    finally:
+        _ROUND_HOOKS.remove(callback)
+
+
+def _as_rows(input_ids: Any) -> list[list[int]]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(f"input_ids must be an integer tensor [B, T]; got {input_ids.dtype} "
+                             f"{tuple(input_ids.shape)}")
+        rows = input_ids.tolist()
+    elif isinstance(input_ids, (list, tuple)) and all(isinstance(r, (list, tuple)) for r in input_ids):
+        rows = [[int(t) for t in r] for r in input_ids]
+    else:
+        raise ValueError("input_ids must be a LongTensor [B, T] or a list of token-id lists (ragged batch)")
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("input_ids needs at least one row and every row at least one token "
+                         "(add a BOS token for an empty prompt)")
+    return rows
+
+
+def _resolve_eos(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        gen = getattr(target, "generation_config", None)
+        eos_token_id = getattr(gen, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_token_id = getattr(target.config, "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.tolist()
+    return frozenset([int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id])
+
+
+def _as_proposer(drafter: Any) -> Proposer | None:
+    if drafter is None:
+        return None
+    if isinstance(drafter, DraftLM) or isinstance(drafter, Proposer):
+        return drafter
+    if hasattr(drafter, "get_output_embeddings") and hasattr(drafter, "config"):
+        return DraftLM.from_model(drafter)
+    raise TypeError(f"drafter must be None, a drafters.Drafter, a transformers causal LM or an object with "
+                    f"feature_layers / check_compatible / reset / propose; got {type(drafter).__name__}")
+
+
+def _vocab_size(target: torch.nn.Module, proposer: Proposer | None) -> int:
+    vocab = min(lm_head_rows(target), getattr(target.config, "vocab_size", None) or lm_head_rows(target))
+    if isinstance(proposer, DraftLM):
+        vocab = min(vocab, check_vocab_match(target, proposer.lm, what="draft model"))
+    return vocab
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Decoder:
+    """State of one ``generate`` call. Functions are split so each does one step of the round."""
+
+    def __init__(self, target, rows, proposer, sampling, k_max, max_new, eos, vocab, generator):
+        self.target, self.proposer, self.sampling = target, proposer, sampling
+        self.k_max, self.max_new, self.eos, self.vocab, self.gen = k_max, max_new, eos, vocab, generator
+        self.device = next(target.parameters()).device
+        self.tokens = [list(r) for r in rows]
+        self.out: list[list[int]] = [[] for _ in rows]
+        self.reasons: list[str | None] = [None] * len(rows)
+        self.prev_len = [0] * len(rows)
+        capacity = max(len(r) for r in rows) + (k_max + 1) * max_new + 1
+        self.cache = RaggedCache(target, len(rows), self.device, capacity=capacity)
+        self.counts = DecodeCounts(batch_size=len(rows), reached=[0] * k_max, accepted_at=[0] * k_max)
+        self.layers = getattr(proposer, "feature_layers", None) if proposer is not None else None
+        self.feats: torch.Tensor | None = None
+        self.round = 0
+
+    # --- bookkeeping -----------------------------------------------------------------------------------
+    @property
+    def active(self) -> list[bool]:
+        return [r is None for r in self.reasons]
+
+    def _emit(self, b: int, toks: list[int]) -> list[int]:
+        """Append ``toks`` to row b, cut at the first EOS; set its finish reason. Returns what was emitted."""
+        emitted = []
+        for t in toks:
+            emitted.append(t)
+            if t in self.eos:
+                self.reasons[b] = "stop"
+                break
+        self.out[b] += emitted
+        self.tokens[b] += emitted
+        if self.reasons[b] is None and len(self.out[b]) >= self.max_new:
+            self.reasons[b] = "length"
+        return emitted
+
+    def _hidden(self, out, start: int | None = None) -> torch.Tensor | None:
+        if self.layers is None:
+            return None
+        hs = out.hidden_states
+        bad = [i for i in self.layers if not -len(hs) <= i < len(hs)]
+        if bad:
+            raise ValueError(f"drafter.feature_layers {bad} out of range: the target has {len(hs)} hidden states")
+        return torch.cat([hs[i] for i in self.layers], dim=-1)
+
+    def _store_features(self, h: torch.Tensor, starts: list[int], counts: list[int], src: list[int]) -> None:
+        """Write ``h[b, src[b]: src[b]+counts[b]]`` to the feature buffer at token index ``starts[b]``."""
+        if self.feats is None:
+            size = max(len(t) for t in self.tokens) + (self.k_max + 1) * self.max_new + 1
+            self.feats = torch.zeros(len(self.tokens), size, h.shape[-1], dtype=h.dtype, device=h.device)
+        for b, (s, c, o) in enumerate(zip(starts, counts, src)):
+            if c:
+                self.feats[b, s: s + c] = h[b, o: o + c]
+
+    def _state(self) -> DecodeState:
+        feats = None if self.feats is None else [self.feats[b, : len(t) - 1] for b, t in enumerate(self.tokens)]
+        state = DecodeState(tokens=self.tokens, num_stable=self.prev_len, features=feats, active=self.active,
+                            vocab_size=self.vocab)
+        self.prev_len = [len(t) for t in self.tokens]
+        return state
+
+    def _notify(self) -> None:
+        if not _ROUND_HOOKS:
+            return
+        c = self.cache
+        info = RoundInfo(self.round, c.cache.get_seq_length(), c.length, c.mask[:, : c.length].sum(1).tolist(),
+                         c.n_real.tolist(), [list(t) for t in self.tokens], self.active)
+        for hook in list(_ROUND_HOOKS):
+            hook(info)
+
+    # --- the two passes ------------------------------------------------------------------------------
+    def prefill(self) -> None:
+        want_h = self.layers is not None
+        out = self.cache.prefill(self.tokens, logits_to_keep=1, output_hidden_states=want_h)
+        first, _ = select_tokens(out.logits[:, -1, : self.vocab], self.sampling, self.vocab, self.gen)
+        if want_h:
+            p = max(len(t) for t in self.tokens)
+            lens = [len(t) for t in self.tokens]
+            self._store_features(self._hidden(out), [0] * len(lens), lens, [p - n for n in lens])
+        for b, t in enumerate(first.tolist()):
+            self._emit(b, [t])
+        self.counts.prefill_committed = len(self.tokens)
+        self._notify()
+
+    def _propose(self, k: int, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Draft tokens ``[B, k]`` (invalid ids replaced by 0), q ``[B, k, V]`` or None, and the limit
+        cut at each row's first invalid id."""
+        b = len(self.tokens)
+        if k == 0:
+            return torch.zeros(b, 0, dtype=torch.long, device=self.device), None, limit
+        t0 = time.perf_counter()
+        prop = self.proposer.propose(self._state(), k, self.sampling, self.gen)
+        _sync(self.device)
+        self.counts.draft_time_s += time.perf_counter() - t0
+        d = torch.as_tensor(prop.tokens).to(self.device, torch.long)
+        if d.dim() != 2 or d.shape[0] != b or d.shape[1] < k:
+            raise ValueError(f"{type(self.proposer).__name__}.propose returned tokens {tuple(d.shape)}; "
+                             f"expected [B, k] = [{b}, {k}]")
+        d = d[:, :k]
+        bad = (d < 0) | (d >= self.vocab)
+        first_bad = torch.where(bad.any(1), bad.long().argmax(1), torch.full_like(limit, k))
+        q = None if prop.probs is None or self.sampling.greedy else prop.probs[:, :k].to(self.device)
+        return d.masked_fill(bad, 0), q, torch.minimum(limit, first_bad)
+
+    def step(self) -> None:
+        """One round: propose, ONE target forward over ``[last, d_1..d_k]``, verify, commit."""
+        active = self.active
+        remaining = [self.max_new - len(o) for o in self.out]
+        k = 0 if self.proposer is None else min(self.k_max, max(r for r, a in zip(remaining, active) if a) - 1)
+        limit = torch.tensor([min(k, r - 1) if a else 0 for r, a in zip(remaining, active)], device=self.device)
+        d, q, limit = self._propose(k, limit)
+        t0 = time.perf_counter()
+        last = torch.tensor([[t[-1]] for t in self.tokens], dtype=torch.long, device=self.device)
+        n_real_before = self.cache.n_real.tolist()
+        out = self.cache.run(torch.cat([last, d], 1), logits_to_keep=k + 1,
+                             output_hidden_states=self.layers is not None)
+        logits = out.logits[..., : self.vocab]  # [B, k+1, V]
+        if self.sampling.greedy:
+            n, nxt = verify_greedy(sanitize_logits(logits), d, limit)
+        else:
+            n, nxt = verify_sampling(logits_to_probs(logits, self.sampling), q, d, self.gen, limit)
+        act = torch.tensor(active, device=self.device)
+        valid = torch.where(act, n + 1, 0)
+        host = torch.cat([n[:, None], nxt[:, None], limit[:, None], d], 1).tolist()
+        self.cache.keep(valid, valid_max=max(h[0] + 1 if a else 0 for h, a in zip(host, active)))
+        if self.layers is not None:
+            cnt = [h[0] + 1 if a else 0 for h, a in zip(host, active)]
+            self._store_features(self._hidden(out), n_real_before, cnt, [0] * len(cnt))
+        for b, (row, a) in enumerate(zip(host, active)):
+            if a:
+                self._commit(b, row, k)
+        _sync(self.device)
+        self.counts.verify_time_s += time.perf_counter() - t0
+        self.round += 1
+        self._notify()
+
+    def _commit(self, b: int, row: list[int], k: int) -> None:
+        n_acc, nxt, lim, drafts = row[0], row[1], row[2], row[3: 3 + k]
+        emitted = self._emit(b, drafts[:n_acc] + [nxt])
+        accepted = min(len(emitted), n_acc)
+        stopped_early = self.reasons[b] == "stop" and len(emitted) <= n_acc
+        rejected_at = n_acc if n_acc < lim and not stopped_early else None
+        self.counts.record_row(drafted=min(k, lim) if lim >= 0 else 0, accepted=accepted,
+                               committed=len(emitted), rejected_at=rejected_at)
+
+
+def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]], *, drafter: Any = None,
+             max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             num_draft_tokens: int = 5, tree: Any = None, eos_token_id: int | list[int] | None = None,
+             seed: int | None = None) -> GenerateResult:
+    """Speculative (or, with ``drafter=None``, plain) decoding of a frozen target. See DESIGN.md
+    "Decoder contract"; algorithm: Leviathan et al. 2023, Chen et al. 2023 (chain drafts).
+
+    Args:
+        target: a transformers causal LM (frozen, eval mode).
+        input_ids: LongTensor ``[B, T]`` (no padding) or a list of token-id lists (ragged batch).
+        drafter: ``None``; a ``drafters.Drafter``; a transformers causal LM sharing the target's
+            tokenizer (wrapped as ``DraftLM``); or any ``decode.protocol.Proposer``.
+        max_new_tokens: the most tokens emitted per row (>= 1).
+        temperature, top_k, top_p: the decoding distribution; ``temperature == 0`` is greedy.
+        num_draft_tokens: K, the chain length proposed per round (clamped to the remaining budget).
+        tree: tree drafts are not implemented yet; must be ``None``.
+        eos_token_id: int or list; ``None`` = the target's ``generation_config.eos_token_id``.
+        seed: seeds the ``torch.Generator`` used for all sampling (draft and target).
+
+    Returns:
+        :class:`GenerateResult` (``sequences`` hold only NEW tokens; EOS included when emitted).
+
+    Raises:
+        NotImplementedError: ``tree`` is not ``None``.
+        ValueError: bad sizes or sampling params, token ids outside the vocabulary, or a drafter whose
+            vocabulary / tokenizer does not match the target (checked before any token is generated).
+        TypeError: ``drafter`` is none of the accepted kinds.
+    """
+    if tree is not None:
+        raise NotImplementedError("tree drafts are not implemented yet: pass tree=None (chain drafts of "
+                                  "num_draft_tokens tokens)")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    sampling = SamplingParams(float(temperature), int(top_k), float(top_p))
+    check_sampling_params(sampling)
+    rows = _as_rows(input_ids)
+    proposer = _as_proposer(drafter)
+    vocab = _vocab_size(target, proposer)
+    if proposer is not None:
+        proposer.check_compatible(target, vocab)
+    bad = [t for r in rows for t in r if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"input_ids hold token ids {sorted(set(bad))[:5]} outside the vocabulary [0, {vocab}); "
+                         "tokenize with the target's tokenizer")
+    device = next(target.parameters()).device
+    gen = None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
+    k_max = num_draft_tokens if proposer is not None else 0
+    dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, _resolve_eos(target, eos_token_id),
+                   vocab, gen)
+    if proposer is not None:
+        proposer.reset(len(rows))
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        dec.prefill()
+        _sync(device)
+        dec.counts.ttft_s = time.perf_counter() - t0
+        while any(dec.active):
+            dec.step()
+        dec.counts.total_time_s = time.perf_counter() - t0
+    return GenerateResult(dec.out, [r or "length" for r in dec.reasons], compute_stats(dec.counts))

@@ -1,0 +1,365 @@
+"""The measuring parts of ``drafterkit eval`` (``decode.bench``): eval prompts, drafter specs, the
+methods compared (speculative engine, plain engine, ``target.generate``, transformers' own
+speculative path), and the interleaved measurement loops (eval, K x temperature sweep, concurrency).
+
+Every method is timed with the same wall-clock stopwatch around its whole call; a run dict per
+(prompt or batch, method) holds the new tokens, the seconds and the engine's ``DecodeStats``
+(``None`` for transformers' paths). ``decode.report`` pools runs into rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
+BASELINES = ("engine", "hf", "hf-assisted")
+HUMANEVAL_REQUEST = ("Complete the following Python function. Reply with the completed code only.\n\n"
+                     "```python\n{prompt}```")
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class Prompt:
+    """One eval prompt: ``input_ids`` is the chat-templated prompt (``list[int]``, ends where the
+    assistant's answer starts)."""
+
+    id: str
+    category: str
+    messages: list[dict]
+    input_ids: list[int]
+
+
+@dataclass
+class DrafterSpec:
+    """A drafter to measure: ``label`` (table name), the object passed to ``decode.generate``, and the
+    kwargs of transformers' own equivalent (``None``: it has none). ``"{k}"`` in a kwarg is K."""
+
+    label: str
+    drafter: Any
+    hf_kwargs: dict | None
+
+
+@dataclass
+class Method:
+    """One way of producing the answer; ``call(rows, seed, max_new) -> (sequences, wall_s, stats)``."""
+
+    method: str
+    role: str  # plain | spec | hf | hf-assisted
+    drafter: str
+    k: int
+    call: Callable = field(repr=False)
+
+    def meta(self) -> dict:
+        return dict(method=self.method, role=self.role, drafter=self.drafter, k=self.k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------------
+
+def _balanced(items: list[dict], n: int) -> list[dict]:
+    """``n`` items taken round-robin over their ``category`` (file order), so a small ``n`` still
+    covers every workload (MT-bench: n = 8 gives one question per category)."""
+    by_cat: dict[str, list[dict]] = {}
+    for it in items:
+        by_cat.setdefault(it["category"], []).append(it)
+    out, i = [], 0
+    while len(out) < min(n, len(items)):
+        for rows in by_cat.values():
+            if i < len(rows) and len(out) < n:
+                out.append(rows[i])
+        i += 1
+    return out
+
+
+def chat_ids(tok, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template, ending at the generation
+    prompt; a tokenizer without a template gets the contents joined by blank lines."""
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return list(tok("\n\n".join(m["content"] for m in messages))["input_ids"])
+
+
+def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: int = 2048,
+                 heldout_seed: int = 0) -> list[Prompt]:
+    """Eval prompts for ``benchmark`` (``mt-bench`` first turns balanced over its 8 categories,
+    ``humaneval`` (category ``code``), ``sharegpt`` held-out first turns, or a ``.jsonl`` file read
+    by ``decode.prompts.load_prompts_jsonl``), chat-templated with ``tok``.
+
+    Raises:
+        ValueError: unknown benchmark, ``num_prompts < 1``, or fewer usable prompts than asked.
+    """
+    from decode import prompts as P
+
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if benchmark == "mt-bench":
+        items = [dict(id=f"mt-bench/{q['question_id']}", category=q["category"],
+                      messages=[{"role": "user", "content": q["turns"][0]}]) for q in P.load_mt_bench()]
+    elif benchmark == "humaneval":
+        items = [dict(id=p["task_id"], category="code",
+                      messages=[{"role": "user", "content": HUMANEVAL_REQUEST.format(prompt=p["prompt"])}])
+                 for p in P.load_humaneval()]
+    elif benchmark == "sharegpt":
+        from decode.assets import fetch
+
+        msgs = P.heldout_prompts(fetch("sharegpt"), 4 * num_prompts, seed=heldout_seed)
+        items = [dict(id=f"sharegpt/{i}", category="sharegpt", messages=m) for i, m in enumerate(msgs)]
+    elif benchmark.endswith((".jsonl", ".jsonl.gz")) or Path(benchmark).is_file():
+        if not Path(benchmark).is_file():
+            raise ValueError(f"--benchmark {benchmark}: no such file")
+        items = [dict(id=f"{Path(benchmark).name}/{i}", category=Path(benchmark).stem, messages=m)
+                 for i, m in enumerate(P.load_prompts_jsonl(benchmark))]
+    else:
+        raise ValueError(f"unknown --benchmark {benchmark!r}; use one of {', '.join(BENCHMARKS)} or a .jsonl "
+                         "file of {\"prompt\": ...} / {\"messages\": [...]} lines")
+    out = []
+    for it in _balanced(items, len(items)):
+        ids = chat_ids(tok, it["messages"])
+        if len(ids) <= max_prompt_tokens:
+            out.append(Prompt(it["id"], it["category"], it["messages"], ids))
+        if len(out) == num_prompts:
+            return out
+    raise ValueError(f"{benchmark}: only {len(out)} prompts of at most {max_prompt_tokens} tokens, asked for "
+                     f"{num_prompts}; lower --num-prompts or raise --max-prompt-tokens")
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafters and methods
+# ---------------------------------------------------------------------------------------------
+
+def build_drafter(spec: str, target) -> DrafterSpec | None:
+    """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
+    anything else -> a checkpoint folder (``.../best`` or ``.../best/drafter``) via ``load_drafter``.
+
+    Raises:
+        ValueError: a malformed ``draft:N`` or a path that is not a drafter checkpoint.
+    """
+    from drafters.draft_lm import DraftLM
+
+    if spec == "none":
+        return None
+    if spec == "ngram":
+        from drafters.ngram import NGramDrafter
+
+        d = NGramDrafter()
+        return DrafterSpec("ngram", d, {"prompt_lookup_num_tokens": "{k}",
+                                        "max_matching_ngram_size": d.config.max_ngram})
+    if spec.startswith("draft:"):
+        n = spec.split(":", 1)[1]
+        layers = target.config.num_hidden_layers
+        if not n.isdigit() or not 1 <= int(n) <= layers:
+            raise ValueError(f"--drafter {spec}: N must be an int in [1, {layers}] (layers of the target kept)")
+        d = DraftLM.from_target(target, int(n))
+        return DrafterSpec(spec, d, _assistant_kwargs(d))
+    return _load_checkpoint(spec, target)
+
+
+def _assistant_kwargs(d) -> dict:
+    # Same job as the engine: a constant K draft tokens per round, no early stop on low confidence.
+    return {"assistant_model": d.lm, "num_assistant_tokens": "{k}", "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0}
+
+
+def _load_checkpoint(spec: str, target) -> DrafterSpec:
+    from drafters import load_drafter
+    from drafters.draft_lm import DraftLM
+
+    path = Path(spec)
+    if (path / "drafter" / "config.json").exists():
+        path = path / "drafter"
+    if not (path / "config.json").exists():
+        raise ValueError(f"--drafter {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder "
+                         "(one holding config.json + model.safetensors, e.g. OUTPUT_DIR/checkpoints/best)")
+    d = load_drafter(path, target=target)
+    p = next(target.parameters())
+    d.to(device=p.device, dtype=p.dtype)
+    name = path.parent.name if path.name == "drafter" else path.name
+    return DrafterSpec(f"{d.kind}:{name}", d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None)
+
+
+def _sampling_kwargs(temperature: float, top_k: int, top_p: float) -> dict:
+    if temperature <= 0:
+        return dict(do_sample=False)
+    return dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[: i + 1]
+    return ids
+
+
+def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int]) -> Method:
+    """A ``decode.generate`` method: plain (``spec is None``) or speculative with ``spec``'s drafter."""
+    import decode
+
+    drafter = spec.drafter if spec else None
+
+    def call(rows, seed, max_new):
+        t0 = time.perf_counter()
+        res = decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, num_draft_tokens=k,
+                              eos_token_id=eos, seed=seed, **sampling)
+        wall = time.perf_counter() - t0
+        return res.sequences, wall, dataclasses.asdict(res.stats)
+
+    if spec is None:
+        return Method("engine", "plain", "none", 0, call)
+    return Method(spec.label, "spec", spec.label, k, call)
+
+
+def hf_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int], pad: int) -> Method:
+    """``target.generate`` (``spec is None``) or transformers' speculative path for ``spec`` (batch 1)."""
+    extra = {key: (k if v == "{k}" else v) for key, v in (spec.hf_kwargs or {}).items()} if spec else {}
+    hf_sampling = {"temperature": sampling["temperature"], "top_k": sampling["top_k"],
+                   "top_p": sampling["top_p"]} if sampling["temperature"] > 0 else {}
+    kw = dict(_sampling_kwargs(sampling["temperature"], sampling["top_k"], sampling["top_p"]), **hf_sampling)
+
+    def call(rows, seed, max_new):
+        if len(rows) != 1:
+            raise ValueError("the transformers baselines run one prompt at a time (batch 1)")
+        dev = next(target.parameters()).device
+        ids = torch.tensor(rows, dtype=torch.long, device=dev)
+        if seed is not None:
+            torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                  min_new_tokens=0, eos_token_id=eos, pad_token_id=pad, **kw, **extra)
+        wall = time.perf_counter() - t0
+        return [_cut_at_eos(out[0, ids.shape[1]:].tolist(), eos)], wall, None
+
+    if spec is None:
+        return Method("hf", "hf", "none", 0, call)
+    return Method(f"{spec.label} [hf-assisted]", "hf-assisted", spec.label, k, call)
+
+
+def build_methods(target, specs: list[DrafterSpec], k: int, sampling: dict, eos: list[int], pad: int,
+                  baselines: list[str]) -> list[Method]:
+    """Spec methods for every drafter, then the requested baselines (``engine``, ``hf``, ``hf-assisted``)."""
+    methods = [engine_method(target, s, k, sampling, eos) for s in specs]
+    if "engine" in baselines:
+        methods.append(engine_method(target, None, k, sampling, eos))
+    if "hf" in baselines:
+        methods.append(hf_method(target, None, k, sampling, eos, pad))
+    if "hf-assisted" in baselines:
+        methods += [hf_method(target, s, k, sampling, eos, pad) for s in specs if s.hf_kwargs is not None]
+    return methods
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+
+def warm_up(methods: list[Method], prompt: Prompt) -> float:
+    """One short uncounted call of every method; returns the seconds it took."""
+    t0 = time.perf_counter()
+    for m in methods:
+        m.call([prompt.input_ids], 0, WARMUP_TOKENS)
+    return time.perf_counter() - t0
+
+
+def measure(prompts: list[Prompt], methods: list[Method], max_new: int, seed: int, *, desc: str = "prompts",
+            extra: dict | None = None, progress: bool = True) -> list[dict]:
+    """Run every method on every prompt, interleaved prompt by prompt (method order rotated by one
+    each prompt so no method always runs first). Returns one run dict per (prompt, method)."""
+    from tqdm import tqdm
+
+    runs = []
+    for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress, leave=False)):
+        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        for m in order:
+            seqs, wall, stats = m.call([p.input_ids], seed + i, max_new)
+            runs.append(dict(m.meta(), **(extra or {}), prompt=i, prompt_id=p.id, category=p.category, rows=1,
+                             new_tokens=len(seqs[0]), wall_s=wall, stats=stats, output_ids=seqs[0]))
+    return runs
+
+
+def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype) -> dict:
+    """Compare each spec method's output with the engine's plain output, prompt by prompt.
+
+    Returns:
+        ``{"checked", "reason", "mismatches": {method: n}, "mismatched_prompts": {method: [ids]},
+        "hf_vs_engine_mismatches"}``; counts are ``None`` when not checked (temperature > 0, or a
+        dtype other than fp32 where near-ties may flip legitimately, or no plain engine run).
+    """
+    plain = {r["prompt"]: r["output_ids"] for r in runs if r["role"] == "plain"}
+    checked = temperature == 0 and dtype == torch.float32 and bool(plain)
+    reason = ("temperature 0, fp32: speculative output must equal plain decoding token for token" if checked
+              else "only checked at temperature 0 in fp32 with the engine baseline run")
+    out = dict(checked=checked, reason=reason, mismatches={}, mismatched_prompts={}, hf_vs_engine_mismatches=None)
+    if not checked:
+        return out
+    for r in runs:
+        if r["role"] in ("spec", "hf"):
+            bad = r["output_ids"] != plain[r["prompt"]]
+            if r["role"] == "hf":
+                out["hf_vs_engine_mismatches"] = (out["hf_vs_engine_mismatches"] or 0) + bad
+                continue
+            out["mismatches"][r["method"]] = out["mismatches"].get(r["method"], 0) + bad
+            if bad:
+                out["mismatched_prompts"].setdefault(r["method"], []).append(r["prompt_id"])
+    return out
+
+
+def run_sweep(target, prompts, specs, ks, temperatures, *, top_k, top_p, eos, pad, max_new, seed,
+              baselines, progress=True) -> list[dict]:
+    """K x temperature sweep: per temperature, every prompt runs plain, HF (if requested) and each
+    drafter at each K, interleaved prompt by prompt. Returns run dicts with ``temperature`` set."""
+    runs = []
+    for temp in temperatures:
+        sampling = dict(temperature=temp, top_k=top_k, top_p=top_p)
+        methods = [engine_method(target, None, 0, sampling, eos)]
+        if "hf" in baselines:
+            methods.append(hf_method(target, None, 0, sampling, eos, pad))
+        for s in specs:
+            for k in ks:
+                m = engine_method(target, s, k, sampling, eos)
+                m.method = f"{s.label} K={k}"
+                methods.append(m)
+        runs += measure(prompts, methods, max_new, seed, desc=f"sweep T={temp:g}", extra=dict(temperature=temp),
+                        progress=progress)
+    return runs
+
+
+def run_concurrency(target, prompts, specs, levels, *, k, sampling, eos, max_new, seed, progress=True) -> list[dict]:
+    """For each concurrency c: batches of c prompts (cycled when there are fewer) decoded together,
+    speculation off (plain engine) and on (each drafter), interleaved batch by batch."""
+    from tqdm import tqdm
+
+    methods = [engine_method(target, None, k, sampling, eos)] + [engine_method(target, s, k, sampling, eos)
+                                                                  for s in specs]
+    runs = []
+    for c in levels:
+        n_batches = max(1, len(prompts) // c)
+        for j in tqdm(range(n_batches), desc=f"concurrency {c}", disable=not progress, leave=False):
+            rows = [prompts[(j * c + t) % len(prompts)].input_ids for t in range(c)]
+            for m in methods[j % len(methods):] + methods[: j % len(methods)]:
+                seqs, wall, stats = m.call(rows, seed + j, max_new)
+                runs.append(dict(m.meta(), concurrency=c, batch=j, category="all", rows=c,
+                                 new_tokens=sum(len(s) for s in seqs), wall_s=wall, stats=stats))
+    return runs
+
+
+def machine_info(target) -> dict:
+    """Versions, threads and device: what a reader needs to judge the figures."""
+    import transformers
+
+    p = next(target.parameters())
+    info = dict(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
+                transformers=transformers.__version__, threads=torch.get_num_threads(),
+                cpu_count=os.cpu_count(), device=str(p.device), dtype=str(p.dtype).removeprefix("torch."))
+    if p.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(p.device)
+    return info

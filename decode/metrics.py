@@ -1,0 +1,108 @@
+"""Decode statistics: raw counts gathered by the engine and the derived figures of the contract.
+
+Definitions (DESIGN.md "Decoder contract"; all summed over the batch):
+
+* ``committed``: tokens emitted (= total output length; each row's first token comes from prefill).
+* ``target_forwards``: verification passes after prefill, counted per active row.
+* ``drafted`` / ``accepted``: draft tokens proposed / accepted (bonus excluded; tokens after an EOS
+  are neither emitted nor counted).
+* ``tau`` = tokens committed by verification passes / verification passes (acceptance length,
+  bonus included; 1.0 for plain decoding; 0.0 when there was no verification pass).
+* ``acceptance_rate`` = accepted / drafted (0.0 when nothing was drafted).
+* ``accept_per_position[i]`` = draft tokens accepted at position i / proposals whose verification
+  reached position i (every earlier draft token accepted and the row not yet stopped), i.e. the
+  conditional acceptance rate of position i in the chain (0.0 where none reached it).
+* times in seconds; ``tokens_per_s`` = committed / total_time_s; ``tpot_ms`` =
+  1000 (total_time_s - ttft_s) / (committed - B) (0.0 when no token followed the first ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DecodeStats:
+    """The statistics of one ``decode.generate`` call (see the module docstring for definitions)."""
+
+    committed: int
+    target_forwards: int
+    drafted: int
+    accepted: int
+    tau: float
+    acceptance_rate: float
+    accept_per_position: list[float]
+    draft_time_s: float
+    verify_time_s: float
+    total_time_s: float
+    ttft_s: float
+    tokens_per_s: float
+    tpot_ms: float
+
+
+@dataclass
+class DecodeCounts:
+    """Raw counts and timings the engine accumulates; :func:`compute_stats` derives the rest.
+
+    ``reached[i]`` / ``accepted_at[i]``: how many verified proposals reached / accepted draft
+    position i (0-based). ``prefill_committed``: first tokens emitted by prefill (one per row).
+    """
+
+    batch_size: int
+    prefill_committed: int = 0
+    verify_committed: int = 0
+    target_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    reached: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+    ttft_s: float = 0.0
+
+    def record_row(self, *, drafted: int, accepted: int, committed: int, rejected_at: int | None) -> None:
+        """Record one row's verification pass.
+
+        Args:
+            drafted: draft tokens considered for this row in this pass.
+            accepted: draft tokens accepted and emitted (cut at EOS).
+            committed: tokens emitted by this pass for this row (accepted + bonus/correction, or
+                fewer when EOS cut the block).
+            rejected_at: the draft position whose rejection this pass observed, or ``None``
+                (all considered tokens accepted, or the row stopped at EOS before any rejection).
+        """
+        self.target_forwards += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verify_committed += committed
+        last = accepted if rejected_at is None else rejected_at + 1
+        if last > len(self.reached):
+            grow = last - len(self.reached)
+            self.reached += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(last):
+            self.reached[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+
+
+def compute_stats(c: DecodeCounts) -> DecodeStats:
+    """Derive :class:`DecodeStats` from raw counts (pure function, exact)."""
+    committed = c.prefill_committed + c.verify_committed
+    after_first = committed - c.prefill_committed
+    return DecodeStats(
+        committed=committed,
+        target_forwards=c.target_forwards,
+        drafted=c.drafted,
+        accepted=c.accepted,
+        tau=c.verify_committed / c.target_forwards if c.target_forwards else 0.0,
+        acceptance_rate=c.accepted / c.drafted if c.drafted else 0.0,
+        accept_per_position=[a / r if r else 0.0 for a, r in zip(c.accepted_at, c.reached)],
+        draft_time_s=c.draft_time_s,
+        verify_time_s=c.verify_time_s,
+        total_time_s=c.total_time_s,
+        ttft_s=c.ttft_s,
+        tokens_per_s=committed / c.total_time_s if c.total_time_s > 0 else 0.0,
+        tpot_ms=1000.0 * (c.total_time_s - c.ttft_s) / after_first if after_first > 0 else 0.0,
+    )

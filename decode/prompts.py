@@ -1,0 +1,543 @@
+"""Raw chat-data and eval-prompt readers (no tokenizer): ShareGPT, chat JSONL, MT-bench, HumanEval.
+
+Used by ``train.data`` (training examples) and by decode's benchmark harness (eval prompts), so a
+held-out conversation is chosen by ONE function, :func:`is_heldout`, on both sides.
+
+Formats read (plain or ``.gz``):
+
+* ShareGPT (the format FastChat, Vicuna, Medusa and EAGLE train on): a JSON array, or JSONL, of
+  ``{"id": ..., "conversations": [{"from": "human"|"gpt"|..., "value": str}, ...]}``.
+* Chat JSONL (OpenAI / transformers chat format): ``{"messages": [{"role": ..., "content": str}]}``
+  per line (a JSON array of such records works too).
+
+A JSON array is streamed with ``json.JSONDecoder.raw_decode`` over a buffered reader, one record at
+a time; the whole file is never held in one string. A file truncated mid-record (the pinned
+ShareGPT V3 file is: 17,671 complete conversations, then a torn one) keeps every complete record,
+drops the torn tail with a ``warnings.warn`` naming the count, and never raises on it.
+
+Normalisation, applied to every record (each decision is counted in :class:`LoaderStats`):
+
+* roles: ``human``/``user`` -> ``user``; ``gpt``/``chatgpt``/``bing``/``bard``/``assistant``/
+  ``model`` -> ``assistant``; ``system`` -> ``system`` (case-insensitive). A record with any other
+  role, a turn that is not an object, or a non-string value is skipped whole, with its reason.
+* empty turns (empty or whitespace-only text) are dropped.
+* assistant turns before the first user turn are dropped (ShareGPT splits long chats into parts
+  ``<id>_1``, ``<id>_2``...; many parts start with the assistant). A leading system turn is kept.
+* consecutive turns of the same role are MERGED into one, joined by a blank line (``"\\n\\n"``),
+  rather than dropping the record: no text is lost and the alternation the chat templates expect
+  is restored.
+* a record left without a user turn followed by an assistant turn is skipped.
+
+Contents are kept verbatim (not stripped).
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import hashlib
+import itertools
+import json
+import logging
+import re
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+
+ROLE_MAP = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    "assistant": "assistant", "model": "assistant",
+    "system": "system",
+}
+HELDOUT_FRACTION = 0.02  # default share of ShareGPT conversation groups held out for evaluation
+_CHUNK_CHARS = 1 << 20
+_PART_SUFFIX = re.compile(r"^(.*)_(\d+)$")
+
+
+@dataclass
+class Conversation:
+    """One normalised conversation.
+
+    Attributes:
+        id: the record's ``id`` (``"#<index>"`` when the record has none).
+        index: 0-based position of the record in its file (every record counts, skipped or not).
+        messages: ``[{"role", "content"}]``, roles in {system, user, assistant}, starting with an
+            optional system turn then a user turn, same-role turns merged, at least one assistant turn.
+    """
+
+    id: str
+    index: int
+    messages: list[Message]
+
+    @property
+    def split_key(self) -> str:
+        """The key the train / held-out split hashes: the id without a ShareGPT part suffix
+        (``abc_0``, ``abc_1`` -> ``abc``), so every part of one original chat lands on the same side."""
+        match = _PART_SUFFIX.match(self.id)
+        return match.group(1) if match else self.id
+
+
+@dataclass
+class LoaderStats:
+    """Counts from one pass over a file (filled in place by the readers).
+
+    Attributes:
+        records_read: complete records decoded (kept + skipped).
+        kept: conversations yielded.
+        skipped: reason -> records skipped whole (``missing_conversations``, ``unknown_role`` ...).
+        torn_tail: incomplete records dropped at the end of a truncated file (0 or 1).
+        dropped_empty_turns, dropped_leading_assistant_turns, merged_turns: per-turn edits.
+    """
+
+    records_read: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    torn_tail: int = 0
+    dropped_empty_turns: int = 0
+    dropped_leading_assistant_turns: int = 0
+    merged_turns: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(records_read=self.records_read, kept=self.kept, skipped=dict(self.skipped),
+                    torn_tail=self.torn_tail, dropped_empty_turns=self.dropped_empty_turns,
+                    dropped_leading_assistant_turns=self.dropped_leading_assistant_turns,
+                    merged_turns=self.merged_turns)
+
+
+class _Skip(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming records out of a JSON array or JSONL file
+# ---------------------------------------------------------------------------------------------
+
+def _read_chunks(path: Path) -> Iterator[str]:
+    """UTF-8 text chunks of ``path`` (gz if it ends in .gz). A multi-byte character cut by the end
+    of the file is dropped (it belongs to the torn tail). Invalid UTF-8 mid-file -> ValueError."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with opener(path, "rb") as f:
+        while block := f.read(_CHUNK_CHARS):
+            try:
+                text = decoder.decode(block)
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}: not valid UTF-8 near byte {offset + exc.start}; "
+                                 "expected a UTF-8 JSON / JSONL file") from exc
+            offset += len(block)
+            if text:
+                yield text
+
+
+def _iter_records(path: Path, stats: LoaderStats) -> Iterator[Any]:
+    """Yield the top-level records of a JSON array or JSONL file, in order."""
+    chunks = _read_chunks(path)
+    first = ""
+    for chunk in chunks:
+        first += chunk
+        if first.strip():
+            break
+    head = first.lstrip()
+    if not head:
+        raise ValueError(f"{path} is empty; expected a JSON array of conversations or JSONL "
+                         "(one JSON object per line)")
+    if head[0] == "[":
+        yield from _iter_json_array(path, first, chunks, stats)
+    elif head[0] == "{":
+        yield from _iter_jsonl(path, first, chunks, stats)
+    else:
+        try:
+            value = json.loads(head.splitlines()[0])
+            got = f"a top-level JSON {type(value).__name__}"
+        except json.JSONDecodeError:
+            got = f"text that is not JSON (starts with {head[:20]!r})"
+        raise ValueError(f"{path} holds {got}; expected a JSON array of conversation objects or "
+                         "JSONL (one JSON object per line)")
+
+
+def _warn_torn(path: Path, kept_records: int, where: int) -> None:
+    warnings.warn(f"{path}: file is truncated: dropped 1 incomplete record at character {where} "
+                  f"(kept the {kept_records} complete records before it)", stacklevel=4)
+
+
+def _iter_json_array(path: Path, buf: str, chunks: Iterator[str], stats: LoaderStats) -> Iterator[Any]:
+    decoder = json.JSONDecoder()
+    pos = buf.index("[") + 1
+    base = 0  # characters already discarded from the front of buf
+    eof = False
+    need_sep = False
+    want = _CHUNK_CHARS
+    while True:
+        while pos < len(buf) and buf[pos] in " \t\r\n":
+            pos += 1
+        if pos >= len(buf):
+            if eof:
+                warnings.warn(f"{path}: JSON array is not closed (file truncated between records); "
+                              f"kept the {stats.records_read} records read", stacklevel=3)
+                return
+            buf, pos, base, eof = _refill(buf, pos, base, chunks, want)
+            continue
+        ch = buf[pos]
+        if ch == "]":
+            rest = buf[pos + 1:].strip() or "".join(chunks).strip()
+            if rest:
+                warnings.warn(f"{path}: ignored {len(rest)} characters after the closing ']'", stacklevel=3)
+            return
+        if need_sep:
+            if ch != ",":
+                _warn_torn(path, stats.records_read, base + pos)
+                stats.torn_tail += 1
+                return
+            pos += 1
+            need_sep = False
+            continue
+        try:
+            record, end = decoder.raw_decode(buf, pos)
+            complete = end < len(buf) or eof  # a value touching the buffer end may continue
+        except json.JSONDecodeError:
+            complete = False
+        if complete:
+            stats.records_read += 1
+            yield record
+            pos, need_sep, want = end, True, _CHUNK_CHARS
+            if pos > _CHUNK_CHARS:
+                buf, base, pos = buf[pos:], base + pos, 0
+        elif eof:
+            _warn_torn(path, stats.records_read, base + pos)
+            stats.torn_tail += 1
+            return
+        else:  # the record spans past the buffer: read more, doubling so a huge record stays O(n)
+            buf, pos, base, eof = _refill(buf, pos, base, chunks, want)
+            want *= 2
+
+
+def _refill(buf: str, pos: int, base: int, chunks: Iterator[str], want: int) -> tuple[str, int, int, bool]:
+    parts = [buf[pos:]]
+    got = 0
+    for chunk in chunks:
+        parts.append(chunk)
+        got += len(chunk)
+        if got >= want:
+            return "".join(parts), 0, base + pos, False
+    return "".join(parts), 0, base + pos, True
+
+
+def _iter_jsonl(path: Path, first: str, chunks: Iterator[str], stats: LoaderStats) -> Iterator[Any]:
+    lineno, buf = 0, ""
+    for chunk in itertools.chain([first], chunks):
+        buf += chunk
+        lines = buf.split("\n")
+        buf = lines.pop()
+        for line in lines:
+            lineno += 1
+            yield from _jsonl_line(path, line, lineno, stats, last=False)
+    if buf.strip():
+        yield from _jsonl_line(path, buf, lineno + 1, stats, last=True)
+
+
+def _jsonl_line(path: Path, line: str, lineno: int, stats: LoaderStats, *, last: bool) -> Iterator[Any]:
+    if not line.strip():
+        return
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        if last:  # no newline after it: the file was cut inside this line
+            _warn_torn(path, stats.records_read, lineno)
+            stats.torn_tail += 1
+            return
+        if lineno == 1:
+            raise ValueError(f"{path}: line 1 is not a complete JSON value; expected a JSON array of "
+                             "conversations or JSONL (one JSON object per line)") from None
+        stats.skipped["invalid_json_line"] += 1
+        return
+    stats.records_read += 1
+    yield record
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation
+# ---------------------------------------------------------------------------------------------
+
+def normalize_turns(turns: Any, *, role_key: str, content_key: str, stats: LoaderStats | None = None
+                    ) -> list[Message]:
+    """Normalise one record's turns (see the module docstring for every rule).
+
+    Args:
+        turns: the record's list of turn objects.
+        role_key, content_key: ``"from", "value"`` (ShareGPT) or ``"role", "content"`` (chat).
+        stats: per-turn edits are counted here when given.
+
+    Returns:
+        ``[{"role", "content"}]`` starting with an optional system turn then a user turn.
+
+    Raises:
+        _Skip: with ``.reason`` when the record must be skipped whole.
+    """
+    stats = stats if stats is not None else LoaderStats()
+    if not isinstance(turns, list):
+        raise _Skip("conversations_not_a_list")
+    if not turns:
+        raise _Skip("empty_conversation")
+    out: list[Message] = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            raise _Skip("turn_not_an_object")
+        if role_key not in turn:
+            raise _Skip("missing_role")
+        raw_role, content = turn[role_key], turn.get(content_key)
+        role = ROLE_MAP.get(raw_role.lower()) if isinstance(raw_role, str) else None
+        if role is None:
+            raise _Skip("unknown_role")
+        if not isinstance(content, str):
+            raise _Skip("non_string_value")
+        if not content.strip():
+            stats.dropped_empty_turns += 1
+            continue
+        out.append({"role": role, "content": content})
+    start = 1 if out and out[0]["role"] == "system" else 0
+    while start < len(out) and out[start]["role"] == "assistant":
+        del out[start]
+        stats.dropped_leading_assistant_turns += 1
+    merged: list[Message] = []
+    for msg in out:
+        if merged and merged[-1]["role"] == msg["role"]:
+            merged[-1] = {"role": msg["role"], "content": merged[-1]["content"] + "\n\n" + msg["content"]}
+            stats.merged_turns += 1
+        else:
+            merged.append(msg)
+    if not any(a["role"] == "user" and b["role"] == "assistant" for a, b in itertools.pairwise(merged)):
+        raise _Skip("no_assistant_reply")
+    return merged
+
+
+_FORMATS = {"sharegpt": ("conversations", "from", "value"), "chat": ("messages", "role", "content")}
+
+
+def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderStats | None = None
+                       ) -> Iterator[Conversation]:
+    """Stream normalised conversations from a ShareGPT or chat file (JSON array or JSONL, maybe .gz).
+
+    Args:
+        path: the file.
+        format: ``"sharegpt"`` (``conversations`` of ``from``/``value``), ``"chat"`` (``messages``
+            of ``role``/``content``) or ``"auto"`` (per record, whichever key it has).
+        stats: a :class:`LoaderStats` filled in place (kept / skipped by reason / torn tail).
+
+    Yields:
+        :class:`Conversation` in file order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: empty file, not JSON, a top-level value that is neither an array nor JSONL
+            objects, or no usable conversation at all (the message lists the skip reasons).
+    """
+    path = Path(path)
+    if format not in ("auto", *_FORMATS):
+        raise ValueError(f"unknown format {format!r}; expected 'auto', 'sharegpt' or 'chat'")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (pass a ShareGPT / chat JSON or JSONL file)")
+    stats = stats if stats is not None else LoaderStats()
+    kinds = list(_FORMATS.values()) if format == "auto" else [_FORMATS[format]]
+    for index, record in enumerate(_iter_records(path, stats)):
+        try:
+            if not isinstance(record, dict):
+                raise _Skip("not_an_object")
+            kind = next((k for k in kinds if k[0] in record), None)
+            if kind is None:
+                raise _Skip(f"missing_{kinds[0][0]}")
+            messages = normalize_turns(record[kind[0]], role_key=kind[1], content_key=kind[2], stats=stats)
+        except _Skip as skip:
+            stats.skipped[skip.reason] += 1
+            continue
+        rid = record.get("id")
+        stats.kept += 1
+        yield Conversation(id=str(rid) if rid is not None else f"#{index}", index=index, messages=messages)
+    if stats.skipped:
+        logger.info("%s: kept %d conversations, skipped %s", path, stats.kept, dict(stats.skipped))
+    if stats.kept == 0:
+        raise ValueError(f"{path}: no usable conversation (read {stats.records_read} records; skipped "
+                         f"{dict(stats.skipped)}); expected records with 'conversations' (ShareGPT) or "
+                         "'messages' (chat) holding a user turn followed by an assistant turn")
+
+
+def iter_sharegpt(path: str | Path, *, stats: LoaderStats | None = None) -> Iterator[Conversation]:
+    """ShareGPT reader: :func:`iter_conversations` with ``format="sharegpt"``."""
+    return iter_conversations(path, format="sharegpt", stats=stats)
+
+
+def iter_chat_jsonl(path: str | Path, *, stats: LoaderStats | None = None) -> Iterator[Conversation]:
+    """Chat-format reader (``{"messages": [{"role", "content"}]}``): ``format="chat"``."""
+    return iter_conversations(path, format="chat", stats=stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# Train / held-out split and eval prompts
+# ---------------------------------------------------------------------------------------------
+
+def is_heldout(key: str, fraction: float = HELDOUT_FRACTION, seed: int = 0) -> bool:
+    """Whether the conversation group ``key`` (:attr:`Conversation.split_key`) is held out.
+
+    A stable hash (sha256 of ``seed`` and ``key``, independent of Python's hash seed and of file
+    order), so ``train.data.build_dataset`` and :func:`heldout_prompts` agree on every machine.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"heldout fraction must be in [0, 1), got {fraction}")
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def heldout_prompts(path: str | Path, n: int, seed: int = 0, *, fraction: float = HELDOUT_FRACTION
+                    ) -> list[list[Message]]:
+    """First user turns of held-out conversations: eval prompts never seen in training.
+
+    Picks, in file order, the first ``n`` conversations for which :func:`is_heldout` holds (the
+    SAME test ``build_dataset(split="train")`` uses to exclude them; pass the same ``seed`` and
+    ``fraction``), skipping ShareGPT continuation parts (``<id>_1``, ``<id>_2``...) whose first user
+    turn leans on context that is not there.
+
+    Returns:
+        ``n`` prompts, each ``[optional system turn, first user turn]``.
+
+    Raises:
+        ValueError: ``n < 1``, or fewer than ``n`` held-out conversations in the file (raise
+            ``fraction`` or lower ``n``); plus the errors of :func:`iter_conversations`.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    prompts: list[list[Message]] = []
+    for conv in iter_conversations(path):
+        part = _PART_SUFFIX.match(conv.id)
+        if (part and int(part.group(2)) > 0) or not is_heldout(conv.split_key, fraction, seed):
+            continue
+        first_user = next(i for i, m in enumerate(conv.messages) if m["role"] == "user")
+        prompts.append([dict(m) for m in conv.messages[:first_user + 1]])
+        if len(prompts) == n:
+            return prompts
+    raise ValueError(f"{path}: only {len(prompts)} held-out conversations at fraction {fraction}, "
+                     f"asked for {n}; raise fraction or lower n")
+
+
+def _read_jsonl_objects(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file (maybe .gz); strict."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    seen = False
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not JSON ({exc.msg}); expected one JSON object "
+                                 "per line") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: a JSON {type(obj).__name__}; expected an object")
+            seen = True
+            yield lineno, obj
+    if not seen:
+        raise ValueError(f"{path} is empty; expected JSONL (one JSON object per line)")
+
+
+def _require(path: Path, lineno: int, obj: dict, key: str, kind: type | tuple) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind):
+        raise ValueError(f"{path}:{lineno}: field {key!r} missing or not "
+                         f"{getattr(kind, '__name__', kind)}; got {type(value).__name__}")
+    return value
+
+
+def load_mt_bench(path: str | Path | None = None) -> list[dict]:
+    """MT-bench questions (Zheng et al. 2023, FastChat ``question.jsonl``): the pinned asset by default.
+
+    Returns:
+        ``[{"question_id": int, "category": str, "turns": [str, ...]}]`` (80 x 2 turns for the asset).
+
+    Raises:
+        FileNotFoundError / ValueError: missing file, bad line or field (message names file:line).
+    """
+    if path is None:
+        from decode.assets import fetch
+        path = fetch("mt-bench")
+    path = Path(path)
+    out = []
+    for lineno, obj in _read_jsonl_objects(path):
+        turns = _require(path, lineno, obj, "turns", list)
+        if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise ValueError(f"{path}:{lineno}: 'turns' must be a non-empty list of non-empty strings")
+        out.append(dict(question_id=_require(path, lineno, obj, "question_id", int),
+                        category=_require(path, lineno, obj, "category", str), turns=list(turns)))
+    return out
+
+
+def load_humaneval(path: str | Path | None = None) -> list[dict]:
+    """HumanEval problems (Chen et al. 2021, ``HumanEval.jsonl.gz``): the pinned asset by default.
+
+    Returns:
+        ``[{"task_id": str, "prompt": str}]`` (164 for the asset); the prompt is the code to complete.
+
+    Raises:
+        FileNotFoundError / ValueError: missing file, bad line or field (message names file:line).
+    """
+    if path is None:
+        from decode.assets import fetch
+        path = fetch("humaneval")
+    path = Path(path)
+    return [dict(task_id=_require(path, n, obj, "task_id", str), prompt=_require(path, n, obj, "prompt", str))
+            for n, obj in _read_jsonl_objects(path)]
+
+
+def load_prompts_jsonl(path: str | Path) -> list[list[Message]]:
+    """A JSONL of prompts: ``{"prompt": str}`` (-> one user turn) or ``{"messages": [...]}``
+    (normalised as above; trailing assistant turns are cut so the prompt ends with a user turn).
+
+    Returns:
+        one message list per line.
+
+    Raises:
+        ValueError: a line with neither key, an empty prompt, or messages that do not normalise
+            (the message names file:line and the reason).
+    """
+    path = Path(path)
+    out = []
+    for lineno, obj in _read_jsonl_objects(path):
+        if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+            out.append([{"role": "user", "content": obj["prompt"]}])
+            continue
+        if "messages" not in obj:
+            raise ValueError(f"{path}:{lineno}: expected a non-empty string 'prompt' or a 'messages' list")
+        msgs = _prompt_messages(obj["messages"])
+        if msgs is None:
+            raise ValueError(f"{path}:{lineno}: 'messages' must hold system/user/assistant turns with "
+                             "string content and at least one non-empty user turn")
+        out.append(msgs)
+    return out
+
+
+def _prompt_messages(turns: Any) -> list[Message] | None:
+    if not isinstance(turns, list):
+        return None
+    msgs = []
+    for turn in turns:
+        role = turn.get("role") if isinstance(turn, dict) else None
+        role = ROLE_MAP.get(role.lower()) if isinstance(role, str) else None
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if role is None or not isinstance(content, str):
+            return None
+        if content.strip():
+            msgs.append({"role": role, "content": content})
+    while msgs and msgs[-1]["role"] == "assistant":
+        msgs.pop()
+    return msgs if msgs and msgs[-1]["role"] == "user" else None

@@ -1,0 +1,501 @@
+"""Benchmark results -> numbers, tables, JSON, Markdown and PNG plots (``drafterkit eval``).
+
+Everything here is a pure function of the measured runs the harness (``decode.bench``) records; no
+figure is computed from a model of speculation (e.g. from tau), every ratio is a ratio of two
+measurements from the same run.
+
+A *run* is one ``generate`` call on one prompt (or one batch of prompts) by one *method*::
+
+    {"method": "ngram", "role": "spec", "drafter": "ngram", "k": 5, "temperature": 0.0,
+     "prompt": 3, "category": "coding", "rows": 1, "new_tokens": 87, "wall_s": 2.91,
+     "stats": {...DecodeStats fields...} | None}
+
+Roles: ``plain`` (the engine with ``drafter=None``), ``spec`` (the engine with a drafter), ``hf``
+(``target.generate``), ``hf-assisted`` (transformers' own speculative path for the same drafter).
+Throughput is ``new_tokens / wall_s`` pooled over prompts (total tokens / total seconds), the
+same stopwatch for every method. Speedups are ratios of those pooled throughputs over the SAME
+prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+# (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
+SWEEP_COLUMNS = [
+    ("drafter", "drafter", "{}"), ("K", "k", "{}"), ("temperature", "temperature", "{:g}"),
+    ("category", "category", "{}"), ("prompts", "prompts", "{}"), ("tau", "tau", "{:.3f}"),
+    ("acceptance rate", "acceptance_rate", "{:.3f}"), ("tokens/s", "tokens_per_s", "{:.2f}"),
+    ("plain tokens/s", "engine_tokens_per_s", "{:.2f}"), ("speedup vs plain", "speedup_vs_engine", "{:.3f}"),
+    ("speedup vs HF", "speedup_vs_hf", "{:.3f}"),
+    ("accepted/s of draft+verify", "accepted_per_dv_s", "{:.2f}"),
+]
+EVAL_COLUMNS = [
+    ("method", "method", "{}"), ("drafter", "drafter", "{}"), ("K", "k", "{}"), ("prompts", "prompts", "{}"),
+    ("tau", "tau", "{:.3f}"), ("acceptance rate", "acceptance_rate", "{:.3f}"),
+    ("tokens/s", "tokens_per_s", "{:.2f}"), ("speedup vs plain", "speedup_vs_engine", "{:.3f}"),
+    ("speedup vs HF", "speedup_vs_hf", "{:.3f}"), ("HF-native spec tokens/s", "hf_native_tokens_per_s", "{:.2f}"),
+    ("mismatches", "mismatches", "{}"),
+]
+CONCURRENCY_COLUMNS = [
+    ("concurrency", "concurrency", "{}"), ("method", "method", "{}"), ("batches", "batches", "{}"),
+    ("output tokens", "new_tokens", "{}"), ("tokens/s", "tokens_per_s", "{:.2f}"),
+    ("TPOT ms", "tpot_ms", "{:.1f}"), ("speedup vs plain", "speedup_vs_plain", "{:.3f}"), ("tau", "tau", "{:.3f}"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Pooling runs
+# --------------------------------------------------------------------------------------------
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _pooled_positions(stats: list[dict]) -> list[float]:
+    """Per-position conditional acceptance pooled over runs.
+
+    Each run reports rate_i = accepted_i / reached_i. Its reached counts are estimated as
+    reached_0 = target_forwards, reached_{i+1} = reached_i * rate_i (= accepted_i), exact except for
+    the last pass of a row cut by EOS or ``max_new_tokens``; the pooled rate is
+    sum(reached_i * rate_i) / sum(reached_i).
+    """
+    num: list[float] = []
+    den: list[float] = []
+    for s in stats:
+        reached = float(s["target_forwards"])
+        for i, rate in enumerate(s.get("accept_per_position") or []):
+            if i >= len(num):
+                num.append(0.0)
+                den.append(0.0)
+            num[i] += reached * rate
+            den[i] += reached
+            reached *= rate
+    return [n / d if d else 0.0 for n, d in zip(num, den)]
+
+
+def aggregate(runs: list[dict]) -> dict[str, Any]:
+    """Pool runs of ONE method: total tokens / total seconds, and decoder counts where recorded.
+
+    Returns:
+        ``prompts, new_tokens, wall_s, tokens_per_s`` (tokens/s) and, when runs hold engine stats,
+        ``target_forwards, drafted, accepted, tau, acceptance_rate, accept_per_position,
+        draft_time_s, verify_time_s, tpot_ms, accepted_per_dv_s`` (draft tokens accepted per second
+        of draft + verification time) and ``committed_per_dv_s``; otherwise those are ``None``.
+    """
+    new = sum(r["new_tokens"] for r in runs)
+    wall = sum(r["wall_s"] for r in runs)
+    out: dict[str, Any] = dict(prompts=sum(r.get("rows", 1) for r in runs), new_tokens=new, wall_s=wall,
+                               tokens_per_s=new / wall if wall > 0 else 0.0)
+    stats = [r["stats"] for r in runs if r.get("stats")]
+    keys = ("target_forwards", "drafted", "accepted", "tau", "acceptance_rate", "accept_per_position",
+            "draft_time_s", "verify_time_s", "tpot_ms", "accepted_per_dv_s", "committed_per_dv_s")
+    out.update({k: None for k in keys})
+    if not stats:
+        return out
+    tf = sum(s["target_forwards"] for s in stats)
+    drafted, accepted = sum(s["drafted"] for s in stats), sum(s["accepted"] for s in stats)
+    draft_t, verify_t = sum(s["draft_time_s"] for s in stats), sum(s["verify_time_s"] for s in stats)
+    rows = sum(r.get("rows", 1) for r in runs if r.get("stats"))
+    committed = sum(s["committed"] for s in stats)
+    after_first = committed - rows
+    dv = draft_t + verify_t
+    out.update(
+        target_forwards=tf, drafted=drafted, accepted=accepted,
+        tau=sum(s["tau"] * s["target_forwards"] for s in stats) / tf if tf else 0.0,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        accept_per_position=_pooled_positions(stats), draft_time_s=draft_t, verify_time_s=verify_t,
+        tpot_ms=1000.0 * sum(s["total_time_s"] - s["ttft_s"] for s in stats) / after_first if after_first > 0
+        else 0.0,
+        accepted_per_dv_s=accepted / dv if dv > 0 else 0.0,
+        committed_per_dv_s=after_first / dv if dv > 0 else 0.0,
+    )
+    return out
+
+
+def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
+    """One row per method: :func:`aggregate` of its runs plus speedups over the same prompts.
+
+    Args:
+        methods: ``{"method", "role", "drafter", "k"}`` per method; the ones named ``engine``
+            (role ``plain``) and ``hf`` (role ``hf``) are the references when present.
+        runs: every run of the measurement (see the module docstring); ``mismatches`` per spec
+            method is filled by the harness afterwards.
+
+    Returns:
+        rows with the aggregate fields and ``speedup_vs_engine``, ``speedup_vs_hf`` (ratios of
+        ``tokens_per_s``; ``None`` when that reference was not run) and, for spec rows,
+        ``hf_native_tokens_per_s`` / ``hf_native_speedup_vs_hf`` of the matching HF-assisted method.
+    """
+    by_method = defaultdict(list)
+    for r in runs:
+        by_method[r["method"]].append(r)
+    rows = []
+    for m in methods:
+        rows.append({**m, **aggregate(by_method[m["method"]])})
+    ref = {row["role"]: row for row in rows if row["role"] in ("plain", "hf")}
+    native = {row["drafter"]: row for row in rows if row["role"] == "hf-assisted"}
+    for row in rows:
+        tps = row["tokens_per_s"]
+        row["speedup_vs_engine"] = _ratio(tps, ref["plain"]["tokens_per_s"]) if "plain" in ref else None
+        row["speedup_vs_hf"] = _ratio(tps, ref["hf"]["tokens_per_s"]) if "hf" in ref else None
+        nat = native.get(row["drafter"]) if row["role"] == "spec" else None
+        row["hf_native_tokens_per_s"] = nat["tokens_per_s"] if nat else None
+        row["hf_native_speedup_vs_hf"] = (_ratio(nat["tokens_per_s"], ref["hf"]["tokens_per_s"])
+                                          if nat and "hf" in ref else None)
+        row.setdefault("mismatches", None)
+    return rows
+
+
+def summarize_sweep(runs: list[dict]) -> list[dict]:
+    """Sweep rows: one per (drafter, K, temperature, category), category ``"all"`` pooling every prompt.
+
+    ``runs`` hold spec runs (``role == "spec"``) and the plain/HF reference runs of the same
+    temperature and prompts; speedups divide pooled tokens/s over exactly the prompts of the row.
+    """
+    cats = sorted({r["category"] for r in runs})
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        for cat in (r["category"], "all"):
+            groups[(r["role"], r["drafter"], r["k"], r["temperature"], cat)].append(r)
+    out = []
+    spec_keys = sorted((key for key in groups if key[0] == "spec"),
+                       key=lambda t: (t[1], t[2], t[3], t[4] != "all", cats.index(t[4]) if t[4] in cats else 0))
+    for role, drafter, k, temp, cat in spec_keys:
+        agg = aggregate(groups[(role, drafter, k, temp, cat)])
+        plain = groups.get(("plain", "none", 0, temp, cat))
+        hf = groups.get(("hf", "none", 0, temp, cat))
+        plain_tps = aggregate(plain)["tokens_per_s"] if plain else None
+        hf_tps = aggregate(hf)["tokens_per_s"] if hf else None
+        out.append(dict(drafter=drafter, k=k, temperature=temp, category=cat, **agg,
+                        engine_tokens_per_s=plain_tps, hf_tokens_per_s=hf_tps,
+                        speedup_vs_engine=_ratio(agg["tokens_per_s"], plain_tps),
+                        speedup_vs_hf=_ratio(agg["tokens_per_s"], hf_tps)))
+    return out
+
+
+def summarize_concurrency(runs: list[dict]) -> list[dict]:
+    """One row per (concurrency, method): pooled tokens/s, TPOT (ms) and speedup vs plain at that
+    concurrency (batches of that many prompts decoded together, interleaved batch by batch)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[(r["concurrency"], r["method"])].append(r)
+    out = []
+    for (conc, method), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "engine", kv[0][1])):
+        agg = aggregate(rs)
+        plain = groups.get((conc, "engine"))
+        out.append(dict(concurrency=conc, method=method, drafter=rs[0]["drafter"], batches=len(rs), **agg,
+                        speedup_vs_plain=_ratio(agg["tokens_per_s"], aggregate(plain)["tokens_per_s"])
+                        if plain else None))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Tables: rich (terminal) and Markdown
+# --------------------------------------------------------------------------------------------
+
+def fmt(value: Any, spec: str = "{}") -> str:
+    """Format one cell: ``None`` -> ``"-"``, lists of floats -> space-separated 2-decimal values."""
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return " ".join(f"{v:.2f}" for v in value) or "-"
+    return spec.format(value)
+
+
+def markdown_table(rows: Iterable[dict], columns: list[tuple[str, str, str]]) -> str:
+    """A GitHub Markdown table: one line per row, cells formatted by ``columns`` (header, key, fmt)."""
+    lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(row.get(k), f) for _, k, f in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_markdown_table(text: str, heading: str | None = None) -> list[dict[str, str]]:
+    """Read back the first table of a Markdown text (after the line ``## heading`` when given): a
+    list of ``{header: cell text}``.
+
+    Raises:
+        ValueError: there is no such heading, or no table (a ``|`` header line then a ``|---|`` rule).
+    """
+    lines = [ln.strip() for ln in text.splitlines()]
+    if heading is not None:
+        if f"## {heading}" not in lines:
+            raise ValueError(f"no '## {heading}' heading in the Markdown text")
+        lines = lines[lines.index(f"## {heading}") + 1:]
+    for i in range(len(lines) - 1):
+        if lines[i].startswith("|") and lines[i + 1].startswith("|") and set(lines[i + 1]) <= set("|-: "):
+            header = [c.strip() for c in lines[i].strip("|").split("|")]
+            rows = []
+            for ln in lines[i + 2:]:
+                if not ln.startswith("|"):
+                    break
+                rows.append(dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))))
+            return rows
+    raise ValueError("no Markdown table found (expected a '| a | b |' header line and a '|---|---|' rule)")
+
+
+def rich_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]):
+    """A ``rich.table.Table`` of ``rows`` with ``columns`` (header, key, fmt)."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for header, key, _ in columns:
+        table.add_column(header, justify="left" if key in ("method", "drafter", "category") else "right")
+    for row in rows:
+        table.add_row(*(fmt(row.get(k), f) for _, k, f in columns))
+    return table
+
+
+TERMINAL_COLUMNS = [
+    ("method", "method", "{}"), ("K", "k", "{}"), ("tau", "tau", "{:.2f}"), ("acc.", "acceptance_rate", "{:.2f}"),
+    ("per-position acc.", "accept_per_position", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("x plain", "speedup_vs_engine", "{:.2f}"), ("x HF", "speedup_vs_hf", "{:.2f}"),
+    ("HF-spec tok/s", "hf_native_tokens_per_s", "{:.1f}"), ("HF-spec x HF", "hf_native_speedup_vs_hf", "{:.2f}"),
+    ("mism.", "mismatches", "{}"),
+]
+
+
+def eval_table_rows(rows: list[dict], *, with_hf_assisted: bool = True) -> list[dict]:
+    """The rows an eval table shows: spec rows first, then the plain and HF references (and the
+    HF-assisted rows, whose tokens/s also appear in their drafter's row)."""
+    order = {"spec": 0, "plain": 1, "hf": 2, "hf-assisted": 3}
+    keep = [r for r in rows if with_hf_assisted or r["role"] != "hf-assisted"]
+    return sorted(keep, key=lambda r: order.get(r["role"], 9))
+
+
+def print_eval(rows: list[dict], title: str, console=None) -> None:
+    """Print the one eval table: per drafter tau, acceptance rate, per-position acceptance,
+    tokens/s, speedup vs plain decoding and vs HF ``generate``, the HF-native speculative baseline's
+    tokens/s, exactness mismatches; then the plain and HF reference rows."""
+    from rich.console import Console
+
+    (console or Console()).print(rich_table(title, eval_table_rows(rows, with_hf_assisted=False),
+                                            TERMINAL_COLUMNS))
+
+
+def write_json(path: str | Path, record: dict) -> Path:
+    """Write ``record`` as indented JSON (parent folders created). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# PNG plots (matplotlib, Agg backend: no display needed)
+# --------------------------------------------------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def _lines_vs_k(rows: list[dict], key: str, ylabel: str, title: str, path: Path, ref_key: str | None = None):
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    series: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["category"] == "all":
+            series[(r["drafter"], r["temperature"])].append(r)
+    for (drafter, temp), rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r["k"])
+        line, = ax.plot([r["k"] for r in rs], [r[key] or 0.0 for r in rs], marker="o", label=f"{drafter}, T={temp:g}")
+        if ref_key and rs[0].get(ref_key):
+            ax.axhline(rs[0][ref_key], color=line.get_color(), linestyle=":", linewidth=1)
+    ax.set_xlabel("K (draft tokens per verification)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
+    """Write the sweep figures into ``out_dir`` and return their paths.
+
+    ``acceptance_vs_k.png``, ``tokens_per_s_vs_k.png`` (dotted: plain decoding at that temperature),
+    ``speedup_vs_acceptance.png`` (every row, all categories), ``acceptance_per_position.png`` (largest
+    K per drafter and temperature), ``drafter_economics.png`` (draft tokens accepted per second of
+    draft + verification time vs K, and where each drafter's time goes).
+
+    Raises:
+        ValueError: ``rows`` is empty (nothing was measured).
+    """
+    if not rows:
+        raise ValueError("no sweep rows to plot; run the sweep with at least one drafter and one prompt")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [
+        _lines_vs_k(rows, "acceptance_rate", "acceptance rate", "Acceptance rate vs K", out / "acceptance_vs_k.png"),
+        _lines_vs_k(rows, "tokens_per_s", "tokens/s (wall clock)", "Throughput vs K (dotted: plain decoding)",
+                    out / "tokens_per_s_vs_k.png", ref_key="engine_tokens_per_s"),
+    ]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for drafter in sorted({r["drafter"] for r in rows}):
+        rs = [r for r in rows if r["drafter"] == drafter and r["speedup_vs_engine"] is not None]
+        ax.scatter([r["acceptance_rate"] for r in rs], [r["speedup_vs_engine"] for r in rs], label=drafter, s=18)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("acceptance rate")
+    ax.set_ylabel("speedup vs plain decoding (measured)")
+    ax.set_title("Speedup vs acceptance rate (each K, temperature, category)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "speedup_vs_acceptance.png"))
+    paths.append(_plot_positions(rows, out / "acceptance_per_position.png"))
+    paths.append(_plot_economics(rows, out / "drafter_economics.png"))
+    return paths
+
+
+def _plot_positions(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["drafter"], r["temperature"])
+        if r["category"] == "all" and (key not in best or r["k"] > best[key]["k"]):
+            best[key] = r
+    for (drafter, temp), r in sorted(best.items()):
+        pos = r["accept_per_position"] or []
+        ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{drafter}, K={r['k']}, T={temp:g}")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accept | all earlier accepted)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Per-position acceptance")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _plot_economics(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    greedy = [r for r in rows if r["category"] == "all"]
+    series: dict[tuple, list[dict]] = defaultdict(list)
+    for r in greedy:
+        series[(r["drafter"], r["temperature"])].append(r)
+    for (drafter, temp), rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r["k"])
+        ax1.plot([r["k"] for r in rs], [r["accepted_per_dv_s"] or 0.0 for r in rs], marker="o",
+                 label=f"{drafter}, T={temp:g}")
+    ax1.set_xlabel("K")
+    ax1.set_ylabel("accepted draft tokens / s of (draft + verify) time")
+    ax1.set_title("Drafter economics")
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
+    labels, draft_ms, verify_ms = [], [], []
+    for (drafter, temp), rs in sorted(series.items()):
+        r = max(rs, key=lambda r: r["accepted_per_dv_s"] or 0.0)
+        committed = max((r["new_tokens"] or 0) - r["prompts"], 1)
+        labels.append(f"{drafter}\nK={r['k']} T={temp:g}")
+        draft_ms.append(1000.0 * (r["draft_time_s"] or 0.0) / committed)
+        verify_ms.append(1000.0 * (r["verify_time_s"] or 0.0) / committed)
+    x = range(len(labels))
+    ax2.bar(x, draft_ms, label="draft")
+    ax2.bar(x, verify_ms, bottom=draft_ms, label="verify")
+    ax2.set_xticks(list(x), labels, fontsize=7)
+    ax2.set_ylabel("ms per committed token")
+    ax2.set_title("Where the time goes (best K by economics)")
+    ax2.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_concurrency(rows: list[dict], out_dir: str | Path) -> Path:
+    """``concurrency.png``: total output tokens/s and time per output token (ms) vs concurrency,
+    speculation on (each drafter) vs off (plain engine)."""
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method in sorted({r["method"] for r in rows}):
+        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["concurrency"])
+        style = "--" if method == "engine" else "-"
+        label = "speculation off (plain)" if method == "engine" else method
+        ax1.plot([r["concurrency"] for r in rs], [r["tokens_per_s"] for r in rs], style, marker="o", label=label)
+        ax2.plot([r["concurrency"] for r in rs], [r["tpot_ms"] or 0.0 for r in rs], style, marker="o", label=label)
+    for ax, ylabel in ((ax1, "total output tokens/s"), (ax2, "time per output token (ms)")):
+        ax.set_xlabel("concurrency (prompts decoded together)")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, out / "concurrency.png")
+
+
+def render_markdown(record: dict) -> str:
+    """The Markdown report of one eval record: config, machine, the eval table, exactness and, when
+    present, the sweep and concurrency tables. Every number comes from ``record``."""
+    cfg, mach = record["config"], record["machine"]
+    lines = [f"# drafterkit eval: {cfg['benchmark']}", "",
+             f"- target: `{record['target']['name']}` ({record['target']['parameters']:,} parameters)",
+             f"- prompts: {len(record['prompts'])}, max new tokens: {cfg['max_new_tokens']}, temperature: "
+             f"{cfg['temperature']:g}, top-k: {cfg['top_k']}, top-p: {cfg['top_p']:g}, K: {cfg['k']}, seed: {cfg['seed']}",
+             f"- machine: torch {mach['torch']}, transformers {mach['transformers']}, {mach['device']}, "
+             f"{mach['dtype']}, {mach['threads']} threads",
+             "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "
+             "prompt by prompt; speedups are ratios of those measurements.", ""]
+    cols = EVAL_COLUMNS[:6] + [("per-position acceptance", "accept_per_position", "{}")] + EVAL_COLUMNS[6:]
+    lines.append(markdown_table(eval_table_rows(record["summary"]), cols))
+    ex = record["exactness"]
+    lines += [f"Exactness: {'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
+              f"({ex['reason']}).", ""]
+    if record.get("sweep"):
+        lines += ["## Sweep", "", markdown_table(record["sweep"]["rows"], SWEEP_COLUMNS)]
+    if record.get("concurrency"):
+        lines += ["## Concurrency", "", markdown_table(record["concurrency"]["rows"], CONCURRENCY_COLUMNS)]
+    arts = record.get("artifacts") or {}
+    here = Path(arts.get("markdown", ".")).parent
+    for p in arts.get("plots", []):
+        lines.append(f"![{Path(p).stem}]({os.path.relpath(p, here)})")
+    return "\n".join(lines) + "\n"
+
+
+def plot_eval_summary(summaries: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
+    """Eval figures from ``{benchmark: summary rows}``: ``tokens_per_s.png`` (measured tokens/s of
+    every method, grouped by benchmark) and ``acceptance_per_position.png`` (spec rows)."""
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    benches = list(summaries)
+    methods = list(dict.fromkeys(r["method"] for rows in summaries.values() for r in eval_table_rows(rows)))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    width = 0.8 / max(len(methods), 1)
+    for j, m in enumerate(methods):
+        vals = [next((r["tokens_per_s"] for r in summaries[b] if r["method"] == m), 0.0) for b in benches]
+        ax.bar([i + j * width for i in range(len(benches))], vals, width, label=m)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(benches))], benches)
+    ax.set_ylabel("tokens/s (wall clock, same prompts)")
+    ax.set_title("Measured throughput per method")
+    ax.legend(fontsize=7)
+    paths = [_save(fig, out / "tokens_per_s.png")]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for b, rows in summaries.items():
+        for r in rows:
+            if r["role"] == "spec" and r["accept_per_position"]:
+                pos = r["accept_per_position"]
+                ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{r['method']} on {b}")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accept | all earlier accepted)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Per-position acceptance")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "acceptance_per_position.png"))
+    return paths

@@ -1,0 +1,349 @@
+"""EAGLE head (EAGLE-1: Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature
+Uncertainty"): a one-layer autoregressive drafter at the FEATURE level.
+
+Feature used: the target's last hidden state AFTER the final norm, ``f_t = hidden_states[L][t]`` (the
+input of the target's LM head), so the target's LM head applies to a predicted feature directly (no
+extra norm). Row ``t`` is the state at the position that saw token ``t`` (it predicts token ``t+1``).
+
+Head at position ``t``::
+
+    x_t = fc([embed(token_{t+1}); f_t])            # [2H] -> [H], with bias (as EAGLE-1)
+    f'_{t+1} = DecoderLayer(x_{<=t})[t]             # one Llama decoder layer (no input norm), causal
+    logits(token_{t+2}) = lm_head(f'_{t+1})         # the target's frozen LM head
+
+Embedding and LM head are borrowed frozen from the target (not saved). Decoding runs the head
+autoregressively over its own predicted features with its own KV cache (one cache per row, RoPE
+positions = token positions), and re-synchronises with the target's real features of accepted
+tokens each round using ``state.num_stable`` (stale entries are cut, real ones recomputed).
+
+This module also holds the building blocks shared with :mod:`drafters.eagle3` (attention with an
+explicit boolean mask and KV cache, Llama MLP, RMSNorm, the decoder layer, the per-row cache runner).
+Parameter names follow the Llama / vLLM EAGLE naming (``self_attn.q_proj``, ``mlp.gate_proj``,
+``post_attention_layernorm``, ``hidden_norm``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decode.protocol import DecodeState, Proposal, SamplingParams
+from decode.sampling import select_tokens
+from drafters.base import Drafter
+
+# --------------------------------------------------------------------------------------------------
+# building blocks
+
+
+def rope_theta_of(config) -> float:
+    """RoPE base of a transformers config (``rope_parameters['rope_theta']`` or ``rope_theta``)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dt)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class DraftAttention(nn.Module):
+    """Multi-head (grouped-query) attention with RoPE, an explicit boolean mask and an optional KV cache.
+
+    ``forward(x [B, T, in_dim], positions [B, T], mask [T, S] or [B, 1, T, S] bool (True = may attend),
+    past (k, v) [B, n_kv, S-T, d] or None) -> (out [B, T, H], (k, v) [B, n_kv, S, d])``.
+    """
+
+    def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int, rope_theta: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        inv = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        ang = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, d/2]
+        emb = torch.cat((ang, ang), dim=-1)[:, None]  # [B, 1, T, d]
+        return (x * emb.cos().to(x.dtype)) + (_rotate_half(x) * emb.sin().to(x.dtype))
+
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return self._rope(k, positions), v
+
+    def forward(self, x, positions, mask, past=None):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        q = self._rope(q, positions)
+        k, v = self.project_kv(x, positions)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        rep = self.heads // self.kv_heads
+        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        m = mask if mask.dim() == 4 else mask[None, None]
+        out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=m, scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftDecoderLayer(nn.Module):
+    """One Llama decoder layer as EAGLE uses it.
+
+    ``eagle3=False`` (EAGLE-1): input ``x [B, T, H]`` goes to attention without an input norm.
+    ``eagle3=True`` (EAGLE-3, vLLM/SpecForge layout): attention reads
+    ``[input_layernorm(embeds); hidden_norm(hidden)]`` (``2H`` wide); the residual is ``hidden``.
+    Output ``[B, T, H]`` (pre-norm residual stream) and the layer's ``(k, v)``.
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                 eps: float, rope_theta: float, eagle3: bool = False):
+        super().__init__()
+        self.eagle3 = eagle3
+        self.self_attn = DraftAttention(2 * hidden if eagle3 else hidden, hidden, heads, kv_heads, head_dim,
+                                        rope_theta)
+        self.mlp = DraftMLP(hidden, intermediate)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        if eagle3:
+            self.input_layernorm = RMSNorm(hidden, eps)
+            self.hidden_norm = RMSNorm(hidden, eps)
+
+    def attn_input(self, hidden: torch.Tensor, embeds: torch.Tensor | None) -> torch.Tensor:
+        if not self.eagle3:
+            return hidden
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        h = hidden + attn_out
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, hidden, positions, mask, past=None, embeds=None):
+        a, kv = self.self_attn(self.attn_input(hidden, embeds), positions, mask, past)
+        return self.finish(hidden, a), kv
+
+
+def causal_mask(t: int, past: int, device=None) -> torch.Tensor:
+    """Bool ``[t, past + t]``: query ``i`` (absolute ``past + i``) may attend key ``j`` iff ``j <= past + i``."""
+    q = torch.arange(t, device=device)[:, None] + past
+    return torch.arange(past + t, device=device)[None, :] <= q
+
+
+# --------------------------------------------------------------------------------------------------
+# per-row autoregressive runner shared by EAGLE and EAGLE-3
+
+
+class FeatureHeadDrafter(Drafter):
+    """A one-layer head run autoregressively at decode time with one KV cache per row.
+
+    Subclasses provide ``embed``, ``layer``, ``real_input(features [1, m, F]) -> [1, m, H]`` and
+    ``logits_and_ids(out [B, H]) -> (logits [B, V'], ids [V'] or None)``. Head position ``t`` consumes
+    ``(tokens[t+1], features[t])`` and its output predicts ``tokens[t+2]``.
+    """
+
+    def reset(self, batch_size: int) -> None:
+        self._caches: list[dict | None] = [None] * batch_size
+
+    def _run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, past):
+        """Layer over ``m`` new positions ``start..start+m-1`` for one row. ``ids [1, m]``, ``hidden [1, m, H]``."""
+        m = ids.shape[1]
+        pos = torch.arange(start, start + m, device=ids.device)[None]
+        plen = 0 if past is None else past[0].shape[2]
+        mask = causal_mask(m, plen, ids.device)
+        return self.layer(hidden, pos, mask, past, embeds=self.embed(ids).to(hidden.dtype))
+
+    def _catch_up(self, b: int, tokens: list[int], feats: torch.Tensor, stable: int) -> torch.Tensor:
+        """Bring row ``b``'s cache to the real prefix; return the head output at position ``n-2`` ``[1, H]``."""
+        dev, dt = self.embed.weight.device, self._dtype()
+        n = len(tokens)
+        cache = self._caches[b]
+        valid = 0 if cache is None else max(0, min(cache["real"], stable - 1))
+        past = None
+        if valid > 0:
+            past = (cache["k"][:, :, :valid], cache["v"][:, :, :valid])
+        if valid == n - 1 and cache is not None and cache["real"] == valid:
+            return cache["last"]
+        ids = torch.tensor(tokens[valid + 1:n], device=dev)[None]
+        hid = self.real_input(feats[valid:n - 1].to(dev, dt)[None])
+        out, (k, v) = self._run(ids, hid, valid, past)
+        self._caches[b] = {"k": k, "v": v, "real": n - 1, "last": out[:, -1]}
+        return out[:, -1]
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.layer.parameters()).dtype
+
+    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        """``k`` draft tokens per row by running the head over its own features (see module docstring).
+
+        Raises:
+            ValueError: the decoder passed no features (``feature_layers`` was ignored).
+        """
+        if state.features is None:
+            raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
+        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
+            self.reset(len(state.tokens))
+        rows_t, rows_p = [], []
+        with torch.no_grad():
+            for b, toks in enumerate(state.tokens):
+                t, p = self._propose_row(b, toks, state.features[b], state.num_stable[b], k, sampling,
+                                         generator, state.vocab_size, state.active[b])
+                rows_t.append(t)
+                rows_p.append(p)
+        tokens = torch.stack(rows_t)
+        return Proposal(tokens=tokens, probs=None if sampling.greedy else torch.stack(rows_p))
+
+    def _propose_row(self, b, toks, feats, stable, k, sampling, generator, vocab_size, active):
+        v_out = self.target_vocab_size()
+        if len(toks) < 2 or not active:  # nothing to condition on yet: repeat the last token (valid id)
+            t = torch.full((k,), toks[-1] if toks[-1] < vocab_size else 0, dtype=torch.long)
+            return t, F.one_hot(t, v_out).float()
+        n = len(toks)
+        out = self._catch_up(b, toks, feats, stable)  # [1, H], predicts tokens[n]
+        c = self._caches[b]
+        past, hid = (c["k"], c["v"]), out
+        drafted, probs = [], []
+        for i in range(k):
+            logits, ids = self.logits_and_ids(hid)  # [1, V']
+            if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
+                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+            tok, p = select_tokens(logits, sampling, vocab_size if ids is None else None, generator)
+            tgt = tok if ids is None else ids[tok]
+            drafted.append(int(tgt))
+            if not sampling.greedy:
+                probs.append(self._to_target_probs(p[0], ids, v_out))
+            if i + 1 < k:  # next position (n-2)+i+1 consumes (draft token, own output feature)
+                hid, past = self._run(tgt.view(1, 1), hid[:, None], n - 1 + i, past)
+                hid = hid[:, -1]
+        t = torch.tensor(drafted, dtype=torch.long)
+        return t, (torch.stack(probs).cpu() if probs else None)
+
+    @staticmethod
+    def _to_target_probs(p: torch.Tensor, ids: torch.Tensor | None, v: int) -> torch.Tensor:
+        if ids is None:
+            return p.float()
+        return torch.zeros(v, device=p.device).scatter_(0, ids, p.float())
+
+
+# --------------------------------------------------------------------------------------------------
+# EAGLE-1
+
+
+@dataclass
+class EagleConfig:
+    """EAGLE-1 head. ``vocab_size``/``hidden_size``/``target_num_layers`` are the target's; the
+    decoder layer copies its attention shape and intermediate size unless overridden."""
+
+    vocab_size: int
+    hidden_size: int
+    target_num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_target(cls, target: nn.Module, **kw) -> "EagleConfig":
+        c = target.config
+        base = dict(vocab_size=target.get_output_embeddings().weight.shape[0], hidden_size=c.hidden_size,
+                    target_num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                    num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                    intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
+                    rope_theta=rope_theta_of(c))
+        base.update(kw)
+        return cls(**base)
+
+
+def borrow(target: nn.Module | None, config, kind: str) -> tuple[nn.Module, nn.Module]:
+    """The target's (input embedding, LM head), checked against ``config``. Raises ``ValueError``."""
+    if target is None:
+        raise ValueError(f"{kind} drafter borrows the target's embedding and LM head: pass target=... "
+                         "(from_pretrained(path, target=target))")
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    if tuple(head.weight.shape) != (config.vocab_size, config.hidden_size) or emb.weight.shape[1] != config.hidden_size:
+        raise ValueError(f"{kind} config expects vocab {config.vocab_size} x hidden {config.hidden_size} but the "
+                         f"target's LM head is {list(head.weight.shape)}; train the head for this target")
+    return emb, head
+
+
+class EagleDrafter(FeatureHeadDrafter):
+    """EAGLE-1 head: ``fc(2H -> H)`` + one decoder layer, target embedding / LM head borrowed frozen."""
+
+    kind = "eagle"
+    config_class = EagleConfig
+    borrowed_prefixes = ("embed.", "lm_head.")
+
+    def __init__(self, config: EagleConfig, target: nn.Module | None = None, init_from_target: bool = False):
+        super().__init__(config)
+        self.embed, self.lm_head = borrow(target, config, self.kind)
+        c = config
+        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
+        self.layer = DraftDecoderLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                       c.intermediate_size, c.rms_norm_eps, c.rope_theta, eagle3=False)
+        self.feature_layers = (c.target_num_layers,)
+        if init_from_target:
+            init_layer_from_target(self.layer, target)
+
+    def real_input(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats  # f_t as is; fc is applied in _run together with the token embedding
+
+    def _run(self, ids, hidden, start, past):
+        m = ids.shape[1]
+        x = self.fc(torch.cat([self.embed(ids).to(hidden.dtype), hidden], -1))
+        pos = torch.arange(start, start + m, device=ids.device)[None]
+        plen = 0 if past is None else past[0].shape[2]
+        return self.layer(x, pos, causal_mask(m, plen, ids.device), past)
+
+    def logits_and_ids(self, out: torch.Tensor):
+        return self.lm_head(out.to(self.lm_head.weight.dtype)), None
+
+    def target_vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Training pass. ``input_ids [B, T]``, ``features [B, T, H]`` (target ``hidden_states[L]``,
+        possibly noised) -> predicted features ``[B, T-1, H]``: ``out[:, t]`` estimates ``features[:, t+1]``.
+        Right padding needs no mask: queries at real positions only see earlier (real) keys."""
+        t = input_ids.shape[1]
+        out, _ = self._run(input_ids[:, 1:], features[:, : t - 1], 0, None)
+        return out
+
+
+def init_layer_from_target(layer: DraftDecoderLayer, target: nn.Module) -> None:
+    """Copy the target's LAST decoder layer into ``layer`` where shapes match (EAGLE-1 practice)."""
+    src = dict(target.model.layers[-1].named_parameters())
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name in src and src[name].shape == p.shape:
+                p.copy_(src[name])

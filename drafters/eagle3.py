@@ -1,0 +1,204 @@
+"""EAGLE-3 head (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models
+via Training-Time Test"), in the layout vLLM / SGLang / SpecForge load.
+
+Features: the target's hidden states at three layers, ``feature_layers = (low, mid, high)`` as indices
+into transformers' ``output_hidden_states`` tuple (default ``(2, L//2, L-3)``; index ``i`` is the input
+of decoder layer ``i``, which is exactly vLLM's ``eagle_aux_hidden_state_layer_ids`` convention).
+Head at position ``t``::
+
+    g_t = fc([h_low; h_mid; h_high]_t)                              # 3H -> H, no bias
+    a_t = Attn([input_layernorm(embed(token_{t+1})); hidden_norm(g_t)])   # 2H-wide q/k/v
+    o_t = MLP-block(g_t + a_t)                                     # pre-norm residual stream [H]
+    logits(token_{t+2}) = lm_head(norm(o_t))                       # over the DRAFT vocabulary [N]
+
+Reduced draft vocabulary: the ``N`` most frequent target tokens of the training data, stored as
+buffers ``d2t`` (LongTensor ``[N]``, draft id -> target id OFFSET: ``target_id = i + d2t[i]``) and
+``t2d`` (BoolTensor ``[V]``, True where a target id is in the draft vocabulary), the vLLM/SGLang
+convention; both are saved in the checkpoint. Embedding is borrowed frozen from the target.
+
+Training-time test (TTT): the head is unrolled for ``steps`` steps on its own outputs. At step ``j``
+position ``t`` consumes token ``t+1+j`` and the head's own step ``j-1`` output at ``t`` (step 0: the
+fused target feature), sits at RoPE position ``t+j`` and predicts token ``t+2+j``. It attends the
+step-0 keys at positions ``<= t`` (the real prefix) and the keys of steps ``1..j`` at the same ``t``
+only (its own earlier drafts), see :func:`ttt_attention_mask`. This is exactly what decoding sees
+after a real prefix ending at ``t``.
+
+Decoding: as EAGLE (own KV cache per row, re-sync with ``num_stable``); draft ids map to target ids
+through ``d2t``; when sampling, ``q`` is scattered from the draft vocabulary onto the TARGET
+vocabulary (zeros elsewhere), so rejection sampling stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from drafters.eagle import DraftDecoderLayer, FeatureHeadDrafter, RMSNorm, rope_theta_of
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3 / SpecForge default ``(2, L//2, L-3)``, clamped into ``[1, L]`` for tiny targets."""
+    return tuple(min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3))
+
+
+@dataclass
+class Eagle3Config:
+    """EAGLE-3 head. ``vocab_size``/``hidden_size``/``target_num_layers`` are the target's;
+    ``draft_vocab_size`` is ``N``; ``ttt_steps`` is the training unroll length (not used at decode)."""
+
+    vocab_size: int
+    hidden_size: int
+    target_num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    draft_vocab_size: int = 8192
+    feature_layers: list[int] = field(default_factory=list)
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    ttt_steps: int = 3
+
+    def __post_init__(self):
+        if not self.feature_layers:
+            self.feature_layers = list(default_feature_layers(self.target_num_layers))
+        self.feature_layers = [int(i) for i in self.feature_layers]
+        if len(self.feature_layers) != 3 or not all(0 <= i <= self.target_num_layers for i in self.feature_layers):
+            raise ValueError(f"EAGLE-3 needs 3 feature layers in [0, {self.target_num_layers}] "
+                             f"(hidden_states indices), got {self.feature_layers}")
+        if not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got "
+                             f"{self.draft_vocab_size}")
+
+    @classmethod
+    def from_target(cls, target: nn.Module, **kw) -> "Eagle3Config":
+        c = target.config
+        base = dict(vocab_size=target.get_output_embeddings().weight.shape[0], hidden_size=c.hidden_size,
+                    target_num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                    num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                    intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
+                    rope_theta=rope_theta_of(c))
+        base.update(kw)
+        base["draft_vocab_size"] = min(base.get("draft_vocab_size", 8192), base["vocab_size"])
+        return cls(**base)
+
+
+def ttt_attention_mask(seq_len: int, step: int, device=None) -> torch.Tensor:
+    """Bool ``[T, (step+1) * T]`` mask for TTT step ``step`` (True = may attend).
+
+    Keys are the concatenation of steps ``0..step`` (``T`` each). Block 0 (the real prefix) is causal:
+    query ``t`` sees keys ``s <= t``. Blocks ``1..step`` (the head's own earlier outputs) are diagonal:
+    query ``t`` sees only key ``t`` of each. Raises ``ValueError`` for ``step < 0`` or ``seq_len < 1``.
+    """
+    if step < 0 or seq_len < 1:
+        raise ValueError(f"ttt_attention_mask needs seq_len >= 1 and step >= 0, got {seq_len}, {step}")
+    q = torch.arange(seq_len, device=device)
+    blocks = [q[None, :] <= q[:, None]]
+    eye = q[None, :] == q[:, None]
+    blocks += [eye] * step
+    return torch.cat(blocks, dim=1)
+
+
+def select_draft_vocab(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` most frequent target ids (ties -> lower id), SORTED ascending. ``counts [V] -> [n]``."""
+    if counts.dim() != 1 or n > counts.numel():
+        raise ValueError(f"counts must be [V] with V >= n; got {tuple(counts.shape)} and n={n}")
+    order = torch.argsort(-counts.double() + torch.arange(counts.numel()) * 1e-12, stable=True)
+    return order[:n].sort().values
+
+
+def mapping_from_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted unique target ids ``[N]`` -> ``(d2t [N] offsets, t2d [V] bool)``. Raises ``ValueError``."""
+    ids = ids.long().flatten()
+    if ids.numel() == 0 or ids.unique().numel() != ids.numel() or ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"draft vocabulary ids must be unique target ids in [0, {vocab_size}); got "
+                         f"{ids.numel()} ids, range [{int(ids.min()) if ids.numel() else '-'}, "
+                         f"{int(ids.max()) if ids.numel() else '-'}]")
+    ids = ids.sort().values
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(ids.numel()), t2d
+
+
+class Eagle3Drafter(FeatureHeadDrafter):
+    """EAGLE-3 head: fc(3H->H), one 2H-input decoder layer, norm, LM head over the draft vocabulary."""
+
+    kind = "eagle3"
+    config_class = Eagle3Config
+    borrowed_prefixes = ("embed.",)
+
+    def __init__(self, config: Eagle3Config, target: nn.Module | None = None):
+        super().__init__(config)
+        if target is None:
+            raise ValueError("eagle3 drafter borrows the target's embedding: pass target=... "
+                             "(from_pretrained(path, target=target))")
+        c = config
+        self.embed = target.get_input_embeddings()
+        rows = target.get_output_embeddings().weight.shape[0]
+        if rows != c.vocab_size or self.embed.weight.shape[1] != c.hidden_size:
+            raise ValueError(f"eagle3 config expects vocab {c.vocab_size} x hidden {c.hidden_size}, the target has "
+                             f"LM head rows {rows}, hidden {self.embed.weight.shape[1]}; train the head for this target")
+        self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
+        self.layer = DraftDecoderLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                       c.intermediate_size, c.rms_norm_eps, c.rope_theta, eagle3=True)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        d2t, t2d = mapping_from_ids(torch.arange(c.draft_vocab_size), c.vocab_size)
+        self.register_buffer("d2t", d2t)
+        self.register_buffer("t2d", t2d)
+        self.feature_layers = tuple(c.feature_layers)
+
+    # --- vocabulary ----------------------------------------------------------------------------------
+    def draft_ids(self) -> torch.Tensor:
+        """Target id of each draft id, ``[N]`` (``arange(N) + d2t``)."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, ids: torch.Tensor, target: nn.Module | None = None) -> None:
+        """Use target ids ``ids [N]`` as the draft vocabulary (sorted). With ``target``, initialise the
+        LM head rows and the final norm from the target's head / norm (a good start for training)."""
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"need exactly draft_vocab_size={self.config.draft_vocab_size} ids, got {ids.numel()}")
+        d2t, t2d = mapping_from_ids(ids, self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        if target is not None:
+            with torch.no_grad():
+                self.lm_head.weight.copy_(target.get_output_embeddings().weight[self.draft_ids().cpu()])
+                norm = getattr(getattr(target, "model", None), "norm", None)
+                if norm is not None and norm.weight.shape == self.norm.weight.shape:
+                    self.norm.weight.copy_(norm.weight)
+
+    # --- FeatureHeadDrafter hooks ----------------------------------------------------------------------
+    def real_input(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.fc(feats)
+
+    def logits_and_ids(self, out: torch.Tensor):
+        return self.lm_head(self.norm(out)), self.draft_ids()
+
+    def target_vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    # --- training ------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
+        """TTT unroll. ``input_ids [B, T]``, ``features [B, T, 3H]`` (concat over ``feature_layers``).
+
+        Returns ``steps`` draft-vocabulary logits ``[B, T, N]``: ``out[j][:, t]`` predicts token
+        ``t + 2 + j`` (entries whose token ``t+1+j`` is past the sequence are garbage; mask them).
+        """
+        steps = steps or self.config.ttt_steps
+        b, t = input_ids.shape
+        hidden = self.fc(features)  # [B, T, H]
+        past, outs = None, []
+        pad = input_ids.new_zeros(b, steps + 1)
+        ids_ext = torch.cat([input_ids, pad], 1)
+        for j in range(steps):
+            ids_j = ids_ext[:, 1 + j: 1 + j + t]  # token t+1+j at position t
+            pos = (torch.arange(t, device=input_ids.device) + j)[None].expand(b, t)
+            mask = ttt_attention_mask(t, j, input_ids.device)
+            out, past = self.layer(hidden, pos, mask, past, embeds=self.embed(ids_j).to(hidden.dtype))
+            outs.append(self.lm_head(self.norm(out)))
+            hidden = out
+        return outs

@@ -1,0 +1,215 @@
+"""``drafterkit export CKPT --format FMT --output DIR [--push-to-hub REPO]``: checkpoints for serving engines.
+
+Formats:
+
+* ``vllm-eagle3`` / ``sglang-eagle3`` (an ``eagle3`` checkpoint): the layout both engines load for
+  ``LlamaForCausalLMEagle3`` (vLLM ``model_executor/models/llama_eagle3.py``, SGLang
+  ``srt/models/llama_eagle3.py``): ``config.json`` (``architectures``, ``draft_vocab_size``,
+  ``target_hidden_size``, ``num_hidden_layers: 1``, ``eagle_config.eagle_aux_hidden_state_layer_ids``
+  = our ``feature_layers``, which use the same index convention) and ``model.safetensors`` with
+  ``fc.weight``, ``midlayer.{self_attn,mlp,input_layernorm,hidden_norm,post_attention_layernorm}.*``,
+  ``norm.weight``, ``lm_head.weight [N, H]``, ``d2t [N]`` (int64 offsets), ``t2d [V]`` (bool). The
+  embedding is not written: both engines share the target's when ``embed_tokens`` is absent.
+* ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight``
+  / ``.bias`` (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is
+  written once as ``lm_heads.0.weight`` with ``original_lm_head: true`` (needs ``--target``).
+  ``config.json`` also carries the FasterDecoding/Medusa keys ``medusa_num_heads`` /
+  ``medusa_num_layers``.
+* ``hf-assistant`` (a ``draft_lm`` checkpoint): a plain transformers folder, usable as
+  ``model.generate(..., assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``; with
+  ``--target`` the target's tokenizer is saved alongside.
+
+``--push-to-hub REPO`` uploads DIR with ``huggingface_hub`` after checking, within a few seconds, that
+the Hub is reachable; offline it fails with a clear message (exit code 2) instead of hanging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from decode.device import resolve_dtype
+from drafters.base import read_config
+
+FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm"}
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be exported in the requested format; the message says why and the fix."""
+
+
+def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    if dtype is None:
+        return state
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engine: str = "vllm") -> Path:
+    """Write the vLLM / SGLang EAGLE-3 layout of the ``eagle3`` checkpoint ``ckpt`` into ``out``."""
+    _, cfg = read_config(ckpt)
+    state = load_file(str(ckpt / "model.safetensors"))
+    renamed = {("midlayer." + k[len("layer."):] if k.startswith("layer.") else k): v for k, v in state.items()}
+    expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
+                "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"}
+    if not expected <= renamed.keys():
+        raise ExportError(f"{ckpt} lacks {sorted(expected - renamed.keys())}; is it an eagle3 checkpoint?")
+    saved_dtype = dtype or renamed["fc.weight"].dtype
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "hidden_size": cfg["hidden_size"], "target_hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": 1,
+        "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
+        "head_dim": cfg["head_dim"], "hidden_act": "silu", "rms_norm_eps": cfg["rms_norm_eps"],
+        "rope_theta": cfg["rope_theta"], "max_position_embeddings": 8192, "tie_word_embeddings": False,
+        "vocab_size": cfg["vocab_size"], "draft_vocab_size": cfg["draft_vocab_size"],
+        "torch_dtype": str(saved_dtype).removeprefix("torch."),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg["feature_layers"]),
+                         "use_aux_hidden_state": True},
+        "drafterkit": {"kind": "eagle3", "engine": engine, "target_num_layers": cfg["target_num_layers"]},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(_cast(renamed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write vLLM's Medusa layout of the ``medusa`` checkpoint ``ckpt`` into ``out``.
+
+    Raises:
+        ExportError: the heads share the target's LM head and ``target`` was not given.
+    """
+    _, cfg = read_config(ckpt)
+    state = load_file(str(ckpt / "model.safetensors"))
+    tensors: dict[str, torch.Tensor] = {}
+    for k, v in state.items():  # blocks.{k}.{j}.linear.{weight,bias} -> blocks.{k}.layers.{j}.{weight,bias}
+        parts = k.split(".")
+        if parts[0] == "blocks":
+            tensors[f"blocks.{parts[1]}.layers.{parts[2]}.{parts[-1]}"] = v
+        elif parts[0] == "lm_heads":
+            tensors[k] = v
+    if cfg["share_lm_head"]:
+        if target is None:
+            raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold; "
+                              "pass --target NAME_OR_PATH so it can be written as lm_heads.0.weight")
+        from decode.target import load_target
+
+        model, _ = load_target(target)
+        tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
+    config = {
+        "architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": cfg["hidden_size"],
+        "vocab_size": cfg["vocab_size"], "truncated_vocab_size": cfg["vocab_size"],
+        "num_heads": cfg["num_heads"], "num_hidden_layers": cfg["num_layers"], "medusa_fc_bias": True,
+        "original_lm_head": bool(cfg["share_lm_head"]),
+        "medusa_num_heads": cfg["num_heads"], "medusa_num_layers": cfg["num_layers"],
+        "drafterkit": {"kind": "medusa", "offset": "head k at position t predicts token t+k+2",
+                       "target_num_layers": cfg["target_num_layers"]},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(_cast(tensors, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write the ``draft_lm`` checkpoint's transformers model as a plain folder (``assistant_model``)."""
+    from drafters import load_drafter
+
+    drafter = load_drafter(ckpt)
+    lm = drafter.lm if dtype is None else drafter.lm.to(dtype)
+    lm.save_pretrained(out)
+    if target is not None:
+        from transformers import AutoTokenizer
+
+        from decode.target import resolve_target_path
+
+        AutoTokenizer.from_pretrained(resolve_target_path(target)).save_pretrained(out)
+    return out
+
+
+def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float = 3.0) -> bool:
+    """True when a TCP connection to the Hub opens within ``timeout`` seconds (and HF_HUB_OFFLINE is unset)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def push_to_hub(folder: Path, repo: str, timeout: float = 3.0) -> str:
+    """Upload ``folder`` to the Hub model repo ``repo`` (created if needed). Returns the repo URL.
+
+    Raises:
+        ExportError: ``repo`` is not ``owner/name``, or the Hub is unreachable (checked first, fast).
+    """
+    if repo.count("/") != 1 or any(not p for p in repo.split("/")) or Path(repo).exists():
+        raise ExportError(f"--push-to-hub needs a Hub repo id 'owner/name', got {repo!r} (a local folder is "
+                          "not a Hub repo: use --output for local copies)")
+    if not hub_reachable(timeout=timeout):
+        raise ExportError(f"cannot push to {repo}: the Hugging Face Hub is not reachable from this machine "
+                          "(no network, or HF_HUB_OFFLINE is set). The export is complete in the --output "
+                          "folder; upload it later with `huggingface-cli upload`.")
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo, exist_ok=True)
+    api.upload_folder(repo_id=repo, folder_path=str(folder))
+    return f"https://huggingface.co/{repo}"
+
+
+def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None = None,
+           dtype: str | None = None) -> Path:
+    """Export checkpoint folder ``ckpt`` as ``fmt`` into ``output``. Returns ``output``.
+
+    Raises:
+        ExportError: unknown format, or the checkpoint's kind does not fit the format.
+        drafters.DrafterLoadError: ``ckpt`` is not a drafter checkpoint.
+    """
+    ckpt, output = Path(ckpt), Path(output)
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}; valid formats: {sorted(FORMATS)}")
+    kind, _ = read_config(ckpt)
+    if kind != FORMATS[fmt]:
+        fits = sorted(f for f, k in FORMATS.items() if k == kind) or "none"
+        raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a {kind!r} "
+                          f"drafter; formats for {kind!r}: {fits}")
+    dt = resolve_dtype(dtype) if dtype else None
+    if fmt.endswith("eagle3"):
+        return export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
+    if fmt == "medusa":
+        return export_medusa(ckpt, output, target, dt)
+    return export_hf_assistant(ckpt, output, target, dt)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a drafter checkpoint folder (config.json + model.safetensors)")
+    parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="target layout")
+    parser.add_argument("--output", required=True, help="folder to write (created)")
+    parser.add_argument("--target", default=None,
+                        help="target name or folder: needed for Medusa heads sharing its LM head; for "
+                             "hf-assistant, its tokenizer is saved too")
+    parser.add_argument("--dtype", default=None, help="cast floating tensors (float32 | bfloat16 | float16)")
+    parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="also upload to this Hub repo id")
+
+
+def run(args: argparse.Namespace) -> int:
+    from drafters.base import DrafterLoadError
+
+    try:
+        out = export(args.checkpoint, args.format, args.output, target=args.target, dtype=args.dtype)
+        print(f"exported {args.checkpoint} as {args.format} -> {out}")
+        if args.push_to_hub:
+            print(f"pushed to {push_to_hub(out, args.push_to_hub)}")
+    except (ExportError, DrafterLoadError) as exc:
+        print(f"drafterkit export: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,160 @@
+"""Medusa heads (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple
+Decoding Heads"), Medusa-1: the target (backbone) stays frozen, only the heads train.
+
+Head ``k`` (``k = 0 .. K-1``) reads the target's last hidden state AFTER the final norm
+(``hidden_states[L]``, the input of the target's LM head) at position ``t`` and predicts the token at
+position ``t + k + 2``: ``k + 1`` positions beyond what the target's own LM head predicts from the same
+state (token ``t + 1``). Each head is ``num_layers`` residual blocks ``x + SiLU(W x + b)`` with ``W, b``
+zero-initialised (so a fresh head is the identity and starts as the target's next-token predictor),
+then a vocabulary projection: the target's LM head shared frozen (``share_lm_head=True``, default:
+borrowed, not saved) or an own ``Linear(H, V)`` per head initialised from the target's head.
+
+Decoding (honest offset). When the decoder asks for proposals the last committed token
+``tokens[n-1]`` has NOT been through the target yet, so its hidden state does not exist. The newest
+state available is ``features[n-2]`` (the one that predicted ``tokens[n-1]``). From it head ``k``
+predicts position ``(n-2) + k + 2 = n + k``, i.e. head 0 gives draft token 1 (``tokens[n]``), head 1
+draft token 2, ... So ``K`` heads propose at most ``K`` tokens; the target's own LM head is not used.
+
+Greedy (``temperature == 0``): the top-1 token of each head, as a chain, ``probs=None``. Sampling
+(``temperature > 0``): each draft token is sampled from its head's distribution ``q`` shaped by the
+same temperature/top-k/top-p as the target; ``q`` is returned so rejection sampling stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from decode.protocol import DecodeState, Proposal, SamplingParams
+from decode.sampling import select_tokens
+from drafters.base import Drafter
+
+
+@dataclass
+class MedusaConfig:
+    """Medusa-1 heads.
+
+    Attributes:
+        vocab_size: rows of the target's LM head (``V``).
+        hidden_size: the target's hidden size (``H``).
+        target_num_layers: the target's decoder layer count ``L``; the heads read ``hidden_states[L]``.
+        num_heads: ``K``; head ``k`` predicts ``k + 2`` positions after its input state.
+        num_layers: residual blocks per head (the Medusa paper uses 1).
+        share_lm_head: True -> every head projects with the target's LM head (frozen, not saved);
+            False -> each head owns a ``Linear(H, V)`` (initialised from the target's head).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    target_num_layers: int
+    num_heads: int = 5
+    num_layers: int = 1
+    share_lm_head: bool = True
+
+    def __post_init__(self):
+        if self.num_heads < 1 or self.num_layers < 1:
+            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, "
+                             f"{self.num_layers}")
+
+    @classmethod
+    def from_target(cls, target: nn.Module, **kw) -> "MedusaConfig":
+        c = target.config
+        return cls(vocab_size=target.get_output_embeddings().weight.shape[0], hidden_size=c.hidden_size,
+                   target_num_layers=c.num_hidden_layers, **kw)
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(W x + b)``, zero-initialised (identity at start). ``[..., H] -> [..., H]``."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaDrafter(Drafter):
+    """K Medusa heads on the target's final-norm hidden state. See the module docstring for offsets."""
+
+    kind = "medusa"
+    config_class = MedusaConfig
+
+    def __init__(self, config: MedusaConfig, target: nn.Module | None = None):
+        super().__init__(config)
+        if target is None:
+            raise ValueError("MedusaDrafter needs the target (for its LM head and hidden size): "
+                             "MedusaDrafter(config, target=target) / from_pretrained(path, target=target)")
+        head = target.get_output_embeddings()
+        if tuple(head.weight.shape) != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"Medusa config expects an LM head [{config.vocab_size}, {config.hidden_size}] but the "
+                             f"target's is {list(head.weight.shape)}; train Medusa heads for this target")
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.num_layers)])
+            for _ in range(config.num_heads))
+        if config.share_lm_head:
+            self.lm_head = head  # borrowed, frozen
+            self.borrowed_prefixes = ("lm_head.",)
+        else:
+            self.lm_heads = nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+                                          for _ in range(config.num_heads))
+            with torch.no_grad():
+                for lin in self.lm_heads:
+                    lin.weight.copy_(head.weight)
+        self.feature_layers = (config.target_num_layers,)
+
+    def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of head ``k``: ``hidden [..., H] -> [..., V]``."""
+        x = self.blocks[k](hidden)
+        head = self.lm_head if self.config.share_lm_head else self.lm_heads[k]
+        return head(x.to(head.weight.dtype))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """All heads on the target's final-norm states ``hidden [B, T, H]`` -> logits ``[K, B, T, V]``.
+
+        ``out[k, b, t]`` predicts the token at position ``t + k + 2`` of row ``b``.
+        """
+        return torch.stack([self.head_logits(k, hidden) for k in range(self.config.num_heads)])
+
+    # --- decoder protocol --------------------------------------------------------------------------
+    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        """``k`` draft tokens per row from the state that predicted the last committed token.
+
+        Raises:
+            ValueError: ``k`` exceeds ``num_heads`` (each head proposes one position), or no features.
+        """
+        if k > self.config.num_heads:
+            raise ValueError(f"this Medusa drafter has {self.config.num_heads} heads and proposes at most that many "
+                             f"tokens per round; pass num_draft_tokens <= {self.config.num_heads}")
+        if state.features is None:
+            raise ValueError("Medusa needs target features; the decoder must honour feature_layers")
+        dev = next(self.blocks.parameters()).device
+        rows = []
+        for b, toks in enumerate(state.tokens):
+            f = state.features[b]
+            rows.append(f[-1] if f.shape[0] else torch.zeros(self.config.hidden_size))
+        hidden = torch.stack(rows).to(dev, next(self.blocks.parameters()).dtype)  # [B, H] = features[n-2]
+        toks, probs = [], []
+        with torch.no_grad():
+            for j in range(k):
+                logits = self.head_logits(j, hidden)  # [B, V]: head j predicts tokens[n + j]
+                t, p = select_tokens(logits, sampling, state.vocab_size, generator)
+                toks.append(t)
+                probs.append(p)
+        tokens = torch.stack(toks, 1)
+        # A row with no feature yet (1-token context) repeats its last token: still a valid id.
+        for b, f in enumerate(state.features):
+            if f.shape[0] == 0:
+                tokens[b] = state.tokens[b][-1]
+        out_probs = None if sampling.greedy else torch.stack(probs, 1)
+        if out_probs is not None:
+            for b, f in enumerate(state.features):
+                if f.shape[0] == 0:
+                    out_probs[b] = torch.nn.functional.one_hot(tokens[b], out_probs.shape[-1]).float()
+        return Proposal(tokens=tokens.cpu(), probs=None if out_probs is None else out_probs.cpu())

@@ -1,0 +1,69 @@
+"""N-gram / prompt-lookup proposer (Saxena 2023, "Prompt Lookup Decoding"; Yang et al. 2023, LLMA).
+
+Match the last ``n`` tokens of a row (``n`` from ``max_ngram`` down to ``min_ngram``) against the
+row's own earlier tokens (prompt + output); the most recent match wins and the tokens that followed
+it are proposed. No weights, deterministic (``probs=None``: one-hot q, still exact under sampling).
+When nothing matches it proposes the last token repeated, which costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decode.protocol import DecodeState, Proposal, SamplingParams
+from drafters.base import Drafter
+
+
+@dataclass
+class NGramConfig:
+    """``max_ngram`` >= ``min_ngram`` >= 1: n-gram sizes tried, longest first."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"NGramConfig needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
+                             f"max_ngram={self.max_ngram}")
+
+
+def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """The ``k`` tokens that followed the most recent earlier occurrence of the row's last n-gram.
+
+    Returns exactly ``k`` ids: a shorter continuation is padded with its own last token; no match
+    gives the row's last token repeated.
+    """
+    n = len(tokens)
+    for g in range(min(max_ngram, n - 1), min_ngram - 1, -1):
+        pattern = tokens[n - g:]
+        first = pattern[0]
+        for j in range(n - g - 1, -1, -1):
+            if tokens[j] == first and tokens[j: j + g] == pattern:
+                cont = tokens[j + g: j + g + k]
+                return cont + [cont[-1]] * (k - len(cont))
+    return [tokens[-1]] * k
+
+
+class NGramDrafter(Drafter):
+    """Prompt-lookup proposer; holds no tensors (its checkpoint has an empty ``model.safetensors``)."""
+
+    kind = "ngram"
+    config_class = NGramConfig
+
+    def __init__(self, config: NGramConfig | None = None, target=None):
+        super().__init__(config or NGramConfig())
+
+    def check_compatible(self, target, vocab_size: int) -> None:
+        """Any target: the proposer only copies the row's own token ids."""
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("NGramDrafter has nothing to train; it only proposes at decode time")
+
+    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        """``k`` looked-up tokens per row: LongTensor ``[B, k]``, ``probs=None``."""
+        rows = [lookup(t, k, self.config.max_ngram, self.config.min_ngram) if a and k else [0] * k
+                for t, a in zip(state.tokens, state.active)]
+        return Proposal(tokens=torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), probs=None)

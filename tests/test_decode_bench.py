@@ -1,0 +1,121 @@
+"""``drafterkit eval`` end to end through the CLI on a tiny random Llama with the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_llama
+
+from decode import bench
+from decode.harness import load_prompts
+from train.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny seeded Llama (vocab 49152, hidden 32) saved with the real SmolLM2 tokenizer + chat template."""
+    from transformers import AutoTokenizer
+
+    from decode.assets import default_target_dir
+
+    path = tmp_path_factory.mktemp("tiny-target")
+    tiny_llama(0, vocab_size=49152, hidden_size=32).save_pretrained(path)
+    AutoTokenizer.from_pretrained(default_target_dir()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "mine.jsonl"
+    lines = [{"prompt": "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):"},
+             {"messages": [{"role": "user", "content": "List the days of the week, then list them again."}]}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def _pooled(runs, method):
+    rs = [r for r in runs if r["method"] == method]
+    return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
+
+
+def test_eval_cli_greedy_records_measured_speedups_and_exactness(tiny_dir, prompts_file, tmp_path):
+    out = tmp_path / "e.json"
+    rc = main(["eval", "--target", str(tiny_dir), "--drafter", "ngram", "--benchmark", str(prompts_file),
+               "--num-prompts", "2", "--max-new-tokens", "12", "--k", "3", "--device", "cpu", "--no-progress",
+               "--baselines", "engine,hf,hf-assisted", "--output", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    for key in ("config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs", "timings"):
+        assert key in rec
+    assert rec["machine"]["torch"] and rec["machine"]["threads"] >= 1 and rec["machine"]["device"] == "cpu"
+    assert [p["category"] for p in rec["prompts"]] == ["mine", "mine"]
+    rows = {r["method"]: r for r in rec["summary"]}
+    assert set(rows) == {"ngram", "engine", "hf", "ngram [hf-assisted]"}
+    assert len(rec["runs"]) == 2 * 4  # every prompt through every method, warm-up not counted
+    assert {r["prompt"] for r in rec["runs"]} == {0, 1}
+    for name, row in rows.items():
+        assert row["tokens_per_s"] == pytest.approx(_pooled(rec["runs"], name), rel=1e-12)
+        assert row["speedup_vs_engine"] == pytest.approx(row["tokens_per_s"] / rows["engine"]["tokens_per_s"])
+        assert row["speedup_vs_hf"] == pytest.approx(row["tokens_per_s"] / rows["hf"]["tokens_per_s"])
+    ng = rows["ngram"]
+    assert ng["hf_native_tokens_per_s"] == rows["ngram [hf-assisted]"]["tokens_per_s"]
+    assert ng["tau"] >= 1.0 and 0.0 <= ng["acceptance_rate"] <= 1.0 and len(ng["accept_per_position"]) == 3
+    assert rows["engine"]["tau"] == 1.0 and rows["engine"]["drafted"] == 0
+    spec_runs = [r for r in rec["runs"] if r["method"] == "ngram"]
+    assert ng["accepted"] == sum(r["stats"]["accepted"] for r in spec_runs)
+    # exactness at temperature 0, fp32: speculative == plain engine, token for token
+    assert rec["exactness"]["checked"] and rec["exactness"]["mismatches"] == {"ngram": 0} and ng["mismatches"] == 0
+    plain = {r["prompt"]: r["output_ids"] for r in rec["runs"] if r["method"] == "engine"}
+    assert all(r["output_ids"] == plain[r["prompt"]] for r in spec_runs)
+    assert all(0 < len(r["output_ids"]) <= 12 for r in rec["runs"])
+    md = out.with_suffix(".md").read_text()
+    from decode.report import parse_markdown_table
+
+    table = {r["method"]: r for r in parse_markdown_table(md)}
+    assert float(table["ngram"]["tokens/s"]) == pytest.approx(ng["tokens_per_s"], abs=0.006)
+
+
+def test_eval_sampled_skips_exactness_and_seeds_reproduce(tiny_dir, prompts_file, tmp_path):
+    recs = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.json"
+        assert main(["eval", "--target", str(tiny_dir), "--drafter", "draft:1", "--benchmark", str(prompts_file),
+                     "--num-prompts", "1", "--max-new-tokens", "8", "--temperature", "1.0", "--top-k", "20",
+                     "--device", "cpu", "--no-progress", "--baselines", "engine", "--seed", "7",
+                     "--output", str(out)]) == 0
+        recs.append(json.loads(out.read_text()))
+    assert recs[0]["exactness"]["checked"] is False
+    assert {r["method"]: r["mismatches"] for r in recs[0]["summary"]}["draft:1"] is None
+    outs = [[r["output_ids"] for r in rec["runs"]] for rec in recs]
+    assert outs[0] == outs[1]  # same seed, same sampled tokens
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--benchmark", "nope"], "unknown --benchmark 'nope'"),
+    (["--drafter", "draft:x"], "N must be an int"),
+    (["--drafter", "/no/such/ckpt"], "not 'none', 'ngram', 'draft:N' or a drafter checkpoint"),
+    (["--baselines", "engine,vllm"], "--baselines: unknown ['vllm']"),
+    (["--drafter", "none", "--baselines", ""], "nothing to measure"),
+])
+def test_eval_bad_input_names_problem(tiny_dir, tmp_path, capsys, argv, message):
+    rc = main(["eval", "--target", str(tiny_dir), "--device", "cpu", "--benchmark", "humaneval",
+               "--num-prompts", "1", "--output", str(tmp_path / "x.json"), *argv])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_mt_bench_prompts_cover_every_category_and_use_the_chat_template(tiny_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    prompts = load_prompts("mt-bench", tok, 8)
+    assert len({p.category for p in prompts}) == 8
+    text = tok.decode(prompts[0].input_ids)
+    assert text.rstrip().endswith("<|im_start|>assistant") and prompts[0].messages[0]["content"] in text
+    code = load_prompts("humaneval", tok, 2)
+    assert {p.category for p in code} == {"code"} and "def " in code[0].messages[0]["content"]
+    with pytest.raises(ValueError, match="--num-prompts"):
+        load_prompts("mt-bench", tok, 0)
+    assert bench.EvalConfig().drafters == ["ngram"]

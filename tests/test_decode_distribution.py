@@ -1,0 +1,60 @@
+"""Speculative sampling is exact: committed tokens follow the target's distribution (chi-square).
+
+One generate call with a large batch (every row the same prompt, each row one sample) over a tiny
+target with a 16-token vocabulary; the exact joint law of the first three tokens is enumerated with
+full (cache-free) target forwards. max_new_tokens=3 with K=5 clamps the chain to one draft token, so
+token 2 is an accepted draft or a correction and token 3 a bonus or the token after a correction.
+"""
+
+import pytest
+import torch
+from scipy import stats
+
+from conftest import tiny_llama
+from decode import generate
+from decode.protocol import SamplingParams
+from decode.sampling import logits_to_probs
+from drafters.ngram import NGramDrafter
+
+V, PROMPT, RUNS = 16, [1, 5, 9], 6000
+
+
+def _exact_joint(target, params):
+    """P(x1, x2, x3) as a [V, V, V] tensor (float64)."""
+    with torch.no_grad():
+        p1 = logits_to_probs(target(torch.tensor([PROMPT])).logits[0, -1], params).double()
+        two = torch.tensor([PROMPT + [a] for a in range(V)])
+        p2 = logits_to_probs(target(two).logits[:, -1], params).double()  # [V, V]
+        three = torch.tensor([PROMPT + [a, b] for a in range(V) for b in range(V)])
+        p3 = logits_to_probs(target(three).logits[:, -1], params).double().reshape(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def _chi2(counts, probs):
+    """Pearson chi-square over cells, cells with expected < 5 pooled into one."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    assert counts[probs == 0].sum() == 0, "a token of target probability 0 was emitted"
+    obs = torch.cat([counts[big], counts[~big].sum()[None]]).double()
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, 5, 0.9)], ids=["t1", "t07_k5_p09"])
+@pytest.mark.parametrize("kind", ["draft_lm", "ngram"])
+def test_first_tokens_follow_target_distribution(params, kind):
+    target = tiny_llama(0, vocab_size=V)
+    drafter = tiny_llama(3, vocab_size=V, layers=1) if kind == "draft_lm" else NGramDrafter()
+    res = generate(target, [PROMPT] * RUNS, drafter=drafter, max_new_tokens=3, num_draft_tokens=5,
+                   temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=1234,
+                   eos_token_id=[])
+    seqs = torch.tensor(res.sequences)  # [RUNS, 3]
+    joint = _exact_joint(target, params)
+    c12 = torch.bincount(seqs[:, 0] * V + seqs[:, 1], minlength=V * V).double()
+    assert _chi2(c12, joint.sum(2).flatten()) > 1e-3
+    for pos, marg in ((1, joint.sum((0, 2))), (2, joint.sum((0, 1)))):
+        assert _chi2(torch.bincount(seqs[:, pos], minlength=V).double(), marg) > 1e-3
+    s = res.stats
+    assert s.target_forwards == RUNS and s.drafted == RUNS and 0 < s.accepted < RUNS

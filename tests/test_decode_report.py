@@ -1,0 +1,116 @@
+"""Sweep / concurrency outputs of ``drafterkit eval``: PNGs that are real images, a Markdown table whose
+rows are the JSON rows, speedups that are ratios of measurements in the same JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_llama
+
+from decode import report
+from train.cli import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sweep_record(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from decode.assets import default_target_dir
+
+    root = tmp_path_factory.mktemp("sweep")
+    tiny_llama(0, vocab_size=49152, hidden_size=32).save_pretrained(root / "tiny")
+    AutoTokenizer.from_pretrained(default_target_dir()).save_pretrained(root / "tiny")
+    out = root / "out" / "sweep.json"
+    rc = main(["eval", "--target", str(root / "tiny"), "--drafter", "ngram", "--drafter", "draft:1",
+               "--benchmark", "mt-bench", "--num-prompts", "2", "--max-new-tokens", "8", "--device", "cpu",
+               "--baselines", "engine,hf", "--sweep", "--sweep-k", "1,3", "--sweep-temperature", "0,1",
+               "--concurrency", "1,2", "--no-progress", "--output", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text()), out
+
+
+def test_sweep_pngs_are_valid_images(sweep_record):
+    import matplotlib.image as mpimg
+
+    rec, _ = sweep_record
+    names = sorted(p.rsplit("/", 1)[-1] for p in rec["artifacts"]["plots"])
+    assert names == sorted(["acceptance_vs_k.png", "tokens_per_s_vs_k.png", "speedup_vs_acceptance.png",
+                            "acceptance_per_position.png", "drafter_economics.png", "concurrency.png"])
+    for p in rec["artifacts"]["plots"]:
+        with open(p, "rb") as f:
+            assert f.read(8) == PNG_SIGNATURE
+        img = mpimg.imread(p)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0
+
+
+def test_sweep_markdown_rows_match_json(sweep_record):
+    rec, out = sweep_record
+    rows = rec["sweep"]["rows"]
+    cats = {p["category"] for p in rec["prompts"]}
+    assert len(cats) == 2  # two MT-bench prompts -> two categories (balanced selection)
+    assert {(r["drafter"], r["k"], r["temperature"], r["category"]) for r in rows} == {
+        (d, k, t, c) for d in ("ngram", "draft:1") for k in (1, 3) for t in (0.0, 1.0) for c in cats | {"all"}}
+    parsed = report.parse_markdown_table(out.with_suffix(".md").read_text(), heading="Sweep")
+    assert len(parsed) == len(rows)
+    for got, row in zip(parsed, rows):
+        for header, key, spec in report.SWEEP_COLUMNS:
+            assert got[header] == report.fmt(row[key], spec), (header, got, row)
+
+
+def test_sweep_speedups_are_ratios_of_measurements_in_the_json(sweep_record):
+    rec, _ = sweep_record
+    runs = rec["sweep"]["runs"]
+    for row in rec["sweep"]["rows"]:
+        sel = [r for r in runs if r["temperature"] == row["temperature"]
+               and (row["category"] == "all" or r["category"] == row["category"])]
+        spec = [r for r in sel if r["role"] == "spec" and r["drafter"] == row["drafter"] and r["k"] == row["k"]]
+        plain = [r for r in sel if r["role"] == "plain"]
+        tps = sum(r["new_tokens"] for r in spec) / sum(r["wall_s"] for r in spec)
+        plain_tps = sum(r["new_tokens"] for r in plain) / sum(r["wall_s"] for r in plain)
+        assert row["tokens_per_s"] == pytest.approx(tps) and row["engine_tokens_per_s"] == pytest.approx(plain_tps)
+        assert row["speedup_vs_engine"] == pytest.approx(tps / plain_tps)
+        assert len(row["accept_per_position"]) <= row["k"]
+        dv = sum(r["stats"]["draft_time_s"] + r["stats"]["verify_time_s"] for r in spec)
+        assert row["accepted_per_dv_s"] == pytest.approx(sum(r["stats"]["accepted"] for r in spec) / dv)
+    greedy_one = [r for r in rec["sweep"]["rows"] if r["k"] == 1 and r["category"] == "all"]
+    assert all(len(r["accept_per_position"]) == 1 for r in greedy_one)
+
+
+def test_concurrency_rows_batch_prompts_together(sweep_record):
+    rec, out = sweep_record
+    rows = {(r["concurrency"], r["method"]): r for r in rec["concurrency"]["rows"]}
+    assert set(rows) == {(c, m) for c in (1, 2) for m in ("engine", "ngram", "draft:1")}
+    assert {r["rows"] for r in rec["concurrency"]["runs"] if r["concurrency"] == 2} == {2}
+    for (c, m), row in rows.items():
+        assert row["speedup_vs_plain"] == pytest.approx(row["tokens_per_s"] / rows[(c, "engine")]["tokens_per_s"])
+        assert row["tpot_ms"] > 0
+    parsed = report.parse_markdown_table(out.with_suffix(".md").read_text(), heading="Concurrency")
+    assert [(int(p["concurrency"]), p["method"]) for p in parsed] == [(r["concurrency"], r["method"])
+                                                                       for r in rec["concurrency"]["rows"]]
+
+
+def test_aggregate_pools_counts_not_means():
+    stats = dict(committed=9, target_forwards=4, drafted=8, accepted=4, tau=2.0, acceptance_rate=0.5,
+                 accept_per_position=[0.75, 1 / 3], draft_time_s=0.5, verify_time_s=1.5, total_time_s=2.5,
+                 ttft_s=0.5, tokens_per_s=3.6, tpot_ms=250.0)
+    other = dict(stats, committed=5, target_forwards=4, drafted=8, accepted=0, tau=1.0, acceptance_rate=0.0,
+                 accept_per_position=[0.0, 0.0], total_time_s=1.0, ttft_s=0.2)
+    runs = [dict(method="m", new_tokens=9, wall_s=3.0, stats=stats), dict(method="m", new_tokens=5, wall_s=4.0,
+                                                                          stats=other)]
+    agg = report.aggregate(runs)
+    assert agg["tokens_per_s"] == pytest.approx(14 / 7.0)  # total tokens / total seconds, not a mean of ratios
+    assert agg["tau"] == pytest.approx((8 + 4) / 8) and agg["acceptance_rate"] == pytest.approx(4 / 16)
+    assert agg["accept_per_position"] == pytest.approx([3 / 8, 1 / 3])
+    assert agg["tpot_ms"] == pytest.approx(1000 * (2.0 + 0.8) / (14 - 2))
+    assert agg["accepted_per_dv_s"] == pytest.approx(4 / 4.0)
+
+
+def test_parse_markdown_table_errors_name_the_problem():
+    with pytest.raises(ValueError, match="no Markdown table"):
+        report.parse_markdown_table("just text\n")
+    with pytest.raises(ValueError, match="no '## Sweep' heading"):
+        report.parse_markdown_table("| a |\n|---|\n| 1 |\n", heading="Sweep")
+    assert report.parse_markdown_table("| a | b |\n|---|---|\n| 1 | x |\n") == [{"a": "1", "b": "x"}]

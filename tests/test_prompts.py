@@ -1,0 +1,234 @@
+"""decode.prompts: streaming ShareGPT / chat readers, torn tails, normalisation, eval prompt sets."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+
+import pytest
+
+from decode import prompts
+from decode.prompts import (
+    LoaderStats,
+    heldout_prompts,
+    is_heldout,
+    iter_chat_jsonl,
+    iter_sharegpt,
+)
+
+
+def _record(i: int) -> dict:
+    # Non-ASCII text so some cut offsets fall inside a multi-byte UTF-8 character.
+    return {"id": f"conv{i}_0", "conversations": [
+        {"from": "human", "value": f"question {i}: naïve café — 東京 {'x' * (i * 7)}"},
+        {"from": "gpt", "value": f"answer {i} ✓ with \"quotes\", [brackets] and {{braces}}"},
+    ]}
+
+
+def _array_file(tmp_path, records, name="data.json") -> tuple[bytes, list[int]]:
+    """Bytes of a pretty-printed JSON array (like the ShareGPT file) and each record's end offset."""
+    parts, ends, pos = [], [], 0
+    for i, rec in enumerate(records):
+        piece = ("[\n  " if i == 0 else ",\n  ") + json.dumps(rec, indent=2, ensure_ascii=False)
+        data = piece.encode()
+        parts.append(data)
+        pos += len(data)
+        ends.append(pos)  # just after the record's closing brace
+    parts.append(b"\n]\n")
+    return b"".join(parts), ends
+
+
+def _read(path, fn=iter_sharegpt):
+    stats = LoaderStats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        convs = list(fn(path, stats=stats))
+    return convs, stats, [str(w.message) for w in caught]
+
+
+def test_truncated_array_keeps_exactly_the_complete_records(tmp_path):
+    records = [_record(i) for i in range(5)]
+    blob, ends = _array_file(tmp_path, records)
+    path = tmp_path / "cut.json"
+    starts = [blob.index(b"{", e) for e in ends[:-1]]
+    for cut in range(ends[0], len(blob) + 1):
+        path.write_bytes(blob[:cut])
+        convs, stats, warns = _read(path)
+        complete = sum(e <= cut for e in ends)
+        assert [c.id for c in convs] == [r["id"] for r in records[:complete]], cut
+        torn = any(s < cut < e for s, e in zip(starts, ends[1:]))
+        assert stats.torn_tail == int(torn), cut
+        assert stats.records_read == complete and stats.kept == complete
+        if torn:
+            assert any("truncated" in w and "dropped 1 incomplete record" in w for w in warns), warns
+    assert convs[3].messages[0]["content"] == records[3]["conversations"][0]["value"]
+
+
+def test_truncated_jsonl_and_gzip(tmp_path):
+    records = [_record(i) for i in range(4)]
+    lines = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records]
+    blob = b"".join(lines)
+    path = tmp_path / "cut.jsonl"
+    for cut in (len(blob), len(blob) - 1, len(blob) - len(lines[-1]) // 2, len(lines[0]) + 3):
+        path.write_bytes(blob[:cut])
+        convs = _read(path)[0]
+        complete = sum(len(b"".join(lines[:i + 1])) - 1 <= cut for i in range(len(lines)))
+        assert len(convs) == complete, cut
+    gz = tmp_path / "data.json.gz"
+    gz.write_bytes(gzip.compress(_array_file(tmp_path, records)[0]))
+    assert [c.id for c in _read(gz)[0]] == [r["id"] for r in records]
+
+
+def test_normalisation_rules_are_applied_and_counted(tmp_path):
+    rec = {"id": "a_1", "conversations": [
+        {"from": "gpt", "value": "leading assistant, dropped"},
+        {"from": "Human", "value": "hi"},
+        {"from": "user", "value": "   "},
+        {"from": "human", "value": "again"},
+        {"from": "chatgpt", "value": "one"},
+        {"from": "bard", "value": "two"},
+        {"from": "human", "value": "trailing user kept"},
+    ]}
+    sys_rec = {"id": "b", "conversations": [{"from": "system", "value": "be brief"},
+                                            {"from": "bing", "value": "dropped"},
+                                            {"from": "human", "value": "q"}, {"from": "model", "value": "a"}]}
+    path = tmp_path / "n.json"
+    path.write_text(json.dumps([rec, sys_rec]))
+    convs, stats, _ = _read(path)
+    assert convs[0].messages == [{"role": "user", "content": "hi\n\nagain"},
+                                 {"role": "assistant", "content": "one\n\ntwo"},
+                                 {"role": "user", "content": "trailing user kept"}]
+    assert convs[1].messages == [{"role": "system", "content": "be brief"},
+                                 {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert (stats.dropped_leading_assistant_turns, stats.dropped_empty_turns, stats.merged_turns) == (2, 1, 2)
+    assert convs[0].split_key == "a" and convs[1].split_key == "b"
+
+
+def test_bad_records_are_counted_skips_never_a_crash(tmp_path):
+    good = _record(0)
+    bad = [
+        ({"id": "m", "messages_typo": []}, "missing_conversations"),
+        ({"id": "n", "conversations": [{"from": "human", "value": 3}, {"from": "gpt", "value": "x"}]},
+         "non_string_value"),
+        ({"id": "u", "conversations": [{"from": "alien", "value": "x"}, {"from": "gpt", "value": "y"}]},
+         "unknown_role"),
+        ({"id": "e", "conversations": []}, "empty_conversation"),
+        ({"id": "q", "conversations": [{"from": "human", "value": "only a question"}]}, "no_assistant_reply"),
+        (["not", "an", "object"], "not_an_object"),
+    ]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([rec for rec, _ in bad] + [good]))
+    convs, stats, _ = _read(path)
+    assert [c.id for c in convs] == [good["id"]]
+    assert dict(stats.skipped) == {reason: 1 for _, reason in bad}
+    assert stats.records_read == len(bad) + 1
+
+
+def test_chat_jsonl_reader_uses_the_same_rules(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            {"messages": [{"role": "wizard", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            {"conversations": []}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    convs, stats, _ = _read(path, iter_chat_jsonl)
+    assert [c.messages for c in convs] == [rows[0]["messages"]] and convs[0].id == "#0"
+    assert dict(stats.skipped) == {"unknown_role": 1, "missing_messages": 1}
+
+
+@pytest.mark.parametrize("content, match", [
+    ("", "is empty"),
+    ("  \n ", "is empty"),
+    ("hello, not json", "not JSON"),
+    ("42", "top-level JSON int"),
+    ('"a string"', "top-level JSON str"),
+    ("[1, 2, 3]", "no usable conversation"),
+    ("[]", "no usable conversation"),
+    ('{"a": 1}\n', "no usable conversation"),
+    ('{\n "conversations": []\n}\n', "line 1 is not a complete JSON value"),
+])
+def test_bad_files_raise_a_clear_error_naming_the_file(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match) as err:
+        list(iter_sharegpt(path))
+    assert str(path) in str(err.value) and "expected" in str(err.value)
+
+
+def test_missing_file_and_bad_format():
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        list(iter_sharegpt("/nonexistent/x.json"))
+    with pytest.raises(ValueError, match="unknown format"):
+        list(prompts.iter_conversations("/nonexistent/x.json", format="csv"))
+
+
+def test_heldout_split_is_stable_and_seeded():
+    keys = [f"k{i}" for i in range(4000)]
+    a = [k for k in keys if is_heldout(k, 0.1, seed=0)]
+    assert a == [k for k in keys if is_heldout(k, 0.1, seed=0)]
+    assert 300 < len(a) < 500  # ~10 % of 4000
+    assert a != [k for k in keys if is_heldout(k, 0.1, seed=1)]
+    assert not any(is_heldout(k, 0.0) for k in keys)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        is_heldout("k", 1.0)
+
+
+def test_heldout_prompts_are_first_user_turns_of_heldout_openers(tmp_path):
+    records = []
+    for i in range(60):
+        records.append({"id": f"c{i}_0", "conversations": [
+            {"from": "human", "value": f"first {i}"}, {"from": "gpt", "value": "a"},
+            {"from": "human", "value": f"second {i}"}, {"from": "gpt", "value": "b"}]})
+        records.append({"id": f"c{i}_1", "conversations": [
+            {"from": "gpt", "value": "cont"}, {"from": "human", "value": f"part1 {i}"},
+            {"from": "gpt", "value": "c"}]})
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(records))
+    got = heldout_prompts(path, 5, seed=3, fraction=0.3)
+    expected = [i for i in range(60) if is_heldout(f"c{i}", 0.3, 3)][:5]
+    assert got == [[{"role": "user", "content": f"first {i}"}] for i in expected]
+    with pytest.raises(ValueError, match="only .* held-out conversations"):
+        heldout_prompts(path, 60, seed=3, fraction=0.3)
+
+
+def test_prompts_jsonl(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "system", "content": "s"}, '
+                    '{"role": "user", "content": "u"}, {"role": "assistant", "content": "cut"}]}\n')
+    assert prompts.load_prompts_jsonl(path) == [
+        [{"role": "user", "content": "hi"}],
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]]
+    path.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2: expected a non-empty string 'prompt'"):
+        prompts.load_prompts_jsonl(path)
+    path.write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        prompts.load_prompts_jsonl(path)
+
+
+def test_mt_bench_and_humaneval_assets():
+    mt = prompts.load_mt_bench()
+    assert len(mt) == 80 and len({q["question_id"] for q in mt}) == 80
+    assert all(len(q["turns"]) == 2 for q in mt)
+    cats = {q["category"] for q in mt}
+    assert {"writing", "coding", "math"} <= cats and len(cats) == 8
+    he = prompts.load_humaneval()
+    assert len(he) == 164 and he[0]["task_id"] == "HumanEval/0"
+    assert all("def " in p["prompt"] for p in he)
+
+
+def test_mt_bench_bad_line_names_file_and_line(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "category": "x", "turns": ["a"]}\n{"question_id": 2, "turns": ["b"]}\n')
+    with pytest.raises(ValueError, match=r"q.jsonl:2: field 'category' missing"):
+        prompts.load_mt_bench(path)
+
+
+def test_real_sharegpt_torn_tail():
+    from decode.assets import fetch
+
+    stats = LoaderStats()
+    with pytest.warns(UserWarning, match="dropped 1 incomplete record"):
+        n = sum(1 for _ in iter_sharegpt(fetch("sharegpt"), stats=stats))
+    assert stats.records_read == 17671 and stats.torn_tail == 1  # documented in DESIGN.md
+    assert n == stats.kept == stats.records_read - sum(stats.skipped.values())

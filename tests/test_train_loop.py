@@ -1,0 +1,222 @@
+"""The training loop end to end on a tiny random target with the real SmolLM2 tokenizer."""
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import tiny_llama
+from train.recipe import load_recipe, recipe_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny target folder (vocab 49152, hidden 32, real tokenizer) and a synthetic chat JSONL."""
+    from transformers import AutoTokenizer
+
+    from decode.assets import default_target_dir
+
+    root = tmp_path_factory.mktemp("train")
+    tok = AutoTokenizer.from_pretrained(default_target_dir())
+    model = tiny_llama(0, vocab_size=49152, hidden_size=32, layers=2)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    rnd = random.Random(0)
+    with open(root / "chat.jsonl", "w") as f:
+        for i in range(40):
+            msgs = [{"role": "user", "content": " ".join(rnd.choices(WORDS, k=6))},
+                    {"role": "assistant", "content": " ".join(rnd.choices(WORDS, k=12))}]
+            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
+    old = os.environ.get("DRAFTERKIT_HOME")
+    os.environ["DRAFTERKIT_HOME"] = str(root / "home")  # dataset caches stay in tmp
+    try:
+        yield root
+    finally:
+        if old is None:
+            os.environ.pop("DRAFTERKIT_HOME", None)
+        else:
+            os.environ["DRAFTERKIT_HOME"] = old
+
+
+def _recipe(world, out, **over):
+    data = {
+        "output_dir": str(out),
+        "target": {"name_or_path": str(world / "target")},
+        "drafter": {"kind": "draft_lm", "options": {"init": "truncated", "num_layers": 1}},
+        "data": {"source": "jsonl", "path": str(world / "chat.jsonl"), "max_length": 64, "heldout_fraction": 0.1},
+        "optim": {"lr": 1e-2, "schedule": "constant"},
+        "train": {"max_steps": 3, "batch_size": 2, "grad_accum": 1, "log_every": 1, "resume": "never"},
+        "eval": {"every": 0, "at_end": False, "num_prompts": 2, "max_new_tokens": 6, "k": 3},
+    }
+    return recipe_from_dict(data, [f"{k}={v}" for k, v in over.items()])
+
+
+def _load(world):
+    from decode.target import load_target
+
+    return load_target(str(world / "target"))
+
+
+def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path):
+    from drafters import load_drafter
+    from drafters.draft_lm import DraftLM
+    from train.loop import train
+
+    target, tok = _load(world)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    recipe = _recipe(world, tmp_path / "run", **{"eval.at_end": "true", "loss.weights": "{fkl: 1.0, ce: 0.5}"})
+    result = train(recipe, target=target, tokenizer=tok)
+    assert result.global_step == 3 and len(result.losses) == 3
+    assert all(torch.isfinite(torch.tensor(result.losses)))
+    for k, v in target.state_dict().items():
+        assert torch.equal(v, before[k]), f"target tensor {k} changed"
+    assert not any(p.requires_grad for p in target.parameters())
+    init = DraftLM.from_target(target, 1).state_dict()
+    trained = load_drafter(tmp_path / "run" / "checkpoints" / "last" / "drafter", target)
+    moved = [k for k, v in trained.state_dict().items() if not torch.equal(v, init[k])]
+    assert moved, "no drafter parameter changed"
+    paths = recipe.paths
+    assert (paths.best / "eval.json").is_file() and (paths.best / "drafter" / "model.safetensors").is_file()
+    ev = json.loads((paths.best / "eval.json").read_text())
+    assert ev["tau"] >= 1.0 and 0.0 <= ev["acceptance_rate"] <= 1.0 and ev["tokens_per_s"] > 0
+    assert load_recipe(paths.last / "recipe.yaml") == recipe
+    assert any(paths.logs.rglob("events.out.tfevents*"))
+    assert not list(paths.checkpoints.glob(".tmp-*"))
+
+
+def test_resume_equals_straight_run(world, tmp_path):
+    from safetensors.torch import load_file
+
+    from train.loop import train
+
+    target, tok = _load(world)
+    over = {"train.grad_accum": 2, "train.max_steps": 4, "optim.warmup_steps": 0}
+    straight = train(_recipe(world, tmp_path / "a", **over), target=target, tokenizer=tok)
+    first = train(_recipe(world, tmp_path / "b", **{**over, "train.max_steps": 2}), target=target, tokenizer=tok)
+    second = train(_recipe(world, tmp_path / "b", **{**over, "train.resume": "auto"}), target=target, tokenizer=tok)
+    assert len(second.losses) == 2 and second.global_step == 4
+    got = first.losses + second.losses
+    assert torch.allclose(torch.tensor(got), torch.tensor(straight.losses), atol=1e-6, rtol=0), (got, straight.losses)
+    a = load_file(tmp_path / "a" / "checkpoints" / "last" / "drafter" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "checkpoints" / "last" / "drafter" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    state = json.loads((tmp_path / "b" / "checkpoints" / "last" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+
+
+def test_unroll_alphas_match_explicit_chains():
+    from train.losses import acceptance_probability
+    from train.strategies.draft_lm import unroll_alphas
+
+    lm, target = tiny_llama(3, layers=1), tiny_llama(4)
+    lm.requires_grad_(True)
+    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    am = torch.ones_like(ids)
+    am[1, 5:] = 0
+    sup = torch.zeros_like(ids, dtype=torch.bool)
+    sup[0, 1:6], sup[1, 2:4] = True, True
+    with torch.no_grad():
+        t_logits = target(input_ids=ids, attention_mask=am).logits
+    k = 3
+    alphas, step_mask, _ = unroll_alphas(lm, ids, am, t_logits, sup, k, temperature=0.8)
+    n = 0
+    for b in range(2):
+        for t in range(7):
+            if not sup[b, t]:
+                continue
+            seq = ids[b, : t + 1].tolist()
+            for j in range(k):
+                alive = t + j < 7 and bool(sup[b, t: t + j + 1].all())
+                assert bool(step_mask[n, j]) == alive
+                logits = lm(input_ids=torch.tensor([seq])).logits[0, -1]
+                if alive:
+                    ref = acceptance_probability(logits[None], t_logits[b, t + j][None], temperature=0.8)[0]
+                    assert torch.allclose(alphas[n, j], ref, atol=1e-5)
+                seq.append(int(logits.argmax()))
+            n += 1
+    assert n == alphas.shape[0]
+    alphas.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())
+
+
+def test_strategy_loss_terms_and_on_policy_batch(world):
+    from train.data import collate
+    from train.strategies import get_strategy
+
+    target, tok = _load(world)
+    strategy = get_strategy("draft_lm")
+    recipe = _recipe(world, "unused", **{"loss.weights": "{accept_len: 1.0, ce: 1.0, jsd: 0.5}",
+                                         "loss.draft_steps": 2})
+    drafter = strategy.build(recipe, target, tok)
+    batch = collate([{"input_ids": [5, 6, 7, 8, 9, 10], "loss_mask": [0, 0, 0, 1, 1, 1]},
+                     {"input_ids": [11, 12, 13, 14], "loss_mask": [0, 0, 1, 1]}], pad_token_id=0)
+    strategy.check_batch(batch)
+    loss, metrics = strategy.loss(drafter, target, batch, recipe)
+    loss.backward()
+    assert torch.isfinite(loss) and {"accept_len", "ce", "jsd", "alpha_step2"} <= metrics.keys()
+    on = strategy.on_policy_batch(drafter, target, {**batch, "on_policy_seed": 1}, recipe)
+    assert on["input_ids"].shape[0] == 2 and on["loss_mask"][:, :3].sum() == 0 and on["loss_mask"].sum() > 0
+    with pytest.raises(ValueError, match="loss_mask"):
+        strategy.check_batch({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})
+
+
+def test_lora_checkpoint_holds_merged_weights(world, tmp_path):
+    from drafters import load_drafter
+    from train.strategies import get_strategy
+
+    target, tok = _load(world)
+    strategy = get_strategy("draft_lm")
+    recipe = _recipe(world, tmp_path, **{"drafter.options.lora": "{r: 4}"})
+    drafter = strategy.build(recipe, target, tok)
+    trainable = [n for n, p in drafter.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():
+        for n, p in drafter.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    strategy.save(drafter, tmp_path / "d")
+    loaded = load_drafter(tmp_path / "d", target)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    drafter.eval()
+    assert torch.allclose(loaded(ids), drafter(ids), atol=1e-4)
+
+
+def test_wandb_missing_gives_install_hint(world, tmp_path):
+    import importlib.util
+
+    from train.loop import make_accelerator
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    with pytest.raises(RuntimeError, match=r"pip install drafterkit\[wandb\]"):
+        make_accelerator(_recipe(world, tmp_path, **{"logging.trackers": "[wandb]"}))
+
+
+def test_cli_train_verb_runs_and_rejects_bad_key(world, tmp_path, capsys):
+    from train.cli import main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(_recipe(world, tmp_path / "cli").to_yaml())
+    assert main(["train", str(recipe), "train.max_steps=1", "logging.trackers=[]"]) == 0
+    assert (tmp_path / "cli" / "checkpoints" / "last" / "drafter" / "config.json").is_file()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["global_step"] == 1
+    assert main(["train", str(recipe), "optim.lrr=1"]) == 2
+    assert "optim.lrr" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smoke_recipe_on_real_target(tmp_path):
+    from train.run import main
+
+    over = [f"output_dir={tmp_path / 'smoke'}", "train.max_steps=2", "data.num_examples=8",
+            "data.max_length=96", "eval.num_prompts=1", "eval.max_new_tokens=8"]
+    assert main([str(ROOT / "recipes" / "smoke.yaml"), *over]) == 0
+    ev = json.loads((tmp_path / "smoke" / "checkpoints" / "best" / "eval.json").read_text())
+    assert ev["tau"] >= 1.0 and ev["drafted"] > 0

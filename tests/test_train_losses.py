@@ -1,0 +1,134 @@
+"""Losses against references computed another way (values and gradients), masking, padding."""
+
+import pytest
+import torch
+
+from train import losses
+
+V = 11
+
+
+def _logits(seed, *shape):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, V, generator=g) * 2.0)
+
+
+def _ref_per_token(name, d, t, temp, beta=0.5):
+    """Explicit per-row loops with torch.distributions (a different route from train.losses)."""
+    from torch.distributions import Categorical, kl_divergence
+
+    out = []
+    for i in range(d.shape[0]):
+        q = Categorical(logits=d[i] / temp)
+        p = Categorical(logits=t[i] / temp)
+        pp, qq = p.probs, q.probs
+        if name == "fkl":
+            out.append(kl_divergence(p, q))
+        elif name == "rkl":
+            out.append(kl_divergence(q, p))
+        elif name == "jsd":
+            m = Categorical(probs=beta * pp + (1 - beta) * qq)
+            out.append(beta * kl_divergence(p, m) + (1 - beta) * kl_divergence(q, m))
+        elif name in ("tvd", "alpha"):
+            acc = sum(min(pp[x], qq[x]) for x in range(V))
+            out.append(1 - acc if name == "alpha" else 0.5 * sum(abs(pp[x] - qq[x]) for x in range(V)))
+        elif name == "neg_log_alpha":
+            out.append(-torch.log(sum(min(pp[x], qq[x]) for x in range(V))))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("name", ["fkl", "rkl", "jsd", "tvd", "alpha", "neg_log_alpha"])
+@pytest.mark.parametrize("temp", [1.0, 0.7])
+def test_distribution_losses_match_reference_values_and_grads(name, temp):
+    d = _logits(0, 2, 5).requires_grad_(True)
+    t = _logits(1, 2, 5)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 0]], dtype=torch.bool)
+    fn = losses.DISTRIBUTION_LOSSES[name]
+    kw = {"beta": 0.3} if name == "jsd" else {}
+    loss, metrics = fn(d, t, mask, temp, **kw)
+    (g,) = torch.autograd.grad(loss, d)
+
+    d2 = d.detach().clone().requires_grad_(True)
+    rows = mask.nonzero(as_tuple=True)
+    ref = _ref_per_token(name, d2[rows], t[rows], temp, beta=0.3).mean()
+    (g2,) = torch.autograd.grad(ref, d2)
+    assert torch.allclose(loss, ref, atol=1e-5), (float(loss), float(ref))
+    assert torch.allclose(g, g2, atol=1e-5)
+    assert g[~mask].abs().max() == 0  # masked positions get exactly zero gradient
+    assert metrics["tokens"] == mask.sum()
+
+
+def test_ce_matches_cross_entropy_and_ignores_minus_100():
+    d = _logits(2, 3, 4).requires_grad_(True)
+    labels = torch.tensor([[1, -100, 3, 4], [-100, -100, 0, 2], [5, 6, 7, -100]])
+    loss, m = losses.ce_loss(d, labels)
+    ref = torch.nn.functional.cross_entropy(d.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
+    assert torch.allclose(loss, ref, atol=1e-6)
+    (g,) = torch.autograd.grad(loss, d)
+    assert g[labels == -100].abs().max() == 0
+    assert m["tokens"] == 8
+
+
+def test_fully_masked_batch_is_finite_zero_with_zero_grads():
+    d = _logits(3, 2, 3).requires_grad_(True)
+    t = _logits(4, 2, 3)
+    mask = torch.zeros(2, 3, dtype=torch.bool)
+    for fn in losses.DISTRIBUTION_LOSSES.values():
+        loss, _ = fn(d, t, mask)
+        (g,) = torch.autograd.grad(loss, d)
+        assert torch.isfinite(loss) and float(loss) == 0.0 and g.abs().max() == 0
+    loss, _ = losses.ce_loss(d, torch.full((2, 3), -100))
+    assert float(loss) == 0.0
+
+
+def test_padding_leaves_losses_unchanged():
+    d, t = _logits(5, 1, 6), _logits(6, 1, 6)
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    pad_d = torch.cat([d, _logits(7, 1, 4)], 1)  # 4 padding positions with junk logits
+    pad_t = torch.cat([t, _logits(8, 1, 4)], 1)
+    pad_mask = torch.cat([mask, torch.zeros(1, 4, dtype=torch.bool)], 1)
+    for name, fn in losses.DISTRIBUTION_LOSSES.items():
+        a, _ = fn(d, t, mask)
+        b, _ = fn(pad_d, pad_t, pad_mask)
+        assert torch.allclose(a, b, atol=1e-7), name
+
+
+def test_alpha_equals_one_minus_tvd_and_is_one_for_identical_logits():
+    d, t = _logits(9, 7), _logits(10, 7)
+    a = losses.acceptance_probability(d, t)
+    tvd, _ = losses.tvd_loss(d, t)
+    assert torch.allclose(1 - a.mean(), tvd, atol=1e-6)
+    assert torch.allclose(losses.acceptance_probability(t, t), torch.ones(7), atol=1e-6)
+
+
+def test_expected_accept_length_worked_by_hand():
+    # chain 1: 0.5, 0.5, 1.0 -> 0.5 + 0.25 + 0.25 = 1.0 ; chain 2: 1, 1, 1 -> 3 ; chain 3: 0.9, 0, 0.8 -> 0.9
+    alphas = torch.tensor([[0.5, 0.5, 1.0], [1.0, 1.0, 1.0], [0.9, 0.0, 0.8]], requires_grad=True)
+    exp = losses.expected_accept_length(alphas)
+    assert torch.allclose(exp, torch.tensor([1.0, 3.0, 0.9]))
+    loss, m = losses.accept_length_loss(alphas)
+    assert abs(float(loss) - (1 - (1.0 + 3.0 + 0.9) / 3 / 3)) < 1e-6
+    assert abs(m["expected_accept_len"] - 4.9 / 3) < 1e-6
+    (g,) = torch.autograd.grad(loss, alphas)
+    # dE/da1 = 1 + a2 + a2 a3 ; dE/da2 = a1 + a1 a3 ; dE/da3 = a1 a2 ; loss = 1 - mean(E)/K
+    a = alphas.detach()
+    dE = torch.stack([1 + a[:, 1] + a[:, 1] * a[:, 2], a[:, 0] + a[:, 0] * a[:, 2], a[:, 0] * a[:, 1]], 1)
+    assert torch.allclose(g, -dE / 3 / 3, atol=1e-6)
+
+
+def test_accept_length_step_mask_ends_chain_with_zero_grad_after():
+    alphas = torch.tensor([[0.5, 0.5, 0.5]], requires_grad=True)
+    step_mask = torch.tensor([[True, False, True]])  # step 2 dead -> step 3 dead too
+    exp = losses.expected_accept_length(alphas, step_mask)
+    assert torch.allclose(exp, torch.tensor([0.5]))
+    (g,) = torch.autograd.grad(exp.sum(), alphas)
+    assert g[0, 1] == 0 and g[0, 2] == 0 and g[0, 0] == 1
+
+
+def test_shape_and_temperature_errors_are_clear():
+    with pytest.raises(ValueError, match="differ"):
+        losses.fkl_loss(_logits(0, 3), _logits(0, 4))
+    with pytest.raises(ValueError, match="temperature"):
+        losses.fkl_loss(_logits(0, 3), _logits(1, 3), temperature=0.0)
+    with pytest.raises(ValueError, match="mask shape"):
+        losses.fkl_loss(_logits(0, 2, 3), _logits(1, 2, 3), torch.ones(3, 2, dtype=torch.bool))

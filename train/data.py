@@ -1,0 +1,479 @@
+"""Chat data -> token ids + assistant-only loss mask, cached ``datasets`` tables, padded batches.
+
+Pipeline: :func:`decode.prompts.iter_conversations` (stream, normalise) -> :func:`tokenize_conversation`
+(the TARGET's chat template, assistant-only mask) -> :func:`build_dataset` (a ``datasets.Dataset``
+cached as Arrow files, train / held-out split) -> :func:`collate` (right-padded tensors) ->
+:func:`shift_for_next_token` (labels for next-token losses).
+
+Loss mask. ``loss_mask[t] == 1`` exactly on the tokens the TARGET would emit as assistant: every
+assistant turn's content tokens and its end-of-turn token (``<|im_end|>`` for SmolLM2), never the
+role header (``<|im_start|>assistant\\n``), nor the newline the template writes after
+``<|im_end|>``, nor system / user tokens, nor padding. This is the supervision Vicuna / FastChat,
+Medusa and EAGLE train on.
+
+Label alignment (one definition for every drafter kind). Position ``t``'s output predicts token
+``t + 1``. The pair (input position ``t`` -> label token ``input_ids[t + 1]``) is supervised iff
+``loss_mask[t + 1] == 1``. For a sample ``P1 P2 P3 P4 A1 A2 A3 E`` (P4 = the ``\\n`` ending the
+header ``<|im_start|>assistant\\n``, A = assistant tokens, E = ``<|im_end|>``) with mask
+``0 0 0 0 1 1 1 1``, the supervised pairs are P4->A1, A1->A2, A2->A3, A3->E: the first prediction is
+made from the last header token, the last predicts the end-of-turn token from the last assistant
+token. :func:`shift_for_next_token` returns exactly these as ``labels[t]`` (``-100`` elsewhere).
+
+How the mask is derived. SmolLM2's template has no ``{% generation %}`` markers, so the mask comes
+from rendering the conversation prefix by prefix: for assistant turn ``i``, the render of turns
+``< i`` with the generation prompt (ends with the header) and the render of turns ``<= i`` must both
+be prefixes of the full render (else the example is skipped, ``template_not_prefix``); the
+characters between them, up to and including the last end-of-turn string, are the turn's span.
+The full render is tokenized ONCE with character offsets (fast tokenizers) and a token is
+supervised iff it lies inside a span; a token straddling a span edge skips the example
+(``token_crosses_turn_boundary``). Slow tokenizers (no offsets) use the reference method,
+``method="prefix_tokens"``: tokenize every prefix render and diff token ids (O(turns) tokenizer
+calls); the tests check both methods agree on real ShareGPT conversations. Templates that
+insert text of their own (SmolLM2 adds a default system prompt when the conversation has none)
+are handled the same way: that text is rendered, tokenized and left unsupervised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from decode.assets import ASSETS, fetch, home, sha256_file
+from decode.prompts import (
+    HELDOUT_FRACTION,
+    LoaderStats,
+    Message,
+    is_heldout,
+    iter_conversations,
+)
+
+IGNORE_INDEX = -100
+DATA_VERSION = 1  # bump when tokenization or filtering changes: it keys the Arrow cache
+
+
+class SkipExample(ValueError):
+    """A conversation that yields no valid training example; ``.reason`` is a short counted key."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------------
+# One conversation -> input_ids + loss_mask
+# ---------------------------------------------------------------------------------------------
+
+def _render(tokenizer, messages: list[Message], generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def _prepare(tokenizer, messages: Sequence[Message]) -> list[Message]:
+    """Validate, cut trailing non-assistant turns (they would carry no supervision)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the tokenizer has no chat template; use the target's own tokenizer (an "
+                         "instruct / chat model) or set tokenizer.chat_template")
+    msgs = []
+    for m in messages:
+        if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str)):
+            raise ValueError(f"bad message {m!r}: expected {{'role': 'system'|'user'|'assistant', "
+                             "'content': str}; normalise raw data with decode.prompts first")
+        msgs.append({"role": m["role"], "content": m["content"]})
+    while msgs and msgs[-1]["role"] != "assistant":
+        msgs.pop()
+    if not msgs:
+        raise SkipExample("no_assistant_turn")
+    first = next(m["role"] for m in msgs if m["role"] != "system")
+    if first != "user":
+        raise SkipExample("assistant_before_user")
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    specials += [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                 if t.special and t.content not in specials]
+    if any(s in m["content"] for m in msgs for s in specials):
+        raise SkipExample("special_token_in_content")
+    return msgs
+
+
+def _assistant_spans(tokenizer, msgs: list[Message], eot: str | None) -> tuple[str, list[tuple[int, int]]]:
+    """Full render and the [start, end) character span of each assistant turn (incl. end-of-turn)."""
+    full = _render(tokenizer, msgs)
+    spans = []
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        head = _render(tokenizer, msgs[:i], generation_prompt=True)
+        turn = _render(tokenizer, msgs[:i + 1])
+        if not (turn.startswith(head) and full.startswith(turn)):
+            raise SkipExample("template_not_prefix")
+        body = turn[len(head):]
+        cut = body.rfind(eot) if eot else -1
+        end = cut + len(eot) if cut >= 0 else len(body.rstrip())
+        if body[end:].strip():
+            raise SkipExample("text_after_end_of_turn")
+        spans.append((len(head), len(head) + end))
+    return full, spans
+
+
+def _mask_by_offsets(tokenizer, msgs, eot) -> tuple[list[int], list[int]]:
+    full, spans = _assistant_spans(tokenizer, msgs, eot)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    mask = np.zeros(len(ids), dtype=np.int64)
+    for a, b in spans:
+        if np.any((starts < a) & (ends > a)) or np.any((starts < b) & (ends > b)):
+            raise SkipExample("token_crosses_turn_boundary")
+        mask[(starts >= a) & (ends <= b) & (ends > starts)] = 1
+    return ids, mask.tolist()
+
+
+def _mask_by_prefix_tokens(tokenizer, msgs, eot) -> tuple[list[int], list[int]]:
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    full = encode(_render(tokenizer, msgs))
+    eot_id = tokenizer.convert_tokens_to_ids(eot) if eot else None
+    mask = [0] * len(full)
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        head = encode(_render(tokenizer, msgs[:i], generation_prompt=True))
+        turn = encode(_render(tokenizer, msgs[:i + 1]))
+        if turn[:len(head)] != head or full[:len(turn)] != turn:
+            raise SkipExample("template_not_prefix")
+        body = turn[len(head):]
+        hits = [j for j, tok in enumerate(body) if tok == eot_id]
+        end = hits[-1] + 1 if hits else len(body)
+        if not hits:
+            while end > 0 and not tokenizer.decode(body[end - 1:end]).strip():
+                end -= 1
+        elif tokenizer.decode(body[end:]).strip():
+            raise SkipExample("text_after_end_of_turn")
+        mask[len(head):len(head) + end] = [1] * end
+    return full, mask
+
+
+def _tokenize(tokenizer, messages, max_length: int, method: str, end_of_turn: str | None):
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an int >= 2, got {max_length!r}")
+    msgs = _prepare(tokenizer, messages)
+    eot = end_of_turn if end_of_turn is not None else tokenizer.eos_token
+    if method == "auto":
+        method = "offsets" if getattr(tokenizer, "is_fast", False) else "prefix_tokens"
+    if method == "offsets":
+        ids, mask = _mask_by_offsets(tokenizer, msgs, eot)
+    elif method == "prefix_tokens":
+        ids, mask = _mask_by_prefix_tokens(tokenizer, msgs, eot)
+    else:
+        raise ValueError(f"unknown method {method!r}; expected 'auto', 'offsets' or 'prefix_tokens'")
+    full_len = len(ids)
+    ids, mask = ids[:max_length], mask[:max_length]
+    supervised = sum(mask)
+    if supervised == 0:
+        raise SkipExample("no_supervised_token" if full_len <= max_length else "no_supervised_token_after_truncation")
+    if supervised >= len(ids):
+        raise SkipExample("all_tokens_supervised")
+    return ids, mask, full_len
+
+
+def tokenize_conversation(tokenizer, messages: Sequence[Message], max_length: int, *,
+                          method: str = "auto", end_of_turn: str | None = None) -> dict[str, list[int]]:
+    """Tokenize one conversation through the target's chat template with an assistant-only mask.
+
+    Args:
+        tokenizer: the target's transformers tokenizer (with a chat template).
+        messages: ``[{"role": "system"|"user"|"assistant", "content": str}]`` (see
+            ``decode.prompts``); trailing non-assistant turns are cut (they carry no supervision).
+        max_length: keep the first ``max_length`` tokens (mask cut the same way).
+        method: ``"offsets"`` (one tokenizer call; fast tokenizers), ``"prefix_tokens"`` (reference:
+            diff token ids of prefix renders) or ``"auto"`` (offsets when the tokenizer is fast).
+        end_of_turn: the string closing an assistant turn; default ``tokenizer.eos_token``. When a
+            turn does not contain it, the turn's trailing whitespace is left unsupervised instead.
+
+    Returns:
+        ``{"input_ids": [T] ints, "loss_mask": [T] 0/1}``, ``T <= max_length``, ``0 < sum(mask) < T``.
+
+    Raises:
+        SkipExample: the conversation gives no valid example; ``.reason`` is one of
+            ``no_assistant_turn``, ``assistant_before_user``, ``special_token_in_content``,
+            ``template_not_prefix``, ``text_after_end_of_turn``, ``token_crosses_turn_boundary``,
+            ``no_supervised_token(_after_truncation)``, ``all_tokens_supervised``.
+        ValueError: malformed messages, a tokenizer without a chat template, bad ``max_length``.
+    """
+    ids, mask, _ = _tokenize(tokenizer, messages, max_length, method, end_of_turn)
+    return {"input_ids": ids, "loss_mask": mask}
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole file -> cached datasets.Dataset
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class DataStats:
+    """What :func:`build_dataset` did (filled in place; read back from the cache on a hit).
+
+    Attributes:
+        loader: :class:`decode.prompts.LoaderStats` as a dict (kept / skipped by reason / torn tail).
+        other_split: conversations excluded because they belong to the other split.
+        examples, tokens, supervised_tokens: of the dataset (after truncation).
+        truncated: examples longer than ``max_length`` before truncation.
+        skipped: reason -> conversations that gave no example (see :func:`tokenize_conversation`).
+        wall_s: seconds this call took. cache_hit: whether the Arrow files were reused.
+    """
+
+    loader: dict = field(default_factory=dict)
+    other_split: int = 0
+    examples: int = 0
+    tokens: int = 0
+    supervised_tokens: int = 0
+    truncated: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    wall_s: float = 0.0
+    cache_hit: bool = False
+    cache_key: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "skipped": dict(self.skipped)}
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 over the tokenizer's class, vocabulary / merges, chat template and EOS string."""
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    if getattr(tokenizer, "is_fast", False):
+        h.update(tokenizer.backend_tokenizer.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps(getattr(tokenizer, "chat_template", None), sort_keys=True).encode())
+    h.update(str(tokenizer.eos_token).encode())
+    return h.hexdigest()
+
+
+def resolve_source(source: str | Path) -> Path:
+    """A file path, or the name of a pinned asset (``"sharegpt"``, fetched once)."""
+    if isinstance(source, str) and source in ASSETS and not Path(source).exists():
+        return fetch(source)
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"data source {source!r} is neither a file nor a pinned asset "
+                                f"name ({sorted(ASSETS)})")
+    return path
+
+
+def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, stats: DataStats):
+    loader = LoaderStats()
+    want_heldout = split == "heldout"
+    try:
+        for conv in iter_conversations(path, stats=loader):
+            if is_heldout(conv.split_key, fraction, seed) != want_heldout:
+                stats.other_split += 1
+                continue
+            try:
+                ids, mask, full_len = _tokenize(tokenizer, conv.messages, max_length, "auto", None)
+            except SkipExample as skip:
+                stats.skipped[skip.reason] += 1
+                continue
+            stats.examples += 1
+            stats.tokens += len(ids)
+            stats.supervised_tokens += sum(mask)
+            stats.truncated += full_len > max_length
+            yield {"input_ids": ids, "loss_mask": mask, "length": len(ids)}
+            if num_examples is not None and stats.examples >= num_examples:
+                break
+    finally:
+        stats.loader = loader.to_dict()
+    if stats.examples == 0:
+        raise ValueError(f"{path}: no {split} example survived (skipped {dict(stats.skipped)}, "
+                         f"{stats.other_split} in the other split); check the data and max_length")
+
+
+def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_examples: int | None = None,
+                  split: str = "train", heldout_fraction: float = HELDOUT_FRACTION, seed: int = 0,
+                  cache_dir: str | Path | None = None, stats: DataStats | None = None):
+    """Tokenize a ShareGPT / chat file into a cached ``datasets.Dataset``.
+
+    Conversations are split by :func:`decode.prompts.is_heldout` on their group key; ``"train"``
+    keeps the others, ``"heldout"`` only those (``decode.prompts.heldout_prompts`` with the same
+    ``seed`` / ``heldout_fraction`` draws eval prompts from exactly that set). Built with
+    ``Dataset.from_generator`` in this process (num_proc 1) under a fingerprint hashing the
+    tokenizer, the source file's sha256, every argument and ``DATA_VERSION``, so a second call
+    memory-maps the same Arrow files instead of re-tokenizing.
+
+    Args:
+        source: a file (JSON array or JSONL, maybe .gz) or a pinned asset name (``"sharegpt"``).
+        tokenizer: the target's tokenizer. max_length: tokens kept per example (truncation).
+        num_examples: stop after this many examples of the split (``None``: all).
+        split: ``"train"`` or ``"heldout"``. heldout_fraction: in [0, 1). seed: split seed.
+        cache_dir: Arrow cache root; default ``$DRAFTERKIT_HOME/datasets``.
+        stats: a :class:`DataStats` filled in place.
+
+    Returns:
+        ``datasets.Dataset`` with columns ``input_ids`` (int32 [T]), ``loss_mask`` (int8 [T]),
+        ``length`` (int32), in file order.
+
+    Raises:
+        ValueError: bad arguments, or no example survived. FileNotFoundError: missing source.
+    """
+    import datasets
+
+    start = time.perf_counter()
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an int >= 2, got {max_length!r}")
+    if num_examples is not None and num_examples < 1:
+        raise ValueError(f"num_examples must be >= 1 or None, got {num_examples}")
+    is_heldout("", heldout_fraction, seed)  # validates the fraction
+    path = resolve_source(source)
+    stats = stats if stats is not None else DataStats()
+    params = dict(version=DATA_VERSION, tokenizer=tokenizer_fingerprint(tokenizer), source=sha256_file(path),
+                  max_length=max_length, num_examples=num_examples, split=split,
+                  heldout_fraction=heldout_fraction, seed=seed)
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:32]
+    root = Path(cache_dir) if cache_dir is not None else home() / "datasets"
+    root.mkdir(parents=True, exist_ok=True)
+    stats_file = root / f"drafterkit-data-{key}.json"
+    built = DataStats()
+    features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32")),
+                                  "loss_mask": datasets.List(datasets.Value("int8")),
+                                  "length": datasets.Value("int32")})
+
+    def generate():
+        yield from _examples(path, tokenizer, max_length, num_examples, split, heldout_fraction, seed, built)
+
+    try:
+        ds = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(root),
+                                             fingerprint=f"drafterkit-data-{key}", split=split)
+    except datasets.exceptions.DatasetGenerationError as exc:
+        if isinstance(exc.__cause__, (ValueError, OSError)):  # our own clear message, not the wrapper
+            raise exc.__cause__ from None
+        raise
+    ran = bool(built.loader)
+    if ran:
+        stats_file.write_text(json.dumps(built.to_dict(), indent=1))
+    elif stats_file.is_file():
+        saved = json.loads(stats_file.read_text())
+        built = DataStats(**{**saved, "skipped": Counter(saved["skipped"])})
+    vars(stats).update(vars(built))
+    stats.cache_hit, stats.cache_key = not ran, key
+    stats.wall_s = time.perf_counter() - start
+    return ds
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches
+# ---------------------------------------------------------------------------------------------
+
+def collate(batch: Sequence[dict], pad_token_id: int, pad_to_multiple_of: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-pad examples into tensors.
+
+    Args:
+        batch: examples with ``input_ids`` and ``loss_mask`` (lists or 1-D tensors, equal lengths).
+        pad_token_id: id written into padding (never supervised, attention 0).
+        pad_to_multiple_of: round T up to a multiple of this.
+
+    Returns:
+        ``input_ids`` [B, T] long, ``attention_mask`` [B, T] long (1 on real tokens),
+        ``loss_mask`` [B, T] long (each row's own mask, 0 on padding).
+
+    Raises:
+        ValueError: empty batch, ``pad_token_id`` None, mismatched lengths, bad multiple.
+    """
+    if not batch:
+        raise ValueError("collate got an empty batch")
+    if pad_token_id is None:
+        raise ValueError("pad_token_id is None: set tokenizer.pad_token (e.g. to the EOS token) first")
+    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+    rows = []
+    for i, ex in enumerate(batch):
+        ids = torch.as_tensor(ex["input_ids"], dtype=torch.long).reshape(-1)
+        lm = torch.as_tensor(ex["loss_mask"], dtype=torch.long).reshape(-1)
+        if ids.numel() != lm.numel() or ids.numel() == 0:
+            raise ValueError(f"example {i}: input_ids ({ids.numel()}) and loss_mask ({lm.numel()}) "
+                             "must have the same non-zero length")
+        rows.append((ids, lm))
+    T = max(ids.numel() for ids, _ in rows)
+    if pad_to_multiple_of:
+        T = -(-T // pad_to_multiple_of) * pad_to_multiple_of
+    B = len(rows)
+    input_ids = torch.full((B, T), int(pad_token_id), dtype=torch.long)  # [B, T]
+    attention_mask = torch.zeros((B, T), dtype=torch.long)  # [B, T]
+    loss_mask = torch.zeros((B, T), dtype=torch.long)  # [B, T]
+    for b, (ids, lm) in enumerate(rows):
+        n = ids.numel()
+        input_ids[b, :n], attention_mask[b, :n], loss_mask[b, :n] = ids, 1, lm
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def shift_for_next_token(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Next-token labels: ``labels[:, t] = input_ids[:, t+1]`` where ``loss_mask[:, t+1] == 1``, else -100.
+
+    Args:
+        batch: ``input_ids`` [B, T] and ``loss_mask`` [B, T] (as from :func:`collate`).
+
+    Returns:
+        ``labels`` [B, T] long; the last column is always -100 (nothing follows it).
+    """
+    ids, lm = batch["input_ids"], batch["loss_mask"]
+    if ids.shape != lm.shape or ids.dim() != 2:
+        raise ValueError(f"input_ids {tuple(ids.shape)} and loss_mask {tuple(lm.shape)} must both be [B, T]")
+    labels = torch.full_like(ids, IGNORE_INDEX)  # [B, T]
+    labels[:, :-1] = torch.where(lm[:, 1:].bool(), ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE_INDEX))
+    return labels
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m train.data --stats ...
+# ---------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.data",
+                                     description="Run a chat file through the data pipeline and print its stats.")
+    parser.add_argument("--stats", action="store_true", help="build the dataset (twice: fresh, then cached) "
+                        "and print loader / tokenization counts and wall times as JSON")
+    parser.add_argument("--source", default="sharegpt", help="a file or a pinned asset name (default sharegpt)")
+    parser.add_argument("--target", default="smollm2-135m", help="whose tokenizer and chat template to use")
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--num-examples", type=int, default=None)
+    parser.add_argument("--split", choices=["train", "heldout"], default="train")
+    parser.add_argument("--heldout-fraction", type=float, default=HELDOUT_FRACTION)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default=None, help="Arrow cache root (default $DRAFTERKIT_HOME/datasets)")
+    args = parser.parse_args(argv)
+    if not args.stats:
+        parser.error("nothing to do: pass --stats")
+    from transformers import AutoTokenizer
+
+    from decode.target import resolve_target_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_target_path(args.target))
+    kw = dict(max_length=args.max_length, num_examples=args.num_examples, split=args.split,
+              heldout_fraction=args.heldout_fraction, seed=args.seed, cache_dir=args.cache_dir)
+    runs = []
+    for _ in range(2):
+        stats = DataStats()
+        build_dataset(args.source, tokenizer, stats=stats, **kw)
+        runs.append(stats)
+    first = runs[0]
+    out = {**first.to_dict(), "supervised_fraction": first.supervised_tokens / max(first.tokens, 1),
+           "first_run": {"wall_s": round(first.wall_s, 2), "cache_hit": first.cache_hit},
+           "second_run": {"wall_s": round(runs[1].wall_s, 2), "cache_hit": runs[1].cache_hit}}
+    out.pop("wall_s"), out.pop("cache_hit")
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

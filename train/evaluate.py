@@ -1,0 +1,89 @@
+"""In-training evaluation: measured speculative decoding with the current drafter.
+
+Runs ``decode.generate`` on a fixed held-out prompt set (first user turns of held-out ShareGPT
+conversations, ``decode.prompts.heldout_prompts``, or MT-bench first turns) rendered through the
+target's chat template, and reports what decoding measured: ``tau`` (acceptance length, bonus
+included), ``acceptance_rate``, ``accept_per_position`` and ``tokens_per_s`` (see DESIGN.md, decoder
+contract). Scores are measured, never estimated.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+def eval_prompt_ids(recipe, tokenizer) -> list[list[int]]:
+    """Token ids of ``recipe.eval.num_prompts`` prompts, each ending with the assistant header.
+
+    Raises:
+        ValueError: fewer held-out conversations than asked (from ``heldout_prompts``).
+    """
+    from decode.prompts import heldout_prompts, load_mt_bench
+    from train.data import resolve_source
+
+    n = recipe.eval.num_prompts
+    if recipe.eval.prompts == "mt_bench":
+        chats = [[{"role": "user", "content": q["turns"][0]}] for q in load_mt_bench()[:n]]
+    else:
+        source = recipe.data.path if recipe.data.source == "jsonl" else "sharegpt"
+        fraction = max(recipe.data.heldout_fraction, 1e-6)
+        chats = heldout_prompts(resolve_source(source), n, seed=recipe.train.seed, fraction=fraction)
+    out = []
+    for chat in chats:
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        out.append(list(ids[-max(8, recipe.data.max_length):]))
+    return out
+
+
+def merge_stats(stats: list[Any]) -> dict[str, Any]:
+    """Pool several ``DecodeStats``: counts summed, tau = verification-committed tokens / passes,
+    per-position acceptance weighted by each call's drafted tokens, tokens/s = committed / time."""
+    passes = sum(s.target_forwards for s in stats)
+    drafted = sum(s.drafted for s in stats)
+    width = max((len(s.accept_per_position) for s in stats), default=0)
+    per_pos = []
+    for i in range(width):
+        pairs = [(s.accept_per_position[i], s.drafted) for s in stats if i < len(s.accept_per_position)]
+        w = sum(d for _, d in pairs)
+        per_pos.append(sum(a * d for a, d in pairs) / w if w else 0.0)
+    total_time = sum(s.total_time_s for s in stats)
+    return {
+        "tau": sum(s.tau * s.target_forwards for s in stats) / passes if passes else 1.0,
+        "acceptance_rate": sum(s.accepted for s in stats) / drafted if drafted else 0.0,
+        "accept_per_position": per_pos,
+        "tokens_per_s": sum(s.committed for s in stats) / total_time if total_time > 0 else 0.0,
+        "committed": sum(s.committed for s in stats),
+        "target_forwards": passes,
+        "drafted": drafted,
+    }
+
+
+@torch.no_grad()
+def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: list[list[int]], recipe) -> dict[str, Any]:
+    """Measure ``drafter`` (a ``drafters.Drafter``, unwrapped) on ``prompts`` with ``decode.generate``.
+
+    Returns:
+        dict with ``tau``, ``acceptance_rate``, ``accept_per_position`` (list), ``tokens_per_s``
+        (tokens/s), ``committed``, ``target_forwards``, ``drafted``, ``wall_s`` (seconds).
+    """
+    import decode
+
+    cfg = recipe.eval
+    was_training = drafter.training
+    drafter.eval()
+    start, stats = time.perf_counter(), []
+    try:
+        for i in range(0, len(prompts), cfg.batch_size):
+            res = decode.generate(target, prompts[i:i + cfg.batch_size], drafter=drafter,
+                                  max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                  num_draft_tokens=cfg.k, seed=recipe.train.seed + i)
+            stats.append(res.stats)
+    finally:
+        drafter.train(was_training)
+    out = merge_stats(stats)
+    out["wall_s"] = time.perf_counter() - start
+    return out

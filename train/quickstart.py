@@ -1,0 +1,165 @@
+"""``drafterkit quickstart``: fetch, train and evaluate a drafter for the default target, end to end.
+
+    drafterkit quickstart                                  # ~20 min budget, EAGLE-3 if its recipe exists
+    drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
+
+Stages (each timed, in seconds, in ``report.json``):
+
+1. ``fetch``: the pinned assets (``decode.assets.fetch_all``: target, ShareGPT, MT-bench, HumanEval),
+   a no-op when cached; then the target is loaded once and shared by the next stages.
+2. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
+   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``).
+3. ``eval``: the best checkpoint (by measured tau; ``last`` when no evaluation saved a best) on
+   MT-bench first turns and HumanEval prompts through ``decode.bench.evaluate``: speculative
+   decoding vs plain decoding through the same engine vs transformers ``generate`` (and its own
+   assisted generation where the drafter is a draft LM), interleaved prompt by prompt.
+
+The report folder gets ``report.json`` (stage timings, training summary, both eval records),
+``report.md`` and PNGs (tokens/s per method, per-position acceptance, training loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+BENCHMARKS = ("mt-bench", "humaneval")
+
+
+def default_kind() -> str:
+    """``"eagle3"`` when ``recipes/eagle3.yaml`` exists, else ``"draft_lm"``."""
+    return "eagle3" if (RECIPES_DIR / "eagle3.yaml").exists() else "draft_lm"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--minutes", type=float, default=20.0, help="training budget (train.max_minutes)")
+    p.add_argument("--output-dir", default="drafterkit-quickstart", help="report folder (training under train/)")
+    p.add_argument("--kind", default=None, help="drafter kind: eagle3 | eagle | medusa | draft_lm "
+                                                "(default: eagle3 if recipes/eagle3.yaml exists, else draft_lm)")
+    p.add_argument("--recipe", default=None, help="recipe YAML (default: recipes/<kind>.yaml)")
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="extra recipe override, repeatable (e.g. --set data.num_examples=200)")
+    p.add_argument("--num-prompts", type=int, default=8, help="eval prompts per benchmark")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 (eval and target)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def resolve_recipe(kind: str | None, recipe: str | None) -> tuple[str, Path]:
+    """``(kind, recipe path)``; ``kind`` defaults per :func:`default_kind`.
+
+    Raises:
+        ValueError: no recipe for that kind (names the path and the ``--recipe`` fix).
+    """
+    kind = kind or default_kind()
+    path = Path(recipe) if recipe else RECIPES_DIR / f"{kind}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.exists() else []
+        raise ValueError(f"no recipe {path} for drafter kind {kind!r}; pass --recipe FILE.yaml or a --kind with a "
+                         f"recipe in {RECIPES_DIR} (found: {have or 'none'})")
+    return kind, path
+
+
+def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrides: list[str], target, tok):
+    """Train under the budget; return ``(checkpoint folder to evaluate, training summary dict)``."""
+    from train.loop import train
+    from train.recipe import load_recipe
+
+    recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}",
+                                       *overrides])
+    result = train(recipe, target=target, tokenizer=tok)
+    best, last = recipe.paths.best, recipe.paths.last
+    ckpt = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
+    summary = dict(recipe=str(recipe_path), kind=recipe.drafter.kind, output_dir=str(recipe.output_dir), checkpoint=str(ckpt),
+                   global_step=result.global_step, stopped=result.stopped, losses=result.losses,
+                   final_loss=result.losses[-1] if result.losses else None, best_score=result.best_score,
+                   in_loop_evals=result.evals)
+    return ckpt, summary
+
+
+def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
+    """``decode.bench.evaluate`` of the checkpoint on each benchmark; returns ``{benchmark: record}``."""
+    from decode.bench import EvalConfig, evaluate, print_record
+
+    records = {}
+    for bench in BENCHMARKS:
+        cfg = EvalConfig(target="smollm2-135m", drafters=[str(ckpt)], benchmark=bench,
+                         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
+                         device=args.device, progress=not args.no_progress)
+        records[bench] = evaluate(cfg, target=target, tok=tok)
+        print_record(records[bench])
+    return records
+
+
+def write_report(out: Path, report_data: dict) -> dict:
+    """Write ``report.json``, ``report.md`` and the PNGs into ``out``; returns their paths."""
+    from decode import report
+
+    pngs = [str(p) for p in report.plot_eval_summary({b: r["summary"] for b, r in report_data["evals"].items()},
+                                                     out)]
+    if report_data["train"]["losses"]:
+        pngs.append(str(plot_losses(report_data["train"]["losses"], out / "train_loss.png")))
+    report_data["artifacts"] = dict(json=str(out / "report.json"), markdown=str(out / "report.md"), plots=pngs)
+    lines = ["# drafterkit quickstart", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {name} | {secs:.1f} |" for name, secs in report_data["timings"].items()]
+    tr = report_data["train"]
+    lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
+              f"{tr['stopped']}, final loss {report.fmt(tr['final_loss'], '{:.4f}')}; evaluated `{tr['checkpoint']}`.", ""]
+    for bench, rec in report_data["evals"].items():
+        lines.append(report.render_markdown(rec).replace("# drafterkit eval:", "## eval:", 1))
+    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in pngs]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    report.write_json(out / "report.json", report_data)
+    return report_data["artifacts"]
+
+
+def plot_losses(losses: list[float], path: Path) -> Path:
+    """``train_loss.png``: the mean loss of every optimizer step."""
+    from decode.report import _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(range(1, len(losses) + 1), losses)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title("Training loss")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fetch, train, evaluate, report. Returns 0, or 2 on a usage / recipe error."""
+    from decode.assets import AssetError, fetch_all
+    from decode.target import load_target
+    from train.recipe import RecipeError, load_recipe
+
+    if args.minutes <= 0 or args.num_prompts < 1 or args.max_new_tokens < 1:
+        print("drafterkit quickstart: error: --minutes must be > 0, --num-prompts and --max-new-tokens >= 1",
+              file=sys.stderr)
+        return 2
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    try:
+        kind, recipe_path = resolve_recipe(args.kind, args.recipe)
+        k = load_recipe(recipe_path, ["output_dir=.", *args.overrides]).eval.k
+        t0 = time.perf_counter()
+        fetch_all()
+        target, tok = load_target("smollm2-135m", dtype=args.dtype, device=args.device)
+        timings["fetch"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, args.overrides, target, tok)
+        timings["train"] = time.perf_counter() - t0
+    except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
+        print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    evals = eval_stage(ckpt, args, target, tok, k)
+    timings["eval"] = time.perf_counter() - t0
+    paths = write_report(out, dict(timings=timings, train=train_summary, evals=evals))
+    print(f"quickstart report: {paths['markdown']} ({', '.join(f'{n} {s:.0f}s' for n, s in timings.items())})")
+    return 0

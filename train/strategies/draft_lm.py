@@ -1,0 +1,297 @@
+"""Training strategy for the independent draft LM (``drafters.draft_lm.DraftLM``).
+
+Knowledge distillation of the frozen target into a small causal LM over the same vocabulary
+(DistillSpec, Zhou et al. 2024): the target's logits are computed online under ``torch.no_grad``
+on the same batch and compared with the drafter's at the supervised positions (``train/losses.py``).
+
+Init (``drafter.options.init``): ``truncated`` (default; the target's embeddings, first
+``num_layers`` decoder layers, final norm and LM head), ``scratch`` (a random Llama,
+``scratch_config`` overriding ``DraftLMConfig`` fields), or ``checkpoint`` (a drafterkit draft_lm
+folder, or any local transformers causal-LM folder sharing the target's tokenizer). Optional LoRA
+(peft; Hu et al. 2022) trains only low-rank adapters; checkpoints hold the MERGED weights so they
+load as a plain DraftLM.
+
+On-policy batches (``data.on_policy_fraction``, DistillSpec): the prompt of each row (everything up
+to the first supervised token) is continued by sampling from the drafter itself with
+``decode.generate`` and the continuation is scored by the target.
+
+``accept_len`` unroll (:func:`unroll_alphas`): K drafter passes that share one KV cache. Pass 1 runs
+the sequence ``x [B, T]``; pass k >= 2 feeds the greedy draft tokens of pass k-1 for every start
+position t at once, placed at position ``t + k - 1``, with a 4-D mask letting the draft token of start
+t see only ``x[0..t]`` and the earlier draft tokens of the same start (the training-time-test
+pattern of EAGLE-3, Li et al. 2025). Memory: about K times the logits of one pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from train import losses
+from train.data import collate, shift_for_next_token
+from train.strategies import check_common_batch, unwrap
+
+
+class LoraOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    r: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class DraftLMOptions(BaseModel):
+    """``drafter.options`` for ``kind: draft_lm``."""
+
+    model_config = ConfigDict(extra="forbid")
+    init: Literal["truncated", "scratch", "checkpoint"] = "truncated"
+    num_layers: int = Field(4, ge=1)
+    checkpoint: str | None = None  # init == checkpoint: drafterkit draft_lm folder or transformers folder
+    scratch_config: dict[str, Any] = Field(default_factory=dict)  # DraftLMConfig fields for init == scratch
+    freeze_embeddings: bool = False  # keep input embeddings and LM head fixed
+    lora: LoraOptions | None = None
+
+
+def _cache_kwargs(lm: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """transformers >= 5.x names the cache argument ``cache``; older releases ``past_key_values``."""
+    params = inspect.signature(lm.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
+
+
+def unroll_alphas(lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  target_logits: torch.Tensor, supervised: torch.Tensor, k: int, temperature: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-chain acceptance probabilities of the drafter's own K-step unroll.
+
+    Args:
+        lm: the drafter's transformers causal LM. input_ids, attention_mask: ``[B, T]`` right-padded.
+        target_logits: ``[B, T, V]`` (no grad), row t predicts token t + 1.
+        supervised: bool ``[B, T]``, True where position t's prediction is supervised (labels != -100).
+        k: draft steps K. temperature: for p and q.
+
+    Returns:
+        ``alphas [N, K]`` (N = supervised.sum(), chains in row-major order of their start), ``step_mask
+        [N, K]`` (step j of the chain at t is alive iff positions t .. t+j are all supervised), and the
+        step-1 drafter logits ``[B, T, V]`` (for other loss terms).
+    """
+    from transformers import DynamicCache
+
+    b, t = input_ids.shape
+    n = int(supervised.sum())
+    chain = (supervised.reshape(-1).long().cumsum(0) - 1).reshape(b, t)  # [B, T] chain index of start (b, t)
+    cache = DynamicCache(config=lm.config)
+    out = lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **_cache_kwargs(lm, cache))
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+    first, logits = out.logits, out.logits  # [B, T, V]
+    ar = torch.arange(t, device=input_ids.device)
+    alive = supervised.clone()  # [B, T]: chain from t alive at this step
+    cols, masks = [], []
+    for step in range(1, k + 1):
+        if step > 1:
+            shifted = torch.zeros_like(supervised)
+            shifted[:, : t - step + 1] = supervised[:, step - 1:]
+            alive = alive & shifted
+            draft = logits.detach().argmax(-1)  # [B, T] greedy draft token of each start
+            past = (step - 1) * t
+            allowed = torch.zeros(t, past + t, dtype=torch.bool, device=input_ids.device)
+            allowed[:, :t] = ar[None, :] <= ar[:, None]  # the real prefix x[0..t]
+            for j in range(1, step):  # earlier draft blocks of the same start, and itself
+                allowed[ar, j * t + ar] = True
+            mask4d = allowed[None, None].expand(b, 1, t, past + t)
+            pos = (ar + step - 1)[None].expand(b, t)
+            out = lm(input_ids=draft, attention_mask=mask4d, position_ids=pos, use_cache=True,
+                     **_cache_kwargs(lm, cache))
+            logits = out.logits  # [B, T, V]
+        bi, ti = alive.nonzero(as_tuple=True)
+        if bi.numel():
+            a = losses.acceptance_probability(logits[bi, ti], target_logits[bi, ti + step - 1],
+                                              temperature=temperature)  # [M]
+        else:
+            a = logits.new_zeros(0)
+        cols.append(torch.zeros(n, dtype=a.dtype, device=a.device).scatter(0, chain[bi, ti], a))
+        masks.append(torch.zeros(n, dtype=torch.bool, device=a.device).index_fill(0, chain[bi, ti], True))
+    return torch.stack(cols, 1), torch.stack(masks, 1), first
+
+
+class DraftLMStrategy:
+    """Strategy (see ``train.strategies``) for ``kind: draft_lm``."""
+
+    kind = "draft_lm"
+    options_model = DraftLMOptions
+
+    # --- build ---------------------------------------------------------------------------------
+    def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
+        """The trainable DraftLM (fp32), from the target, scratch, or a checkpoint.
+
+        Raises:
+            ValueError: ``init: checkpoint`` without ``checkpoint``, a missing folder, bad scratch config.
+        """
+        from drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
+
+        opts: DraftLMOptions = recipe.drafter.parsed_options()
+        if opts.init == "truncated":
+            drafter = DraftLM.from_target(target, opts.num_layers)
+        elif opts.init == "scratch":
+            cfg = dict(vocab_size=lm_head_rows(target), num_layers=opts.num_layers,
+                       bos_token_id=target.config.bos_token_id, eos_token_id=target.config.eos_token_id,
+                       pad_token_id=target.config.pad_token_id)
+            try:
+                drafter = DraftLM(DraftLMConfig(**{**cfg, **opts.scratch_config}))
+            except TypeError as exc:
+                raise ValueError(f"drafter.options.scratch_config: {exc}; valid fields are those of "
+                                 "drafters.draft_lm.DraftLMConfig") from None
+        else:
+            drafter = self._from_checkpoint(opts.checkpoint, target)
+        check_vocab_match(target, drafter.lm, what="draft_lm drafter")
+        drafter = drafter.to(dtype=torch.float32, device=next(target.parameters()).device)
+        drafter.requires_grad_(True)
+        if opts.freeze_embeddings:
+            drafter.lm.get_input_embeddings().requires_grad_(False)
+            drafter.lm.get_output_embeddings().requires_grad_(False)
+        if opts.lora is not None:
+            self._add_lora(drafter, opts.lora)
+        return drafter.train()
+
+    @staticmethod
+    def _from_checkpoint(path: str | None, target: torch.nn.Module):
+        from transformers import AutoModelForCausalLM
+
+        from drafters.base import read_config
+        from drafters.draft_lm import DraftLM
+
+        if not path:
+            raise ValueError("drafter.options.init is 'checkpoint' but drafter.options.checkpoint is not set; "
+                             "give a draft_lm checkpoint folder or a transformers model folder")
+        p = Path(path)
+        if not p.is_dir():
+            raise ValueError(f"drafter.options.checkpoint {path!r} is not a folder")
+        if (p / "model.safetensors").exists() and "kind" in (p / "config.json").read_text():
+            read_config(p)
+            return DraftLM.from_pretrained(p, target=target)
+        return DraftLM.from_model(AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32))
+
+    @staticmethod
+    def _add_lora(drafter, lora: LoraOptions) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                         target_modules=lora.target_modules)
+        inject_adapter_in_model(cfg, drafter.lm)
+        for name, p in drafter.named_parameters():
+            p.requires_grad_("lora_" in name)
+
+    # --- batches and loss ----------------------------------------------------------------------
+    def check_batch(self, batch: dict[str, Any]) -> None:
+        check_common_batch(batch)
+        if batch["input_ids"].shape[1] < 2:
+            raise ValueError("batch sequences must hold at least 2 tokens (a prompt token and a label)")
+
+    def loss(self, drafter, target, batch, recipe):
+        """``(loss, metrics)`` of ``recipe.loss`` (one term or a weighted mix) on one batch.
+
+        Raises:
+            ValueError: a bad batch (see :meth:`check_batch`).
+        """
+        if batch.get("on_policy"):
+            batch = self.on_policy_batch(drafter, target, batch, recipe)
+        ids, am = batch["input_ids"], batch["attention_mask"]  # [B, T]
+        labels = shift_for_next_token(batch)  # [B, T], -100 where unsupervised
+        sup = labels != -100
+        with torch.no_grad():
+            t_logits = target(input_ids=ids, attention_mask=am, use_cache=False).logits  # [B, T, V]
+        cfg, terms = recipe.loss, recipe.loss.terms()
+        metrics: dict[str, float] = {}
+        if "accept_len" in terms:
+            alphas, step_mask, d_logits = unroll_alphas(unwrap(drafter).lm, ids, am, t_logits, sup,
+                                                        cfg.draft_steps, cfg.temperature)
+        else:
+            d_logits = drafter(ids, am)  # [B, T, V]
+        total = d_logits.new_zeros(())
+        for name, weight in terms.items():
+            if name == "accept_len":
+                value, m = losses.accept_length_loss(alphas, step_mask)
+            elif name == "ce":
+                y = t_logits.argmax(-1).masked_fill(~sup, -100) if cfg.ce_labels == "target" else labels
+                value, m = losses.ce_loss(d_logits, y)
+            elif name == "jsd":
+                value, m = losses.jsd_loss(d_logits, t_logits, sup, cfg.temperature, beta=cfg.jsd_beta)
+            else:
+                value, m = losses.DISTRIBUTION_LOSSES[name](d_logits, t_logits, sup, cfg.temperature)
+            total = total + weight * value
+            metrics.update(m)
+        metrics["loss"] = float(total.detach())
+        return total, metrics
+
+    @torch.no_grad()
+    def on_policy_batch(self, drafter, target, batch, recipe) -> dict[str, torch.Tensor]:
+        """Replace each row's response by a sample from the drafter (DistillSpec on-policy data).
+
+        The prompt is the row up to and including the position of its first supervised prediction;
+        the sampled tokens (``data.on_policy_max_new_tokens`` at ``data.on_policy_temperature``) become the
+        supervised continuation. Rows without a supervised token are kept as they are.
+        """
+        import decode
+
+        lm = unwrap(drafter).lm
+        labels = shift_for_next_token(batch)
+        ids, am = batch["input_ids"], batch["attention_mask"]
+        rows, keep = [], []
+        for b in range(ids.shape[0]):
+            sup = (labels[b] != -100).nonzero()
+            if len(sup) == 0:
+                keep.append(b)
+                continue
+            rows.append(ids[b, : int(sup[0]) + 1].tolist())
+        examples = [{"input_ids": ids[b][am[b].bool()], "loss_mask": batch["loss_mask"][b][am[b].bool()]}
+                    for b in keep]
+        if rows:
+            was_training = lm.training
+            lm.eval()
+            res = decode.generate(lm, rows, max_new_tokens=recipe.data.on_policy_max_new_tokens,
+                                  temperature=recipe.data.on_policy_temperature,
+                                  eos_token_id=target.generation_config.eos_token_id,
+                                  seed=int(batch.get("on_policy_seed", 0)))
+            lm.train(was_training)
+            for prompt, new in zip(rows, res.sequences):
+                examples.append({"input_ids": prompt + list(new), "loss_mask": [0] * len(prompt) + [1] * len(new)})
+        out = collate(examples, pad_token_id=0)  # padding is masked from attention and loss
+        return {k: v.to(ids.device) for k, v in out.items()}
+
+    # --- save ------------------------------------------------------------------------------------
+    def save(self, drafter, path: str | Path) -> None:
+        """``save_pretrained`` into ``path``; LoRA adapters are merged into a plain DraftLM first."""
+        d = unwrap(drafter)
+        if any("lora_" in n for n, _ in d.named_parameters()):
+            d = merged_copy(d)
+        d.save_pretrained(path)
+
+
+def merged_copy(drafter):
+    """A plain DraftLM whose weights are ``W + scale * B @ A`` of every LoRA layer of ``drafter``."""
+    from peft.tuners.lora import LoraLayer
+
+    from drafters.draft_lm import DraftLM
+
+    state = {}
+    for name, mod in drafter.lm.named_modules():
+        if isinstance(mod, LoraLayer):
+            base = mod.get_base_layer()
+            delta = sum(mod.get_delta_weight(a) for a in mod.active_adapters)
+            state[f"{name}.weight"] = (base.weight + delta).detach().clone()
+            if getattr(base, "bias", None) is not None:
+                state[f"{name}.bias"] = base.bias.detach().clone()
+    for key, value in drafter.lm.state_dict().items():
+        if "lora_" in key or ".base_layer." in key:
+            continue
+        state[key] = value.detach().clone()
+    clean = DraftLM(drafter.config)
+    clean.lm.load_state_dict(state, strict=False)
+    missing = set(clean.lm.state_dict()) - set(state)
+    tied = {k for k in missing if k.endswith("lm_head.weight")} if drafter.lm.config.tie_word_embeddings else set()
+    if missing - tied:
+        raise RuntimeError(f"LoRA merge lost tensors {sorted(missing - tied)[:4]}")
+    return clean.to(next(drafter.parameters()).dtype)

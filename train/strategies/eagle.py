@@ -1,0 +1,101 @@
+"""Training strategy for the EAGLE-1 head (Li et al. 2024).
+
+Features ``f = hidden_states[L]`` (final-norm, see ``train/features.py``). The head at position ``t``
+reads ``(token t+1, f_t + noise)`` and predicts ``f_{t+1}``; its token logits
+``lm_head(f'_{t+1})`` predict token ``t + 2`` (label ``labels[t+1]``). Loss (EAGLE-1):
+
+    feature_weight * SmoothL1(f'_{t+1}, f_{t+1}) + token_weight * recipe.loss(lm_head(f'), lm_head(f))
+
+over positions whose token ``t + 2`` is supervised (assistant tokens). ``recipe.loss`` is computed
+against the target's own distribution at ``t + 1`` (soft) or its argmax (``ce``). ``input_noise``:
+uniform noise ``U(-a, a)`` on the input features (EAGLE-1 uses it for robustness to its own errors).
+``train_vocab_size``: compute the token term over the N most frequent supervised data tokens only
+(target and draft logits both restricted to those LM-head rows and renormalised); decoding still uses
+the full head. A CPU economy (see MEASURED.md); ``None`` uses the full vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from train.data import shift_for_next_token
+from train.features import batch_features
+from train.strategies import check_common_batch, unwrap
+from train.strategies.medusa import chain_loss
+
+
+class EagleOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    feature_weight: float = Field(1.0, ge=0.0)
+    token_weight: float = Field(0.1, ge=0.0)
+    input_noise: float = Field(0.0, ge=0.0)  # uniform noise amplitude on input features
+    init_from_target_layer: bool = True  # copy the target's last decoder layer into the head
+    train_vocab_size: int | None = Field(None, ge=2)
+
+
+class EagleStrategy:
+    """Strategy (see ``train.strategies``) for ``kind: eagle``."""
+
+    kind = "eagle"
+    options_model = EagleOptions
+
+    def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
+        from drafters.eagle import EagleConfig, EagleDrafter
+        from train.strategies.eagle3 import count_data_tokens
+
+        o: EagleOptions = recipe.drafter.parsed_options()
+        drafter = EagleDrafter(EagleConfig.from_target(target), target=target,
+                               init_from_target=o.init_from_target_layer)
+        dev = next(target.parameters()).device
+        for name, p in drafter.named_parameters():
+            if not name.startswith(drafter.borrowed_prefixes):
+                p.data = p.data.to(dev, torch.float32)
+                p.requires_grad_(True)
+        if o.train_vocab_size:
+            counts = count_data_tokens(recipe, tokenizer, drafter.config.vocab_size)
+            n = min(o.train_vocab_size, drafter.config.vocab_size)
+            ids = torch.argsort(-counts.double(), stable=True)[:n].sort().values
+            drafter.register_buffer("train_vocab", ids.to(dev), persistent=False)
+        return drafter.train()
+
+    def check_batch(self, batch: dict[str, Any]) -> None:
+        check_common_batch(batch)
+        if batch["input_ids"].shape[1] < 3:
+            raise ValueError("EAGLE batches need sequences of >= 3 tokens")
+
+    def loss(self, drafter, target, batch, recipe):
+        """``(loss, metrics)``, see the module docstring."""
+        if batch.get("on_policy"):
+            raise ValueError("eagle training does not support on-policy batches; set data.on_policy_fraction: 0")
+        d = unwrap(drafter)
+        o: EagleOptions = recipe.drafter.parsed_options()
+        f = batch_features(target, batch, d.feature_layers)  # [B, T, H]
+        f_in = f + (torch.rand_like(f) * 2 - 1) * o.input_noise if o.input_noise > 0 else f
+        pred = drafter(batch["input_ids"], f_in)  # [B, T-1, H]; pred[:, t] ~ f[:, t+1]
+        labels = shift_for_next_token(batch)[:, 1:]  # [B, T-1]: token t+2
+        sup = labels != -100
+        p_rows, f_rows = pred[sup], f[:, 1:][sup]  # [N, H]
+        reg = F.smooth_l1_loss(p_rows, f_rows) if p_rows.numel() else pred.sum() * 0.0
+        w = d.lm_head.weight
+        vocab = getattr(d, "train_vocab", None)
+        y = labels[sup]
+        if vocab is not None:
+            w = w[vocab]
+            remap = torch.full((d.config.vocab_size,), -100, dtype=torch.long, device=y.device)
+            remap[vocab] = torch.arange(vocab.numel(), device=y.device)
+            y = remap[y]
+        d_logits = p_rows @ w.t().to(p_rows.dtype)  # [N, V']
+        with torch.no_grad():
+            t_logits = f_rows @ w.t().to(f_rows.dtype)
+        tok, metrics = chain_loss([d_logits], [t_logits], [y], [1.0], recipe.loss)
+        total = o.feature_weight * reg + o.token_weight * tok
+        metrics.update({"feature_smooth_l1": float(reg.detach()), "token_loss": float(tok.detach()), "loss": float(total.detach())})
+        return total, metrics
+
+    def save(self, drafter, path: str | Path) -> None:
+        unwrap(drafter).save_pretrained(path)
