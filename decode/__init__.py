@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from decode.engine import GenerateResult, generate
     from decode.metrics import DecodeStats
 
-__all__ = ["generate", "GenerateResult", "DecodeStats"]
+__all__ = ["DecodeStats", "GenerateResult", "generate"]
 
 
 def __getattr__(name: str):

@@ -16,9 +16,10 @@ plain decoding, the honest baseline.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ from decode.sampling import check_sampling_params, logits_to_probs, sanitize_log
 from decode.verify import verify_greedy, verify_sampling
 from drafters.draft_lm import DraftLM, RaggedCache, check_vocab_match, lm_head_rows
 
-_ROUND_HOOKS: list[Callable[["RoundInfo"], None]] = []
+_ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []
 
 
 @dataclass
@@ -98,7 +99,7 @@ def _resolve_eos(target: torch.nn.Module, eos_token_id: int | list[int] | None) 
 def _as_proposer(drafter: Any) -> Proposer | None:
     if drafter is None:
         return None
-    if isinstance(drafter, DraftLM) or isinstance(drafter, Proposer):
+    if isinstance(drafter, (DraftLM, Proposer)):
         return drafter
     if hasattr(drafter, "get_output_embeddings") and hasattr(drafter, "config"):
         return DraftLM.from_model(drafter)
@@ -186,7 +187,7 @@ class _Decoder:
         c = self.cache
         info = RoundInfo(self.round, c.cache.get_seq_length(), c.length, c.mask[:, : c.length].sum(1).tolist(),
                          c.n_real.tolist(), [list(t) for t in self.tokens], self.active)
-        for hook in list(_ROUND_HOOKS):
+        for hook in _ROUND_HOOKS:
             hook(info)
 
     # --- the two passes ------------------------------------------------------------------------------

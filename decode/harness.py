@@ -206,10 +206,11 @@ def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos:
     import decode
 
     drafter = spec.drafter if spec else None
+    k_call = max(k, 1)  # ignored by plain decoding, must still be a valid K
 
     def call(rows, seed, max_new):
         t0 = time.perf_counter()
-        res = decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, num_draft_tokens=k,
+        res = decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, num_draft_tokens=k_call,
                               eos_token_id=eos, seed=seed, **sampling)
         wall = time.perf_counter() - t0
         return res.sequences, wall, dataclasses.asdict(res.stats)

@@ -308,6 +308,8 @@ def _save(fig, path: Path) -> Path:
 
 
 def _lines_vs_k(rows: list[dict], key: str, ylabel: str, title: str, path: Path, ref_key: str | None = None):
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     series: dict[tuple, list[dict]] = defaultdict(list)
@@ -316,9 +318,11 @@ def _lines_vs_k(rows: list[dict], key: str, ylabel: str, title: str, path: Path,
             series[(r["drafter"], r["temperature"])].append(r)
     for (drafter, temp), rs in sorted(series.items()):
         rs = sorted(rs, key=lambda r: r["k"])
-        line, = ax.plot([r["k"] for r in rs], [r[key] or 0.0 for r in rs], marker="o", label=f"{drafter}, T={temp:g}")
-        if ref_key and rs[0].get(ref_key):
-            ax.axhline(rs[0][ref_key], color=line.get_color(), linestyle=":", linewidth=1)
+        ax.plot([r["k"] for r in rs], [r[key] or 0.0 for r in rs], marker="o", label=f"{drafter}, T={temp:g}")
+    refs = {r["temperature"]: r[ref_key] for r in rows if ref_key and r["category"] == "all" and r.get(ref_key)}
+    for i, (temp, value) in enumerate(sorted(refs.items())):
+        ax.axhline(value, color="grey", linestyle=(0, (1, 1 + i)), linewidth=1, label=f"plain, T={temp:g}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("K (draft tokens per verification)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -344,7 +348,7 @@ def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [
         _lines_vs_k(rows, "acceptance_rate", "acceptance rate", "Acceptance rate vs K", out / "acceptance_vs_k.png"),
-        _lines_vs_k(rows, "tokens_per_s", "tokens/s (wall clock)", "Throughput vs K (dotted: plain decoding)",
+        _lines_vs_k(rows, "tokens_per_s", "tokens/s (wall clock)", "Throughput vs K (grey: plain decoding)",
                     out / "tokens_per_s_vs_k.png", ref_key="engine_tokens_per_s"),
     ]
     plt = _pyplot()
@@ -385,6 +389,8 @@ def _plot_positions(rows: list[dict], path: Path) -> Path:
 
 
 def _plot_economics(rows: list[dict], path: Path) -> Path:
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     greedy = [r for r in rows if r["category"] == "all"]
@@ -396,6 +402,7 @@ def _plot_economics(rows: list[dict], path: Path) -> Path:
         ax1.plot([r["k"] for r in rs], [r["accepted_per_dv_s"] or 0.0 for r in rs], marker="o",
                  label=f"{drafter}, T={temp:g}")
     ax1.set_xlabel("K")
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_ylabel("accepted draft tokens / s of (draft + verify) time")
     ax1.set_title("Drafter economics")
     ax1.grid(alpha=0.3)

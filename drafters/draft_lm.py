@@ -225,7 +225,7 @@ class DraftLM(Drafter):
 
     # --- construction ------------------------------------------------------------------------------
     @classmethod
-    def from_target(cls, target: nn.Module, num_layers: int) -> "DraftLM":
+    def from_target(cls, target: nn.Module, num_layers: int) -> DraftLM:
         """Truncated target: embeddings, first ``num_layers`` decoder layers, final norm, LM head (copied).
 
         Raises:
@@ -251,7 +251,7 @@ class DraftLM(Drafter):
         return drafter.to(device=param.device, dtype=param.dtype).eval()
 
     @classmethod
-    def from_model(cls, model: nn.Module) -> "DraftLM":
+    def from_model(cls, model: nn.Module) -> DraftLM:
         """Wrap any transformers causal LM (weights shared, not copied) as a drafter."""
         layers = getattr(model.config, "num_hidden_layers", None) or 1
         cfg = DraftLMConfig(**_llama_fields(model), num_layers=layers, init="checkpoint",

@@ -99,9 +99,11 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
         if target is None:
             raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold; "
                               "pass --target NAME_OR_PATH so it can be written as lm_heads.0.weight")
-        from decode.target import load_target
+        from transformers import AutoModelForCausalLM
 
-        model, _ = load_target(target)
+        from decode.target import resolve_target_path
+
+        model = AutoModelForCausalLM.from_pretrained(resolve_target_path(target), dtype=torch.float32)
         tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
     config = {
         "architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": cfg["hidden_size"],

@@ -16,7 +16,7 @@ from decode.protocol import SamplingParams
 from decode.sampling import logits_to_probs
 from drafters.ngram import NGramDrafter
 
-V, PROMPT, RUNS = 16, [1, 5, 9], 6000
+V, PROMPT, RUNS = 16, [1, 5, 9], 3000
 
 
 def _exact_joint(target, params):
@@ -42,8 +42,8 @@ def _chi2(counts, probs):
     return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
 
 
-@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, 5, 0.9)], ids=["t1", "t07_k5_p09"])
-@pytest.mark.parametrize("kind", ["draft_lm", "ngram"])
+@pytest.mark.parametrize("params,kind", [(SamplingParams(1.0), "draft_lm"), (SamplingParams(0.7, 5, 0.9), "draft_lm"),
+                                         (SamplingParams(0.7, 5, 0.9), "ngram")], ids=["t1", "t07_k5_p09", "ngram"])
 def test_first_tokens_follow_target_distribution(params, kind):
     target = tiny_llama(0, vocab_size=V)
     drafter = tiny_llama(3, vocab_size=V, layers=1) if kind == "draft_lm" else NGramDrafter()
@@ -57,4 +57,5 @@ def test_first_tokens_follow_target_distribution(params, kind):
     for pos, marg in ((1, joint.sum((0, 2))), (2, joint.sum((0, 1)))):
         assert _chi2(torch.bincount(seqs[:, pos], minlength=V).double(), marg) > 1e-3
     s = res.stats
-    assert s.target_forwards == RUNS and s.drafted == RUNS and 0 < s.accepted < RUNS
+    # one round with one draft token per row; a rejected row needs one more round for its third token
+    assert s.drafted == RUNS and 0 < s.accepted < RUNS and s.target_forwards == 2 * RUNS - s.accepted

@@ -1,0 +1,117 @@
+"""EAGLE-1 head: KV-cached decoding equals recomputation, re-sync after rejections, training step."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import tiny_llama
+from decode.protocol import DecodeState, SamplingParams
+from drafters.eagle import EagleConfig, EagleDrafter
+from train.recipe import recipe_from_dict
+from train.strategies import get_strategy
+
+
+def _drafter(target, seed=0):
+    torch.manual_seed(seed)
+    d = EagleDrafter(EagleConfig.from_target(target), target=target)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if not name.startswith(d.borrowed_prefixes):
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    return d.eval()
+
+
+def _state(target, tokens, stable):
+    with torch.no_grad():
+        f = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    return DecodeState(tokens=[list(tokens)], num_stable=[stable], features=[f], active=[True],
+                       vocab_size=target.config.vocab_size)
+
+
+def _reference_chain(d, state, k):
+    """Greedy chain recomputed from scratch at every step (no KV cache)."""
+    tokens, feats = state.tokens[0], state.features[0]
+    ids, hid, out = list(tokens[1:]), feats.clone(), []
+    with torch.no_grad():
+        for _ in range(k):
+            pred, _ = d._run(torch.tensor([ids]), hid[None], 0, None)  # [1, m, H]
+            f_new = pred[0, -1]
+            tok = int(d.lm_head(f_new).argmax())
+            out.append(tok)
+            ids.append(tok)
+            hid = torch.cat([hid, f_new[None]])
+    return out
+
+
+def test_cached_chain_equals_recomputation():
+    target = tiny_llama(0)
+    d = _drafter(target)
+    tokens = [7, 3, 99, 42, 42, 5, 18]
+    d.reset(1)
+    st = _state(target, tokens, 0)
+    got = d.propose(st, 4, SamplingParams(), None).tokens[0].tolist()
+    assert got == _reference_chain(d, st, 4)
+
+
+def test_first_draft_matches_the_training_forward():
+    target = tiny_llama(0)
+    d = _drafter(target)
+    tokens = [7, 3, 99, 42, 42, 5, 18]
+    st = _state(target, tokens, 0)
+    d.reset(1)
+    first = int(d.propose(st, 1, SamplingParams(), None).tokens[0, 0])
+    with torch.no_grad():
+        f = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1]
+        pred = d(torch.tensor([tokens]), f)  # [1, T-1, H]; pred[:, t] estimates f[:, t+1]
+    assert first == int(d.lm_head(pred[0, len(tokens) - 2]).argmax())
+
+
+def test_resync_after_accepts_and_rejections_equals_a_fresh_drafter():
+    target = tiny_llama(0)
+    seq = [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13]
+    rounds = [(seq[:5], 0), (seq[:8], 5), (seq[:6] + [77, 78, 79], 6), (seq[:6] + [77, 78, 79, 80], 9)]
+    live = _drafter(target)
+    live.reset(1)
+    for tokens, stable in rounds:
+        a = live.propose(_state(target, tokens, stable), 3, SamplingParams(), None).tokens
+        fresh = _drafter(target)
+        fresh.reset(1)
+        b = fresh.propose(_state(target, tokens, 0), 3, SamplingParams(), None).tokens
+        assert torch.equal(a, b), (tokens, stable)
+
+
+def test_sampled_proposal_q_is_over_the_target_vocabulary():
+    target = tiny_llama(0)
+    d = _drafter(target)
+    d.reset(1)
+    gen = torch.Generator().manual_seed(0)
+    prop = d.propose(_state(target, [4, 5, 6, 7], 0), 3, SamplingParams(temperature=0.8, top_k=20), gen)
+    assert prop.probs.shape == (1, 3, 128)
+    assert torch.allclose(prop.probs.sum(-1), torch.ones(1, 3), atol=1e-5)
+    assert ((prop.probs > 0).sum(-1) <= 20).all()
+
+
+def test_training_step_moves_the_head_not_the_target():
+    target = tiny_llama(0)
+    torch.manual_seed(0)
+    recipe = recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"name": "fkl"},
+                               "drafter": {"kind": "eagle", "options": {"input_noise": 0.1}}})
+    d = EagleDrafter(EagleConfig.from_target(target), target=target, init_from_target=True).train()
+    ids = torch.randint(3, 128, (2, 12))
+    am = torch.ones_like(ids)
+    am[1, 9:] = 0
+    batch = {"input_ids": ids, "attention_mask": am, "loss_mask": am.clone()}
+    before_t = {k: v.clone() for k, v in target.state_dict().items()}
+    before_d = {k: v.clone() for k, v in d.own_state_dict().items()}
+    params = [p for p in d.parameters() if p.requires_grad]
+    assert params and all(not p.requires_grad for p in target.parameters())
+    opt = torch.optim.Adam(params, lr=1e-2)
+    loss, metrics = get_strategy("eagle").loss(d, target, batch, recipe)
+    assert torch.isfinite(loss) and metrics["feature_smooth_l1"] > 0
+    loss.backward()
+    opt.step()
+    after_d = d.own_state_dict()
+    assert any(not torch.equal(before_d[k], after_d[k]) for k in before_d)
+    assert all(torch.equal(before_t[k], v) for k, v in target.state_dict().items())
+    assert not any(k.startswith(("embed.", "lm_head.")) for k in after_d)

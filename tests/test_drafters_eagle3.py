@@ -1,0 +1,136 @@
+"""EAGLE-3 head: TTT mask, d2t/t2d mapping, TTT == decoding, reduced vocabulary buys acceptance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from decode import engine
+from decode.protocol import DecodeState, SamplingParams
+from drafters.eagle3 import (Eagle3Config, Eagle3Drafter, default_feature_layers, mapping_from_ids,
+                             select_draft_vocab, ttt_attention_mask)
+from train.recipe import recipe_from_dict
+from train.strategies import get_strategy
+
+
+def _drafter(target, n=48, seed=0, noise=0.3, **kw):
+    torch.manual_seed(seed)
+    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=n, **kw), target=target)
+    d.set_draft_vocab(torch.randperm(target.config.vocab_size)[:n], target=target)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if not name.startswith(d.borrowed_prefixes):
+                p.add_(torch.randn(p.shape) * noise)
+    return d.eval()
+
+
+def test_ttt_mask_matches_a_hand_built_one():
+    x, o = True, False
+    want = torch.tensor([
+        # step-0 keys     step-1 keys     step-2 keys
+        [x, o, o,         x, o, o,        x, o, o],
+        [x, x, o,         o, x, o,        o, x, o],
+        [x, x, x,         o, o, x,        o, o, x],
+    ])
+    assert torch.equal(ttt_attention_mask(3, 2), want)
+    assert torch.equal(ttt_attention_mask(3, 0), want[:, :3])
+    with pytest.raises(ValueError):
+        ttt_attention_mask(3, -1)
+
+
+def test_d2t_t2d_are_consistent():
+    counts = torch.zeros(200, dtype=torch.long)
+    hot = torch.tensor([199, 150, 3, 77, 120, 181, 64, 10])
+    counts[hot] = torch.arange(100, 100 + len(hot))
+    counts[5] = 1  # rare
+    ids = select_draft_vocab(counts, 8)
+    d2t, t2d = mapping_from_ids(ids, 200)
+    assert int(t2d.sum()) == 8
+    mapped = torch.arange(8) + d2t
+    assert mapped.unique().numel() == 8 and mapped.min() >= 0 and mapped.max() < 200
+    assert set(mapped.tolist()) == set(hot.tolist())
+    assert torch.equal(t2d.nonzero().flatten(), mapped.sort().values)
+    with pytest.raises(ValueError):
+        mapping_from_ids(torch.tensor([1, 1, 2]), 200)
+
+
+def test_default_feature_layers_follow_eagle3():
+    assert default_feature_layers(30) == (2, 15, 27)
+    assert all(1 <= i <= 2 for i in default_feature_layers(2))
+
+
+def test_ttt_unroll_equals_decoding_on_the_same_tokens():
+    """Step j of the TTT forward at the end of the real prefix must reproduce draft token j+1."""
+    target = tiny_llama(0, layers=4)
+    d = _drafter(target)
+    tokens = [5, 17, 33, 2, 90, 41, 41, 7]
+    n, k = len(tokens), 4
+    with torch.no_grad():
+        hs = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[i][0] for i in d.feature_layers], -1)  # [n, 3H]
+    st = DecodeState(tokens=[tokens], num_stable=[0], features=[feats[: n - 1]], active=[True], vocab_size=128)
+    d.reset(1)
+    drafts = d.propose(st, k, SamplingParams(), None).tokens[0].tolist()
+    ids = torch.tensor([tokens + drafts[:-1]])  # teacher-forced on the draft tokens
+    f = torch.cat([feats, torch.randn(k - 1, feats.shape[1])])[None]  # junk features past the prefix
+    with torch.no_grad():
+        outs = d(ids, f, steps=k)
+    got = [int(d.draft_ids()[outs[j][0, n - 2].argmax()]) for j in range(k)]
+    assert got == drafts
+
+
+def test_sampled_q_is_scattered_onto_the_target_vocabulary():
+    target = tiny_llama(0)
+    d = _drafter(target, n=40)
+    tokens = [4, 5, 6, 7, 8]
+    with torch.no_grad():
+        hs = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[i][0] for i in d.feature_layers], -1)
+    st = DecodeState(tokens=[tokens], num_stable=[0], features=[feats], active=[True], vocab_size=128)
+    d.reset(1)
+    prop = d.propose(st, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert prop.probs.shape == (1, 3, 128)
+    outside = ~d.t2d
+    assert (prop.probs[..., outside] == 0).all()
+    assert torch.allclose(prop.probs.sum(-1), torch.ones(1, 3), atol=1e-5)
+    assert d.t2d[prop.tokens].all()
+
+
+def _train(target, batch, vocab, steps):
+    recipe = recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"name": "fkl"},
+                               "drafter": {"kind": "eagle3", "options": {"draft_vocab_size": 32, "ttt_steps": 2}}})
+    torch.manual_seed(0)
+    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=32, ttt_steps=2), target=target)
+    d.set_draft_vocab(vocab, target=target)
+    d.train()
+    opt = torch.optim.Adam([p for n, p in d.named_parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(steps):
+        loss, _ = get_strategy("eagle3").loss(d, target, batch, recipe)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return d.eval()
+
+
+def test_frequency_mapping_beats_identity_when_frequent_tokens_have_high_ids():
+    torch.set_num_threads(1)
+    target = tiny_llama(0)
+    with torch.no_grad():
+        target.lm_head.weight[:96] = 0.0  # the target's greedy choices all lie in ids 96..127
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 128, (4,), generator=g).tolist() for _ in range(24)]
+    res = engine.generate(target, prompts, max_new_tokens=20)
+    ids = torch.tensor([p + s for p, s in zip(prompts, res.sequences)])
+    lm = torch.zeros_like(ids)
+    lm[:, 4:] = 1
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": lm}
+    counts = torch.bincount(ids[lm.bool()], minlength=128)
+    mapped = select_draft_vocab(counts, 32)
+    assert (mapped >= 96).sum() >= 20  # the data's frequent tokens are mostly high ids
+    rates = {}
+    for name, vocab in (("mapped", mapped), ("identity", torch.arange(32))):
+        d = _train(target, batch, vocab, steps=40)
+        r = engine.generate(target, prompts[:8], drafter=d, max_new_tokens=16, num_draft_tokens=3)
+        rates[name] = r.stats.acceptance_rate
+    assert rates["mapped"] > 0.3 and rates["mapped"] > rates["identity"] + 0.25, rates

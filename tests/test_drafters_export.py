@@ -1,0 +1,104 @@
+"""`drafterkit export`: vLLM/SGLang EAGLE-3 layout, vLLM Medusa layout, HF assistant folder, push-to-hub offline."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_llama
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafters.export import ExportError, export, push_to_hub
+from drafters.medusa import MedusaConfig, MedusaDrafter
+from train.cli import main as cli
+
+
+def _eagle3_ckpt(tmp_path):
+    target = tiny_llama(0, layers=4)
+    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40), target=target)
+    d.set_draft_vocab(torch.arange(40) * 3, target=target)
+    return d, d.save_pretrained(tmp_path / "e3")
+
+
+@pytest.mark.parametrize("fmt", ["vllm-eagle3", "sglang-eagle3"])
+def test_eagle3_export_uses_the_engine_layout(tmp_path, fmt):
+    d, ckpt = _eagle3_ckpt(tmp_path)
+    assert cli(["export", str(ckpt), "--format", fmt, "--output", str(tmp_path / "out"), "--dtype", "bf16"]) == 0
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["draft_vocab_size"] == 40 and cfg["vocab_size"] == 128 and cfg["num_hidden_layers"] == 1
+    assert cfg["target_hidden_size"] == 32 and cfg["torch_dtype"] == "bfloat16"
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(d.feature_layers)
+    w = load_file(str(tmp_path / "out" / "model.safetensors"))
+    expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+                "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+                "midlayer.post_attention_layernorm.weight"}
+    expected |= {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"}
+    expected |= {f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    assert set(w) == expected
+    assert w["fc.weight"].shape == (32, 96) and w["midlayer.self_attn.q_proj.weight"].shape[1] == 64
+    assert w["lm_head.weight"].shape == (40, 32) and w["lm_head.weight"].dtype == torch.bfloat16
+    assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
+    assert torch.equal(torch.arange(40) + w["d2t"], torch.arange(40) * 3)
+    assert int(w["t2d"].sum()) == 40
+
+
+def test_medusa_export_shared_head_needs_the_target(tmp_path):
+    target = tiny_llama(0)
+    d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
+    ckpt = d.save_pretrained(tmp_path / "m")
+    with pytest.raises(ExportError, match="--target"):
+        export(ckpt, "medusa", tmp_path / "out")
+    target_dir = tmp_path / "target"  # a local folder path as the target
+    target.save_pretrained(target_dir)
+    assert cli(["export", str(ckpt), "--format", "medusa", "--output", str(tmp_path / "out"),
+                "--target", str(target_dir)]) == 0
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["architectures"] == ["MedusaModel"] and cfg["num_heads"] == 3 and cfg["original_lm_head"]
+    w = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(w) == {f"blocks.{k}.layers.0.{p}" for k in range(3) for p in ("weight", "bias")} | {"lm_heads.0.weight"}
+    assert torch.equal(w["lm_heads.0.weight"], target.lm_head.weight)
+
+
+def test_medusa_export_own_heads(tmp_path):
+    target = tiny_llama(0)
+    d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)
+    w = load_file(str(export(d.save_pretrained(tmp_path / "m"), "medusa", tmp_path / "o") / "model.safetensors"))
+    assert {"lm_heads.0.weight", "lm_heads.1.weight", "blocks.1.layers.0.bias"} <= set(w)
+
+
+def test_hf_assistant_export_loads_with_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from drafters.draft_lm import DraftLM
+
+    target = tiny_llama(0)
+    d = DraftLM.from_target(target, 1)
+    out = export(d.save_pretrained(tmp_path / "dl"), "hf-assistant", tmp_path / "hf")
+    lm = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.allclose(lm(ids).logits, d.lm(ids).logits, atol=1e-5)
+
+
+def test_wrong_kind_for_format_is_a_clear_error(tmp_path):
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    with pytest.raises(ExportError, match="formats for 'eagle3'"):
+        export(ckpt, "medusa", tmp_path / "x")
+    assert cli(["export", str(tmp_path / "nowhere"), "--format", "medusa", "--output", str(tmp_path / "y")]) == 2
+
+
+def test_push_to_hub_fails_fast_offline(tmp_path, monkeypatch, capsys):
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    rc = cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "o"),
+              "--push-to-hub", "someone/my-eagle3"])
+    assert rc == 2 and time.perf_counter() - start < 30
+    err = capsys.readouterr().err
+    assert "not reachable" in err and (tmp_path / "o" / "config.json").exists()
+    with pytest.raises(ExportError, match="owner/name"):
+        push_to_hub(tmp_path / "o", str(tmp_path))  # a local folder is not a Hub repo id

@@ -1,0 +1,40 @@
+"""drafters.ngram: prompt-lookup proposals, save/load through the strict base format."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from decode.protocol import DecodeState, SamplingParams
+from drafters import DrafterLoadError, load_drafter
+from drafters.ngram import NGramConfig, NGramDrafter, lookup
+
+
+def test_lookup_prefers_longest_most_recent_match():
+    toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 2, 3]
+    assert lookup(toks, 2, 3, 1) == [7, 8]  # "2 3" most recently followed by 7 8 (3-gram "8 2 3" absent)
+    assert lookup([5, 6, 5, 6, 5], 3, 3, 1) == [6, 5, 5]  # continuation [6, 5], padded
+    assert lookup([4, 1, 2, 3], 3, 2, 2) == [3] * 3  # no 2-gram match -> repeat last
+    assert lookup([7, 8, 7], 4, 1, 1) == [8, 7, 7, 7]  # short continuation padded with its last token
+    assert lookup([3], 2, 3, 1) == [3, 3]
+
+
+def test_propose_shapes_and_inactive_rows():
+    d = NGramDrafter(NGramConfig(max_ngram=2))
+    state = DecodeState(tokens=[[1, 2, 1], [4, 5]], num_stable=[0, 0], features=None, active=[True, False],
+                        vocab_size=10)
+    prop = d.propose(state, 3, SamplingParams(), None)
+    assert prop.probs is None and prop.tokens.shape == (2, 3) and prop.tokens[0].tolist() == [2, 1, 1]
+
+
+def test_bad_config_raises():
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGramConfig(max_ngram=1, min_ngram=2)
+
+
+def test_save_load_roundtrip_and_strict(tmp_path):
+    NGramDrafter(NGramConfig(max_ngram=5, min_ngram=2)).save_pretrained(tmp_path / "ng")
+    loaded = load_drafter(tmp_path / "ng")
+    assert isinstance(loaded, NGramDrafter) and loaded.config == NGramConfig(5, 2)
+    save_file({"stray": torch.zeros(1)}, str(tmp_path / "ng" / "model.safetensors"))
+    with pytest.raises(DrafterLoadError, match="stray"):
+        load_drafter(tmp_path / "ng")
