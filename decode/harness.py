@@ -24,7 +24,7 @@ BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
 BASELINES = ("engine", "hf", "hf-assisted")
 HUMANEVAL_REQUEST = ("Complete the following Python function. Reply with the completed code only.\n\n"
                      "```python\n{prompt}```")
-WARMUP_TOKENS = 8
+WARMUP_TOKENS = 4
 
 
 @dataclass

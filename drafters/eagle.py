@@ -81,7 +81,7 @@ class DraftAttention(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        ang = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, d/2]
+        ang = positions.to(torch.float32)[..., None] * self.inv_freq.to(positions.device)  # [B, T, d/2]
         emb = torch.cat((ang, ang), dim=-1)[:, None]  # [B, 1, T, d]
         return (x * emb.cos().to(x.dtype)) + (_rotate_half(x) * emb.sin().to(x.dtype))
 

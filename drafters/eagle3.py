@@ -106,7 +106,7 @@ def select_draft_vocab(counts: torch.Tensor, n: int) -> torch.Tensor:
     """The ``n`` most frequent target ids (ties -> lower id), SORTED ascending. ``counts [V] -> [n]``."""
     if counts.dim() != 1 or n > counts.numel():
         raise ValueError(f"counts must be [V] with V >= n; got {tuple(counts.shape)} and n={n}")
-    order = torch.argsort(-counts.double() + torch.arange(counts.numel()) * 1e-12, stable=True)
+    order = torch.argsort(-counts.long(), stable=True)  # stable: equal counts keep the lower id first
     return order[:n].sort().values
 
 
@@ -182,12 +182,24 @@ class Eagle3Drafter(FeatureHeadDrafter):
         return self.config.vocab_size
 
     # --- training ------------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int | None = None,
+                return_hidden: bool = False) -> list[torch.Tensor]:
         """TTT unroll. ``input_ids [B, T]``, ``features [B, T, 3H]`` (concat over ``feature_layers``).
 
         Returns ``steps`` draft-vocabulary logits ``[B, T, N]``: ``out[j][:, t]`` predicts token
         ``t + 2 + j`` (entries whose token ``t+1+j`` is past the sequence are garbage; mask them).
+        With ``return_hidden`` the pre-norm outputs ``[B, T, H]`` instead (see :meth:`unroll`).
         """
+        hidden = self.unroll(input_ids, features, steps)
+        return hidden if return_hidden else [self.draft_logits(h) for h in hidden]
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Head output (pre-norm) ``[..., H]`` -> draft-vocabulary logits ``[..., N]``."""
+        return self.lm_head(self.norm(hidden))
+
+    def unroll(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
+        """As :meth:`forward` but returns the pre-norm head outputs ``[B, T, H]`` of each step, so a
+        caller can apply the LM head to supervised rows only."""
         steps = steps or self.config.ttt_steps
         b, t = input_ids.shape
         hidden = self.fc(features)  # [B, T, H]
@@ -199,6 +211,6 @@ class Eagle3Drafter(FeatureHeadDrafter):
             pos = (torch.arange(t, device=input_ids.device) + j)[None].expand(b, t)
             mask = ttt_attention_mask(t, j, input_ids.device)
             out, past = self.layer(hidden, pos, mask, past, embeds=self.embed(ids_j).to(hidden.dtype))
-            outs.append(self.lm_head(self.norm(out)))
+            outs.append(out)
             hidden = out
         return outs

@@ -110,16 +110,21 @@ class MedusaDrafter(Drafter):
 
     def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of head ``k``: ``hidden [..., H] -> [..., V]``."""
-        x = self.blocks[k](hidden)
+        return self.project(k, self.blocks[k](hidden))
+
+    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """Vocabulary projection of head ``k`` applied to its block output ``x [..., H] -> [..., V]``."""
         head = self.lm_head if self.config.share_lm_head else self.lm_heads[k]
         return head(x.to(head.weight.dtype))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """All heads on the target's final-norm states ``hidden [B, T, H]`` -> logits ``[K, B, T, V]``.
+    def forward(self, hidden: torch.Tensor, return_hidden: bool = False) -> torch.Tensor:
+        """All heads on the target's final-norm states ``hidden [..., H]`` -> logits ``[K, ..., V]``
+        (``return_hidden``: the residual blocks' outputs ``[K, ..., H]``, before the projection).
 
-        ``out[k, b, t]`` predicts the token at position ``t + k + 2`` of row ``b``.
+        With ``hidden [B, T, H]``, ``out[k, b, t]`` predicts the token at position ``t + k + 2`` of row ``b``.
         """
-        return torch.stack([self.head_logits(k, hidden) for k in range(self.config.num_heads)])
+        x = torch.stack([self.blocks[k](hidden) for k in range(self.config.num_heads)])
+        return x if return_hidden else torch.stack([self.project(k, x[k]) for k in range(self.config.num_heads)])
 
     # --- decoder protocol --------------------------------------------------------------------------
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,

@@ -114,3 +114,24 @@ def test_own_lm_heads_start_from_the_target_and_are_saved(tmp_path):
     assert "lm_heads.0.weight" in d.own_state_dict()
     back = load_drafter(d.save_pretrained(tmp_path / "m"), target=target)
     assert torch.equal(back.lm_heads[2].weight, d.lm_heads[2].weight)
+
+
+def test_train_vocab_restricts_the_token_loss_and_is_not_saved(tmp_path):
+    target = tiny_llama(0)
+    d = _drafter(target).train()
+    vocab = torch.arange(0, 128, 2)  # even ids only
+    d.register_buffer("train_vocab", vocab, persistent=False)
+    recipe = recipe_from_dict({"output_dir": "/tmp/unused", "drafter": {"kind": "medusa", "options": {"num_heads": K}},
+                               "loss": {"name": "ce", "ce_labels": "data"}})
+    length = 12
+    loss, _ = get_strategy("medusa").loss(d, target, _batch(length), recipe)
+    with torch.no_grad():
+        h = target(torch.arange(length)[None], output_hidden_states=True).hidden_states[-1][0]
+        want = 0.0
+        for k in range(K):
+            t = torch.arange(length - k - 2)
+            keep = (t + k + 2) % 2 == 0  # data tokens outside the training vocabulary are skipped
+            logits = d.blocks[k](h[t[keep]]) @ target.lm_head.weight[vocab].t()
+            want += 0.8 ** k * F.cross_entropy(logits, (t[keep] + k + 2) // 2)
+    assert torch.allclose(loss, torch.as_tensor(want), rtol=1e-5)
+    assert "train_vocab" not in d.own_state_dict()

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from train.data import shift_for_next_token
 from train.features import batch_features
 from train.strategies import check_common_batch, unwrap
-from train.strategies.medusa import chain_loss
+from train.strategies.eagle3 import vocab_remap
+from train.strategies.medusa import chain_loss, trainable_own
 
 
 class EagleOptions(BaseModel):
@@ -46,22 +47,14 @@ class EagleStrategy:
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
         from drafters.eagle import EagleConfig, EagleDrafter
-        from train.strategies.eagle3 import count_data_tokens
+        from train.strategies.eagle3 import register_train_vocab
 
         o: EagleOptions = recipe.drafter.parsed_options()
         drafter = EagleDrafter(EagleConfig.from_target(target), target=target,
                                init_from_target=o.init_from_target_layer)
-        dev = next(target.parameters()).device
-        for name, p in drafter.named_parameters():
-            if not name.startswith(drafter.borrowed_prefixes):
-                p.data = p.data.to(dev, torch.float32)
-                p.requires_grad_(True)
-        if o.train_vocab_size:
-            counts = count_data_tokens(recipe, tokenizer, drafter.config.vocab_size)
-            n = min(o.train_vocab_size, drafter.config.vocab_size)
-            ids = torch.argsort(-counts.double(), stable=True)[:n].sort().values
-            drafter.register_buffer("train_vocab", ids.to(dev), persistent=False)
-        return drafter.train()
+        drafter = trainable_own(drafter, target)
+        register_train_vocab(drafter, recipe, tokenizer, o.train_vocab_size)
+        return drafter
 
     def check_batch(self, batch: dict[str, Any]) -> None:
         check_common_batch(batch)
@@ -85,10 +78,7 @@ class EagleStrategy:
         vocab = getattr(d, "train_vocab", None)
         y = labels[sup]
         if vocab is not None:
-            w = w[vocab]
-            remap = torch.full((d.config.vocab_size,), -100, dtype=torch.long, device=y.device)
-            remap[vocab] = torch.arange(vocab.numel(), device=y.device)
-            y = remap[y]
+            w, y = w[vocab], vocab_remap(vocab, d.config.vocab_size, y.device)[y]
         d_logits = p_rows @ w.t().to(p_rows.dtype)  # [N, V']
         with torch.no_grad():
             t_logits = f_rows @ w.t().to(f_rows.dtype)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from train.data import shift_for_next_token
 from train.features import batch_features, target_logits
 from train.strategies import check_common_batch, unwrap
-from train.strategies.medusa import chain_loss, shifted_rows
+from train.strategies.medusa import chain_loss, shifted_rows, trainable_own
 
 
 class Eagle3Options(BaseModel):
@@ -54,6 +54,28 @@ def count_data_tokens(recipe: Any, tokenizer: Any, vocab_size: int) -> torch.Ten
     return torch.from_numpy(counts)
 
 
+def register_train_vocab(drafter, recipe: Any, tokenizer: Any, n: int | None) -> None:
+    """With ``n``, give ``drafter`` a non-persistent buffer ``train_vocab`` (sorted ids ``[n]``) of the n
+    most frequent supervised data tokens; token losses are then computed over those LM-head rows only
+    (a training economy for full-vocabulary heads; not saved, decoding is unaffected)."""
+    if not n:
+        return
+    from drafters.eagle3 import select_draft_vocab
+
+    counts = count_data_tokens(recipe, tokenizer, drafter.config.vocab_size)
+    ids = select_draft_vocab(counts, min(n, drafter.config.vocab_size))
+    drafter.register_buffer("train_vocab", ids.to(next(drafter.parameters()).device), persistent=False)
+
+
+def vocab_remap(vocab: torch.Tensor | None, vocab_size: int, device) -> torch.Tensor | None:
+    """``[V]`` target id -> index in ``vocab`` (-100 outside), or None when ``vocab`` is None."""
+    if vocab is None:
+        return None
+    remap = torch.full((vocab_size,), -100, dtype=torch.long, device=device)
+    remap[vocab] = torch.arange(vocab.numel(), device=device)
+    return remap
+
+
 class Eagle3Strategy:
     """Strategy (see ``train.strategies``) for ``kind: eagle3``."""
 
@@ -72,15 +94,7 @@ class Eagle3Strategy:
         drafter.set_draft_vocab(select_draft_vocab(counts, cfg.draft_vocab_size), target=target)
         if o.init_from_target_layer:
             init_layer_from_target(drafter.layer, target)
-        dev = next(target.parameters()).device
-        for name, p in drafter.named_parameters():
-            if not name.startswith(drafter.borrowed_prefixes):
-                p.data = p.data.to(dev, torch.float32)
-                p.requires_grad_(True)
-        for name, b in drafter.named_buffers():
-            if name in ("d2t", "t2d"):
-                b.data = b.data.to(dev)
-        return drafter.train()
+        return trainable_own(drafter, target)
 
     def check_batch(self, batch: dict[str, Any]) -> None:
         check_common_batch(batch)
@@ -98,14 +112,14 @@ class Eagle3Strategy:
         h = d.config.hidden_size
         fused, last = feats[..., : 3 * h], feats[..., 3 * h:]
         ids = batch["input_ids"]
-        outs = drafter(ids, fused, o.ttt_steps)  # steps x [B, T, N]
+        outs = drafter(ids, fused, o.ttt_steps, return_hidden=True)  # steps x [B, T, H]
         labels = shift_for_next_token(batch)  # [B, T]
         t_rows, in_vocab, index = restricted_target(target, last, labels, d)
         label_draft = torch.cumsum(d.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
         starts = torch.nonzero(labels[:, 1:] != -100, as_tuple=True)  # step 0 supervised at t
         draft_rows, target_rows, label_rows = [], [], []
         for j in range(o.ttt_steps):
-            draft_rows.append(outs[j][starts].float())  # [N, Nd]
+            draft_rows.append(d.draft_logits(outs[j][starts]).float())  # LM head on supervised rows: [N, Nd]
             y = shifted_rows(labels, starts, j + 1, fill=-100)  # data token t+2+j (target id)
             r = shifted_rows(index, starts, j + 1, fill=-1)  # row of position t+1+j in t_rows
             ok = (y != -100) & (r >= 0)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from train import losses
 from train.data import shift_for_next_token
-from train.features import batch_features, target_logits
+from train.features import batch_features
 from train.strategies import check_common_batch, unwrap
 
 
@@ -33,6 +33,7 @@ class MedusaOptions(BaseModel):
     num_layers: int = Field(1, ge=1, le=4)  # residual blocks per head
     share_lm_head: bool = True  # False: own LM head per head (K x V x H parameters)
     head_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of head k = decay ** k
+    train_vocab_size: int | None = Field(None, ge=2)  # token losses over the N most frequent data tokens
 
 
 def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], label_rows: list[torch.Tensor],
@@ -99,6 +100,20 @@ def shifted_rows(x: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor], shift
     return out
 
 
+def trainable_own(drafter, target: torch.nn.Module):
+    """Move the drafter's OWN tensors to the target's device (params fp32, trainable); borrowed target
+    modules are left as they are (frozen). Returns the drafter in train mode."""
+    dev = next(target.parameters()).device
+    for name, p in drafter.named_parameters():
+        if not name.startswith(drafter.borrowed_prefixes):
+            p.data = p.data.to(dev, torch.float32)
+            p.requires_grad_(True)
+    for name, b in drafter.named_buffers():
+        if not name.startswith(drafter.borrowed_prefixes):
+            b.data = b.data.to(dev)
+    return drafter.train()
+
+
 def head_labels(batch: dict[str, torch.Tensor], num_heads: int):
     """Start positions and per-head labels.
 
@@ -121,15 +136,16 @@ class MedusaStrategy:
         from drafters.medusa import MedusaConfig, MedusaDrafter
 
         o: MedusaOptions = recipe.drafter.parsed_options()
+        if recipe.eval.k > o.num_heads:
+            raise ValueError(f"eval.k={recipe.eval.k} but Medusa with num_heads={o.num_heads} proposes at most "
+                             f"{o.num_heads} tokens per round; set eval.k <= {o.num_heads} or more heads")
         cfg = MedusaConfig.from_target(target, num_heads=o.num_heads, num_layers=o.num_layers,
                                        share_lm_head=o.share_lm_head)
-        drafter = MedusaDrafter(cfg, target=target)
-        dev = next(target.parameters()).device
-        for name, p in drafter.named_parameters():
-            if not name.startswith(drafter.borrowed_prefixes):
-                p.data = p.data.to(dev, torch.float32)
-                p.requires_grad_(True)
-        return drafter.train()
+        from train.strategies.eagle3 import register_train_vocab
+
+        drafter = trainable_own(MedusaDrafter(cfg, target=target), target)
+        register_train_vocab(drafter, recipe, tokenizer, o.train_vocab_size)
+        return drafter
 
     def check_batch(self, batch: dict[str, Any]) -> None:
         check_common_batch(batch)
@@ -140,15 +156,31 @@ class MedusaStrategy:
         """``(loss, metrics)``: per-head ``recipe.loss`` against token ``t + k + 2`` (see module docstring)."""
         if batch.get("on_policy"):
             raise ValueError("medusa training does not support on-policy batches; set data.on_policy_fraction: 0")
+        from train.strategies.eagle3 import vocab_remap
+
         d = unwrap(drafter)
         hidden = batch_features(target, batch, d.feature_layers)  # [B, T, H] final-norm states
         starts, label_rows = head_labels(batch, d.config.num_heads)
+        vocab = getattr(d, "train_vocab", None)  # None: full vocabulary
+        remap = vocab_remap(vocab, d.config.vocab_size, hidden.device)
+        # the target's logits once per supervised position (heads share positions t+k+1)
+        sup = shift_for_next_token(batch) != -100
+        index = torch.full(sup.shape, -1, dtype=torch.long, device=hidden.device)
+        index[sup] = torch.arange(int(sup.sum()), device=hidden.device)
+        w_t = target.get_output_embeddings().weight
+        w_t = w_t if vocab is None else w_t[vocab]
+        with torch.no_grad():
+            t_all = (hidden[sup].to(w_t.dtype) @ w_t.t()).float()  # [P, V']
+        blocks = drafter(hidden[starts], return_hidden=True)  # [K, N, H] (through any DDP wrapper)
         draft_rows, target_rows = [], []
-        h0 = hidden[starts]  # [N, H]
         for k in range(d.config.num_heads):
-            draft_rows.append(d.head_logits(k, h0).float())  # [N, V]
-            with torch.no_grad():
-                target_rows.append(target_logits(target, shifted_rows(hidden, starts, k + 1)).float())
+            w = d.lm_head.weight if d.config.share_lm_head else d.lm_heads[k].weight
+            w = w if vocab is None else w[vocab]
+            draft_rows.append((blocks[k].to(w.dtype) @ w.t()).float())  # [N, V']
+            target_rows.append(t_all[shifted_rows(index, starts, k + 1, fill=-1).clamp(min=0)])
+            if remap is not None:
+                y = label_rows[k]
+                label_rows[k] = torch.where(y >= 0, remap[y.clamp(min=0)], -100)
         o: MedusaOptions = recipe.drafter.parsed_options()
         weights = [o.head_weight_decay ** k for k in range(d.config.num_heads)]
         return chain_loss(draft_rows, target_rows, label_rows, weights, recipe.loss)
