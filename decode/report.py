@@ -453,7 +453,8 @@ def render_markdown(record: dict) -> str:
     lines = [f"# drafterkit eval: {cfg['benchmark']}", "",
              f"- target: `{record['target']['name']}` ({record['target']['parameters']:,} parameters)",
              f"- prompts: {len(record['prompts'])}, max new tokens: {cfg['max_new_tokens']}, temperature: "
-             f"{cfg['temperature']:g}, top-k: {cfg['top_k']}, top-p: {cfg['top_p']:g}, K: {cfg['k']}, seed: {cfg['seed']}",
+             f"{cfg['temperature']:g}, top-k: {cfg['top_k']}, top-p: {cfg['top_p']:g}, K: {cfg['k']}, "
+             f"seed: {cfg['seed']}",
              f"- machine: torch {mach['torch']}, transformers {mach['transformers']}, {mach['device']}, "
              f"{mach['dtype']}, {mach['threads']} threads",
              "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "

@@ -138,3 +138,27 @@ def test_greedy_generate_equals_plain_greedy(kind):
     spec = engine.generate(target, prompts, drafter=d, max_new_tokens=24, num_draft_tokens=3)
     assert spec.sequences == plain.sequences
     assert spec.stats.drafted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_real_target_greedy_equivalence(kind, real_target):
+    """Untrained heads on SmolLM2-135M: speculative greedy output equals plain greedy output."""
+    from decode import engine
+
+    target, tok = real_target
+    torch.manual_seed(0)
+    if kind == "medusa":
+        from drafters.medusa import MedusaConfig, MedusaDrafter
+        d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
+    elif kind == "eagle":
+        from drafters.eagle import EagleConfig, EagleDrafter
+        d = EagleDrafter(EagleConfig.from_target(target), target=target, init_from_target=True)
+    else:
+        from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+        d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=4096), target=target)
+        d.set_draft_vocab(torch.arange(4096), target=target)
+    prompt = tok("def fibonacci(n):")["input_ids"]
+    plain = engine.generate(target, [prompt], max_new_tokens=16)
+    spec = engine.generate(target, [prompt], drafter=d.eval(), max_new_tokens=16, num_draft_tokens=3)
+    assert spec.sequences == plain.sequences

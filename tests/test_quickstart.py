@@ -30,8 +30,9 @@ def test_default_kind_follows_the_recipes_present():
 @pytest.mark.slow
 def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
     out = tmp_path / "qs"
-    rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out), "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
-               "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress",
+    rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out), 
+               "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
+               "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress", "--baselines", "engine,hf",
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())

@@ -98,3 +98,18 @@ def test_feature_cache_round_trip(tmp_path):
         FeatureCache(path, [1, 3])
     with pytest.raises(ValueError, match="rebuild"):
         batch_features(target, batch, [1, 2, 2])
+
+
+@pytest.mark.slow
+def test_real_target_eagle3_layers_align_and_hooks_match(real_target):
+    target, tok = real_target
+    ids = tok.apply_chat_template([{"role": "user", "content": "Name three prime numbers."}],
+                                  add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
+    layers = [2, 15, 27, 30]
+    a = target_features(target, ids, None, layers, method="hooks")
+    b = target_features(target, ids, None, layers, method="hidden_states")
+    assert a.shape == (1, ids.shape[1], 4 * 576) and torch.allclose(a, b, atol=1e-4)
+    with torch.no_grad():
+        logits = target(ids).logits
+    assert torch.allclose(target.lm_head(a[..., 3 * 576:]), logits, atol=1e-3)

@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra recipe override, repeatable (e.g. --set data.num_examples=200)")
     p.add_argument("--num-prompts", type=int, default=8, help="eval prompts per benchmark")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--baselines", default="engine,hf,hf-assisted", help="comma-separated, as in drafterkit eval")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 (eval and target)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
@@ -74,7 +75,8 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     result = train(recipe, target=target, tokenizer=tok)
     best, last = recipe.paths.best, recipe.paths.last
     ckpt = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
-    summary = dict(recipe=str(recipe_path), kind=recipe.drafter.kind, output_dir=str(recipe.output_dir), checkpoint=str(ckpt),
+    summary = dict(recipe=str(recipe_path), kind=recipe.drafter.kind, output_dir=str(recipe.output_dir),
+                   checkpoint=str(ckpt),
                    global_step=result.global_step, stopped=result.stopped, losses=result.losses,
                    final_loss=result.losses[-1] if result.losses else None, best_score=result.best_score,
                    in_loop_evals=result.evals)
@@ -89,7 +91,8 @@ def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
     for bench in BENCHMARKS:
         cfg = EvalConfig(target="smollm2-135m", drafters=[str(ckpt)], benchmark=bench,
                          num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
-                         device=args.device, progress=not args.no_progress)
+                         device=args.device, progress=not args.no_progress,
+                         baselines=[b for b in args.baselines.split(",") if b])
         records[bench] = evaluate(cfg, target=target, tok=tok)
         print_record(records[bench])
     return records
@@ -108,7 +111,8 @@ def write_report(out: Path, report_data: dict) -> dict:
     lines += [f"| {name} | {secs:.1f} |" for name, secs in report_data["timings"].items()]
     tr = report_data["train"]
     lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
-              f"{tr['stopped']}, final loss {report.fmt(tr['final_loss'], '{:.4f}')}; evaluated `{tr['checkpoint']}`.", ""]
+              f"{tr['stopped']}, final loss {report.fmt(tr['final_loss'], '{:.4f}')}; "
+              f"evaluated `{tr['checkpoint']}`.", ""]
     for bench, rec in report_data["evals"].items():
         lines.append(report.render_markdown(rec).replace("# drafterkit eval:", "## eval:", 1))
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in pngs]
