@@ -156,7 +156,7 @@ class _Decoder:
             self.reasons[b] = "length"
         return emitted
 
-    def _hidden(self, out, start: int | None = None) -> torch.Tensor | None:
+    def _hidden(self, out) -> torch.Tensor | None:
         if self.layers is None:
             return None
         hs = out.hidden_states

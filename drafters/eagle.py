@@ -157,6 +157,17 @@ def causal_mask(t: int, past: int, device=None) -> torch.Tensor:
     return torch.arange(past + t, device=device)[None, :] <= q
 
 
+def check_target_shape(drafter: Drafter, target: nn.Module) -> None:
+    """Raise ``ValueError`` unless ``target`` has the hidden size and layer count the feature-level
+    ``drafter`` was built for (checked by ``decode.generate`` before any token is generated)."""
+    c, tc = drafter.config, target.config
+    got = (getattr(tc, "hidden_size", None), getattr(tc, "num_hidden_layers", None))
+    if got != (c.hidden_size, c.target_num_layers):
+        raise ValueError(f"this {drafter.kind} drafter reads features of a target with hidden size {c.hidden_size} "
+                         f"and {c.target_num_layers} layers, but the target has hidden size {got[0]} and {got[1]} "
+                         "layers; train the drafter for this target")
+
+
 # --------------------------------------------------------------------------------------------------
 # per-row autoregressive runner shared by EAGLE and EAGLE-3
 
@@ -168,6 +179,10 @@ class FeatureHeadDrafter(Drafter):
     ``logits_and_ids(out [B, H]) -> (logits [B, V'], ids [V'] or None)``. Head position ``t`` consumes
     ``(tokens[t+1], features[t])`` and its output predicts ``tokens[t+2]``.
     """
+
+    def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
+        super().check_compatible(target, vocab_size)
+        check_target_shape(self, target)
 
     def reset(self, batch_size: int) -> None:
         self._caches: list[dict | None] = [None] * batch_size
@@ -273,14 +288,14 @@ class EagleConfig:
     rope_theta: float = 10000.0
 
     @classmethod
-    def from_target(cls, target: nn.Module, **kw) -> "EagleConfig":
+    def from_target(cls, target: nn.Module, **kw) -> EagleConfig:
         c = target.config
-        base = dict(vocab_size=target.get_output_embeddings().weight.shape[0], hidden_size=c.hidden_size,
-                    target_num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                    num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
-                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                    intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
-                    rope_theta=rope_theta_of(c))
+        base = {"vocab_size": target.get_output_embeddings().weight.shape[0], "hidden_size": c.hidden_size,
+                    "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+                    "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+                    "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                    "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
+                    "rope_theta": rope_theta_of(c)}
         base.update(kw)
         return cls(**base)
 

@@ -73,14 +73,14 @@ class Eagle3Config:
                              f"{self.draft_vocab_size}")
 
     @classmethod
-    def from_target(cls, target: nn.Module, **kw) -> "Eagle3Config":
+    def from_target(cls, target: nn.Module, **kw) -> Eagle3Config:
         c = target.config
-        base = dict(vocab_size=target.get_output_embeddings().weight.shape[0], hidden_size=c.hidden_size,
-                    target_num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                    num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
-                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                    intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
-                    rope_theta=rope_theta_of(c))
+        base = {"vocab_size": target.get_output_embeddings().weight.shape[0], "hidden_size": c.hidden_size,
+                    "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+                    "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+                    "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                    "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
+                    "rope_theta": rope_theta_of(c)}
         base.update(kw)
         base["draft_vocab_size"] = min(base.get("draft_vocab_size", 8192), base["vocab_size"])
         return cls(**base)

@@ -59,7 +59,7 @@ class MedusaConfig:
                              f"{self.num_layers}")
 
     @classmethod
-    def from_target(cls, target: nn.Module, **kw) -> "MedusaConfig":
+    def from_target(cls, target: nn.Module, **kw) -> MedusaConfig:
         c = target.config
         return cls(vocab_size=target.get_output_embeddings().weight.shape[0], hidden_size=c.hidden_size,
                    target_num_layers=c.num_hidden_layers, **kw)
@@ -127,6 +127,12 @@ class MedusaDrafter(Drafter):
         return x if return_hidden else torch.stack([self.project(k, x[k]) for k in range(self.config.num_heads)])
 
     # --- decoder protocol --------------------------------------------------------------------------
+    def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
+        from drafters.eagle import check_target_shape
+
+        super().check_compatible(target, vocab_size)
+        check_target_shape(self, target)
+
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         """``k`` draft tokens per row from the state that predicted the last committed token.

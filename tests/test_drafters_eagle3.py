@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from decode import engine
 from decode.protocol import DecodeState, SamplingParams
-from drafters.eagle3 import (Eagle3Config, Eagle3Drafter, default_feature_layers, mapping_from_ids,
-                             select_draft_vocab, ttt_attention_mask)
+from drafters.eagle3 import (
+    Eagle3Config,
+    Eagle3Drafter,
+    default_feature_layers,
+    mapping_from_ids,
+    select_draft_vocab,
+    ttt_attention_mask,
+)
 from train.recipe import recipe_from_dict
 from train.strategies import get_strategy
 
@@ -114,7 +120,6 @@ def _train(target, batch, vocab, steps):
 
 
 def test_frequency_mapping_beats_identity_when_frequent_tokens_have_high_ids():
-    torch.set_num_threads(1)
     target = tiny_llama(0)
     with torch.no_grad():
         target.lm_head.weight[:96] = 0.0  # the target's greedy choices all lie in ids 96..127
@@ -134,3 +139,16 @@ def test_frequency_mapping_beats_identity_when_frequent_tokens_have_high_ids():
         r = engine.generate(target, prompts[:8], drafter=d, max_new_tokens=16, num_draft_tokens=3)
         rates[name] = r.stats.acceptance_rate
     assert rates["mapped"] > 0.3 and rates["mapped"] > rates["identity"] + 0.25, rates
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_a_head_for_another_target_is_refused_before_generating(kind):
+    from drafters import get_kind
+
+    trained_for = tiny_llama(0, layers=4)
+    other = tiny_llama(0, layers=2)
+    cls = get_kind(kind)
+    cfg = cls.config_class.from_target(trained_for, **({"draft_vocab_size": 32} if kind == "eagle3" else {}))
+    d = cls(cfg, target=trained_for)
+    with pytest.raises(ValueError, match="train the drafter for this target"):
+        engine.generate(other, [[1, 2, 3]], drafter=d, max_new_tokens=4, num_draft_tokens=2)

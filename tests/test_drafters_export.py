@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
+from conftest import tiny_llama
 from safetensors.torch import load_file
 
-from conftest import tiny_llama
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.export import ExportError, export, push_to_hub
 from drafters.medusa import MedusaConfig, MedusaDrafter

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from decode.protocol import Proposal
-from train.features import (FeatureCache, batch_features, build_feature_cache, collate_cached, target_features,
-                            target_hidden)
+from train.features import (
+    FeatureCache,
+    FeatureStore,
+    batch_features,
+    build_feature_cache,
+    collate_cached,
+    target_features,
+    target_hidden,
+)
 
 ROWS = [[5, 9, 33, 2, 17, 80, 81], [40, 41, 42], [7, 7, 7, 7, 100]]
 
@@ -98,6 +105,25 @@ def test_feature_cache_round_trip(tmp_path):
         FeatureCache(path, [1, 3])
     with pytest.raises(ValueError, match="rebuild"):
         batch_features(target, batch, [1, 2, 2])
+
+
+def test_feature_store_skips_the_target_on_the_second_epoch(tmp_path):
+    target = tiny_llama(0)
+    calls = []
+    handle = target.model.register_forward_hook(lambda *a: calls.append(1))
+    ids, am = _padded(ROWS)
+    batch = {"input_ids": ids, "attention_mask": am, "loss_mask": am}
+    store = FeatureStore(tmp_path, [1, 2])
+    first = batch_features(target, batch, [1, 2], store)
+    assert len(calls) == 1 and len(list(store.dir.glob("*.safetensors"))) == 3
+    second = batch_features(target, batch, [1, 2], store)
+    assert len(calls) == 1  # served from disk
+    real = am.bool()
+    assert torch.allclose(second[real], first[real], rtol=2e-2, atol=2e-2) and (second[~real] == 0).all()
+    other = {"input_ids": ids[:, :2].clone(), "attention_mask": am[:, :2], "loss_mask": am[:, :2]}
+    batch_features(target, other, [1, 2], store)  # unseen rows -> one more target forward
+    assert len(calls) == 2
+    handle.remove()
 
 
 @pytest.mark.slow

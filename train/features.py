@@ -21,8 +21,9 @@ EAGLE-1 / Medusa, 1 x 576 x 2 = 1,152 bytes/token. For an 8B target (H = 4096) E
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -54,7 +55,7 @@ def target_hidden(target: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         ValueError: a layer index outside ``[0, L]`` or an unknown method.
     """
     n = _check_layers(target, layers)
-    kw = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    kw = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     if method == "hidden_states":
         hs = target(output_hidden_states=True, logits_to_keep=1, **kw).hidden_states
         return [hs[int(i)] for i in layers]
@@ -69,7 +70,7 @@ def target_hidden(target: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         return hook
 
     handles = []
-    for i in sorted(set(int(i) for i in layers)):
+    for i in sorted({int(i) for i in layers}):
         mod = model.embed_tokens if i == 0 else (model.norm if i == n else model.layers[i - 1])
         handles.append(mod.register_forward_hook(keep(i)))
     try:
@@ -92,9 +93,14 @@ def target_logits(target: torch.nn.Module, last_hidden: torch.Tensor) -> torch.T
     return head(last_hidden.to(head.weight.dtype))
 
 
-def batch_features(target, batch: dict[str, Any], layers: Sequence[int]) -> torch.Tensor:
-    """Features for a training batch: ``batch["features"]`` when it came from a cache (checked
-    against ``layers``' width), else computed online. Returns ``[B, T, len(layers) * H]`` float."""
+def batch_features(target, batch: dict[str, Any], layers: Sequence[int],
+                   store: FeatureStore | None = None) -> torch.Tensor:
+    """Features for a training batch, ``[B, T, len(layers) * H]`` float32 (zeros at padding when cached).
+
+    Sources, in order: ``batch["features"]`` (a batch from :func:`collate_cached`, checked against
+    ``layers``' width); ``store`` when it holds every row of the batch (no target forward); else one
+    online target forward, whose rows are then written to ``store`` (if given).
+    """
     ids = batch["input_ids"]
     width = len(layers) * target.config.hidden_size
     if "features" in batch:
@@ -103,7 +109,63 @@ def batch_features(target, batch: dict[str, Any], layers: Sequence[int]) -> torc
             raise ValueError(f"cached features {tuple(f.shape)} do not match input_ids {tuple(ids.shape)} x "
                              f"{width} (layers {list(layers)}); rebuild the feature cache for these layers")
         return f.to(ids.device, torch.float32)
-    return target_features(target, ids, batch["attention_mask"], layers).float()
+    if store is not None:
+        cached = store.get(ids, batch["attention_mask"])
+        if cached is not None:
+            return cached.to(ids.device)
+    feats = target_features(target, ids, batch["attention_mask"], layers).float()
+    if store is not None:
+        store.put(ids, batch["attention_mask"], feats)
+    return feats
+
+
+class FeatureStore:
+    """An on-disk feature cache filled lazily during training, so epochs after the first skip the target.
+
+    One safetensors file per sequence, named by the sha256 of its (unpadded) token ids and the layer
+    list, under ``root/<layers>/``; stored in ``dtype`` (bf16 by default: ``len(layers) * H * 2`` bytes
+    per token, see the module docstring). Safe to share between runs on the same target only: the key
+    does not include the target's weights, so use one folder per target (recipes derive it from
+    ``output_dir``).
+    """
+
+    def __init__(self, root: str | Path, layers: Sequence[int], dtype: str = "bfloat16"):
+        self.dir = Path(root) / ("layers-" + "-".join(str(int(i)) for i in layers))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dtype = resolve_dtype(dtype)
+
+    def _key(self, row: torch.Tensor) -> Path:
+        import hashlib
+
+        digest = hashlib.sha256(row.to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:40]
+        return self.dir / f"{digest}.safetensors"
+
+    def get(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        """``[B, T, F]`` float32 if every row is stored, else None."""
+        rows = []
+        for b in range(ids.shape[0]):
+            n = int(attention_mask[b].sum())
+            path = self._key(ids[b, :n])
+            if not path.exists():
+                return None
+            rows.append(load_file(str(path))["features"])
+        out = torch.zeros(ids.shape[0], ids.shape[1], rows[0].shape[-1])
+        for b, r in enumerate(rows):
+            out[b, : r.shape[0]] = r.float()
+        return out
+
+    def put(self, ids: torch.Tensor, attention_mask: torch.Tensor, feats: torch.Tensor) -> None:
+        """Write each row's real positions (atomic rename, so a crash never leaves a torn file)."""
+        import os
+
+        for b in range(ids.shape[0]):
+            n = int(attention_mask[b].sum())
+            path = self._key(ids[b, :n])
+            if path.exists():
+                continue
+            tmp = path.with_suffix(".tmp")
+            save_file({"features": feats[b, :n].to("cpu", self.dtype).contiguous()}, str(tmp))
+            os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,9 +221,9 @@ def build_feature_cache(target, examples: Iterable[dict[str, Any]], layers: Sequ
     if pending:
         flush_batch()
     flush_shard()
-    index = dict(layers=[int(i) for i in layers], dtype=str(dt).removeprefix("torch."), examples=count,
-                 tokens=tokens, hidden_size=target.config.hidden_size, shards=shards,
-                 bytes_per_token=len(layers) * target.config.hidden_size * torch.finfo(dt).bits // 8)
+    index = {"layers": [int(i) for i in layers], "dtype": str(dt).removeprefix("torch."), "examples": count,
+                 "tokens": tokens, "hidden_size": target.config.hidden_size, "shards": shards,
+                 "bytes_per_token": len(layers) * target.config.hidden_size * torch.finfo(dt).bits // 8}
     (tmp / "index.json").write_text(json.dumps(index, indent=2))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)

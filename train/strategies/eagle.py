@@ -27,7 +27,7 @@ from train.data import shift_for_next_token
 from train.features import batch_features
 from train.strategies import check_common_batch, unwrap
 from train.strategies.eagle3 import vocab_remap
-from train.strategies.medusa import chain_loss, trainable_own
+from train.strategies.medusa import chain_loss, feature_store, trainable_own
 
 
 class EagleOptions(BaseModel):
@@ -37,6 +37,7 @@ class EagleOptions(BaseModel):
     input_noise: float = Field(0.0, ge=0.0)  # uniform noise amplitude on input features
     init_from_target_layer: bool = True  # copy the target's last decoder layer into the head
     train_vocab_size: int | None = Field(None, ge=2)
+    feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
 
 
 class EagleStrategy:
@@ -67,7 +68,7 @@ class EagleStrategy:
             raise ValueError("eagle training does not support on-policy batches; set data.on_policy_fraction: 0")
         d = unwrap(drafter)
         o: EagleOptions = recipe.drafter.parsed_options()
-        f = batch_features(target, batch, d.feature_layers)  # [B, T, H]
+        f = batch_features(target, batch, d.feature_layers, feature_store(recipe, d.feature_layers))
         f_in = f + (torch.rand_like(f) * 2 - 1) * o.input_noise if o.input_noise > 0 else f
         pred = drafter(batch["input_ids"], f_in)  # [B, T-1, H]; pred[:, t] ~ f[:, t+1]
         labels = shift_for_next_token(batch)[:, 1:]  # [B, T-1]: token t+2

@@ -27,7 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from train.data import shift_for_next_token
 from train.features import batch_features, target_logits
 from train.strategies import check_common_batch, unwrap
-from train.strategies.medusa import chain_loss, shifted_rows, trainable_own
+from train.strategies.medusa import (
+    chain_loss,
+    feature_store,
+    shifted_rows,
+    trainable_own,
+)
 
 
 class Eagle3Options(BaseModel):
@@ -37,6 +42,7 @@ class Eagle3Options(BaseModel):
     ttt_steps: int = Field(3, ge=1, le=16)
     step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)
     init_from_target_layer: bool = True
+    feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
 
 
 def count_data_tokens(recipe: Any, tokenizer: Any, vocab_size: int) -> torch.Tensor:
@@ -108,7 +114,7 @@ class Eagle3Strategy:
         d = unwrap(drafter)
         o: Eagle3Options = recipe.drafter.parsed_options()
         layers = list(d.feature_layers) + [d.config.target_num_layers]
-        feats = batch_features(target, batch, layers)  # [B, T, 4H]
+        feats = batch_features(target, batch, layers, feature_store(recipe, layers))  # [B, T, 4H]
         h = d.config.hidden_size
         fused, last = feats[..., : 3 * h], feats[..., 3 * h:]
         ids = batch["input_ids"]

@@ -34,6 +34,7 @@ class MedusaOptions(BaseModel):
     share_lm_head: bool = True  # False: own LM head per head (K x V x H parameters)
     head_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of head k = decay ** k
     train_vocab_size: int | None = Field(None, ge=2)  # token losses over the N most frequent data tokens
+    feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
 
 
 def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], label_rows: list[torch.Tensor],
@@ -100,6 +101,16 @@ def shifted_rows(x: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor], shift
     return out
 
 
+def feature_store(recipe: Any, layers):
+    """The recipe's :class:`train.features.FeatureStore` (``output_dir/feature_cache``) when
+    ``drafter.options.feature_cache`` is true, else None."""
+    if not recipe.drafter.options.get("feature_cache"):
+        return None
+    from train.features import FeatureStore
+
+    return FeatureStore(Path(recipe.output_dir) / "feature_cache", layers)
+
+
 def trainable_own(drafter, target: torch.nn.Module):
     """Move the drafter's OWN tensors to the target's device (params fp32, trainable); borrowed target
     modules are left as they are (frozen). Returns the drafter in train mode."""
@@ -159,7 +170,8 @@ class MedusaStrategy:
         from train.strategies.eagle3 import vocab_remap
 
         d = unwrap(drafter)
-        hidden = batch_features(target, batch, d.feature_layers)  # [B, T, H] final-norm states
+        store = feature_store(recipe, d.feature_layers)
+        hidden = batch_features(target, batch, d.feature_layers, store)  # [B, T, H] final-norm states
         starts, label_rows = head_labels(batch, d.config.num_heads)
         vocab = getattr(d, "train_vocab", None)  # None: full vocabulary
         remap = vocab_remap(vocab, d.config.vocab_size, hidden.device)
