@@ -7,7 +7,8 @@ Definitions (DESIGN.md "Decoder contract"; all summed over the batch):
 * ``drafted`` / ``accepted``: draft tokens proposed / accepted (bonus excluded; tokens after an EOS
   are neither emitted nor counted).
 * ``tau`` = tokens committed by verification passes / verification passes (acceptance length,
-  bonus included; 1.0 for plain decoding; 0.0 when there was no verification pass).
+  bonus included; exactly 1.0 for plain decoding, including a run with no verification pass,
+  e.g. ``max_new_tokens=1``, where each row's only token came from the prefill).
 * ``acceptance_rate`` = accepted / drafted (0.0 when nothing was drafted).
 * ``accept_per_position[i]`` = draft tokens accepted at position i / proposals whose verification
   reached position i (every earlier draft token accepted and the row not yet stopped), i.e. the
@@ -96,7 +97,7 @@ def compute_stats(c: DecodeCounts) -> DecodeStats:
         target_forwards=c.target_forwards,
         drafted=c.drafted,
         accepted=c.accepted,
-        tau=c.verify_committed / c.target_forwards if c.target_forwards else 0.0,
+        tau=c.verify_committed / c.target_forwards if c.target_forwards else 1.0,
         acceptance_rate=c.accepted / c.drafted if c.drafted else 0.0,
         accept_per_position=[a / r if r else 0.0 for a, r in zip(c.accepted_at, c.reached)],
         draft_time_s=c.draft_time_s,

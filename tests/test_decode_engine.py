@@ -128,7 +128,7 @@ def test_eos_at_every_position_of_an_accepted_block(target):
         acc, fwd = _all_accept_stats(pos + 1, k)
         s = res.stats
         assert (s.committed, s.accepted, s.target_forwards) == (pos + 1, acc, fwd)
-        assert s.tau == ((pos + 1 - 1) / fwd if fwd else 0.0)
+        assert s.tau == ((pos + 1 - 1) / fwd if fwd else 1.0)
 
 
 def test_eos_default_comes_from_generation_config(target, greedy_ref):

@@ -31,7 +31,7 @@ def test_plain_decoding_tau_is_one_and_empty_runs_are_zero():
     s = compute_stats(c)
     assert s.tau == 1.0 and s.acceptance_rate == 0.0 and s.accept_per_position == []
     empty = compute_stats(DecodeCounts(batch_size=1, prefill_committed=1))
-    assert empty.tau == 0.0 and empty.tpot_ms == 0.0 and empty.tokens_per_s == 0.0
+    assert empty.tau == 1.0 and empty.tpot_ms == 0.0 and empty.tokens_per_s == 0.0
 
 
 def test_stats_fields_are_exactly_the_contract():
