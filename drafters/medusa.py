@@ -149,7 +149,7 @@ class MedusaDrafter(Drafter):
         rows = []
         for b, toks in enumerate(state.tokens):
             f = state.features[b]
-            rows.append(f[-1] if f.shape[0] else torch.zeros(self.config.hidden_size))
+            rows.append(f[-1] if f.shape[0] else f.new_zeros(self.config.hidden_size))
         hidden = torch.stack(rows).to(dev, next(self.blocks.parameters()).dtype)  # [B, H] = features[n-2]
         toks, probs = [], []
         with torch.no_grad():
