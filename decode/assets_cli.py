@@ -1,4 +1,4 @@
-"""``drafterkit assets fetch|list``."""
+"""``drafterkit assets fetch|list [NAME ...]``."""
 
 from __future__ import annotations
 
@@ -10,33 +10,44 @@ from decode import assets
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["fetch", "list"], help="fetch: download, verify and convert; list: show the cache")
-    p.add_argument("names", nargs="*", help=f"assets to fetch (default: all): {sorted(assets.ASSETS)}")
+    p.add_argument("names", nargs="*", help=f"assets to fetch or list (default: all): {assets.known_names()}")
     p.add_argument("--force", action="store_true", help="re-fetch even when a verified copy is cached")
 
 
+def format_size(n: int) -> str:
+    """Bytes as B / kB / MB / GB (decimal units), never ``0.0 MB`` for a small file."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def _print(rows: list[dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from decode.report import make_console
 
     t = Table(title=f"drafterkit assets in {assets.home()}")
     for c in ("name", "present", "size", "sha256", "path"):
         t.add_column(c, overflow="fold")
     for r in rows:
-        size = f"{r['size_bytes'] / 1e6:.1f} MB" if r["present"] else "-"
+        size = format_size(r["size_bytes"]) if r["present"] else "-"
         ok = ("yes" if r["verified"] else "CORRUPT") if r["present"] else "no"
         t.add_row(r["name"], ok, size, r["sha256"][:16] + "…" if r["sha256"] else "-", r["path"])
-    Console().print(t)
+    make_console(min_width=120).print(t)
 
 
 def run(args: argparse.Namespace) -> int:
+    """0 on success, 2 on an unknown asset name, 1 when a fetch fails (message on stderr)."""
+    try:
+        assets.check_names(args.names)
+    except assets.AssetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.action == "fetch":
-            bad = [n for n in args.names if n not in assets.ASSETS]
-            if bad:
-                print(f"unknown asset(s) {bad}; known: {sorted(assets.ASSETS)}", file=sys.stderr)
-                return 2
             assets.fetch_all(args.names or None, force=args.force)
-        _print(assets.list_assets())
+        _print(assets.list_assets(args.names or None))
     except assets.AssetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -240,9 +240,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 
 def print_record(record: dict, console=None) -> None:
     """Print the eval table and, when present, the sweep (category ``all``) and concurrency tables."""
-    from rich.console import Console
-
-    console = console or Console()
+    console = console or report.make_console()
     cfg = record["config"]
     title = (f"{cfg['benchmark']}: {len(record['prompts'])} prompts, {cfg['max_new_tokens']} new tokens, "
              f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")

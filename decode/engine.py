@@ -15,7 +15,9 @@ plain decoding, the honest baseline.
 
 from __future__ import annotations
 
+import numbers
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,17 +85,58 @@ def _as_rows(input_ids: Any) -> list[list[int]]:
     return rows
 
 
-def _resolve_eos(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> frozenset[int]:
+def _is_int(x: Any) -> bool:
+    """A Python / numpy / 0-d tensor integer, but not a bool (``True`` is not a token id or a count)."""
+    if isinstance(x, torch.Tensor):
+        return x.dim() == 0 and not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_count(name: str, value: Any) -> int:
+    if not _is_int(value) or int(value) < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def _resolve_eos(target: torch.nn.Module, eos_token_id: Any, vocab: int) -> frozenset[int]:
+    """EOS ids: ``None`` -> the target's generation config (then model config), as in transformers.
+
+    Raises:
+        ValueError: a given ``eos_token_id`` that is not an int or a list of ints in ``[0, vocab)``
+            (``[]`` is allowed: no EOS).
+    """
     if eos_token_id is None:
         gen = getattr(target, "generation_config", None)
-        eos_token_id = getattr(gen, "eos_token_id", None)
-        if eos_token_id is None:
-            eos_token_id = getattr(target.config, "eos_token_id", None)
-    if eos_token_id is None:
-        return frozenset()
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.tolist()
-    return frozenset([int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id])
+        default = getattr(gen, "eos_token_id", None)
+        if default is None:
+            default = getattr(target.config, "eos_token_id", None)
+        if default is None:
+            return frozenset()
+        default = default.tolist() if isinstance(default, torch.Tensor) else default
+        return frozenset(int(e) for e in (default if isinstance(default, (list, tuple)) else [default]))
+    given = eos_token_id
+    if isinstance(given, torch.Tensor) and given.dim() == 1:
+        given = list(given)
+    ids = list(given) if isinstance(given, (list, tuple)) else [given]
+    bad = [e for e in ids if not _is_int(e) or not 0 <= int(e) < vocab]
+    if bad:
+        raise ValueError(f"eos_token_id must be an int or a list of ints in [0, {vocab}) (the target's "
+                         f"vocabulary); got {eos_token_id!r}" + (f", bad: {bad[:5]!r}" if bad else "") +
+                         ". Pass None for the target's generation_config EOS")
+    return frozenset(int(e) for e in ids)
+
+
+def _check_prompt_length(target: torch.nn.Module, rows: list[list[int]], max_new_tokens: int) -> None:
+    """Warn when prompt + ``max_new_tokens`` exceeds the target's ``max_position_embeddings``: the
+    decoder still runs (as transformers' ``generate`` does), but positions past the trained context
+    give degraded output."""
+    limit = getattr(target.config, "max_position_embeddings", None)
+    longest = max(len(r) for r in rows)
+    if isinstance(limit, int) and longest + max_new_tokens > limit:
+        warnings.warn(f"the longest prompt has {longest} tokens; with max_new_tokens={max_new_tokens} decoding "
+                      f"reaches position {longest + max_new_tokens}, past the target's max_position_embeddings "
+                      f"({limit}): output beyond it is unreliable. Keep prompts within {limit} - "
+                      "max_new_tokens tokens", stacklevel=3)
 
 
 def _as_proposer(drafter: Any) -> Proposer | None:
@@ -136,6 +179,7 @@ class _Decoder:
         self.layers = getattr(proposer, "feature_layers", None) if proposer is not None else None
         self.feats: torch.Tensor | None = None
         self.round = 0
+        self._warned_ids = False  # a proposer's out-of-vocabulary ids are reported once per call
 
     # --- bookkeeping -----------------------------------------------------------------------------------
     @property
@@ -214,14 +258,28 @@ class _Decoder:
         prop = self.proposer.propose(self._state(), k, self.sampling, self.gen)
         _sync(self.device)
         self.counts.draft_time_s += time.perf_counter() - t0
-        d = torch.as_tensor(prop.tokens).to(self.device, torch.long)
-        if d.dim() != 2 or d.shape[0] != b or d.shape[1] < k:
-            raise ValueError(f"{type(self.proposer).__name__}.propose returned tokens {tuple(d.shape)}; "
-                             f"expected [B, k] = [{b}, {k}]")
-        d = d[:, :k]
+        name = type(self.proposer).__name__
+        d = torch.as_tensor(prop.tokens)
+        if d.dim() != 2 or tuple(d.shape) != (b, k) or d.is_floating_point() or d.dtype == torch.bool:
+            raise ValueError(f"{name}.propose returned tokens of shape {tuple(d.shape)} ({d.dtype}); the proposer "
+                             f"protocol needs an integer tensor [B, k] = [{b}, {k}]")
+        d = d.to(self.device, torch.long)
+        q = None if prop.probs is None or self.sampling.greedy else prop.probs
+        if q is not None and (q.dim() != 3 or tuple(q.shape[:2]) != (b, k)):
+            raise ValueError(f"{name}.propose returned probs of shape {tuple(q.shape)}; the proposer protocol "
+                             f"needs [B, k, V] = [{b}, {k}, V] or None")
         bad = (d < 0) | (d >= self.vocab)
-        first_bad = torch.where(bad.any(1), bad.long().argmax(1), torch.full_like(limit, k))
-        q = None if prop.probs is None or self.sampling.greedy else prop.probs[:, :k].to(self.device)
+        any_bad = bad.any(1)
+        seen = bad & torch.tensor(self.active, device=self.device)[:, None]  # finished rows may hold anything
+        if not self._warned_ids and bool(seen.any()):
+            self._warned_ids = True
+            ids = sorted(set(d[seen].tolist()))[:5]
+            warnings.warn(f"{name}.propose returned token ids {ids} outside [0, {self.vocab}) (the target's "
+                          "vocabulary): a proposer contract violation. Each such chain is cut before the bad "
+                          "id (output stays exact, acceptance drops); fix the proposer. Warned once per "
+                          "generate call", stacklevel=2)
+        first_bad = torch.where(any_bad, bad.long().argmax(1), torch.full_like(limit, k))
+        q = None if q is None else q.to(self.device)
         return d.masked_fill(bad, 0), q, torch.minimum(limit, first_bad)
 
     def step(self) -> None:
@@ -278,11 +336,15 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
         input_ids: LongTensor ``[B, T]`` (no padding) or a list of token-id lists (ragged batch).
         drafter: ``None``; a ``drafters.Drafter``; a transformers causal LM sharing the target's
             tokenizer (wrapped as ``DraftLM``); or any ``decode.protocol.Proposer``.
-        max_new_tokens: the most tokens emitted per row (>= 1).
+        max_new_tokens: the most tokens emitted per row (an int >= 1; a bool is refused). A prompt
+            longer than the target's ``max_position_embeddings - max_new_tokens`` gives a
+            ``UserWarning`` (decoding still runs, as in transformers; output past the trained
+            context is unreliable).
         temperature, top_k, top_p: the decoding distribution; ``temperature == 0`` is greedy.
         num_draft_tokens: K, the chain length proposed per round (clamped to the remaining budget).
         tree: tree drafts are not implemented yet; must be ``None``.
-        eos_token_id: int or list; ``None`` = the target's ``generation_config.eos_token_id``.
+        eos_token_id: an int or a list of ints in ``[0, vocab)`` (``[]``: no EOS, stop on length only);
+            ``None`` = the target's ``generation_config.eos_token_id``.
         seed: seeds the ``torch.Generator`` used for all sampling (draft and target).
 
     Returns:
@@ -290,17 +352,17 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
 
     Raises:
         NotImplementedError: ``tree`` is not ``None``.
-        ValueError: bad sizes or sampling params, token ids outside the vocabulary, or a drafter whose
-            vocabulary / tokenizer does not match the target (checked before any token is generated).
+        ValueError: bad sizes (``max_new_tokens`` / ``num_draft_tokens`` not an int >= 1) or sampling
+            params, token ids (``input_ids``, ``eos_token_id``) outside the vocabulary or not ints, a
+            drafter whose vocabulary / tokenizer does not match the target (all checked before any
+            token is generated), or a proposer returning tokens of a shape other than ``[B, k]``.
         TypeError: ``drafter`` is none of the accepted kinds.
     """
     if tree is not None:
         raise NotImplementedError("tree drafts are not implemented yet: pass tree=None (chain drafts of "
                                   "num_draft_tokens tokens)")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    max_new_tokens = _check_count("max_new_tokens", max_new_tokens)
+    num_draft_tokens = _check_count("num_draft_tokens", num_draft_tokens)
     sampling = SamplingParams(float(temperature), int(top_k), float(top_p))
     check_sampling_params(sampling)
     rows = _as_rows(input_ids)
@@ -312,11 +374,12 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     if bad:
         raise ValueError(f"input_ids hold token ids {sorted(set(bad))[:5]} outside the vocabulary [0, {vocab}); "
                          "tokenize with the target's tokenizer")
+    eos = _resolve_eos(target, eos_token_id, vocab)
+    _check_prompt_length(target, rows, max_new_tokens)
     device = next(target.parameters()).device
     gen = None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
     k_max = num_draft_tokens if proposer is not None else 0
-    dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, _resolve_eos(target, eos_token_id),
-                   vocab, gen)
+    dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen)
     if proposer is not None:
         proposer.reset(len(rows))
     with torch.no_grad():

@@ -14,6 +14,8 @@ import os
 import platform
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -96,8 +98,11 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
     ``humaneval`` (category ``code``), ``sharegpt`` held-out first turns, or a ``.jsonl`` file read
     by ``decode.prompts.load_prompts_jsonl``), chat-templated with ``tok``.
 
+    Fewer usable prompts than ``num_prompts`` (a short JSONL file) is not an error: all of them are
+    used, with a ``UserWarning`` saying how many.
+
     Raises:
-        ValueError: unknown benchmark, ``num_prompts < 1``, or fewer usable prompts than asked.
+        ValueError: unknown benchmark, ``num_prompts < 1``, or no usable prompt at all.
     """
     from decode import prompts as P
 
@@ -130,8 +135,14 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
             out.append(Prompt(it["id"], it["category"], it["messages"], ids))
         if len(out) == num_prompts:
             return out
-    raise ValueError(f"{benchmark}: only {len(out)} prompts of at most {max_prompt_tokens} tokens, asked for "
-                     f"{num_prompts}; lower --num-prompts or raise --max-prompt-tokens")
+    if not out:
+        raise ValueError(f"{benchmark}: no prompt of at most {max_prompt_tokens} tokens among {len(items)}; "
+                         "raise --max-prompt-tokens")
+    skipped = len(items) - len(out)
+    warnings.warn(f"{benchmark}: using {len(out)} prompts, fewer than the {num_prompts} asked (--num-prompts): "
+                  f"{len(items)} in the benchmark" + (f", {skipped} longer than --max-prompt-tokens "
+                                                       f"{max_prompt_tokens}" if skipped else ""), stacklevel=2)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,10 +151,15 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
 
 def build_drafter(spec: str, target) -> DrafterSpec | None:
     """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
-    anything else -> a checkpoint folder (``.../best`` or ``.../best/drafter``) via ``load_drafter``.
+    anything else -> a path resolved by ``drafters.resolve_checkpoint``: a drafter folder, a training
+    checkpoint (``.../checkpoints/best``), a run ``output_dir``, or a plain transformers causal-LM
+    folder (e.g. an ``hf-assistant`` export, any small LM sharing the target's tokenizer), loaded
+    frozen with the target's dtype and device as an independent draft model.
 
     Raises:
-        ValueError: a malformed ``draft:N`` or a path that is not a drafter checkpoint.
+        ValueError: a malformed ``draft:N``, a path holding no drafter (the message says what it
+            holds), or a draft model whose vocabulary does not match the target's (checked here,
+            before any token is generated).
     """
     from drafters.draft_lm import DraftLM
 
@@ -172,26 +188,23 @@ def _assistant_kwargs(d) -> dict:
 
 
 def _load_checkpoint(spec: str, target) -> DrafterSpec:
-    from drafters import load_drafter
+    from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
     from drafters.draft_lm import DraftLM
 
-    path = Path(spec)
-    if (path / "drafter" / "config.json").exists():
-        path = path / "drafter"
-    if not (path / "config.json").exists():
-        raise ValueError(f"--drafter {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder "
-                         "(one holding config.json + model.safetensors, e.g. OUTPUT_DIR/checkpoints/best)")
-    d = load_drafter(path, target=target)
+    try:
+        path, kind = resolve_checkpoint(spec, allow_transformers=True)
+    except DrafterLoadError as exc:
+        raise ValueError(f"--drafter {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder. "
+                         f"{exc}") from None
+    try:
+        d = load_drafter(path, target=target)  # a transformers folder: vocabulary checked against target
+    except ValueError as exc:
+        raise ValueError(f"--drafter {spec}: {exc}") from None
     p = next(target.parameters())
     d.to(device=p.device, dtype=p.dtype)
     name = path.parent.name if path.name == "drafter" else path.name
-    return DrafterSpec(f"{d.kind}:{name}", d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None)
-
-
-def _sampling_kwargs(temperature: float, top_k: int, top_p: float) -> dict:
-    if temperature <= 0:
-        return dict(do_sample=False)
-    return dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
+    label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
+    return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None)
 
 
 def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:
@@ -220,24 +233,62 @@ def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos:
     return Method(spec.label, "spec", spec.label, k, call)
 
 
+class _DropInternalGenerateDeprecation:
+    """``logging.Filter`` for the deprecation transformers' own assisted generation triggers (its
+    assistant's ``generate`` gets ``generation_config`` plus ``max_new_tokens``): not our call."""
+
+    def filter(self, record) -> bool:
+        return "Passing `generation_config` together with generation-related" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_internal_deprecation():
+    import logging
+
+    log, flt = logging.getLogger("transformers.generation.utils"), _DropInternalGenerateDeprecation()
+    log.addFilter(flt)
+    try:
+        yield
+    finally:
+        log.removeFilter(flt)
+
+
+def hf_generation_config(target, sampling: dict, eos: list[int], pad: int, max_new: int, extra: dict):
+    """A copy of the target's ``GenerationConfig`` with every field of the call set (sampling params,
+    ``max_new_tokens``, EOS, pad, the speculative fields of ``extra``), passed to ``generate`` ALONE:
+    transformers deprecates mixing a config object with generation kwargs."""
+    import copy
+
+    from transformers import GenerationConfig
+
+    base = getattr(target, "generation_config", None)
+    gc = copy.deepcopy(base) if base is not None else GenerationConfig()
+    if sampling["temperature"] > 0:
+        fields = dict(do_sample=True, temperature=sampling["temperature"], top_k=sampling["top_k"],
+                      top_p=sampling["top_p"])
+    else:  # unset sampling fields so greedy does not warn about ignored temperature / top-p
+        fields = dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    gc.update(**fields, max_new_tokens=max_new, min_new_tokens=0, eos_token_id=list(eos), pad_token_id=pad,
+              **{k: v for k, v in extra.items() if k != "assistant_model"})
+    return gc
+
+
 def hf_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int], pad: int) -> Method:
     """``target.generate`` (``spec is None``) or transformers' speculative path for ``spec`` (batch 1)."""
     extra = {key: (k if v == "{k}" else v) for key, v in (spec.hf_kwargs or {}).items()} if spec else {}
-    hf_sampling = {"temperature": sampling["temperature"], "top_k": sampling["top_k"],
-                   "top_p": sampling["top_p"]} if sampling["temperature"] > 0 else {}
-    kw = dict(_sampling_kwargs(sampling["temperature"], sampling["top_k"], sampling["top_p"]), **hf_sampling)
+    model_kw = {"assistant_model": extra["assistant_model"]} if "assistant_model" in extra else {}
 
     def call(rows, seed, max_new):
         if len(rows) != 1:
             raise ValueError("the transformers baselines run one prompt at a time (batch 1)")
         dev = next(target.parameters()).device
         ids = torch.tensor(rows, dtype=torch.long, device=dev)
+        gc = hf_generation_config(target, sampling, eos, pad, max_new, extra)
         if seed is not None:
             torch.manual_seed(seed)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                  min_new_tokens=0, eos_token_id=eos, pad_token_id=pad, **kw, **extra)
+        with torch.no_grad(), _quiet_internal_deprecation():
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc, **model_kw)
         wall = time.perf_counter() - t0
         return [_cut_at_eos(out[0, ids.shape[1]:].tolist(), eos)], wall, None
 

@@ -28,7 +28,8 @@ Normalisation, applied to every record (each decision is counted in :class:`Load
   is restored.
 * a record left without a user turn followed by an assistant turn is skipped.
 
-Contents are kept verbatim (not stripped).
+Contents are kept verbatim (not stripped). Every file is read as UTF-8 with an optional byte-order
+mark (``utf-8-sig``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ ROLE_MAP = {
 }
 HELDOUT_FRACTION = 0.02  # default share of ShareGPT conversation groups held out for evaluation
 _CHUNK_CHARS = 1 << 20
+_ENCODING = "utf-8-sig"  # every JSON / JSONL read: UTF-8, with or without a byte-order mark
 _PART_SUFFIX = re.compile(r"^(.*)_(\d+)$")
 
 
@@ -123,10 +125,11 @@ class _Skip(Exception):
 # ---------------------------------------------------------------------------------------------
 
 def _read_chunks(path: Path) -> Iterator[str]:
-    """UTF-8 text chunks of ``path`` (gz if it ends in .gz). A multi-byte character cut by the end
-    of the file is dropped (it belongs to the torn tail). Invalid UTF-8 mid-file -> ValueError."""
+    """UTF-8 text chunks of ``path`` (gz if it ends in .gz); a leading UTF-8 BOM is dropped
+    (``utf-8-sig``, as Windows editors write). A multi-byte character cut by the end of the file is
+    dropped (it belongs to the torn tail). Invalid UTF-8 mid-file -> ValueError."""
     opener = gzip.open if path.suffix == ".gz" else open
-    decoder = codecs.getincrementaldecoder("utf-8")()
+    decoder = codecs.getincrementaldecoder(_ENCODING)()
     offset = 0
     with opener(path, "rb") as f:
         while block := f.read(_CHUNK_CHARS):
@@ -434,7 +437,7 @@ def _read_jsonl_objects(path: Path) -> Iterator[tuple[int, dict]]:
         raise FileNotFoundError(f"{path}: no such file")
     opener = gzip.open if path.suffix == ".gz" else open
     seen = False
-    with opener(path, "rt", encoding="utf-8") as f:
+    with opener(path, "rt", encoding=_ENCODING) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

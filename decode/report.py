@@ -269,13 +269,26 @@ def eval_table_rows(rows: list[dict], *, with_hf_assisted: bool = True) -> list[
     return sorted(keep, key=lambda r: order.get(r["role"], 9))
 
 
+MIN_TABLE_WIDTH = 160  # columns: the eval table's headers stay legible in a pipe, a log or CI
+
+
+def make_console(file=None, min_width: int = MIN_TABLE_WIDTH):
+    """A ``rich`` Console for the tables. Not a terminal (a pipe, a log file, CI): width at least
+    ``min_width`` columns, since rich would otherwise fall back to 80 and squash the headers to one
+    letter per line; a real terminal keeps its own width."""
+    from rich.console import Console
+
+    console = Console(file=file)
+    if not console.is_terminal:
+        console = Console(file=file, width=max(console.width, min_width))
+    return console
+
+
 def print_eval(rows: list[dict], title: str, console=None) -> None:
     """Print the one eval table: per drafter tau, acceptance rate, per-position acceptance,
     tokens/s, speedup vs plain decoding and vs HF ``generate``, the HF-native speculative baseline's
     tokens/s, exactness mismatches; then the plain and HF reference rows."""
-    from rich.console import Console
-
-    (console or Console()).print(rich_table(title, eval_table_rows(rows, with_hf_assisted=False),
+    (console or make_console()).print(rich_table(title, eval_table_rows(rows, with_hf_assisted=False),
                                             TERMINAL_COLUMNS))
 
 

@@ -1,12 +1,15 @@
 """Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, n-gram): modules, save/load, export.
 
 ``KINDS`` maps each kind name to its class; modules register themselves here by import below.
-``load_drafter(path, target)`` reads the kind from ``config.json`` and loads strictly.
+``resolve_checkpoint(path)`` turns what a user points at (a drafter folder, a training checkpoint,
+a run's ``output_dir``) into the drafter folder; ``load_drafter(path, target)`` resolves, reads the
+kind from ``config.json`` and loads strictly. ``eval`` and ``export`` use the same resolver.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 from drafters.base import Drafter, DrafterLoadError, read_config
@@ -19,6 +22,7 @@ _KIND_PATHS = {
     "eagle": "drafters.eagle:EagleDrafter",
     "eagle3": "drafters.eagle3:Eagle3Drafter",
 }
+TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
 
 
 def get_kind(kind: str) -> type[Drafter]:
@@ -32,10 +36,126 @@ def get_kind(kind: str) -> type[Drafter]:
 KINDS = _KIND_PATHS  # names only; use get_kind() for the class
 
 
+def _read_config_dict(path: Path) -> dict | None:
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _has_hf_weights(path: Path) -> bool:
+    return any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")) or \
+        any(path.glob("pytorch_model*.bin"))
+
+
+def _folder_kind(path: Path) -> str | None:
+    """``kind`` of a drafterkit drafter folder, :data:`TRANSFORMERS_KIND` for a transformers model
+    folder (``config.json`` with ``model_type``, weights present), else ``None``."""
+    data = _read_config_dict(path) if path.is_dir() else None
+    if data is None:
+        return None
+    if "kind" in data:
+        return data["kind"] if (path / "model.safetensors").is_file() else None
+    return TRANSFORMERS_KIND if "model_type" in data and _has_hf_weights(path) else None
+
+
+def _describe(path: Path) -> str:
+    """What ``path`` holds, for error messages."""
+    if not path.exists():
+        return "nothing (no such file or folder)"
+    if not path.is_dir():
+        return "a file, not a folder"
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    if not names:
+        return "an empty folder"
+    listing = f"{names[:12]}{' ...' if len(names) > 12 else ''}"
+    if not (path / "config.json").is_file():
+        return listing
+    data = _read_config_dict(path)
+    if data is None:
+        return listing + " (config.json is not a JSON object)"
+    if "kind" in data:
+        return listing + f" (a {data['kind']!r} config.json but no model.safetensors)"
+    if "model_type" in data:
+        return listing + f" (a transformers {data['model_type']!r} config.json" + \
+            (")" if _has_hf_weights(path) else " but no weights)")
+    return listing + " (config.json has neither a drafterkit 'kind' nor a transformers 'model_type')"
+
+
+def resolve_checkpoint(path: str | Path, *, allow_transformers: bool = False) -> tuple[Path, str]:
+    """Find the drafter folder behind ``path``; return ``(folder, kind)``.
+
+    Tried in order: ``path`` itself (``config.json`` with ``kind`` + ``model.safetensors``, as
+    written by ``save_pretrained``); ``path/drafter`` (a training checkpoint such as
+    ``OUTPUT_DIR/checkpoints/last``); ``path/checkpoints/best/drafter`` then
+    ``path/checkpoints/last/drafter`` (a run's ``output_dir``). With ``allow_transformers``, a plain
+    transformers causal-LM folder (``config.json`` with ``model_type``, no ``kind``) resolves too,
+    with kind :data:`TRANSFORMERS_KIND`.
+
+    Raises:
+        DrafterLoadError: nothing matched; the message names what was found at ``path`` and what is
+            expected.
+    """
+    path = Path(path)
+    for cand in (path, path / "drafter", path / "checkpoints" / "best" / "drafter",
+                 path / "checkpoints" / "last" / "drafter"):
+        kind = _folder_kind(cand)
+        if kind is not None and (kind != TRANSFORMERS_KIND or allow_transformers):
+            return cand, kind
+    also = " or a transformers causal-LM folder (config.json with model_type + weights)" if allow_transformers \
+        else ""
+    raise DrafterLoadError(
+        f"{path} is not a drafter checkpoint: found {_describe(path)}. Expected a drafter folder "
+        "(config.json with 'kind' + model.safetensors, as written by save_pretrained), a training checkpoint "
+        "holding drafter/ (e.g. OUTPUT_DIR/checkpoints/last), or a run output_dir holding "
+        f"checkpoints/best/drafter or checkpoints/last/drafter{also}")
+
+
+def load_transformers_drafter(path: str | Path, target=None):
+    """A transformers causal-LM folder as an independent draft model (``DraftLM``), frozen, with the
+    target's dtype and device, its vocabulary checked against ``target`` (when given) before use.
+
+    Raises:
+        ValueError: the vocabularies or special token ids differ (see ``check_vocab_match``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from drafters.draft_lm import DraftLM, check_vocab_match
+
+    p = next(target.parameters()) if target is not None else None
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=p.dtype if p is not None else torch.float32)
+    if p is not None:
+        model.to(p.device)
+        check_vocab_match(target, model, what=f"draft model {path}")
+    model.eval().requires_grad_(False)
+    return DraftLM.from_model(model).eval()
+
+
 def load_drafter(path: str | Path, target=None) -> Drafter:
-    """Load any drafterkit checkpoint folder; ``target`` supplies modules borrowed from it."""
-    kind, _ = read_config(path)
-    return get_kind(kind).from_pretrained(path, target=target)
+    """Load a drafter from ``path`` (anything :func:`resolve_checkpoint` accepts, including a plain
+    transformers causal-LM folder, loaded as an independent draft model); ``target`` supplies
+    modules borrowed from it.
+
+    Raises:
+        DrafterLoadError: ``path`` holds no drafter (the message says what it holds), or a tensor
+            mismatch.
+    """
+    folder, kind = resolve_checkpoint(path, allow_transformers=True)
+    if kind == TRANSFORMERS_KIND:
+        return load_transformers_drafter(folder, target)
+    return get_kind(kind).from_pretrained(folder, target=target)
 
 
-__all__ = ["Drafter", "DrafterLoadError", "KINDS", "get_kind", "load_drafter"]
+__all__ = [
+    "KINDS",
+    "TRANSFORMERS_KIND",
+    "Drafter",
+    "DrafterLoadError",
+    "get_kind",
+    "load_drafter",
+    "load_transformers_drafter",
+    "read_config",
+    "resolve_checkpoint",
+]

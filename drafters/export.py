@@ -19,8 +19,15 @@ Formats:
   ``model.generate(..., assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``; with
   ``--target`` the target's tokenizer is saved alongside.
 
-``--push-to-hub REPO`` uploads DIR with ``huggingface_hub`` after checking, within a few seconds, that
-the Hub is reachable; offline it fails with a clear message (exit code 2) instead of hanging.
+``CKPT`` is anything ``drafters.resolve_checkpoint`` accepts: the drafter folder itself, a training
+checkpoint holding ``drafter/`` (``OUTPUT_DIR/checkpoints/last``) or a run's ``OUTPUT_DIR`` (its
+``checkpoints/best``, else ``checkpoints/last``).
+
+``--push-to-hub REPO`` uploads the export with ``huggingface_hub``. The repo id and the Hub's
+reachability are checked FIRST, within a few seconds, before anything is written: offline, the
+command says so at once and exits 2 (the local export is still written when ``--output`` was given,
+so the work is not lost; without ``--output`` nothing is written). ``--output`` may be omitted with
+``--push-to-hub`` (the export then goes through a temporary folder).
 """
 
 from __future__ import annotations
@@ -30,12 +37,14 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from decode.device import resolve_dtype
+from drafters import resolve_checkpoint
 from drafters.base import read_config
 
 FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm"}
@@ -147,19 +156,33 @@ def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float 
         return False
 
 
+def check_repo_id(repo: str) -> None:
+    """Raise ``ExportError`` unless ``repo`` looks like a Hub repo id ``owner/name``."""
+    if repo.count("/") != 1 or any(not p for p in repo.split("/")) or Path(repo).exists():
+        raise ExportError(f"--push-to-hub needs a Hub repo id 'owner/name', got {repo!r} (a local folder is "
+                          "not a Hub repo: use --output for local copies)")
+
+
+def check_hub(repo: str, timeout: float = 3.0) -> None:
+    """Check, within ``timeout`` seconds, that ``repo`` can be pushed to: run it BEFORE the export.
+
+    Raises:
+        ExportError: ``repo`` is not ``owner/name``, or the Hub is unreachable (no network or
+            ``HF_HUB_OFFLINE`` set).
+    """
+    check_repo_id(repo)
+    if not hub_reachable(timeout=timeout):
+        raise ExportError(f"cannot push to {repo}: the Hugging Face Hub is not reachable from this machine "
+                          "(no network, or HF_HUB_OFFLINE is set)")
+
+
 def push_to_hub(folder: Path, repo: str, timeout: float = 3.0) -> str:
     """Upload ``folder`` to the Hub model repo ``repo`` (created if needed). Returns the repo URL.
 
     Raises:
-        ExportError: ``repo`` is not ``owner/name``, or the Hub is unreachable (checked first, fast).
+        ExportError: see :func:`check_hub` (checked first, fast).
     """
-    if repo.count("/") != 1 or any(not p for p in repo.split("/")) or Path(repo).exists():
-        raise ExportError(f"--push-to-hub needs a Hub repo id 'owner/name', got {repo!r} (a local folder is "
-                          "not a Hub repo: use --output for local copies)")
-    if not hub_reachable(timeout=timeout):
-        raise ExportError(f"cannot push to {repo}: the Hugging Face Hub is not reachable from this machine "
-                          "(no network, or HF_HUB_OFFLINE is set). The export is complete in the --output "
-                          "folder; upload it later with `huggingface-cli upload`.")
+    check_hub(repo, timeout)
     from huggingface_hub import HfApi
 
     api = HfApi()
@@ -170,16 +193,17 @@ def push_to_hub(folder: Path, repo: str, timeout: float = 3.0) -> str:
 
 def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None = None,
            dtype: str | None = None) -> Path:
-    """Export checkpoint folder ``ckpt`` as ``fmt`` into ``output``. Returns ``output``.
+    """Export the drafter at ``ckpt`` (resolved by ``drafters.resolve_checkpoint``) as ``fmt`` into
+    ``output``. Returns ``output``.
 
     Raises:
         ExportError: unknown format, or the checkpoint's kind does not fit the format.
-        drafters.DrafterLoadError: ``ckpt`` is not a drafter checkpoint.
+        drafters.DrafterLoadError: ``ckpt`` holds no drafter checkpoint (the message says what it holds).
     """
-    ckpt, output = Path(ckpt), Path(output)
+    output = Path(output)
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; valid formats: {sorted(FORMATS)}")
-    kind, _ = read_config(ckpt)
+    ckpt, kind = resolve_checkpoint(ckpt)
     if kind != FORMATS[fmt]:
         fits = sorted(f for f, k in FORMATS.items() if k == kind) or "none"
         raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a {kind!r} "
@@ -193,9 +217,10 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a drafter checkpoint folder (config.json + model.safetensors)")
+    parser.add_argument("checkpoint", help="a drafter folder, a training checkpoint (OUTPUT_DIR/checkpoints/last) "
+                                           "or a run OUTPUT_DIR (its best, else last, checkpoint)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="target layout")
-    parser.add_argument("--output", required=True, help="folder to write (created)")
+    parser.add_argument("--output", default=None, help="folder to write (created); optional with --push-to-hub")
     parser.add_argument("--target", default=None,
                         help="target name or folder: needed for Medusa heads sharing its LM head; for "
                              "hf-assistant, its tokenizer is saved too")
@@ -204,14 +229,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``drafterkit export``: 0 on success, 2 on a usage error or an unreachable Hub (message on stderr)."""
     from drafters.base import DrafterLoadError
 
+    if args.output is None and not args.push_to_hub:
+        print("drafterkit export: give --output DIR and/or --push-to-hub REPO", file=sys.stderr)
+        return 2
+    hub_error = None
     try:
-        out = export(args.checkpoint, args.format, args.output, target=args.target, dtype=args.dtype)
-        print(f"exported {args.checkpoint} as {args.format} -> {out}")
         if args.push_to_hub:
-            print(f"pushed to {push_to_hub(out, args.push_to_hub)}")
+            check_repo_id(args.push_to_hub)
+            try:
+                check_hub(args.push_to_hub)  # before writing anything: fail fast
+            except ExportError as exc:
+                if args.output is None:
+                    raise
+                hub_error = exc  # still write the local export the user asked for
+                print(f"drafterkit export: {exc}; writing the local export to {args.output} only",
+                      file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="drafterkit-export-") as tmp:
+            out = export(args.checkpoint, args.format, args.output or tmp, target=args.target, dtype=args.dtype)
+            if args.output:
+                print(f"exported {args.checkpoint} as {args.format} -> {out}")
+            if args.push_to_hub and hub_error is None:
+                print(f"pushed to {push_to_hub(out, args.push_to_hub)}")
     except (ExportError, DrafterLoadError) as exc:
         print(f"drafterkit export: {exc}", file=sys.stderr)
+        return 2
+    if hub_error is not None:
+        print(f"drafterkit export: not pushed to {args.push_to_hub} (Hub unreachable); the export is complete in "
+              f"{args.output}: upload it later with `hf upload {args.push_to_hub} {args.output}`", file=sys.stderr)
         return 2
     return 0

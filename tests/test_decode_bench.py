@@ -119,3 +119,68 @@ def test_mt_bench_prompts_cover_every_category_and_use_the_chat_template(tiny_di
     with pytest.raises(ValueError, match="--num-prompts"):
         load_prompts("mt-bench", tok, 0)
     assert bench.EvalConfig().drafters == ["ngram"]
+
+
+def test_fewer_prompts_than_asked_uses_them_all_with_a_warning(tiny_dir, prompts_file):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    with pytest.warns(UserWarning, match=r"using 2 prompts, fewer than the 8 asked"):
+        assert len(load_prompts(str(prompts_file), tok, 8)) == 2
+    with pytest.raises(ValueError, match="no prompt of at most 1 tokens"):
+        load_prompts(str(prompts_file), tok, 8, max_prompt_tokens=1)
+
+
+def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prompts_file, tmp_path, capsys):
+    from drafters.draft_lm import DraftLM
+
+    hf_dir = tmp_path / "small-lm"  # any causal LM sharing the tokenizer: an independent draft model
+    tiny_llama(1, vocab_size=49152, hidden_size=32, layers=1).save_pretrained(hf_dir)
+    run = tmp_path / "run"  # a training run's output_dir (checkpoints/last/drafter)
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
+    DraftLM.from_target(target, 1).save_pretrained(run / "checkpoints" / "last" / "drafter")
+    exported = tmp_path / "exported"  # drafterkit's own hf-assistant export
+    assert main(["export", str(run), "--format", "hf-assistant", "--output", str(exported)]) == 0
+    out = tmp_path / "e.json"
+    assert main(["eval", "--target", str(tiny_dir), "--drafter", str(hf_dir), "--drafter", str(run),
+                 "--drafter", str(exported), "--benchmark", str(prompts_file), "--num-prompts", "1",
+                 "--max-new-tokens", "6", "--k", "2", "--device", "cpu", "--no-progress", "--baselines", "engine",
+                 "--output", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["exactness"]["mismatches"] == {"hf:small-lm": 0, "draft_lm:last": 0, "hf:exported": 0}
+    bad = tmp_path / "other-vocab"
+    tiny_llama(1, vocab_size=128, hidden_size=32, layers=1).save_pretrained(bad)
+    capsys.readouterr()
+    assert main(["eval", "--target", str(tiny_dir), "--drafter", str(bad), "--benchmark", str(prompts_file),
+                 "--num-prompts", "1", "--device", "cpu", "--output", str(tmp_path / "x.json")]) == 2
+    assert "vocabulary of 128 tokens but the target has 49152" in capsys.readouterr().err
+
+
+def test_hf_baselines_pass_one_generation_config_and_stay_quiet(capfd):
+    from transformers.utils import logging as hf_logging
+
+    from decode.harness import build_drafter, hf_method
+
+    target = tiny_llama(0)
+    spec = build_drafter("draft:1", target)  # transformers' assisted path with a draft model
+    hf_logging.get_logger("x").warning_once.cache_clear()  # so a warning already given would show again
+    for temp in (0.0, 0.7):
+        sampling = dict(temperature=temp, top_k=5, top_p=0.9)
+        for m in (hf_method(target, None, 3, sampling, [2], 0), hf_method(target, spec, 3, sampling, [2], 0)):
+            seqs, _, _ = m.call([[3, 4, 5]], 0, 6)
+            assert 0 < len(seqs[0]) <= 6
+    err = capfd.readouterr().err
+    assert "Passing `generation_config` together" not in err and "do_sample" not in err
+
+
+def test_tables_keep_legible_headers_when_not_a_terminal():
+    import io
+
+    from decode import report
+
+    buf = io.StringIO()
+    console = report.make_console(file=buf)
+    assert console.width >= 160
+    report.print_eval([dict(role="spec", method="ngram", k=5, tau=2.0, acceptance_rate=0.5,
+                            accept_per_position=[0.5, 0.4], tokens_per_s=10.0)], "t", console)
+    assert "per-position acc." in buf.getvalue() and "HF-spec x HF" in buf.getvalue()

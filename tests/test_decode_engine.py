@@ -1,9 +1,11 @@
 """decode.generate on tiny seeded models: greedy equivalence, cache invariants, stop handling, stats."""
 
+import warnings
+
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from decode import generate
 from decode.engine import watch_rounds
 from decode.protocol import Proposal
@@ -262,3 +264,68 @@ def test_sampling_is_reproducible_with_seed(target):
     a = generate(target, ROWS, drafter=tiny_llama(1, layers=1), max_new_tokens=10, temperature=0.8, seed=5)
     b = generate(target, ROWS, drafter=tiny_llama(1, layers=1), max_new_tokens=10, temperature=0.8, seed=5)
     assert a.sequences == b.sequences
+
+
+@pytest.mark.parametrize("eos", [-1, 10**9, "2", True, [2, 128], [2.0], torch.tensor(7.5)])
+def test_invalid_eos_token_id_is_refused_before_generating(target, eos):
+    with pytest.raises(ValueError, match=r"eos_token_id must be an int or a list of ints in \[0, 128\)"):
+        generate(target, [[1, 2]], max_new_tokens=3, eos_token_id=eos)
+
+
+def test_valid_eos_forms_are_accepted(target, greedy_ref):
+    stop = greedy_ref[0][2]
+    for eos in (stop, [stop], (stop,), torch.tensor(stop), torch.tensor([stop])):
+        res = generate(target, [ROWS[0]], max_new_tokens=N, eos_token_id=eos)
+        assert res.sequences[0] == greedy_ref[0][:3] and res.finish_reasons == ["stop"]
+
+
+@pytest.mark.parametrize("kwargs", [{"max_new_tokens": True}, {"max_new_tokens": 3.0},
+                                    {"max_new_tokens": 3, "num_draft_tokens": True}])
+def test_bool_or_float_counts_are_refused(target, kwargs):
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        generate(target, [[1, 2]], **kwargs)
+
+
+def test_prompt_past_max_position_embeddings_warns(target):
+    limit = target.config.max_position_embeddings
+    with pytest.warns(UserWarning, match=f"max_position_embeddings \\({limit}\\)"):
+        generate(target, [[3] * (limit - 2)], max_new_tokens=4, eos_token_id=[])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generate(target, [[3] * (limit - 4)], max_new_tokens=4, eos_token_id=[])
+
+
+class _Fixed:
+    """A proposer returning a fixed token block (to check the engine polices the protocol)."""
+
+    feature_layers = None
+
+    def __init__(self, make):
+        self.make = make
+
+    def check_compatible(self, target, vocab_size):
+        pass
+
+    def reset(self, batch_size):
+        pass
+
+    def propose(self, state, k, sampling, generator):
+        return Proposal(self.make(len(state.tokens), k), None)
+
+
+def test_proposer_shape_other_than_b_by_k_is_refused(target):
+    for make, shape in ((lambda b, k: torch.zeros(b, k + 2, dtype=torch.long), "(1, 5)"),
+                        (lambda b, k: torch.zeros(b, k - 1, dtype=torch.long), "(1, 2)"),
+                        (lambda b, k: torch.zeros(b + 1, k, dtype=torch.long), "(2, 3)"),
+                        (lambda b, k: torch.zeros(k, dtype=torch.long), "(3,)")):
+        with pytest.raises(ValueError, match=rf"_Fixed.propose returned tokens of shape \{shape[:-1]}\).*\[1, 3\]"):
+            generate(target, [[1, 2]], drafter=_Fixed(make), max_new_tokens=8, num_draft_tokens=3)
+
+
+def test_out_of_vocab_proposals_are_cut_exactly_and_warned_once(target, greedy_ref):
+    bad = _Fixed(lambda b, k: torch.full((b, k), 500, dtype=torch.long))
+    with pytest.warns(UserWarning, match=r"_Fixed.propose returned token ids \[500\] outside \[0, 128\)") as rec:
+        res = generate(target, [ROWS[0]], drafter=bad, max_new_tokens=N, num_draft_tokens=3, eos_token_id=[])
+    assert len([w for w in rec if "outside [0, 128)" in str(w.message)]) == 1
+    assert res.sequences[0] == greedy_ref[0]  # chains cut before the bad id: still exact
+    assert res.stats.accepted == 0

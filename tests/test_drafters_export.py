@@ -102,3 +102,81 @@ def test_push_to_hub_fails_fast_offline(tmp_path, monkeypatch, capsys):
     assert "not reachable" in err and (tmp_path / "o" / "config.json").exists()
     with pytest.raises(ExportError, match="owner/name"):
         push_to_hub(tmp_path / "o", str(tmp_path))  # a local folder is not a Hub repo id
+
+
+def _run_dir(tmp_path, *, best: bool):
+    """A fake training run: OUTPUT_DIR/checkpoints/{last,best}/drafter (+ the training state beside it)."""
+    from drafters.draft_lm import DraftLM
+
+    target = tiny_llama(0)
+    run = tmp_path / "run"
+    d_last = DraftLM.from_target(target, 1)
+    d_last.save_pretrained(run / "checkpoints" / "last" / "drafter")
+    (run / "checkpoints" / "last" / "state").mkdir()
+    d_best = DraftLM.from_target(target, 2) if best else None
+    if best:
+        d_best.save_pretrained(run / "checkpoints" / "best" / "drafter")
+    return run, d_last, d_best
+
+
+def test_one_resolver_for_drafter_folders_training_checkpoints_and_run_dirs(tmp_path):
+    from drafters import DrafterLoadError, load_drafter, resolve_checkpoint
+
+    run, _, _ = _run_dir(tmp_path, best=False)
+    last = run / "checkpoints" / "last"
+    assert resolve_checkpoint(last) == (last / "drafter", "draft_lm")
+    assert resolve_checkpoint(last / "drafter") == (last / "drafter", "draft_lm")
+    assert resolve_checkpoint(run) == (last / "drafter", "draft_lm")  # no best yet: last
+    (run / "checkpoints" / "best" / "drafter").mkdir(parents=True)  # an incomplete best is skipped
+    assert resolve_checkpoint(run)[0] == last / "drafter"
+    run2, _, _ = _run_dir(tmp_path / "two", best=True)
+    assert resolve_checkpoint(run2)[0] == run2 / "checkpoints" / "best" / "drafter"
+    assert load_drafter(run2).config.num_layers == 2 and load_drafter(last).config.num_layers == 1
+    with pytest.raises(DrafterLoadError, match=r"nowhere is not a drafter checkpoint: found nothing"):
+        resolve_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "notes.txt").write_text("x")
+    with pytest.raises(DrafterLoadError, match=r"found \['notes.txt'\].*training checkpoint holding drafter/"):
+        resolve_checkpoint(tmp_path / "odd")
+
+
+def test_export_takes_a_training_checkpoint_or_run_dir(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run, d_last, _ = _run_dir(tmp_path, best=False)
+    for src, out in ((run / "checkpoints" / "last", "e1"), (run, "e2")):
+        assert cli(["export", str(src), "--format", "hf-assistant", "--output", str(tmp_path / out)]) == 0
+        lm = AutoModelForCausalLM.from_pretrained(tmp_path / out)
+        ids = torch.tensor([[3, 4, 5]])
+        with torch.no_grad():
+            assert torch.allclose(lm(ids).logits, d_last.lm(ids).logits, atol=1e-5)
+
+
+def test_export_error_names_what_was_found(tmp_path, capsys):
+    (tmp_path / "ck" / "state").mkdir(parents=True)
+    assert cli(["export", str(tmp_path / "ck"), "--format", "medusa", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "found ['state/']" in err and "checkpoints/last" in err and not (tmp_path / "o").exists()
+
+
+def test_push_to_hub_checks_the_hub_before_writing(tmp_path, monkeypatch, capsys):
+    import drafters.export as ex
+
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    order = []
+    real_export = ex.export
+    monkeypatch.setattr(ex, "hub_reachable", lambda timeout=3.0: order.append("hub") or False)
+    monkeypatch.setattr(ex, "export", lambda *a, **kw: order.append("export") or real_export(*a, **kw))
+    rc = cli(["export", str(ckpt), "--format", "vllm-eagle3", "--push-to-hub", "someone/x"])
+    assert rc == 2 and order == ["hub"]  # no --output: nothing written at all
+    assert "not reachable" in capsys.readouterr().err
+    order.clear()
+    rc = cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "o"),
+              "--push-to-hub", "someone/x"])
+    assert rc == 2 and order == ["hub", "export"] and (tmp_path / "o" / "config.json").exists()
+    err = capsys.readouterr().err
+    assert err.index("not reachable") < err.index("not pushed") and "export is complete" in err
+    order.clear()
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "p"),
+                "--push-to-hub", "not-a-repo"]) == 2
+    assert order == [] and not (tmp_path / "p").exists()

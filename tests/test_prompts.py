@@ -232,3 +232,24 @@ def test_real_sharegpt_torn_tail():
         n = sum(1 for _ in iter_sharegpt(fetch("sharegpt"), stats=stats))
     assert stats.records_read == 17671 and stats.torn_tail == 1  # documented in DESIGN.md
     assert n == stats.kept == stats.records_read - sum(stats.skipped.values())
+
+
+def test_utf8_bom_is_accepted_by_every_reader(tmp_path):
+    bom = "\ufeff"
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(bom + json.dumps({"prompt": "héllo"}) + "\n" + json.dumps({"prompt": "second"}) + "\n",
+                     encoding="utf-8")
+    assert prompts.load_prompts_jsonl(jsonl) == [[{"role": "user", "content": "héllo"}],
+                                                 [{"role": "user", "content": "second"}]]
+    mt = tmp_path / "q.jsonl"
+    mt.write_text(bom + json.dumps({"question_id": 1, "category": "x", "turns": ["a", "b"]}) + "\n", encoding="utf-8")
+    assert prompts.load_mt_bench(mt)[0]["question_id"] == 1
+    he = tmp_path / "he.jsonl.gz"
+    with gzip.open(he, "wt", encoding="utf-8") as f:
+        f.write(bom + json.dumps({"task_id": "t/0", "prompt": "def f():"}) + "\n")
+    assert prompts.load_humaneval(he) == [{"task_id": "t/0", "prompt": "def f():"}]
+    conv = {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    for name, text in (("arr.json", json.dumps([conv])), ("lines.jsonl", json.dumps(conv) + "\n")):
+        path = tmp_path / name
+        path.write_text(bom + text, encoding="utf-8")
+        assert [c.id for c in prompts.iter_conversations(path)] == ["a"]

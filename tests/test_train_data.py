@@ -241,3 +241,31 @@ def test_labels_follow_the_mask_for_a_real_causal_lm_loss(tiny_target):
     hf_labels = torch.where(batch["loss_mask"].bool(), batch["input_ids"], torch.full_like(labels, -100))
     theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=hf_labels).loss
     torch.testing.assert_close(ours, theirs)
+
+
+def test_recipe_data_file_is_data_path_for_either_source_and_format_is_enforced(tok, tmp_path):
+    from train.recipe import RecipeError, recipe_from_dict
+
+    src = _sharegpt_file(tmp_path / "sg.json", n=8)
+    sharegpt = recipe_from_dict({"output_dir": "x", "data": {"source": "sharegpt", "path": str(src)}})
+    assert data.recipe_data_file(sharegpt.data) == (src, "sharegpt")
+    assert data.recipe_data_file(recipe_from_dict({"output_dir": "x"}).data) == ("sharegpt", "auto")
+    chat = recipe_from_dict({"output_dir": "x", "data": {"source": "jsonl", "path": str(src)}})
+    assert data.recipe_data_file(chat.data) == (src, "chat")
+    missing = recipe_from_dict({"output_dir": "x", "data": {"path": str(tmp_path / "nope.json")}})
+    with pytest.raises(RecipeError, match=r"data\.path: .*nope\.json.* is not a file.*ShareGPT"):
+        data.recipe_data_file(missing.data)
+    with pytest.raises(ValueError, match="no usable conversation"):  # a ShareGPT file read as chat JSONL
+        build_dataset(src, tok, max_length=64, cache_dir=tmp_path / "c", format="chat")
+    assert len(build_dataset(src, tok, max_length=64, cache_dir=tmp_path / "c", format="sharegpt")) > 0
+
+
+@pytest.mark.parametrize("content,message", [("", "is empty"), ("[]", "no usable conversation"),
+                                             (None, "neither a file nor a pinned asset")])
+def test_stats_entry_point_bad_source_is_a_clean_error(tmp_path, capsys, content, message):
+    src = tmp_path / "bad.json"
+    if content is not None:
+        src.write_text(content)
+    assert data.main(["--stats", "--source", str(src), "--cache-dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "python -m train.data: error: " in err and message in err and "Traceback" not in err

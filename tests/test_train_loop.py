@@ -3,13 +3,15 @@
 import json
 import os
 import random
+import shutil
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import tiny_llama
-from train.recipe import load_recipe, recipe_from_dict
+from train.recipe import RecipeError, load_recipe, recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
@@ -64,7 +66,7 @@ def _load(world):
     return load_target(str(world / "target"))
 
 
-def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path):
+def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path, capsys):
     from drafters import load_drafter
     from drafters.draft_lm import DraftLM
     from train.loop import train
@@ -89,6 +91,10 @@ def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path
     assert load_recipe(paths.last / "recipe.yaml") == recipe
     assert any(paths.logs.rglob("events.out.tfevents*"))
     assert not list(paths.checkpoints.glob(".tmp-*"))
+    out = capsys.readouterr().out  # where the evaluable drafter is, and how to use it
+    assert result.drafter == str(paths.best / "drafter")
+    assert f"drafter: {paths.best / 'drafter'} (tau {ev['tau']:.2f} measured at step 3)" in out
+    assert f"drafterkit eval --drafter {paths.best / 'drafter'}" in out and "drafterkit export " in out
 
 
 def test_resume_equals_straight_run(world, tmp_path):
@@ -223,3 +229,110 @@ def test_smoke_recipe_on_real_target(tmp_path):
     assert main([str(ROOT / "recipes" / "smoke.yaml"), *over]) == 0
     ev = json.loads((tmp_path / "smoke" / "checkpoints" / "best" / "eval.json").read_text())
     assert ev["tau"] >= 1.0 and ev["drafted"] > 0
+
+
+def _recipe_file(world, tmp_path, out, **over) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(_recipe(world, out, **{"logging.trackers": "[]", **over}).to_yaml())
+    return path
+
+
+def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(world, tmp_path, capsys, monkeypatch):
+    from train import loop
+    from train.cli import main
+
+    out, ck = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    recipe = _recipe_file(world, tmp_path, out, **{"train.max_steps": 4, "train.save_every": 1})
+    one_step = loop._train_step
+
+    def step_then_ctrl_c(ctx, data, state):
+        metrics = one_step(ctx, data, state)
+        if state.global_step == 1:  # inside the 2nd optimizer step: it must still finish
+            os.kill(os.getpid(), signal.SIGINT)
+        return metrics
+
+    monkeypatch.setattr(loop, "_train_step", step_then_ctrl_c)
+    assert main(["train", str(recipe)]) == 130
+    printed = capsys.readouterr().out
+    assert json.loads(printed.strip().splitlines()[-1])["stopped"] == "interrupted"
+    assert "interrupted by SIGINT after step 2 of 4" in printed and "train.resume=auto" in printed
+    assert json.loads((ck / "last" / "trainer_state.json").read_text())["global_step"] == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    monkeypatch.setattr(loop, "_train_step", one_step)
+    # As after kill -9 mid-save: no last/, step-1 and step-2 complete, a half-written temp folder.
+    shutil.rmtree(ck / "last")
+    shutil.copytree(ck / "step-1", ck / ".tmp-last")
+    (ck / ".tmp-last" / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    assert main(["train", str(recipe), "train.resume=auto"]) == 0
+    printed = capsys.readouterr().out
+    assert f"resumed from {ck / 'step-2'} at step 2" in printed
+    summary = json.loads(printed.strip().splitlines()[-1])
+    assert summary["global_step"] == 4 and summary["drafter"] == str(ck / "last" / "drafter")
+    assert f"drafter: {ck / 'last' / 'drafter'} (step 4, not evaluated" in printed
+    assert json.loads((ck / "last" / "trainer_state.json").read_text())["global_step"] == 4
+
+
+def test_rerun_into_used_output_dir_is_refused_before_the_target_loads_unless_overwrite(world, tmp_path):
+    from train.loop import train
+
+    target, tok = _load(world)
+    out = tmp_path / "run"
+    train(_recipe(world, out, **{"train.max_steps": 1, "eval.at_end": "true"}), target=target, tokenizer=tok)
+    assert (out / "checkpoints" / "best" / "eval.json").is_file()
+    no_target = {"target.name_or_path": str(tmp_path / "no-such-target")}  # loading it would fail differently
+    with pytest.raises(RecipeError) as err:
+        train(_recipe(world, out, **{"train.max_steps": 1, **no_target}))
+    msg = str(err.value)
+    assert str(out / "checkpoints") in msg and "best, last" in msg
+    assert "train.resume=auto" in msg and "new output_dir" in msg and "train.overwrite=true" in msg
+    again = train(_recipe(world, out, **{"train.max_steps": 2, "train.overwrite": "true"}), target=target,
+                  tokenizer=tok)
+    assert again.global_step == 2 and again.drafter == str(out / "checkpoints" / "last" / "drafter")
+    assert not (out / "checkpoints" / "best").exists() and not (out / "eval").exists()  # the old run is gone
+
+
+def test_data_path_is_read_for_sharegpt_source_and_a_missing_one_fails_first(world, tmp_path, monkeypatch):
+    from train.loop import train
+
+    def no_asset(name):
+        raise AssertionError(f"fetched the pinned asset {name!r} although data.path is set")
+
+    monkeypatch.setattr("train.data.fetch", no_asset)
+    rnd = random.Random(1)
+    records = [{"id": f"s{i}", "conversations": [{"from": "human", "value": " ".join(rnd.choices(WORDS, k=5))},
+                                                  {"from": "gpt", "value": " ".join(rnd.choices(WORDS, k=9))}]}
+               for i in range(40)]
+    sharegpt = tmp_path / "mine.json"
+    sharegpt.write_text(json.dumps(records))
+    over = {"data.source": "sharegpt", "data.path": str(sharegpt), "train.max_steps": 1}
+    target, tok = _load(world)
+    result = train(_recipe(world, tmp_path / "a", **over, **{"eval.at_end": "true"}), target=target, tokenizer=tok)
+    assert result.global_step == 1 and result.evals  # eval prompts: held-out conversations of the same file
+    missing = {**over, "data.path": str(tmp_path / "nope.json"), "target.name_or_path": str(tmp_path / "none")}
+    with pytest.raises(RecipeError, match=r"data\.path: .*nope\.json.* is not a file"):
+        train(_recipe(world, tmp_path / "b", **missing))
+
+
+def test_drafter_option_unfit_for_target_is_a_clean_error_before_data(world, tmp_path, capsys, monkeypatch):
+    from train import loop
+    from train.cli import main
+
+    monkeypatch.setattr(loop, "load_data", lambda *a: pytest.fail("data loaded before the drafter was built"))
+    recipe = _recipe_file(world, tmp_path, tmp_path / "run")
+    assert main(["train", str(recipe), "drafter.options.num_layers=99"]) == 2
+    err = capsys.readouterr().err
+    assert "drafterkit train: error: drafter (draft_lm" in err and "num_layers must be in [1, 2]" in err
+    assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("entry", ["drafterkit", "python -m train"])
+def test_options_may_come_after_positional_overrides(world, tmp_path, capsys, entry):
+    from train.cli import main as drafterkit
+    from train.run import main as python_m_train
+
+    recipe = _recipe_file(world, tmp_path, tmp_path / "run")
+    argv = [str(recipe), "optim.lr=2e-3", "--print-recipe", f"output_dir={tmp_path / 'x'}"]
+    assert (drafterkit(["train", *argv]) if entry == "drafterkit" else python_m_train(argv)) == 0
+    printed = capsys.readouterr().out
+    assert f"output_dir: {tmp_path / 'x'}" in printed and "lr: 0.002" in printed
+    assert not (tmp_path / "x").exists()  # printed, not trained

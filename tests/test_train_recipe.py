@@ -75,3 +75,20 @@ def test_paths_derive_from_output_dir_and_resolved_recipe_round_trips(tmp_path):
     saved = r.save(tmp_path / "run")
     again = recipe_from_dict(yaml.safe_load(saved.read_text()))
     assert again == r and again.drafter.options["num_layers"] == 4  # defaults resolved into the file
+
+
+def test_resume_is_never_auto_or_an_existing_checkpoint(tmp_path):
+    with pytest.raises(RecipeError, match=r"(?s)train\.resume: 'maybe' is neither 'auto', 'never'.*existing"):
+        recipe_from_dict({"output_dir": "x"}, ["train.resume=maybe"])
+    (tmp_path / "best" / "drafter").mkdir(parents=True)
+    with pytest.raises(RecipeError, match=r"train\.resume: .*not a checkpoint with a training state"):
+        recipe_from_dict({"output_dir": "x"}, [f"train.resume={tmp_path / 'best'}"])
+    ck = tmp_path / "last"
+    (ck / "state").mkdir(parents=True)
+    (ck / "trainer_state.json").write_text("{}")
+    assert recipe_from_dict({"output_dir": "x"}, [f"train.resume={ck}"]).train.resume == str(ck)
+    for resume in (str(ck), "auto"):  # overwrite only starts fresh: never deletes a run it would continue
+        with pytest.raises(RecipeError, match=r"train\.overwrite=true .*needs train\.resume=never"):
+            recipe_from_dict({"output_dir": "x"}, [f"train.resume={resume}", "train.overwrite=true"])
+    r = recipe_from_dict({"output_dir": "x"}, ["train.overwrite=true", "train.resume=never"])
+    assert r.train.overwrite and not recipe_from_dict({"output_dir": "x"}).train.overwrite

@@ -9,19 +9,28 @@ Layout of one checkpoint (``checkpoints/step-N``, ``checkpoints/last``, ``checkp
     recipe.yaml          the resolved recipe
     eval.json            the measured evaluation that made this checkpoint best (best/ only)
 
-A checkpoint is written into a temporary sibling folder and renamed into place when complete, so
-``last/`` and ``best/`` are never half-written: after a crash either the old or the new folder is there
-(a crash between the two renames leaves the old one as ``.old-<name>``, which :func:`find_resume` uses).
+A checkpoint is written into a temporary sibling folder (``.tmp-<name>``) and renamed into place when
+complete, so ``last/``, ``step-N/`` and ``best/`` are never half-written: after a crash either the old or
+the new folder is there (a crash between the two renames leaves the old one as ``.old-<name>``).
+``train.resume: auto`` resumes from the newest complete checkpoint by global step among ``last/``,
+``step-N/`` and those ``.old-`` leftovers (:func:`find_resume`); a ``.tmp-`` folder is never picked.
+
+Saving calls ``accelerator.save_state`` with safetensors; for a drafter whose LM head is tied to its
+embeddings accelerate logs "Removed shared tensor {...} while saving" every time. That is expected (the
+tie is rebuilt on load, ``safetensors.torch.load_model`` skips the duplicate), so the record is dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 @dataclass
@@ -77,13 +86,41 @@ def atomic_dir(final: Path, write: Callable[[Path], None], is_main: bool = True,
     return final
 
 
+class _DropSharedTensorNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+# accelerate.utils.other.clean_state_dict_for_safetensors logs the notice through this logger.
+_SHARED_TENSOR_LOGGERS = ("accelerate.utils.other",)
+
+
+@contextlib.contextmanager
+def quiet_shared_tensor_notice() -> Iterator[None]:
+    """Drop accelerate's "Removed shared tensor {...} while saving" log record inside the block.
+
+    The tied copy (e.g. ``lm.lm_head.weight`` tied to the embeddings) is not lost: loading with
+    ``accelerator.load_state`` restores it through the tie. Nothing else is filtered.
+    """
+    flt = _DropSharedTensorNotice()
+    loggers = [logging.getLogger(name) for name in _SHARED_TENSOR_LOGGERS]
+    for lg in loggers:
+        lg.addFilter(flt)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(flt)
+
+
 def save_checkpoint(final: Path, *, accelerator, strategy, drafter, state: TrainerState, recipe,
                     with_state: bool = True, extra: dict[str, Any] | None = None) -> Path:
     """Write one checkpoint folder atomically (see module docstring). Returns ``final``."""
 
     def write(tmp: Path) -> None:
         if with_state:
-            accelerator.save_state(str(tmp / "state"))
+            with quiet_shared_tensor_notice():
+                accelerator.save_state(str(tmp / "state"))
         if accelerator.is_main_process:
             strategy.save(accelerator.unwrap_model(drafter), tmp / "drafter")
             (tmp / "trainer_state.json").write_text(state.to_json())
@@ -94,11 +131,42 @@ def save_checkpoint(final: Path, *, accelerator, strategy, drafter, state: Train
     return atomic_dir(final, write, accelerator.is_main_process, accelerator.wait_for_everyone)
 
 
+def is_resumable(path: str | Path) -> bool:
+    """True if ``path`` is a complete checkpoint with a training state (``state/`` + ``trainer_state.json``)."""
+    path = Path(path)
+    return (path / "trainer_state.json").is_file() and (path / "state").is_dir()
+
+
+_RESUMABLE_NAME = re.compile(r"^(\.old-)?(last|step-\d+)$")
+
+
+def resumable_checkpoints(checkpoints: str | Path) -> list[tuple[int, Path]]:
+    """``(global_step, folder)`` of every complete resumable checkpoint in ``checkpoints``, oldest first.
+
+    Candidates are ``last``, ``step-N`` and their ``.old-`` leftovers (a crash mid-rename); ``.tmp-``
+    folders (half-written) and ``best`` (no training state) are never candidates. On equal steps
+    ``last`` comes after ``step-N`` and a finished folder after its ``.old-`` leftover.
+    """
+    root = Path(checkpoints)
+    found = []
+    for cand in (root.iterdir() if root.is_dir() else []):
+        m = _RESUMABLE_NAME.match(cand.name)
+        if not (m and cand.is_dir() and is_resumable(cand)):
+            continue
+        try:
+            step = int(json.loads((cand / "trainer_state.json").read_text())["global_step"])
+        except (ValueError, KeyError, TypeError, OSError):
+            continue  # unreadable: not a complete checkpoint
+        found.append((step, m.group(2) == "last", m.group(1) is None, cand))
+    found.sort(key=lambda t: t[:3])
+    return [(step, cand) for step, _, _, cand in found]
+
+
 def find_resume(recipe) -> Path | None:
     """The checkpoint to resume from per ``recipe.train.resume``.
 
-    ``"never"``: None. ``"auto"``: ``checkpoints/last`` if it holds a training state (or its
-    ``.old-last`` leftover after a crash mid-rename), else None. Anything else: that folder.
+    ``"never"``: None. ``"auto"``: the newest complete checkpoint by global step in
+    ``output_dir/checkpoints`` (see :func:`resumable_checkpoints`), else None. Anything else: that folder.
 
     Raises:
         FileNotFoundError: an explicit resume folder without ``state/`` and ``trainer_state.json``.
@@ -107,13 +175,10 @@ def find_resume(recipe) -> Path | None:
     if mode == "never":
         return None
     if mode == "auto":
-        paths = recipe.paths
-        for cand in (paths.last, paths.checkpoints / ".old-last"):
-            if (cand / "trainer_state.json").is_file() and (cand / "state").is_dir():
-                return cand
-        return None
+        found = resumable_checkpoints(recipe.paths.checkpoints)
+        return found[-1][1] if found else None
     path = Path(mode)
-    if not ((path / "trainer_state.json").is_file() and (path / "state").is_dir()):
+    if not is_resumable(path):
         raise FileNotFoundError(f"train.resume={mode!r} is not a checkpoint with a training state (needs "
                                 "state/ and trainer_state.json, e.g. output_dir/checkpoints/last); use "
                                 "'auto' or 'never'")

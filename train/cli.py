@@ -1,7 +1,10 @@
 """The ``drafterkit`` command: ``train``, ``eval``, ``export``, ``assets``, ``quickstart``.
 
 Each verb lives in the module that owns it; this file only wires argparse. Every verb module
-exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+exposes ``add_arguments(parser)`` and ``run(args) -> int``. A verb's options may come anywhere
+among its positionals (``drafterkit train R.yaml --print-recipe output_dir=x``): argparse's
+subparsers stop at the first option, so what is left over is re-parsed by the verb's own parser
+with ``parse_intermixed_args``.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ VERBS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser; ``parser.verb_parsers`` maps each verb to its subparser."""
     parser = argparse.ArgumentParser(prog="drafterkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    parser.verb_parsers = {}
     for verb, (module, help_) in VERBS.items():
-        p = sub.add_parser(verb, help=help_, description=help_)
+        p = parser.verb_parsers[verb] = sub.add_parser(verb, help=help_, description=help_)
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -37,8 +42,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args``, but a verb's options may follow its positionals (see module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:  # e.g. `train R.yaml --print-recipe k=v`: the subparser stopped consuming positionals at the option
+        verb_args = argv[argv.index(args.verb) + 1:]
+        try:
+            parsed = parser.verb_parsers[args.verb].parse_intermixed_args(verb_args)
+        except TypeError:  # a verb whose arguments intermixed parsing cannot handle: the plain error
+            parser.parse_args(argv)
+            raise
+        args = argparse.Namespace(**{**vars(args), **vars(parsed)})
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     if getattr(args, "_missing", None):
         print(f"drafterkit {args.verb}: not available in this build ({args._missing} missing)", file=sys.stderr)
         return 2

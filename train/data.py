@@ -271,11 +271,32 @@ def resolve_source(source: str | Path) -> Path:
     return path
 
 
-def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, stats: DataStats):
+def recipe_data_file(data) -> tuple[str | Path, str]:
+    """``(source, format)`` a recipe's ``data`` section reads, for :func:`build_dataset`.
+
+    ``data.path`` when set (``source: sharegpt`` -> ShareGPT JSON/JSONL, ``source: jsonl`` -> chat
+    JSONL), else the pinned ShareGPT asset (``"sharegpt"``, its format detected as always).
+
+    Raises:
+        train.recipe.RecipeError: ``data.path`` is not an existing file.
+    """
+    if not data.path:
+        return "sharegpt", "auto"
+    if not Path(data.path).is_file():
+        from train.recipe import RecipeError
+
+        raise RecipeError(f"data.path: {data.path!r} is not a file; give the "
+                          f"{'ShareGPT JSON/JSONL' if data.source == 'sharegpt' else 'chat JSONL'} file to "
+                          "train on" + (" (or drop data.path for the pinned ShareGPT asset)"
+                                        if data.source == "sharegpt" else ""))
+    return Path(data.path), {"sharegpt": "sharegpt", "jsonl": "chat"}[data.source]
+
+
+def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, stats: DataStats, format="auto"):
     loader = LoaderStats()
     want_heldout = split == "heldout"
     try:
-        for conv in iter_conversations(path, stats=loader):
+        for conv in iter_conversations(path, format=format, stats=loader):
             if is_heldout(conv.split_key, fraction, seed) != want_heldout:
                 stats.other_split += 1
                 continue
@@ -300,7 +321,7 @@ def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, 
 
 def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_examples: int | None = None,
                   split: str = "train", heldout_fraction: float = HELDOUT_FRACTION, seed: int = 0,
-                  cache_dir: str | Path | None = None, stats: DataStats | None = None):
+                  cache_dir: str | Path | None = None, stats: DataStats | None = None, format: str = "auto"):
     """Tokenize a ShareGPT / chat file into a cached ``datasets.Dataset``.
 
     Conversations are split by :func:`decode.prompts.is_heldout` on their group key; ``"train"``
@@ -317,6 +338,8 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
         split: ``"train"`` or ``"heldout"``. heldout_fraction: in [0, 1). seed: split seed.
         cache_dir: Arrow cache root; default ``$DRAFTERKIT_HOME/datasets``.
         stats: a :class:`DataStats` filled in place.
+        format: ``"auto"`` (detect per record), ``"sharegpt"`` or ``"chat"`` (see
+            :func:`decode.prompts.iter_conversations`); records of the other format are skipped.
 
     Returns:
         ``datasets.Dataset`` with columns ``input_ids`` (int32 [T]), ``loss_mask`` (int8 [T]),
@@ -340,6 +363,8 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
     params = dict(version=DATA_VERSION, tokenizer=tokenizer_fingerprint(tokenizer), source=sha256_file(path),
                   max_length=max_length, num_examples=num_examples, split=split,
                   heldout_fraction=heldout_fraction, seed=seed)
+    if format != "auto":  # keyed only when set, so caches built before the option stay valid
+        params["format"] = format
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:32]
     root = Path(cache_dir) if cache_dir is not None else home() / "datasets"
     root.mkdir(parents=True, exist_ok=True)
@@ -350,7 +375,8 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
                                   "length": datasets.Value("int32")})
 
     def generate():
-        yield from _examples(path, tokenizer, max_length, num_examples, split, heldout_fraction, seed, built)
+        yield from _examples(path, tokenizer, max_length, num_examples, split, heldout_fraction, seed, built,
+                             format)
 
     try:
         ds = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(root),
@@ -454,10 +480,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.stats:
         parser.error("nothing to do: pass --stats")
+    try:
+        runs = _stats_runs(args)
+    except (ValueError, OSError) as exc:  # a bad file or argument: the message says what and the fix
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    first = runs[0]
+    out = {**first.to_dict(), "supervised_fraction": first.supervised_tokens / max(first.tokens, 1),
+           "first_run": {"wall_s": round(first.wall_s, 2), "cache_hit": first.cache_hit},
+           "second_run": {"wall_s": round(runs[1].wall_s, 2), "cache_hit": runs[1].cache_hit}}
+    out.pop("wall_s"), out.pop("cache_hit")
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def _stats_runs(args) -> list[DataStats]:
+    """Build the dataset twice (fresh, then from the cache); returns both runs' stats."""
     from transformers import AutoTokenizer
 
     from decode.target import resolve_target_path
 
+    resolve_source(args.source)  # a missing file fails before the tokenizer loads
     tokenizer = AutoTokenizer.from_pretrained(resolve_target_path(args.target))
     kw = dict(max_length=args.max_length, num_examples=args.num_examples, split=args.split,
               heldout_fraction=args.heldout_fraction, seed=args.seed, cache_dir=args.cache_dir)
@@ -466,13 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = DataStats()
         build_dataset(args.source, tokenizer, stats=stats, **kw)
         runs.append(stats)
-    first = runs[0]
-    out = {**first.to_dict(), "supervised_fraction": first.supervised_tokens / max(first.tokens, 1),
-           "first_run": {"wall_s": round(first.wall_s, 2), "cache_hit": first.cache_hit},
-           "second_run": {"wall_s": round(runs[1].wall_s, 2), "cache_hit": runs[1].cache_hit}}
-    out.pop("wall_s"), out.pop("cache_hit")
-    print(json.dumps(out, indent=1))
-    return 0
+    return runs
 
 
 if __name__ == "__main__":

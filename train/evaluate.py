@@ -20,15 +20,16 @@ def eval_prompt_ids(recipe, tokenizer) -> list[list[int]]:
 
     Raises:
         ValueError: fewer held-out conversations than asked (from ``heldout_prompts``).
+        train.recipe.RecipeError: ``data.path`` is set but is not a file.
     """
     from decode.prompts import heldout_prompts, load_mt_bench
-    from train.data import resolve_source
+    from train.data import recipe_data_file, resolve_source
 
     n = recipe.eval.num_prompts
     if recipe.eval.prompts == "mt_bench":
         chats = [[{"role": "user", "content": q["turns"][0]}] for q in load_mt_bench()[:n]]
     else:
-        source = recipe.data.path if recipe.data.source == "jsonl" else "sharegpt"
+        source, _ = recipe_data_file(recipe.data)  # the held-out split of the file training reads
         fraction = max(recipe.data.heldout_fraction, 1e-6)
         chats = heldout_prompts(resolve_source(source), n, seed=recipe.train.seed, fraction=fraction)
     out = []

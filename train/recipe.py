@@ -9,6 +9,11 @@ A recipe has the sections ``target``, ``drafter``, ``data``, ``loss``, ``optim``
         logs/                             tracker output (TensorBoard event files, wandb offline runs)
         eval/                             per-evaluation JSON (measured tau, acceptance, tokens/s)
 
+Reruns into the same ``output_dir``: ``train.resume: auto`` continues from the newest complete
+checkpoint there; ``train.resume: never`` refuses to start when ``checkpoints/`` already holds any
+(so two runs never mix), unless ``train.overwrite: true`` (which needs ``resume: never``) deletes the
+earlier run's ``checkpoints/``, ``eval/``, ``logs/`` and ``recipe.yaml`` first.
+
 ``drafter.options`` is validated by the strategy's own pydantic model (``train.strategies``), and
 replaced by its resolved form (defaults filled in). Command-line overrides are ``key.sub=value``
 strings whose value is parsed with ``yaml.safe_load`` (``optim.lr=1e-3``, ``logging.trackers=[wandb]``).
@@ -68,7 +73,11 @@ class DrafterSection(Section):
 
 class DataSection(Section):
     source: Literal["sharegpt", "jsonl"] = "sharegpt"
-    path: str | None = None  # a chat JSONL file when source == "jsonl"
+    # The file to train on (and draw held-out eval prompts from). source sharegpt: a ShareGPT JSON array
+    # or JSONL ({"conversations": [{"from", "value"}]}), default the pinned ShareGPT V3 asset; source
+    # jsonl: chat JSONL ({"messages": [{"role", "content"}]}), required. A missing file fails before the
+    # target loads.
+    path: str | None = None
     max_length: int = Field(512, ge=8)
     num_examples: int | None = Field(None, ge=1)
     heldout_fraction: float = Field(0.02, ge=0.0, lt=1.0)
@@ -139,8 +148,37 @@ class TrainSection(Section):
     seed: int = 0
     log_every: int = Field(10, ge=1)
     save_every: int = Field(0, ge=0)  # 0: no step-N checkpoints (last/ and best/ are always kept)
-    resume: str = "auto"  # auto (from checkpoints/last if present) | never | a checkpoint folder
+    # auto: continue from the newest complete checkpoint (last/ or step-N/, by global step) in output_dir,
+    # or start at step 0 if there is none | never: start at step 0 (refused if output_dir already holds
+    # checkpoints, unless overwrite) | a checkpoint folder with state/ (e.g. runs/x/checkpoints/step-200)
+    resume: str = "auto"
+    # true (with resume: never): delete output_dir's checkpoints/, eval/, logs/, recipe.yaml, start at step 0
+    overwrite: bool = False
     cpu: bool = False  # force CPU even where an accelerator is present
+
+    @field_validator("resume")
+    @classmethod
+    def _resume(cls, v: str) -> str:
+        from train.checkpoint import is_resumable
+
+        if v in ("auto", "never"):
+            return v
+        if not Path(v).is_dir():
+            raise ValueError(f"{v!r} is neither 'auto', 'never' nor an existing checkpoint folder; use auto "
+                             "(continue from the newest checkpoint in output_dir), never (start at step 0) or "
+                             "a folder such as runs/x/checkpoints/last")
+        if not is_resumable(v):
+            raise ValueError(f"{v!r} is not a checkpoint with a training state (needs state/ and "
+                             "trainer_state.json: last/ or step-N/, not best/ or drafter/); use auto or never")
+        return v
+
+    @model_validator(mode="after")
+    def _overwrite_starts_fresh(self) -> "TrainSection":
+        # Not with auto: rerunning an interrupted overwrite command with resume=auto must not delete the run.
+        if self.overwrite and self.resume != "never":
+            raise ValueError(f"train.overwrite=true deletes the earlier run and starts at step 0, so it needs "
+                             f"train.resume=never (got {self.resume!r}); to continue a run, drop train.overwrite")
+        return self
 
 
 class EvalSection(Section):

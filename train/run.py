@@ -6,12 +6,18 @@
 
 Positional ``key.sub=value`` overrides are applied to the YAML before validation (values parsed
 with ``yaml.safe_load``). ``--print-recipe`` validates and prints the resolved recipe without training.
+Options may come anywhere (``train R.yaml --print-recipe output_dir=x`` works).
+
+Exit codes: 0 trained (or printed); 2 a user error (bad recipe, missing file, drafter options that do
+not fit the target, an output_dir holding another run), printed as one message, no traceback;
+128 + signal number (130 SIGINT, 143 SIGTERM) when interrupted, after ``last/`` is saved.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from train.recipe import RecipeError, load_recipe
@@ -25,25 +31,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the recipe, train, print a one-line JSON summary. Returns 0, or 2 on a bad recipe."""
+    """Validate the recipe, train, print a one-line JSON summary (last line of stdout).
+
+    Returns 0; 2 on a user error (see the module docstring); 128 + signal number when interrupted.
+    """
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-    except (RecipeError, FileNotFoundError) as exc:
-        print(f"drafterkit train: {exc}", file=sys.stderr)
-        return 2
-    if args.print_recipe:
-        print(recipe.to_yaml())
-        return 0
-    from train.loop import train
+        if args.print_recipe:
+            print(recipe.to_yaml())
+            return 0
+        from train.loop import train
 
-    result = train(recipe)
+        result = train(recipe)
+    except (RecipeError, FileNotFoundError) as exc:
+        print(f"drafterkit train: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("drafterkit train: aborted; checkpoints hold the last complete save (resume with "
+              "train.resume=auto)", file=sys.stderr)
+        return 128 + signal.SIGINT
     print(json.dumps({"output_dir": result.output_dir, "global_step": result.global_step,
                       "stopped": result.stopped, "final_loss": result.losses[-1] if result.losses else None,
-                      "best_score": result.best_score}))
+                      "best_score": result.best_score, "drafter": result.drafter}))
+    if result.stopped == "interrupted":
+        return 128 + (result.signal or signal.SIGINT)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(parser.parse_intermixed_args(argv))
