@@ -279,8 +279,14 @@ class _Decoder:
                           "id (output stays exact, acceptance drops); fix the proposer. Warned once per "
                           "generate call", stacklevel=2)
         first_bad = torch.where(any_bad, bad.long().argmax(1), torch.full_like(limit, k))
+        limit = torch.minimum(limit, first_bad)
+        if prop.lengths is not None:
+            lengths = torch.as_tensor(prop.lengths).to(self.device, torch.long).reshape(-1)
+            if lengths.numel() != b:
+                raise ValueError(f"{name}.propose returned lengths of shape {tuple(lengths.shape)}; need [B] = [{b}]")
+            limit = torch.minimum(limit, lengths.clamp(0, k))
         q = None if q is None else q.to(self.device)
-        return d.masked_fill(bad, 0), q, torch.minimum(limit, first_bad)
+        return d.masked_fill(bad, 0), q, limit
 
     def step(self) -> None:
         """One round: propose, ONE target forward over ``[last, d_1..d_k]``, verify, commit."""
@@ -289,6 +295,11 @@ class _Decoder:
         k = 0 if self.proposer is None else min(self.k_max, max(r for r, a in zip(remaining, active) if a) - 1)
         limit = torch.tensor([min(k, r - 1) if a else 0 for r, a in zip(remaining, active)], device=self.device)
         d, q, limit = self._propose(k, limit)
+        if k:
+            # Verify only as far as some active row can accept: draft tokens past every row's limit
+            # (no match, invalid id, remaining budget) would cost target compute for nothing.
+            k = max(lim for lim, a in zip(limit.tolist(), active) if a)
+            d, q = d[:, :k], None if q is None else q[:, :k]
         t0 = time.perf_counter()
         last = torch.tensor([[t[-1]] for t in self.tokens], dtype=torch.long, device=self.device)
         n_real_before = self.cache.n_real.tolist()

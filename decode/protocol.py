@@ -82,10 +82,15 @@ class Proposal:
             (same temperature/top-k/top-p as the target), or ``None`` for a deterministic proposer
             (treated as one-hot q, which keeps speculative sampling exact). ``V`` may exceed
             ``vocab_size`` (padding rows); entries there must be 0.
+        lengths: LongTensor ``[B]`` or None: how many leading draft tokens each row really proposes
+            (0..k). Tokens past it are ignored: not verified, not counted as drafted. A proposer with
+            nothing worth proposing (e.g. prompt lookup without a match) returns 0, and when every
+            row does, the round costs one plain target step. ``None`` means k for every row.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
 
 
 @runtime_checkable

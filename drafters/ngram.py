@@ -30,10 +30,12 @@ class NGramConfig:
 
 
 def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The ``k`` tokens that followed the most recent earlier occurrence of the row's last n-gram.
+    """Up to ``k`` tokens that followed the most recent earlier occurrence of the row's last n-gram
+    (longest n first, from ``max_ngram`` down to ``min_ngram``).
 
-    Returns exactly ``k`` ids: a shorter continuation is padded with its own last token; no match
-    gives the row's last token repeated.
+    Returns the continuation found (between 1 and ``k`` ids), or ``[]`` when nothing matches: the
+    proposer then proposes nothing for that row, and a round where no row has a match costs one plain
+    target step instead of a K+1-token verification of guesses (as transformers' prompt lookup does).
     """
     n = len(tokens)
     for g in range(min(max_ngram, n - 1), min_ngram - 1, -1):
@@ -41,9 +43,8 @@ def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[in
         first = pattern[0]
         for j in range(n - g - 1, -1, -1):
             if tokens[j] == first and tokens[j: j + g] == pattern:
-                cont = tokens[j + g: j + g + k]
-                return cont + [cont[-1]] * (k - len(cont))
-    return [tokens[-1]] * k
+                return tokens[j + g: j + g + k]
+    return []
 
 
 class NGramDrafter(Drafter):
@@ -63,7 +64,10 @@ class NGramDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        """``k`` looked-up tokens per row: LongTensor ``[B, k]``, ``probs=None``."""
-        rows = [lookup(t, k, self.config.max_ngram, self.config.min_ngram) if a and k else [0] * k
-                for t, a in zip(state.tokens, state.active)]
-        return Proposal(tokens=torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), probs=None)
+        """Looked-up tokens per row: LongTensor ``[B, k]`` (zero-padded past each row's continuation),
+        ``probs=None``, ``lengths`` ``[B]`` = continuation length (0 without a match)."""
+        conts = [lookup(t, k, self.config.max_ngram, self.config.min_ngram) if a and k else []
+                 for t, a in zip(state.tokens, state.active)]
+        rows = [c + [0] * (k - len(c)) for c in conts]
+        return Proposal(tokens=torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), probs=None,
+                        lengths=torch.tensor([len(c) for c in conts], dtype=torch.long))

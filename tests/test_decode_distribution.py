@@ -19,13 +19,13 @@ from drafters.ngram import NGramDrafter
 V, PROMPT, RUNS = 16, [1, 5, 9], 3000
 
 
-def _exact_joint(target, params):
+def _exact_joint(target, params, prompt=PROMPT):
     """P(x1, x2, x3) as a [V, V, V] tensor (float64)."""
     with torch.no_grad():
-        p1 = logits_to_probs(target(torch.tensor([PROMPT])).logits[0, -1], params).double()
-        two = torch.tensor([PROMPT + [a] for a in range(V)])
+        p1 = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], params).double()
+        two = torch.tensor([prompt + [a] for a in range(V)])
         p2 = logits_to_probs(target(two).logits[:, -1], params).double()  # [V, V]
-        three = torch.tensor([PROMPT + [a, b] for a in range(V) for b in range(V)])
+        three = torch.tensor([prompt + [a, b] for a in range(V) for b in range(V)])
         p3 = logits_to_probs(target(three).logits[:, -1], params).double().reshape(V, V, V)
     return p1[:, None, None] * p2[:, :, None] * p3
 
@@ -47,11 +47,13 @@ def _chi2(counts, probs):
 def test_first_tokens_follow_target_distribution(params, kind):
     target = tiny_llama(0, vocab_size=V)
     drafter = tiny_llama(3, vocab_size=V, layers=1) if kind == "draft_lm" else NGramDrafter()
-    res = generate(target, [PROMPT] * RUNS, drafter=drafter, max_new_tokens=3, num_draft_tokens=5,
+    # prompt lookup proposes only where the last token occurred before: put every id in the prompt
+    prompt = PROMPT if kind == "draft_lm" else list(range(V)) + PROMPT
+    res = generate(target, [prompt] * RUNS, drafter=drafter, max_new_tokens=3, num_draft_tokens=5,
                    temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=1234,
                    eos_token_id=[])
     seqs = torch.tensor(res.sequences)  # [RUNS, 3]
-    joint = _exact_joint(target, params)
+    joint = _exact_joint(target, params, prompt)
     c12 = torch.bincount(seqs[:, 0] * V + seqs[:, 1], minlength=V * V).double()
     assert _chi2(c12, joint.sum(2).flatten()) > 1e-3
     for pos, marg in ((1, joint.sum((0, 2))), (2, joint.sum((0, 1)))):

@@ -12,10 +12,10 @@ from drafters.ngram import NGramConfig, NGramDrafter, lookup
 def test_lookup_prefers_longest_most_recent_match():
     toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 2, 3]
     assert lookup(toks, 2, 3, 1) == [7, 8]  # "2 3" most recently followed by 7 8 (3-gram "8 2 3" absent)
-    assert lookup([5, 6, 5, 6, 5], 3, 3, 1) == [6, 5, 5]  # continuation [6, 5], padded
-    assert lookup([4, 1, 2, 3], 3, 2, 2) == [3] * 3  # no 2-gram match -> repeat last
-    assert lookup([7, 8, 7], 4, 1, 1) == [8, 7, 7, 7]  # short continuation padded with its last token
-    assert lookup([3], 2, 3, 1) == [3, 3]
+    assert lookup([5, 6, 5, 6, 5], 3, 3, 1) == [6, 5]  # continuation [6, 5], not padded
+    assert lookup([4, 1, 2, 3], 3, 2, 2) == []  # no 2-gram match -> nothing proposed
+    assert lookup([7, 8, 7], 4, 1, 1) == [8, 7]  # short continuation as found
+    assert lookup([3], 2, 3, 1) == []
 
 
 def test_propose_shapes_and_inactive_rows():
@@ -23,7 +23,8 @@ def test_propose_shapes_and_inactive_rows():
     state = DecodeState(tokens=[[1, 2, 1], [4, 5]], num_stable=[0, 0], features=None, active=[True, False],
                         vocab_size=10)
     prop = d.propose(state, 3, SamplingParams(), None)
-    assert prop.probs is None and prop.tokens.shape == (2, 3) and prop.tokens[0].tolist() == [2, 1, 1]
+    assert prop.probs is None and prop.tokens.shape == (2, 3) and prop.tokens[0].tolist()[:2] == [2, 1]
+    assert prop.lengths.tolist() == [2, 0]  # continuation [2, 1]; an inactive row proposes nothing
 
 
 def test_bad_config_raises():
@@ -38,3 +39,16 @@ def test_save_load_roundtrip_and_strict(tmp_path):
     save_file({"stray": torch.zeros(1)}, str(tmp_path / "ng" / "model.safetensors"))
     with pytest.raises(DrafterLoadError, match="stray"):
         load_drafter(tmp_path / "ng")
+
+
+def test_no_match_round_costs_one_plain_step(tiny_target):
+    """Without any n-gram match the engine verifies no draft token: a plain step, exact output."""
+    import decode
+
+    prompt = [[5, 9, 17, 33, 60]]  # no repeated token: nothing to look up at first
+    plain = decode.generate(tiny_target, prompt, max_new_tokens=12)
+    spec = decode.generate(tiny_target, prompt, drafter=NGramDrafter(), max_new_tokens=12, num_draft_tokens=4)
+    assert spec.sequences == plain.sequences
+    s = spec.stats
+    assert s.drafted <= 4 * s.target_forwards and s.accepted <= s.drafted
+    assert s.committed - 1 == s.target_forwards + s.accepted  # each pass: accepted drafts + one token
