@@ -361,6 +361,7 @@ def train(recipe: Recipe, *, target=None, tokenizer=None) -> TrainResult:
     with StopOnSignal() as stop:
         _run_steps(ctx, data, state, result, stop)
         if result.stopped == "max_minutes":
+            _save(ctx, paths.last, state)  # the trained steps survive a failing final evaluation
             ev = _maybe_evaluate(ctx, state, final=True)
             result.evals += [ev] if ev else []
         _save(ctx, paths.last, state)
