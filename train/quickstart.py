@@ -72,8 +72,11 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     from train.loop import train
     from train.recipe import load_recipe
 
+    # The measured evaluation comes after training; in-loop evaluations only pick best/, so keep them
+    # small (the user's --set overrides still win).
+    light_eval = ["eval.num_prompts=4", "eval.max_new_tokens=32"]
     recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}",
-                                       *overrides])
+                                       *light_eval, *overrides])
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
