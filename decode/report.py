@@ -313,6 +313,16 @@ def _pyplot():
     return plt
 
 
+def _style_acceptance_axes(ax) -> None:
+    """Labels, limits and legend shared by the per-position acceptance plots."""
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accept | all earlier accepted)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Per-position acceptance")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -392,12 +402,7 @@ def _plot_positions(rows: list[dict], path: Path) -> Path:
     for (drafter, temp), r in sorted(best.items()):
         pos = r["accept_per_position"] or []
         ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{drafter}, K={r['k']}, T={temp:g}")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("P(accept | all earlier accepted)")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Per-position acceptance")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _style_acceptance_axes(ax)
     return _save(fig, path)
 
 
@@ -512,11 +517,6 @@ def plot_eval_summary(summaries: dict[str, list[dict]], out_dir: str | Path) -> 
             if r["role"] == "spec" and r["accept_per_position"]:
                 pos = r["accept_per_position"]
                 ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{r['method']} on {b}")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("P(accept | all earlier accepted)")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Per-position acceptance")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _style_acceptance_axes(ax)
     paths.append(_save(fig, out / "acceptance_per_position.png"))
     return paths

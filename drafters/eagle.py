@@ -289,15 +289,18 @@ class EagleConfig:
 
     @classmethod
     def from_target(cls, target: nn.Module, **kw) -> EagleConfig:
-        c = target.config
-        base = {"vocab_size": target.get_output_embeddings().weight.shape[0], "hidden_size": c.hidden_size,
-                    "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-                    "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
-                    "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                    "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
-                    "rope_theta": rope_theta_of(c)}
-        base.update(kw)
-        return cls(**base)
+        return cls(**{**target_shape_fields(target), **kw})
+
+
+def target_shape_fields(target: nn.Module) -> dict:
+    """The target's sizes a feature-level head copies (vocab, hidden, heads, head_dim, MLP, norm, RoPE)."""
+    c = target.config
+    return {"vocab_size": target.get_output_embeddings().weight.shape[0], "hidden_size": c.hidden_size,
+            "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": rope_theta_of(c)}
 
 
 def borrow(target: nn.Module | None, config, kind: str) -> tuple[nn.Module, nn.Module]:

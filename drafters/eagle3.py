@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from drafters.eagle import DraftDecoderLayer, FeatureHeadDrafter, RMSNorm, rope_theta_of
+from drafters.eagle import DraftDecoderLayer, FeatureHeadDrafter, RMSNorm, target_shape_fields
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -74,14 +74,7 @@ class Eagle3Config:
 
     @classmethod
     def from_target(cls, target: nn.Module, **kw) -> Eagle3Config:
-        c = target.config
-        base = {"vocab_size": target.get_output_embeddings().weight.shape[0], "hidden_size": c.hidden_size,
-                    "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-                    "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
-                    "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                    "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
-                    "rope_theta": rope_theta_of(c)}
-        base.update(kw)
+        base = {**target_shape_fields(target), **kw}
         base["draft_vocab_size"] = min(base.get("draft_vocab_size", 8192), base["vocab_size"])
         return cls(**base)
 
