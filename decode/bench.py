@@ -58,6 +58,7 @@ class EvalConfig:
     top_k: int = 0
     top_p: float = 1.0
     k: int = 5
+    draft_thresholds: list[float] = field(default_factory=lambda: [0.0])
     dtype: str = "fp32"
     device: str = "auto"
     seed: int = 0
@@ -85,6 +86,8 @@ class EvalConfig:
             raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
+        if not self.draft_thresholds or any(not 0.0 <= t < 1.0 for t in self.draft_thresholds):
+            raise ValueError(f"--draft-threshold values must be in [0, 1), got {self.draft_thresholds}")
 
 
 def _eos_and_pad(target, tok) -> tuple[list[int], int]:
@@ -116,7 +119,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
     if target is None:
         target, tok = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
     prompts = load_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
-    specs = [s for s in (build_drafter(d, target) for d in cfg.drafters) if s is not None]
+    specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds)
     eos, pad = _eos_and_pad(target, tok)
     sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     methods = build_methods(target, specs, cfg.k, sampling, eos, pad, cfg.baselines)
@@ -158,6 +161,26 @@ def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
                                      runs=conc_runs)
         timings["concurrency_s"] = time.perf_counter() - t0
     return record
+
+
+def build_drafters(names: list[str], target, thresholds: list[float]) -> list:
+    """``harness.build_drafter`` for each spec; a drafter that supports a confidence-based draft length
+    (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
+    the threshold is not 0 (one fresh load each, so the rows are independent)."""
+    specs = []
+    for name in names:
+        for i, thr in enumerate(thresholds):
+            s = build_drafter(name, target)
+            if s is None:
+                break
+            if not getattr(s.drafter, "supports_draft_threshold", False):
+                specs.append(s)
+                break
+            s.drafter.draft_threshold = float(thr)
+            if thr > 0:
+                s = dataclasses.replace(s, label=f"{s.label}@{thr:g}", hf_kwargs=None)
+            specs.append(s)
+    return specs
 
 
 def _public_kwargs(kwargs: dict | None, k: int) -> dict | None:
@@ -213,6 +236,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--k", type=int, default=5, help="draft tokens per verification (K)")
+    p.add_argument("--draft-threshold", type=_csv(float, "--draft-threshold"), default=[0.0], dest="draft_thresholds",
+                   help="confidence-based draft length: a chain stops once the drafter's path probability "
+                        "falls below this (EAGLE-2 criterion); comma-separated values are measured side by "
+                        "side (default 0: always K)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -233,7 +260,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(
         target=args.target, drafters=args.drafters or ["ngram"], benchmark=args.benchmark,
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, k=args.k, dtype=args.dtype, device=args.device, seed=args.seed,
+        top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds, dtype=args.dtype, device=args.device, seed=args.seed,
         baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
         concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)
 

@@ -37,11 +37,14 @@ _ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []
 @dataclass
 class GenerateResult:
     """``sequences``: new token ids per row (EOS included when emitted); ``finish_reasons``: ``"stop"``
-    (EOS emitted) or ``"length"`` (``max_new_tokens`` reached); ``stats``: :class:`DecodeStats`."""
+    (EOS emitted) or ``"length"`` (``max_new_tokens`` reached); ``stats``: :class:`DecodeStats`;
+    ``counts``: the raw :class:`DecodeCounts` they derive from (e.g. ``counts.reached[i]``, the
+    proposals reaching draft position i, for pooling per-position acceptance exactly across calls)."""
 
     sequences: list[list[int]]
     finish_reasons: list[str]
     stats: DecodeStats
+    counts: DecodeCounts | None = None
 
 
 @dataclass
@@ -401,4 +404,4 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
         while any(dec.active):
             dec.step()
         dec.counts.total_time_s = time.perf_counter() - t0
-    return GenerateResult(dec.out, [r or "length" for r in dec.reasons], compute_stats(dec.counts))
+    return GenerateResult(dec.out, [r or "length" for r in dec.reasons], compute_stats(dec.counts), dec.counts)

@@ -214,6 +214,12 @@ def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:
     return ids
 
 
+def stats_record(res) -> dict:
+    """A ``GenerateResult``'s stats as a dict, plus ``reached_per_position`` (raw counts, so
+    ``report.pooled_positions`` pools per-position acceptance exactly across calls)."""
+    return dict(dataclasses.asdict(res.stats), reached_per_position=list(res.counts.reached) if res.counts else None)
+
+
 def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int]) -> Method:
     """A ``decode.generate`` method: plain (``spec is None``) or speculative with ``spec``'s drafter."""
     import decode
@@ -226,7 +232,7 @@ def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos:
         res = decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, num_draft_tokens=k_call,
                               eos_token_id=eos, seed=seed, **sampling)
         wall = time.perf_counter() - t0
-        return res.sequences, wall, dataclasses.asdict(res.stats)
+        return res.sequences, wall, stats_record(res)
 
     if spec is None:
         return Method("engine", "plain", "none", 0, call)

@@ -56,25 +56,29 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _pooled_positions(stats: list[dict]) -> list[float]:
-    """Per-position conditional acceptance pooled over runs.
+def pooled_positions(stats: list[dict]) -> list[float]:
+    """Per-position conditional acceptance pooled over runs: sum(accepted_i) / sum(reached_i).
 
-    Each run reports rate_i = accepted_i / reached_i. Its reached counts are estimated as
-    reached_0 = target_forwards, reached_{i+1} = reached_i * rate_i (= accepted_i), exact except for
-    the last pass of a row cut by EOS or ``max_new_tokens``; the pooled rate is
-    sum(reached_i * rate_i) / sum(reached_i).
+    Runs carry ``reached_per_position`` (exact counts). For records without it, the reached counts are
+    estimated as reached_0 = target_forwards, reached_{i+1} = reached_i * rate_i (exact for chains of
+    a fixed K, except the last pass of a row cut by EOS or ``max_new_tokens``).
     """
     num: list[float] = []
     den: list[float] = []
     for s in stats:
-        reached = float(s["target_forwards"])
-        for i, rate in enumerate(s.get("accept_per_position") or []):
+        rates = s.get("accept_per_position") or []
+        counts = s.get("reached_per_position")
+        if counts is None or len(counts) != len(rates):
+            counts, reached = [], float(s["target_forwards"])
+            for rate in rates:
+                counts.append(reached)
+                reached *= rate
+        for i, (rate, reached) in enumerate(zip(rates, counts)):
             if i >= len(num):
                 num.append(0.0)
                 den.append(0.0)
             num[i] += reached * rate
             den[i] += reached
-            reached *= rate
     return [n / d if d else 0.0 for n, d in zip(num, den)]
 
 
@@ -108,7 +112,7 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
         target_forwards=tf, drafted=drafted, accepted=accepted,
         tau=sum(s["tau"] * s["target_forwards"] for s in stats) / tf if tf else 0.0,
         acceptance_rate=accepted / drafted if drafted else 0.0,
-        accept_per_position=_pooled_positions(stats), draft_time_s=draft_t, verify_time_s=verify_t,
+        accept_per_position=pooled_positions(stats), draft_time_s=draft_t, verify_time_s=verify_t,
         tpot_ms=1000.0 * sum(s["total_time_s"] - s["ttft_s"] for s in stats) / after_first if after_first > 0
         else 0.0,
         accepted_per_dv_s=accepted / dv if dv > 0 else 0.0,

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import select_tokens
-from drafters.base import Drafter
+from decode.sampling import sanitize_logits, select_tokens
+from drafters.base import ChainCutoff, Drafter
 
 
 class RaggedCache:
@@ -212,6 +212,8 @@ class DraftLM(Drafter):
     token) in one forward, then K autoregressive steps, sampling from q when not greedy.
     """
 
+    supports_draft_threshold = True
+
     kind = "draft_lm"
     config_class = DraftLMConfig
 
@@ -310,14 +312,20 @@ class DraftLM(Drafter):
         c = self._cache
         self._snapshot_len, self._snapshot_n = c.length, c.n_real.clone()
         tokens, probs = [], []
+        cut = ChainCutoff(self.draft_threshold, len(state.tokens), k)
         for i in range(k):
             tok, q = select_tokens(logits, sampling, state.vocab_size, generator)
+            cut.update(i, tok, logits=sanitize_logits(logits, state.vocab_size), probs=q)
             tokens.append(tok)
             probs.append(q)
+            if cut.done:  # every row's chain has ended: pad with the last token, draft no further
+                tokens += [tok] * (k - i - 1)
+                probs += [q] * (k - i - 1)
+                break
             if i + 1 < k:
                 out = c.run(tok[:, None])
                 c.keep(torch.ones_like(tok), valid_max=1)
                 logits = out.logits[:, -1]
         draft = torch.stack(tokens, 1) if tokens else torch.zeros(len(state.tokens), 0, dtype=torch.long)
         q = None if sampling.greedy or not probs else torch.stack(probs, 1)
-        return Proposal(tokens=draft, probs=q)
+        return Proposal(tokens=draft, probs=q, lengths=cut.lengths)

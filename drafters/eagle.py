@@ -33,7 +33,7 @@ from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
-from drafters.base import Drafter
+from drafters.base import ChainCutoff, Drafter
 
 # --------------------------------------------------------------------------------------------------
 # building blocks
@@ -180,6 +180,8 @@ class FeatureHeadDrafter(Drafter):
     ``(tokens[t+1], features[t])`` and its output predicts ``tokens[t+2]``.
     """
 
+    supports_draft_threshold = True
+
     def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
         super().check_compatible(target, vocab_size)
         check_target_shape(self, target)
@@ -226,31 +228,39 @@ class FeatureHeadDrafter(Drafter):
             raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
         if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
             self.reset(len(state.tokens))
-        rows_t, rows_p = [], []
+        rows_t, rows_p, lengths = [], [], []
         with torch.no_grad():
             for b, toks in enumerate(state.tokens):
-                t, p = self._propose_row(b, toks, state.features[b], state.num_stable[b], k, sampling,
-                                         generator, state.vocab_size, state.active[b])
+                t, p, n = self._propose_row(b, toks, state.features[b], state.num_stable[b], k, sampling,
+                                            generator, state.vocab_size, state.active[b])
                 rows_t.append(t)
                 rows_p.append(p)
+                lengths.append(n)
         tokens = torch.stack(rows_t)
-        return Proposal(tokens=tokens, probs=None if sampling.greedy else torch.stack(rows_p))
+        return Proposal(tokens=tokens, probs=None if sampling.greedy else torch.stack(rows_p),
+                        lengths=torch.tensor(lengths) if self.draft_threshold > 0 else None)
 
     def _propose_row(self, b, toks, feats, stable, k, sampling, generator, vocab_size, active):
+        """Row ``b``'s chain: ``(tokens [k], q [k, V] or None, proposed length)``; past the length
+        (``draft_threshold`` cut, see ``drafters.base.ChainCutoff``) tokens repeat the last one."""
         v_out = self.target_vocab_size()
         if len(toks) < 2 or not active:  # nothing to condition on yet: repeat the last token (valid id)
             t = torch.full((k,), toks[-1] if toks[-1] < vocab_size else 0, dtype=torch.long)
-            return t, F.one_hot(t, v_out).float()
+            return t, F.one_hot(t, v_out).float(), k if len(toks) < 2 else 0
         n = len(toks)
         out = self._catch_up(b, toks, feats, stable)  # [1, H], predicts tokens[n]
         c = self._caches[b]
         past, hid = (c["k"], c["v"]), out
         drafted, probs = [], []
+        cut = ChainCutoff(self.draft_threshold, 1, k)
         for i in range(k):
             logits, ids = self.logits_and_ids(hid)  # [1, V']
             if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
                 logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
             tok, p = select_tokens(logits, sampling, vocab_size if ids is None else None, generator)
+            cut.update(i, tok, logits=logits, probs=p)
+            if cut.done:
+                break
             tgt = tok if ids is None else ids[tok]
             drafted.append(int(tgt))
             if not sampling.greedy:
@@ -258,8 +268,12 @@ class FeatureHeadDrafter(Drafter):
             if i + 1 < k:  # next position (n-2)+i+1 consumes (draft token, own output feature)
                 hid, past = self._run(tgt.view(1, 1), hid[:, None], n - 1 + i, past)
                 hid = hid[:, -1]
-        t = torch.tensor(drafted, dtype=torch.long)
-        return t, (torch.stack(probs).cpu() if probs else None)
+        length = len(drafted)
+        fill = drafted[-1] if drafted else (toks[-1] if toks[-1] < vocab_size else 0)
+        t = torch.tensor(drafted + [fill] * (k - length), dtype=torch.long)
+        if not sampling.greedy:
+            probs += [F.one_hot(torch.tensor(fill), v_out).float().to(probs[0].device if probs else "cpu")] * (k - length)
+        return t, (torch.stack(probs).cpu() if probs else None), length
 
     @staticmethod
     def _to_target_probs(p: torch.Tensor, ids: torch.Tensor | None, v: int) -> torch.Tensor:

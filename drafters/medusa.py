@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import select_tokens
-from drafters.base import Drafter
+from decode.sampling import sanitize_logits, select_tokens
+from drafters.base import ChainCutoff, Drafter
 
 
 @dataclass
@@ -81,6 +81,8 @@ class ResBlock(nn.Module):
 
 class MedusaDrafter(Drafter):
     """K Medusa heads on the target's final-norm hidden state. See the module docstring for offsets."""
+
+    supports_draft_threshold = True
 
     kind = "medusa"
     config_class = MedusaConfig
@@ -152,10 +154,12 @@ class MedusaDrafter(Drafter):
             rows.append(f[-1] if f.shape[0] else f.new_zeros(self.config.hidden_size))
         hidden = torch.stack(rows).to(dev, next(self.blocks.parameters()).dtype)  # [B, H] = features[n-2]
         toks, probs = [], []
+        cut = ChainCutoff(self.draft_threshold, len(state.tokens), k)
         with torch.no_grad():
             for j in range(k):
                 logits = self.head_logits(j, hidden)  # [B, V]: head j predicts tokens[n + j]
                 t, p = select_tokens(logits, sampling, state.vocab_size, generator)
+                cut.update(j, t, logits=sanitize_logits(logits, state.vocab_size), probs=p)
                 toks.append(t)
                 probs.append(p)
         tokens = torch.stack(toks, 1)
@@ -168,4 +172,5 @@ class MedusaDrafter(Drafter):
             for b, f in enumerate(state.features):
                 if f.shape[0] == 0:
                     out_probs[b] = torch.nn.functional.one_hot(tokens[b], out_probs.shape[-1]).float()
-        return Proposal(tokens=tokens.cpu(), probs=None if out_probs is None else out_probs.cpu())
+        return Proposal(tokens=tokens.cpu(), probs=None if out_probs is None else out_probs.cpu(),
+                        lengths=cut.lengths)

@@ -120,7 +120,6 @@ def test_proposals_are_valid_ids(kind, temperature):
     assert toks.shape == (2, 3) and toks.dtype == torch.long
     assert ((toks >= 0) & (toks < st.vocab_size)).all()
     if prop.probs is not None:
-        assert True
         p = prop.probs
         assert p.shape[:2] == (2, 3) and p.shape[2] >= st.vocab_size
         assert torch.allclose(p.sum(-1), torch.ones(2, 3), atol=1e-5)
@@ -138,6 +137,53 @@ def test_greedy_generate_equals_plain_greedy(kind):
     spec = engine.generate(target, prompts, drafter=d, max_new_tokens=24, num_draft_tokens=3)
     assert spec.sequences == plain.sequences
     assert spec.stats.drafted > 0
+
+
+TRAINED_KINDS = [k for k in KIND_PARAMS if k.values[0] != "ngram"]
+
+
+@pytest.mark.parametrize("kind", TRAINED_KINDS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_threshold_shortens_chains_and_keeps_output(kind, temperature):
+    """``draft_threshold`` (ChainCutoff): fewer draft tokens, the same greedy output; above 1.0 nothing
+    is drafted at all (every round is a plain step)."""
+    from decode import engine
+
+    target = tiny_llama(0)
+    d = build(kind, target)
+    prompts = [[5, 6, 7, 8, 9, 5, 6], [20, 21], [1, 2, 3, 4]]
+    kw = dict(max_new_tokens=24, temperature=temperature, seed=3)
+    plain = engine.generate(target, prompts, **kw)
+    runs = {}
+    for thr in (0.0, 0.02, 1.5):
+        d.draft_threshold = thr
+        runs[thr] = engine.generate(target, prompts, drafter=d, num_draft_tokens=3, **kw)
+        assert all(len(s) == 24 or r == "stop" for s, r in zip(runs[thr].sequences, runs[thr].finish_reasons))
+        if temperature == 0.0:
+            assert runs[thr].sequences == plain.sequences, thr
+    assert runs[1.5].stats.drafted == 0 and runs[1.5].stats.accepted == 0
+    assert runs[1.5].stats.tau == 1.0
+    assert 0 < runs[0.02].stats.drafted, "a tiny threshold should still draft"
+    per_round = {t: r.stats.drafted / max(r.stats.target_forwards, 1) for t, r in runs.items()}
+    assert per_round[0.02] < per_round[0.0], per_round
+
+
+def test_chain_cutoff_by_path_probability():
+    from drafters.base import ChainCutoff
+
+    cut = ChainCutoff(0.44, batch_size=2, k=3)
+    probs = [torch.tensor([[0.9, 0.1], [0.3, 0.7]]), torch.tensor([[0.5, 0.5], [0.9, 0.1]]),
+             torch.tensor([[0.9, 0.1], [0.9, 0.1]])]
+    for j, p in enumerate(probs):
+        cut.update(j, torch.tensor([0, 0]), probs=p)  # row 0: 0.9, 0.45, 0.405; row 1: 0.3 (cut at 0)
+    assert cut.lengths.tolist() == [2, 0] and cut.done
+    assert ChainCutoff(0.0, 2, 3).lengths is None  # off: the proposer's full k
+    logits = torch.tensor([[2.0, 0.0]])
+    one = ChainCutoff(0.8, 1, 2)
+    one.update(0, torch.tensor([0]), logits=logits)  # softmax(2, 0)[0] = 0.881
+    assert not one.done
+    one.update(1, torch.tensor([1]), logits=logits)  # 0.881 * 0.119 < 0.8
+    assert one.done and one.lengths.tolist() == [1]
 
 
 @pytest.mark.slow

@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+from decode.harness import stats_record
+from decode.report import pooled_positions
+
 
 def eval_prompt_ids(recipe, tokenizer) -> list[list[int]]:
     """Token ids of ``recipe.eval.num_prompts`` prompts, each ending with the assistant header.
@@ -40,17 +43,13 @@ def eval_prompt_ids(recipe, tokenizer) -> list[list[int]]:
     return out
 
 
-def merge_stats(stats: list[Any]) -> dict[str, Any]:
-    """Pool several ``DecodeStats``: counts summed, tau = verification-committed tokens / passes,
-    per-position acceptance weighted by each call's drafted tokens, tokens/s = committed / time."""
+def merge_stats(results: list[Any]) -> dict[str, Any]:
+    """Pool several ``decode.generate`` results: counts summed, tau = verification-committed tokens / passes,
+    per-position acceptance pooled exactly (``decode.report.pooled_positions``), tokens/s = committed / time."""
+    stats = [r.stats for r in results]
     passes = sum(s.target_forwards for s in stats)
     drafted = sum(s.drafted for s in stats)
-    width = max((len(s.accept_per_position) for s in stats), default=0)
-    per_pos = []
-    for i in range(width):
-        pairs = [(s.accept_per_position[i], s.drafted) for s in stats if i < len(s.accept_per_position)]
-        w = sum(d for _, d in pairs)
-        per_pos.append(sum(a * d for a, d in pairs) / w if w else 0.0)
+    per_pos = pooled_positions([stats_record(r) for r in results])
     total_time = sum(s.total_time_s for s in stats)
     return {
         "tau": sum(s.tau * s.target_forwards for s in stats) / passes if passes else 1.0,
@@ -82,7 +81,7 @@ def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: list[li
             res = decode.generate(target, prompts[i:i + cfg.batch_size], drafter=drafter,
                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                   num_draft_tokens=cfg.k, seed=recipe.train.seed + i)
-            stats.append(res.stats)
+            stats.append(res)
     finally:
         drafter.train(was_training)
     out = merge_stats(stats)

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="eval prompts per benchmark")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--baselines", default="engine,hf,hf-assisted", help="comma-separated, as in drafterkit eval")
+    p.add_argument("--draft-threshold", default="0,0.2", dest="draft_thresholds",
+                   help="comma-separated confidence thresholds measured side by side (0: a chain of K; >0: the "
+                        "chain stops once the drafter's path probability falls below it, EAGLE-2 style)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 (eval and target)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
@@ -102,6 +105,7 @@ def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
     for bench in BENCHMARKS:
         cfg = EvalConfig(target="smollm2-135m", drafters=[str(ckpt)], benchmark=bench,
                          num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
+                         draft_thresholds=[float(x) for x in str(args.draft_thresholds).split(",") if x.strip()],
                          device=args.device, progress=not args.no_progress,
                          baselines=[b for b in args.baselines.split(",") if b])
         records[bench] = evaluate(cfg, target=target, tok=tok)
