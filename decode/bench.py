@@ -180,6 +180,11 @@ def build_drafters(names: list[str], target, thresholds: list[float]) -> list:
             if thr > 0:
                 s = dataclasses.replace(s, label=f"{s.label}@{thr:g}", hf_kwargs=None)
             specs.append(s)
+    seen: dict[str, int] = {}
+    for i, s in enumerate(specs):  # two specs resolving to the same label still get their own rows
+        seen[s.label] = seen.get(s.label, 0) + 1
+        if seen[s.label] > 1:
+            specs[i] = dataclasses.replace(s, label=f"{s.label}#{seen[s.label]}")
     return specs
 
 

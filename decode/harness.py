@@ -203,6 +203,8 @@ def _load_checkpoint(spec: str, target) -> DrafterSpec:
     p = next(target.parameters())
     d.to(device=p.device, dtype=p.dtype)
     name = path.parent.name if path.name == "drafter" else path.name
+    if path.name == "drafter" and path.parent.parent.name == "checkpoints":  # <run>/checkpoints/best/drafter
+        name = f"{path.parent.parent.parent.name}/{name}"
     label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
     return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from drafters.eagle import DraftDecoderLayer, FeatureHeadDrafter, RMSNorm, target_shape_fields
+from drafters.eagle import DraftDecoderLayer, EagleConfig, FeatureHeadDrafter, RMSNorm, target_shape_fields
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -44,21 +44,13 @@ def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 @dataclass
-class Eagle3Config:
-    """EAGLE-3 head. ``vocab_size``/``hidden_size``/``target_num_layers`` are the target's;
-    ``draft_vocab_size`` is ``N``; ``ttt_steps`` is the training unroll length (not used at decode)."""
+class Eagle3Config(EagleConfig):
+    """EAGLE-3 head: the EAGLE-1 shape fields (the target's sizes, see :class:`drafters.eagle.EagleConfig`)
+    plus ``draft_vocab_size`` (``N``), ``feature_layers`` and ``ttt_steps`` (the training unroll
+    length, not used at decode)."""
 
-    vocab_size: int
-    hidden_size: int
-    target_num_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
     draft_vocab_size: int = 8192
     feature_layers: list[int] = field(default_factory=list)
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
     ttt_steps: int = 3
 
     def __post_init__(self):

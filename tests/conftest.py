@@ -48,3 +48,40 @@ def real_target():
 
 def pytest_configure(config):
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+
+def greedy_continuation_batch(target, n_prompts: int = 24, prompt_len: int = 4, new_tokens: int = 20, seed: int = 0):
+    """A training batch of the target's own greedy continuations of random prompts (loss on the
+    continuation only), plus the generator for drawing more prompts: ``(batch, generator)``."""
+    from decode import engine
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 128, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
+    res = engine.generate(target, prompts, max_new_tokens=new_tokens, eos_token_id=[])
+    ids = torch.tensor([p + s for p, s in zip(prompts, res.sequences)])
+    lm = torch.zeros_like(ids)
+    lm[:, prompt_len:] = 1
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": lm}, g
+
+
+def acceptance_before_after(kind: str, drafter, target, batch, recipe, prompts, *, k: int, lr: float,
+                            steps: int = 40) -> tuple[float, float]:
+    """Measured acceptance rate (decode.generate on ``prompts``, 16 new tokens, K=``k``) of ``drafter``
+    before and after ``steps`` Adam steps of ``kind``'s training loss on ``batch``."""
+    from decode import engine
+    from train.strategies import get_strategy
+
+    def rate():
+        drafter.eval()
+        return engine.generate(target, prompts, drafter=drafter, max_new_tokens=16,
+                               num_draft_tokens=k).stats.acceptance_rate
+
+    before = rate()
+    drafter.train()
+    opt = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=lr)
+    for _ in range(steps):
+        loss, _ = get_strategy(kind).loss(drafter, target, batch, recipe)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return before, rate()

@@ -147,7 +147,7 @@ def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prom
                  "--max-new-tokens", "6", "--k", "2", "--device", "cpu", "--no-progress", "--baselines", "engine",
                  "--output", str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert rec["exactness"]["mismatches"] == {"hf:small-lm": 0, "draft_lm:last": 0, "hf:exported": 0}
+    assert rec["exactness"]["mismatches"] == {"hf:small-lm": 0, "draft_lm:run/last": 0, "hf:exported": 0}
     bad = tmp_path / "other-vocab"
     tiny_llama(1, vocab_size=128, hidden_size=32, layers=1).save_pretrained(bad)
     capsys.readouterr()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import tiny_llama
+from conftest import acceptance_before_after, greedy_continuation_batch, tiny_llama
 
 from decode.protocol import DecodeState, SamplingParams
 from drafters.eagle import EagleConfig, EagleDrafter
@@ -134,33 +134,12 @@ def test_feature_cache_option_gives_the_same_loss(tmp_path):
 def test_training_raises_measured_acceptance():
     """40 optimizer steps on the tiny target's greedy continuations raise the acceptance measured by
     decode.generate on unseen prompts well above the untrained head's."""
-    from decode import engine
-
     target = tiny_llama(0)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 128, (4,), generator=g).tolist() for _ in range(24)]
+    batch, g = greedy_continuation_batch(target)
     held = [torch.randint(3, 128, (4,), generator=g).tolist() for _ in range(8)]
-    res = engine.generate(target, prompts, max_new_tokens=20, eos_token_id=[])
-    ids = torch.tensor([p + s for p, s in zip(prompts, res.sequences)])
-    lm = torch.zeros_like(ids)
-    lm[:, 4:] = 1
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": lm}
     recipe = recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"name": "fkl"},
                                "drafter": {"kind": "eagle", "options": {}}})
     torch.manual_seed(0)
     d = EagleDrafter(EagleConfig.from_target(target), target=target)
-
-    def rate():
-        d.eval()
-        return engine.generate(target, held, drafter=d, max_new_tokens=16, num_draft_tokens=3).stats.acceptance_rate
-
-    before = rate()
-    d.train()
-    opt = torch.optim.Adam([p for p in d.parameters() if p.requires_grad], lr=3e-3)
-    for _ in range(40):
-        loss, _ = get_strategy("eagle").loss(d, target, batch, recipe)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    after = rate()
+    before, after = acceptance_before_after("eagle", d, target, batch, recipe, held, k=3, lr=3e-3)
     assert after > 0.1 and after > before + 0.1, (before, after)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from conftest import tiny_llama
+from conftest import acceptance_before_after, greedy_continuation_batch, tiny_llama
 
 from decode.protocol import DecodeState, SamplingParams
 from drafters.medusa import MedusaConfig, MedusaDrafter
@@ -141,33 +141,12 @@ def test_training_raises_measured_acceptance():
     """40 optimizer steps on the tiny target's own greedy continuations: measured acceptance of the
     trained heads (decode.generate, same prompts) far above the fresh heads'. Own LM heads: a shared
     frozen 32-wide head leaves a tiny model too little capacity to learn."""
-    from decode import engine
-
     target = tiny_llama(0)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 128, (4,), generator=g).tolist() for _ in range(24)]
-    res = engine.generate(target, prompts, max_new_tokens=20, eos_token_id=[])
-    ids = torch.tensor([p + s for p, s in zip(prompts, res.sequences)])
-    lm = torch.zeros_like(ids)
-    lm[:, 4:] = 1
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": lm}
+    batch, _ = greedy_continuation_batch(target)
+    prompts = [row[:4] for row in batch["input_ids"].tolist()]
     recipe = recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"name": "fkl"},
                                "drafter": {"kind": "medusa", "options": {"num_heads": K}}})
     torch.manual_seed(0)
     d = _drafter(target, share_lm_head=False)
-
-    def rate():
-        d.eval()
-        return engine.generate(target, prompts[:8], drafter=d, max_new_tokens=16,
-                               num_draft_tokens=K).stats.acceptance_rate
-
-    before = rate()
-    d.train()
-    opt = torch.optim.Adam([p for p in d.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(40):
-        loss, _ = get_strategy("medusa").loss(d, target, batch, recipe)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    after = rate()
+    before, after = acceptance_before_after("medusa", d, target, batch, recipe, prompts[:8], k=K, lr=1e-2)
     assert after > 0.25 and after > before + 0.2, (before, after)

@@ -30,9 +30,10 @@ def test_default_kind_follows_the_recipes_present():
 @pytest.mark.slow
 def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
     out = tmp_path / "qs"
-    rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out), 
+    rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out),
                "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
                "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress", "--baselines", "engine,hf",
+               "--dtype", "fp32",  # exactness vs plain decoding is checked in fp32
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
@@ -41,6 +42,9 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
     for bench in ("mt-bench", "humaneval"):
         rows = {r["role"]: r for r in rep["evals"][bench]["summary"]}
         assert {"spec", "plain", "hf"} <= set(rows)
+        specs = [r for r in rep["evals"][bench]["summary"] if r["role"] == "spec"]
+        assert len(specs) == 2 and specs[1]["method"].endswith("@0.1")  # --draft-threshold 0,0.1 side by side
+        assert all(r["mismatches"] == 0 for r in specs)
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])
         assert rows["spec"]["mismatches"] == 0 and len(rep["evals"][bench]["prompts"]) == 2

@@ -16,7 +16,6 @@ the full head. A CPU economy (see MEASURED.md); ``None`` uses the full vocabular
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,9 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from train.data import shift_for_next_token
 from train.features import batch_features
-from train.strategies import check_common_batch, unwrap
-from train.strategies.eagle3 import vocab_remap
-from train.strategies.medusa import chain_loss, feature_store, trainable_own
+from train.strategies import unwrap
+from train.strategies.heads import (
+    FeatureHeadStrategy,
+    chain_loss,
+    feature_store,
+    register_train_vocab,
+    trainable_own,
+    vocab_remap,
+)
 
 
 class EagleOptions(BaseModel):
@@ -40,7 +45,7 @@ class EagleOptions(BaseModel):
     feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
 
 
-class EagleStrategy:
+class EagleStrategy(FeatureHeadStrategy):
     """Strategy (see ``train.strategies``) for ``kind: eagle``."""
 
     kind = "eagle"
@@ -48,7 +53,6 @@ class EagleStrategy:
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
         from drafters.eagle import EagleConfig, EagleDrafter
-        from train.strategies.eagle3 import register_train_vocab
 
         o: EagleOptions = recipe.drafter.parsed_options()
         drafter = EagleDrafter(EagleConfig.from_target(target), target=target,
@@ -57,15 +61,9 @@ class EagleStrategy:
         register_train_vocab(drafter, recipe, tokenizer, o.train_vocab_size)
         return drafter
 
-    def check_batch(self, batch: dict[str, Any]) -> None:
-        check_common_batch(batch)
-        if batch["input_ids"].shape[1] < 3:
-            raise ValueError("EAGLE batches need sequences of >= 3 tokens")
-
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)``, see the module docstring."""
-        if batch.get("on_policy"):
-            raise ValueError("eagle training does not support on-policy batches; set data.on_policy_fraction: 0")
+        self.refuse_on_policy(batch)
         d = unwrap(drafter)
         o: EagleOptions = recipe.drafter.parsed_options()
         f = batch_features(target, batch, d.feature_layers, feature_store(recipe, d.feature_layers))
@@ -87,6 +85,3 @@ class EagleStrategy:
         total = o.feature_weight * reg + o.token_weight * tok
         metrics.update({"feature_smooth_l1": float(reg.detach()), "token_loss": float(tok.detach()), "loss": float(total.detach())})
         return total, metrics
-
-    def save(self, drafter, path: str | Path) -> None:
-        unwrap(drafter).save_pretrained(path)

@@ -17,18 +17,18 @@ fed the data tokens, i.e. the chain where every earlier draft was right).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from train.data import shift_for_next_token
 from train.features import batch_features, target_logits
-from train.strategies import check_common_batch, unwrap
-from train.strategies.medusa import (
+from train.strategies import unwrap
+from train.strategies.heads import (
+    FeatureHeadStrategy,
     chain_loss,
+    count_data_tokens,
     feature_store,
     shifted_rows,
     trainable_own,
@@ -45,44 +45,7 @@ class Eagle3Options(BaseModel):
     feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
 
 
-def count_data_tokens(recipe: Any, tokenizer: Any, vocab_size: int) -> torch.Tensor:
-    """Counts ``[V]`` of supervised (``loss_mask == 1``) token ids in the recipe's training split."""
-    from train.data import build_dataset
-
-    data = recipe.data
-    source = data.path if data.source == "jsonl" else data.source
-    ds = build_dataset(source, tokenizer, max_length=data.max_length, num_examples=data.num_examples,
-                       split="train", heldout_fraction=data.heldout_fraction, seed=recipe.train.seed)
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for ex in ds.with_format("numpy"):
-        ids, lm = np.asarray(ex["input_ids"], dtype=np.int64), np.asarray(ex["loss_mask"]).astype(bool)
-        counts += np.bincount(ids[lm], minlength=vocab_size)[:vocab_size]
-    return torch.from_numpy(counts)
-
-
-def register_train_vocab(drafter, recipe: Any, tokenizer: Any, n: int | None) -> None:
-    """With ``n``, give ``drafter`` a non-persistent buffer ``train_vocab`` (sorted ids ``[n]``) of the n
-    most frequent supervised data tokens; token losses are then computed over those LM-head rows only
-    (a training economy for full-vocabulary heads; not saved, decoding is unaffected)."""
-    if not n:
-        return
-    from drafters.eagle3 import select_draft_vocab
-
-    counts = count_data_tokens(recipe, tokenizer, drafter.config.vocab_size)
-    ids = select_draft_vocab(counts, min(n, drafter.config.vocab_size))
-    drafter.register_buffer("train_vocab", ids.to(next(drafter.parameters()).device), persistent=False)
-
-
-def vocab_remap(vocab: torch.Tensor | None, vocab_size: int, device) -> torch.Tensor | None:
-    """``[V]`` target id -> index in ``vocab`` (-100 outside), or None when ``vocab`` is None."""
-    if vocab is None:
-        return None
-    remap = torch.full((vocab_size,), -100, dtype=torch.long, device=device)
-    remap[vocab] = torch.arange(vocab.numel(), device=device)
-    return remap
-
-
-class Eagle3Strategy:
+class Eagle3Strategy(FeatureHeadStrategy):
     """Strategy (see ``train.strategies``) for ``kind: eagle3``."""
 
     kind = "eagle3"
@@ -102,15 +65,9 @@ class Eagle3Strategy:
             init_layer_from_target(drafter.layer, target)
         return trainable_own(drafter, target)
 
-    def check_batch(self, batch: dict[str, Any]) -> None:
-        check_common_batch(batch)
-        if batch["input_ids"].shape[1] < 3:
-            raise ValueError("EAGLE-3 batches need sequences of >= 3 tokens")
-
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` over the TTT unroll, see the module docstring."""
-        if batch.get("on_policy"):
-            raise ValueError("eagle3 training does not support on-policy batches; set data.on_policy_fraction: 0")
+        self.refuse_on_policy(batch)
         d = unwrap(drafter)
         o: Eagle3Options = recipe.drafter.parsed_options()
         layers = list(d.feature_layers) + [d.config.target_num_layers]
@@ -141,9 +98,6 @@ class Eagle3Strategy:
         loss, metrics = chain_loss(draft_rows, target_rows, label_rows, weights, recipe.loss)
         metrics["draft_vocab_coverage"] = float(in_vocab.float().mean()) if in_vocab.numel() else 0.0
         return loss, metrics
-
-    def save(self, drafter, path: str | Path) -> None:
-        unwrap(drafter).save_pretrained(path)
 
 
 @torch.no_grad()

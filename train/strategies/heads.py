@@ -1,0 +1,170 @@
+"""What the feature-head strategies (Medusa, EAGLE, EAGLE-3) share: one base class and the loss plumbing.
+
+* :class:`FeatureHeadStrategy`: the batch check, the on-policy refusal and ``save`` (a head trains on
+  fixed data with the target's own features; DistillSpec-style on-policy batches are a draft-LM thing).
+* :func:`chain_loss`: ``recipe.loss`` over K draft steps at the same N start positions (Medusa heads,
+  the EAGLE-3 TTT unroll, EAGLE's single step), with per-step weights.
+* :func:`shifted_rows`: gather ``x[b, t + shift]`` at start positions (the label/target offset of step k).
+* :func:`feature_store`, :func:`trainable_own`, :func:`count_data_tokens`, :func:`register_train_vocab`,
+  :func:`vocab_remap`: feature cache, device/dtype of the trainable tensors, and the reduced
+  (most-frequent-token) vocabularies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from train import losses
+from train.strategies import check_common_batch, unwrap
+
+
+class FeatureHeadStrategy:
+    """Base of the head strategies; subclasses set ``kind``, ``options_model`` and implement ``build``
+    and ``loss`` (calling :meth:`refuse_on_policy` first)."""
+
+    kind = ""
+    min_tokens = 3  # a head at t predicts token t + 2: shorter sequences hold no supervised pair
+
+    def check_batch(self, batch: dict[str, Any]) -> None:
+        check_common_batch(batch)
+        if batch["input_ids"].shape[1] < self.min_tokens:
+            raise ValueError(f"{self.kind} batches need sequences of >= {self.min_tokens} tokens (the head at "
+                             "position t predicts token t + 2)")
+
+    def refuse_on_policy(self, batch: dict[str, Any]) -> None:
+        """Raise ``ValueError`` for an on-policy (DistillSpec) batch, naming the recipe fix."""
+        if batch.get("on_policy"):
+            raise ValueError(f"{self.kind} training does not support on-policy batches; set "
+                             "data.on_policy_fraction: 0")
+
+    def save(self, drafter, path: str | Path) -> None:
+        unwrap(drafter).save_pretrained(path)
+
+
+def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], label_rows: list[torch.Tensor],
+               step_weights: list[float], loss_cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss over K draft steps evaluated at the same N start positions (Medusa heads, EAGLE-3 TTT).
+
+    Args:
+        draft_rows / target_rows: K tensors ``[N, V]`` of draft / target logits for step k.
+        label_rows: K LongTensors ``[N]``: the data token of step k, ``-100`` where unsupervised.
+        step_weights: K floats (e.g. ``0.8 ** k``), multiplying each step's per-term loss.
+        loss_cfg: ``recipe.loss`` (``terms()``, ``temperature``, ``ce_labels``, ``jsd_beta``, ``draft_steps``).
+
+    Returns:
+        ``(loss, metrics)``; metrics hold ``{term}_step{k}``, ``top1_step{k}`` (draft argmax == target
+        argmax at supervised rows) and ``loss``. ``accept_len`` uses the first ``draft_steps`` steps.
+    """
+    k_steps = len(draft_rows)
+    valid = [y != -100 for y in label_rows]
+    total = draft_rows[0].new_zeros(())
+    metrics: dict[str, float] = {}
+    temp = loss_cfg.temperature
+    for name, w in loss_cfg.terms().items():
+        if name == "accept_len":
+            k = min(k_steps, loss_cfg.draft_steps)
+            alphas = torch.stack([_alpha_rows(draft_rows[j], target_rows[j], temp) for j in range(k)], 1)
+            value, m = losses.accept_length_loss(alphas, torch.stack(valid[:k], 1))
+            total = total + w * value
+            metrics.update(m)
+            continue
+        for j in range(k_steps):
+            d, t, v = draft_rows[j], target_rows[j], valid[j]
+            if name == "ce":
+                y = t.argmax(-1) if loss_cfg.ce_labels == "target" else label_rows[j]
+                value, _ = losses.ce_loss(d, y.masked_fill(~v, -100))
+            elif name == "jsd":
+                value, _ = losses.jsd_loss(d, t, v, temp, beta=loss_cfg.jsd_beta)
+            else:
+                value, _ = losses.DISTRIBUTION_LOSSES[name](d, t, v, temp)
+            total = total + w * step_weights[j] * value
+            metrics[f"{name}_step{j}"] = float(value.detach())
+    with torch.no_grad():
+        for j in range(k_steps):
+            v = valid[j]
+            agree = (draft_rows[j].argmax(-1) == target_rows[j].argmax(-1))[v].float()
+            metrics[f"top1_step{j}"] = float(agree.mean()) if v.any() else 0.0
+    metrics["loss"] = float(total.detach())
+    return total, metrics
+
+
+def _alpha_rows(d: torch.Tensor, t: torch.Tensor, temperature: float) -> torch.Tensor:
+    q = torch.softmax(d.float() / temperature, -1)
+    p = torch.softmax(t.detach().float() / temperature, -1)
+    return torch.minimum(p, q).sum(-1)  # [N]
+
+
+def shifted_rows(x: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor], shift: int, fill: int | None = None):
+    """``x[b, t + shift]`` at the (b, t) pairs ``rows`` (``[N]`` each); positions past the end are clamped
+    (and, with ``fill``, replaced by ``fill``: use -100 for labels)."""
+    b, t = rows
+    pos = t + shift
+    out = x[b, pos.clamp(max=x.shape[1] - 1)]
+    if fill is not None:
+        out = out.masked_fill(pos >= x.shape[1], fill)
+    return out
+
+
+def feature_store(recipe: Any, layers):
+    """The recipe's :class:`train.features.FeatureStore` (``output_dir/feature_cache``) when
+    ``drafter.options.feature_cache`` is true, else None."""
+    if not recipe.drafter.options.get("feature_cache"):
+        return None
+    from train.features import FeatureStore
+
+    return FeatureStore(Path(recipe.output_dir) / "feature_cache", layers)
+
+
+def trainable_own(drafter, target: torch.nn.Module):
+    """Move the drafter's OWN tensors to the target's device (params fp32, trainable); borrowed target
+    modules are left as they are (frozen). Returns the drafter in train mode."""
+    dev = next(target.parameters()).device
+    for name, p in drafter.named_parameters():
+        if not name.startswith(drafter.borrowed_prefixes):
+            p.data = p.data.to(dev, torch.float32)
+            p.requires_grad_(True)
+    for name, b in drafter.named_buffers():
+        if not name.startswith(drafter.borrowed_prefixes):
+            b.data = b.data.to(dev)
+    return drafter.train()
+
+
+def count_data_tokens(recipe: Any, tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """Counts ``[V]`` of supervised (``loss_mask == 1``) token ids in the recipe's training split."""
+    from train.data import build_dataset
+
+    data = recipe.data
+    source = data.path if data.source == "jsonl" else data.source
+    ds = build_dataset(source, tokenizer, max_length=data.max_length, num_examples=data.num_examples,
+                       split="train", heldout_fraction=data.heldout_fraction, seed=recipe.train.seed)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for ex in ds.with_format("numpy"):
+        ids, lm = np.asarray(ex["input_ids"], dtype=np.int64), np.asarray(ex["loss_mask"]).astype(bool)
+        counts += np.bincount(ids[lm], minlength=vocab_size)[:vocab_size]
+    return torch.from_numpy(counts)
+
+
+def register_train_vocab(drafter, recipe: Any, tokenizer: Any, n: int | None) -> None:
+    """With ``n``, give ``drafter`` a non-persistent buffer ``train_vocab`` (sorted ids ``[n]``) of the n
+    most frequent supervised data tokens; token losses are then computed over those LM-head rows only
+    (a training economy for full-vocabulary heads; not saved, decoding is unaffected)."""
+    if not n:
+        return
+    from drafters.eagle3 import select_draft_vocab
+
+    counts = count_data_tokens(recipe, tokenizer, drafter.config.vocab_size)
+    ids = select_draft_vocab(counts, min(n, drafter.config.vocab_size))
+    drafter.register_buffer("train_vocab", ids.to(next(drafter.parameters()).device), persistent=False)
+
+
+def vocab_remap(vocab: torch.Tensor | None, vocab_size: int, device) -> torch.Tensor | None:
+    """``[V]`` target id -> index in ``vocab`` (-100 outside), or None when ``vocab`` is None."""
+    if vocab is None:
+        return None
+    remap = torch.full((vocab_size,), -100, dtype=torch.long, device=device)
+    remap[vocab] = torch.arange(vocab.numel(), device=device)
+    return remap
