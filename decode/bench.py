@@ -249,7 +249,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", default="drafterkit-eval.json", help="JSON record; Markdown next to it (.md)")
+    p.add_argument("--output", default="drafterkit-eval.json",
+                   help="JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder")
     p.add_argument("--plots-dir", default=None, help="PNG folder (default: <output stem>-plots)")
     p.add_argument("--baselines", type=_csv(str, "--baselines"), default=list(BASELINES),
                    help="comma-separated subset of engine,hf,hf-assisted (default: all)")

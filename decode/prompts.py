@@ -169,8 +169,8 @@ def _iter_records(path: Path, stats: LoaderStats) -> Iterator[Any]:
                          "JSONL (one JSON object per line)")
 
 
-def _warn_torn(path: Path, kept_records: int, where: int) -> None:
-    warnings.warn(f"{path}: file is truncated: dropped 1 incomplete record at character {where} "
+def _warn_torn(path: Path, kept_records: int, where: str) -> None:
+    warnings.warn(f"{path}: file is truncated: dropped 1 incomplete record at {where} "
                   f"(kept the {kept_records} complete records before it)", stacklevel=4)
 
 
@@ -199,7 +199,7 @@ def _iter_json_array(path: Path, buf: str, chunks: Iterator[str], stats: LoaderS
             return
         if need_sep:
             if ch != ",":
-                _warn_torn(path, stats.records_read, base + pos)
+                _warn_torn(path, stats.records_read, f"character offset {base + pos}")
                 stats.torn_tail += 1
                 return
             pos += 1
@@ -217,7 +217,7 @@ def _iter_json_array(path: Path, buf: str, chunks: Iterator[str], stats: LoaderS
             if pos > _CHUNK_CHARS:
                 buf, base, pos = buf[pos:], base + pos, 0
         elif eof:
-            _warn_torn(path, stats.records_read, base + pos)
+            _warn_torn(path, stats.records_read, f"character offset {base + pos}")
             stats.torn_tail += 1
             return
         else:  # the record spans past the buffer: read more, doubling so a huge record stays O(n)
@@ -256,7 +256,7 @@ def _jsonl_line(path: Path, line: str, lineno: int, stats: LoaderStats, *, last:
         record = json.loads(line)
     except json.JSONDecodeError:
         if last:  # no newline after it: the file was cut inside this line
-            _warn_torn(path, stats.records_read, lineno)
+            _warn_torn(path, stats.records_read, f"line {lineno}")
             stats.torn_tail += 1
             return
         if lineno == 1:

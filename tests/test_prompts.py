@@ -224,6 +224,7 @@ def test_mt_bench_bad_line_names_file_and_line(tmp_path):
         prompts.load_mt_bench(path)
 
 
+@pytest.mark.slow
 def test_real_sharegpt_torn_tail():
     from decode.assets import fetch
 

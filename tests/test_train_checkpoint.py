@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tests.conftest import tiny_llama
+from conftest import tiny_llama
 from train.checkpoint import (
     TrainerState,
     find_resume,

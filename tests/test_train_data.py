@@ -75,6 +75,7 @@ def test_default_system_prompt_is_unsupervised(tok):
     assert tok.decode(out["input_ids"][a:b]) == CONV[2]["content"] + "<|im_end|>"
 
 
+@pytest.mark.slow
 def test_offsets_method_matches_prefix_token_reference_on_real_sharegpt(tok):
     from decode.assets import fetch
 
