@@ -1,7 +1,8 @@
 """drafterkit's speculative decoder: proposal, verification, KV-cache bookkeeping, metrics, benchmarks.
 
-``generate`` is the public entry point (DESIGN.md "Decoder contract"). Importing the package stays
-light: the engine (and transformers) load on first use of ``generate``.
+``generate`` is the public entry point (the project's decoder contract; metric definitions in
+``decode/metrics.py`` and README "Evaluation"). Importing the package stays light: the engine (and
+transformers) load on first use of ``generate``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Decode statistics: raw counts gathered by the engine and the derived figures of the contract.
 
-Definitions (DESIGN.md "Decoder contract"; all summed over the batch):
+Definitions (the project's decoder contract, also in README "Evaluation"; all summed over the batch):
 
 * ``committed``: tokens emitted (= total output length; each row's first token comes from prefill).
 * ``target_forwards``: verification passes after prefill, counted per active row.

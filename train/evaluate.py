@@ -3,7 +3,7 @@
 Runs ``decode.generate`` on a fixed held-out prompt set (first user turns of held-out ShareGPT
 conversations, ``decode.prompts.heldout_prompts``, or MT-bench first turns) rendered through the
 target's chat template, and reports what decoding measured: ``tau`` (acceptance length, bonus
-included), ``acceptance_rate``, ``accept_per_position`` and ``tokens_per_s`` (see DESIGN.md, decoder
+included), ``acceptance_rate``, ``accept_per_position`` and ``tokens_per_s`` (see decode/metrics.py, decoder
 contract). Scores are measured, never estimated.
 """
 
