@@ -169,7 +169,7 @@ def build_drafters(names: list[str], target, thresholds: list[float]) -> list:
     the threshold is not 0 (one fresh load each, so the rows are independent)."""
     specs = []
     for name in names:
-        for i, thr in enumerate(thresholds):
+        for thr in thresholds:
             s = build_drafter(name, target)
             if s is None:
                 break
@@ -266,7 +266,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(
         target=args.target, drafters=args.drafters or ["ngram"], benchmark=args.benchmark,
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds, dtype=args.dtype, device=args.device, seed=args.seed,
+        top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds, dtype=args.dtype,
+        device=args.device, seed=args.seed,
         baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
         concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)
 
