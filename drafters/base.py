@@ -24,6 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from decode.sampling import sanitize_logits
+
 
 class DrafterLoadError(RuntimeError):
     """A checkpoint folder does not match the drafter it is loaded into."""
@@ -137,7 +139,7 @@ class ChainCutoff:
     CPU grows with every drafted token, so cutting unlikely tails raises tokens/s while lowering tau.
 
     Usage: ``cut = ChainCutoff(threshold, batch)``; after each draft position ``j``:
-    ``cut.update(j, logits_or_probs, tokens)``; stop drafting when ``cut.done``; pass ``cut.lengths``
+    ``cut.update(j, tokens, logits=..., probs=..., vocab_size=...)``; stop drafting when ``cut.done``; pass ``cut.lengths``
     (LongTensor ``[B]``, or None when ``threshold <= 0``) as ``Proposal.lengths``.
     """
 
@@ -148,13 +150,14 @@ class ChainCutoff:
         self._open = torch.ones(batch_size, dtype=torch.bool)
 
     def update(self, j: int, tokens: torch.Tensor, logits: torch.Tensor | None = None,
-               probs: torch.Tensor | None = None) -> None:
-        """Record draft position ``j``: ``tokens [B]`` chosen from ``logits [B, V']`` (greedy) or
-        ``probs [B, V']`` (sampling; same index space as ``tokens``)."""
+               probs: torch.Tensor | None = None, vocab_size: int | None = None) -> None:
+        """Record draft position ``j``: ``tokens [B]`` chosen from ``logits [B, V']`` (greedy; ids
+        ``>= vocab_size`` are masked as ``decode.sampling.sanitize_logits`` does) or ``probs [B, V']``
+        (sampling; same index space as ``tokens``). A no-op when the cutoff is off."""
         if self.threshold <= 0:
             return
         if probs is None:
-            probs = torch.softmax(logits.float(), -1)
+            probs = torch.softmax(sanitize_logits(logits, vocab_size), -1)
         q = probs.float().gather(-1, tokens.reshape(-1, 1).to(probs.device)).reshape(-1).cpu()
         self.path = self.path * q
         stop = self._open & (self.path < self.threshold)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import sanitize_logits, select_tokens
+from decode.sampling import select_tokens
 from drafters.base import ChainCutoff, Drafter
 
 
@@ -315,7 +315,7 @@ class DraftLM(Drafter):
         cut = ChainCutoff(self.draft_threshold, len(state.tokens), k)
         for i in range(k):
             tok, q = select_tokens(logits, sampling, state.vocab_size, generator)
-            cut.update(i, tok, logits=sanitize_logits(logits, state.vocab_size), probs=q)
+            cut.update(i, tok, logits=logits, probs=q, vocab_size=state.vocab_size)
             tokens.append(tok)
             probs.append(q)
             if cut.done:  # every row's chain has ended: pad with the last token, draft no further

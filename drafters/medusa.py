@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import sanitize_logits, select_tokens
+from decode.sampling import select_tokens
 from drafters.base import ChainCutoff, Drafter
 
 
@@ -159,7 +159,7 @@ class MedusaDrafter(Drafter):
             for j in range(k):
                 logits = self.head_logits(j, hidden)  # [B, V]: head j predicts tokens[n + j]
                 t, p = select_tokens(logits, sampling, state.vocab_size, generator)
-                cut.update(j, t, logits=sanitize_logits(logits, state.vocab_size), probs=p)
+                cut.update(j, t, logits=logits, probs=p, vocab_size=state.vocab_size)
                 toks.append(t)
                 probs.append(p)
         tokens = torch.stack(toks, 1)
