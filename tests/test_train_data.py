@@ -270,3 +270,41 @@ def test_stats_entry_point_bad_source_is_a_clean_error(tmp_path, capsys, content
     assert data.main(["--stats", "--source", str(src), "--cache-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert "python -m train.data: error: " in err and message in err and "Traceback" not in err
+
+
+def test_regenerate_replaces_responses_with_the_targets_greedy_continuations(tmp_path):
+    """Regeneration keeps prompt tokens unsupervised, supervises exactly the target's greedy continuation
+    (what decode.generate returns for that prompt alone), keeps the source order, drops prompts with no
+    room for the generation, and is a cache hit the second time."""
+    import datasets
+
+    from conftest import tiny_llama
+    from decode import engine
+    from train.regenerate import regenerate_dataset
+
+    target = tiny_llama(0)
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 3, 9, 4, 30, 6]  # 30: no room for 8 new tokens inside max_length 32
+    rows = {"input_ids": [], "loss_mask": []}
+    for n in lengths:
+        prompt = torch.randint(3, 128, (n,), generator=g).tolist()
+        rows["input_ids"].append(prompt + [7, 8, 9])  # a "dataset" response that must be replaced
+        rows["loss_mask"].append([0] * n + [1, 1, 1])
+    ds = datasets.Dataset.from_dict(rows)
+    out = regenerate_dataset(ds, target, max_new_tokens=8, batch_size=2, max_length=32, cache_dir=tmp_path,
+                             progress=False)
+    kept = [i for i, n in enumerate(lengths) if n <= 32 - 8]
+    assert len(out) == len(kept)
+    for row, i in zip(out, kept):
+        prompt = rows["input_ids"][i][:lengths[i]]
+        alone = engine.generate(target, [prompt], max_new_tokens=8, temperature=0.0).sequences[0]
+        assert row["input_ids"] == prompt + list(alone)
+        assert row["loss_mask"] == [0] * len(prompt) + [1] * len(alone)
+        assert row["length"] == len(row["input_ids"])
+    again = regenerate_dataset(ds, target, max_new_tokens=8, batch_size=3, max_length=32, cache_dir=tmp_path,
+                               progress=False)
+    assert again["input_ids"] == out["input_ids"]
+    assert len(list(tmp_path.iterdir())) == 1  # one cache folder, no temp left behind
+
+    with pytest.raises(ValueError, match="regenerate_max_new_tokens"):
+        regenerate_dataset(ds, target, max_new_tokens=31, max_length=32, cache_dir=tmp_path, progress=False)

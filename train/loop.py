@@ -92,7 +92,7 @@ def load_data(recipe: Recipe, target, tokenizer):
         from train.regenerate import regenerate_dataset
 
         ds = regenerate_dataset(ds, target, max_new_tokens=d.regenerate_max_new_tokens,
-                                batch_size=recipe.train.batch_size, max_length=d.max_length)
+                                batch_size=d.regenerate_batch_size, max_length=d.max_length)
     return ds
 
 
@@ -235,17 +235,20 @@ def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
     assert_frozen(target)
     target.eval()
     strategy = get_strategy(recipe.drafter.kind)
-    try:
-        drafter = strategy.build(recipe, target, tokenizer)
-    except ValueError as exc:
-        raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    if not params:
-        raise RecipeError(f"the {recipe.drafter.kind} drafter has no trainable parameters; check drafter.options")
-    try:
-        ds = load_data(recipe, target, tokenizer)
-    except (ValueError, FileNotFoundError) as exc:
-        raise RecipeError(f"data: {exc}") from None
+    # The main process builds (and caches) the data first: dataset building and regeneration write shared
+    # cache folders; the other processes then read them.
+    with acc.main_process_first():
+        try:
+            drafter = strategy.build(recipe, target, tokenizer)
+        except ValueError as exc:
+            raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        if not params:
+            raise RecipeError(f"the {recipe.drafter.kind} drafter has no trainable parameters; check drafter.options")
+        try:
+            ds = load_data(recipe, target, tokenizer)
+        except (ValueError, FileNotFoundError) as exc:
+            raise RecipeError(f"data: {exc}") from None
     o = recipe.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     world = acc.num_processes  # a prepared scheduler steps once per process per optimizer step
@@ -323,7 +326,7 @@ class StopOnSignal:
             signal.signal(sig, old)
 
 
-def train(recipe: Recipe, *, target=None, tokenizer=None) -> TrainResult:
+def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | None = None) -> TrainResult:
     """Train a drafter as ``recipe`` says; write checkpoints, logs and evals under ``recipe.output_dir``.
 
     SIGINT / SIGTERM stop training after the current optimizer step: ``last/`` is saved and the result
@@ -332,6 +335,9 @@ def train(recipe: Recipe, *, target=None, tokenizer=None) -> TrainResult:
     Args:
         recipe: a validated :class:`train.recipe.Recipe`.
         target, tokenizer: an already loaded frozen target (else ``recipe.target`` is loaded).
+        budget_start: ``time.perf_counter()`` value from which ``train.max_minutes`` counts (default: the
+            first optimizer step, i.e. data preparation and regeneration are not counted; ``drafterkit
+            quickstart`` passes its stage start so that its ``--minutes`` covers them).
 
     Returns:
         :class:`TrainResult`.
@@ -359,7 +365,7 @@ def train(recipe: Recipe, *, target=None, tokenizer=None) -> TrainResult:
     data = batches(ctx["ds"], recipe, state, acc.process_index, acc.num_processes, ctx["pad_id"])
     result = TrainResult(global_step=state.global_step, stopped="max_steps", output_dir=str(paths.root))
     with StopOnSignal() as stop:
-        _run_steps(ctx, data, state, result, stop)
+        _run_steps(ctx, data, state, result, stop, budget_start)
         if result.stopped == "max_minutes":
             _save(ctx, paths.last, state)  # the trained steps survive a failing final evaluation
             ev = _maybe_evaluate(ctx, state, final=True)
@@ -372,10 +378,10 @@ def train(recipe: Recipe, *, target=None, tokenizer=None) -> TrainResult:
 
 
 def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: TrainResult,
-               stop: StopOnSignal) -> None:
+               stop: StopOnSignal, budget_start: float | None = None) -> None:
     """Optimizer steps until max_steps, the max_minutes budget, or a stop signal (on any process)."""
     acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
-    start = time.perf_counter()
+    start = time.perf_counter() if budget_start is None else budget_start
     bar = tqdm(total=cfg.max_steps, initial=state.global_step, disable=not acc.is_local_main_process, desc="train")
     window_tokens, window_start = 0.0, time.perf_counter()
     while state.global_step < cfg.max_steps:

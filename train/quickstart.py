@@ -73,7 +73,11 @@ def resolve_recipe(kind: str | None, recipe: str | None) -> tuple[str, Path]:
 
 
 def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrides: list[str], target, tok):
-    """Train under the budget; return ``(checkpoint folder to evaluate, training summary dict)``."""
+    """Train under the budget; return ``(checkpoint folder to evaluate, training summary dict)``.
+
+    The ``minutes`` budget counts from here: data preparation (the target's regenerated responses
+    when the recipe sets ``data.regenerate``) is part of it, so the stage ends on time."""
+    budget_start = time.perf_counter()
     from decode.device import resolve_dtype
     from train.loop import train
     from train.recipe import load_recipe
@@ -89,7 +93,7 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
         from decode.target import load_target
 
         target, tok = load_target("smollm2-135m", dtype=recipe.target.dtype, device=next(target.parameters()).device)
-    result = train(recipe, target=target, tokenizer=tok)
+    result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
     ckpt = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
     summary = dict(recipe=str(recipe_path), kind=recipe.drafter.kind, output_dir=str(recipe.output_dir),

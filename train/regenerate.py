@@ -4,9 +4,11 @@ Training a drafter on the target's own outputs instead of the fixed ShareGPT res
 distribution it will draft for at decode time (Medusa-2 self-distillation, Cai et al. 2024; EAGLE
 "fixed data" ablation, Li et al. 2024). For each example the prompt (every token up to and including
 the first assistant header, i.e. the position of the first supervised prediction) is continued by the
-target with ``decode.generate`` (greedy, batched, ``data.regenerate_max_new_tokens`` tokens); the
-new example is prompt + generated tokens with the loss mask on the generated tokens (EOS included).
-Only the first assistant turn survives. The result is cached as a ``datasets`` folder under
+target with ``decode.generate`` (greedy, ``data.regenerate_max_new_tokens`` tokens, prompts batched
+``data.regenerate_batch_size`` at a time in length order so left padding stays short); the new example
+is prompt + generated tokens with the loss mask on the generated tokens (EOS included). Only the first
+assistant turn survives, and only prompts that leave room for the whole generation inside
+``max_length`` are kept (a longer prompt would be truncated before most of its generated tokens). The result is cached as a ``datasets`` folder under
 ``$DRAFTERKIT_HOME/regenerated/<key>``, key = sha256 of the target's config and weights fingerprint,
 the source dataset's fingerprint and the generation parameters.
 """
@@ -32,45 +34,61 @@ def _target_fingerprint(target: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batch_size: int = 8,
-                       max_length: int | None = None, cache_dir: str | Path | None = None):
+def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batch_size: int = 32,
+                       max_length: int | None = None, cache_dir: str | Path | None = None,
+                       progress: bool = True):
     """Replace each example's response by the target's greedy continuation (see module docstring).
 
     Args:
         ds: ``datasets.Dataset`` with ``input_ids`` and ``loss_mask`` (``train.data.build_dataset``).
         target: the frozen target. max_new_tokens: generated tokens per prompt.
-        batch_size: prompts per ``decode.generate`` call. max_length: truncate examples to this.
+        batch_size: prompts per ``decode.generate`` call (CPU throughput of SmolLM2-135M in bf16 on 2
+            cores: ~120 generated tokens/s at 8, ~200 at 64). max_length: truncate examples to this;
+            prompts longer than ``max_length - max_new_tokens`` are dropped.
 
     Returns:
-        ``datasets.Dataset`` with ``input_ids``, ``loss_mask``, ``length``.
+        ``datasets.Dataset`` with ``input_ids``, ``loss_mask``, ``length``, in the source order.
+
+    Raises:
+        ValueError: no prompt is short enough (names the sizes to change).
     """
     import datasets
 
     import decode
 
     key = hashlib.sha256(json.dumps(dict(target=_target_fingerprint(target), data=ds._fingerprint,
-                                         n=len(ds), new=max_new_tokens, max_length=max_length),
+                                         n=len(ds), new=max_new_tokens, max_length=max_length, v=2),
                                     sort_keys=True).encode()).hexdigest()[:32]
     root = Path(cache_dir) if cache_dir else home() / "regenerated"
     final = root / key
     if (final / "dataset_info.json").exists():
         return datasets.load_from_disk(str(final))
+    room = max_length - max_new_tokens if max_length else None
     prompts = []
     for ex in ds:
         mask = list(ex["loss_mask"])
         first = mask.index(1) if 1 in mask else len(mask)
-        prompts.append(list(ex["input_ids"][:first]))
+        if 0 < first and (room is None or first <= room):
+            prompts.append(list(ex["input_ids"][:first]))
+    if not prompts:
+        raise ValueError(f"no prompt of the {len(ds)} examples fits data.max_length ({max_length}) minus "
+                         f"data.regenerate_max_new_tokens ({max_new_tokens}); raise max_length or lower "
+                         "regenerate_max_new_tokens")
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    generated: dict[int, list[int]] = {}
+    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not progress):
+        idx = order[i:i + batch_size]
+        res = decode.generate(target, [prompts[j] for j in idx], max_new_tokens=max_new_tokens, temperature=0.0)
+        generated.update(zip(idx, (list(s) for s in res.sequences)))
     rows = {"input_ids": [], "loss_mask": [], "length": []}
-    for i in tqdm(range(0, len(prompts), batch_size), desc="regenerate", leave=False):
-        chunk = prompts[i:i + batch_size]
-        res = decode.generate(target, chunk, max_new_tokens=max_new_tokens, temperature=0.0)
-        for prompt, new in zip(chunk, res.sequences):
-            ids, mask = prompt + list(new), [0] * len(prompt) + [1] * len(new)
-            if max_length:
-                ids, mask = ids[:max_length], mask[:max_length]
-            rows["input_ids"].append(ids)
-            rows["loss_mask"].append(mask)
-            rows["length"].append(len(ids))
+    for j, prompt in enumerate(prompts):
+        new = generated[j]
+        ids, mask = prompt + new, [0] * len(prompt) + [1] * len(new)
+        if max_length:
+            ids, mask = ids[:max_length], mask[:max_length]
+        rows["input_ids"].append(ids)
+        rows["loss_mask"].append(mask)
+        rows["length"].append(len(ids))
     out = datasets.Dataset.from_dict(rows)
     tmp = root / f".tmp-{key}"
     shutil.rmtree(tmp, ignore_errors=True)

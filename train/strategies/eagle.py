@@ -58,7 +58,7 @@ class EagleStrategy(FeatureHeadStrategy):
         drafter = EagleDrafter(EagleConfig.from_target(target), target=target,
                                init_from_target=o.init_from_target_layer)
         drafter = trainable_own(drafter, target)
-        register_train_vocab(drafter, recipe, tokenizer, o.train_vocab_size)
+        register_train_vocab(drafter, recipe, target, tokenizer, o.train_vocab_size)
         return drafter
 
     def loss(self, drafter, target, batch, recipe):

@@ -133,14 +133,13 @@ def trainable_own(drafter, target: torch.nn.Module):
     return drafter.train()
 
 
-def count_data_tokens(recipe: Any, tokenizer: Any, vocab_size: int) -> torch.Tensor:
-    """Counts ``[V]`` of supervised (``loss_mask == 1``) token ids in the recipe's training split."""
-    from train.data import build_dataset
+def count_data_tokens(recipe: Any, target: torch.nn.Module, tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """Counts ``[V]`` of supervised (``loss_mask == 1``) token ids in the data the run trains on
+    (``train.loop.load_data``: the recipe's training split, or the target's regenerated responses with
+    ``data.regenerate``; both cached, so the loop's own load is a cache hit)."""
+    from train.loop import load_data
 
-    data = recipe.data
-    source = data.path if data.source == "jsonl" else data.source
-    ds = build_dataset(source, tokenizer, max_length=data.max_length, num_examples=data.num_examples,
-                       split="train", heldout_fraction=data.heldout_fraction, seed=recipe.train.seed)
+    ds = load_data(recipe, target, tokenizer)
     counts = np.zeros(vocab_size, dtype=np.int64)
     for ex in ds.with_format("numpy"):
         ids, lm = np.asarray(ex["input_ids"], dtype=np.int64), np.asarray(ex["loss_mask"]).astype(bool)
@@ -148,7 +147,7 @@ def count_data_tokens(recipe: Any, tokenizer: Any, vocab_size: int) -> torch.Ten
     return torch.from_numpy(counts)
 
 
-def register_train_vocab(drafter, recipe: Any, tokenizer: Any, n: int | None) -> None:
+def register_train_vocab(drafter, recipe: Any, target: torch.nn.Module, tokenizer: Any, n: int | None) -> None:
     """With ``n``, give ``drafter`` a non-persistent buffer ``train_vocab`` (sorted ids ``[n]``) of the n
     most frequent supervised data tokens; token losses are then computed over those LM-head rows only
     (a training economy for full-vocabulary heads; not saved, decoding is unaffected)."""
@@ -156,7 +155,7 @@ def register_train_vocab(drafter, recipe: Any, tokenizer: Any, n: int | None) ->
         return
     from drafters.eagle3 import select_draft_vocab
 
-    counts = count_data_tokens(recipe, tokenizer, drafter.config.vocab_size)
+    counts = count_data_tokens(recipe, target, tokenizer, drafter.config.vocab_size)
     ids = select_draft_vocab(counts, min(n, drafter.config.vocab_size))
     drafter.register_buffer("train_vocab", ids.to(next(drafter.parameters()).device), persistent=False)
 

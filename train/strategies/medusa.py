@@ -72,7 +72,7 @@ class MedusaStrategy(FeatureHeadStrategy):
         cfg = MedusaConfig.from_target(target, num_heads=o.num_heads, num_layers=o.num_layers,
                                        share_lm_head=o.share_lm_head)
         drafter = trainable_own(MedusaDrafter(cfg, target=target), target)
-        register_train_vocab(drafter, recipe, tokenizer, o.train_vocab_size)
+        register_train_vocab(drafter, recipe, target, tokenizer, o.train_vocab_size)
         return drafter
 
     def loss(self, drafter, target, batch, recipe):
