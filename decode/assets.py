@@ -325,7 +325,8 @@ def default_target_dir(*, force: bool = False) -> Path:
 
 def list_assets(names: list[str] | None = None) -> list[dict]:
     """What is cached: one dict per asset (or per name in ``names``) with name, description, path,
-    present, size_bytes, sha256 and verified (see :func:`verify_cached`; for the converted target,
+    present, size_bytes, sha256, sha256_of (the asset that sha256 pins: the row's own name, or for the
+    converted target its source GGUF) and verified (see :func:`verify_cached`; for the converted target,
     its completeness marker).
 
     Raises:
@@ -338,11 +339,11 @@ def list_assets(names: list[str] | None = None) -> list[dict]:
         present = p.is_file()
         rows.append(dict(name=a.name, description=a.description, path=str(p), present=present,
                          size_bytes=p.stat().st_size if present else 0,
-                         sha256=a.sha256, verified=present and verify_cached(a.name)))
+                         sha256=a.sha256, sha256_of=a.name, verified=present and verify_cached(a.name)))
     t = home() / _TARGET_DIRNAME
     size = sum(f.stat().st_size for f in t.glob("*") if f.is_file()) if t.exists() else 0
     rows.append(dict(name=DEFAULT_TARGET_ALIAS, description="default target converted to safetensors (sha256: of its source GGUF)",
                      path=str(t), present=(t / "model.safetensors").exists(), size_bytes=size,
                      sha256=ASSETS["smollm2-135m-gguf"].sha256 if _target_marker_ok(t) else "",
-                     verified=_target_marker_ok(t)))
+                     sha256_of="smollm2-135m-gguf", verified=_target_marker_ok(t)))
     return [r for r in rows if not names or r["name"] in names]

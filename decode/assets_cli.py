@@ -33,7 +33,10 @@ def _print(rows: list[dict]) -> None:
     for r in rows:
         size = format_size(r["size_bytes"]) if r["present"] else "-"
         ok = ("yes" if r["verified"] else "CORRUPT") if r["present"] else "no"
-        t.add_row(r["name"], ok, size, r["sha256"][:16] + "…" if r["sha256"] else "-", r["path"])
+        digest = r["sha256"][:16] + "…" if r["sha256"] else "-"
+        if r["sha256"] and r.get("sha256_of", r["name"]) != r["name"]:
+            digest += f" (of {r['sha256_of']})"
+        t.add_row(r["name"], ok, size, digest, r["path"])
     make_console(min_width=120).print(t)
 
 

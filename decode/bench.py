@@ -231,8 +231,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``drafterkit eval`` (see the module docstring)."""
     p.add_argument("--target", default="smollm2-135m", help="smollm2-135m | local folder | Hub id")
     p.add_argument("--drafter", action="append", dest="drafters", metavar="SPEC",
-                   help="PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | none; repeatable "
-                        "(default: ngram)")
+                   help="PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | SPEC+ngram (prompt "
+                        "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | none; "
+                        "repeatable (default: ngram)")
     p.add_argument("--benchmark", default="mt-bench", help="mt-bench | humaneval | sharegpt | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)

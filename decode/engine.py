@@ -155,8 +155,9 @@ def _as_proposer(drafter: Any) -> Proposer | None:
 
 def _vocab_size(target: torch.nn.Module, proposer: Proposer | None) -> int:
     vocab = min(lm_head_rows(target), getattr(target.config, "vocab_size", None) or lm_head_rows(target))
-    if isinstance(proposer, DraftLM):
-        vocab = min(vocab, check_vocab_match(target, proposer.lm, what="draft model"))
+    inner = getattr(proposer, "drafter", proposer)  # a wrapper (drafters.hybrid.LookupHybrid) around a draft LM
+    if isinstance(inner, DraftLM):
+        vocab = min(vocab, check_vocab_match(target, inner.lm, what="draft model"))
     return vocab
 
 

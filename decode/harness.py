@@ -151,6 +151,8 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
 
 def build_drafter(spec: str, target) -> DrafterSpec | None:
     """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
+    ``SPEC+ngram`` -> SPEC's drafter behind prompt lookup (``drafters.hybrid.LookupHybrid``: rows whose
+    last 2+ tokens occurred before copy what followed, the rest use the drafter);
     anything else -> a path resolved by ``drafters.resolve_checkpoint``: a drafter folder, a training
     checkpoint (``.../checkpoints/best``), a run ``output_dir``, or a plain transformers causal-LM
     folder (e.g. an ``hf-assistant`` export, any small LM sharing the target's tokenizer), loaded
@@ -165,6 +167,13 @@ def build_drafter(spec: str, target) -> DrafterSpec | None:
 
     if spec == "none":
         return None
+    if spec.endswith("+ngram"):
+        from drafters.hybrid import LookupHybrid
+
+        base = build_drafter(spec[: -len("+ngram")], target)
+        if base is None or base.label == "ngram":
+            raise ValueError(f"--drafter {spec}: '+ngram' wraps a trained drafter (PATH+ngram or draft:N+ngram)")
+        return DrafterSpec(f"{base.label}+ngram", LookupHybrid(base.drafter), None)
     if spec == "ngram":
         from drafters.ngram import NGramDrafter
 

@@ -43,12 +43,20 @@ def _chi2(counts, probs):
 
 
 @pytest.mark.parametrize("params,kind", [(SamplingParams(1.0), "draft_lm"), (SamplingParams(0.7, 5, 0.9), "draft_lm"),
-                                         (SamplingParams(0.7, 5, 0.9), "ngram")], ids=["t1", "t07_k5_p09", "ngram"])
+                                         (SamplingParams(0.7, 5, 0.9), "ngram"), (SamplingParams(1.0), "hybrid")],
+                         ids=["t1", "t07_k5_p09", "ngram", "hybrid"])
 def test_first_tokens_follow_target_distribution(params, kind):
     target = tiny_llama(0, vocab_size=V)
     drafter = tiny_llama(3, vocab_size=V, layers=1) if kind == "draft_lm" else NGramDrafter()
     # prompt lookup proposes only where the last token occurred before: put every id in the prompt
     prompt = PROMPT if kind == "draft_lm" else list(range(V)) + PROMPT
+    if kind == "hybrid":  # the prompt's last 2-gram occurred before: the first round copies, later ones
+        # depend on the sampled tokens (copy where the new 2-gram occurred, the draft LM's q elsewhere)
+        from drafters.draft_lm import DraftLM
+        from drafters.hybrid import LookupHybrid
+
+        drafter = LookupHybrid(DraftLM.from_model(tiny_llama(3, vocab_size=V, layers=1)))
+        prompt = PROMPT + list(range(V)) + PROMPT
     res = generate(target, [prompt] * RUNS, drafter=drafter, max_new_tokens=3, num_draft_tokens=5,
                    temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=1234,
                    eos_token_id=[])

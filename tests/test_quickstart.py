@@ -43,7 +43,9 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
         rows = {r["role"]: r for r in rep["evals"][bench]["summary"]}
         assert {"spec", "plain", "hf"} <= set(rows)
         specs = [r for r in rep["evals"][bench]["summary"] if r["role"] == "spec"]
-        assert len(specs) == 2 and specs[1]["method"].endswith("@0.1")  # --draft-threshold 0,0.1 side by side
+        # --draft-threshold 0,0.1 side by side, for the drafter alone and behind prompt lookup
+        assert [s["method"].endswith("@0.1") for s in specs] == [False, True, False, True]
+        assert [s["method"].split("@")[0].endswith("+ngram") for s in specs] == [False, False, True, True]
         assert all(r["mismatches"] == 0 for r in specs)
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])

@@ -336,3 +336,29 @@ def test_options_may_come_after_positional_overrides(world, tmp_path, capsys, en
     printed = capsys.readouterr().out
     assert f"output_dir: {tmp_path / 'x'}" in printed and "lr: 0.002" in printed
     assert not (tmp_path / "x").exists()  # printed, not trained
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "constant"])
+def test_budget_schedule_is_transformers_shape_by_steps_and_follows_the_clock(kind):
+    """Without max_minutes the factor equals transformers' get_scheduler at every step; with it, the
+    progress is the larger of the step and wall-clock fractions (a run stopped by time ends annealed)."""
+    import time
+
+    from transformers import get_scheduler
+
+    from train.loop import BudgetSchedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = get_scheduler(kind, opt, num_warmup_steps=5, num_training_steps=40)
+    ours = BudgetSchedule(kind, 5, 40)
+    for step in range(41):
+        assert ours(step) == pytest.approx(ref.lr_lambdas[0](step), abs=1e-12), step
+    two = BudgetSchedule(kind, 5, 40, world=2)  # accelerate steps a prepared scheduler once per process
+    assert two(20) == pytest.approx(ours(10))
+    timed = BudgetSchedule(kind, 5, 1000, max_minutes=10.0)
+    timed.start = time.perf_counter() - 300.0  # half the budget gone at step 10 of 1000
+    expected = {"cosine": 0.5, "linear": 0.5, "constant": 1.0}[kind]
+    assert timed(10) == pytest.approx(expected, abs=1e-3)
+    timed.start = time.perf_counter() - 700.0  # past the budget: the end of the schedule
+    assert timed(10) == pytest.approx(0.0 if kind != "constant" else 1.0, abs=1e-9)
+    assert BudgetSchedule(kind, 5, 1000, max_minutes=10.0)(10) == pytest.approx(ours.__class__(kind, 5, 1000)(10))

@@ -216,6 +216,44 @@ def _clear_output_dir(recipe: Recipe, acc) -> None:
     acc.wait_for_everyone()
 
 
+class BudgetSchedule:
+    """Learning-rate factor of ``optim.schedule`` over whichever budget ends training first.
+
+    ``warmup_steps`` of linear warm-up, then ``cosine`` (``0.5 (1 + cos(pi p))``), ``linear`` (``1 - p``)
+    or ``constant`` (1, no warm-up), where the progress ``p = max((step - warmup) / (max_steps - warmup),
+    elapsed / max_minutes)`` clipped to [0, 1]: the step term alone is transformers' ``get_scheduler``
+    shape, and with ``train.max_minutes`` set the wall-clock term makes the schedule reach its end when
+    the time budget does, so a run stopped by ``max_minutes`` on a slower machine still ends annealed
+    instead of at a high learning rate. The clock (``start``, a ``time.perf_counter()`` value) is set by
+    the loop when steps begin and, like ``max_minutes`` itself, counts this process only; with
+    ``max_minutes`` set the schedule therefore depends on timing (leave it unset for bit-exact runs).
+
+    Called by ``torch.optim.lr_scheduler.LambdaLR`` with the scheduler's step count, which a scheduler
+    prepared by accelerate advances ``world`` times per optimizer step.
+    """
+
+    def __init__(self, kind: str, warmup_steps: int, max_steps: int, world: int = 1,
+                 max_minutes: float | None = None):
+        self.kind, self.warmup, self.total, self.world = kind, warmup_steps, max_steps, world
+        self.max_minutes = max_minutes
+        self.start: float | None = None
+
+    def progress(self, step: float) -> float:
+        p = (step - self.warmup) / max(1, self.total - self.warmup)
+        if self.max_minutes and self.start is not None:
+            p = max(p, (time.perf_counter() - self.start) / (60.0 * self.max_minutes))
+        return min(1.0, max(0.0, p))
+
+    def __call__(self, count: int) -> float:
+        if self.kind == "constant":
+            return 1.0
+        step = count / self.world
+        if step < self.warmup:
+            return step / max(1, self.warmup)
+        p = self.progress(step)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * p))) if self.kind == "cosine" else max(0.0, 1.0 - p)
+
+
 def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
     """Accelerator, frozen target, drafter, data, optimizer and schedule, all prepared.
 
@@ -223,8 +261,6 @@ def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
     not fit the target fails fast. Raises :class:`RecipeError` for drafter, data and eval-prompt errors.
     """
     from accelerate.utils import set_seed
-    from transformers import get_scheduler
-
     from decode.target import load_target
 
     acc = make_accelerator(recipe)
@@ -252,12 +288,14 @@ def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
     o = recipe.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     world = acc.num_processes  # a prepared scheduler steps once per process per optimizer step
-    scheduler = get_scheduler(o.schedule, optimizer, num_warmup_steps=o.warmup_steps * world,
-                              num_training_steps=recipe.train.max_steps * world)
+    schedule = BudgetSchedule(o.schedule, o.warmup_steps, recipe.train.max_steps, world, recipe.train.max_minutes)
+    # a plain function: LambdaLR saves no state for it, so a resumed run takes the schedule from its recipe
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda count: schedule(count))
     drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ctx = dict(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, ds=ds, strategy=strategy,
-               drafter=drafter, optimizer=optimizer, scheduler=scheduler, params=params, pad_id=pad)
+               drafter=drafter, optimizer=optimizer, scheduler=scheduler, schedule=schedule, params=params,
+               pad_id=pad)
     try:
         ctx["prompts"] = _eval_prompts(ctx)
     except ValueError as exc:
@@ -382,6 +420,7 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
     """Optimizer steps until max_steps, the max_minutes budget, or a stop signal (on any process)."""
     acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
     start = time.perf_counter() if budget_start is None else budget_start
+    ctx["schedule"].start = start  # after any resume: a restored scheduler state must not carry a stale clock
     bar = tqdm(total=cfg.max_steps, initial=state.global_step, disable=not acc.is_local_main_process, desc="train")
     window_tokens, window_start = 0.0, time.perf_counter()
     while state.global_step < cfg.max_steps:

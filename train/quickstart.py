@@ -1,6 +1,6 @@
 """``drafterkit quickstart``: fetch, train and evaluate a drafter for the default target, end to end.
 
-    drafterkit quickstart                                  # ~20 min in all (14 min training), EAGLE-3 if its recipe exists
+    drafterkit quickstart                                  # <= 20 min in all (13.5 min training), EAGLE-3 if its recipe exists
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
 Stages (each timed, in seconds, in ``report.json``):
@@ -11,8 +11,9 @@ Stages (each timed, in seconds, in ``report.json``):
    ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``).
 3. ``eval``: the best checkpoint (by measured tau; ``last`` when no evaluation saved a best) on
    MT-bench first turns and HumanEval prompts through ``decode.bench.evaluate``: speculative
-   decoding vs plain decoding through the same engine vs transformers ``generate`` (and its own
-   assisted generation where the drafter is a draft LM), interleaved prompt by prompt.
+   decoding with the drafter alone and behind prompt lookup (``PATH+ngram``; ``--no-hybrid`` skips
+   it) vs plain decoding through the same engine vs transformers ``generate`` (and its own assisted
+   generation where the drafter is a draft LM), interleaved prompt by prompt.
 
 The report folder gets ``report.json`` (stage timings, training summary, both eval records),
 ``report.md`` and PNGs (tokens/s per method, per-position acceptance, training loss).
@@ -35,7 +36,7 @@ def default_kind() -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=float, default=14.0,
+    p.add_argument("--minutes", type=float, default=13.5,
                    help="training budget in minutes (train.max_minutes); fetch + eval add ~5 min on a 2-core CPU")
     p.add_argument("--output-dir", default="drafterkit-quickstart", help="report folder (training under train/)")
     p.add_argument("--kind", default=None, help="drafter kind: eagle3 | eagle | medusa | draft_lm "
@@ -49,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-threshold", default="0,0.1", dest="draft_thresholds",
                    help="comma-separated confidence thresholds measured side by side (0: a chain of K; >0: the "
                         "chain stops once the drafter's path probability falls below it, EAGLE-2 style)")
+    p.add_argument("--no-hybrid", action="store_true",
+                   help="do not also measure the drafter behind prompt lookup (drafters.hybrid.LookupHybrid, "
+                        "eval spec PATH+ngram: rows whose last 2+ tokens occurred before copy what followed)")
     p.add_argument("--dtype", default="bf16",
                    help="bf16 | fp32, the evaluation's target and drafter (default bf16: on a CPU with bf16 units a "
                         "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
@@ -110,7 +114,8 @@ def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
 
     records = {}
     for bench in BENCHMARKS:
-        cfg = EvalConfig(target="smollm2-135m", drafters=[str(ckpt)], benchmark=bench,
+        drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+ngram"]
+        cfg = EvalConfig(target="smollm2-135m", drafters=drafters, benchmark=bench,
                          num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
                          draft_thresholds=[float(x) for x in str(args.draft_thresholds).split(",") if x.strip()],
                          device=args.device, progress=not args.no_progress,

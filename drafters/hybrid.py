@@ -1,0 +1,116 @@
+"""Prompt lookup first, a trained drafter otherwise: one proposer, chosen per row and per round.
+
+Small chat targets decoding greedily repeat themselves (lists, loops, code identifiers), and there
+copying the row's own earlier tokens is both free and more often right than a small learned head.
+Elsewhere the learned drafter is better. :class:`LookupHybrid` asks both every round and, per row,
+proposes the looked-up continuation when the row's last ``min_match`` or more tokens occurred before
+(longest match first, as :func:`drafters.ngram.lookup`), else the drafter's own chain. The same
+division of labour as Snowflake's Arctic Inference (suffix decoding with its trained speculator as
+the fallback) and SuffixDecoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding
+for Emerging AI Applications"), here with prompt lookup (Saxena 2023) as the copy mechanism.
+
+The drafter runs in every round where some row needs it (rows that then use the lookup discard its
+chain); in rounds where every row copies it is skipped, and on its next call it is told how much of
+each row is unchanged since ITS last call (the smallest ``DecodeState.num_stable`` over the rounds in
+between), so its private caches re-synchronise exactly as the decoder protocol requires. Exactness: which
+source a row uses depends only on the committed tokens, and a looked-up continuation is deterministic
+(one-hot q), so greedy output equals plain greedy decoding and sampling stays exact.
+
+Not a checkpoint kind: build it around a loaded drafter (``drafterkit eval --drafter PATH+ngram``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decode.protocol import DecodeState, Proposal, SamplingParams
+from drafters.ngram import lookup_match
+
+
+class LookupHybrid:
+    """Wrap ``drafter`` (any proposer) so that rows with a prompt-lookup match of ``>= min_match``
+    tokens propose the looked-up continuation instead.
+
+    Args:
+        drafter: the fallback proposer (a loaded drafter: draft LM, Medusa, EAGLE, EAGLE-3).
+        max_ngram: longest suffix of the row tried as the lookup key.
+        min_match: shortest key accepted (1 would copy after any repeated single token: too eager).
+
+    Raises:
+        ValueError: ``1 <= min_match <= max_ngram`` does not hold.
+    """
+
+    def __init__(self, drafter, *, max_ngram: int = 3, min_match: int = 2):
+        if not 1 <= min_match <= max_ngram:
+            raise ValueError(f"LookupHybrid needs 1 <= min_match <= max_ngram, got min_match={min_match}, "
+                             f"max_ngram={max_ngram}")
+        self.drafter, self.max_ngram, self.min_match = drafter, max_ngram, min_match
+        self.kind = f"{getattr(drafter, 'kind', type(drafter).__name__)}+ngram"
+        #: rounds x rows that proposed a looked-up continuation / the drafter's chain (since reset)
+        self.lookup_rows = self.drafter_rows = 0
+        self._stable: list[int] | None = None
+
+    @property
+    def feature_layers(self):
+        return self.drafter.feature_layers
+
+    @property
+    def supports_draft_threshold(self) -> bool:
+        return bool(getattr(self.drafter, "supports_draft_threshold", False))
+
+    @property
+    def draft_threshold(self) -> float:
+        """The wrapped drafter's confidence cutoff (applies to its chains only)."""
+        return float(getattr(self.drafter, "draft_threshold", 0.0))
+
+    @draft_threshold.setter
+    def draft_threshold(self, value: float) -> None:
+        self.drafter.draft_threshold = float(value)
+
+    def check_compatible(self, target: torch.nn.Module, vocab_size: int) -> None:
+        self.drafter.check_compatible(target, vocab_size)
+
+    def reset(self, batch_size: int) -> None:
+        self.drafter.reset(batch_size)
+        self.lookup_rows = self.drafter_rows = 0
+        self._stable = None  # per row, what the drafter's caches still match (None: it ran last round)
+
+    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        """Per row, the looked-up continuation (``lengths[b]`` = its length, one-hot q) or the drafter's
+        chain; ``tokens [B, k]``. When every active row has a match the drafter is not run this round
+        (no drafting time); it catches up on the next call it gets."""
+        found = [lookup_match(row, k, self.max_ngram, self.min_match) if active and k else ([], 0)
+                 for row, active in zip(state.tokens, state.active)]
+        use = [active and size >= self.min_match and bool(cont)
+               for (cont, size), active in zip(found, state.active)]
+        # Rows may be rolled back between calls: what the drafter saw last stays valid only up to the
+        # smallest num_stable of every round since its last call.
+        stable = (list(state.num_stable) if self._stable is None
+                  else [min(a, b) for a, b in zip(self._stable, state.num_stable)])
+        n_active = sum(bool(a) for a in state.active)
+        self.lookup_rows += sum(use)
+        self.drafter_rows += n_active - sum(use)
+        if k and n_active and all(u for u, a in zip(use, state.active) if a):
+            self._stable = stable
+            rows = [cont + [0] * (k - len(cont)) if u else [0] * k for (cont, _), u in zip(found, use)]
+            return Proposal(tokens=torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), probs=None,
+                            lengths=torch.tensor([len(c) if u else 0 for (c, _), u in zip(found, use)]))
+        self._stable = None
+        inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features, active=state.active,
+                            vocab_size=state.vocab_size)
+        prop = self.drafter.propose(inner, k, sampling, generator)
+        tokens = prop.tokens.clone()
+        lengths = (prop.lengths.clone() if prop.lengths is not None
+                   else torch.full((tokens.shape[0],), k, dtype=torch.long))
+        probs = prop.probs.clone() if prop.probs is not None else None
+        for b, ((cont, _), u) in enumerate(zip(found, use)):
+            if not u:
+                continue
+            n = len(cont)
+            tokens[b, :n] = torch.tensor(cont, dtype=tokens.dtype, device=tokens.device)
+            lengths[b] = n
+            if probs is not None:
+                probs[b, :n] = 0
+                probs[b, torch.arange(n, device=probs.device), tokens[b, :n].to(probs.device)] = 1
+        return Proposal(tokens=tokens, probs=probs, lengths=lengths)
