@@ -342,8 +342,6 @@ def test_options_may_come_after_positional_overrides(world, tmp_path, capsys, en
 def test_budget_schedule_is_transformers_shape_by_steps_and_follows_the_clock(kind):
     """Without max_minutes the factor equals transformers' get_scheduler at every step; with it, the
     progress is the larger of the step and wall-clock fractions (a run stopped by time ends annealed)."""
-    import time
-
     from transformers import get_scheduler
 
     from train.loop import BudgetSchedule
@@ -356,9 +354,35 @@ def test_budget_schedule_is_transformers_shape_by_steps_and_follows_the_clock(ki
     two = BudgetSchedule(kind, 5, 40, world=2)  # accelerate steps a prepared scheduler once per process
     assert two(20) == pytest.approx(ours(10))
     timed = BudgetSchedule(kind, 5, 1000, max_minutes=10.0)
-    timed.start = time.perf_counter() - 300.0  # half the budget gone at step 10 of 1000
+    timed.elapsed_s = 300.0  # half the budget gone at step 10 of 1000
     expected = {"cosine": 0.5, "linear": 0.5, "constant": 1.0}[kind]
-    assert timed(10) == pytest.approx(expected, abs=1e-3)
-    timed.start = time.perf_counter() - 700.0  # past the budget: the end of the schedule
-    assert timed(10) == pytest.approx(0.0 if kind != "constant" else 1.0, abs=1e-9)
+    assert timed(10) == pytest.approx(expected, abs=1e-12)
+    timed.elapsed_s = 700.0  # past the budget: the end of the schedule
+    assert timed(10) == pytest.approx(0.0 if kind != "constant" else 1.0, abs=1e-12)
     assert BudgetSchedule(kind, 5, 1000, max_minutes=10.0)(10) == pytest.approx(ours.__class__(kind, 5, 1000)(10))
+
+
+def test_max_minutes_stops_the_run_and_ends_the_cosine_schedule(world, tmp_path):
+    """A time-bound run (max_steps far away) stops on the clock with the learning rate annealed to ~0,
+    and saves last/."""
+    import time
+
+    from train.loop import train
+
+    recipe = _recipe(world, tmp_path / "timed", **{"optim.schedule": "cosine", "optim.warmup_steps": 0,
+                                                   "train.max_steps": 100000, "train.max_minutes": 0.05})
+    t0 = time.perf_counter()
+    res = train(recipe)
+    assert res.stopped == "max_minutes" and 1 < res.global_step < 100000
+    assert time.perf_counter() - t0 < 60
+    lrs = []
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for ev in sorted((tmp_path / "timed").rglob("events.out.tfevents*")):
+        acc = EventAccumulator(str(ev))
+        acc.Reload()
+        if "train/lr" in acc.Tags()["scalars"]:
+            lrs = [e.value for e in acc.Scalars("train/lr")]
+    assert lrs and lrs[0] > 0.5e-2 and lrs[-1] < 0.05 * 1e-2  # from ~lr down to ~0 by the clock
+    assert (tmp_path / "timed" / "checkpoints" / "last").is_dir()

@@ -221,11 +221,12 @@ class BudgetSchedule:
 
     ``warmup_steps`` of linear warm-up, then ``cosine`` (``0.5 (1 + cos(pi p))``), ``linear`` (``1 - p``)
     or ``constant`` (1, no warm-up), where the progress ``p = max((step - warmup) / (max_steps - warmup),
-    elapsed / max_minutes)`` clipped to [0, 1]: the step term alone is transformers' ``get_scheduler``
-    shape, and with ``train.max_minutes`` set the wall-clock term makes the schedule reach its end when
-    the time budget does, so a run stopped by ``max_minutes`` on a slower machine still ends annealed
-    instead of at a high learning rate. The clock (``start``, a ``time.perf_counter()`` value) is set by
-    the loop when steps begin and, like ``max_minutes`` itself, counts this process only; with
+    elapsed_s / (60 max_minutes))`` clipped to [0, 1]: the step term alone is transformers'
+    ``get_scheduler`` shape, and with ``train.max_minutes`` set the wall-clock term makes the schedule
+    reach its end when the time budget does, so a run stopped by ``max_minutes`` on a slower machine
+    still ends annealed instead of at a high learning rate. ``elapsed_s`` is set by the loop before every
+    optimizer step to the budget clock agreed by all processes (the largest), the same value that
+    decides the ``max_minutes`` stop, so every process applies the same learning rate. With
     ``max_minutes`` set the schedule therefore depends on timing (leave it unset for bit-exact runs).
 
     Called by ``torch.optim.lr_scheduler.LambdaLR`` with the scheduler's step count, which a scheduler
@@ -236,12 +237,12 @@ class BudgetSchedule:
                  max_minutes: float | None = None):
         self.kind, self.warmup, self.total, self.world = kind, warmup_steps, max_steps, world
         self.max_minutes = max_minutes
-        self.start: float | None = None
+        self.elapsed_s = 0.0
 
     def progress(self, step: float) -> float:
         p = (step - self.warmup) / max(1, self.total - self.warmup)
-        if self.max_minutes and self.start is not None:
-            p = max(p, (time.perf_counter() - self.start) / (60.0 * self.max_minutes))
+        if self.max_minutes:
+            p = max(p, self.elapsed_s / (60.0 * self.max_minutes))
         return min(1.0, max(0.0, p))
 
     def __call__(self, count: int) -> float:
@@ -252,6 +253,15 @@ class BudgetSchedule:
             return step / max(1, self.warmup)
         p = self.progress(step)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * p))) if self.kind == "cosine" else max(0.0, 1.0 - p)
+
+
+def agreed_elapsed(acc, start: float) -> float:
+    """Seconds since ``start`` on the slowest clock among the processes (one tiny all-gather), so that
+    every process takes the same ``max_minutes`` decision and learning rate."""
+    elapsed = time.perf_counter() - start
+    if acc.num_processes == 1:
+        return elapsed
+    return float(acc.gather(torch.tensor([elapsed], dtype=torch.float64, device=acc.device)).max())
 
 
 def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
@@ -420,7 +430,8 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
     """Optimizer steps until max_steps, the max_minutes budget, or a stop signal (on any process)."""
     acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
     start = time.perf_counter() if budget_start is None else budget_start
-    ctx["schedule"].start = start  # after any resume: a restored scheduler state must not carry a stale clock
+    schedule = ctx["schedule"]
+    schedule.elapsed_s = 0.0
     bar = tqdm(total=cfg.max_steps, initial=state.global_step, disable=not acc.is_local_main_process, desc="train")
     window_tokens, window_start = 0.0, time.perf_counter()
     while state.global_step < cfg.max_steps:
@@ -447,7 +458,8 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
         if acc.check_trigger() and state.global_step < cfg.max_steps:  # a stop signal reached some process
             result.stopped = "interrupted"
             break
-        if cfg.max_minutes is not None and (time.perf_counter() - start) / 60.0 >= cfg.max_minutes:
+        schedule.elapsed_s = agreed_elapsed(acc, start) if cfg.max_minutes is not None else 0.0
+        if cfg.max_minutes is not None and schedule.elapsed_s / 60.0 >= cfg.max_minutes:
             result.stopped = "max_minutes"
             break
     bar.close()
