@@ -386,3 +386,23 @@ def test_max_minutes_stops_the_run_and_ends_the_cosine_schedule(world, tmp_path)
             lrs = [e.value for e in acc.Scalars("train/lr")]
     assert lrs and lrs[0] > 0.5e-2 and lrs[-1] < 0.05 * 1e-2  # from ~lr down to ~0 by the clock
     assert (tmp_path / "timed" / "checkpoints" / "last").is_dir()
+
+
+def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world, tmp_path):
+    """``torchrun --nproc_per_node 2`` on CPU is one data-parallel run (accelerate MULTI_CPU over gloo),
+    not two independent ones racing on the same folder; a max_minutes stop is agreed by both processes."""
+    import subprocess
+    import sys
+
+    path = _recipe_file(world, tmp_path, tmp_path / "mp", **{"optim.schedule": "cosine", "train.max_steps": 100000,
+                                                              "train.max_minutes": 0.1})
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_USE_CPU", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "train",
+                           str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((tmp_path / "mp" / "checkpoints" / "last" / "trainer_state.json").read_text())
+    # two processes x batch_size 2 per optimizer step: the data position advances 4 examples per step
+    per_epoch = 36 // 4  # 40 examples, 10% held out
+    assert state["global_step"] > 1
+    assert state["epoch"] * per_epoch + state["batch_in_epoch"] == state["global_step"]

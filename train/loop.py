@@ -75,6 +75,10 @@ def make_accelerator(recipe: Recipe):
         raise RuntimeError("logging.trackers includes 'wandb' but wandb is not installed: "
                            "pip install drafterkit[wandb] (or drop wandb from logging.trackers)")
     paths = recipe.paths
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and (recipe.train.cpu or not torch.cuda.is_available()):
+        # torchrun / accelerate launch with several processes on CPU: without this accelerate treats every
+        # process as a separate single-process run (DistributedType.NO) instead of MULTI_CPU over gloo.
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     return Accelerator(mixed_precision=recipe.train.mixed_precision, cpu=recipe.train.cpu,
                        gradient_accumulation_steps=recipe.train.grad_accum, log_with=trackers or None,
                        project_config=ProjectConfiguration(project_dir=str(paths.root), logging_dir=str(paths.logs)))
