@@ -283,6 +283,8 @@ def print_record(record: dict, console=None) -> None:
     ex = record["exactness"]
     console.print(f"exactness: {'mismatches ' + str(ex['mismatches']) if ex['checked'] else 'not checked'} "
                   f"({ex['reason']})")
+    if report.small_sample_note(record):
+        console.print(f"note: {report.small_sample_note(record)}")
     if "sweep" in record:
         rows = [r for r in record["sweep"]["rows"] if r["category"] == "all"]
         console.print(report.rich_table("sweep (all categories)", rows, report.SWEEP_COLUMNS))
@@ -296,6 +298,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.no_progress:
+        report.disable_progress_bars()
     try:
         cfg = config_from_args(args)
         record = evaluate(cfg)

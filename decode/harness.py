@@ -170,10 +170,15 @@ def build_drafter(spec: str, target) -> DrafterSpec | None:
     if spec.endswith("+ngram"):
         from drafters.hybrid import LookupHybrid
 
-        base = build_drafter(spec[: -len("+ngram")], target)
-        if base is None or base.label == "ngram":
-            raise ValueError(f"--drafter {spec}: '+ngram' wraps a trained drafter (PATH+ngram or draft:N+ngram)")
+        inner = spec[: -len("+ngram")]
+        if inner in ("", "none", "ngram") or inner.endswith("+ngram"):
+            raise ValueError(f"--drafter {spec}: '+ngram' puts prompt lookup in front of a trained drafter: "
+                             "PATH+ngram or draft:N+ngram (for prompt lookup alone use --drafter ngram)")
+        base = build_drafter(inner, target)
         return DrafterSpec(f"{base.label}+ngram", LookupHybrid(base.drafter), None)
+    if spec.startswith("ngram+"):
+        raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
+                         f"{spec[len('ngram+'):]}+ngram")
     if spec == "ngram":
         from drafters.ngram import NGramDrafter
 

@@ -304,6 +304,38 @@ def write_json(path: str | Path, record: dict) -> Path:
     return path
 
 
+#: Fewer new tokens than this per method and the eval says its tokens/s ratios are noise-dominated.
+SMALL_SAMPLE_TOKENS = 256
+
+
+def small_sample_note(record: dict) -> str | None:
+    """A warning when some method of ``record`` measured fewer than :data:`SMALL_SAMPLE_TOKENS` new tokens
+    (one scheduler hiccup then moves its tokens/s by tens of percent), else None."""
+    counts = [r.get("new_tokens") for r in record.get("summary", []) if r.get("new_tokens") is not None]
+    if not counts or min(counts) >= SMALL_SAMPLE_TOKENS:
+        return None
+    return (f"only {min(counts)} new tokens measured per method: tokens/s and speedups from a sample this small "
+            f"are dominated by timing noise; use more --num-prompts / --max-new-tokens (>= {SMALL_SAMPLE_TOKENS} "
+            "tokens per method)")
+
+
+def disable_progress_bars() -> None:
+    """Silence every progress bar of this process (``--no-progress``): tqdm's default (``TQDM_DISABLE=1``,
+    which drafterkit's own bars also honour, see :func:`progress_bars_off`), transformers' (weight
+    loading) and datasets' (dataset building)."""
+    os.environ["TQDM_DISABLE"] = "1"
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
+def progress_bars_off() -> bool:
+    """True when ``TQDM_DISABLE`` asks for no progress bars (set by :func:`disable_progress_bars`)."""
+    return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+
+
 # --------------------------------------------------------------------------------------------
 # PNG plots (matplotlib, Agg backend: no display needed)
 # --------------------------------------------------------------------------------------------
@@ -486,6 +518,8 @@ def render_markdown(record: dict) -> str:
     ex = record["exactness"]
     lines += [f"Exactness: {'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
               f"({ex['reason']}).", ""]
+    if small_sample_note(record):
+        lines += [f"Note: {small_sample_note(record)}", ""]
     if record.get("sweep"):
         lines += ["## Sweep", "", markdown_table(record["sweep"]["rows"], SWEEP_COLUMNS)]
     if record.get("concurrency"):

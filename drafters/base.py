@@ -104,7 +104,7 @@ class Drafter(nn.Module):
         path = Path(path)
         kind, cfg = read_config(path)
         if kind != cls.kind:
-            raise DrafterLoadError(f"{path} holds a {kind!r} drafter, not {cls.kind!r}")
+            raise DrafterLoadError(f"{path} holds a drafter of kind {kind!r}, not {cls.kind!r}")
         drafter = cls(cls.config_class(**cfg), target=target, **kw)
         state = load_file(str(path / "model.safetensors"))
         drafter.load_own_state_dict(state, source=str(path))

@@ -206,8 +206,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     ckpt, kind = resolve_checkpoint(ckpt)
     if kind != FORMATS[fmt]:
         fits = sorted(f for f, k in FORMATS.items() if k == kind) or "none"
-        raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a {kind!r} "
-                          f"drafter; formats for {kind!r}: {fits}")
+        raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a drafter of kind "
+                          f"{kind!r}; formats for {kind!r}: {fits}")
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
         return export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])

@@ -127,3 +127,16 @@ def test_pooled_positions_uses_exact_reached_counts():
     assert got == pytest.approx([3 / 5, 0.5 / 3])
     legacy = dict(target_forwards=10, accept_per_position=[0.5, 0.2])  # reached 10, then 5
     assert pooled_positions([legacy]) == pytest.approx([0.5, 0.2])
+
+
+def test_small_samples_carry_a_noise_note_in_the_markdown(sweep_record):
+    sweep_record, _ = sweep_record
+    """The eval says when a method measured too few tokens for its tokens/s ratios to mean much."""
+    small = report.small_sample_note(sweep_record)
+    counts = [r["new_tokens"] for r in sweep_record["summary"]]
+    assert (small is not None) == (min(counts) < report.SMALL_SAMPLE_TOKENS)
+    assert (("Note: only" in report.render_markdown(sweep_record)) == (small is not None))
+    big = dict(sweep_record, summary=[dict(r, new_tokens=report.SMALL_SAMPLE_TOKENS) for r in sweep_record["summary"]])
+    assert report.small_sample_note(big) is None and "Note: only" not in report.render_markdown(big)
+    tiny = dict(sweep_record, summary=[dict(r, new_tokens=32) for r in sweep_record["summary"]])
+    assert "only 32 new tokens" in report.small_sample_note(tiny)

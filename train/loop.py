@@ -436,7 +436,10 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
     start = time.perf_counter() if budget_start is None else budget_start
     schedule = ctx["schedule"]
     schedule.elapsed_s = 0.0
-    bar = tqdm(total=cfg.max_steps, initial=state.global_step, disable=not acc.is_local_main_process, desc="train")
+    from decode.report import progress_bars_off
+
+    bar = tqdm(total=cfg.max_steps, initial=state.global_step, desc="train",
+               disable=not acc.is_local_main_process or progress_bars_off())
     window_tokens, window_start = 0.0, time.perf_counter()
     while state.global_step < cfg.max_steps:
         metrics = _train_step(ctx, data, state)

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
                         "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32 only)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (training, evaluation, model loading)")
 
 
 def resolve_recipe(kind: str | None, recipe: str | None) -> tuple[str, Path]:
@@ -172,6 +172,10 @@ def run(args: argparse.Namespace) -> int:
         print("drafterkit quickstart: error: --minutes must be > 0, --num-prompts and --max-new-tokens >= 1",
               file=sys.stderr)
         return 2
+    if args.no_progress:
+        from decode.report import disable_progress_bars
+
+        disable_progress_bars()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}

@@ -55,6 +55,7 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
     import datasets
 
     import decode
+    from decode.report import progress_bars_off
 
     key = hashlib.sha256(json.dumps(dict(target=_target_fingerprint(target), data=ds._fingerprint,
                                          n=len(ds), new=max_new_tokens, max_length=max_length, v=2),
@@ -76,7 +77,7 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
                          "regenerate_max_new_tokens")
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     generated: dict[int, list[int]] = {}
-    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not progress):
+    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not progress or progress_bars_off()):
         idx = order[i:i + batch_size]
         res = decode.generate(target, [prompts[j] for j in idx], max_new_tokens=max_new_tokens, temperature=0.0)
         generated.update(zip(idx, (list(s) for s in res.sequences)))
