@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -50,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
         print("drafterkit train: aborted; checkpoints hold the last complete save (resume with "
               "train.resume=auto)", file=sys.stderr)
         return 128 + signal.SIGINT
-    print(json.dumps({"output_dir": result.output_dir, "global_step": result.global_step,
-                      "stopped": result.stopped, "final_loss": result.losses[-1] if result.losses else None,
-                      "best_score": result.best_score, "drafter": result.drafter}))
+    if int(os.environ.get("RANK", "0")) == 0:  # one summary line for a multi-process run
+        print(json.dumps({"output_dir": result.output_dir, "global_step": result.global_step,
+                          "stopped": result.stopped, "final_loss": result.losses[-1] if result.losses else None,
+                          "best_score": result.best_score, "drafter": result.drafter}))
     if result.stopped == "interrupted":
         return 128 + (result.signal or signal.SIGINT)
     return 0
