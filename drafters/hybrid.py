@@ -2,9 +2,9 @@
 
 Small chat targets decoding greedily repeat themselves (lists, loops, code identifiers), and there
 copying the row's own earlier tokens is both free and more often right than a small learned head.
-Elsewhere the learned drafter is better. :class:`LookupHybrid` asks both every round and, per row,
-proposes the looked-up continuation when the row's last ``min_match`` or more tokens occurred before
-(longest match first, as :func:`drafters.ngram.lookup`), else the drafter's own chain. The same
+Elsewhere the learned drafter is better. :class:`LookupHybrid` looks up every row every round and
+proposes the looked-up continuation where the row's last ``min_match`` or more tokens occurred before
+(longest match first, :func:`drafters.ngram.lookup`), else the drafter's own chain. The same
 division of labour as Snowflake's Arctic Inference (suffix decoding with its trained speculator as
 the fallback) and SuffixDecoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding
 for Emerging AI Applications"), here with prompt lookup (Saxena 2023) as the copy mechanism.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
-from drafters.ngram import lookup_match
+from drafters.ngram import lookup
 
 
 class LookupHybrid:
@@ -34,7 +34,7 @@ class LookupHybrid:
     Args:
         drafter: the fallback proposer (a loaded drafter: draft LM, Medusa, EAGLE, EAGLE-3).
         max_ngram: longest suffix of the row tried as the lookup key.
-        min_match: shortest key accepted (1 would copy after any repeated single token: too eager).
+        min_match: shortest key accepted (measured on MT-bench: 1 and 2 alike, 3 slower; BENCHMARKS.md).
 
     Raises:
         ValueError: ``1 <= min_match <= max_ngram`` does not hold.
@@ -80,22 +80,21 @@ class LookupHybrid:
         """Per row, the looked-up continuation (``lengths[b]`` = its length, one-hot q) or the drafter's
         chain; ``tokens [B, k]``. When every active row has a match the drafter is not run this round
         (no drafting time); it catches up on the next call it gets."""
-        found = [lookup_match(row, k, self.max_ngram, self.min_match) if active and k else ([], 0)
+        # lookup() only returns continuations of keys of >= min_match tokens; inactive rows get none
+        conts = [lookup(row, k, self.max_ngram, self.min_match) if active and k else []
                  for row, active in zip(state.tokens, state.active)]
-        use = [active and size >= self.min_match and bool(cont)
-               for (cont, size), active in zip(found, state.active)]
         # Rows may be rolled back between calls: what the drafter saw last stays valid only up to the
         # smallest num_stable of every round since its last call.
         stable = (list(state.num_stable) if self._stable is None
                   else [min(a, b) for a, b in zip(self._stable, state.num_stable)])
-        n_active = sum(bool(a) for a in state.active)
-        self.lookup_rows += sum(use)
-        self.drafter_rows += n_active - sum(use)
-        if k and n_active and all(u for u, a in zip(use, state.active) if a):
+        n_active, copied = sum(bool(a) for a in state.active), sum(bool(c) for c in conts)
+        self.lookup_rows += copied
+        self.drafter_rows += n_active - copied
+        if k and n_active and copied == n_active:
             self._stable = stable
-            rows = [cont + [0] * (k - len(cont)) if u else [0] * k for (cont, _), u in zip(found, use)]
+            rows = [c + [0] * (k - len(c)) for c in conts]
             return Proposal(tokens=torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), probs=None,
-                            lengths=torch.tensor([len(c) if u else 0 for (c, _), u in zip(found, use)]))
+                            lengths=torch.tensor([len(c) for c in conts], dtype=torch.long))
         self._stable = None
         inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features, active=state.active,
                             vocab_size=state.vocab_size)
@@ -104,8 +103,8 @@ class LookupHybrid:
         lengths = (prop.lengths.clone() if prop.lengths is not None
                    else torch.full((tokens.shape[0],), k, dtype=torch.long))
         probs = prop.probs.clone() if prop.probs is not None else None
-        for b, ((cont, _), u) in enumerate(zip(found, use)):
-            if not u:
+        for b, cont in enumerate(conts):
+            if not cont:
                 continue
             n = len(cont)
             tokens[b, :n] = torch.tensor(cont, dtype=tokens.dtype, device=tokens.device)

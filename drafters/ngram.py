@@ -37,20 +37,14 @@ def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[in
     proposer then proposes nothing for that row, and a round where no row has a match costs one plain
     target step instead of a K+1-token verification of guesses (as transformers' prompt lookup does).
     """
-    return lookup_match(tokens, k, max_ngram, min_ngram)[0]
-
-
-def lookup_match(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> tuple[list[int], int]:
-    """:func:`lookup` plus the size n of the n-gram that matched: ``(continuation, n)``, ``([], 0)``
-    without a match."""
     n = len(tokens)
     for g in range(min(max_ngram, n - 1), min_ngram - 1, -1):
         pattern = tokens[n - g:]
         first = pattern[0]
         for j in range(n - g - 1, -1, -1):
             if tokens[j] == first and tokens[j: j + g] == pattern:
-                return tokens[j + g: j + g + k], g
-    return [], 0
+                return tokens[j + g: j + g + k]
+    return []
 
 
 class NGramDrafter(Drafter):

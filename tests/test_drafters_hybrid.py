@@ -9,18 +9,11 @@ from decode.harness import build_drafter
 from decode.protocol import DecodeState, SamplingParams
 from drafters.draft_lm import DraftLM
 from drafters.hybrid import LookupHybrid
-from drafters.ngram import lookup_match
 
 
 def _state(rows, vocab=128):
     return DecodeState(tokens=[list(r) for r in rows], num_stable=[0] * len(rows), features=None,
                        active=[True] * len(rows), vocab_size=vocab)
-
-
-def test_lookup_match_reports_the_matched_size():
-    assert lookup_match([1, 2, 3, 9, 1, 2, 3], 2, 3, 1) == ([9, 1], 3)
-    assert lookup_match([4, 5, 6, 5], 3, 3, 1) == ([6, 5], 1)
-    assert lookup_match([4, 5, 6], 3, 3, 1) == ([], 0)
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(1.0)], ids=["greedy", "t1"])
