@@ -182,7 +182,7 @@ def test_collate_errors():
 
 def _sharegpt_file(path, n=40, seed=0):
     rng = random.Random(seed)
-    words = "alpha beta gamma delta token draft target verify accept tree chain bonus".split()
+    words = ["alpha", "beta", "gamma", "delta", "token", "draft", "target", "verify", "accept", "tree", "chain", "bonus"]
     records = [{"id": f"r{i}_0", "conversations": [
         {"from": "human", "value": f"user{i} " + " ".join(rng.choices(words, k=rng.randint(3, 30)))},
         {"from": "gpt", "value": " ".join(rng.choices(words, k=rng.randint(3, 60)))}]} for i in range(n)]
@@ -277,8 +277,8 @@ def test_regenerate_replaces_responses_with_the_targets_greedy_continuations(tmp
     (what decode.generate returns for that prompt alone), keeps the source order, drops prompts with no
     room for the generation, and is a cache hit the second time."""
     import datasets
-
     from conftest import tiny_llama
+
     from decode import engine
     from train.regenerate import regenerate_dataset
 

@@ -400,7 +400,7 @@ def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_USE_CPU", None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "train",
-                           str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+                           str(path)], cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(line.startswith('{"output_dir"') for line in proc.stdout.splitlines()) == 1  # one summary line
     state = json.loads((tmp_path / "mp" / "checkpoints" / "last" / "trainer_state.json").read_text())

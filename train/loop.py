@@ -26,9 +26,10 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -275,6 +276,7 @@ def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
     not fit the target fails fast. Raises :class:`RecipeError` for drafter, data and eval-prompt errors.
     """
     from accelerate.utils import set_seed
+
     from decode.target import load_target
 
     acc = make_accelerator(recipe)
@@ -359,7 +361,7 @@ class StopOnSignal:
         self.signum: int | None = None
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopOnSignal":
+    def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handle)
