@@ -137,14 +137,14 @@ class MedusaDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        """``k`` draft tokens per row from the state that predicted the last committed token.
+        """Draft tokens ``[B, k]`` from the state that predicted the last committed token: each head
+        proposes one position, so with ``k > num_heads`` only the first ``num_heads`` are proposed
+        (``Proposal.lengths``; the rest is padding the decoder ignores).
 
         Raises:
-            ValueError: ``k`` exceeds ``num_heads`` (each head proposes one position), or no features.
+            ValueError: no features (the decoder did not honour ``feature_layers``).
         """
-        if k > self.config.num_heads:
-            raise ValueError(f"this Medusa drafter has {self.config.num_heads} heads and proposes at most that many "
-                             f"tokens per round; pass num_draft_tokens <= {self.config.num_heads}")
+        k_all, k = k, min(k, self.config.num_heads)
         if state.features is None:
             raise ValueError("Medusa needs target features; the decoder must honour feature_layers")
         dev = next(self.blocks.parameters()).device
@@ -172,5 +172,10 @@ class MedusaDrafter(Drafter):
             for b, f in enumerate(state.features):
                 if f.shape[0] == 0:
                     out_probs[b] = torch.nn.functional.one_hot(tokens[b], out_probs.shape[-1]).float()
-        return Proposal(tokens=tokens.cpu(), probs=None if out_probs is None else out_probs.cpu(),
-                        lengths=cut.lengths)
+        lengths = cut.lengths
+        if k_all > k:  # pad to the k_all columns asked for; lengths say only k are proposed
+            lengths = lengths if lengths is not None else torch.full((tokens.shape[0],), k, dtype=torch.long)
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(-1, k_all - k)], 1)
+            if out_probs is not None:
+                out_probs = torch.cat([out_probs, out_probs[:, -1:].expand(-1, k_all - k, -1)], 1)
+        return Proposal(tokens=tokens.cpu(), probs=None if out_probs is None else out_probs.cpu(), lengths=lengths)

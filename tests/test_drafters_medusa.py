@@ -92,17 +92,22 @@ def test_propose_uses_the_state_that_predicted_the_last_token():
     assert prop.tokens[0].tolist() == want and prop.probs is None
 
 
-def test_too_many_draft_tokens_is_a_clear_error():
+def test_more_draft_tokens_than_heads_proposes_one_per_head():
+    """K > num_heads: the drafter proposes num_heads tokens (Proposal.lengths) and decoding stays exact."""
+    from decode import generate
+
     target = tiny_llama(0)
     d = _drafter(target)
     st = DecodeState(tokens=[[1, 2, 3]], num_stable=[0], features=[torch.zeros(2, 32)], active=[True],
                      vocab_size=128)
-    try:
-        d.propose(st, K + 1, SamplingParams(), None)
-    except ValueError as exc:
-        assert "num_draft_tokens" in str(exc)
-    else:
-        raise AssertionError("k > num_heads must raise")
+    for sampling in (SamplingParams(), SamplingParams(1.0)):
+        prop = d.propose(st, K + 2, sampling, torch.Generator().manual_seed(0))
+        assert prop.tokens.shape == (1, K + 2) and prop.lengths.tolist() == [K]
+        assert torch.equal(prop.tokens[:, :K], d.propose(st, K, sampling, torch.Generator().manual_seed(0)).tokens)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    res = generate(target, prompts, drafter=d, max_new_tokens=12, num_draft_tokens=K + 2, eos_token_id=[])
+    assert res.sequences == generate(target, prompts, max_new_tokens=12, eos_token_id=[]).sequences
+    assert res.stats.drafted <= K * res.stats.target_forwards
 
 
 def test_own_lm_heads_start_from_the_target_and_are_saved(tmp_path):
