@@ -283,8 +283,8 @@ def print_record(record: dict, console=None) -> None:
     ex = record["exactness"]
     console.print(f"exactness: {'mismatches ' + str(ex['mismatches']) if ex['checked'] else 'not checked'} "
                   f"({ex['reason']})")
-    if report.small_sample_note(record):
-        console.print(f"note: {report.small_sample_note(record)}")
+    if note := report.small_sample_note(record):
+        console.print(f"note: {note}")
     if "sweep" in record:
         rows = [r for r in record["sweep"]["rows"] if r["category"] == "all"]
         console.print(report.rich_table("sweep (all categories)", rows, report.SWEEP_COLUMNS))

@@ -518,8 +518,8 @@ def render_markdown(record: dict) -> str:
     ex = record["exactness"]
     lines += [f"Exactness: {'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
               f"({ex['reason']}).", ""]
-    if small_sample_note(record):
-        lines += [f"Note: {small_sample_note(record)}", ""]
+    if note := small_sample_note(record):
+        lines += [f"Note: {note}", ""]
     if record.get("sweep"):
         lines += ["## Sweep", "", markdown_table(record["sweep"]["rows"], SWEEP_COLUMNS)]
     if record.get("concurrency"):

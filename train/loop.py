@@ -437,7 +437,6 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
     acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
     start = time.perf_counter() if budget_start is None else budget_start
     schedule = ctx["schedule"]
-    schedule.elapsed_s = 0.0
     from decode.report import progress_bars_off
 
     bar = tqdm(total=cfg.max_steps, initial=state.global_step, desc="train",
@@ -467,10 +466,11 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
         if acc.check_trigger() and state.global_step < cfg.max_steps:  # a stop signal reached some process
             result.stopped = "interrupted"
             break
-        schedule.elapsed_s = agreed_elapsed(acc, start) if cfg.max_minutes is not None else 0.0
-        if cfg.max_minutes is not None and schedule.elapsed_s / 60.0 >= cfg.max_minutes:
-            result.stopped = "max_minutes"
-            break
+        if cfg.max_minutes is not None:
+            schedule.elapsed_s = agreed_elapsed(acc, start)
+            if schedule.elapsed_s / 60.0 >= cfg.max_minutes:
+                result.stopped = "max_minutes"
+                break
     bar.close()
 
 

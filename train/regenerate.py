@@ -8,7 +8,8 @@ target with ``decode.generate`` (greedy, ``data.regenerate_max_new_tokens`` toke
 ``data.regenerate_batch_size`` at a time in length order so left padding stays short); the new example
 is prompt + generated tokens with the loss mask on the generated tokens (EOS included). Only the first
 assistant turn survives, and only prompts that leave room for the whole generation inside
-``max_length`` are kept (a longer prompt would be truncated before most of its generated tokens). The result is cached as a ``datasets`` folder under
+``max_length`` are kept (a longer prompt would be truncated before most of its generated tokens).
+The result is cached as a ``datasets`` folder under
 ``$DRAFTERKIT_HOME/regenerated/<key>``, key = sha256 of the target's config and weights fingerprint,
 the source dataset's fingerprint and the generation parameters.
 """
@@ -77,7 +78,8 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
                          "regenerate_max_new_tokens")
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     generated: dict[int, list[int]] = {}
-    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not progress or progress_bars_off()):
+    bars = progress and not progress_bars_off()
+    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not bars):
         idx = order[i:i + batch_size]
         res = decode.generate(target, [prompts[j] for j in idx], max_new_tokens=max_new_tokens, temperature=0.0)
         generated.update(zip(idx, (list(s) for s in res.sequences)))
