@@ -28,7 +28,8 @@ import torch
 from decode.metrics import DecodeCounts, DecodeStats, compute_stats
 from decode.protocol import DecodeState, Proposer, SamplingParams
 from decode.sampling import check_sampling_params, logits_to_probs, sanitize_logits, select_tokens
-from decode.verify import verify_greedy, verify_sampling
+from decode.tree import DraftTree, close_under_parents
+from decode.verify import verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
 from drafters.draft_lm import DraftLM, RaggedCache, check_vocab_match, lm_head_rows
 
 _ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []
@@ -169,8 +170,8 @@ def _sync(device: torch.device) -> None:
 class _Decoder:
     """State of one ``generate`` call. Functions are split so each does one step of the round."""
 
-    def __init__(self, target, rows, proposer, sampling, k_max, max_new, eos, vocab, generator):
-        self.target, self.proposer, self.sampling = target, proposer, sampling
+    def __init__(self, target, rows, proposer, sampling, k_max, max_new, eos, vocab, generator, tree=None):
+        self.target, self.proposer, self.sampling, self.tree = target, proposer, sampling, tree
         self.k_max, self.max_new, self.eos, self.vocab, self.gen = k_max, max_new, eos, vocab, generator
         self.device = next(target.parameters()).device
         self.tokens = [list(r) for r in rows]
@@ -329,6 +330,107 @@ class _Decoder:
         self.round += 1
         self._notify()
 
+    # --- tree rounds ----------------------------------------------------------------------------------
+    def _propose_tree(self, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposer's tree tokens ``[B, N]`` and the nodes each row may have verified ``[B, N]``:
+        its mask, cut at invalid ids, at each row's depth cap, inactive rows empty, closed under parents."""
+        tree, b, n = self.tree, len(self.tokens), self.tree.num_nodes
+        t0 = time.perf_counter()
+        prop = self.proposer.propose_tree(self._state(), tree, self.sampling, self.gen)
+        _sync(self.device)
+        self.counts.draft_time_s += time.perf_counter() - t0
+        name = type(self.proposer).__name__
+        d = torch.as_tensor(prop.tokens)
+        if d.dim() != 2 or tuple(d.shape) != (b, n) or d.is_floating_point() or d.dtype == torch.bool:
+            raise ValueError(f"{name}.propose_tree returned tokens of shape {tuple(d.shape)} ({d.dtype}); need an "
+                             f"integer tensor [B, N] = [{b}, {n}] (one token per tree node)")
+        d = d.to(self.device, torch.long)
+        valid = torch.ones(b, n, dtype=torch.bool, device=self.device)
+        if prop.mask is not None:
+            m = torch.as_tensor(prop.mask)
+            if tuple(m.shape) != (b, n):
+                raise ValueError(f"{name}.propose_tree returned a mask of shape {tuple(m.shape)}; need [B, N] = [{b}, {n}]")
+            valid &= m.to(self.device).bool()
+        bad = (d < 0) | (d >= self.vocab)
+        act = torch.tensor(self.active, device=self.device)
+        if not self._warned_ids and bool((bad & valid & act[:, None]).any()):
+            self._warned_ids = True
+            ids = sorted(set(d[bad & valid & act[:, None]].tolist()))[:5]
+            warnings.warn(f"{name}.propose_tree returned token ids {ids} outside [0, {self.vocab}) (the target's "
+                          "vocabulary): a proposer contract violation. Those nodes and their subtrees are not "
+                          "verified (output stays exact); fix the proposer. Warned once per generate call",
+                          stacklevel=2)
+        depth = torch.tensor(tree.depths, device=self.device)
+        cap = torch.tensor(caps, device=self.device)
+        valid &= ~bad & act[:, None] & (depth[None] <= cap[:, None])
+        return d.masked_fill(bad, 0), close_under_parents(tree, valid)
+
+    def step_tree(self) -> None:
+        """One tree round: propose a tree, ONE target forward over ``[last, nodes..]`` under tree
+        attention, follow the accepted path, move its cache columns and features into place, commit.
+        Nodes no row may use are dropped before the forward; with none left it is a plain step."""
+        active = self.active
+        caps = [min(self.tree.max_depth, self.max_new - len(o) - 1) if a else 0 for o, a in zip(self.out, active)]
+        if max(caps) > 0:
+            d, valid = self._propose_tree(caps)
+        else:  # only the last token is left to commit: nothing to draft
+            d = torch.zeros(len(active), self.tree.num_nodes, dtype=torch.long, device=self.device)
+            valid = torch.zeros_like(d, dtype=torch.bool)
+        keep = valid.any(0).tolist()
+        tree, idx = (self.tree.subtree(keep) if any(keep) else (None, []))
+        d, valid = d[:, idx], valid[:, idx]
+        t0 = time.perf_counter()
+        last = torch.tensor([[t[-1]] for t in self.tokens], dtype=torch.long, device=self.device)
+        n_real_before = self.cache.n_real.tolist()
+        want_h = self.layers is not None
+        if tree is None:
+            out = self.cache.run(last, logits_to_keep=1, output_hidden_states=want_h)
+        else:
+            depths = torch.tensor((0,) + tree.depths, device=self.device)
+            out = self.cache.run_tree(torch.cat([last, d], 1), depths, tree.attention_mask(self.device),
+                                      logits_to_keep=len(idx) + 1, output_hidden_states=want_h)
+        logits = out.logits[..., : self.vocab]  # [B, N+1, V]
+        vtree = tree
+        if tree is None:  # no node left: verify a one-node tree with the node invalid in every row
+            vtree = DraftTree.chain(1)
+            d = torch.zeros(len(active), 1, dtype=torch.long, device=self.device)
+            valid = torch.zeros(len(active), 1, dtype=torch.bool, device=self.device)
+            logits = torch.cat([logits, logits], 1)
+        if self.sampling.greedy:
+            paths, nxt = verify_tree_greedy(sanitize_logits(logits), vtree, d, valid)
+        else:
+            paths, nxt = verify_tree_sampling(logits_to_probs(logits, self.sampling), vtree, d, valid, self.gen)
+        paths = [p if a else [] for p, a in zip(paths, active)]
+        cols = [[0] + [c + 1 for c in p] for p in paths]
+        vmax = max(len(c) if a else 0 for c, a in zip(cols, active))
+        index = torch.tensor([c + [0] * (vmax - len(c)) for c in cols], dtype=torch.long, device=self.device)
+        if tree is not None and vmax > 1:
+            self.cache.reorder(index)
+        counts = torch.tensor([len(c) if a else 0 for c, a in zip(cols, active)], device=self.device)
+        self.cache.keep(counts, valid_max=vmax)
+        if want_h:
+            h = self._hidden(out)
+            if vmax:
+                h = h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1]))
+            self._store_features(h, n_real_before, counts.tolist(), [0] * len(cols))
+        toks, ok = d.tolist(), valid.tolist()
+        for b, a in enumerate(active):
+            if a:
+                self._commit_path(b, paths[b], nxt[b], toks[b], ok[b], vtree)
+        _sync(self.device)
+        self.counts.verify_time_s += time.perf_counter() - t0
+        self.round += 1
+        self._notify()
+
+    def _commit_path(self, b: int, path: list[int], nxt: int, toks: list[int], ok: list[bool], tree: DraftTree) -> None:
+        emitted = self._emit(b, [toks[c] for c in path] + [nxt])
+        accepted = min(len(emitted), len(path))
+        stopped_early = self.reasons[b] == "stop" and len(emitted) <= len(path)
+        end = path[-1] if path else -1
+        more = any(ok[c] for c in tree.children[end])  # the target judged a child of the last node
+        rejected_at = len(path) if more and not stopped_early else None
+        self.counts.record_row(drafted=sum(ok), accepted=accepted, committed=len(emitted), rejected_at=rejected_at)
+
     def _commit(self, b: int, row: list[int], k: int) -> None:
         n_acc, nxt, lim, drafts = row[0], row[1], row[2], row[3: 3 + k]
         emitted = self._emit(b, drafts[:n_acc] + [nxt])
@@ -357,7 +459,12 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
             context is unreliable).
         temperature, top_k, top_p: the decoding distribution; ``temperature == 0`` is greedy.
         num_draft_tokens: K, the chain length proposed per round (clamped to the remaining budget).
-        tree: tree drafts are not implemented yet; must be ``None``.
+        tree: ``None`` for chain drafts, or a static draft tree (:class:`decode.tree.DraftTree`, or
+            anything ``DraftTree.parse`` takes: ``"3,2,1"`` branching factors per depth, or a list of
+            rank paths such as ``[[0], [1], [0, 0]]``). Each round the drafter proposes one token per
+            node (its top-k), the target verifies the whole tree in ONE forward under tree attention
+            and the longest agreeing path is accepted (SpecInfer; Medusa; EAGLE). ``num_draft_tokens``
+            is then unused; depth is capped by the remaining budget. Ignored with ``drafter=None``.
         eos_token_id: an int or a list of ints in ``[0, vocab)`` (``[]``: no EOS, stop on length only);
             ``None`` = the target's ``generation_config.eos_token_id``.
         seed: seeds the ``torch.Generator`` used for all sampling (draft and target).
@@ -366,16 +473,13 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
         :class:`GenerateResult` (``sequences`` hold only NEW tokens; EOS included when emitted).
 
     Raises:
-        NotImplementedError: ``tree`` is not ``None``.
         ValueError: bad sizes (``max_new_tokens`` / ``num_draft_tokens`` not an int >= 1) or sampling
             params, token ids (``input_ids``, ``eos_token_id``) outside the vocabulary or not ints, a
             drafter whose vocabulary / tokenizer does not match the target (all checked before any
-            token is generated), or a proposer returning tokens of a shape other than ``[B, k]``.
+            token is generated), a proposer returning tokens of a shape other than ``[B, k]`` (``[B, N]``
+            for a tree), a malformed ``tree``, or a ``tree`` with a drafter that cannot propose one.
         TypeError: ``drafter`` is none of the accepted kinds.
     """
-    if tree is not None:
-        raise NotImplementedError("tree drafts are not implemented yet: pass tree=None (chain drafts of "
-                                  "num_draft_tokens tokens)")
     max_new_tokens = _check_count("max_new_tokens", max_new_tokens)
     num_draft_tokens = _check_count("num_draft_tokens", num_draft_tokens)
     sampling = SamplingParams(float(temperature), int(top_k), float(top_p))
@@ -393,8 +497,15 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     _check_prompt_length(target, rows, max_new_tokens)
     device = next(target.parameters()).device
     gen = None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
-    k_max = num_draft_tokens if proposer is not None else 0
-    dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen)
+    draft_tree = None
+    if tree is not None and proposer is not None:
+        draft_tree = DraftTree.parse(tree)
+        if not callable(getattr(proposer, "propose_tree", None)):
+            raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: eagle, eagle3, "
+                             f"medusa, or one of them +ngram); {getattr(proposer, 'kind', type(proposer).__name__)} "
+                             "proposes chains only: pass tree=None")
+    k_max = (draft_tree.max_depth if draft_tree is not None else num_draft_tokens) if proposer is not None else 0
+    dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
     if proposer is not None:
         proposer.reset(len(rows))
     with torch.no_grad():
@@ -403,6 +514,6 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
         _sync(device)
         dec.counts.ttft_s = time.perf_counter() - t0
         while any(dec.active):
-            dec.step()
+            dec.step() if draft_tree is None else dec.step_tree()
         dec.counts.total_time_s = time.perf_counter() - t0
     return GenerateResult(dec.out, [r or "length" for r in dec.reasons], compute_stats(dec.counts), dec.counts)

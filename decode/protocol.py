@@ -86,11 +86,19 @@ class Proposal:
             (0..k). Tokens past it are ignored: not verified, not counted as drafted. A proposer with
             nothing worth proposing (e.g. prompt lookup without a match) returns 0, and when every
             row does, the round costs one plain target step. ``None`` means k for every row.
+        mask: tree proposals only: bool ``[B, N]``, False for nodes a row does not propose (pruned
+            by the drafter's confidence, or nothing to draft from). A node is verified only where it
+            and all its ancestors are True; nodes False in every row are not sent to the target at
+            all. ``None`` means every node.
+
+    A tree proposal (:meth:`TreeProposer.propose_tree`) has ``tokens [B, N]`` in the tree's node order,
+    ``probs=None`` (tree candidates are deterministic: the drafter's top-k) and ``lengths=None``.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -108,3 +116,14 @@ class Proposer(Protocol):
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         """Return ``k`` draft tokens per row (rows with ``active[b] == False`` may hold anything)."""
+
+
+@runtime_checkable
+class TreeProposer(Proposer, Protocol):
+    """A proposer that can also draft a static tree (``decode.generate(tree=...)``)."""
+
+    def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Proposal:
+        """Return one token per node of ``tree`` (a ``decode.tree.DraftTree``) per row: node ``i`` is the
+        rank ``tree.ranks[i]`` candidate (0 = best) after the tokens of its ancestors. ``tokens [B, N]``,
+        optional ``mask [B, N]``."""

@@ -107,3 +107,105 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor | None, draft_tokens: torch
     residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p_n)
     dist = torch.where(rejected[:, None], residual, p_n)
     return n, sample(dist, generator)
+
+
+# --------------------------------------------------------------------------------------------------
+# trees
+
+
+def _check_tree(scores: torch.Tensor, tree, draft_tokens: torch.Tensor, valid: torch.Tensor | None, name: str):
+    n = tree.num_nodes
+    b = draft_tokens.shape[0]
+    if draft_tokens.dim() != 2 or draft_tokens.shape[1] != n or scores.dim() != 3 or scores.shape[:2] != (b, n + 1):
+        raise ValueError(f"{name} must be [B, N+1, V] and draft_tokens [B, N] for a tree of N={n} nodes; got "
+                         f"{tuple(scores.shape)} and {tuple(draft_tokens.shape)}")
+    if valid is not None and tuple(valid.shape) != (b, n):
+        raise ValueError(f"valid must be [B, N] = [{b}, {n}], got {tuple(valid.shape)}")
+    ok = [[True] * n for _ in range(b)] if valid is None else valid.bool().tolist()
+    return draft_tokens.tolist(), ok
+
+
+def verify_tree_greedy(target_logits: torch.Tensor, tree, draft_tokens: torch.Tensor,
+                       valid: torch.Tensor | None = None) -> tuple[list[list[int]], list[int]]:
+    """Greedy verification of a draft tree: from the root, follow the child whose token is the target's
+    argmax until none is (SpecInfer, Miao et al. 2024; Medusa; EAGLE).
+
+    Args:
+        target_logits: ``[B, N+1, V]`` over ``[root, node_0 .. node_{N-1}]`` (tree attention).
+        tree: the :class:`decode.tree.DraftTree` (``children`` in rank order).
+        draft_tokens: LongTensor ``[B, N]``, the token of each node.
+        valid: optional bool ``[B, N]``; invalid nodes are never accepted (close it under parents).
+
+    Returns:
+        ``(paths, next_tokens)``: per row the accepted node indices from depth 1 down, and the target's
+        argmax after the last accepted node (the bonus / correction token). The committed tokens equal
+        plain greedy decoding.
+
+    Raises:
+        ValueError: on mismatched shapes.
+    """
+    toks, ok = _check_tree(target_logits, tree, draft_tokens, valid, "target_logits")
+    best = target_logits.argmax(-1).tolist()
+    paths, nxt = [], []
+    for b in range(len(toks)):
+        node, path = -1, []
+        while True:
+            t = best[b][node + 1]
+            child = next((c for c in tree.children[node] if ok[b][c] and toks[b][c] == t), None)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        paths.append(path)
+        nxt.append(t)
+    return paths, nxt
+
+
+def verify_tree_sampling(p: torch.Tensor, tree, draft_tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                         generator: torch.Generator | None = None) -> tuple[list[list[int]], list[int]]:
+    """Exact speculative sampling over a tree of DETERMINISTIC candidates (the drafter's top-k tokens).
+
+    At each node, its valid children are tried in rank order, each as a one-hot proposal: child token
+    ``c`` is accepted with probability ``r(c)``, where ``r`` starts as the target's ``p`` at the node and,
+    after each rejection, becomes ``normalize(r with r(c) = 0)`` (the residual ``max(0, r - onehot(c))``
+    of one-hot rejection sampling). If every child is rejected the correction token is sampled from the
+    final ``r``; after a leaf the bonus token is sampled from ``p`` there. Each step is Leviathan et al.'s
+    rejection sampling with a one-hot q, so every committed token is distributed exactly as ``p``
+    (the multi-candidate scheme of SpecInfer, Miao et al. 2024, with deterministic drafts).
+
+    Args:
+        p: ``[B, N+1, V]`` target distributions (after temperature / top-k / top-p) over
+            ``[root, node_0 ..]``.
+        tree, draft_tokens, valid: as in :func:`verify_tree_greedy`.
+        generator: source of randomness.
+
+    Returns:
+        ``(paths, next_tokens)`` as in :func:`verify_tree_greedy`.
+
+    Raises:
+        ValueError: on mismatched shapes.
+    """
+    toks, ok = _check_tree(p, tree, draft_tokens, valid, "p")
+    paths, nxt = [], []
+    for b in range(len(toks)):
+        node, path = -1, []
+        while True:
+            r = p[b, node + 1].float()
+            moved = False
+            for c in tree.children[node]:
+                if not ok[b][c]:
+                    continue
+                t = toks[b][c]
+                u = float(torch.rand((), generator=generator, device=p.device))
+                mass = float(r.sum())
+                if u * mass < float(r[t]):
+                    path.append(c)
+                    node, moved = c, True
+                    break
+                r = r.clone()
+                r[t] = 0.0
+            if not moved:
+                break
+        paths.append(path)
+        nxt.append(int(sample((r / r.sum())[None], generator)[0]))
+    return paths, nxt

@@ -52,9 +52,11 @@ class RaggedCache:
             grown[:, : self.length] = self.mask[:, : self.length]
             self.mask = grown
 
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, **kw: Any):
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, **kw: Any):
         m = input_ids.shape[1]
-        out = self.model(input_ids=input_ids, attention_mask=self.mask[:, : self.length + m],
+        if attention_mask is None:
+            attention_mask = self.mask[:, : self.length + m]
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                          position_ids=position_ids, cache=self.cache, use_cache=True, **kw)
         self.cache = out.cache if getattr(out, "cache", None) is not None else self.cache
         return out
@@ -88,6 +90,47 @@ class RaggedCache:
         out = self._forward(input_ids, pos, **kw)
         self._pending = m
         return out
+
+    def run_tree(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, **kw: Any):
+        """Append a draft tree ``input_ids [B, m]`` (column 0 the root) after each row's valid columns.
+
+        ``depths [m]``: each column's depth (RoPE position = ``n_real + depth``); ``tree_mask [m, m]`` bool:
+        which new columns each new column may attend to (itself and its ancestors). Passed to the model
+        as a 4-D additive mask ``[B, 1, m, length + m]`` (transformers uses a 4-D mask as given).
+        Call :meth:`reorder` and :meth:`keep` afterwards.
+        """
+        b, m = input_ids.shape
+        self._reserve(m)
+        self.mask[:, self.length: self.length + m] = 1
+        dev = self.mask.device
+        pos = self.n_real[:, None] + depths.to(dev)[None]
+        seen = torch.cat([self.mask[:, None, : self.length].bool().expand(b, m, self.length),
+                          tree_mask.to(dev)[None].expand(b, m, m)], -1)[:, None]  # [B, 1, m, L+m]
+        dtype = next(self.model.parameters()).dtype
+        if not dtype.is_floating_point:
+            dtype = torch.float32
+        additive = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
+        out = self._forward(input_ids, pos, attention_mask=additive, **kw)
+        self._pending = m
+        return out
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """After :meth:`run_tree`: new column ``j`` of row ``b`` takes the keys/values of new column
+        ``index[b, j]`` (``index [B, n] <= m``), so an accepted tree path becomes contiguous.
+
+        Raises:
+            NotImplementedError: the model's cache has no per-layer ``keys``/``values`` tensors.
+        """
+        start, n = self.length, index.shape[1]
+        layers = getattr(self.cache, "layers", None)
+        if layers is None or not all(hasattr(layer, "keys") for layer in layers):
+            raise NotImplementedError(f"tree drafts need a cache with per-layer keys/values tensors; "
+                                      f"{type(self.cache).__name__} has none")
+        for layer in layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)  # [B, H, S, D]
+                idx = (index.to(t.device) + start)[:, None, :, None].expand(t.shape[0], t.shape[1], n, t.shape[3])
+                t[:, :, start: start + n] = t.gather(2, idx)
 
     def keep(self, valid: torch.Tensor, valid_max: int | None = None) -> None:
         """After :meth:`run`: keep the first ``valid[b]`` new columns of each row, mask the rest and

@@ -189,13 +189,17 @@ class FeatureHeadDrafter(Drafter):
     def reset(self, batch_size: int) -> None:
         self._caches: list[dict | None] = [None] * batch_size
 
+    def _layer(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past):
+        """The head over new positions: ``ids [B, m]`` (the token each consumes), ``hidden [B, m, H]`` (the
+        feature each consumes), ``positions [B, m]``, ``mask [m, S]`` bool -> ``(out [B, m, H], (k, v))``."""
+        return self.layer(hidden, positions, mask, past, embeds=self.embed(ids).to(hidden.dtype))
+
     def _run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, past):
-        """Layer over ``m`` new positions ``start..start+m-1`` for one row. ``ids [1, m]``, ``hidden [1, m, H]``."""
+        """Layer over ``m`` new positions ``start..start+m-1`` (causal). ``ids [B, m]``, ``hidden [B, m, H]``."""
         m = ids.shape[1]
-        pos = torch.arange(start, start + m, device=ids.device)[None]
+        pos = torch.arange(start, start + m, device=ids.device)[None].expand(ids.shape[0], m)
         plen = 0 if past is None else past[0].shape[2]
-        mask = causal_mask(m, plen, ids.device)
-        return self.layer(hidden, pos, mask, past, embeds=self.embed(ids).to(hidden.dtype))
+        return self._layer(ids, hidden, pos, causal_mask(m, plen, ids.device), past)
 
     def _catch_up(self, b: int, tokens: list[int], feats: torch.Tensor, stable: int) -> torch.Tensor:
         """Bring row ``b``'s cache to the real prefix; return the head output at position ``n-2`` ``[1, H]``."""
@@ -275,6 +279,91 @@ class FeatureHeadDrafter(Drafter):
             probs += [F.one_hot(torch.tensor(fill), v_out).float().to(probs[0].device if probs else "cpu")] * (k - length)
         return t, (torch.stack(probs).cpu() if probs else None), length
 
+    def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Proposal:
+        """One token per node of ``tree`` (a ``decode.tree.DraftTree``) per row: the head's rank-r
+        candidate after the node's ancestors, drafted level by level (EAGLE-1/EAGLE-2 tree drafting,
+        Li et al. 2024): each level is ONE head pass over the level's nodes under tree attention (each
+        node sees the row's real prefix, its ancestors and itself; position = its depth). With
+        ``draft_threshold > 0`` a node whose path probability under the head (product of its tokens'
+        softmax probabilities) falls below it is masked out, with its subtree (EAGLE-2's confidence as
+        an acceptance estimate). Deterministic (top-k): ``probs=None``.
+
+        Returns:
+            ``Proposal(tokens [B, N], mask [B, N])``; rows with nothing to condition on, or inactive, are
+            all False.
+
+        Raises:
+            ValueError: the decoder passed no features.
+        """
+        if state.features is None:
+            raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
+        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
+            self.reset(len(state.tokens))
+        b_all, n_nodes = len(state.tokens), tree.num_nodes
+        tokens = torch.zeros(b_all, n_nodes, dtype=torch.long)
+        mask = torch.zeros(b_all, n_nodes, dtype=torch.bool)
+        with torch.no_grad():
+            for b, toks in enumerate(state.tokens):
+                if state.active[b] and len(toks) >= 2:
+                    tokens[b], mask[b] = self._tree_row(b, toks, state.features[b], state.num_stable[b], tree,
+                                                        state.vocab_size)
+        return Proposal(tokens=tokens, probs=None, mask=mask)
+
+    def _tree_row(self, b, toks, feats, stable, tree, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(toks)
+        root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
+        c = self._caches[b]
+        past, plen = (c["k"], c["v"]), c["k"].shape[2]
+        dev = root.device
+        out_tok, ok, path_p = [0] * tree.num_nodes, [False] * tree.num_nodes, {-1: 1.0}
+        outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
+        col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
+        levels: dict[int, list[int]] = {}
+        for i, d in enumerate(tree.depths):
+            levels.setdefault(d, []).append(i)
+        for d in range(1, tree.max_depth + 1):
+            level = [i for i in levels.get(d, []) if tree.parents[i] in outs]
+            if not level:
+                break
+            parents = sorted({tree.parents[i] for i in level})
+            logits, ids = self.logits_and_ids(torch.cat([outs[p] for p in parents]))  # [P, V']
+            if ids is not None:
+                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+            else:
+                logits = logits[:, :vocab_size]
+            probs = torch.softmax(logits.float(), -1)
+            top = probs.topk(min(max(tree.ranks[i] for i in level) + 1, probs.shape[-1]), -1)
+            vals, idx = top.values.tolist(), top.indices
+            tgt = idx if ids is None else ids[idx]
+            tgt = tgt.tolist()
+            for i in level:
+                pi, r = parents.index(tree.parents[i]), tree.ranks[i]
+                if r >= len(vals[pi]):
+                    continue
+                out_tok[i] = tgt[pi][r]
+                path_p[i] = path_p[tree.parents[i]] * vals[pi][r]
+                ok[i] = path_p[i] >= self.draft_threshold and vals[pi][r] > 0
+            grow = [i for i in level if ok[i] and tree.children[i]]
+            if not grow or d == tree.max_depth:
+                continue
+            m, ntree = len(grow), len(col)
+            ids_in = torch.tensor([out_tok[i] for i in grow], device=dev)[None]
+            hid_in = torch.cat([outs[tree.parents[i]] for i in grow])[None]  # [1, m, H]
+            pos = torch.full((1, m), n - 2 + d, device=dev)
+            attn = torch.zeros(m, plen + ntree + m, dtype=torch.bool, device=dev)
+            attn[:, :plen] = True
+            for j, i in enumerate(grow):
+                a = tree.parents[i]
+                while a >= 0:
+                    attn[j, plen + col[a]] = True
+                    a = tree.parents[a]
+                attn[j, plen + ntree + j] = True
+            out, past = self._layer(ids_in, hid_in, pos, attn, past)
+            for j, i in enumerate(grow):
+                outs[i], col[i] = out[:, j], ntree + j
+        return torch.tensor(out_tok, dtype=torch.long), torch.tensor(ok, dtype=torch.bool)
+
     @staticmethod
     def _to_target_probs(p: torch.Tensor, ids: torch.Tensor | None, v: int) -> torch.Tensor:
         if ids is None:
@@ -350,12 +439,9 @@ class EagleDrafter(FeatureHeadDrafter):
     def real_input(self, feats: torch.Tensor) -> torch.Tensor:
         return feats  # f_t as is; fc is applied in _run together with the token embedding
 
-    def _run(self, ids, hidden, start, past):
-        m = ids.shape[1]
+    def _layer(self, ids, hidden, positions, mask, past):
         x = self.fc(torch.cat([self.embed(ids).to(hidden.dtype), hidden], -1))
-        pos = torch.arange(start, start + m, device=ids.device)[None]
-        plen = 0 if past is None else past[0].shape[2]
-        return self.layer(x, pos, causal_mask(m, plen, ids.device), past)
+        return self.layer(x, positions, mask, past)
 
     def logits_and_ids(self, out: torch.Tensor):
         return self.lm_head(out.to(self.lm_head.weight.dtype)), None

@@ -113,3 +113,48 @@ class LookupHybrid:
                 probs[b, :n] = 0
                 probs[b, torch.arange(n, device=probs.device), tokens[b, :n].to(probs.device)] = 1
         return Proposal(tokens=tokens, probs=probs, lengths=lengths)
+
+    def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Proposal:
+        """Tree version of :meth:`propose`: a row with a lookup match puts its looked-up continuation on
+        the tree's rank-0 path (``tree.spine()``); the drafter's other first-position candidates and
+        their subtrees stay in play (they do not depend on the replaced tokens), while the rest of the
+        rank-0 subtree is masked out. Rows without a match keep the drafter's tree. When every active
+        row has a match the drafter is not run: only the looked-up chains are proposed.
+
+        Raises:
+            ValueError: the wrapped drafter cannot propose trees.
+        """
+        if not callable(getattr(self.drafter, "propose_tree", None)):
+            raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only; tree drafts need eagle, "
+                             "eagle3 or medusa")
+        spine = tree.spine()
+        conts = [lookup(row, len(spine), self.max_ngram, self.min_match) if active and spine else []
+                 for row, active in zip(state.tokens, state.active)]
+        stable = (list(state.num_stable) if self._stable is None
+                  else [min(a, b) for a, b in zip(self._stable, state.num_stable)])
+        n_active, copied = sum(bool(a) for a in state.active), sum(bool(c) for c in conts)
+        self.lookup_rows += copied
+        self.drafter_rows += n_active - copied
+        b_all, n = len(state.tokens), tree.num_nodes
+        if spine and n_active and copied == n_active:
+            self._stable = stable
+            tokens = torch.zeros(b_all, n, dtype=torch.long)
+            mask = torch.zeros(b_all, n, dtype=torch.bool)
+        else:
+            self._stable = None
+            inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features,
+                                active=state.active, vocab_size=state.vocab_size)
+            prop = self.drafter.propose_tree(inner, tree, sampling, generator)
+            tokens = torch.as_tensor(prop.tokens).clone().cpu()
+            mask = (torch.ones(b_all, n, dtype=torch.bool) if prop.mask is None
+                    else torch.as_tensor(prop.mask).clone().bool().cpu())
+        under_best = torch.tensor([p[0] == 0 for p in tree.paths])  # the rank-0 subtree
+        for b, cont in enumerate(conts):
+            if not cont:
+                continue
+            mask[b] &= ~under_best
+            tokens[b, spine[: len(cont)]] = torch.tensor(cont, dtype=torch.long)
+            mask[b, spine[: len(cont)]] = True
+        return Proposal(tokens=tokens, probs=None, mask=mask)
+

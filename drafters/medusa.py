@@ -179,3 +179,43 @@ class MedusaDrafter(Drafter):
             if out_probs is not None:
                 out_probs = torch.cat([out_probs, out_probs[:, -1:].expand(-1, k_all - k, -1)], 1)
         return Proposal(tokens=tokens.cpu(), probs=None if out_probs is None else out_probs.cpu(), lengths=lengths)
+
+    def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Proposal:
+        """One token per node of ``tree`` per row, Medusa's tree (Cai et al. 2024): node at depth ``d`` with
+        rank ``r`` takes head ``d-1``'s rank-``r`` token (heads see only the last committed state, so a
+        node's candidates do not depend on its ancestors' tokens). Nodes deeper than ``num_heads`` are
+        masked out, and with ``draft_threshold > 0`` so is a node whose path probability (product of
+        its heads' softmax probabilities) falls below it. Deterministic: ``probs=None``.
+
+        Returns:
+            ``Proposal(tokens [B, N], mask [B, N])``.
+
+        Raises:
+            ValueError: no features (the decoder did not honour ``feature_layers``).
+        """
+        if state.features is None:
+            raise ValueError("Medusa needs target features; the decoder must honour feature_layers")
+        dev = next(self.blocks.parameters()).device
+        b_all = len(state.tokens)
+        rows = [f[-1] if f.shape[0] else f.new_zeros(self.config.hidden_size) for f in state.features]
+        hidden = torch.stack(rows).to(dev, next(self.blocks.parameters()).dtype)  # [B, H]
+        depth = min(tree.max_depth, self.config.num_heads)
+        tops = []
+        with torch.no_grad():
+            for j in range(depth):
+                ranks = [r for r, d in zip(tree.ranks, tree.depths) if d == j + 1]
+                probs = torch.softmax(self.head_logits(j, hidden)[:, : state.vocab_size].float(), -1)
+                tops.append(probs.topk(min(max(ranks) + 1, probs.shape[-1]), -1))
+        tokens = torch.zeros(b_all, tree.num_nodes, dtype=torch.long)
+        mask = torch.zeros(b_all, tree.num_nodes, dtype=torch.bool)
+        path_p = torch.ones(b_all, tree.num_nodes)
+        for i, (d, r, par) in enumerate(zip(tree.depths, tree.ranks, tree.parents)):
+            if d > depth or r >= tops[d - 1].indices.shape[-1]:
+                continue
+            tokens[:, i] = tops[d - 1].indices[:, r].cpu()
+            path_p[:, i] = tops[d - 1].values[:, r].cpu() * (path_p[:, par] if par >= 0 else 1.0)
+            mask[:, i] = path_p[:, i] >= self.draft_threshold
+        ready = torch.tensor([f.shape[0] > 0 and a for f, a in zip(state.features, state.active)])
+        return Proposal(tokens=tokens, probs=None, mask=mask & ready[:, None])
+

@@ -69,3 +69,29 @@ def test_first_tokens_follow_target_distribution(params, kind):
     s = res.stats
     # one round with one draft token per row; a rejected row needs one more round for its third token
     assert s.drafted == RUNS and 0 < s.accepted < RUNS and s.target_forwards == 2 * RUNS - s.accepted
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle+ngram"])
+def test_tree_first_tokens_follow_target_distribution(kind):
+    """Tree drafts at temperature 1: three candidates at depth 1, two after each, verified by
+    multi-candidate rejection sampling; the first three committed tokens keep the target's joint law."""
+    from test_drafters_conformance import build
+
+    target = tiny_llama(0, vocab_size=V)
+    drafter = build(kind.split("+")[0], target)
+    prompt = PROMPT
+    if kind.endswith("+ngram"):  # a lookup match on the first round, drafter trees later
+        from drafters.hybrid import LookupHybrid
+
+        drafter = LookupHybrid(drafter)
+        prompt = PROMPT + list(range(V)) + PROMPT
+    params = SamplingParams(1.0)
+    res = generate(target, [prompt] * RUNS, drafter=drafter, tree="3,2", max_new_tokens=3, temperature=1.0,
+                   seed=99, eos_token_id=[])
+    seqs = torch.tensor(res.sequences)
+    joint = _exact_joint(target, params, prompt)
+    c12 = torch.bincount(seqs[:, 0] * V + seqs[:, 1], minlength=V * V).double()
+    assert _chi2(c12, joint.sum(2).flatten()) > 1e-3
+    c23 = torch.bincount(seqs[:, 1] * V + seqs[:, 2], minlength=V * V).double()
+    assert _chi2(c23, joint.sum(0).flatten()) > 1e-3
+    assert 0 < res.stats.accepted

@@ -1,0 +1,179 @@
+"""Static draft trees: the shape of a tree of draft tokens verified in ONE target forward.
+
+A tree generalises a chain: at each depth the drafter may offer several alternatives (its top-k
+tokens), and the target scores all of them at once under a tree attention mask (each node sees the
+committed context, its ancestors and itself). The longest path the target agrees with is accepted.
+This is the static-tree scheme of SpecInfer (Miao et al. 2024), Medusa (Cai et al. 2024) and EAGLE-1
+(Li et al. 2024); the node list format is Medusa's "choices": each node is the path of child ranks
+from the root, e.g. ``(0,)`` is the drafter's best first token, ``(1,)`` its second best, ``(0, 2)``
+the third-best token after the best first one.
+
+Node order is the verification order: node ``i`` (0-based) is column ``i + 1`` of the verification
+pass (column 0 is the last committed token, the root). Parents always precede their children.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A static draft tree. Build it with :meth:`parse`.
+
+    Attributes:
+        paths: per node, its path of child ranks from the root (length = depth >= 1).
+        parents: per node, the index of its parent node, ``-1`` for children of the root.
+        depths: per node, its depth (1 = first draft position).
+        ranks: per node, its rank among the drafter's candidates after its parent (0 = best).
+        children: per node index, and ``-1`` for the root, the child node indices in rank order.
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...] = field(init=False)
+    depths: tuple[int, ...] = field(init=False)
+    ranks: tuple[int, ...] = field(init=False)
+    children: dict[int, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        index = {p: i for i, p in enumerate(self.paths)}
+        parents = tuple(index[p[:-1]] if len(p) > 1 else -1 for p in self.paths)
+        kids: dict[int, list[int]] = {-1: []}
+        for i, par in enumerate(parents):
+            kids.setdefault(par, []).append(i)
+            kids.setdefault(i, [])
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "depths", tuple(len(p) for p in self.paths))
+        object.__setattr__(self, "ranks", tuple(p[-1] for p in self.paths))
+        object.__setattr__(self, "children", {k: tuple(sorted(v, key=lambda c: self.paths[c][-1]))
+                                              for k, v in kids.items()})
+
+    # --- construction --------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, spec: Any) -> DraftTree:
+        """Build a tree from ``spec``:
+
+        * a :class:`DraftTree` (returned as is);
+        * a string of branching factors per depth, ``"3,2,1"``: the 3 best first tokens, the 2 best
+          after each of them, the best after each of those (3 + 6 + 6 = 15 nodes);
+        * a JSON list of paths (``"[[0], [1], [0, 0]]"``) or a Python list of paths (Medusa "choices").
+
+        Paths are sorted by depth, then lexicographically; duplicates are removed.
+
+        Raises:
+            ValueError: an empty tree, a negative rank or factor, or a path whose parent path is missing.
+        """
+        if isinstance(spec, DraftTree):
+            return spec
+        if isinstance(spec, str):
+            text = spec.strip()
+            if text.startswith("["):
+                try:
+                    spec = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"tree {spec!r} is not valid JSON ({e}); give a list of paths such as "
+                                     "[[0], [1], [0, 0]] or branching factors such as '3,2,1'") from None
+            else:
+                try:
+                    widths = [int(w) for w in text.split(",")]
+                except ValueError:
+                    raise ValueError(f"tree {spec!r}: give branching factors per depth such as '3,2,1' or a "
+                                     "JSON list of paths such as [[0], [1], [0, 0]]") from None
+                return cls.from_widths(widths)
+        if not isinstance(spec, Sequence) or not all(isinstance(p, Sequence) and not isinstance(p, str)
+                                                     for p in spec):
+            raise ValueError(f"tree must be a DraftTree, a string such as '3,2,1', or a list of paths such as "
+                             f"[[0], [1], [0, 0]]; got {type(spec).__name__}")
+        paths = sorted({tuple(int(r) for r in p) for p in spec}, key=lambda p: (len(p), p))
+        if not paths or any(len(p) == 0 for p in paths):
+            raise ValueError("a draft tree needs at least one node and every path at least one rank "
+                             "(e.g. [[0], [1], [0, 0]])")
+        if any(r < 0 for p in paths for r in p):
+            raise ValueError(f"tree ranks must be >= 0 (0 = the drafter's best token); got {paths}")
+        have = set(paths)
+        orphans = [list(p) for p in paths if len(p) > 1 and p[:-1] not in have]
+        if orphans:
+            raise ValueError(f"tree paths {orphans[:3]} have no parent node: every prefix of a path must be a "
+                             "node too (e.g. [0, 1] needs [0])")
+        return cls(tuple(paths))
+
+    @classmethod
+    def from_widths(cls, widths: Sequence[int]) -> DraftTree:
+        """The full tree with ``widths[d]`` children per node at depth ``d`` (see :meth:`parse`).
+
+        Raises:
+            ValueError: no widths or a width < 1.
+        """
+        widths = list(widths)
+        if not widths or any(w < 1 for w in widths):
+            raise ValueError(f"tree branching factors must be >= 1 per depth (e.g. '3,2,1'); got {widths}")
+        paths = [p for d in range(1, len(widths) + 1) for p in itertools.product(*(range(w) for w in widths[:d]))]
+        return cls(tuple(paths))
+
+    @classmethod
+    def chain(cls, k: int) -> DraftTree:
+        """A chain of ``k`` nodes (the drafter's best token at every depth)."""
+        return cls.from_widths([1] * k)
+
+    # --- queries -------------------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def spine(self) -> list[int]:
+        """Node indices of the rank-0 path ``(0,), (0, 0), ...`` as deep as the tree has it."""
+        index = {p: i for i, p in enumerate(self.paths)}
+        out, d = [], 1
+        while (0,) * d in index:
+            out.append(index[(0,) * d])
+            d += 1
+        return out
+
+    def attention_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Bool ``[N + 1, N + 1]`` over ``[root, node_0 .. node_{N-1}]``: entry ``[i, j]`` is True iff
+        column ``j`` is column ``i`` or one of its ancestors (the root is everyone's ancestor)."""
+        n = self.num_nodes
+        m = torch.eye(n + 1, dtype=torch.bool)
+        m[:, 0] = True
+        for i in range(n):
+            m[i + 1] |= m[self.parents[i] + 1]
+        return m.to(device)
+
+    def subtree(self, keep: Sequence[bool]) -> tuple[DraftTree, list[int]]:
+        """The tree of the nodes with ``keep[i]`` True (each kept node's parent must be kept) and the
+        old index of each new node. Ranks keep their meaning (the paths are unchanged).
+
+        Raises:
+            ValueError: a kept node's parent is not kept, or nothing is kept.
+        """
+        idx = [i for i, k in enumerate(keep) if k]
+        bad = [i for i in idx if self.parents[i] >= 0 and not keep[self.parents[i]]]
+        if bad or not idx:
+            raise ValueError(f"subtree needs a non-empty set closed under parents; nodes {bad[:3]} lack theirs")
+        return DraftTree(tuple(self.paths[i] for i in idx)), idx
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    def __str__(self) -> str:
+        return f"DraftTree({self.num_nodes} nodes, depth {self.max_depth})"
+
+
+def close_under_parents(tree: DraftTree, valid: torch.Tensor) -> torch.Tensor:
+    """``valid [B, N]`` bool -> the same with every node whose parent is invalid set invalid (a node can
+    only be accepted after its parent)."""
+    valid = valid.clone()
+    for i, par in enumerate(tree.parents):
+        if par >= 0:
+            valid[:, i] &= valid[:, par]
+    return valid
