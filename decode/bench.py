@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from decode import report
+from decode.tree import DraftTree
 from decode.harness import (BASELINES, BENCHMARKS, build_drafter, build_methods, check_exactness, load_prompts,
                             machine_info, measure, run_concurrency, run_sweep, warm_up)
 
@@ -59,6 +60,7 @@ class EvalConfig:
     top_p: float = 1.0
     k: int = 5
     draft_thresholds: list[float] = field(default_factory=lambda: [0.0])
+    trees: list[str] = field(default_factory=lambda: ["chain"])
     dtype: str = "fp32"
     device: str = "auto"
     seed: int = 0
@@ -88,6 +90,15 @@ class EvalConfig:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
         if not self.draft_thresholds or any(not 0.0 <= t < 1.0 for t in self.draft_thresholds):
             raise ValueError(f"--draft-threshold values must be in [0, 1), got {self.draft_thresholds}")
+        if not self.trees:
+            raise ValueError("--tree needs at least one value: chain, branching factors such as 3,2,1, or a "
+                             "JSON list of paths")
+        for t in self.trees:
+            if t != "chain":
+                try:
+                    DraftTree.parse(t)
+                except ValueError as e:
+                    raise ValueError(f"--tree {t!r}: {e}") from None
 
 
 def _eos_and_pad(target, tok) -> tuple[list[int], int]:
@@ -119,7 +130,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
     if target is None:
         target, tok = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
     prompts = load_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
-    specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds)
+    specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds, cfg.trees)
     eos, pad = _eos_and_pad(target, tok)
     sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     methods = build_methods(target, specs, cfg.k, sampling, eos, pad, cfg.baselines)
@@ -145,9 +156,10 @@ def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
         methods=[dict(m.meta(), hf_kwargs=_public_kwargs(s.hf_kwargs, cfg.k) if m.role == "hf-assisted" else None)
                  for m in methods for s in [next((x for x in specs if x.label == m.drafter), None)]],
         summary=summary, exactness=exact, runs=runs, timings=timings)
-    if cfg.sweep and specs:
+    chains = [s for s in specs if s.tree is None]  # the K sweep varies chain length; trees have none
+    if cfg.sweep and chains:
         t0 = time.perf_counter()
-        sweep_runs = run_sweep(target, prompts, specs, cfg.sweep_k, cfg.sweep_temperature, top_k=cfg.top_k,
+        sweep_runs = run_sweep(target, prompts, chains, cfg.sweep_k, cfg.sweep_temperature, top_k=cfg.top_k,
                                top_p=cfg.top_p, eos=eos, pad=pad, max_new=cfg.max_new_tokens, seed=cfg.seed,
                                baselines=cfg.baselines, progress=cfg.progress)
         record["sweep"] = dict(k=cfg.sweep_k, temperature=cfg.sweep_temperature,
@@ -163,23 +175,32 @@ def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
     return record
 
 
-def build_drafters(names: list[str], target, thresholds: list[float]) -> list:
+def build_drafters(names: list[str], target, thresholds: list[float], trees: list[str] | None = None) -> list:
     """``harness.build_drafter`` for each spec; a drafter that supports a confidence-based draft length
     (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
-    the threshold is not 0 (one fresh load each, so the rows are independent)."""
+    the threshold is not 0, and one that can propose trees once per entry of ``trees`` (``"chain"`` or a
+    ``decode.tree.DraftTree`` spec), labelled ``<label> tree=<spec>`` (one fresh load each, so the rows
+    are independent). A chain-only drafter is measured once as a chain."""
     specs = []
+    trees = trees or ["chain"]
     for name in names:
         for thr in thresholds:
-            s = build_drafter(name, target)
-            if s is None:
+            first = build_drafter(name, target)
+            if first is None:
                 break
-            if not getattr(s.drafter, "supports_draft_threshold", False):
+            can_tree = callable(getattr(first.drafter, "propose_tree", None))
+            variants = trees if can_tree else ["chain"]
+            for j, tree in enumerate(variants):
+                s = first if j == 0 else build_drafter(name, target)
+                if getattr(s.drafter, "supports_draft_threshold", False):
+                    s.drafter.draft_threshold = float(thr)
+                    if thr > 0:
+                        s = dataclasses.replace(s, label=f"{s.label}@{thr:g}", hf_kwargs=None)
+                if tree != "chain":
+                    s = dataclasses.replace(s, label=f"{s.label} tree={tree}", hf_kwargs=None, tree=tree)
                 specs.append(s)
+            if not getattr(first.drafter, "supports_draft_threshold", False):
                 break
-            s.drafter.draft_threshold = float(thr)
-            if thr > 0:
-                s = dataclasses.replace(s, label=f"{s.label}@{thr:g}", hf_kwargs=None)
-            specs.append(s)
     seen: dict[str, int] = {}
     for i, s in enumerate(specs):  # two specs resolving to the same label still get their own rows
         seen[s.label] = seen.get(s.label, 0) + 1
@@ -246,6 +267,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="confidence-based draft length: a chain stops once the drafter's path probability "
                         "falls below this (EAGLE-2 criterion); comma-separated values are measured side by "
                         "side (default 0: always K)")
+    p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
+                   help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
+                        "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "
+                        "paths such as '[[0],[1],[0,0]]'; repeatable, each measured side by side (drafters "
+                        "that cannot propose trees, e.g. ngram and draft:N, are measured as chains)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -267,7 +293,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(
         target=args.target, drafters=args.drafters or ["ngram"], benchmark=args.benchmark,
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds, dtype=args.dtype,
+        top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds,
+        trees=args.trees or ["chain"], dtype=args.dtype,
         device=args.device, seed=args.seed,
         baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
         concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)

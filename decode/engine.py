@@ -1,4 +1,4 @@
-"""The speculative decoding engine behind ``decode.generate`` (chain drafts, batched and ragged).
+"""The speculative decoding engine behind ``decode.generate`` (chain and tree drafts, batched and ragged).
 
 Each round (Leviathan et al. 2023; Chen et al. 2023; loop shaped after pytorch-labs/gpt-fast):
 
@@ -11,6 +11,13 @@ Rows of a ragged batch are left-padded; stale and padding cache columns are mask
 attention mask and each row carries explicit RoPE positions (see ``drafters.draft_lm.RaggedCache``).
 Finished rows stay in the batch as masked dummies. ``drafter=None`` runs the same loop with k = 0:
 plain decoding, the honest baseline.
+
+Tree rounds (``tree=...``; SpecInfer, Miao et al. 2024; Medusa; EAGLE) differ in three places: the
+proposer fills a static :class:`decode.tree.DraftTree` (``propose_tree``); the target runs
+``[last, node_0 .. node_{N-1}]`` under a 4-D tree attention mask with RoPE position = depth; and after
+the accepted path is found (``verify_tree_greedy`` / ``verify_tree_sampling``) its cache columns and
+hidden features are gathered into place before the same ``keep``. Statistics count per depth: a
+tree's ``drafted`` is the nodes verified, ``accept_per_position[i]`` the acceptance at depth ``i + 1``.
 """
 
 from __future__ import annotations

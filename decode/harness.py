@@ -48,6 +48,7 @@ class DrafterSpec:
     label: str
     drafter: Any
     hf_kwargs: dict | None
+    tree: str | None = None  # a decode.tree.DraftTree spec: measured with tree drafts instead of chains
 
 
 @dataclass
@@ -246,12 +247,16 @@ def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos:
     def call(rows, seed, max_new):
         t0 = time.perf_counter()
         res = decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, num_draft_tokens=k_call,
-                              eos_token_id=eos, seed=seed, **sampling)
+                              tree=spec.tree if spec else None, eos_token_id=eos, seed=seed, **sampling)
         wall = time.perf_counter() - t0
         return res.sequences, wall, stats_record(res)
 
     if spec is None:
         return Method("engine", "plain", "none", 0, call)
+    if spec.tree is not None:  # K is the tree's depth: the most draft tokens one pass can accept
+        from decode.tree import DraftTree
+
+        k = DraftTree.parse(spec.tree).max_depth
     return Method(spec.label, "spec", spec.label, k, call)
 
 

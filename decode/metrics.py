@@ -13,6 +13,9 @@ Definitions (the project's decoder contract, also in README "Evaluation"; all su
 * ``accept_per_position[i]`` = draft tokens accepted at position i / proposals whose verification
   reached position i (every earlier draft token accepted and the row not yet stopped), i.e. the
   conditional acceptance rate of position i in the chain (0.0 where none reached it).
+* Tree drafts: ``drafted`` counts the tree nodes verified (all alternatives, so the acceptance rate of
+  a wide tree is low by construction), ``accepted`` the accepted path's length, and position i is
+  depth i + 1: reached when the path got to depth i and the node there had children to judge.
 * times in seconds; ``tokens_per_s`` = committed / total_time_s; ``tpot_ms`` =
   1000 (total_time_s - ttft_s) / (committed - B) (0.0 when no token followed the first ones).
 """

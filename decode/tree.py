@@ -14,6 +14,7 @@ pass (column 0 is the last committed token, the root). Parents always precede th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Sequence
@@ -142,12 +143,7 @@ class DraftTree:
     def attention_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
         """Bool ``[N + 1, N + 1]`` over ``[root, node_0 .. node_{N-1}]``: entry ``[i, j]`` is True iff
         column ``j`` is column ``i`` or one of its ancestors (the root is everyone's ancestor)."""
-        n = self.num_nodes
-        m = torch.eye(n + 1, dtype=torch.bool)
-        m[:, 0] = True
-        for i in range(n):
-            m[i + 1] |= m[self.parents[i] + 1]
-        return m.to(device)
+        return _attention_mask(self).to(device, copy=True)
 
     def subtree(self, keep: Sequence[bool]) -> tuple[DraftTree, list[int]]:
         """The tree of the nodes with ``keep[i]`` True (each kept node's parent must be kept) and the
@@ -156,11 +152,12 @@ class DraftTree:
         Raises:
             ValueError: a kept node's parent is not kept, or nothing is kept.
         """
-        idx = [i for i, k in enumerate(keep) if k]
-        bad = [i for i in idx if self.parents[i] >= 0 and not keep[self.parents[i]]]
-        if bad or not idx:
-            raise ValueError(f"subtree needs a non-empty set closed under parents; nodes {bad[:3]} lack theirs")
-        return DraftTree(tuple(self.paths[i] for i in idx)), idx
+        sub, idx = _subtree(self, tuple(bool(k) for k in keep))
+        return sub, list(idx)
+
+    def levels(self) -> tuple[tuple[int, ...], ...]:
+        """Node indices by depth: ``levels()[d - 1]`` holds the nodes at depth ``d``."""
+        return _levels(self)
 
     def __len__(self) -> int:
         return self.num_nodes
@@ -169,11 +166,39 @@ class DraftTree:
         return f"DraftTree({self.num_nodes} nodes, depth {self.max_depth})"
 
 
+# Per-tree results cached: a decode loop asks for the same tree's mask and the same pruned subtrees
+# every round.
+
+@functools.lru_cache(maxsize=64)
+def _attention_mask(tree: DraftTree) -> torch.Tensor:
+    n = tree.num_nodes
+    m = torch.eye(n + 1, dtype=torch.bool)
+    m[:, 0] = True
+    for i in range(n):
+        m[i + 1] |= m[tree.parents[i] + 1]
+    return m
+
+
+@functools.lru_cache(maxsize=1024)
+def _subtree(tree: DraftTree, keep: tuple[bool, ...]) -> tuple[DraftTree, tuple[int, ...]]:
+    idx = [i for i, k in enumerate(keep) if k]
+    bad = [i for i in idx if tree.parents[i] >= 0 and not keep[tree.parents[i]]]
+    if bad or not idx:
+        raise ValueError(f"subtree needs a non-empty set closed under parents; nodes {bad[:3]} lack theirs")
+    return DraftTree(tuple(tree.paths[i] for i in idx)), tuple(idx)
+
+
+@functools.lru_cache(maxsize=64)
+def _levels(tree: DraftTree) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(i for i, d in enumerate(tree.depths) if d == depth) for depth in range(1, tree.max_depth + 1))
+
+
 def close_under_parents(tree: DraftTree, valid: torch.Tensor) -> torch.Tensor:
     """``valid [B, N]`` bool -> the same with every node whose parent is invalid set invalid (a node can
-    only be accepted after its parent)."""
+    only be accepted after its parent). One vectorised step per depth."""
     valid = valid.clone()
-    for i, par in enumerate(tree.parents):
-        if par >= 0:
-            valid[:, i] &= valid[:, par]
+    for level in tree.levels()[1:]:
+        idx = torch.tensor(level, device=valid.device)
+        par = torch.tensor([tree.parents[i] for i in level], device=valid.device)
+        valid[:, idx] &= valid[:, par]
     return valid

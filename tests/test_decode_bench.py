@@ -91,7 +91,31 @@ def test_eval_sampled_skips_exactness_and_seeds_reproduce(tiny_dir, prompts_file
     assert outs[0] == outs[1]  # same seed, same sampled tokens
 
 
+def test_eval_measures_each_tree_side_by_side_and_chain_only_drafters_once(tiny_dir, prompts_file, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from drafters.medusa import MedusaConfig, MedusaDrafter
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    ckpt = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
+        tmp_path / "medusa")
+    out = tmp_path / "t.json"
+    assert main(["eval", "--target", str(tiny_dir), "--drafter", str(ckpt), "--drafter", "ngram",
+                 "--tree", "chain", "--tree", "2,1", "--tree", "[[0],[1],[2]]", "--benchmark", str(prompts_file),
+                 "--num-prompts", "2", "--max-new-tokens", "10", "--k", "3", "--device", "cpu", "--no-progress",
+                 "--baselines", "engine", "--output", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    rows = {r["method"]: r for r in rec["summary"]}
+    label = next(m for m in rows if m.startswith("medusa") and "tree" not in m)
+    assert set(rows) == {label, f"{label} tree=2,1", f"{label} tree=[[0],[1],[2]]", "ngram", "engine"}
+    assert rows[f"{label} tree=2,1"]["k"] == 2 and rows[f"{label} tree=[[0],[1],[2]]"]["k"] == 1
+    assert rows[label]["k"] == 3
+    assert all(v == 0 for v in rec["exactness"]["mismatches"].values()) and len(rec["exactness"]["mismatches"]) == 4
+    assert rec["config"]["trees"] == ["chain", "2,1", "[[0],[1],[2]]"]
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--tree", "3,0"], "--tree '3,0'"),
     (["--benchmark", "nope"], "unknown --benchmark 'nope'"),
     (["--drafter", "draft:x"], "N must be an int"),
     (["--drafter", "/no/such/ckpt"], "not 'none', 'ngram', 'draft:N' or a drafter checkpoint"),
