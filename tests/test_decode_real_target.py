@@ -32,3 +32,26 @@ def test_real_target_greedy_equivalence(chat, kind):
         assert res.stats.tau == 1.0
     else:
         assert res.stats.tau >= 1.0 and res.stats.drafted > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle3+ngram", "scripted"])
+def test_real_target_tree_drafts_are_exact(chat, kind):
+    """Tree attention through the real 30-layer target: a random EAGLE-3 head behind prompt lookup, and
+    a scripted proposer that puts the true continuation on a cycling path (deep acceptances, so the
+    accepted path's cache columns are moved and reused)."""
+    from test_decode_tree import ScriptedTree
+
+    from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafters.hybrid import LookupHybrid
+
+    model, ids, ref = chat
+    if kind == "scripted":
+        drafter = ScriptedTree([ids[0].tolist()], [ref])
+    else:
+        head = Eagle3Drafter(Eagle3Config.from_target(model, draft_vocab_size=512), target=model)
+        head.set_draft_vocab(torch.arange(512), target=model)
+        drafter = LookupHybrid(head.eval())
+    res = generate(model, ids, drafter=drafter, tree="3,2,1", max_new_tokens=N)
+    assert res.sequences[0] == ref and res.stats.committed == len(ref)
+    if kind == "scripted":
+        assert res.stats.tau > 2.0

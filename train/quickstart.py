@@ -12,7 +12,7 @@ Stages (each timed, in seconds, in ``report.json``):
 3. ``eval``: the best checkpoint (by measured tau; ``last`` when no evaluation saved a best) on
    MT-bench first turns and HumanEval prompts through ``decode.bench.evaluate``: speculative
    decoding with the drafter alone and behind prompt lookup (``PATH+ngram``; ``--no-hybrid`` skips
-   it) vs plain decoding through the same engine vs transformers ``generate`` (and its own assisted
+   it), each as a chain and as a draft tree (``--tree``), vs plain decoding through the same engine vs transformers ``generate`` (and its own assisted
    generation where the drafter is a draft LM), interleaved prompt by prompt.
 
 The report folder gets ``report.json`` (stage timings, training summary, both eval records),
@@ -28,6 +28,9 @@ from pathlib import Path
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 BENCHMARKS = ("mt-bench", "humaneval")
+#: Draft shapes the quickstart measures: a chain of K and a static tree (4 first tokens, 2 after each,
+#: 2 after those, 1 more: 4 + 8 + 16 + 16 nodes before the threshold prunes them; BENCHMARKS.md).
+DEFAULT_TREES = ("chain", "4,2,2,1")
 
 
 def default_kind() -> str:
@@ -47,9 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="eval prompts per benchmark")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--baselines", default="engine,hf,hf-assisted", help="comma-separated, as in drafterkit eval")
-    p.add_argument("--draft-threshold", default="0,0.1", dest="draft_thresholds",
-                   help="comma-separated confidence thresholds measured side by side (0: a chain of K; >0: the "
-                        "chain stops once the drafter's path probability falls below it, EAGLE-2 style)")
+    p.add_argument("--draft-threshold", default="0.1", dest="draft_thresholds",
+                   help="comma-separated confidence thresholds measured side by side (0: a chain of K / the full "
+                        "tree; >0: draft tokens whose path probability under the drafter falls below it are not "
+                        "proposed, EAGLE-2 style; default 0.1)")
+    p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
+                   help=f"draft shapes measured side by side, repeatable: chain (K tokens) or a static tree such as "
+                        f"3,2,1 (branching factors per depth; see drafterkit eval --tree). Default: "
+                        f"{' and '.join(DEFAULT_TREES)}")
     p.add_argument("--no-hybrid", action="store_true",
                    help="do not also measure the drafter behind prompt lookup (drafters.hybrid.LookupHybrid, "
                         "eval spec PATH+ngram: rows whose last 2+ tokens occurred before copy what followed)")
@@ -118,6 +126,7 @@ def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
         cfg = EvalConfig(target="smollm2-135m", drafters=drafters, benchmark=bench,
                          num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
                          draft_thresholds=[float(x) for x in str(args.draft_thresholds).split(",") if x.strip()],
+                         trees=args.trees or list(DEFAULT_TREES),
                          device=args.device, progress=not args.no_progress,
                          baselines=[b for b in args.baselines.split(",") if b])
         records[bench] = evaluate(cfg, target=target, tok=tok)
