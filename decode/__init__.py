@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from decode.engine import GenerateResult, generate
     from decode.metrics import DecodeStats
+    from decode.tree import DraftTree
 
-__all__ = ["DecodeStats", "GenerateResult", "generate"]
+__all__ = ["DecodeStats", "DraftTree", "GenerateResult", "generate"]
 
 
 def __getattr__(name: str):
@@ -25,4 +26,8 @@ def __getattr__(name: str):
         from decode.metrics import DecodeStats
 
         return DecodeStats
+    if name == "DraftTree":
+        from decode.tree import DraftTree
+
+        return DraftTree
     raise AttributeError(f"module 'decode' has no attribute {name!r}")

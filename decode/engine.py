@@ -37,7 +37,7 @@ from decode.protocol import DecodeState, Proposer, SamplingParams
 from decode.sampling import check_sampling_params, logits_to_probs, sanitize_logits, select_tokens
 from decode.tree import DraftTree, close_under_parents
 from decode.verify import verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
-from drafters.draft_lm import DraftLM, RaggedCache, check_vocab_match, lm_head_rows
+from drafters.draft_lm import DraftLM, RaggedCache, lm_head_rows
 
 _ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []
 
@@ -163,9 +163,10 @@ def _as_proposer(drafter: Any) -> Proposer | None:
 
 def _vocab_size(target: torch.nn.Module, proposer: Proposer | None) -> int:
     vocab = min(lm_head_rows(target), getattr(target.config, "vocab_size", None) or lm_head_rows(target))
-    inner = getattr(proposer, "drafter", proposer)  # a wrapper (drafters.hybrid.LookupHybrid) around a draft LM
-    if isinstance(inner, DraftLM):
-        vocab = min(vocab, check_vocab_match(target, inner.lm, what="draft model"))
+    limit = getattr(proposer, "vocab_limit", None)  # optional proposer member (decode.protocol)
+    if callable(limit):
+        own = limit(target)
+        vocab = vocab if own is None else min(vocab, int(own))
     return vocab
 
 

@@ -118,6 +118,13 @@ class Proposer(Protocol):
         """Return ``k`` draft tokens per row (rows with ``active[b] == False`` may hold anything)."""
 
 
+# Optional members a proposer may also have (the decoder looks them up with getattr):
+#   vocab_limit(target) -> int | None: the number of leading token ids it can propose for ``target``
+#       (e.g. a draft model whose LM head has fewer padding rows); the decoder's vocabulary is the
+#       smaller of this and the target's. ``drafters.draft_lm.DraftLM`` has it; wrappers delegate.
+#   propose_tree(state, tree, sampling, generator) -> Proposal: tree drafts (TreeProposer below).
+
+
 @runtime_checkable
 class TreeProposer(Proposer, Protocol):
     """A proposer that can also draft a static tree (``decode.generate(tree=...)``)."""

@@ -317,6 +317,11 @@ class DraftLM(Drafter):
     def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
         check_vocab_match(target, self.lm, what=f"{self.kind} drafter")
 
+    def vocab_limit(self, target: nn.Module) -> int:
+        """The vocabulary shared with ``target`` (ids this draft model may propose). Raises ``ValueError``
+        when the two do not share a tokenizer (see :func:`check_vocab_match`)."""
+        return check_vocab_match(target, self.lm, what="draft model")
+
     def reset(self, batch_size: int) -> None:
         self._cache, self._synced = None, []
 

@@ -70,6 +70,11 @@ class LookupHybrid:
     def check_compatible(self, target: torch.nn.Module, vocab_size: int) -> None:
         self.drafter.check_compatible(target, vocab_size)
 
+    def vocab_limit(self, target: torch.nn.Module) -> int | None:
+        """The wrapped drafter's vocabulary limit for ``target`` (``None``: the target's)."""
+        limit = getattr(self.drafter, "vocab_limit", None)
+        return limit(target) if callable(limit) else None
+
     def reset(self, batch_size: int) -> None:
         self.drafter.reset(batch_size)
         self.lookup_rows = self.drafter_rows = 0
@@ -117,10 +122,11 @@ class LookupHybrid:
     def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
                      generator: torch.Generator | None) -> Proposal:
         """Tree version of :meth:`propose`: a row with a lookup match puts its looked-up continuation on
-        the tree's rank-0 path (``tree.spine()``); the drafter's other first-position candidates and
-        their subtrees stay in play (they do not depend on the replaced tokens), while the rest of the
-        rank-0 subtree is masked out. Rows without a match keep the drafter's tree. When every active
-        row has a match the drafter is not run: only the looked-up chains are proposed.
+        one rank-0 chain of the drafter's tree (see :func:`_place`: the branch that already agrees with
+        the continuation's first token, else the drafter's least likely first candidate), and the rest
+        of the drafter's tree stays in play where its conditioning still holds. Rows without a match keep
+        the drafter's tree. When every active row has a match the drafter is not run: only the
+        looked-up chains are proposed (on the tree's spine).
 
         Raises:
             ValueError: the wrapped drafter cannot propose trees.
@@ -149,12 +155,52 @@ class LookupHybrid:
             tokens = torch.as_tensor(prop.tokens).clone().cpu()
             mask = (torch.ones(b_all, n, dtype=torch.bool) if prop.mask is None
                     else torch.as_tensor(prop.mask).clone().bool().cpu())
-        under_best = torch.tensor([p[0] == 0 for p in tree.paths])  # the rank-0 subtree
+        drafted = not (spine and n_active and copied == n_active)
         for b, cont in enumerate(conts):
-            if not cont:
-                continue
-            mask[b] &= ~under_best
-            tokens[b, spine[: len(cont)]] = torch.tensor(cont, dtype=torch.long)
-            mask[b, spine[: len(cont)]] = True
+            if cont:
+                row_t, row_m = _place(tree, tokens[b].tolist(), mask[b].tolist(), cont, drafted)
+                tokens[b], mask[b] = torch.tensor(row_t, dtype=torch.long), torch.tensor(row_m, dtype=torch.bool)
         return Proposal(tokens=tokens, probs=None, mask=mask)
+
+
+def _place(tree, toks: list[int], ok: list[bool], cont: list[int], drafted: bool) -> tuple[list[int], list[bool]]:
+    """Put the looked-up continuation ``cont`` on a rank-0 chain ``(r,), (r, 0), (r, 0, 0) ..`` of ``tree``.
+
+    The branch ``r``: the first-position node whose drafted token already equals ``cont[0]`` (its subtree
+    stays meaningful), else the lowest-ranked first-position node whose chain is deep enough (the
+    candidate the drafter believed in least gives way), else the spine. Nodes whose drafted ancestors
+    were overwritten with different tokens lose their conditioning and are masked; the rest of the
+    drafter's tree stays. Without a drafted tree (``drafted=False``) only the chain is proposed.
+    Returns the row's new ``(tokens, mask)``.
+    """
+    index = {p: i for i, p in enumerate(tree.paths)}
+
+    def chain(r: int) -> list[int]:
+        out, p = [], (r,)
+        while p in index:
+            out.append(index[p])
+            p = p + (0,)
+        return out
+
+    firsts = tree.children[-1]
+    rank = 0
+    if drafted:
+        same = [i for i in firsts if ok[i] and toks[i] == cont[0]]
+        want = min(len(cont), len(chain(0)))
+        deep = [i for i in firsts if len(chain(tree.ranks[i])) >= want]
+        rank = tree.ranks[same[0]] if same else tree.ranks[deep[-1]] if deep else 0
+    path = chain(rank)[: len(cont)]
+    changed = next((j for j, i in enumerate(path) if not (drafted and ok[i] and toks[i] == cont[j])), len(path))
+    pos = {i: j for j, i in enumerate(path)}
+    new_t, new_m = list(toks), [drafted and m for m in ok]
+    for i in range(tree.num_nodes):
+        if i in pos:
+            new_t[i], new_m[i] = cont[pos[i]], True
+            continue
+        a = tree.parents[i]
+        while a >= 0 and new_m[i]:
+            if a in pos and pos[a] >= changed:  # drafted after a token that is now different
+                new_m[i] = False
+            a = tree.parents[a]
+    return new_t, new_m
 
