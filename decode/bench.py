@@ -271,7 +271,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
                         "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "
                         "paths such as '[[0],[1],[0,0]]'; repeatable, each measured side by side (drafters "
-                        "that cannot propose trees, e.g. ngram and draft:N, are measured as chains)")
+                        "that cannot propose trees, i.e. ngram, are measured as chains)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

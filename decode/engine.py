@@ -509,8 +509,8 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     if tree is not None and proposer is not None:
         draft_tree = DraftTree.parse(tree)
         if not callable(getattr(proposer, "propose_tree", None)):
-            raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: eagle, eagle3, "
-                             f"medusa, or one of them +ngram); {getattr(proposer, 'kind', type(proposer).__name__)} "
+            raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: draft LM, "
+                             f"medusa, eagle, eagle3, or one of them +ngram); {getattr(proposer, 'kind', type(proposer).__name__)} "
                              "proposes chains only: pass tree=None")
     k_max = (draft_tree.max_depth if draft_tree is not None else num_draft_tokens) if proposer is not None else 0
     dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)

@@ -92,26 +92,34 @@ class RaggedCache:
         return out
 
     def run_tree(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, **kw: Any):
-        """Append a draft tree ``input_ids [B, m]`` (column 0 the root) after each row's valid columns.
+        """Append tree nodes ``input_ids [B, m]`` after each row's valid columns (and after the nodes of
+        earlier ``run_tree`` calls since the last :meth:`keep` / :meth:`truncate`, ``P`` columns).
 
-        ``depths [m]``: each column's depth (RoPE position = ``n_real + depth``); ``tree_mask [m, m]`` bool:
-        which new columns each new column may attend to (itself and its ancestors). Passed to the model
-        as a 4-D additive mask ``[B, 1, m, length + m]`` (transformers uses a 4-D mask as given).
-        Call :meth:`reorder` and :meth:`keep` afterwards.
+        ``depths [m]``: each column's offset from the next position (RoPE position = ``n_real + depth``);
+        ``tree_mask [m, P + m]`` bool: which of the pending and new columns each new column may attend to
+        (its ancestors and itself). Passed to the model as a 4-D additive mask ``[B, 1, m, length + P + m]``
+        (transformers uses a 4-D mask as given). Afterwards: :meth:`reorder` + :meth:`keep` (the decoder's
+        verification pass) or :meth:`truncate` to drop the nodes (a drafter's tree).
+
+        Raises:
+            ValueError: ``tree_mask`` is not ``[m, P + m]``.
         """
         b, m = input_ids.shape
-        self._reserve(m)
-        self.mask[:, self.length: self.length + m] = 1
+        p = self._pending
+        if tuple(tree_mask.shape) != (m, p + m):
+            raise ValueError(f"tree_mask must be [m, P + m] = [{m}, {p + m}], got {tuple(tree_mask.shape)}")
+        self._reserve(p + m)
+        self.mask[:, self.length + p: self.length + p + m] = 1
         dev = self.mask.device
         pos = self.n_real[:, None] + depths.to(dev)[None]
         seen = torch.cat([self.mask[:, None, : self.length].bool().expand(b, m, self.length),
-                          tree_mask.to(dev)[None].expand(b, m, m)], -1)[:, None]  # [B, 1, m, L+m]
+                          tree_mask.to(dev)[None].expand(b, m, p + m)], -1)[:, None]  # [B, 1, m, L+P+m]
         dtype = next(self.model.parameters()).dtype
         if not dtype.is_floating_point:
             dtype = torch.float32
         additive = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
         out = self._forward(input_ids, pos, attention_mask=additive, **kw)
-        self._pending = m
+        self._pending = p + m
         return out
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -149,6 +157,7 @@ class RaggedCache:
         if current > length:
             self.cache.crop(length - current)
         self.length = length
+        self._pending = 0
         if n_real is not None:
             self.n_real = n_real.clone()
 
@@ -377,3 +386,59 @@ class DraftLM(Drafter):
         draft = torch.stack(tokens, 1) if tokens else torch.zeros(len(state.tokens), 0, dtype=torch.long)
         q = None if sampling.greedy or not probs else torch.stack(probs, 1)
         return Proposal(tokens=draft, probs=q, lengths=cut.lengths)
+
+    @torch.no_grad()
+    def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Proposal:
+        """One token per node of ``tree`` (a ``decode.tree.DraftTree``) per row: the draft model's rank-r
+        token after the node's ancestors (SpecInfer-style token tree from a small LM, Miao et al. 2024),
+        drafted level by level: one draft-model forward per depth over that depth's nodes under tree
+        attention in the draft model's own cache, which is cut back to the committed tokens afterwards.
+        ``draft_threshold > 0`` masks nodes whose path probability falls below it (with their subtrees).
+        Deterministic (top-k): ``probs=None``.
+
+        Returns:
+            ``Proposal(tokens [B, N], mask [B, N])``.
+        """
+        logits = self._catch_up(state)  # [B, V]: the distribution of the depth-1 tokens
+        c = self._cache
+        self._snapshot_len, self._snapshot_n = c.length, c.n_real.clone()
+        b_all, n_nodes, dev = len(state.tokens), tree.num_nodes, logits.device
+        tokens = torch.zeros(b_all, n_nodes, dtype=torch.long, device=dev)
+        ok = torch.zeros(b_all, n_nodes, dtype=torch.bool, device=dev)
+        path_p = torch.ones(b_all, n_nodes, device=dev)
+        active = torch.tensor(state.active, device=dev)
+        outs, col = {-1: logits}, {}
+        for depth, level in enumerate(tree.levels(), 1):
+            for par in sorted({tree.parents[i] for i in level}):
+                if par not in outs:
+                    continue
+                kids = [i for i in level if tree.parents[i] == par]
+                probs = torch.softmax(outs[par][:, : state.vocab_size].float(), -1)
+                top = probs.topk(min(max(tree.ranks[i] for i in kids) + 1, probs.shape[-1]), -1)
+                above_p = path_p[:, par] if par >= 0 else torch.ones(b_all, device=dev)
+                above_ok = ok[:, par] if par >= 0 else active
+                for i in kids:
+                    r = tree.ranks[i]
+                    if r >= top.indices.shape[-1]:
+                        continue
+                    tokens[:, i] = top.indices[:, r]
+                    path_p[:, i] = above_p * top.values[:, r]
+                    ok[:, i] = above_ok & (path_p[:, i] >= self.draft_threshold) & (top.values[:, r] > 0)
+            grow = [i for i in level if tree.children[i] and bool(ok[:, i].any())]
+            if not grow or depth == tree.max_depth:
+                continue
+            ntree, m = len(col), len(grow)
+            seen = []
+            for j, i in enumerate(grow):
+                row, a = [False] * (ntree + m), tree.parents[i]
+                while a >= 0:
+                    row[col[a]] = True
+                    a = tree.parents[a]
+                row[ntree + j] = True
+                seen.append(row)
+            out = c.run_tree(tokens[:, grow], torch.full((m,), depth - 1), torch.tensor(seen, dtype=torch.bool))
+            for j, i in enumerate(grow):
+                outs[i], col[i] = out.logits[:, j], ntree + j
+        c.truncate(self._snapshot_len, self._snapshot_n)
+        return Proposal(tokens=tokens.cpu(), probs=None, mask=ok.cpu())

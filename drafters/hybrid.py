@@ -132,8 +132,8 @@ class LookupHybrid:
             ValueError: the wrapped drafter cannot propose trees.
         """
         if not callable(getattr(self.drafter, "propose_tree", None)):
-            raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only; tree drafts need eagle, "
-                             "eagle3 or medusa")
+            raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only; tree drafts need a draft "
+                             "LM, medusa, eagle or eagle3")
         spine = tree.spine()
         conts = [lookup(row, len(spine), self.max_ngram, self.min_match) if active and spine else []
                  for row, active in zip(state.tokens, state.active)]

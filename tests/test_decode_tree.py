@@ -173,7 +173,7 @@ def test_scripted_tree_output_is_exact_and_the_cache_stays_consistent(target, gr
     assert s.accept_per_position[0] == 1.0  # the true first token is always in the tree
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "draft_lm"])
 @pytest.mark.parametrize("spec", ["3,2,1", "[[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0]]"])
 def test_drafter_trees_are_exact_in_a_ragged_batch(target, greedy_ref, kind, spec):
     from test_drafters_conformance import build
@@ -195,9 +195,22 @@ def test_hybrid_tree_is_exact_and_copies_on_the_spine(target, greedy_ref):
     assert res.sequences == greedy_ref
     assert hyb.lookup_rows > 0 and hyb.drafter_rows > 0
     with pytest.raises(ValueError, match="chains only"):
-        from drafters.draft_lm import DraftLM
+        generate(target, ROWS, drafter=LookupHybrid(Scripted()), tree="2", max_new_tokens=4)
 
-        generate(target, ROWS, drafter=LookupHybrid(DraftLM.from_target(target, 1)), tree="2", max_new_tokens=4)
+
+class Scripted:
+    """A chain-only proposer (no propose_tree)."""
+
+    feature_layers = None
+
+    def check_compatible(self, target, vocab_size):
+        pass
+
+    def reset(self, batch_size):
+        pass
+
+    def propose(self, state, k, sampling, generator):
+        return Proposal(torch.zeros(len(state.tokens), k, dtype=torch.long))
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
@@ -236,3 +249,18 @@ def test_tree_sampling_is_reproducible_and_stops_at_eos(target):
         assert len(seq) <= N and (why == "length") == (2 not in seq)
         if 2 in seq:
             assert seq.index(2) == len(seq) - 1
+
+
+@pytest.mark.parametrize("spec", ["2,2,1", "1,1,1,1"])
+def test_the_target_as_its_own_draft_model_has_every_rank0_path_accepted(target, greedy_ref, spec):
+    """A draft LM identical to the target drafts the tree in its own cache under tree attention: its
+    rank-0 path is the target's greedy continuation, so every depth is accepted (cache bookkeeping of
+    the draft side checked by the outcome)."""
+    from drafters.draft_lm import DraftLM
+
+    res = generate(target, ROWS, drafter=DraftLM.from_model(target), tree=spec, max_new_tokens=N, eos_token_id=[])
+    assert res.sequences == greedy_ref
+    depth = DraftTree.parse(spec).max_depth
+    assert res.stats.accept_per_position == [1.0] * depth
+    full, rem = divmod(N - 1, depth + 1)
+    assert res.stats.target_forwards == 4 * (full + (1 if rem else 0))

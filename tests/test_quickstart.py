@@ -43,11 +43,12 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
         rows = {r["role"]: r for r in rep["evals"][bench]["summary"]}
         assert {"spec", "plain", "hf"} <= set(rows)
         specs = [r for r in rep["evals"][bench]["summary"] if r["role"] == "spec"]
-        # --draft-threshold 0,0.1 side by side, for the drafter alone and behind prompt lookup; the smoke
-        # recipe's draft LM proposes chains only, so the default tree is not measured for it
-        assert not any("tree=" in s["method"] for s in specs)
-        assert [s["method"].endswith("@0.1") for s in specs] == [False, True, False, True]
-        assert [s["method"].split("@")[0].endswith("+ngram") for s in specs] == [False, False, True, True]
+        # --draft-threshold 0,0.1 x the default chain and tree side by side, for the drafter alone and
+        # behind prompt lookup
+        names = [s["method"] for s in specs]
+        assert [n.split(" tree=")[0].endswith("@0.1") for n in names] == [False, False, True, True] * 2
+        assert ["tree=4,2,2,1" in n for n in names] == [False, True] * 4
+        assert [n.split("@")[0].split(" tree")[0].endswith("+ngram") for n in names] == [False] * 4 + [True] * 4
         assert all(r["mismatches"] == 0 for r in specs)
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])
