@@ -185,7 +185,7 @@ def test_drafter_trees_are_exact_in_a_ragged_batch(target, greedy_ref, kind, spe
     assert single.sequences[0] == greedy_ref[2]
 
 
-def test_hybrid_tree_is_exact_and_copies_on_the_spine(target, greedy_ref):
+def test_hybrid_tree_is_exact_in_a_batch_and_alone(target, greedy_ref):
     from test_drafters_conformance import build
 
     from drafters.hybrid import LookupHybrid
@@ -194,6 +194,8 @@ def test_hybrid_tree_is_exact_and_copies_on_the_spine(target, greedy_ref):
     res = generate(target, ROWS, drafter=hyb, tree="3,2,1", max_new_tokens=N, eos_token_id=[])
     assert res.sequences == greedy_ref
     assert hyb.lookup_rows > 0 and hyb.drafter_rows > 0
+    alone = generate(target, ROWS[2:3], drafter=hyb, tree="3,2,1", max_new_tokens=N, eos_token_id=[])
+    assert alone.sequences[0] == greedy_ref[2] and hyb.lookup_rows > 0
     with pytest.raises(ValueError, match="chains only"):
         generate(target, ROWS, drafter=LookupHybrid(Scripted()), tree="2", max_new_tokens=4)
 

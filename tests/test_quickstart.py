@@ -47,7 +47,7 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
         # behind prompt lookup
         names = [s["method"] for s in specs]
         assert [n.split(" tree=")[0].endswith("@0.1") for n in names] == [False, False, True, True] * 2
-        assert ["tree=4,2,2,1" in n for n in names] == [False, True] * 4
+        assert ["tree=3,2,1,1,1" in n for n in names] == [False, True] * 4
         assert [n.split("@")[0].split(" tree")[0].endswith("+ngram") for n in names] == [False] * 4 + [True] * 4
         assert all(r["mismatches"] == 0 for r in specs)
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]

@@ -28,9 +28,10 @@ from pathlib import Path
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 BENCHMARKS = ("mt-bench", "humaneval")
-#: Draft shapes the quickstart measures: a chain of K and a static tree (4 first tokens, 2 after each,
-#: 2 after those, 1 more: 4 + 8 + 16 + 16 nodes before the threshold prunes them; BENCHMARKS.md).
-DEFAULT_TREES = ("chain", "4,2,2,1")
+#: Draft shapes the quickstart measures: a chain of K and a static tree (the 3 best first tokens, 2 after
+#: each, then one per depth to depth 5 = K, so prompt lookup's chains keep their length behind it:
+#: 3 + 6 + 6 + 6 + 6 nodes before the threshold prunes them; BENCHMARKS.md).
+DEFAULT_TREES = ("chain", "3,2,1,1,1")
 
 
 def default_kind() -> str:
