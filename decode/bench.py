@@ -264,14 +264,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--k", type=int, default=5, help="draft tokens per verification (K)")
     p.add_argument("--draft-threshold", type=_csv(float, "--draft-threshold"), default=[0.0], dest="draft_thresholds",
-                   help="confidence-based draft length: a chain stops once the drafter's path probability "
-                        "falls below this (EAGLE-2 criterion); comma-separated values are measured side by "
-                        "side (default 0: always K)")
+                   help="confidence-based drafting: a chain stops, and tree nodes are pruned, once the "
+                        "drafter's path probability falls below this (EAGLE-2 criterion); comma-separated "
+                        "values are measured side by side (default 0: always K / the full tree)")
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
                    help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
                         "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "
-                        "paths such as '[[0],[1],[0,0]]'; repeatable, each measured side by side (drafters "
-                        "that cannot propose trees, i.e. ngram, are measured as chains)")
+                        "paths such as '[[0],[1],[0,0]]'; repeatable, each measured side by side (every "
+                        "built-in drafter can; a custom proposer without propose_tree is measured as a chain)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

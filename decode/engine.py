@@ -398,16 +398,13 @@ class _Decoder:
             out = self.cache.run_tree(torch.cat([last, d], 1), depths, tree.attention_mask(self.device),
                                       logits_to_keep=len(idx) + 1, output_hidden_states=want_h)
         logits = out.logits[..., : self.vocab]  # [B, N+1, V]
-        vtree = tree
-        if tree is None:  # no node left: verify a one-node tree with the node invalid in every row
-            vtree = DraftTree.chain(1)
-            d = torch.zeros(len(active), 1, dtype=torch.long, device=self.device)
-            valid = torch.zeros(len(active), 1, dtype=torch.bool, device=self.device)
-            logits = torch.cat([logits, logits], 1)
-        if self.sampling.greedy:
-            paths, nxt = verify_tree_greedy(sanitize_logits(logits), vtree, d, valid)
+        if tree is None:  # no node to verify: a plain step
+            paths = [[] for _ in active]
+            nxt = select_tokens(logits[:, 0], self.sampling, self.vocab, self.gen)[0].tolist()
+        elif self.sampling.greedy:
+            paths, nxt = verify_tree_greedy(sanitize_logits(logits), tree, d, valid)
         else:
-            paths, nxt = verify_tree_sampling(logits_to_probs(logits, self.sampling), vtree, d, valid, self.gen)
+            paths, nxt = verify_tree_sampling(logits_to_probs(logits, self.sampling), tree, d, valid, self.gen)
         paths = [p if a else [] for p, a in zip(paths, active)]
         cols = [[0] + [c + 1 for c in p] for p in paths]
         vmax = max(len(c) if a else 0 for c, a in zip(cols, active))
@@ -424,18 +421,19 @@ class _Decoder:
         toks, ok = d.tolist(), valid.tolist()
         for b, a in enumerate(active):
             if a:
-                self._commit_path(b, paths[b], nxt[b], toks[b], ok[b], vtree)
+                self._commit_path(b, paths[b], nxt[b], toks[b], ok[b], tree)
         _sync(self.device)
         self.counts.verify_time_s += time.perf_counter() - t0
         self.round += 1
         self._notify()
 
-    def _commit_path(self, b: int, path: list[int], nxt: int, toks: list[int], ok: list[bool], tree: DraftTree) -> None:
+    def _commit_path(self, b: int, path: list[int], nxt: int, toks: list[int], ok: list[bool],
+                     tree: DraftTree | None) -> None:
         emitted = self._emit(b, [toks[c] for c in path] + [nxt])
         accepted = min(len(emitted), len(path))
         stopped_early = self.reasons[b] == "stop" and len(emitted) <= len(path)
         end = path[-1] if path else -1
-        more = any(ok[c] for c in tree.children[end])  # the target judged a child of the last node
+        more = tree is not None and any(ok[c] for c in tree.children[end])  # a child of the last node was judged
         rejected_at = len(path) if more and not stopped_early else None
         self.counts.record_row(drafted=sum(ok), accepted=accepted, committed=len(emitted), rejected_at=rejected_at)
 
@@ -509,8 +507,8 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     if tree is not None and proposer is not None:
         draft_tree = DraftTree.parse(tree)
         if not callable(getattr(proposer, "propose_tree", None)):
-            raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: draft LM, "
-                             f"medusa, eagle, eagle3, or one of them +ngram); {getattr(proposer, 'kind', type(proposer).__name__)} "
+            raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: every "
+                             f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "
                              "proposes chains only: pass tree=None")
     k_max = (draft_tree.max_depth if draft_tree is not None else num_draft_tokens) if proposer is not None else 0
     dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)

@@ -44,7 +44,8 @@ class Drafter(nn.Module):
     borrowed_prefixes: ClassVar[tuple[str, ...]] = ()
     feature_layers: tuple[int, ...] | None = None
     #: Confidence-based draft length (see :class:`ChainCutoff`): a chain stops once the product of the
-    #: drafter's own probabilities of its tokens falls below this. 0.0 (default): always ``k`` tokens.
+    #: drafter's own probabilities of its tokens falls below this, and a tree node whose path probability
+    #: does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the full tree.
     #: A decode-time setting, not saved in checkpoints; set it on the loaded drafter.
     draft_threshold: float = 0.0
     #: True for kinds whose ``propose`` honours ``draft_threshold`` (draft LM, Medusa, EAGLE, EAGLE-3).

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
-from drafters.ngram import lookup
+from drafters.ngram import continuations, fill_tree, lookup
 
 
 class LookupHybrid:
@@ -121,12 +121,11 @@ class LookupHybrid:
 
     def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
                      generator: torch.Generator | None) -> Proposal:
-        """Tree version of :meth:`propose`: a row with a lookup match puts its looked-up continuation on
-        one rank-0 chain of the drafter's tree (see :func:`_place`: the branch that already agrees with
-        the continuation's first token, else the drafter's least likely first candidate), and the rest
-        of the drafter's tree stays in play where its conditioning still holds. Rows without a match keep
-        the drafter's tree. When every active row has a match the drafter is not run: only the
-        looked-up chains are proposed (on the tree's spine).
+        """Tree version of :meth:`propose`: a row with a lookup match proposes what followed every
+        earlier occurrence of its last n-gram, as a frequency-ranked trie mapped onto ``tree``
+        (:func:`drafters.ngram.fill_tree`; with one occurrence, prompt lookup's chain on the rank-0
+        path); the other rows the drafter's tree. When every active row has a match the drafter is not
+        run (measured: running it anyway and merging both raised tau but cost more than it won).
 
         Raises:
             ValueError: the wrapped drafter cannot propose trees.
@@ -134,8 +133,7 @@ class LookupHybrid:
         if not callable(getattr(self.drafter, "propose_tree", None)):
             raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only; tree drafts need a draft "
                              "LM, medusa, eagle or eagle3")
-        spine = tree.spine()
-        conts = [lookup(row, len(spine), self.max_ngram, self.min_match) if active and spine else []
+        conts = [continuations(row, tree.max_depth, self.max_ngram, self.min_match) if active else []
                  for row, active in zip(state.tokens, state.active)]
         stable = (list(state.num_stable) if self._stable is None
                   else [min(a, b) for a, b in zip(self._stable, state.num_stable)])
@@ -143,7 +141,7 @@ class LookupHybrid:
         self.lookup_rows += copied
         self.drafter_rows += n_active - copied
         b_all, n = len(state.tokens), tree.num_nodes
-        if spine and n_active and copied == n_active:
+        if n_active and copied == n_active:
             self._stable = stable
             tokens = torch.zeros(b_all, n, dtype=torch.long)
             mask = torch.zeros(b_all, n, dtype=torch.bool)
@@ -155,52 +153,8 @@ class LookupHybrid:
             tokens = torch.as_tensor(prop.tokens).clone().cpu()
             mask = (torch.ones(b_all, n, dtype=torch.bool) if prop.mask is None
                     else torch.as_tensor(prop.mask).clone().bool().cpu())
-        drafted = not (spine and n_active and copied == n_active)
         for b, cont in enumerate(conts):
             if cont:
-                row_t, row_m = _place(tree, tokens[b].tolist(), mask[b].tolist(), cont, drafted)
+                row_t, row_m = fill_tree(tree, cont)
                 tokens[b], mask[b] = torch.tensor(row_t, dtype=torch.long), torch.tensor(row_m, dtype=torch.bool)
         return Proposal(tokens=tokens, probs=None, mask=mask)
-
-
-def _place(tree, toks: list[int], ok: list[bool], cont: list[int], drafted: bool) -> tuple[list[int], list[bool]]:
-    """Put the looked-up continuation ``cont`` on a rank-0 chain ``(r,), (r, 0), (r, 0, 0) ..`` of ``tree``.
-
-    The branch ``r``: the first-position node whose drafted token already equals ``cont[0]`` (its subtree
-    stays meaningful), else the lowest-ranked first-position node whose chain is deep enough (the
-    candidate the drafter believed in least gives way), else the spine. Nodes whose drafted ancestors
-    were overwritten with different tokens lose their conditioning and are masked; the rest of the
-    drafter's tree stays. Without a drafted tree (``drafted=False``) only the chain is proposed.
-    Returns the row's new ``(tokens, mask)``.
-    """
-    index = {p: i for i, p in enumerate(tree.paths)}
-
-    def chain(r: int) -> list[int]:
-        out, p = [], (r,)
-        while p in index:
-            out.append(index[p])
-            p = p + (0,)
-        return out
-
-    firsts = tree.children[-1]
-    rank = 0
-    if drafted:
-        same = [i for i in firsts if ok[i] and toks[i] == cont[0]]
-        want = min(len(cont), len(chain(0)))
-        deep = [i for i in firsts if len(chain(tree.ranks[i])) >= want]
-        rank = tree.ranks[same[0]] if same else tree.ranks[deep[-1]] if deep else 0
-    path = chain(rank)[: len(cont)]
-    changed = next((j for j, i in enumerate(path) if not (drafted and ok[i] and toks[i] == cont[j])), len(path))
-    pos = {i: j for j, i in enumerate(path)}
-    new_t, new_m = list(toks), [drafted and m for m in ok]
-    for i in range(tree.num_nodes):
-        if i in pos:
-            new_t[i], new_m[i] = cont[pos[i]], True
-            continue
-        a = tree.parents[i]
-        while a >= 0 and new_m[i]:
-            if a in pos and pos[a] >= changed:  # drafted after a token that is now different
-                new_m[i] = False
-            a = tree.parents[a]
-    return new_t, new_m
-

@@ -47,6 +47,51 @@ def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[in
     return []
 
 
+def continuations(tokens: list[int], depth: int, max_ngram: int, min_ngram: int, max_matches: int = 64) -> list[list[int]]:
+    """What followed EVERY earlier occurrence of the row's last n-gram (longest n first, as
+    :func:`lookup`): up to ``max_matches`` continuations of up to ``depth`` tokens, most recent first;
+    ``[]`` when nothing matches. The first one is :func:`lookup`'s."""
+    n = len(tokens)
+    for g in range(min(max_ngram, n - 1), min_ngram - 1, -1):
+        pattern = tokens[n - g:]
+        first = pattern[0]
+        found = [tokens[j + g: j + g + depth] for j in range(n - g - 1, -1, -1)
+                 if tokens[j] == first and tokens[j: j + g] == pattern]
+        if found:
+            return found[:max_matches]
+    return []
+
+
+def fill_tree(tree, conts: list[list[int]]) -> tuple[list[int], list[bool]]:
+    """Map continuations onto a draft tree: node ``(r1, r2, ..)`` gets the ``r1``-th most frequent first
+    token among ``conts``, then the ``r2``-th most frequent next token among the continuations that
+    start so, and so on (ties: most recent first), i.e. a frequency-ranked trie of what followed the
+    matched n-gram (the continuation tree of SuffixDecoding, Oliaro et al. 2024, built from the row
+    alone). With one continuation this is prompt lookup's chain on the rank-0 path. Returns per node
+    ``(tokens, proposed)``."""
+    n = tree.num_nodes
+    toks, ok = [0] * n, [False] * n
+    members: dict[int, list[int]] = {-1: list(range(len(conts)))}
+    ranked: dict[int, list[int]] = {}
+    for i in range(n):
+        par = tree.parents[i]
+        if par not in members:
+            continue
+        if par not in ranked:
+            d = tree.depths[i] - 1
+            counts: dict[int, int] = {}
+            for m in members[par]:
+                if len(conts[m]) > d:
+                    counts[conts[m][d]] = counts.get(conts[m][d], 0) + 1
+            ranked[par] = sorted(counts, key=lambda t: -counts[t])  # stable: most recent first on ties
+        r = tree.ranks[i]
+        if r < len(ranked[par]):
+            t, d = ranked[par][r], tree.depths[i] - 1
+            toks[i], ok[i] = t, True
+            members[i] = [m for m in members[par] if len(conts[m]) > d and conts[m][d] == t]
+    return toks, ok
+
+
 class NGramDrafter(Drafter):
     """Prompt-lookup proposer; holds no tensors (its checkpoint has an empty ``model.safetensors``)."""
 
@@ -71,3 +116,17 @@ class NGramDrafter(Drafter):
         rows = [c + [0] * (k - len(c)) for c in conts]
         return Proposal(tokens=torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), probs=None,
                         lengths=torch.tensor([len(c) for c in conts], dtype=torch.long))
+
+    def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Proposal:
+        """Per row, the frequency-ranked continuations of its last n-gram mapped onto ``tree``
+        (:func:`fill_tree`); rows without a match propose nothing. Deterministic: ``probs=None``."""
+        rows_t, rows_m = [], []
+        for toks, active in zip(state.tokens, state.active):
+            conts = continuations(toks, tree.max_depth, self.config.max_ngram, self.config.min_ngram) if active else []
+            t, m = fill_tree(tree, conts)
+            rows_t.append(t)
+            rows_m.append(m)
+        return Proposal(tokens=torch.tensor(rows_t, dtype=torch.long), probs=None,
+                        mask=torch.tensor(rows_m, dtype=torch.bool))
+

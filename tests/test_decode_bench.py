@@ -91,7 +91,7 @@ def test_eval_sampled_skips_exactness_and_seeds_reproduce(tiny_dir, prompts_file
     assert outs[0] == outs[1]  # same seed, same sampled tokens
 
 
-def test_eval_measures_each_tree_side_by_side_and_chain_only_drafters_once(tiny_dir, prompts_file, tmp_path):
+def test_eval_measures_each_tree_side_by_side(tiny_dir, prompts_file, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from drafters.medusa import MedusaConfig, MedusaDrafter
@@ -107,10 +107,11 @@ def test_eval_measures_each_tree_side_by_side_and_chain_only_drafters_once(tiny_
     rec = json.loads(out.read_text())
     rows = {r["method"]: r for r in rec["summary"]}
     label = next(m for m in rows if m.startswith("medusa") and "tree" not in m)
-    assert set(rows) == {label, f"{label} tree=2,1", f"{label} tree=[[0],[1],[2]]", "ngram", "engine"}
+    assert set(rows) == {label, f"{label} tree=2,1", f"{label} tree=[[0],[1],[2]]", "ngram", "ngram tree=2,1",
+                         "ngram tree=[[0],[1],[2]]", "engine"}
     assert rows[f"{label} tree=2,1"]["k"] == 2 and rows[f"{label} tree=[[0],[1],[2]]"]["k"] == 1
     assert rows[label]["k"] == 3
-    assert all(v == 0 for v in rec["exactness"]["mismatches"].values()) and len(rec["exactness"]["mismatches"]) == 4
+    assert all(v == 0 for v in rec["exactness"]["mismatches"].values()) and len(rec["exactness"]["mismatches"]) == 6
     assert rec["config"]["trees"] == ["chain", "2,1", "[[0],[1],[2]]"]
 
 

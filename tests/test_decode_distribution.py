@@ -71,7 +71,7 @@ def test_first_tokens_follow_target_distribution(params, kind):
     assert s.drafted == RUNS and 0 < s.accepted < RUNS and s.target_forwards == 2 * RUNS - s.accepted
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle+ngram"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle+ngram", "ngram"])
 def test_tree_first_tokens_follow_target_distribution(kind):
     """Tree drafts at temperature 1: three candidates at depth 1, two after each, verified by
     multi-candidate rejection sampling; the first three committed tokens keep the target's joint law."""
@@ -80,6 +80,8 @@ def test_tree_first_tokens_follow_target_distribution(kind):
     target = tiny_llama(0, vocab_size=V)
     drafter = build(kind.split("+")[0], target)
     prompt = PROMPT
+    if kind == "ngram":  # every id follows the prompt's last token somewhere: a wide lookup trie
+        prompt = [t for a in range(V) for t in (PROMPT[-1], a)] + PROMPT
     if kind.endswith("+ngram"):  # a lookup match on the first round, drafter trees later
         from drafters.hybrid import LookupHybrid
 

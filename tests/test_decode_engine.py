@@ -189,8 +189,9 @@ def test_features_given_to_proposer_match_target_hidden_states(target):
 
 
 def test_tree_with_a_chain_only_drafter_or_a_bad_tree_is_refused(target):
+    chain_only = _Fixed(lambda state, k: torch.zeros(len(state.tokens), k, dtype=torch.long))
     with pytest.raises(ValueError, match="proposes chains only"):
-        generate(target, [[1, 2]], drafter=NGramDrafter(), max_new_tokens=3, tree=[[0]])
+        generate(target, [[1, 2]], drafter=chain_only, max_new_tokens=3, tree=[[0]])
     with pytest.raises(ValueError, match="no parent"):
         generate(target, [[1, 2]], drafter=NGramDrafter(), max_new_tokens=3, tree=[[0, 0]])
     # plain decoding drafts nothing: the tree is unused

@@ -173,7 +173,7 @@ def test_scripted_tree_output_is_exact_and_the_cache_stays_consistent(target, gr
     assert s.accept_per_position[0] == 1.0  # the true first token is always in the tree
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "draft_lm"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "draft_lm", "ngram"])
 @pytest.mark.parametrize("spec", ["3,2,1", "[[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0]]"])
 def test_drafter_trees_are_exact_in_a_ragged_batch(target, greedy_ref, kind, spec):
     from test_drafters_conformance import build

@@ -116,27 +116,3 @@ def test_skipped_rounds_resynchronise_the_drafters_caches(kind):
         for b, active in enumerate(state.active):
             if active:
                 assert prop.tokens[b].tolist() == again.tokens[b].tolist()
-
-
-def test_lookup_continuation_takes_the_branch_that_agrees_or_the_least_likely_one():
-    from decode.tree import DraftTree
-    from drafters.hybrid import _place
-
-    tree = DraftTree.parse("3,2,1")  # first-position nodes 0, 1, 2; node (r,) -> (r, 0) -> (r, 0, 0)
-    idx = {p: i for i, p in enumerate(tree.paths)}
-    toks = [10 + i for i in range(tree.num_nodes)]
-    ok = [True] * tree.num_nodes
-    # the continuation starts with the drafter's rank-1 token and then differs: it goes on (1,), (1, 0)
-    # and its subtree below the changed token is masked; (1, 1) (drafted after the same first token) stays
-    cont = [toks[idx[(1,)]], 99, 98]
-    t, m = _place(tree, toks, ok, cont, drafted=True)
-    assert [t[idx[p]] for p in [(1,), (1, 0), (1, 0, 0)]] == cont
-    assert m[idx[(1, 1)]] and m[idx[(1, 1, 0)]] and m[idx[(0,)]] and m[idx[(0, 0, 0)]]
-    assert m[idx[(1, 0, 0)]]  # on the continuation
-    # no agreeing branch: the lowest-ranked first token (2,) gives way; its old subtree is masked
-    t, m = _place(tree, toks, ok, [97, 96], drafted=True)
-    assert t[idx[(2,)]] == 97 and t[idx[(2, 0)]] == 96 and m[idx[(2, 0)]]
-    assert not m[idx[(2, 1)]] and not m[idx[(2, 0, 0)]] and m[idx[(0, 1, 0)]] and m[idx[(1,)]]
-    # nothing drafted (every row copied): the spine only
-    t, m = _place(tree, toks, [False] * tree.num_nodes, [5, 6, 7, 8], drafted=False)
-    assert [i for i, x in enumerate(m) if x] == tree.spine() and [t[i] for i in tree.spine()] == [5, 6, 7]

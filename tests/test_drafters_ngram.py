@@ -52,3 +52,22 @@ def test_no_match_round_costs_one_plain_step(tiny_target):
     s = spec.stats
     assert s.drafted <= 4 * s.target_forwards and s.accepted <= s.drafted
     assert s.committed - 1 == s.target_forwards + s.accepted  # each pass: accepted drafts + one token
+
+
+def test_continuations_trie_fills_the_tree_by_frequency_then_recency():
+    from decode.tree import DraftTree
+    from drafters.ngram import continuations, fill_tree
+
+    #        5 6 -> 1 2 | 5 6 -> 3 4 | 5 6 -> 1 9 | now: ... 5 6
+    row = [5, 6, 1, 2, 5, 6, 3, 4, 5, 6, 1, 9, 5, 6]
+    conts = continuations(row, 2, max_ngram=2, min_ngram=1)
+    assert conts == [[1, 9], [3, 4], [1, 2]]  # most recent first; the first is lookup()'s continuation
+    assert conts[0] == lookup(row, 2, 2, 1)
+    tree = DraftTree.parse("3,2")
+    toks, ok = fill_tree(tree, conts)
+    idx = {p: i for i, p in enumerate(tree.paths)}
+    assert toks[idx[(0,)]] == 1 and toks[idx[(1,)]] == 3 and not ok[idx[(2,)]]  # 1 twice, 3 once
+    assert toks[idx[(0, 0)]] == 9 and toks[idx[(0, 1)]] == 2  # after 1: 9 (more recent), then 2
+    assert toks[idx[(1, 0)]] == 4 and not ok[idx[(1, 1)]]
+    assert fill_tree(tree, []) == ([0] * tree.num_nodes, [False] * tree.num_nodes)
+    assert continuations([1, 2, 3], 4, 3, 1) == []
