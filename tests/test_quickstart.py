@@ -33,7 +33,7 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
     rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out),
                "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
                "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress", "--baselines", "engine,hf",
-               "--dtype", "fp32", "--draft-threshold", "0,0.1",  # exactness vs plain decoding is checked in fp32
+               "--dtype", "fp32",  # exactness vs plain decoding is checked in fp32
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
@@ -43,12 +43,12 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
         rows = {r["role"]: r for r in rep["evals"][bench]["summary"]}
         assert {"spec", "plain", "hf"} <= set(rows)
         specs = [r for r in rep["evals"][bench]["summary"] if r["role"] == "spec"]
-        # --draft-threshold 0,0.1 x the default chain and tree side by side, for the drafter alone and
+        # the default threshold (0.1) x the default chain and tree side by side, for the drafter alone and
         # behind prompt lookup
         names = [s["method"] for s in specs]
-        assert [n.split(" tree=")[0].endswith("@0.1") for n in names] == [False, False, True, True] * 2
-        assert ["tree=3,2,1,1,1" in n for n in names] == [False, True] * 4
-        assert [n.split("@")[0].split(" tree")[0].endswith("+ngram") for n in names] == [False] * 4 + [True] * 4
+        assert all(n.split(" tree=")[0].endswith("@0.1") for n in names) and len(names) == 4
+        assert ["tree=3,2,1,1,1" in n for n in names] == [False, True] * 2
+        assert [n.split("@")[0].endswith("+ngram") for n in names] == [False, False, True, True]
         assert all(r["mismatches"] == 0 for r in specs)
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])
