@@ -98,7 +98,7 @@ class EvalConfig:
                 try:
                     DraftTree.parse(t)
                 except ValueError as e:
-                    raise ValueError(f"--tree {t!r}: {e}") from None
+                    raise ValueError(f"--tree {t!r}: {e} (or 'chain' for a chain of --k tokens)") from None
 
 
 def _eos_and_pad(target, tok) -> tuple[list[int], int]:
@@ -262,7 +262,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--k", type=int, default=5, help="draft tokens per verification (K)")
+    p.add_argument("--k", type=int, default=5, help="draft tokens per verification (K) of chain rows")
     p.add_argument("--draft-threshold", type=_csv(float, "--draft-threshold"), default=[0.0], dest="draft_thresholds",
                    help="confidence-based drafting: a chain stops, and tree nodes are pruned, once the "
                         "drafter's path probability falls below this (EAGLE-2 criterion); comma-separated "
@@ -270,8 +270,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
                    help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
                         "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "
-                        "paths such as '[[0],[1],[0,0]]'; repeatable, each measured side by side (every "
-                        "built-in drafter can; a custom proposer without propose_tree is measured as a chain)")
+                        "paths such as '[[0],[1],[0,0]]'; repeatable, each measured side by side (repeats are "
+                        "measured once). Tree rows ignore --k (their K column is the tree's depth) and the "
+                        "--sweep over K covers chain rows only")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -294,7 +295,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         target=args.target, drafters=args.drafters or ["ngram"], benchmark=args.benchmark,
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds,
-        trees=args.trees or ["chain"], dtype=args.dtype,
+        trees=list(dict.fromkeys(args.trees or ["chain"])), dtype=args.dtype,
         device=args.device, seed=args.seed,
         baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
         concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)

@@ -506,6 +506,9 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     draft_tree = None
     if tree is not None and proposer is not None:
         draft_tree = DraftTree.parse(tree)
+        if max(draft_tree.ranks) >= vocab:
+            raise ValueError(f"tree rank {max(draft_tree.ranks)} needs more candidates than the vocabulary has "
+                             f"({vocab} tokens): use ranks below it")
         if not callable(getattr(proposer, "propose_tree", None)):
             raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: every "
                              f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "

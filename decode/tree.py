@@ -24,6 +24,10 @@ from typing import Any
 import torch
 
 
+#: The largest tree accepted: every node is scored in one target forward.
+MAX_NODES = 1024
+
+
 @dataclass(frozen=True)
 class DraftTree:
     """A static draft tree. Build it with :meth:`parse`.
@@ -89,8 +93,12 @@ class DraftTree:
                 return cls.from_widths(widths)
         if not isinstance(spec, Sequence) or not all(isinstance(p, Sequence) and not isinstance(p, str)
                                                      for p in spec):
-            raise ValueError(f"tree must be a DraftTree, a string such as '3,2,1', or a list of paths such as "
-                             f"[[0], [1], [0, 0]]; got {type(spec).__name__}")
+            raise ValueError(f"tree must be a DraftTree, a string such as '3,2,1', or a list of paths, each a "
+                             f"list of ranks, such as [[0], [1], [0, 0]]; got {spec!r}")
+        if any(isinstance(r, bool) or not isinstance(r, (int,)) and not (hasattr(r, "__index__"))
+               for p in spec for r in p):
+            raise ValueError(f"tree paths must hold integer ranks (0 = the drafter's best token), e.g. "
+                             f"[[0], [1], [0, 0]]; got {spec!r}")
         paths = sorted({tuple(int(r) for r in p) for p in spec}, key=lambda p: (len(p), p))
         if not paths or any(len(p) == 0 for p in paths):
             raise ValueError("a draft tree needs at least one node and every path at least one rank "
@@ -102,7 +110,15 @@ class DraftTree:
         if orphans:
             raise ValueError(f"tree paths {orphans[:3]} have no parent node: every prefix of a path must be a "
                              "node too (e.g. [0, 1] needs [0])")
-        return cls(tuple(paths))
+        return cls._sized(tuple(paths))
+
+    @classmethod
+    def _sized(cls, paths: tuple[tuple[int, ...], ...]) -> DraftTree:
+        if len(paths) > MAX_NODES:
+            raise ValueError(f"a draft tree of {len(paths)} nodes is too big: one verification pass would score "
+                             f"them all; use at most {MAX_NODES} nodes (e.g. '3,2,1' has 15, EAGLE's default "
+                             "trees have ~60)")
+        return cls(paths)
 
     @classmethod
     def from_widths(cls, widths: Sequence[int]) -> DraftTree:
@@ -114,6 +130,12 @@ class DraftTree:
         widths = list(widths)
         if not widths or any(w < 1 for w in widths):
             raise ValueError(f"tree branching factors must be >= 1 per depth (e.g. '3,2,1'); got {widths}")
+        size, level = 0, 1
+        for w in widths:
+            level *= w
+            size += level
+        if size > MAX_NODES:
+            return cls._sized(((0,),) * size)  # raises with the size
         paths = [p for d in range(1, len(widths) + 1) for p in itertools.product(*(range(w) for w in widths[:d]))]
         return cls(tuple(paths))
 

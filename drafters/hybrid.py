@@ -131,8 +131,8 @@ class LookupHybrid:
             ValueError: the wrapped drafter cannot propose trees.
         """
         if not callable(getattr(self.drafter, "propose_tree", None)):
-            raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only; tree drafts need a draft "
-                             "LM, medusa, eagle or eagle3")
+            raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only; tree drafts need a drafter "
+                             "with propose_tree (every drafters/ kind has it)")
         conts = [continuations(row, tree.max_depth, self.max_ngram, self.min_match) if active else []
                  for row, active in zip(state.tokens, state.active)]
         stable = (list(state.num_stable) if self._stable is None

@@ -57,6 +57,8 @@ def test_attention_mask_is_ancestor_or_self():
 @pytest.mark.parametrize("spec,match", [
     ("", "branching factors"), ("3,0", ">= 1"), ("a,b", "branching factors"), ("[[0], [1", "not valid JSON"),
     ([], "at least one node"), ([[0, 1]], "no parent"), ([[-1]], ">= 0"), (5, "DraftTree"), ([[]], "at least one"),
+    ("9000", "too big"), ("8,8,8,8", "too big"), ([0, 1], "list of ranks"), ([[True]], "integer ranks"),
+    ('[["a"]]', "integer ranks"),
 ])
 def test_bad_tree_specs_name_the_fix(spec, match):
     with pytest.raises(ValueError, match=match):
@@ -266,3 +268,10 @@ def test_the_target_as_its_own_draft_model_has_every_rank0_path_accepted(target,
     assert res.stats.accept_per_position == [1.0] * depth
     full, rem = divmod(N - 1, depth + 1)
     assert res.stats.target_forwards == 4 * (full + (1 if rem else 0))
+
+
+def test_a_rank_past_the_vocabulary_is_refused_before_generating(target):
+    from test_drafters_conformance import build
+
+    with pytest.raises(ValueError, match="more candidates than the vocabulary"):
+        generate(target, ROWS, drafter=build("medusa", target), tree=[[0], [200]], max_new_tokens=4)
