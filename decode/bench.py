@@ -34,9 +34,20 @@ from typing import Callable
 import torch
 
 from decode import report
+from decode.harness import (
+    BASELINES,
+    BENCHMARKS,
+    build_drafter,
+    build_methods,
+    check_exactness,
+    load_prompts,
+    machine_info,
+    measure,
+    run_concurrency,
+    run_sweep,
+    warm_up,
+)
 from decode.tree import DraftTree
-from decode.harness import (BASELINES, BENCHMARKS, build_drafter, build_methods, check_exactness, load_prompts,
-                            machine_info, measure, run_concurrency, run_sweep, warm_up)
 
 __all__ = ["BASELINES", "BENCHMARKS", "EvalConfig", "add_arguments", "evaluate", "print_record", "run",
            "write_outputs"]

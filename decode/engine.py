@@ -34,9 +34,19 @@ import torch
 
 from decode.metrics import DecodeCounts, DecodeStats, compute_stats
 from decode.protocol import DecodeState, Proposer, SamplingParams
-from decode.sampling import check_sampling_params, logits_to_probs, sanitize_logits, select_tokens
+from decode.sampling import (
+    check_sampling_params,
+    logits_to_probs,
+    sanitize_logits,
+    select_tokens,
+)
 from decode.tree import DraftTree, close_under_parents
-from decode.verify import verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
+from decode.verify import (
+    verify_greedy,
+    verify_sampling,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
 from drafters.draft_lm import DraftLM, RaggedCache, lm_head_rows
 
 _ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-
 #: The largest tree accepted: every node is scored in one target forward.
 MAX_NODES = 1024
 
@@ -224,3 +223,20 @@ def close_under_parents(tree: DraftTree, valid: torch.Tensor) -> torch.Tensor:
         par = torch.tensor([tree.parents[i] for i in level], device=valid.device)
         valid[:, idx] &= valid[:, par]
     return valid
+
+
+def level_mask(tree: DraftTree, nodes: Sequence[int], col: dict[int, int]) -> torch.Tensor:
+    """Tree attention for one level of drafting: bool ``[m, len(col) + m]``. ``nodes`` are the ``m`` nodes
+    run now, appended after the ``len(col)`` tree entries already in the drafter's cache (``col``: node
+    -> its column among them); row ``j`` is True at the columns of ``nodes[j]``'s ancestors and its own."""
+    ntree, m = len(col), len(nodes)
+    rows = []
+    for j, i in enumerate(nodes):
+        row, a = [False] * (ntree + m), tree.parents[i]
+        while a >= 0:
+            row[col[a]] = True
+            a = tree.parents[a]
+        row[ntree + j] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool)
+

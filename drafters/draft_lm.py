@@ -23,6 +23,7 @@ from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
+from decode.tree import level_mask
 from drafters.base import ChainCutoff, Drafter
 
 
@@ -429,15 +430,7 @@ class DraftLM(Drafter):
             if not grow or depth == tree.max_depth:
                 continue
             ntree, m = len(col), len(grow)
-            seen = []
-            for j, i in enumerate(grow):
-                row, a = [False] * (ntree + m), tree.parents[i]
-                while a >= 0:
-                    row[col[a]] = True
-                    a = tree.parents[a]
-                row[ntree + j] = True
-                seen.append(row)
-            out = c.run_tree(tokens[:, grow], torch.full((m,), depth - 1), torch.tensor(seen, dtype=torch.bool))
+            out = c.run_tree(tokens[:, grow], torch.full((m,), depth - 1), level_mask(tree, grow, col))
             for j, i in enumerate(grow):
                 outs[i], col[i] = out.logits[:, j], ntree + j
         c.truncate(self._snapshot_len, self._snapshot_n)

@@ -33,6 +33,7 @@ from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
+from decode.tree import level_mask
 from drafters.base import ChainCutoff, Drafter
 
 # --------------------------------------------------------------------------------------------------
@@ -351,15 +352,7 @@ class FeatureHeadDrafter(Drafter):
             ids_in = torch.tensor([out_tok[i] for i in grow], device=dev)[None]
             hid_in = torch.cat([outs[tree.parents[i]] for i in grow])[None]  # [1, m, H]
             pos = torch.full((1, m), n - 2 + d, device=dev)
-            seen = []  # per growing node: which tree entries of the head's cache it sees (ancestors, itself)
-            for j, i in enumerate(grow):
-                row, a = [False] * (ntree + m), tree.parents[i]
-                while a >= 0:
-                    row[col[a]] = True
-                    a = tree.parents[a]
-                row[ntree + j] = True
-                seen.append(row)
-            attn = torch.cat([torch.ones(m, plen, dtype=torch.bool), torch.tensor(seen, dtype=torch.bool)], 1).to(dev)
+            attn = torch.cat([torch.ones(m, plen, dtype=torch.bool), level_mask(tree, grow, col)], 1).to(dev)
             out, past = self._layer(ids_in, hid_in, pos, attn, past)
             for j, i in enumerate(grow):
                 outs[i], col[i] = out[:, j], ntree + j

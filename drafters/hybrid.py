@@ -80,6 +80,17 @@ class LookupHybrid:
         self.lookup_rows = self.drafter_rows = 0
         self._stable = None  # per row, what the drafter's caches still match (None: it ran last round)
 
+    def _count(self, state: DecodeState, conts: list) -> tuple[list[int], int, int]:
+        """Count this round's lookup and drafter rows; return ``(stable, active rows, rows with a match)``.
+        Rows may be rolled back between calls: what the drafter saw last stays valid only up to the
+        smallest ``num_stable`` of every round since its last call (``stable``)."""
+        stable = (list(state.num_stable) if self._stable is None
+                  else [min(a, b) for a, b in zip(self._stable, state.num_stable)])
+        n_active, copied = sum(bool(a) for a in state.active), sum(bool(c) for c in conts)
+        self.lookup_rows += copied
+        self.drafter_rows += n_active - copied
+        return stable, n_active, copied
+
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         """Per row, the looked-up continuation (``lengths[b]`` = its length, one-hot q) or the drafter's
@@ -88,13 +99,7 @@ class LookupHybrid:
         # lookup() only returns continuations of keys of >= min_match tokens; inactive rows get none
         conts = [lookup(row, k, self.max_ngram, self.min_match) if active and k else []
                  for row, active in zip(state.tokens, state.active)]
-        # Rows may be rolled back between calls: what the drafter saw last stays valid only up to the
-        # smallest num_stable of every round since its last call.
-        stable = (list(state.num_stable) if self._stable is None
-                  else [min(a, b) for a, b in zip(self._stable, state.num_stable)])
-        n_active, copied = sum(bool(a) for a in state.active), sum(bool(c) for c in conts)
-        self.lookup_rows += copied
-        self.drafter_rows += n_active - copied
+        stable, n_active, copied = self._count(state, conts)
         if k and n_active and copied == n_active:
             self._stable = stable
             rows = [c + [0] * (k - len(c)) for c in conts]
@@ -135,11 +140,7 @@ class LookupHybrid:
                              "with propose_tree (every drafters/ kind has it)")
         conts = [continuations(row, tree.max_depth, self.max_ngram, self.min_match) if active else []
                  for row, active in zip(state.tokens, state.active)]
-        stable = (list(state.num_stable) if self._stable is None
-                  else [min(a, b) for a, b in zip(self._stable, state.num_stable)])
-        n_active, copied = sum(bool(a) for a in state.active), sum(bool(c) for c in conts)
-        self.lookup_rows += copied
-        self.drafter_rows += n_active - copied
+        stable, n_active, copied = self._count(state, conts)
         b_all, n = len(state.tokens), tree.num_nodes
         if n_active and copied == n_active:
             self._stable = stable

@@ -11,7 +11,6 @@ from decode.engine import watch_rounds
 from decode.protocol import Proposal
 from decode.tree import DraftTree, close_under_parents
 from decode.verify import verify_tree_greedy, verify_tree_sampling
-from drafters.ngram import NGramDrafter
 
 ROWS = [[5, 6, 7, 8, 9, 5, 6], [10, 11], [3, 4, 5, 3, 4, 5, 3, 4, 5, 6, 7], [9]]
 N = 24
