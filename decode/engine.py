@@ -271,22 +271,28 @@ class _Decoder:
         self.counts.prefill_committed = len(self.tokens)
         self._notify()
 
+    def _timed_proposal(self, method: str, width: int, what: str, *args) -> tuple[Any, torch.Tensor]:
+        """Call ``proposer.<method>(*args)`` on the drafting clock; return the proposal and its tokens as
+        a LongTensor ``[B, width]`` on the target's device. Raises ``ValueError`` for any other shape."""
+        t0 = time.perf_counter()
+        prop = getattr(self.proposer, method)(*args)
+        _sync(self.device)
+        self.counts.draft_time_s += time.perf_counter() - t0
+        b, d = len(self.tokens), torch.as_tensor(prop.tokens)
+        if d.dim() != 2 or tuple(d.shape) != (b, width) or d.is_floating_point() or d.dtype == torch.bool:
+            raise ValueError(f"{type(self.proposer).__name__}.{method} returned tokens of shape {tuple(d.shape)} "
+                             f"({d.dtype}); the proposer protocol needs an integer tensor [B, {'N' if what else 'k'}] "
+                             f"= [{b}, {width}]{what}")
+        return prop, d.to(self.device, torch.long)
+
     def _propose(self, k: int, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Draft tokens ``[B, k]`` (invalid ids replaced by 0), q ``[B, k, V]`` or None, and the limit
         cut at each row's first invalid id."""
         b = len(self.tokens)
         if k == 0:
             return torch.zeros(b, 0, dtype=torch.long, device=self.device), None, limit
-        t0 = time.perf_counter()
-        prop = self.proposer.propose(self._state(), k, self.sampling, self.gen)
-        _sync(self.device)
-        self.counts.draft_time_s += time.perf_counter() - t0
+        prop, d = self._timed_proposal("propose", k, "", self._state(), k, self.sampling, self.gen)
         name = type(self.proposer).__name__
-        d = torch.as_tensor(prop.tokens)
-        if d.dim() != 2 or tuple(d.shape) != (b, k) or d.is_floating_point() or d.dtype == torch.bool:
-            raise ValueError(f"{name}.propose returned tokens of shape {tuple(d.shape)} ({d.dtype}); the proposer "
-                             f"protocol needs an integer tensor [B, k] = [{b}, {k}]")
-        d = d.to(self.device, torch.long)
         q = None if prop.probs is None or self.sampling.greedy else prop.probs
         if q is not None and (q.dim() != 3 or tuple(q.shape[:2]) != (b, k)):
             raise ValueError(f"{name}.propose returned probs of shape {tuple(q.shape)}; the proposer protocol "
@@ -353,16 +359,9 @@ class _Decoder:
         """The proposer's tree tokens ``[B, N]`` and the nodes each row may have verified ``[B, N]``:
         its mask, cut at invalid ids, at each row's depth cap, inactive rows empty, closed under parents."""
         tree, b, n = self.tree, len(self.tokens), self.tree.num_nodes
-        t0 = time.perf_counter()
-        prop = self.proposer.propose_tree(self._state(), tree, self.sampling, self.gen)
-        _sync(self.device)
-        self.counts.draft_time_s += time.perf_counter() - t0
+        prop, d = self._timed_proposal("propose_tree", n, " (one token per tree node)", self._state(), tree,
+                                       self.sampling, self.gen)
         name = type(self.proposer).__name__
-        d = torch.as_tensor(prop.tokens)
-        if d.dim() != 2 or tuple(d.shape) != (b, n) or d.is_floating_point() or d.dtype == torch.bool:
-            raise ValueError(f"{name}.propose_tree returned tokens of shape {tuple(d.shape)} ({d.dtype}); need an "
-                             f"integer tensor [B, N] = [{b}, {n}] (one token per tree node)")
-        d = d.to(self.device, torch.long)
         valid = torch.ones(b, n, dtype=torch.bool, device=self.device)
         if prop.mask is not None:
             m = torch.as_tensor(prop.mask)

@@ -197,23 +197,11 @@ def test_hybrid_tree_is_exact_in_a_batch_and_alone(target, greedy_ref):
     assert hyb.lookup_rows > 0 and hyb.drafter_rows > 0
     alone = generate(target, ROWS[2:3], drafter=hyb, tree="3,2,1", max_new_tokens=N, eos_token_id=[])
     assert alone.sequences[0] == greedy_ref[2] and hyb.lookup_rows > 0
+    from test_decode_engine import _Fixed
+
+    chain_only = _Fixed(lambda state, k: torch.zeros(len(state.tokens), k, dtype=torch.long))  # no propose_tree
     with pytest.raises(ValueError, match="chains only"):
-        generate(target, ROWS, drafter=LookupHybrid(Scripted()), tree="2", max_new_tokens=4)
-
-
-class Scripted:
-    """A chain-only proposer (no propose_tree)."""
-
-    feature_layers = None
-
-    def check_compatible(self, target, vocab_size):
-        pass
-
-    def reset(self, batch_size):
-        pass
-
-    def propose(self, state, k, sampling, generator):
-        return Proposal(torch.zeros(len(state.tokens), k, dtype=torch.long))
+        generate(target, ROWS, drafter=LookupHybrid(chain_only), tree="2", max_new_tokens=4)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
