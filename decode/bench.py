@@ -212,12 +212,36 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
                 specs.append(s)
             if not getattr(first.drafter, "supports_draft_threshold", False):
                 break
+    # checkpoints whose short names collide (two quickstart runs are both `train/best`) are named by the
+    # shortest path suffix that tells them apart; what still collides (the same folder twice) is numbered
+    folders: dict[str, set] = {}
+    for s in specs:
+        if s.short_name:
+            folders.setdefault(s.short_name, set()).add(s.folder)
+    for short, group in folders.items():
+        if len(group) < 2:
+            continue
+        names = _distinct_suffixes(sorted(group))
+        for i, s in enumerate(specs):
+            if s.short_name == short:
+                specs[i] = dataclasses.replace(s, label=s.label.replace(f":{short}", f":{names[s.folder]}", 1))
     seen: dict[str, int] = {}
     for i, s in enumerate(specs):  # two specs resolving to the same label still get their own rows
         seen[s.label] = seen.get(s.label, 0) + 1
         if seen[s.label] > 1:
             specs[i] = dataclasses.replace(s, label=f"{s.label}#{seen[s.label]}")
     return specs
+
+
+def _distinct_suffixes(folders: list[str]) -> dict[str, str]:
+    """``{folder: its shortest trailing path that no other folder shares}`` (``checkpoints`` / ``drafter``
+    components left out: ``runs/qs7/train/checkpoints/best/drafter`` -> ``qs7/train/best``)."""
+    parts = {f: [c for c in Path(f).parts if c not in ("checkpoints", "drafter")] for f in folders}
+    for n in range(1, max(len(p) for p in parts.values()) + 1):
+        names = {f: "/".join(p[-n:]) for f, p in parts.items()}
+        if len(set(names.values())) == len(names):
+            return names
+    return {f: f for f in folders}
 
 
 def _public_kwargs(kwargs: dict | None, k: int) -> dict | None:
@@ -341,6 +365,12 @@ def run(args: argparse.Namespace) -> int:
         report.disable_progress_bars()
     try:
         cfg = config_from_args(args)
+        shaped = [f for f, used in (("--tree", cfg.trees != ["chain"]),
+                                    ("--draft-threshold", any(t != 0 for t in cfg.draft_thresholds))) if used]
+        if shaped and all(d == "none" for d in cfg.drafters):
+            raise ValueError(f"{' and '.join(shaped)} shape a drafter's drafts, but --drafter none measures only "
+                             "the baselines; add a --drafter (e.g. ngram or a checkpoint) or drop "
+                             f"{' and '.join(shaped)}")
         record = evaluate(cfg)
     except (ValueError, DrafterLoadError, OSError) as exc:
         print(f"drafterkit eval: error: {exc}", file=sys.stderr)

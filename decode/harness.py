@@ -49,6 +49,10 @@ class DrafterSpec:
     drafter: Any
     hf_kwargs: dict | None
     tree: str | None = None  # a decode.tree.DraftTree spec: measured with tree drafts instead of chains
+    # a checkpoint's short name in ``label`` (``run/best``) and its folder: drafters whose short names
+    # collide (two quickstart runs are both ``train/best``) get longer path suffixes (decode.bench)
+    short_name: str | None = None
+    folder: str | None = None
 
 
 @dataclass
@@ -176,7 +180,8 @@ def build_drafter(spec: str, target) -> DrafterSpec | None:
             raise ValueError(f"--drafter {spec}: '+ngram' puts prompt lookup in front of a trained drafter: "
                              "PATH+ngram or draft:N+ngram (for prompt lookup alone use --drafter ngram)")
         base = build_drafter(inner, target)
-        return DrafterSpec(f"{base.label}+ngram", LookupHybrid(base.drafter), None)
+        return dataclasses.replace(base, label=f"{base.label}+ngram", drafter=LookupHybrid(base.drafter),
+                                   hf_kwargs=None)
     if spec.startswith("ngram+"):
         raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
                          f"{spec[len('ngram+'):]}+ngram")
@@ -221,7 +226,8 @@ def _load_checkpoint(spec: str, target) -> DrafterSpec:
     if path.name == "drafter" and path.parent.parent.name == "checkpoints":  # <run>/checkpoints/best/drafter
         name = f"{path.parent.parent.parent.name}/{name}"
     label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
-    return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None)
+    return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None,
+                       short_name=name, folder=str(path.resolve()))
 
 
 def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:

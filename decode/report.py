@@ -61,8 +61,19 @@ def pooled_positions(stats: list[dict]) -> list[float]:
 
     Runs carry ``reached_per_position`` (exact counts). For records without it, the reached counts are
     estimated as reached_0 = target_forwards, reached_{i+1} = reached_i * rate_i (exact for chains of
-    a fixed K, except the last pass of a row cut by EOS or ``max_new_tokens``).
+    a fixed K, except the last pass of a row cut by EOS or ``max_new_tokens``). A position no
+    proposal reached is 0.0 (the decoder contract); :func:`pooled_reached` tells them apart.
     """
+    num, den = _pool_positions(stats)
+    return [n / d if d else 0.0 for n, d in zip(num, den)]
+
+
+def pooled_reached(stats: list[dict]) -> list[float]:
+    """How many proposals reached each draft position, summed over runs (see :func:`pooled_positions`)."""
+    return _pool_positions(stats)[1]
+
+
+def _pool_positions(stats: list[dict]) -> tuple[list[float], list[float]]:
     num: list[float] = []
     den: list[float] = []
     for s in stats:
@@ -79,7 +90,7 @@ def pooled_positions(stats: list[dict]) -> list[float]:
                 den.append(0.0)
             num[i] += reached * rate
             den[i] += reached
-    return [n / d if d else 0.0 for n, d in zip(num, den)]
+    return num, den
 
 
 def aggregate(runs: list[dict]) -> dict[str, Any]:
@@ -97,7 +108,7 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
                                tokens_per_s=new / wall if wall > 0 else 0.0)
     stats = [r["stats"] for r in runs if r.get("stats")]
     keys = ("target_forwards", "drafted", "accepted", "tau", "acceptance_rate", "accept_per_position",
-            "draft_time_s", "verify_time_s", "tpot_ms", "accepted_per_dv_s", "committed_per_dv_s")
+            "reached_per_position", "draft_time_s", "verify_time_s", "tpot_ms", "accepted_per_dv_s", "committed_per_dv_s")
     out.update({k: None for k in keys})
     if not stats:
         return out
@@ -112,7 +123,8 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
         target_forwards=tf, drafted=drafted, accepted=accepted,
         tau=sum(s["tau"] * s["target_forwards"] for s in stats) / tf if tf else 0.0,
         acceptance_rate=accepted / drafted if drafted else 0.0,
-        accept_per_position=pooled_positions(stats), draft_time_s=draft_t, verify_time_s=verify_t,
+        accept_per_position=pooled_positions(stats), reached_per_position=pooled_reached(stats),
+        draft_time_s=draft_t, verify_time_s=verify_t,
         tpot_ms=1000.0 * sum(s["total_time_s"] - s["ttft_s"] for s in stats) / after_first if after_first > 0
         else 0.0,
         accepted_per_dv_s=accepted / dv if dv > 0 else 0.0,
@@ -211,12 +223,22 @@ def fmt(value: Any, spec: str = "{}") -> str:
     return spec.format(value)
 
 
+def cell(row: dict, key: str, spec: str = "{}") -> str:
+    """One table cell of ``row[key]`` (:func:`fmt`); per-position acceptance shows ``-`` at positions no
+    proposal reached (0.0 in the record, as the decoder contract has it), so they are not read as 0%."""
+    value = row.get(key)
+    reached = row.get("reached_per_position")
+    if key == "accept_per_position" and value and reached and len(reached) == len(value):
+        return " ".join(f"{v:.2f}" if r else "-" for v, r in zip(value, reached))
+    return fmt(value, spec)
+
+
 def markdown_table(rows: Iterable[dict], columns: list[tuple[str, str, str]]) -> str:
     """A GitHub Markdown table: one line per row, cells formatted by ``columns`` (header, key, fmt)."""
     lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(fmt(row.get(k), f) for _, k, f in columns) + " |")
+        lines.append("| " + " | ".join(cell(row, k, f) for _, k, f in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -252,7 +274,7 @@ def rich_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]
     for header, key, _ in columns:
         table.add_column(header, justify="left" if key in ("method", "drafter", "category") else "right")
     for row in rows:
-        table.add_row(*(fmt(row.get(k), f) for _, k, f in columns))
+        table.add_row(*(cell(row, k, f) for _, k, f in columns))
     return table
 
 

@@ -122,6 +122,8 @@ def test_eval_measures_each_tree_side_by_side(tiny_dir, prompts_file, tmp_path):
     (["--drafter", "/no/such/ckpt"], "not 'none', 'ngram', 'draft:N' or a drafter checkpoint"),
     (["--baselines", "engine,vllm"], "--baselines: unknown ['vllm']"),
     (["--drafter", "none", "--baselines", ""], "nothing to measure"),
+    (["--drafter", "none", "--tree", "2,1"], "--tree shape a drafter's drafts, but --drafter none"),
+    (["--drafter", "none", "--draft-threshold", "0.1"], "--draft-threshold shape a drafter's drafts"),
 ])
 def test_eval_bad_input_names_problem(tiny_dir, tmp_path, capsys, argv, message):
     rc = main(["eval", "--target", str(tiny_dir), "--device", "cpu", "--benchmark", "humaneval",
@@ -209,3 +211,18 @@ def test_tables_keep_legible_headers_when_not_a_terminal():
     report.print_eval([dict(role="spec", method="ngram", k=5, tau=2.0, acceptance_rate=0.5,
                             accept_per_position=[0.5, 0.4], tokens_per_s=10.0)], "t", console)
     assert "per-position acc." in buf.getvalue() and "HF-spec x HF" in buf.getvalue()
+
+
+def test_two_runs_with_the_same_layout_get_distinct_labels(tmp_path):
+    """Two quickstart runs both hold ``train/checkpoints/best``: their rows are named by the shortest
+    path suffix that differs, the same folder given twice is numbered."""
+    from drafters.draft_lm import DraftLM
+
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
+    for run in ("qa", "qb"):
+        DraftLM.from_target(target, 1).save_pretrained(tmp_path / run / "train" / "checkpoints" / "best" / "drafter")
+    a, b = str(tmp_path / "qa" / "train"), str(tmp_path / "qb" / "train")
+    labels = [s.label for s in bench.build_drafters([a, b, f"{b}+ngram", a], target, [0.0])]
+    assert labels == ["draft_lm:qa/train/best", "draft_lm:qb/train/best", "draft_lm:qb/train/best+ngram",
+                      "draft_lm:qa/train/best#2"]
+    assert [s.label for s in bench.build_drafters([a, "ngram"], target, [0.0])] == ["draft_lm:train/best", "ngram"]

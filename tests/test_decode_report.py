@@ -129,6 +129,19 @@ def test_pooled_positions_uses_exact_reached_counts():
     assert pooled_positions([legacy]) == pytest.approx([0.5, 0.2])
 
 
+def test_positions_no_proposal_reached_print_as_a_dash_not_zero():
+    """The record keeps 0.0 (decoder contract) and the reached counts; the tables tell 'never reached'
+    apart from 'reached, never accepted'."""
+    stats = dict(committed=6, target_forwards=4, drafted=6, accepted=1, tau=1.25, acceptance_rate=1 / 6,
+                 accept_per_position=[0.25, 0.0, 0.0], reached_per_position=[4, 2, 0], draft_time_s=0.1,
+                 verify_time_s=0.4, total_time_s=0.6, ttft_s=0.1, tokens_per_s=10.0, tpot_ms=100.0)
+    row = dict(report.aggregate([dict(method="m", new_tokens=6, wall_s=0.6, stats=stats)]), method="m")
+    assert row["accept_per_position"] == [0.25, 0.0, 0.0] and row["reached_per_position"] == [4, 2, 0]
+    assert report.cell(row, "accept_per_position") == "0.25 0.00 -"
+    md = report.markdown_table([row], [("method", "method", "{}"), ("per-position", "accept_per_position", "{}")])
+    assert "| m | 0.25 0.00 - |" in md
+
+
 def test_small_samples_carry_a_noise_note_in_the_markdown(sweep_record):
     sweep_record, _ = sweep_record
     """The eval says when a method measured too few tokens for its tokens/s ratios to mean much."""
