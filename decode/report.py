@@ -108,7 +108,8 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
                                tokens_per_s=new / wall if wall > 0 else 0.0)
     stats = [r["stats"] for r in runs if r.get("stats")]
     keys = ("target_forwards", "drafted", "accepted", "tau", "acceptance_rate", "accept_per_position",
-            "reached_per_position", "draft_time_s", "verify_time_s", "tpot_ms", "accepted_per_dv_s", "committed_per_dv_s")
+            "reached_per_position", "draft_time_s", "verify_time_s", "tpot_ms", "accepted_per_dv_s",
+            "committed_per_dv_s")
     out.update({k: None for k in keys})
     if not stats:
         return out
