@@ -34,9 +34,9 @@ from train.features import target_features
 def continuations(target, tok, n: int, new: int, cache: Path | None) -> list[dict]:
     """``[{"prompt_len": P, "ids": [P + new tokens]}]``: the target's greedy continuations."""
     if cache is not None and cache.exists():
-        seqs = json.loads(cache.read_text())
-        if len(seqs) == n:
-            return seqs
+        kept = json.loads(cache.read_text())
+        if kept.get("num_prompts") == n and kept.get("max_new_tokens") == new:
+            return kept["seqs"]
     seqs = []
     for chat in heldout_prompts(resolve_source("sharegpt"), n, seed=0):
         text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
@@ -45,7 +45,7 @@ def continuations(target, tok, n: int, new: int, cache: Path | None) -> list[dic
         seqs.append({"prompt_len": len(ids), "ids": out[0].tolist()})
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(seqs))
+        cache.write_text(json.dumps({"num_prompts": n, "max_new_tokens": new, "seqs": seqs}))
     return seqs
 
 
@@ -84,12 +84,15 @@ def main() -> None:
     a = p.parse_args()
     torch.manual_seed(0)
     target, tok = load_target(a.target, dtype=a.dtype)
-    seqs = continuations(target, tok, a.num_prompts, a.max_new_tokens, Path(a.cache) if a.cache else None)
-    for ck in a.checkpoints:
+    heads = []
+    for ck in a.checkpoints:  # all checked before the target generates anything
         head = load_drafter(ck, target=target).eval()
         if getattr(head, "kind", None) != "eagle3":
             raise SystemExit(f"{ck}: a {getattr(head, 'kind', type(head).__name__)} drafter; this probe unrolls an "
                              "EAGLE-3 head's training-time test (kind eagle3)")
+        heads.append((ck, head))
+    seqs = continuations(target, tok, a.num_prompts, a.max_new_tokens, Path(a.cache) if a.cache else None)
+    for ck, head in heads:
         res = probe(head, target, seqs)
         print(ck, " | ".join(f"step {j}: top-1 {r['top1']:.3f} top-3 {r['top3']:.3f} (n={r['n']})"
                              for j, r in res.items()), flush=True)

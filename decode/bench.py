@@ -368,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
         shaped = [f for f, used in (("--tree", cfg.trees != ["chain"]),
                                     ("--draft-threshold", any(t != 0 for t in cfg.draft_thresholds))) if used]
         if shaped and all(d == "none" for d in cfg.drafters):
-            raise ValueError(f"{' and '.join(shaped)} shape a drafter's drafts, but --drafter none measures only "
+            raise ValueError(f"{' and '.join(shaped)} {'shape' if len(shaped) > 1 else 'shapes'} a drafter's drafts, "
+                             "but --drafter none measures only "
                              "the baselines; add a --drafter (e.g. ngram or a checkpoint) or drop "
                              f"{' and '.join(shaped)}")
         record = evaluate(cfg)

@@ -374,7 +374,10 @@ def _pyplot():
 
 def _style_acceptance_axes(ax) -> None:
     """Labels, limits and legend shared by the per-position acceptance plots."""
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_xlabel("draft position")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
     ax.set_ylabel("P(accept | all earlier accepted)")
     ax.set_ylim(0, 1.02)
     ax.set_title("Per-position acceptance")
@@ -535,7 +538,9 @@ def render_markdown(record: dict) -> str:
              f"- machine: torch {mach['torch']}, transformers {mach['transformers']}, {mach['device']}, "
              f"{mach['dtype']}, {mach['threads']} threads",
              "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "
-             "prompt by prompt; speedups are ratios of those measurements.", ""]
+             "prompt by prompt; speedups are ratios of those measurements.",
+             "- per-position acceptance: at draft position (tree depth) i, accepted / proposals that reached it; "
+             "`-` where no proposal reached it.", ""]
     cols = EVAL_COLUMNS[:6] + [("per-position acceptance", "accept_per_position", "{}")] + EVAL_COLUMNS[6:]
     lines.append(markdown_table(eval_table_rows(record["summary"]), cols))
     ex = record["exactness"]
@@ -576,8 +581,11 @@ def plot_eval_summary(summaries: dict[str, list[dict]], out_dir: str | Path) -> 
     for b, rows in summaries.items():
         for r in rows:
             if r["role"] == "spec" and r["accept_per_position"]:
-                pos = r["accept_per_position"]
-                ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{r['method']} on {b}")
+                reached = r.get("reached_per_position") or [1] * len(r["accept_per_position"])
+                # positions no proposal reached are left out (the record's 0.0 there is not a 0% rate)
+                pts = [(i + 1, v) for i, (v, n) in enumerate(zip(r["accept_per_position"], reached)) if n]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{r['method']} on {b}")
     _style_acceptance_axes(ax)
     paths.append(_save(fig, out / "acceptance_per_position.png"))
     return paths

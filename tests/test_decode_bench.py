@@ -122,8 +122,8 @@ def test_eval_measures_each_tree_side_by_side(tiny_dir, prompts_file, tmp_path):
     (["--drafter", "/no/such/ckpt"], "not 'none', 'ngram', 'draft:N' or a drafter checkpoint"),
     (["--baselines", "engine,vllm"], "--baselines: unknown ['vllm']"),
     (["--drafter", "none", "--baselines", ""], "nothing to measure"),
-    (["--drafter", "none", "--tree", "2,1"], "--tree shape a drafter's drafts, but --drafter none"),
-    (["--drafter", "none", "--draft-threshold", "0.1"], "--draft-threshold shape a drafter's drafts"),
+    (["--drafter", "none", "--tree", "2,1"], "--tree shapes a drafter's drafts, but --drafter none"),
+    (["--drafter", "none", "--draft-threshold", "0.1"], "--draft-threshold shapes a drafter's drafts"),
 ])
 def test_eval_bad_input_names_problem(tiny_dir, tmp_path, capsys, argv, message):
     rc = main(["eval", "--target", str(tiny_dir), "--device", "cpu", "--benchmark", "humaneval",

@@ -22,6 +22,18 @@ def test_bad_budget_is_refused(tmp_path, capsys):
     assert "--minutes" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--tree", "3,0"], "--tree '3,0'"),
+    (["--draft-threshold", "abc"], "--draft-threshold takes comma-separated numbers"),
+    (["--draft-threshold", "1.5"], "--draft-threshold takes comma-separated numbers in [0, 1)"),
+])
+def test_eval_options_are_checked_before_any_training(tmp_path, capsys, argv, message):
+    """A typo in an eval option must not cost the training budget: refused before fetch and training."""
+    assert main(["quickstart", "--output-dir", str(tmp_path / "qs"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "qs" / "train").exists()
+
+
 def test_default_kind_follows_the_recipes_present():
     expected = "eagle3" if (quickstart.RECIPES_DIR / "eagle3.yaml").exists() else "draft_lm"
     assert quickstart.default_kind() == expected

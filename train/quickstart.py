@@ -9,11 +9,13 @@ Stages (each timed, in seconds, in ``report.json``):
    a no-op when cached; then the target is loaded once and shared by the next stages.
 2. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
    ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``).
-3. ``eval``: the best checkpoint (by measured tau; ``last`` when no evaluation saved a best) on
-   MT-bench first turns and HumanEval prompts through ``decode.bench.evaluate``: speculative
-   decoding with the drafter alone and behind prompt lookup (``PATH+ngram``; ``--no-hybrid`` skips
-   it), each as a chain and as a draft tree (``--tree``), vs plain decoding through the same engine vs transformers ``generate`` (and its own assisted
-   generation where the drafter is a draft LM), interleaved prompt by prompt.
+3. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
+   mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
+   turns and HumanEval prompts through ``decode.bench.evaluate``: speculative decoding with the
+   drafter alone and behind prompt lookup (``PATH+ngram``; ``--no-hybrid`` skips it), as the draft
+   tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain decoding through the
+   same engine vs transformers ``generate`` (and its own assisted generation where the drafter is a
+   draft LM), interleaved prompt by prompt.
 
 The report folder gets ``report.json`` (stage timings, training summary, both eval records),
 ``report.md`` and PNGs (tokens/s per method, per-position acceptance, training loss).
@@ -70,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
                         "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32 only)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads for training and evaluation (default: torch's; 1 on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (training, evaluation, model loading)")
 
 
@@ -132,7 +136,7 @@ def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
         drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+ngram"]
         cfg = EvalConfig(target="smollm2-135m", drafters=drafters, benchmark=bench,
                          num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
-                         draft_thresholds=[float(x) for x in str(args.draft_thresholds).split(",") if x.strip()],
+                         draft_thresholds=parse_thresholds(args.draft_thresholds),
                          trees=args.trees or list(DEFAULT_TREES),
                          device=args.device, progress=not args.no_progress,
                          baselines=[b for b in args.baselines.split(",") if b])
@@ -178,6 +182,32 @@ def plot_losses(losses: list[float], path: Path) -> Path:
     return _save(fig, path)
 
 
+def parse_thresholds(text: str) -> list[float]:
+    """``"0,0.1"`` -> ``[0.0, 0.1]``. Raises ``ValueError`` naming ``--draft-threshold`` (not a number, or
+    outside ``[0, 1)``)."""
+    try:
+        values = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--draft-threshold takes comma-separated numbers in [0, 1), got {text!r}") from None
+    if not values or not all(0.0 <= v < 1.0 for v in values):
+        raise ValueError(f"--draft-threshold takes comma-separated numbers in [0, 1), got {text!r}")
+    return values
+
+
+def check_eval_options(args: argparse.Namespace) -> None:
+    """Parse what the eval stage will use BEFORE training, so a typo never costs the training budget.
+    Raises ``ValueError`` (a bad ``--draft-threshold`` or ``--tree``, the message naming the flag)."""
+    from decode.tree import DraftTree
+
+    parse_thresholds(args.draft_thresholds)
+    for tree in args.trees or []:
+        if tree != "chain":
+            try:
+                DraftTree.parse(tree)
+            except ValueError as exc:
+                raise ValueError(f"--tree {tree!r}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Fetch, train, evaluate, report. Returns 0, or 2 on a usage / recipe error."""
     from decode.assets import AssetError, fetch_all
@@ -188,6 +218,15 @@ def run(args: argparse.Namespace) -> int:
         print("drafterkit quickstart: error: --minutes must be > 0, --num-prompts and --max-new-tokens >= 1",
               file=sys.stderr)
         return 2
+    try:
+        check_eval_options(args)
+    except ValueError as exc:
+        print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.no_progress:
         from decode.report import disable_progress_bars
 
