@@ -127,20 +127,31 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     return ckpt, summary
 
 
+def eval_config(ckpt: Path, args, bench: str, k: int):
+    """The ``decode.bench.EvalConfig`` of one benchmark, validated. Raises ``ValueError`` naming the bad flag."""
+    from decode.bench import EvalConfig
+
+    try:
+        thresholds = [float(x) for x in str(args.draft_thresholds).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--draft-threshold takes comma-separated numbers, got {args.draft_thresholds!r}") from None
+    drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+ngram"]
+    cfg = EvalConfig(target="smollm2-135m", drafters=drafters, benchmark=bench,
+                     num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
+                     draft_thresholds=thresholds, trees=args.trees or list(DEFAULT_TREES),
+                     device=args.device, progress=not args.no_progress,
+                     baselines=[b for b in args.baselines.split(",") if b])
+    cfg.validate()
+    return cfg
+
+
 def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
     """``decode.bench.evaluate`` of the checkpoint on each benchmark; returns ``{benchmark: record}``."""
-    from decode.bench import EvalConfig, evaluate, print_record
+    from decode.bench import evaluate, print_record
 
     records = {}
     for bench in BENCHMARKS:
-        drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+ngram"]
-        cfg = EvalConfig(target="smollm2-135m", drafters=drafters, benchmark=bench,
-                         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
-                         draft_thresholds=parse_thresholds(args.draft_thresholds),
-                         trees=args.trees or list(DEFAULT_TREES),
-                         device=args.device, progress=not args.no_progress,
-                         baselines=[b for b in args.baselines.split(",") if b])
-        records[bench] = evaluate(cfg, target=target, tok=tok)
+        records[bench] = evaluate(eval_config(ckpt, args, bench, k), target=target, tok=tok)
         print_record(records[bench])
     return records
 
@@ -182,32 +193,6 @@ def plot_losses(losses: list[float], path: Path) -> Path:
     return _save(fig, path)
 
 
-def parse_thresholds(text: str) -> list[float]:
-    """``"0,0.1"`` -> ``[0.0, 0.1]``. Raises ``ValueError`` naming ``--draft-threshold`` (not a number, or
-    outside ``[0, 1)``)."""
-    try:
-        values = [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--draft-threshold takes comma-separated numbers in [0, 1), got {text!r}") from None
-    if not values or not all(0.0 <= v < 1.0 for v in values):
-        raise ValueError(f"--draft-threshold takes comma-separated numbers in [0, 1), got {text!r}")
-    return values
-
-
-def check_eval_options(args: argparse.Namespace) -> None:
-    """Parse what the eval stage will use BEFORE training, so a typo never costs the training budget.
-    Raises ``ValueError`` (a bad ``--draft-threshold`` or ``--tree``, the message naming the flag)."""
-    from decode.tree import DraftTree
-
-    parse_thresholds(args.draft_thresholds)
-    for tree in args.trees or []:
-        if tree != "chain":
-            try:
-                DraftTree.parse(tree)
-            except ValueError as exc:
-                raise ValueError(f"--tree {tree!r}: {exc}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     """Fetch, train, evaluate, report. Returns 0, or 2 on a usage / recipe error."""
     from decode.assets import AssetError, fetch_all
@@ -217,11 +202,6 @@ def run(args: argparse.Namespace) -> int:
     if args.minutes <= 0 or args.num_prompts < 1 or args.max_new_tokens < 1:
         print("drafterkit quickstart: error: --minutes must be > 0, --num-prompts and --max-new-tokens >= 1",
               file=sys.stderr)
-        return 2
-    try:
-        check_eval_options(args)
-    except ValueError as exc:
-        print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
     if args.threads:
         import torch
@@ -237,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         kind, recipe_path = resolve_recipe(args.kind, args.recipe)
         k = load_recipe(recipe_path, ["output_dir=.", *args.overrides]).eval.k
+        for bench in BENCHMARKS:  # the eval stage's settings, checked before a typo costs the training budget
+            eval_config(out / "train", args, bench, k)
         t0 = time.perf_counter()
         fetch_all()
         target, tok = load_target("smollm2-135m", dtype=args.dtype, device=args.device)
