@@ -118,7 +118,10 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
         target, tok = load_target("smollm2-135m", dtype=recipe.target.dtype, device=next(target.parameters()).device)
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
-    ckpt = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
+    saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
+    # without mid-run picks the run's own last step is the one to measure (a run resumed in a used
+    # --output-dir may hold an older best/ that its end-of-run score did not beat)
+    ckpt = last if recipe.eval.every == 0 and last.exists() else saved
     summary = dict(recipe=str(recipe_path), kind=recipe.drafter.kind, output_dir=str(recipe.output_dir),
                    checkpoint=str(ckpt),
                    global_step=result.global_step, stopped=result.stopped, losses=result.losses,
