@@ -26,6 +26,7 @@ def test_bad_budget_is_refused(tmp_path, capsys):
     (["--tree", "3,0"], "--tree '3,0'"),
     (["--draft-threshold", "abc"], "--draft-threshold takes comma-separated numbers"),
     (["--draft-threshold", "1.5"], "--draft-threshold values must be in [0, 1)"),
+    (["--num-prompts", "0"], "--num-prompts must be >= 1"),
 ])
 def test_eval_options_are_checked_before_any_training(tmp_path, capsys, argv, message):
     """A typo in an eval option must not cost the training budget: refused before fetch and training."""
