@@ -191,8 +191,9 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
     (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
     the threshold is not 0, and one that can propose trees once per entry of ``trees`` (``"chain"`` or a
     ``decode.tree.DraftTree`` spec), labelled ``<label> tree=<spec>`` (one fresh load each, so the rows
-    are independent). A chain-only drafter is measured once as a chain."""
-    specs = []
+    are independent). A chain-only drafter is measured once as a chain. The same drafter given twice is
+    numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``."""
+    built: list[tuple] = []  # (spec labelled by its drafter name only, "@thr tree=..." suffix)
     trees = trees or ["chain"]
     for name in names:
         for thr in thresholds:
@@ -202,34 +203,37 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
             can_tree = callable(getattr(first.drafter, "propose_tree", None))
             variants = trees if can_tree else ["chain"]
             for j, tree in enumerate(variants):
-                s = first if j == 0 else build_drafter(name, target)
+                s, suffix = (first if j == 0 else build_drafter(name, target)), ""
                 if getattr(s.drafter, "supports_draft_threshold", False):
                     s.drafter.draft_threshold = float(thr)
                     if thr > 0:
-                        s = dataclasses.replace(s, label=f"{s.label}@{thr:g}", hf_kwargs=None)
+                        s, suffix = dataclasses.replace(s, hf_kwargs=None), f"@{thr:g}"
                 if tree != "chain":
-                    s = dataclasses.replace(s, label=f"{s.label} tree={tree}", hf_kwargs=None, tree=tree)
-                specs.append(s)
+                    s, suffix = dataclasses.replace(s, hf_kwargs=None, tree=tree), f"{suffix} tree={tree}"
+                built.append((s, suffix))
             if not getattr(first.drafter, "supports_draft_threshold", False):
                 break
     # checkpoints whose short names collide (two quickstart runs are both `train/best`) are named by the
-    # shortest path suffix that tells them apart; what still collides (the same folder twice) is numbered
+    # shortest path suffix that tells them apart
     folders: dict[str, set] = {}
-    for s in specs:
+    for s, _ in built:
         if s.short_name:
             folders.setdefault(s.short_name, set()).add(s.folder)
     for short, group in folders.items():
         if len(group) < 2:
             continue
         names = _distinct_suffixes(sorted(group))
-        for i, s in enumerate(specs):
-            if s.short_name == short:
-                specs[i] = dataclasses.replace(s, label=s.label.replace(f":{short}", f":{names[s.folder]}", 1))
-    seen: dict[str, int] = {}
-    for i, s in enumerate(specs):  # two specs resolving to the same label still get their own rows
-        seen[s.label] = seen.get(s.label, 0) + 1
-        if seen[s.label] > 1:
-            specs[i] = dataclasses.replace(s, label=f"{s.label}#{seen[s.label]}")
+        built = [(dataclasses.replace(s, label=s.label.replace(f":{short}", f":{names[s.folder]}", 1))
+                  if s.short_name == short else s, suffix) for s, suffix in built]
+    # what still collides (the same folder or spec twice) gets its own row: the n-th copy is `<name>#n<suffix>`
+    specs, taken = [], set()
+    for s, suffix in built:
+        label, n = f"{s.label}{suffix}", 1
+        while label in taken:
+            n += 1
+            label = f"{s.label}#{n}{suffix}"
+        taken.add(label)
+        specs.append(dataclasses.replace(s, label=label))
     return specs
 
 

@@ -226,3 +226,26 @@ def test_two_runs_with_the_same_layout_get_distinct_labels(tmp_path):
     assert labels == ["draft_lm:qa/train/best", "draft_lm:qb/train/best", "draft_lm:qb/train/best+ngram",
                       "draft_lm:qa/train/best#2"]
     assert [s.label for s in bench.build_drafters([a, "ngram"], target, [0.0])] == ["draft_lm:train/best", "ngram"]
+
+
+def test_a_repeated_drafter_is_numbered_on_its_name_before_threshold_and_tree(tmp_path):
+    """The second copy of a drafter reads ``<name>#2@<threshold> tree=<spec>``, never ``... tree=3,2#2``."""
+    from drafters.draft_lm import DraftLM
+
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
+    DraftLM.from_target(target, 1).save_pretrained(tmp_path / "run" / "checkpoints" / "last" / "drafter")
+    a = str(tmp_path / "run")
+    specs = bench.build_drafters([a, f"{a}+ngram", a, "ngram", "ngram"], target, [0.0, 0.1], ["chain", "3,2"])
+    assert [s.label for s in specs] == [
+        "draft_lm:run/last", "draft_lm:run/last tree=3,2", "draft_lm:run/last@0.1", "draft_lm:run/last@0.1 tree=3,2",
+        "draft_lm:run/last+ngram", "draft_lm:run/last+ngram tree=3,2", "draft_lm:run/last+ngram@0.1",
+        "draft_lm:run/last+ngram@0.1 tree=3,2",
+        "draft_lm:run/last#2", "draft_lm:run/last#2 tree=3,2", "draft_lm:run/last#2@0.1",
+        "draft_lm:run/last#2@0.1 tree=3,2",
+        "ngram", "ngram tree=3,2", "ngram#2", "ngram#2 tree=3,2"]
+    assert [s.tree for s in specs[8:12]] == [None, "3,2", None, "3,2"]
+    assert [s.drafter.draft_threshold for s in specs[8:12]] == [0.0, 0.0, 0.1, 0.1]
+    assert len({id(s.drafter) for s in specs}) == len(specs)  # every row its own fresh load
+    # the same threshold twice is still two rows, numbered the same way
+    assert [s.label for s in bench.build_drafters([a], target, [0.1, 0.1])] == ["draft_lm:run/last@0.1",
+                                                                              "draft_lm:run/last#2@0.1"]
