@@ -526,6 +526,13 @@ def plot_concurrency(rows: list[dict], out_dir: str | Path) -> Path:
     return _save(fig, out / "concurrency.png")
 
 
+def _method_names_drafter(row: dict) -> bool:
+    """Whether ``row["method"]`` already says which drafter ran: a spec row is named by its drafter, an
+    HF-assisted one ``<drafter> [hf-assisted]``, and the plain / HF references run none."""
+    drafter, method = row.get("drafter"), row.get("method") or ""
+    return drafter in (None, "none") or method == drafter or method == f"{drafter} [hf-assisted]"
+
+
 def render_markdown(record: dict) -> str:
     """The Markdown report of one eval record: config, machine, the eval table, exactness and, when
     present, the sweep and concurrency tables. Every number comes from ``record``."""
@@ -541,8 +548,11 @@ def render_markdown(record: dict) -> str:
              "prompt by prompt; speedups are ratios of those measurements.",
              "- per-position acceptance: at draft position (tree depth) i, accepted / proposals that reached it; "
              "`-` where no proposal reached it.", ""]
+    rows = eval_table_rows(record["summary"])
     cols = EVAL_COLUMNS[:6] + [("per-position acceptance", "accept_per_position", "{}")] + EVAL_COLUMNS[6:]
-    lines.append(markdown_table(eval_table_rows(record["summary"]), cols))
+    if all(_method_names_drafter(r) for r in rows):  # the drafter column would repeat the method column
+        cols = [c for c in cols if c[1] != "drafter"]
+    lines.append(markdown_table(rows, cols))
     ex = record["exactness"]
     lines += [f"Exactness: {'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
               f"({ex['reason']}).", ""]

@@ -153,3 +153,20 @@ def test_small_samples_carry_a_noise_note_in_the_markdown(sweep_record):
     assert report.small_sample_note(big) is None and "Note: only" not in report.render_markdown(big)
     tiny = dict(sweep_record, summary=[dict(r, new_tokens=32) for r in sweep_record["summary"]])
     assert "only 32 new tokens" in report.small_sample_note(tiny)
+
+
+def test_markdown_eval_table_does_not_repeat_the_method_as_drafter(sweep_record):
+    """Every method already names its drafter (``X``, ``X [hf-assisted]``; references run none), so the
+    Markdown table leaves the ``drafter`` column out; the JSON rows keep both keys."""
+    rec, _ = sweep_record
+    assert all({"method", "drafter"} <= set(r) for r in rec["summary"])
+    assistant = dict(rec["summary"][0], method="draft:1 [hf-assisted]", drafter="draft:1", role="hf-assisted")
+    for summary in (rec["summary"], rec["summary"] + [assistant]):
+        md = report.render_markdown(dict(rec, summary=summary))
+        table = report.parse_markdown_table(md)
+        assert "drafter" not in table[0] and {r["method"] for r in table} == {r["method"] for r in summary}
+        assert "| ngram | ngram |" not in md
+    # a record whose method does not name its drafter keeps the column
+    renamed = [dict(r, method="mine") if r["drafter"] == "ngram" else r for r in rec["summary"]]
+    table = report.parse_markdown_table(report.render_markdown(dict(rec, summary=renamed)))
+    assert {(r["method"], r["drafter"]) for r in table} >= {("mine", "ngram"), ("engine", "none")}
