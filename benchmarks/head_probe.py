@@ -11,6 +11,7 @@ greedy acceptance at that position measures) and top-3 (what a width-3 tree leve
 
     python benchmarks/head_probe.py runs/eagle3/checkpoints/best runs/other/checkpoints/last
     python benchmarks/head_probe.py CKPT --num-prompts 24 --max-new-tokens 128 --cache runs/probe_seqs.json
+    python benchmarks/head_probe.py CKPT --benchmark mt-bench --num-prompts 80 --cache runs/probe_mt.json
 
 The continuations are cached (``--cache``) so that several heads are compared on the same tokens.
 Exits with a message for a checkpoint that is not an EAGLE-3 head.
@@ -31,21 +32,35 @@ from train.data import resolve_source
 from train.features import target_features
 
 
-def continuations(target, tok, n: int, new: int, cache: Path | None) -> list[dict]:
-    """``[{"prompt_len": P, "ids": [P + new tokens]}]``: the target's greedy continuations."""
+def continuations(target, tok, n: int, new: int, cache: Path | None, benchmark: str = "sharegpt") -> list[dict]:
+    """``[{"prompt_len": P, "ids": [P + new tokens]}]``: the target's greedy continuations of ``n`` prompts
+    of ``benchmark`` (``sharegpt``: held-out ShareGPT first turns; ``mt-bench`` / ``humaneval``: the
+    prompts ``drafterkit eval`` measures, ``decode.harness.load_prompts``), generated 16 at a time with
+    ``decode.generate`` (greedy)."""
+    import decode
+    from decode.harness import load_prompts
+
+    key = {"benchmark": benchmark, "num_prompts": n, "max_new_tokens": new}
     if cache is not None and cache.exists():
         kept = json.loads(cache.read_text())
-        if kept.get("num_prompts") == n and kept.get("max_new_tokens") == new:
+        if isinstance(kept, dict) and all(kept.get(k, "sharegpt" if k == "benchmark" else None) == v
+                                          for k, v in key.items()):
             return kept["seqs"]
+    if benchmark == "sharegpt":
+        prompts = []
+        for chat in heldout_prompts(resolve_source("sharegpt"), n, seed=0):
+            text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            prompts.append(tok(text, add_special_tokens=False)["input_ids"][-256:])
+    else:
+        prompts = [p.input_ids for p in load_prompts(benchmark, tok, n)]
     seqs = []
-    for chat in heldout_prompts(resolve_source("sharegpt"), n, seed=0):
-        text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        ids = tok(text, add_special_tokens=False)["input_ids"][-256:]
-        out = target.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False)
-        seqs.append({"prompt_len": len(ids), "ids": out[0].tolist()})
+    for i in range(0, len(prompts), 16):
+        rows = prompts[i:i + 16]
+        res = decode.generate(target, rows, max_new_tokens=new, temperature=0.0)
+        seqs += [{"prompt_len": len(p), "ids": list(p) + list(s)} for p, s in zip(rows, res.sequences)]
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"num_prompts": n, "max_new_tokens": new, "seqs": seqs}))
+        cache.write_text(json.dumps({**key, "seqs": seqs}))
     return seqs
 
 
@@ -78,6 +93,8 @@ def main() -> None:
     p.add_argument("checkpoints", nargs="+", help="EAGLE-3 checkpoint folders")
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--dtype", default="bf16", help="the target's dtype: bf16 | fp32")
+    p.add_argument("--benchmark", default="sharegpt", choices=("sharegpt", "mt-bench", "humaneval"),
+                   help="whose prompts the target continues (default: held-out ShareGPT first turns)")
     p.add_argument("--num-prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--cache", default=None, help="JSON file keeping the continuations between runs")
@@ -91,7 +108,8 @@ def main() -> None:
             raise SystemExit(f"{ck}: a {getattr(head, 'kind', type(head).__name__)} drafter; this probe unrolls an "
                              "EAGLE-3 head's training-time test (kind eagle3)")
         heads.append((ck, head))
-    seqs = continuations(target, tok, a.num_prompts, a.max_new_tokens, Path(a.cache) if a.cache else None)
+    seqs = continuations(target, tok, a.num_prompts, a.max_new_tokens, Path(a.cache) if a.cache else None,
+                         a.benchmark)
     for ck, head in heads:
         res = probe(head, target, seqs)
         print(ck, " | ".join(f"step {j}: top-1 {r['top1']:.3f} top-3 {r['top3']:.3f} (n={r['n']})"
