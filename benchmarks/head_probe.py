@@ -28,6 +28,7 @@ import torch
 from decode.prompts import heldout_prompts
 from decode.target import load_target
 from drafters import load_drafter
+from drafters.base import DrafterLoadError
 from train.data import resolve_source
 from train.features import target_features
 
@@ -98,21 +99,29 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--cache", default=None, help="JSON file keeping the continuations between runs")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (1 on a busy machine)")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     target, tok = load_target(a.target, dtype=a.dtype)
     heads = []
     for ck in a.checkpoints:  # all checked before the target generates anything
-        head = load_drafter(ck, target=target).eval()
+        try:
+            head = load_drafter(ck, target=target).eval()
+        except DrafterLoadError as exc:
+            raise SystemExit(f"head_probe: {exc}") from None
         if getattr(head, "kind", None) != "eagle3":
             raise SystemExit(f"{ck}: a {getattr(head, 'kind', type(head).__name__)} drafter; this probe unrolls an "
                              "EAGLE-3 head's training-time test (kind eagle3)")
         heads.append((ck, head))
     seqs = continuations(target, tok, a.num_prompts, a.max_new_tokens, Path(a.cache) if a.cache else None,
                          a.benchmark)
+    print(f"{a.benchmark}: {len(seqs)} prompts x {a.max_new_tokens} greedy target tokens; draft position j+1 = "
+          "TTT step j, given every earlier draft token right; top-k = the target's token among the head's k best")
     for ck, head in heads:
         res = probe(head, target, seqs)
-        print(ck, " | ".join(f"step {j}: top-1 {r['top1']:.3f} top-3 {r['top3']:.3f} (n={r['n']})"
+        print(ck, " | ".join(f"position {j + 1}: top-1 {r['top1']:.3f} top-3 {r['top3']:.3f} (n={r['n']})"
                              for j, r in res.items()), flush=True)
 
 

@@ -318,7 +318,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="drafterkit-eval.json",
                    help="JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder")
-    p.add_argument("--plots-dir", default=None, help="PNG folder (default: <output stem>-plots)")
+    p.add_argument("--plots-dir", default=None, help="PNG folder for the --sweep / --concurrency plots (default: <output stem>-plots); "
+                        "a plain eval writes none")
     p.add_argument("--baselines", type=_csv(str, "--baselines"), default=list(BASELINES),
                    help="comma-separated subset of engine,hf,hf-assisted (default: all)")
     p.add_argument("--sweep", action="store_true", help="sweep K x temperature per category; Markdown + PNGs")

@@ -1,5 +1,6 @@
 """The training loop end to end on a tiny random target with the real SmolLM2 tokenizer."""
 
+import argparse
 import json
 import os
 import random
@@ -95,6 +96,26 @@ def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path
     assert result.drafter == str(paths.best / "drafter")
     assert f"drafter: {paths.best / 'drafter'} (tau {ev['tau']:.2f} measured at step 3)" in out
     assert f"drafterkit eval --drafter {paths.best / 'drafter'}" in out and "drafterkit export " in out
+
+
+def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_path, capsys):
+    """The hint after training is copy-pasteable: a Medusa export needs --target (it writes the target's
+    LM head), so the hint names it and the export CLI accepts the line as printed."""
+    import shlex
+
+    from drafters.export import add_arguments, run
+    from train.loop import train
+
+    target, tok = _load(world)
+    recipe = _recipe(world, tmp_path / "run", **{"drafter.kind": "medusa", "drafter.options": "{num_heads: 3}"})
+    train(recipe, target=target, tokenizer=tok)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "drafterkit export" in x)
+    argv = shlex.split(line.split("drafterkit export", 1)[1].split("   (formats")[0])
+    assert "--target" in argv
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert run(p.parse_args(argv)) == 0
+    assert (Path(argv[argv.index("--output") + 1]) / "config.json").is_file()
 
 
 def test_resume_equals_straight_run(world, tmp_path):

@@ -92,3 +92,10 @@ def test_resume_is_never_auto_or_an_existing_checkpoint(tmp_path):
             recipe_from_dict({"output_dir": "x"}, [f"train.resume={resume}", "train.overwrite=true"])
     r = recipe_from_dict({"output_dir": "x"}, ["train.overwrite=true", "train.resume=never"])
     assert r.train.overwrite and not recipe_from_dict({"output_dir": "x"}).train.overwrite
+
+
+def test_a_file_given_as_data_source_names_data_path():
+    with pytest.raises(RecipeError, match=r"data\.source=jsonl data\.path=chats/my\.jsonl"):
+        recipe_from_dict({"output_dir": "x"}, ["data.source=chats/my.jsonl"])
+    with pytest.raises(RecipeError, match=r"'sharegpt' or 'jsonl'"):  # a plain typo keeps pydantic's message
+        recipe_from_dict({"output_dir": "x"}, ["data.source=sharegtp"])

@@ -502,7 +502,9 @@ def _report_drafter(ctx: dict, state: TrainerState, result: TrainResult) -> Path
     except ImportError:
         formats = []
     if formats:
-        lines.append(f"  export:   drafterkit export {drafter} --format {formats[0]} "
+        # a Medusa export writes the target's LM head too (drafters.export), so it names the target
+        needs_target = f" --target {recipe.target.name_or_path}" if recipe.drafter.kind == "medusa" else ""
+        lines.append(f"  export:   drafterkit export {drafter} --format {formats[0]}{needs_target} "
                      f"--output {paths.root / ('export-' + formats[0])}"
                      + (f"   (formats: {', '.join(formats)})" if len(formats) > 1 else ""))
     acc.print("\n".join(lines))

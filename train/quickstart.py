@@ -104,10 +104,10 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
 
     # The measured evaluation comes after training. In-loop evaluations small enough for this budget
     # (4 prompts x 32 tokens) are too noisy to pick a checkpoint: one picked step 300 of 545, whose
-    # first-position top-1 was 0.29 against the last step's 0.32 (benchmarks/head_probe.py). So only the
-    # end of the run is evaluated in the loop, and best/ is the annealed last step (--set eval.every=N
-    # brings the in-loop picks back).
-    light_eval = ["eval.num_prompts=4", "eval.max_new_tokens=32", "eval.every=0"]
+    # first-position top-1 was 0.29 against the last step's 0.32 (benchmarks/head_probe.py). So the loop
+    # evaluates nothing and the eval stage measures the annealed last step (--set eval.every=N brings
+    # the in-loop picks back, and the stage then measures best/).
+    light_eval = ["eval.num_prompts=4", "eval.max_new_tokens=32", "eval.every=0", "eval.at_end=false"]
     recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}",
                                        *light_eval, *overrides])
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:

@@ -88,6 +88,16 @@ class DataSection(Section):
     on_policy_max_new_tokens: int = Field(64, ge=1)
     on_policy_temperature: float = Field(1.0, ge=0.0)
 
+    @field_validator("source", mode="before")
+    @classmethod
+    def _file_given_as_source(cls, v):
+        if isinstance(v, str) and v not in ("sharegpt", "jsonl") and (v.endswith((".json", ".jsonl", ".gz"))
+                                                                   or "/" in v):
+            raise ValueError(f"the data's format ('sharegpt' or 'jsonl') goes here, not a file: use "
+                             f"data.source=jsonl data.path={v} (or data.source=sharegpt data.path={v} for ShareGPT "
+                             "conversations)")
+        return v
+
     @model_validator(mode="after")
     def _path_for_jsonl(self) -> "DataSection":
         if self.source == "jsonl" and not self.path:
