@@ -118,6 +118,19 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
     assert (Path(argv[argv.index("--output") + 1]) / "config.json").is_file()
 
 
+def test_save_total_limit_keeps_the_newest_step_checkpoints_and_resume_still_works(world, tmp_path):
+    from train.checkpoint import find_resume
+    from train.loop import train
+
+    target, tok = _load(world)
+    recipe = _recipe(world, tmp_path / "run", **{"train.max_steps": 4, "train.save_every": 1,
+                                                 "train.save_total_limit": 2})
+    train(recipe, target=target, tokenizer=tok)
+    names = sorted(p.name for p in recipe.paths.checkpoints.iterdir())
+    assert names == ["last", "step-3", "step-4"]
+    assert find_resume(recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume": "auto"})}))
+
+
 def test_resume_equals_straight_run(world, tmp_path):
     from safetensors.torch import load_file
 

@@ -162,6 +162,16 @@ def resumable_checkpoints(checkpoints: str | Path) -> list[tuple[int, Path]]:
     return [(step, cand) for step, _, _, cand in found]
 
 
+def prune_step_checkpoints(checkpoints: str | Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest complete ``step-N`` folders in ``checkpoints`` (``last``,
+    ``best`` and half-written folders are left alone). Returns the deleted folders."""
+    steps = [(step, p) for step, p in resumable_checkpoints(checkpoints) if re.fullmatch(r"step-\d+", p.name)]
+    gone = [p for _, p in steps[:-keep]] if keep < len(steps) else []
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
 def find_resume(recipe) -> Path | None:
     """The checkpoint to resume from per ``recipe.train.resume``.
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from train.checkpoint import TrainerState, find_resume, load_checkpoint, save_checkpoint
+from train.checkpoint import TrainerState, find_resume, load_checkpoint, prune_step_checkpoints, save_checkpoint
 from train.recipe import Recipe, RecipeError
 from train.strategies import get_strategy
 
@@ -461,6 +461,8 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
             result.evals.append(ev)
         if cfg.save_every and state.global_step % cfg.save_every == 0:  # after the eval: its score is in the state
             _save(ctx, paths.step(state.global_step), state)
+            if cfg.save_total_limit and acc.is_main_process:
+                prune_step_checkpoints(paths.checkpoints, cfg.save_total_limit)
         if stop.signum is not None:
             acc.set_trigger()
         if acc.check_trigger() and state.global_step < cfg.max_steps:  # a stop signal reached some process

@@ -159,6 +159,9 @@ class TrainSection(Section):
     seed: int = 0
     log_every: int = Field(10, ge=1)
     save_every: int = Field(0, ge=0)  # 0: no step-N checkpoints (last/ and best/ are always kept)
+    # keep only the newest N step-N checkpoints (older ones are deleted after each save; None: keep all),
+    # as transformers' TrainingArguments.save_total_limit; last/ and best/ are never deleted
+    save_total_limit: int | None = Field(None, ge=1)
     # auto: continue from the newest complete checkpoint (last/ or step-N/, by global step) in output_dir,
     # or start at step 0 if there is none | never: start at step 0 (refused if output_dir already holds
     # checkpoints, unless overwrite) | a checkpoint folder with state/ (e.g. runs/x/checkpoints/step-200)
