@@ -13,7 +13,11 @@ Formats read (plain or ``.gz``):
 A JSON array is streamed with ``json.JSONDecoder.raw_decode`` over a buffered reader, one record at
 a time; the whole file is never held in one string. A file truncated mid-record (the pinned
 ShareGPT V3 file is: 17,671 complete conversations, then a torn one) keeps every complete record,
-drops the torn tail with a ``warnings.warn`` naming the count, and never raises on it.
+drops the torn tail and never raises on it. A JSONL line that is not valid JSON is skipped and
+reading goes on; in a JSON array a damaged record ends the reading (an array cannot be resynchronised).
+Whatever was skipped is named in ONE ``UserWarning`` per file, given when the file has been read
+through: line numbers, how many, how many records were kept (:func:`unreadable_summary`). A file with
+no usable record at all is an error instead.
 
 Normalisation, applied to every record (each decision is counted in :class:`LoaderStats`):
 
@@ -96,6 +100,10 @@ class LoaderStats:
         kept: conversations yielded.
         skipped: reason -> records skipped whole (``missing_conversations``, ``unknown_role`` ...).
         torn_tail: incomplete records dropped at the end of a truncated file (0 or 1).
+        bad_lines: 1-based line numbers of lines that are not valid JSON (JSONL lines skipped whole; in a
+            JSON array, the line where the damaged record starts, after which reading stops).
+        torn_line: the line where the torn tail record starts (0 when there is none).
+        unread_lines: lines after a damaged JSON-array record that could not be read (0 for JSONL).
         dropped_empty_turns, dropped_leading_assistant_turns, merged_turns: per-turn edits.
     """
 
@@ -103,13 +111,17 @@ class LoaderStats:
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)
     torn_tail: int = 0
+    bad_lines: list[int] = field(default_factory=list)
+    torn_line: int = 0
+    unread_lines: int = 0
     dropped_empty_turns: int = 0
     dropped_leading_assistant_turns: int = 0
     merged_turns: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(records_read=self.records_read, kept=self.kept, skipped=dict(self.skipped),
-                    torn_tail=self.torn_tail, dropped_empty_turns=self.dropped_empty_turns,
+                    torn_tail=self.torn_tail, bad_lines=self.bad_lines[:100], torn_line=self.torn_line,
+                    unread_lines=self.unread_lines, dropped_empty_turns=self.dropped_empty_turns,
                     dropped_leading_assistant_turns=self.dropped_leading_assistant_turns,
                     merged_turns=self.merged_turns)
 
@@ -169,15 +181,45 @@ def _iter_records(path: Path, stats: LoaderStats) -> Iterator[Any]:
                          "JSONL (one JSON object per line)")
 
 
-def _warn_torn(path: Path, kept_records: int, where: str) -> None:
-    warnings.warn(f"{path}: file is truncated: dropped 1 incomplete record at {where} "
-                  f"(kept the {kept_records} complete records before it)", stacklevel=4)
+def _line_list(lines: list[int], most: int = 10) -> str:
+    shown = ", ".join(map(str, lines[:most]))
+    return shown + (f", ... and {len(lines) - most} more" if len(lines) > most else "")
+
+
+def unreadable_summary(path: Path, stats: LoaderStats) -> str | None:
+    """One sentence naming every unreadable part of ``path`` a pass skipped (``None`` when none was).
+
+    Covers JSONL lines that are not valid JSON (skipped, reading goes on), a damaged JSON-array
+    record (reading stops there: an array cannot be resynchronised) and a torn tail (a file cut off
+    mid-record). Used for the one warning :func:`iter_conversations` gives per file.
+    """
+    bad = [n for n in stats.bad_lines if n != stats.torn_line]
+    lines = sorted(bad + ([stats.torn_line] if stats.torn_tail else []))
+    if not lines:
+        return None
+    what = []
+    if bad and not stats.unread_lines:
+        what.append(f"line{'' if len(bad) == 1 else 's'} {_line_list(bad)} {'is' if len(bad) == 1 else 'are'} "
+                    f"not valid JSON (fix or delete {'it' if len(bad) == 1 else 'them'})")
+    elif bad:
+        what.append(f"the record starting at line {bad[0]} is not valid JSON, so the {stats.unread_lines} "
+                    "lines after it were not read either (fix that record, or write the data as JSONL, "
+                    "where one bad line costs only itself)")
+    if stats.torn_tail:
+        what.append(f"the file is truncated: dropped 1 incomplete record at line {stats.torn_line}")
+    return (f"{path}: skipped {_plural(len(lines), 'unreadable line')} ({_line_list(lines)}); kept the "
+            f"{stats.records_read} complete records: " + "; ".join(what))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _iter_json_array(path: Path, buf: str, chunks: Iterator[str], stats: LoaderStats) -> Iterator[Any]:
     decoder = json.JSONDecoder()
     pos = buf.index("[") + 1
     base = 0  # characters already discarded from the front of buf
+    lines_before = 0  # newlines in the discarded characters
     eof = False
     need_sep = False
     want = _CHUNK_CHARS
@@ -189,6 +231,7 @@ def _iter_json_array(path: Path, buf: str, chunks: Iterator[str], stats: LoaderS
                 warnings.warn(f"{path}: JSON array is not closed (file truncated between records); "
                               f"kept the {stats.records_read} records read", stacklevel=3)
                 return
+            lines_before += buf.count("\n", 0, pos)
             buf, pos, base, eof = _refill(buf, pos, base, chunks, want)
             continue
         ch = buf[pos]
@@ -198,31 +241,50 @@ def _iter_json_array(path: Path, buf: str, chunks: Iterator[str], stats: LoaderS
                 warnings.warn(f"{path}: ignored {len(rest)} characters after the closing ']'", stacklevel=3)
             return
         if need_sep:
-            if ch != ",":
-                _warn_torn(path, stats.records_read, f"character offset {base + pos}")
-                stats.torn_tail += 1
+            if ch != ",":  # garbage between records: what follows cannot be trusted
+                _damaged(stats, buf, pos, lines_before, torn=False)
                 return
             pos += 1
             need_sep = False
             continue
+        error = None
         try:
             record, end = decoder.raw_decode(buf, pos)
             complete = end < len(buf) or eof  # a value touching the buffer end may continue
-        except json.JSONDecodeError:
-            complete = False
+        except json.JSONDecodeError as exc:
+            complete, error = False, exc
         if complete:
             stats.records_read += 1
             yield record
             pos, need_sep, want = end, True, _CHUNK_CHARS
             if pos > _CHUNK_CHARS:
+                lines_before += buf.count("\n", 0, pos)
                 buf, base, pos = buf[pos:], base + pos, 0
         elif eof:
-            _warn_torn(path, stats.records_read, f"character offset {base + pos}")
-            stats.torn_tail += 1
+            _damaged(stats, buf, pos, lines_before, torn=error is None or _cut_off(buf, error))
             return
         else:  # the record spans past the buffer: read more, doubling so a huge record stays O(n)
+            lines_before += buf.count("\n", 0, pos)
             buf, pos, base, eof = _refill(buf, pos, base, chunks, want)
             want *= 2
+
+
+def _cut_off(buf: str, error: json.JSONDecodeError) -> bool:
+    """Whether a decode error at the end of the data comes from the data ending (a torn tail) rather
+    than from damage with more data after it. An unterminated string means no closing quote (nor a
+    newline, which strict JSON forbids inside strings) follows anywhere; else at most a cut literal
+    (``tru``, ``-1.5e``) may follow the error."""
+    return error.msg.startswith("Unterminated string") or len(buf[error.pos:].strip()) <= 5
+
+
+def _damaged(stats: LoaderStats, buf: str, pos: int, lines_before: int, *, torn: bool) -> None:
+    line = lines_before + buf.count("\n", 0, pos) + 1
+    if torn:
+        stats.torn_tail += 1
+        stats.torn_line = line
+    else:
+        stats.bad_lines.append(line)
+        stats.unread_lines = buf.count("\n", pos)
 
 
 def _refill(buf: str, pos: int, base: int, chunks: Iterator[str], want: int) -> tuple[str, int, int, bool]:
@@ -255,14 +317,15 @@ def _jsonl_line(path: Path, line: str, lineno: int, stats: LoaderStats, *, last:
     try:
         record = json.loads(line)
     except json.JSONDecodeError:
-        if last:  # no newline after it: the file was cut inside this line
-            _warn_torn(path, stats.records_read, f"line {lineno}")
-            stats.torn_tail += 1
-            return
-        if lineno == 1:
+        if lineno == 1 and not last:
             raise ValueError(f"{path}: line 1 is not a complete JSON value; expected a JSON array of "
                              "conversations or JSONL (one JSON object per line)") from None
-        stats.skipped["invalid_json_line"] += 1
+        if last:  # no newline after it: the file was cut inside this line
+            stats.torn_tail += 1
+            stats.torn_line = lineno
+        else:
+            stats.skipped["invalid_json_line"] += 1
+            stats.bad_lines.append(lineno)
         return
     stats.records_read += 1
     yield record
@@ -368,10 +431,14 @@ def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderS
         yield Conversation(id=str(rid) if rid is not None else f"#{index}", index=index, messages=messages)
     if stats.skipped:
         logger.info("%s: kept %d conversations, skipped %s", path, stats.kept, dict(stats.skipped))
+    unreadable = unreadable_summary(path, stats)
     if stats.kept == 0:
         raise ValueError(f"{path}: no usable conversation (read {stats.records_read} records; skipped "
-                         f"{dict(stats.skipped)}); expected records with 'conversations' (ShareGPT) or "
-                         "'messages' (chat) holding a user turn followed by an assistant turn")
+                         f"{dict(stats.skipped)}{'; ' + unreadable if unreadable else ''}); expected records "
+                         "with 'conversations' (ShareGPT) or 'messages' (chat) holding a user turn followed "
+                         "by an assistant turn")
+    if unreadable:
+        warnings.warn(unreadable, UserWarning, stacklevel=2)
 
 
 def iter_sharegpt(path: str | Path, *, stats: LoaderStats | None = None) -> Iterator[Conversation]:

@@ -254,3 +254,49 @@ def test_utf8_bom_is_accepted_by_every_reader(tmp_path):
         path = tmp_path / name
         path.write_text(bom + text, encoding="utf-8")
         assert [c.id for c in prompts.iter_conversations(path)] == ["a"]
+
+
+def _chat_line(i: int) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]})
+
+
+def test_a_bad_jsonl_line_mid_file_is_skipped_with_one_warning_naming_it(tmp_path):
+    lines = [_chat_line(i) for i in range(12)]
+    lines[5] = "{this is not json"
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    convs, stats, warns = _read(path, iter_chat_jsonl)
+    assert [c.messages[0]["content"] for c in convs] == [f"q{i}" for i in range(12) if i != 5]
+    assert stats.bad_lines == [6] and stats.skipped["invalid_json_line"] == 1
+    assert len(warns) == 1 and "data.jsonl: skipped 1 unreadable line (6); kept the 11 complete records" in warns[0]
+    # ... and a torn last line on top: still ONE warning, naming both lines
+    path.write_text("\n".join(lines[:11]) + "\n" + lines[11][:20])
+    convs, stats, warns = _read(path, iter_chat_jsonl)
+    assert len(convs) == 10 and stats.torn_tail == 1 and stats.torn_line == 12
+    assert len(warns) == 1, warns
+    assert "skipped 2 unreadable lines (6, 12); kept the 10 complete records" in warns[0]
+    assert "not valid JSON" in warns[0] and "truncated: dropped 1 incomplete record at line 12" in warns[0]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"unreadable line \(6\)"):
+        list(iter_chat_jsonl(path))
+
+
+def test_a_damaged_array_record_is_named_in_the_warning(tmp_path):
+    records = [_record(i) for i in range(4)]
+    blob = _array_file(tmp_path, records)[0].decode()
+    second = blob.index('"id": "conv1_0"')
+    blob = blob[:second] + "this is not json, " + blob[second:]
+    path = tmp_path / "data.json"
+    path.write_text(blob)
+    convs, stats, warns = _read(path)
+    line = blob.count("\n", 0, blob.rindex("{", 0, second)) + 1
+    assert [c.id for c in convs] == ["conv0_0"] and stats.bad_lines == [line] and stats.torn_tail == 0
+    assert len(warns) == 1 and f"skipped 1 unreadable line ({line}); kept the 1 complete records" in warns[0]
+    assert f"the record starting at line {line} is not valid JSON" in warns[0] and "were not read" in warns[0]
+
+
+def test_an_unreadable_file_is_still_an_error_naming_its_bad_lines(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text(_chat_line(0).replace("q0", "") + "\n{bad\n{worse\n")
+    with pytest.raises(ValueError, match=r"no usable conversation.*skipped 2 unreadable lines \(2, 3\)"):
+        list(iter_chat_jsonl(path))
