@@ -273,7 +273,9 @@ def rich_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]
 
     table = Table(title=title, show_lines=False)
     for header, key, _ in columns:
-        table.add_column(header, justify="left" if key in ("method", "drafter", "category") else "right")
+        text = key in ("method", "drafter", "category")
+        # names wrap instead of being cut with an ellipsis: two checkpoints must stay distinguishable
+        table.add_column(header, justify="left" if text else "right", overflow="fold" if text else "ellipsis")
     for row in rows:
         table.add_row(*(cell(row, k, f) for _, k, f in columns))
     return table

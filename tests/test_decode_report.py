@@ -170,3 +170,20 @@ def test_markdown_eval_table_does_not_repeat_the_method_as_drafter(sweep_record)
     renamed = [dict(r, method="mine") if r["drafter"] == "ngram" else r for r in rec["summary"]]
     table = report.parse_markdown_table(report.render_markdown(dict(rec, summary=renamed)))
     assert {(r["method"], r["drafter"]) for r in table} >= {("mine", "ngram"), ("engine", "none")}
+
+
+def test_console_tables_wrap_long_drafter_names_instead_of_cutting_them():
+    """Two checkpoints whose labels differ only at the end stay distinguishable on a narrow console."""
+    import io
+
+    from rich.console import Console
+
+    from decode import report
+
+    names = ["eagle3:some/long/run/name/checkpoints/last-A", "eagle3:some/long/run/name/checkpoints/last-B"]
+    rows = [dict(drafter=n, k=5, temperature=0.0, category="all", tau=1.5, acceptance_rate=0.3) for n in names]
+    buf = io.StringIO()
+    Console(file=buf, width=60).print(report.rich_table("sweep", rows, report.SWEEP_COLUMNS))
+    body = [ln for ln in buf.getvalue().splitlines() if ln.startswith("│")]
+    first_column = "".join(ln.split("│")[1].strip() for ln in body)
+    assert first_column == names[0] + names[1]
