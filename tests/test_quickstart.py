@@ -12,9 +12,10 @@ from train.cli import main
 
 
 def test_missing_recipe_names_the_kind_and_the_fix(tmp_path, capsys):
-    assert main(["quickstart", "--kind", "no_such_kind", "--output-dir", str(tmp_path)]) == 2
+    assert main(["quickstart", "--kind", "no_such_kind", "--output-dir", str(tmp_path / "qs")]) == 2
     err = capsys.readouterr().err
     assert "no_such_kind" in err and "--recipe" in err
+    assert not (tmp_path / "qs").exists()  # a refused run leaves no empty output folder behind
 
 
 def test_bad_budget_is_refused(tmp_path, capsys):
@@ -32,7 +33,7 @@ def test_eval_options_are_checked_before_any_training(tmp_path, capsys, argv, me
     """A typo in an eval option must not cost the training budget: refused before fetch and training."""
     assert main(["quickstart", "--output-dir", str(tmp_path / "qs"), *argv]) == 2
     assert message in capsys.readouterr().err
-    assert not (tmp_path / "qs" / "train").exists()
+    assert not (tmp_path / "qs").exists()
 
 
 def test_default_kind_follows_the_recipes_present():

@@ -214,13 +214,13 @@ def run(args: argparse.Namespace) -> int:
 
         disable_progress_bars()
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     try:
         kind, recipe_path = resolve_recipe(args.kind, args.recipe)
         k = load_recipe(recipe_path, ["output_dir=.", *args.overrides]).eval.k
         for bench in BENCHMARKS:  # the eval stage's settings, checked before a typo costs the training budget
             eval_config(out / "train", args, bench, k)
+        out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
         t0 = time.perf_counter()
         fetch_all()
         target, tok = load_target("smollm2-135m", dtype=args.dtype, device=args.device)
