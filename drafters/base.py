@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -78,7 +79,7 @@ class Drafter(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         cfg = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
         (path / "config.json").write_text(json.dumps({"kind": self.kind, "config": cfg}, indent=2))
-        save_file(self.own_state_dict(), str(path / "model.safetensors"), metadata={"kind": self.kind})
+        save_tensors(self.own_state_dict(), path / "model.safetensors", metadata={"kind": self.kind})
         return path
 
     def load_own_state_dict(self, state: dict[str, torch.Tensor], source: str = "") -> None:
@@ -110,6 +111,39 @@ class Drafter(nn.Module):
         state = load_file(str(path / "model.safetensors"))
         drafter.load_own_state_dict(state, source=str(path))
         return drafter.eval()
+
+
+def umask_mode() -> int:
+    """The mode ``open()`` gives a new file: ``0o666`` less the process umask (``0o644`` under 022)."""
+    try:  # Linux: read it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def apply_umask(path: str | Path) -> None:
+    """Give ``path`` (a file, or every file under a folder) the mode a plain ``open()`` would.
+
+    safetensors (>= 0.6) writes through a private temporary file, so its files come out ``0600``:
+    a serving engine running as another user could not read an export. Called on every weight file
+    drafterkit writes (checkpoints, drafters, exports) before it is renamed into place.
+    """
+    path = Path(path)
+    mode = umask_mode()
+    for f in ([path] if path.is_file() else (p for p in path.rglob("*") if p.is_file() and not p.is_symlink())):
+        if f.stat().st_mode & 0o777 != mode:
+            os.chmod(f, mode)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` with the umask-derived file mode (see :func:`apply_umask`)."""
+    save_file(tensors, str(path), metadata=metadata)
+    apply_umask(path)
 
 
 def read_config(path: str | Path) -> tuple[str, dict]:

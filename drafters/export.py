@@ -41,11 +41,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from decode.device import resolve_dtype
 from drafters import resolve_checkpoint
-from drafters.base import read_config
+from drafters.base import apply_umask, read_config, save_tensors
 
 FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm"}
 
@@ -84,7 +84,7 @@ def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engin
         "drafterkit": {"kind": "eagle3", "engine": engine, "target_num_layers": cfg["target_num_layers"]},
     }
     out.mkdir(parents=True, exist_ok=True)
-    save_file(_cast(renamed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(_cast(renamed, dtype), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
@@ -124,7 +124,7 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
                        "target_num_layers": cfg["target_num_layers"]},
     }
     out.mkdir(parents=True, exist_ok=True)
-    save_file(_cast(tensors, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(_cast(tensors, dtype), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
@@ -142,6 +142,7 @@ def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype:
         from decode.target import resolve_target_path
 
         AutoTokenizer.from_pretrained(resolve_target_path(target)).save_pretrained(out)
+    apply_umask(out)  # transformers writes its safetensors owner-only
     return out
 
 

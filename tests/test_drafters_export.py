@@ -84,6 +84,32 @@ def test_hf_assistant_export_loads_with_transformers(tmp_path):
         assert torch.allclose(lm(ids).logits, d.lm(ids).logits, atol=1e-5)
 
 
+def _open_mode(tmp_path) -> int:
+    """The mode a plain open() gives a new file under this process's umask."""
+    probe = tmp_path / "probe.txt"
+    probe.write_text("x")
+    return probe.stat().st_mode & 0o777
+
+
+def test_weight_files_get_the_umask_mode_not_owner_only(tmp_path):
+    from drafters.draft_lm import DraftLM
+
+    mode = _open_mode(tmp_path)
+    _, e3 = _eagle3_ckpt(tmp_path)
+    target = tiny_llama(0)
+    medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)
+    draft = DraftLM.from_target(target, 1)
+    outs = [e3]
+    for fmt, ckpt in (("vllm-eagle3", e3), ("sglang-eagle3", e3),
+                      ("medusa", medusa.save_pretrained(tmp_path / "m")),
+                      ("hf-assistant", draft.save_pretrained(tmp_path / "dl"))):
+        outs += [tmp_path / "m", tmp_path / "dl", tmp_path / fmt]
+        assert cli(["export", str(ckpt), "--format", fmt, "--output", str(tmp_path / fmt)]) == 0
+    files = {f: oct(f.stat().st_mode & 0o777) for out in outs for f in out.iterdir()}
+    assert sum(f.suffix == ".safetensors" for f in files) >= 7
+    assert set(files.values()) == {oct(mode)}, files
+
+
 def test_wrong_kind_for_format_is_a_clear_error(tmp_path):
     _, ckpt = _eagle3_ckpt(tmp_path)
     with pytest.raises(ExportError, match="formats for 'eagle3'"):

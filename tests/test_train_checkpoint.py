@@ -71,3 +71,23 @@ def test_tied_weights_save_without_shared_tensor_notice_and_resume(tmp_path, cap
     # the filter is scoped to saving: accelerate's logger passes the same record outside it
     logging.getLogger("accelerate.utils.other").warning("Removed shared tensor {'x'} while saving")
     assert "Removed shared tensor" in caplog.text
+
+
+def test_checkpoint_files_get_the_umask_mode_not_owner_only(tmp_path):
+    from accelerate import Accelerator
+
+    from drafters.medusa import MedusaConfig, MedusaDrafter
+
+    probe = tmp_path / "probe.txt"
+    probe.write_text("x")
+    target = tiny_llama(0, layers=1)
+    drafter = MedusaDrafter(MedusaConfig.from_target(target, num_heads=1), target=target)
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(drafter)
+    strategy = SimpleNamespace(save=lambda d, path: d.save_pretrained(path))
+    save_checkpoint(tmp_path / "ck", accelerator=acc, strategy=strategy, drafter=model,
+                    state=TrainerState(global_step=1), recipe=recipe_from_dict({"output_dir": str(tmp_path)}))
+    files = {str(f.relative_to(tmp_path)): oct(f.stat().st_mode & 0o777) for f in (tmp_path / "ck").rglob("*")
+             if f.is_file()}
+    assert "ck/drafter/model.safetensors" in files and any(f.startswith("ck/state/") for f in files), files
+    assert set(files.values()) == {oct(probe.stat().st_mode & 0o777)}, files

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from drafters.base import apply_umask
+
 
 @dataclass
 class TrainerState:
@@ -77,6 +79,7 @@ def atomic_dir(final: Path, write: Callable[[Path], None], is_main: bool = True,
     write(tmp)
     barrier()
     if is_main:
+        apply_umask(tmp)  # safetensors writes owner-only files; give them the umask's mode before the rename
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)
