@@ -23,6 +23,7 @@ _KIND_PATHS = {
     "eagle3": "drafters.eagle3:Eagle3Drafter",
 }
 TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
+EXPORT_KIND = "export"  # _folder_kind's answer for a serving-engine export (config.json with a "drafterkit" block)
 
 
 def get_kind(kind: str) -> type[Drafter]:
@@ -57,7 +58,28 @@ def _folder_kind(path: Path) -> str | None:
         return None
     if "kind" in data:
         return data["kind"] if (path / "model.safetensors").is_file() else None
+    if isinstance(data.get("drafterkit"), dict):
+        return EXPORT_KIND
     return TRANSFORMERS_KIND if "model_type" in data and _has_hf_weights(path) else None
+
+
+def _export_format(data: dict) -> str:
+    """The ``drafterkit export --format`` that wrote an export's ``config.json``."""
+    block = data["drafterkit"]
+    if block.get("kind") == "eagle3":
+        return f"{block.get('engine', 'vllm')}-eagle3"
+    return str(block.get("kind", "unknown"))
+
+
+def export_error(path: Path) -> DrafterLoadError:
+    """The error for a folder written by ``drafterkit export`` (serving-engine layout): it names the
+    format and points at the training checkpoint the export came from."""
+    fmt = _export_format(_read_config_dict(path) or {"drafterkit": {}})
+    return DrafterLoadError(
+        f"{path} is a {fmt} export (written by `drafterkit export --format {fmt}` for serving engines such as "
+        "vLLM and SGLang, with their tensor names), not a drafter checkpoint drafterkit loads. Evaluate or load "
+        "the training checkpoint it was exported from instead, e.g. `drafterkit eval --drafter RUN/checkpoints/last` "
+        "(or RUN/checkpoints/best, or RUN itself)")
 
 
 def _describe(path: Path) -> str:
@@ -94,13 +116,17 @@ def resolve_checkpoint(path: str | Path, *, allow_transformers: bool = False) ->
     with kind :data:`TRANSFORMERS_KIND`.
 
     Raises:
-        DrafterLoadError: nothing matched; the message names what was found at ``path`` and what is
-            expected.
+        DrafterLoadError: nothing matched (the message names what was found at ``path`` and what is
+            expected), or ``path`` is a ``drafterkit export`` folder (vLLM / SGLang / Medusa layout),
+            which serving engines load, not drafterkit (the message names the format and the
+            checkpoint to use instead).
     """
     path = Path(path)
     for cand in (path, path / "drafter", path / "checkpoints" / "best" / "drafter",
                  path / "checkpoints" / "last" / "drafter"):
         kind = _folder_kind(cand)
+        if kind == EXPORT_KIND:
+            raise export_error(cand)
         if kind is not None and (kind != TRANSFORMERS_KIND or allow_transformers):
             return cand, kind
     also = " or a transformers causal-LM folder (config.json with model_type + weights)" if allow_transformers \
@@ -139,8 +165,9 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     modules borrowed from it.
 
     Raises:
-        DrafterLoadError: ``path`` holds no drafter (the message says what it holds), or a tensor
-            mismatch.
+        DrafterLoadError: ``path`` holds no drafter (the message says what it holds), is a
+            ``drafterkit export`` folder (the message says which checkpoint to load instead), or a
+            tensor mismatch.
     """
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
     if kind == TRANSFORMERS_KIND:

@@ -183,6 +183,30 @@ def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prom
     assert "vocabulary of 128 tokens but the target has 49152" in capsys.readouterr().err
 
 
+def test_eval_of_an_export_is_a_clean_usage_error(tiny_dir, prompts_file, tmp_path, capsys):
+    import torch
+
+    from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafters.medusa import MedusaConfig, MedusaDrafter
+
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
+    e3 = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40), target=target)
+    e3.set_draft_vocab(torch.arange(40) * 3, target=target)
+    medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)
+    for fmt, drafter in (("vllm-eagle3", e3), ("sglang-eagle3", e3), ("medusa", medusa)):
+        run = tmp_path / fmt / "run"
+        drafter.save_pretrained(run / "checkpoints" / "last" / "drafter")
+        assert main(["export", str(run), "--format", fmt, "--output", str(tmp_path / fmt / "export")]) == 0
+        capsys.readouterr()
+        assert main(["eval", "--target", str(tiny_dir), "--drafter", str(tmp_path / fmt / "export"), "--benchmark",
+                     str(prompts_file), "--num-prompts", "1", "--device", "cpu", "--no-progress",
+                     "--output", str(tmp_path / "x.json")]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith("drafterkit eval: error: ") and f"is a {fmt} export" in captured.err
+        assert "RUN/checkpoints/last" in captured.err
+        assert "Traceback" not in captured.out + captured.err and "upgrade" not in captured.out + captured.err
+
+
 def test_hf_baselines_pass_one_generation_config_and_stay_quiet(capfd):
     from transformers.utils import logging as hf_logging
 

@@ -110,6 +110,23 @@ def test_weight_files_get_the_umask_mode_not_owner_only(tmp_path):
     assert set(files.values()) == {oct(mode)}, files
 
 
+@pytest.mark.parametrize("fmt", ["vllm-eagle3", "sglang-eagle3", "medusa"])
+def test_an_export_loaded_back_is_a_clear_error_naming_its_format(tmp_path, fmt, capsys):
+    from drafters import DrafterLoadError, load_drafter
+
+    target = tiny_llama(0, layers=4)
+    if fmt == "medusa":
+        ckpt = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False),
+                             target=target).save_pretrained(tmp_path / "m")
+    else:
+        ckpt = _eagle3_ckpt(tmp_path)[1]
+    out = export(ckpt, fmt, tmp_path / "out")
+    with pytest.raises(DrafterLoadError, match=f"is a {fmt} export .*drafterkit eval --drafter RUN/checkpoints/last"):
+        load_drafter(out, target)
+    assert cli(["export", str(out), "--format", fmt, "--output", str(tmp_path / "again")]) == 2
+    assert f"is a {fmt} export" in capsys.readouterr().err and not (tmp_path / "again").exists()
+
+
 def test_wrong_kind_for_format_is_a_clear_error(tmp_path):
     _, ckpt = _eagle3_ckpt(tmp_path)
     with pytest.raises(ExportError, match="formats for 'eagle3'"):
