@@ -194,7 +194,7 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
     are independent). A chain-only drafter is measured once as a chain. The same drafter given twice is
     numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``."""
     built: list[tuple] = []  # (spec labelled by its drafter name only, "@thr tree=..." suffix)
-    trees = trees or ["chain"]
+    trees = distinct_trees(trees or ["chain"])
     for name in names:
         for thr in thresholds:
             first = build_drafter(name, target)
@@ -235,6 +235,23 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
         taken.add(label)
         specs.append(dataclasses.replace(s, label=label))
     return specs
+
+
+def distinct_trees(trees: list[str]) -> list[str]:
+    """``trees`` with repeats left out, compared as trees, not as text: ``"1"``, ``"[[0]]"`` and
+    ``"[[0],[0]]"`` are one tree (:meth:`decode.tree.DraftTree.parse` sorts paths and drops duplicate
+    ones), measured once under the first spelling given. ``"chain"`` and specs that do not parse are
+    compared as text (``EvalConfig.validate`` rejects the latter)."""
+    seen, out = set(), []
+    for t in trees:
+        try:
+            key = t if t == "chain" else DraftTree.parse(t).paths
+        except ValueError:
+            key = t
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
 
 
 def _distinct_suffixes(folders: list[str]) -> dict[str, str]:
@@ -309,8 +326,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
                    help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
                         "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "
-                        "paths such as '[[0],[1],[0,0]]'; repeatable, each measured side by side (repeats are "
-                        "measured once). Tree rows ignore --k (their K column is the tree's depth) and the "
+                        "paths such as '[[0],[1],[0,0]]' (paths are sorted and a path given twice counts "
+                        "once, so [[0],[0]] is the tree [[0]]); repeatable, each measured side by side (the same "
+                        "tree given twice, however spelled, e.g. 1 and [[0]], is measured once, under its first "
+                        "spelling). Tree rows ignore --k (their K column is the tree's depth) and the "
                         "--sweep over K covers chain rows only")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
@@ -335,7 +354,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         target=args.target, drafters=args.drafters or ["ngram"], benchmark=args.benchmark,
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds,
-        trees=list(dict.fromkeys(args.trees or ["chain"])), dtype=args.dtype,
+        trees=distinct_trees(args.trees or ["chain"]), dtype=args.dtype,
         device=args.device, seed=args.seed,
         baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
         concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)

@@ -273,3 +273,21 @@ def test_a_repeated_drafter_is_numbered_on_its_name_before_threshold_and_tree(tm
     # the same threshold twice is still two rows, numbered the same way
     assert [s.label for s in bench.build_drafters([a], target, [0.1, 0.1])] == ["draft_lm:run/last@0.1",
                                                                               "draft_lm:run/last#2@0.1"]
+
+
+def test_repeated_trees_are_found_on_the_parsed_tree_not_the_text():
+    import argparse
+
+    from decode.tree import DraftTree
+
+    one = ["[[0],[0]]", "[[0]]", "1"]  # a duplicate path counts once (DraftTree sorts and dedups paths)
+    assert DraftTree.parse(one[0]) == DraftTree.parse(one[1]) == DraftTree.parse(one[2])
+    assert DraftTree.parse(one[0]).num_nodes == 1
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    cfg = bench.config_from_args(parser.parse_args([a for t in one for a in ("--tree", t)]))
+    assert cfg.trees == ["[[0],[0]]"]
+    specs = bench.build_drafters(["ngram"], tiny_llama(0), [0.0], one)  # the Python API path too
+    assert [s.label for s in specs] == ["ngram tree=[[0],[0]]"]
+    trees = [*one, "chain", "2,1", "[[0],[1],[0,0],[1,0]]", "[[1],[0]]", "chain"]
+    assert bench.distinct_trees(trees) == ["[[0],[0]]", "chain", "2,1", "[[1],[0]]"]
