@@ -39,7 +39,7 @@ EVAL_COLUMNS = [
     ("tau", "tau", "{:.3f}"), ("acceptance rate", "acceptance_rate", "{:.3f}"),
     ("tokens/s", "tokens_per_s", "{:.2f}"), ("speedup vs plain", "speedup_vs_engine", "{:.3f}"),
     ("speedup vs HF", "speedup_vs_hf", "{:.3f}"), ("HF-native spec tokens/s", "hf_native_tokens_per_s", "{:.2f}"),
-    ("mismatches", "mismatches", "{}"),
+    ("HF-native spec speedup vs HF", "hf_native_speedup_vs_hf", "{:.3f}"), ("mismatches", "mismatches", "{}"),
 ]
 CONCURRENCY_COLUMNS = [
     ("concurrency", "concurrency", "{}"), ("method", "method", "{}"), ("batches", "batches", "{}"),
