@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import warnings
 
@@ -279,6 +280,10 @@ def test_a_bad_jsonl_line_mid_file_is_skipped_with_one_warning_naming_it(tmp_pat
     path.write_text("\n".join(lines) + "\n")
     with pytest.warns(UserWarning, match=r"unreadable line \(6\)"):
         list(iter_chat_jsonl(path))
+    first_8 = iter_chat_jsonl(path)  # a caller that needs only 8 examples stops early
+    assert len(list(itertools.islice(first_8, 8))) == 8
+    with pytest.warns(UserWarning, match=r"unreadable line \(6\); kept the 8 .*before the reader stopped"):
+        first_8.close()
 
 
 def test_a_damaged_array_record_is_named_in_the_warning(tmp_path):
