@@ -152,3 +152,31 @@ def test_a_head_for_another_target_is_refused_before_generating(kind):
     d = cls(cfg, target=trained_for)
     with pytest.raises(ValueError, match="train the drafter for this target"):
         engine.generate(other, [[1, 2, 3]], drafter=d, max_new_tokens=4, num_draft_tokens=2)
+
+
+def test_last_feature_fc_init_passes_the_top_feature_layer_through():
+    from train.strategies.eagle3 import init_fc_last_feature
+
+    target = tiny_llama(0, layers=4)
+    d = _drafter(target)
+    init_fc_last_feature(d)
+    h = target.config.hidden_size
+    feats = torch.randn(2, 5, 3 * h)
+    assert torch.allclose(d.fc(feats), feats[..., 2 * h:])
+
+
+def test_split_attention_init_sees_embedding_plus_hidden_as_the_target_layer_would():
+    """Both halves of the head's 2H-wide q/k/v get the target's last-layer weights: the projection of
+    [e; x] equals the target's projection of e + x; the two input norms start as the target's."""
+    from train.strategies.eagle3 import init_split_attention_from_target
+
+    target = tiny_llama(0, layers=4)
+    d = _drafter(target)
+    init_split_attention_from_target(d.layer, target)
+    src = target.model.layers[-1]
+    e, x = torch.randn(3, target.config.hidden_size), torch.randn(3, target.config.hidden_size)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        mine, theirs = getattr(d.layer.self_attn, name), getattr(src.self_attn, name)
+        assert torch.allclose(mine(torch.cat([e, x], -1)), theirs(e + x), atol=1e-5)
+    assert torch.equal(d.layer.input_layernorm.weight, src.input_layernorm.weight)
+    assert torch.equal(d.layer.hidden_norm.weight, src.input_layernorm.weight)
