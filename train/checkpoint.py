@@ -169,7 +169,7 @@ def prune_step_checkpoints(checkpoints: str | Path, keep: int) -> list[Path]:
     """Delete all but the ``keep`` newest complete ``step-N`` folders in ``checkpoints`` (``last``,
     ``best`` and half-written folders are left alone). Returns the deleted folders."""
     steps = [(step, p) for step, p in resumable_checkpoints(checkpoints) if re.fullmatch(r"step-\d+", p.name)]
-    gone = [p for _, p in steps[:-keep]] if keep < len(steps) else []
+    gone = [p for _, p in steps[:-keep]]  # keep >= 1 (the recipe's bound): [:-keep] is empty when len <= keep
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone
