@@ -303,7 +303,7 @@ def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(worl
     assert f"resumed from {ck / 'step-2'} at step 2" in printed
     summary = json.loads(printed.strip().splitlines()[-1])
     assert summary["global_step"] == 4 and summary["drafter"] == str(ck / "last" / "drafter")
-    assert f"drafter: {ck / 'last' / 'drafter'} (step 4, not evaluated" in printed
+    assert f"drafter: {ck / 'last' / 'drafter'} (step 4; no evaluation during training" in printed
     assert json.loads((ck / "last" / "trainer_state.json").read_text())["global_step"] == 4
 
 

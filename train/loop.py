@@ -490,7 +490,7 @@ def _report_drafter(ctx: dict, state: TrainerState, result: TrainResult) -> Path
         how = f"tau {state.best_score[0]:.2f} measured at step {state.best_step}"
     else:
         drafter = paths.last / "drafter"
-        how = f"step {state.global_step}, not evaluated: eval.at_end / eval.every measure its tau"
+        how = f"step {state.global_step}; no evaluation during training (eval.every / eval.at_end)"
     lines = []
     if result.stopped == "interrupted":
         name = signal.Signals(result.signal).name if result.signal else "a stop signal"
