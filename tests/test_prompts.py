@@ -305,3 +305,19 @@ def test_an_unreadable_file_is_still_an_error_naming_its_bad_lines(tmp_path):
     path.write_text(_chat_line(0).replace("q0", "") + "\n{bad\n{worse\n")
     with pytest.raises(ValueError, match=r"no usable conversation.*skipped 2 unreadable lines \(2, 3\)"):
         list(iter_chat_jsonl(path))
+
+
+def test_cli_prints_drafterkit_warnings_as_one_plain_line():
+    """Through the CLI a data warning reads as a message to the user, on its own line, not as Python's
+    `path:line: UserWarning:` plus a line of drafterkit's source; other packages' warnings are unchanged."""
+    import warnings
+
+    from decode import prompts
+    from train.cli import user_warnings
+
+    with user_warnings():
+        ours = warnings.formatwarning("x.jsonl: skipped 1 unreadable line (6)", UserWarning, prompts.__file__, 10)
+        theirs = warnings.formatwarning("from elsewhere", UserWarning, "/elsewhere/mod.py", 3, "")
+    assert ours == "\ndrafterkit: warning: x.jsonl: skipped 1 unreadable line (6)\n"
+    assert theirs.startswith("/elsewhere/mod.py:3: UserWarning: from elsewhere")
+    assert warnings.formatwarning.__module__ == "warnings"  # restored after the verb

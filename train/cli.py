@@ -10,8 +10,11 @@ with ``parse_intermixed_args``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
+import warnings
+from pathlib import Path
 
 # verb -> (module, one-line help). Imported lazily so `drafterkit assets list` stays fast.
 VERBS = {
@@ -57,12 +60,35 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
     return args
 
 
+_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name) for name in ("decode", "drafters", "train"))
+
+
+@contextlib.contextmanager
+def user_warnings():
+    """While a verb runs, drafterkit's own ``UserWarning``s (a torn data file, fewer prompts than asked)
+    print as one line, ``drafterkit: warning: <message>``, on a line of their own, instead of Python's
+    ``path:line: UserWarning: ...`` followed by the source line. Other warnings keep Python's format."""
+    plain = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):
+        if issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGES):
+            return f"\ndrafterkit: warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    warnings.formatwarning = fmt
+    try:
+        yield
+    finally:
+        warnings.formatwarning = plain
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     if getattr(args, "_missing", None):
         print(f"drafterkit {args.verb}: not available in this build ({args._missing} missing)", file=sys.stderr)
         return 2
-    return int(args._run(args) or 0)
+    with user_warnings():
+        return int(args._run(args) or 0)
 
 
 if __name__ == "__main__":
