@@ -168,10 +168,12 @@ def test_last_feature_fc_init_passes_the_top_feature_layer_through():
 def test_split_attention_init_sees_embedding_plus_hidden_as_the_target_layer_would():
     """Both halves of the head's 2H-wide q/k/v get the target's last-layer weights: the projection of
     [e; x] equals the target's projection of e + x; the two input norms start as the target's."""
+    from drafters.eagle import init_layer_from_target
     from train.strategies.eagle3 import init_split_attention_from_target
 
     target = tiny_llama(0, layers=4)
     d = _drafter(target)
+    init_layer_from_target(d.layer, target)  # as Eagle3Strategy.build does first
     init_split_attention_from_target(d.layer, target)
     src = target.model.layers[-1]
     e, x = torch.randn(3, target.config.hidden_size), torch.randn(3, target.config.hidden_size)

@@ -126,7 +126,8 @@ def init_fc_last_feature(drafter) -> None:
 @torch.no_grad()
 def init_split_attention_from_target(layer, target) -> None:
     """Copy the target's last-layer q/k/v ``[out, H]`` into both ``H``-wide halves of the head's 2H-input
-    projections (and its input norm into both input norms)."""
+    projections, and its input norm into ``hidden_norm`` (``input_layernorm`` shares the target layer's
+    name, so :func:`drafters.eagle.init_layer_from_target` has already copied it)."""
     src = target.model.layers[-1]
     for name in ("q_proj", "k_proj", "v_proj"):
         mine, theirs = getattr(layer.self_attn, name, None), getattr(src.self_attn, name)
@@ -135,10 +136,9 @@ def init_split_attention_from_target(layer, target) -> None:
         h = theirs.weight.shape[1]
         mine.weight[:, :h] = theirs.weight
         mine.weight[:, h:] = theirs.weight
-    for name in ("input_layernorm", "hidden_norm"):
-        norm = getattr(layer, name, None)
-        if norm is not None and norm.weight.shape == src.input_layernorm.weight.shape:
-            norm.weight.copy_(src.input_layernorm.weight)
+    norm = getattr(layer, "hidden_norm", None)
+    if norm is not None and norm.weight.shape == src.input_layernorm.weight.shape:
+        norm.weight.copy_(src.input_layernorm.weight)
 
 
 @torch.no_grad()
