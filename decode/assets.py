@@ -347,3 +347,26 @@ def list_assets(names: list[str] | None = None) -> list[dict]:
                      sha256=ASSETS["smollm2-135m-gguf"].sha256 if _target_marker_ok(t) else "",
                      sha256_of="smollm2-135m-gguf", verified=_target_marker_ok(t)))
     return [r for r in rows if not names or r["name"] in names]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 over the tokenizer's class, vocabulary / merges, chat template and EOS string."""
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    if getattr(tokenizer, "is_fast", False):
+        h.update(tokenizer.backend_tokenizer.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps(getattr(tokenizer, "chat_template", None), sort_keys=True).encode())
+    h.update(str(tokenizer.eos_token).encode())
+    return h.hexdigest()
+
+
+def resolve_source(source: str | Path) -> Path:
+    """A file path, or the name of a pinned asset (``"sharegpt"``, fetched once)."""
+    if isinstance(source, str) and source in ASSETS and not Path(source).exists():
+        return fetch(source)
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"data source {source!r} is neither a file nor a pinned asset "
+                                f"name ({sorted(ASSETS)})")
+    return path

@@ -81,6 +81,7 @@ class EvalConfig:
     sweep_temperature: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     concurrency: list[int] = field(default_factory=list)
     max_prompt_tokens: int = 2048
+    datastore: str = "sharegpt"
     progress: bool = True
 
     def validate(self) -> None:
@@ -119,11 +120,12 @@ def _eos_and_pad(target, tok) -> tuple[list[int], int]:
     return eos, int(pad)
 
 
-def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
+def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     """Measure ``cfg.drafters`` on ``cfg.benchmark``; return the full JSON record (nothing written).
 
     Args:
-        cfg: the evaluation; ``target`` / ``tok`` may be passed pre-loaded (else ``load_target``).
+        cfg: the evaluation; ``target`` / ``tok`` may be passed pre-loaded (else ``load_target``), and
+            so may the ``+rest`` drafters' ``datastore`` (else ``cfg.datastore`` is loaded on first use).
 
     Returns:
         ``{"config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs",
@@ -141,7 +143,9 @@ def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
     if target is None:
         target, tok = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
     prompts = load_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
-    specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds, cfg.trees)
+    specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds, cfg.trees,
+                           datastore=(lambda: datastore) if datastore is not None
+                           else datastore_loader(cfg.datastore, tok, quiet=not cfg.progress))
     eos, pad = _eos_and_pad(target, tok)
     sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     methods = build_methods(target, specs, cfg.k, sampling, eos, pad, cfg.baselines)
@@ -186,7 +190,21 @@ def evaluate(cfg: EvalConfig, target=None, tok=None) -> dict:
     return record
 
 
-def build_drafters(names: list[str], target, thresholds: list[float], trees: list[str] | None = None) -> list:
+def datastore_loader(source: str, tok, quiet: bool = False):
+    """A zero-argument callable returning the ``drafters.datastore`` for ``source`` (built and cached
+    on first use by ``cached_datastore``; loaded once however many ``+rest`` drafters ask)."""
+    import functools
+
+    @functools.cache
+    def load():
+        from drafters.datastore import cached_datastore
+
+        return cached_datastore(source, tok, log=None if quiet else (lambda m: print(m, flush=True)))
+    return load
+
+
+def build_drafters(names: list[str], target, thresholds: list[float], trees: list[str] | None = None,
+                   datastore=None) -> list:
     """``harness.build_drafter`` for each spec; a drafter that supports a confidence-based draft length
     (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
     the threshold is not 0, and one that can propose trees once per entry of ``trees`` (``"chain"`` or a
@@ -197,13 +215,13 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
     trees = distinct_trees(trees or ["chain"])
     for name in names:
         for thr in thresholds:
-            first = build_drafter(name, target)
+            first = build_drafter(name, target, datastore)
             if first is None:
                 break
             can_tree = callable(getattr(first.drafter, "propose_tree", None))
             variants = trees if can_tree else ["chain"]
             for j, tree in enumerate(variants):
-                s, suffix = (first if j == 0 else build_drafter(name, target)), ""
+                s, suffix = (first if j == 0 else build_drafter(name, target, datastore)), ""
                 if getattr(s.drafter, "supports_draft_threshold", False):
                     s.drafter.draft_threshold = float(thr)
                     if thr > 0:
@@ -309,8 +327,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m", help="smollm2-135m | local folder | Hub id")
     p.add_argument("--drafter", action="append", dest="drafters", metavar="SPEC",
                    help="PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | SPEC+ngram (prompt "
-                        "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | none; "
+                        "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | "
+                        "SPEC+rest (as +ngram, plus retrieval from --datastore merged into SPEC's tree) | none; "
                         "repeatable (default: ngram)")
+    p.add_argument("--datastore", default="sharegpt",
+                   help="corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat "
+                        "JSON(L) file (assistant turns outside the held-out split), or a saved .npz; built once "
+                        "and cached under $DRAFTERKIT_HOME/datastores (default: sharegpt)")
     p.add_argument("--benchmark", default="mt-bench", help="mt-bench | humaneval | sharegpt | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -357,7 +380,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         trees=distinct_trees(args.trees or ["chain"]), dtype=args.dtype,
         device=args.device, seed=args.seed,
         baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
-        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)
+        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, datastore=args.datastore,
+        progress=not args.no_progress)
 
 
 def print_record(record: dict, console=None) -> None:

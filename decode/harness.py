@@ -154,10 +154,13 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
 # Drafters and methods
 # ---------------------------------------------------------------------------------------------
 
-def build_drafter(spec: str, target) -> DrafterSpec | None:
+def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
     """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
     ``SPEC+ngram`` -> SPEC's drafter behind prompt lookup (``drafters.hybrid.LookupHybrid``: rows whose
-    last 2+ tokens occurred before copy what followed, the rest use the drafter);
+    last 2+ tokens occurred before copy what followed, the rest use the drafter); ``SPEC+rest`` -> the
+    same plus retrieval from a corpus datastore (REST) for the rows without a prompt match, the
+    corpus's continuations merged into SPEC's tree (``datastore``: a zero-argument callable returning
+    the ``drafters.datastore.Datastore``, called once per ``+rest`` spec);
     anything else -> a path resolved by ``drafters.resolve_checkpoint``: a drafter folder, a training
     checkpoint (``.../checkpoints/best``), a run ``output_dir``, or a plain transformers causal-LM
     folder (e.g. an ``hf-assistant`` export, any small LM sharing the target's tokenizer), loaded
@@ -165,26 +168,32 @@ def build_drafter(spec: str, target) -> DrafterSpec | None:
 
     Raises:
         ValueError: a malformed ``draft:N``, a path holding no drafter (the message says what it
-            holds), or a draft model whose vocabulary does not match the target's (checked here,
-            before any token is generated).
+            holds), a draft model whose vocabulary does not match the target's (checked here,
+            before any token is generated), or ``+rest`` without a ``datastore``.
     """
     from drafters.draft_lm import DraftLM
 
     if spec == "none":
         return None
-    if spec.endswith("+ngram"):
+    for suffix in ("+ngram", "+rest"):
+        if not spec.endswith(suffix):
+            continue
         from drafters.hybrid import LookupHybrid
 
-        inner = spec[: -len("+ngram")]
-        if inner in ("", "none", "ngram") or inner.endswith("+ngram"):
-            raise ValueError(f"--drafter {spec}: '+ngram' puts prompt lookup in front of a trained drafter: "
-                             "PATH+ngram or draft:N+ngram (for prompt lookup alone use --drafter ngram)")
-        base = build_drafter(inner, target)
-        return dataclasses.replace(base, label=f"{base.label}+ngram", drafter=LookupHybrid(base.drafter),
-                                   hf_kwargs=None)
-    if spec.startswith("ngram+"):
-        raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
-                         f"{spec[len('ngram+'):]}+ngram")
+        inner = spec[: -len(suffix)]
+        if inner in ("", "none", "ngram", "rest") or inner.endswith(("+ngram", "+rest")):
+            raise ValueError(f"--drafter {spec}: '{suffix}' puts prompt lookup{' and retrieval' if suffix == '+rest' else ''} "
+                             f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
+                             "alone use --drafter ngram)")
+        if suffix == "+rest" and datastore is None:
+            raise ValueError(f"--drafter {spec}: '+rest' needs a datastore (drafterkit eval --datastore SOURCE)")
+        base = build_drafter(inner, target, datastore)
+        hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
+        return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None)
+    for prefix in ("ngram+", "rest+"):
+        if spec.startswith(prefix):
+            raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
+                             f"{spec[len(prefix):]}+{prefix[:-1]}")
     if spec == "ngram":
         from drafters.ngram import NGramDrafter
 

@@ -26,15 +26,23 @@ def check_sampling_params(params: SamplingParams) -> None:
 
 
 def sanitize_logits(logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
-    """Float32 copy of ``logits [..., V]`` made safe to sample from, without host syncs.
+    """Float32 copy of ``logits [..., V]`` made safe to sample from, without host syncs on accelerators.
 
     NaN -> -inf; ids ``>= vocab_size`` -> -inf; a row holding ``+inf`` becomes a uniform choice among
     its ``+inf`` entries; a row with nothing left (all -inf / NaN) becomes uniform over the ids
     ``< vocab_size``.
     """
-    x = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    x = logits.float()
+    if x is logits:
+        x = x.clone()
     if vocab_size is not None and vocab_size < x.shape[-1]:
         x[..., vocab_size:] = float("-inf")
+    # On the CPU a host sync costs nothing: when every logit is finite (the usual case) the masked
+    # copy is already safe, and the six full passes below (~1 ms per round for an 11-node tree over a
+    # 49k vocabulary, ~2% of a SmolLM2-135M step) are skipped.
+    if x.device.type == "cpu" and bool(torch.isfinite(x[..., :vocab_size] if vocab_size else x).all()):
+        return x
+    x = x.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     pos_inf = x == float("inf")
     x = torch.where(pos_inf.any(-1, keepdim=True), torch.where(pos_inf, 0.0, float("-inf")), x)
     fill = torch.zeros_like(x[..., :1]).expand_as(x)

@@ -63,32 +63,50 @@ def continuations(tokens: list[int], depth: int, max_ngram: int, min_ngram: int,
 
 
 def fill_tree(tree, conts: list[list[int]]) -> tuple[list[int], list[bool]]:
-    """Map continuations onto a draft tree: node ``(r1, r2, ..)`` gets the ``r1``-th most frequent first
-    token among ``conts``, then the ``r2``-th most frequent next token among the continuations that
-    start so, and so on (ties: most recent first), i.e. a frequency-ranked trie of what followed the
-    matched n-gram (the continuation tree of SuffixDecoding, Oliaro et al. 2024, built from the row
-    alone). With one continuation this is prompt lookup's chain on the rank-0 path. Returns per node
-    ``(tokens, proposed)``."""
+    """Map continuations onto an empty draft tree: node ``(r1, r2, ..)`` gets the ``r1``-th most frequent
+    first token among ``conts``, then the ``r2``-th most frequent next token among the continuations
+    that start so, and so on (ties: earlier in ``conts`` first), i.e. a frequency-ranked trie of what
+    followed the matched n-gram (the continuation tree of SuffixDecoding, Oliaro et al. 2024). With one
+    continuation this is prompt lookup's chain on the rank-0 path. Returns per node ``(tokens, proposed)``."""
     n = tree.num_nodes
-    toks, ok = [0] * n, [False] * n
-    members: dict[int, list[int]] = {-1: list(range(len(conts)))}
-    ranked: dict[int, list[int]] = {}
-    for i in range(n):
-        par = tree.parents[i]
-        if par not in members:
+    return overlay_tree(tree, [0] * n, [False] * n, conts)
+
+
+def overlay_tree(tree, toks: list[int], ok: list[bool], conts: list[list[int]],
+                 min_share: float = 0.0) -> tuple[list[int], list[bool]]:
+    """Merge the frequency-ranked trie of ``conts`` into a partly filled tree (``toks``/``ok`` per node,
+    e.g. a drafter's tree with its pruned nodes unproposed); returns new lists.
+
+    Walking down from the root, each trie branch whose share of ``conts`` (matches that agree with
+    the whole path, over all matches: the trie's path probability) is ``>= min_share`` goes to the
+    proposed child that already holds its token, else to the lowest-rank child slot still free; a
+    branch with no room is dropped with its subtree. On an empty tree this is :func:`fill_tree`.
+    Ties in frequency: earlier in ``conts`` first.
+    """
+    toks, ok = list(toks), list(ok)
+    total = len(conts)
+    if not total:
+        return toks, ok
+    queue: list[tuple[int, int, list[int]]] = [(-1, 0, list(range(total)))]  # (node, depth, members)
+    while queue:
+        node, d, members = queue.pop(0)
+        kids = tree.children.get(node, ())
+        if not kids:
             continue
-        if par not in ranked:
-            d = tree.depths[i] - 1
-            counts: dict[int, int] = {}
-            for m in members[par]:
-                if len(conts[m]) > d:
-                    counts[conts[m][d]] = counts.get(conts[m][d], 0) + 1
-            ranked[par] = sorted(counts, key=lambda t: -counts[t])  # stable: most recent first on ties
-        r = tree.ranks[i]
-        if r < len(ranked[par]):
-            t, d = ranked[par][r], tree.depths[i] - 1
-            toks[i], ok[i] = t, True
-            members[i] = [m for m in members[par] if len(conts[m]) > d and conts[m][d] == t]
+        counts: dict[int, int] = {}
+        for m in members:
+            if len(conts[m]) > d:
+                counts[conts[m][d]] = counts.get(conts[m][d], 0) + 1
+        for t in sorted(counts, key=lambda x: -counts[x]):  # stable: earlier first on ties
+            if counts[t] < min_share * total:
+                break
+            slot = next((c for c in kids if ok[c] and toks[c] == t), None)
+            if slot is None:
+                slot = next((c for c in kids if not ok[c]), None)
+                if slot is None:
+                    continue
+                toks[slot], ok[slot] = t, True
+            queue.append((slot, d + 1, [m for m in members if len(conts[m]) > d and conts[m][d] == t]))
     return toks, ok
 
 

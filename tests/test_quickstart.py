@@ -51,17 +51,17 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
-    assert set(rep["timings"]) == {"fetch", "train", "eval"} and all(v > 0 for v in rep["timings"].values())
+    assert set(rep["timings"]) == {"fetch", "datastore", "train", "eval"} and all(v > 0 for v in rep["timings"].values())
     assert rep["train"]["global_step"] >= 1 and Path(rep["train"]["checkpoint"]).exists()
     for bench in ("mt-bench", "humaneval"):
         rows = {r["role"]: r for r in rep["evals"][bench]["summary"]}
         assert {"spec", "plain", "hf"} <= set(rows)
         specs = [r for r in rep["evals"][bench]["summary"] if r["role"] == "spec"]
-        # the default threshold (0.1) and tree, for the drafter alone and behind prompt lookup
+        # the default threshold (0.1) and tree, for the drafter alone and behind prompt lookup + retrieval
         names = [s["method"] for s in specs]
         assert all(n.split(" tree=")[0].endswith("@0.1") for n in names) and len(names) == 2
         assert all(n.endswith(" tree=3,2,1,1,1") for n in names)
-        assert [n.split("@")[0].endswith("+ngram") for n in names] == [False, True]
+        assert [n.split("@")[0].endswith("+rest") for n in names] == [False, True]
         assert all(r["mismatches"] == 0 for r in specs)
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from decode.assets import ASSETS, fetch, home, sha256_file
+from decode.assets import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
 from decode.prompts import (
     HELDOUT_FRACTION,
     LoaderStats,
@@ -246,29 +246,6 @@ class DataStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "skipped": dict(self.skipped)}
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 over the tokenizer's class, vocabulary / merges, chat template and EOS string."""
-    h = hashlib.sha256(type(tokenizer).__name__.encode())
-    if getattr(tokenizer, "is_fast", False):
-        h.update(tokenizer.backend_tokenizer.to_str().encode())
-    else:
-        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    h.update(json.dumps(getattr(tokenizer, "chat_template", None), sort_keys=True).encode())
-    h.update(str(tokenizer.eos_token).encode())
-    return h.hexdigest()
-
-
-def resolve_source(source: str | Path) -> Path:
-    """A file path, or the name of a pinned asset (``"sharegpt"``, fetched once)."""
-    if isinstance(source, str) and source in ASSETS and not Path(source).exists():
-        return fetch(source)
-    path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"data source {source!r} is neither a file nor a pinned asset "
-                                f"name ({sorted(ASSETS)})")
-    return path
 
 
 def recipe_data_file(data) -> tuple[str | Path, str]:

@@ -7,12 +7,16 @@ Stages (each timed, in seconds, in ``report.json``):
 
 1. ``fetch``: the pinned assets (``decode.assets.fetch_all``: target, ShareGPT, MT-bench, HumanEval),
    a no-op when cached; then the target is loaded once and shared by the next stages.
-2. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
+2. ``datastore``: the ShareGPT datastore the ``+rest`` row retrieves from (``drafters.datastore``:
+   every assistant turn outside the held-out split, tokenized; ~35 s once, then loaded from the
+   cache in ~5 s); skipped with ``--no-hybrid``.
+3. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
    ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``).
-3. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
+4. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
    mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
    turns and HumanEval prompts through ``decode.bench.evaluate``: speculative decoding with the
-   drafter alone and behind prompt lookup (``PATH+ngram``; ``--no-hybrid`` skips it), as the draft
+   drafter alone and behind prompt lookup plus retrieval from a ShareGPT datastore (``PATH+rest``,
+   ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips it), as the draft
    tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain decoding through the
    same engine vs transformers ``generate`` (and its own assisted generation where the drafter is a
    draft LM), interleaved prompt by prompt.
@@ -65,8 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"3,2,1 (branching factors per depth; see drafterkit eval --tree). Default: "
                         f"{' and '.join(DEFAULT_TREES)}")
     p.add_argument("--no-hybrid", action="store_true",
-                   help="do not also measure the drafter behind prompt lookup (drafters.hybrid.LookupHybrid, "
-                        "eval spec PATH+ngram: rows whose last 2+ tokens occurred before copy what followed)")
+                   help="do not also measure the drafter behind prompt lookup and retrieval (drafters.hybrid."
+                        "LookupHybrid, eval spec PATH+rest: rows whose last 2+ tokens occurred before copy what "
+                        "followed; the others add what followed their last n-gram in ShareGPT to the drafter's tree)")
     p.add_argument("--dtype", default="bf16",
                    help="bf16 | fp32, the evaluation's target and drafter (default bf16: on a CPU with bf16 units a "
                         "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
@@ -138,7 +143,7 @@ def eval_config(ckpt: Path, args, bench: str, k: int):
         thresholds = [float(x) for x in str(args.draft_thresholds).split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--draft-threshold takes comma-separated numbers, got {args.draft_thresholds!r}") from None
-    drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+ngram"]
+    drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+rest"]
     cfg = EvalConfig(target="smollm2-135m", drafters=drafters, benchmark=bench,
                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
                      draft_thresholds=thresholds, trees=args.trees or list(DEFAULT_TREES),
@@ -148,13 +153,13 @@ def eval_config(ckpt: Path, args, bench: str, k: int):
     return cfg
 
 
-def eval_stage(ckpt: Path, args, target, tok, k: int) -> dict:
+def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None) -> dict:
     """``decode.bench.evaluate`` of the checkpoint on each benchmark; returns ``{benchmark: record}``."""
     from decode.bench import evaluate, print_record
 
     records = {}
     for bench in BENCHMARKS:
-        records[bench] = evaluate(eval_config(ckpt, args, bench, k), target=target, tok=tok)
+        records[bench] = evaluate(eval_config(ckpt, args, bench, k), target=target, tok=tok, datastore=datastore)
         print_record(records[bench])
     return records
 
@@ -225,6 +230,13 @@ def run(args: argparse.Namespace) -> int:
         fetch_all()
         target, tok = load_target("smollm2-135m", dtype=args.dtype, device=args.device)
         timings["fetch"] = time.perf_counter() - t0
+        datastore = None
+        if not args.no_hybrid:
+            from drafters.datastore import cached_datastore
+
+            t0 = time.perf_counter()
+            datastore = cached_datastore("sharegpt", tok, log=print)
+            timings["datastore"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, args.overrides, target, tok)
         timings["train"] = time.perf_counter() - t0
@@ -232,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    evals = eval_stage(ckpt, args, target, tok, k)
+    evals = eval_stage(ckpt, args, target, tok, k, datastore)
     timings["eval"] = time.perf_counter() - t0
     paths = write_report(out, dict(timings=timings, train=train_summary, evals=evals))
     print(f"quickstart report: {paths['markdown']} ({', '.join(f'{n} {s:.0f}s' for n, s in timings.items())})")
