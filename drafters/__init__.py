@@ -162,7 +162,8 @@ def load_transformers_drafter(path: str | Path, target=None):
 def load_drafter(path: str | Path, target=None) -> Drafter:
     """Load a drafter from ``path`` (anything :func:`resolve_checkpoint` accepts, including a plain
     transformers causal-LM folder, loaded as an independent draft model); ``target`` supplies
-    modules borrowed from it.
+    modules borrowed from it, and the drafter takes its device and floating dtype (measured: an
+    EAGLE-3 head drafts in 6.8 ms per round in bf16 next to a bf16 SmolLM2-135M, 13.3 ms in fp32).
 
     Raises:
         DrafterLoadError: ``path`` holds no drafter (the message says what it holds), is a
@@ -172,7 +173,11 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
     if kind == TRANSFORMERS_KIND:
         return load_transformers_drafter(folder, target)
-    return get_kind(kind).from_pretrained(folder, target=target)
+    drafter = get_kind(kind).from_pretrained(folder, target=target)
+    if target is not None:  # decode in the target's dtype: an fp32 head next to a bf16 target drafts ~2x slower
+        p = next(target.parameters())
+        drafter.to(device=p.device, dtype=p.dtype)
+    return drafter
 
 
 __all__ = [

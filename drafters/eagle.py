@@ -78,11 +78,14 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        inv = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.rope_theta = rope_theta
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        ang = positions.to(torch.float32)[..., None] * self.inv_freq.to(positions.device)  # [B, T, d/2]
+        # the frequencies stay float32 whatever dtype the module is cast to (a bf16 buffer would round
+        # them by up to 0.4%, shifting the angle at position 1,000 by several radians)
+        d = self.head_dim
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=positions.device) / d))
+        ang = positions.to(torch.float32)[..., None] * inv  # [B, T, d/2]
         emb = torch.cat((ang, ang), dim=-1)[:, None]  # [B, 1, T, d]
         return (x * emb.cos().to(x.dtype)) + (_rotate_half(x) * emb.sin().to(x.dtype))
 

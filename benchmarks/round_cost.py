@@ -1,0 +1,99 @@
+"""Where a speculative round's time goes, and what retrieval (``+rest``) adds, per drafter variant.
+
+For each variant, every prompt is decoded at batch size 1 (greedy, the target in ``--dtype``) and the
+engine's own clocks are summed (``DecodeCounts``): per target forward, the verification pass
+(``verify_time_s``), drafting (``draft_time_s``, the proposer's whole call: head passes, lookups,
+datastore retrieval, tree overlay) and the rest (engine bookkeeping, wall time minus both). tau =
+new tokens / target forwards; nodes/fwd = draft tokens sent to verification per forward. Variants run
+one after another over the same prompts, so tokens/s ratios between variants are only indicative on
+a shared machine; ``drafterkit eval`` interleaves prompt by prompt for the recorded speedups.
+
+    python benchmarks/round_cost.py runs/qs/train/checkpoints/last --variants plain,head,ngram,rest
+    python benchmarks/round_cost.py CKPT --num-prompts 24 --variants ngram,rest:0.15:32,rest:0.2:64,rest:0.25:128
+
+Variants: ``plain`` (no drafter), ``head`` (the checkpoint alone), ``ngram`` (behind prompt lookup,
+``PATH+ngram``), ``rest[:SHARE[:MATCHES]]`` (``PATH+rest``: plus the ``--datastore`` corpus, branches
+held by >= SHARE of the matches, MATCHES read per lookup; defaults 0.2 and 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", help="a drafter checkpoint (e.g. runs/qs/train/checkpoints/last)")
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--benchmark", default="mt-bench")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--tree", default="3,2,1,1,1", help="draft tree, or 'chain' for a chain of --k")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--draft-threshold", type=float, default=0.1)
+    p.add_argument("--datastore", default="sharegpt")
+    p.add_argument("--variants", default="plain,head,ngram,rest")
+    p.add_argument("--threads", type=int, default=None)
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+
+    import decode
+    from decode.harness import load_prompts
+    from decode.target import load_target
+    from drafters import load_drafter
+    from drafters.datastore import cached_datastore
+    from drafters.hybrid import LookupHybrid
+
+    target, tok = load_target(a.target, dtype=a.dtype)
+    prompts = [q.input_ids for q in load_prompts(a.benchmark, tok, a.num_prompts)]
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    store = cached_datastore(a.datastore, tok, log=print) if any(v.startswith("rest") for v in variants) else None
+
+    def build(v: str):
+        if v == "plain":
+            return None
+        head = load_drafter(a.checkpoint, target=target).eval()
+        if getattr(head, "supports_draft_threshold", False):
+            head.draft_threshold = a.draft_threshold
+        if v == "head":
+            return head
+        if v == "ngram":
+            return LookupHybrid(head)
+        if v.startswith("rest"):
+            parts = v.split(":")
+            share = float(parts[1]) if len(parts) > 1 else 0.2
+            matches = int(parts[2]) if len(parts) > 2 else 64
+            return LookupHybrid(head, datastore=store, datastore_share=share, datastore_matches=matches)
+        raise SystemExit(f"round_cost: unknown variant {v!r} (plain | head | ngram | rest[:SHARE[:MATCHES]])")
+
+    tree = None if a.tree == "chain" else a.tree
+    print(f"{a.benchmark}: {len(prompts)} prompts x {a.max_new_tokens} tokens, {a.dtype}, tree {a.tree}, "
+          f"threshold {a.draft_threshold}; ms are per target forward")
+    for v in variants:
+        d = build(v)
+        new = fwd = nodes = 0
+        draft = verify = wall = 0.0
+        for ids in prompts:
+            t0 = time.perf_counter()
+            r = decode.generate(target, [ids], drafter=d, max_new_tokens=a.max_new_tokens, num_draft_tokens=a.k,
+                                tree=tree if d is not None else None)
+            wall += time.perf_counter() - t0
+            c = r.counts
+            new += len(r.sequences[0])
+            fwd += c.target_forwards
+            nodes += c.drafted
+            draft += c.draft_time_s
+            verify += c.verify_time_s
+        f = max(fwd, 1)
+        print(f"{v:16s} tau {new / f:.3f}  tokens/s {new / wall:6.2f}  nodes/fwd {nodes / f:4.1f}  "
+              f"verify {1000 * verify / f:5.1f}  draft {1000 * draft / f:5.1f}  "
+              f"other {1000 * (wall - draft - verify) / f:4.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
