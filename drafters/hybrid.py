@@ -174,6 +174,21 @@ class LookupHybrid:
             members = [c for c in members if len(c) > d and c[d] == t]
         return out
 
+    def _drafter_tree(self, state: DecodeState, tree, sampling: SamplingParams, generator) -> Proposal:
+        """The drafter's tree. With a datastore its nodes must clear the same bar as the corpus's
+        branches: the drafter's threshold is raised to ``datastore_share`` for the call (16 MT-bench
+        prompts, the quickstart's head, corpus at 0.2: head threshold 0.1 / 0.2 / 0.3 gave tau 2.12 /
+        2.13 / 1.99, and 0.1 vs 0.2 side by side 1.57x vs 1.63x over ``generate``: its nodes below
+        0.2 cost more to verify than they win; BENCHMARKS.md, session 7)."""
+        if self.datastore is None or not getattr(self.drafter, "supports_draft_threshold", False):
+            return self.drafter.propose_tree(state, tree, sampling, generator)
+        own = self.drafter.draft_threshold
+        self.drafter.draft_threshold = max(own, self.datastore_share)
+        try:
+            return self.drafter.propose_tree(state, tree, sampling, generator)
+        finally:
+            self.drafter.draft_threshold = own
+
     def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
                      generator: torch.Generator | None) -> Proposal:
         """Tree version of :meth:`propose`: a row with a lookup match proposes what followed every
@@ -202,7 +217,7 @@ class LookupHybrid:
             self._stable = None
             inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features,
                                 active=state.active, vocab_size=state.vocab_size)
-            prop = self.drafter.propose_tree(inner, tree, sampling, generator)
+            prop = self._drafter_tree(inner, tree, sampling, generator)
             tokens = torch.as_tensor(prop.tokens).clone().cpu()
             mask = (torch.ones(b_all, n, dtype=torch.bool) if prop.mask is None
                     else torch.as_tensor(prop.mask).clone().bool().cpu())

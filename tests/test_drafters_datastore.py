@@ -198,3 +198,23 @@ def test_rest_spec_needs_a_datastore_and_builds_it_once():
         warnings.simplefilter("error")
         build_drafter("draft:1+ngram", target, load)  # +ngram never loads the datastore
     assert calls == [1]
+
+
+def test_drafter_nodes_clear_the_corpus_bar_in_merged_trees():
+    target = tiny_llama(0)
+    seen = []
+
+    class Spy(DraftLM):
+        def propose_tree(self, state, tree, sampling, generator):
+            seen.append(self.draft_threshold)
+            return super().propose_tree(state, tree, sampling, generator)
+
+    spy = Spy.from_model(DraftLM.from_target(target, 1).lm)
+    spy.draft_threshold = 0.1
+    hybrid = LookupHybrid(spy, datastore=_store_from([[1, 2, 3]]), datastore_share=0.25)
+    hybrid.reset(1)
+    state = DecodeState(tokens=[[40, 41, 42]], num_stable=[0], features=None, active=[True], vocab_size=128)
+    hybrid.propose_tree(state, DraftTree.parse("2,1"), SamplingParams(), None)
+    assert seen == [0.25] and spy.draft_threshold == 0.1  # raised for the call, then restored
+    LookupHybrid(spy).propose_tree(state, DraftTree.parse("2,1"), SamplingParams(), None)
+    assert seen == [0.25, 0.1]  # without a datastore the drafter's own threshold
