@@ -100,6 +100,9 @@ class EvalConfig:
             raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
+        if self.datastore != "sharegpt" and not any(d.endswith("+rest") for d in self.drafters):
+            raise ValueError(f"--datastore {self.datastore}: only +rest drafters read a datastore; add --drafter "
+                             "PATH+rest or drop --datastore")
         if not self.draft_thresholds or any(not 0.0 <= t < 1.0 for t in self.draft_thresholds):
             raise ValueError(f"--draft-threshold values must be in [0, 1), got {self.draft_thresholds}")
         if not self.trees:
@@ -199,7 +202,11 @@ def datastore_loader(source: str, tok, quiet: bool = False):
     def load():
         from drafters.datastore import cached_datastore
 
-        return cached_datastore(source, tok, log=None if quiet else (lambda m: print(m, flush=True)))
+        try:
+            return cached_datastore(source, tok, log=None if quiet else (lambda m: print(m, flush=True)))
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"--datastore {source}: {exc}. It takes a ShareGPT / chat JSON(L) file (assistant "
+                             "turns), the pinned asset sharegpt, or a .npz saved by Datastore.save") from None
     return load
 
 
@@ -345,7 +352,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-threshold", type=_csv(float, "--draft-threshold"), default=[0.0], dest="draft_thresholds",
                    help="confidence-based drafting: a chain stops, and tree nodes are pruned, once the "
                         "drafter's path probability falls below this (EAGLE-2 criterion); comma-separated "
-                        "values are measured side by side (default 0: always K / the full tree)")
+                        "values are measured side by side (default 0: always K / the full tree). In +rest "
+                        "trees the drafter's nodes also need the corpus's bar (0.2), the threshold it was "
+                        "measured best at behind the corpus")
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
                    help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
                         "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "

@@ -181,7 +181,10 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
         from drafters.hybrid import LookupHybrid
 
         inner = spec[: -len(suffix)]
-        if inner in ("", "none", "ngram", "rest") or inner.endswith(("+ngram", "+rest")):
+        if inner.endswith(("+ngram", "+rest")):
+            raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
+                             "lookup): PATH+ngram or PATH+rest")
+        if inner in ("", "none", "ngram", "rest"):
             raise ValueError(f"--drafter {spec}: '{suffix}' puts prompt lookup{' and retrieval' if suffix == '+rest' else ''} "
                              f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
                              "alone use --drafter ngram)")
@@ -220,6 +223,9 @@ def _load_checkpoint(spec: str, target) -> DrafterSpec:
     from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
     from drafters.draft_lm import DraftLM
 
+    if spec == "rest":
+        raise ValueError("--drafter rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
+                         "alone: --drafter ngram)")
     try:
         path, kind = resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:

@@ -163,13 +163,18 @@ class Datastore:
         """Read a datastore written by :meth:`save`.
 
         Raises:
+            FileNotFoundError: no such file.
             ValueError: not a drafterkit datastore, or written by a newer format version.
         """
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such datastore file")
         try:
             z = np.load(Path(path), allow_pickle=False)
             meta = z["meta"]
         except (OSError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path}: not a drafterkit datastore (.npz with tokens, meta, ends_N): {exc}") from None
+            why = "a damaged or foreign file" if "pickle" in str(exc) else str(exc)
+            raise ValueError(f"{path}: not a drafterkit datastore (.npz with tokens, meta, ends_N: {why}); rebuild it "
+                             "from a conversation file (cached_datastore / --datastore FILE.jsonl or sharegpt)") from None
         version, vocab, lo, hi = (int(x) for x in meta)
         if version != FORMAT_VERSION:
             raise ValueError(f"{path}: datastore format {version}; this drafterkit reads format {FORMAT_VERSION}")

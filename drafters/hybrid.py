@@ -69,6 +69,12 @@ class LookupHybrid:
         if not 0.0 < datastore_share <= 1.0 or datastore_matches < 1:
             raise ValueError(f"LookupHybrid needs 0 < datastore_share <= 1 and datastore_matches >= 1, got "
                              f"{datastore_share}, {datastore_matches}")
+        if drafter is None or not callable(getattr(drafter, "propose", None)):
+            raise TypeError(f"LookupHybrid wraps a drafter (a loaded checkpoint or any proposer), got "
+                            f"{type(drafter).__name__}; for prompt lookup alone use drafters.ngram.NGramDrafter")
+        if datastore is not None and not callable(getattr(datastore, "continuations", None)):
+            raise TypeError(f"datastore must be a drafters.datastore.Datastore (e.g. cached_datastore('sharegpt', "
+                            f"tokenizer)), got {type(datastore).__name__}")
         self.drafter, self.max_ngram, self.min_match = drafter, max_ngram, min_match
         self.datastore, self.datastore_share, self.datastore_matches = datastore, datastore_share, datastore_matches
         self.kind = f"{getattr(drafter, 'kind', type(drafter).__name__)}+{'rest' if datastore is not None else 'ngram'}"
@@ -95,6 +101,9 @@ class LookupHybrid:
 
     def check_compatible(self, target: torch.nn.Module, vocab_size: int) -> None:
         self.drafter.check_compatible(target, vocab_size)
+        if self.datastore is not None and self.datastore.vocab_size > vocab_size:
+            raise ValueError(f"the datastore holds ids of a {self.datastore.vocab_size}-token vocabulary; the target "
+                             f"has {vocab_size}: build it with the target's tokenizer")
 
     def vocab_limit(self, target: torch.nn.Module) -> int | None:
         """The wrapped drafter's vocabulary limit for ``target`` (``None``: the target's)."""

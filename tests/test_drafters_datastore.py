@@ -218,3 +218,29 @@ def test_drafter_nodes_clear_the_corpus_bar_in_merged_trees():
     assert seen == [0.25] and spy.draft_threshold == 0.1  # raised for the call, then restored
     LookupHybrid(spy).propose_tree(state, DraftTree.parse("2,1"), SamplingParams(), None)
     assert seen == [0.25, 0.1]  # without a datastore the drafter's own threshold
+
+
+def test_bad_datastores_and_specs_name_the_fix(tmp_path):
+    target = tiny_llama(0)
+    (tmp_path / "broken.npz").write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(ValueError, match="rebuild it from a conversation file"):
+        Datastore.load(tmp_path / "broken.npz")
+    with pytest.raises(FileNotFoundError, match="no such datastore file"):
+        Datastore.load(tmp_path / "missing.npz")
+    with pytest.raises(ValueError, match=r"\+rest' already includes prompt lookup"):
+        build_drafter("draft:1+rest+ngram", target, lambda: _store_from([[1, 2]]))
+    with pytest.raises(ValueError, match=r"PATH\+rest"):
+        build_drafter("rest", target)
+    with pytest.raises(TypeError, match="drafters.datastore.Datastore"):
+        LookupHybrid(DraftLM.from_target(target, 1), datastore="sharegpt")
+    with pytest.raises(TypeError, match="wraps a drafter"):
+        LookupHybrid(None)
+    wide = LookupHybrid(DraftLM.from_target(target, 1), datastore=_store_from([[1, 2]], vocab=1000))
+    with pytest.raises(ValueError, match="build it with the target's tokenizer"):
+        generate(target, [[1, 2, 3]], drafter=wide, max_new_tokens=4)
+    from decode.bench import EvalConfig, datastore_loader
+
+    with pytest.raises(ValueError, match=r"only \+rest drafters read a datastore"):
+        EvalConfig(drafters=["ngram"], datastore=str(tmp_path / "x.jsonl")).validate()
+    with pytest.raises(ValueError, match=r"--datastore .*missing.json.*It takes a ShareGPT"):
+        datastore_loader(str(tmp_path / "missing.json"), None, quiet=True)()

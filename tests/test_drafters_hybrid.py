@@ -57,9 +57,11 @@ def test_eval_spec_and_errors():
     target = tiny_llama(0)
     spec = build_drafter("draft:1+ngram", target)
     assert spec.label == "draft:1+ngram" and isinstance(spec.drafter, LookupHybrid) and spec.hf_kwargs is None
-    for bad in ("ngram+ngram", "none+ngram", "+ngram", "draft:1+ngram+ngram"):
+    for bad in ("ngram+ngram", "none+ngram", "+ngram"):
         with pytest.raises(ValueError, match=r"--drafter ngram"):
             build_drafter(bad, target)
+    with pytest.raises(ValueError, match=r"give one of \+ngram or \+rest"):
+        build_drafter("draft:1+ngram+ngram", target)
     with pytest.raises(ValueError, match=r"draft:1\+ngram"):
         build_drafter("ngram+draft:1", target)
     with pytest.raises(ValueError, match="min_match"):
