@@ -38,7 +38,7 @@ def main() -> None:
     from decode.target import load_target
     from drafters import load_drafter
     from drafters.datastore import cached_datastore
-    from drafters.hybrid import CHAIN_SHARE
+    from drafters.hybrid import CHAIN_SHARE, majority_chain
     from drafters.ngram import lookup
     from train.features import target_features
 
@@ -67,21 +67,7 @@ def main() -> None:
 
     def corpus_chain(ctx, gate):
         """The datastore's majority chain when >= ``gate`` of the matches agree on its first token."""
-        conts = store.continuations(ctx, k, 64)
-        out, members = [], conts
-        for d in range(k):
-            counts = {}
-            for c in members:
-                if len(c) > d:
-                    counts[c[d]] = counts.get(c[d], 0) + 1
-            if not counts:
-                break
-            t = max(counts, key=counts.get)
-            if counts[t] / len(conts) < (gate if d == 0 else 0.2):
-                break
-            out.append(t)
-            members = [c for c in members if len(c) > d and c[d] == t]
-        return out
+        return majority_chain(store.continuations(ctx, k, 64), k, gate, 0.2)
 
     def replay(policy):
         rounds = tokens = 0

@@ -43,6 +43,27 @@ from drafters.ngram import continuations, fill_tree, lookup, overlay_tree
 CHAIN_SHARE = 0.7
 
 
+def majority_chain(conts: list[list[int]], k: int, first_share: float, share: float) -> list[int]:
+    """The rank-0 path (up to ``k`` ids) of the frequency-ranked trie of ``conts``: the most common
+    first token, then the most common next one among the continuations that start so, and so on; empty
+    unless the first token is held by >= ``first_share`` of ``conts``, and cut where fewer than
+    ``share`` of them agree with the whole path."""
+    out, members = [], conts
+    for d in range(k):
+        counts: dict[int, int] = {}
+        for c in members:
+            if len(c) > d:
+                counts[c[d]] = counts.get(c[d], 0) + 1
+        if not counts:
+            break
+        t = max(counts, key=counts.get)
+        if counts[t] < (first_share if d == 0 else share) * len(conts):
+            break
+        out.append(t)
+        members = [c for c in members if len(c) > d and c[d] == t]
+    return out
+
+
 class LookupHybrid:
     """Wrap ``drafter`` (any proposer) so that rows with a prompt-lookup match of ``>= min_match``
     tokens propose the looked-up continuation instead.
@@ -163,25 +184,10 @@ class LookupHybrid:
         return Proposal(tokens=tokens, probs=probs, lengths=lengths)
 
     def _corpus_chain(self, row: list[int], k: int) -> list[int]:
-        """The datastore's majority continuation of ``row`` (up to ``k`` ids) when at least
-        ``CHAIN_SHARE`` of the matches agree on its first token, cut where fewer than
-        ``datastore_share`` agree with the whole path; else ``[]``."""
-        conts = self.datastore.continuations(row, k, self.datastore_matches)
-        out, members = [], conts
-        for d in range(k):
-            counts: dict[int, int] = {}
-            for c in members:
-                if len(c) > d:
-                    counts[c[d]] = counts.get(c[d], 0) + 1
-            if not counts:
-                break
-            t = max(counts, key=counts.get)
-            share = counts[t] / len(conts)
-            if share < (CHAIN_SHARE if d == 0 else self.datastore_share):
-                break
-            out.append(t)
-            members = [c for c in members if len(c) > d and c[d] == t]
-        return out
+        """The datastore's majority continuation of ``row`` (:func:`majority_chain`: first token held
+        by >= ``CHAIN_SHARE`` of the matches, longer paths by >= ``datastore_share``)."""
+        return majority_chain(self.datastore.continuations(row, k, self.datastore_matches), k, CHAIN_SHARE,
+                              self.datastore_share)
 
     def _drafter_tree(self, state: DecodeState, tree, sampling: SamplingParams, generator) -> Proposal:
         """The drafter's tree. With a datastore its nodes must clear the same bar as the corpus's
