@@ -71,7 +71,7 @@ class Datastore:
     """
 
     def __init__(self, tokens: np.ndarray, vocab_size: int, *, min_ngram: int = 2, max_ngram: int = 4,
-                 _index: dict | None = None):
+                 _ends: dict | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"Datastore needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
@@ -82,7 +82,11 @@ class Datastore:
         self.tokens, self.vocab_size = tokens, int(vocab_size)
         self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
         self.bits = max(1, int(vocab_size - 1).bit_length())
-        self.index: dict[int, tuple[np.ndarray, np.ndarray]] = _index if _index is not None else self._build()
+        # per n: (sorted keys uint64, continuation starts int32); saved sorted ends (``_ends``) only need
+        # their keys recomputed, no sort
+        self.index: dict[int, tuple[np.ndarray, np.ndarray]] = (
+            self._build() if _ends is None
+            else {n: (_keys(tokens, e.astype(np.int64), n, self.bits), e) for n, e in _ends.items()})
 
     # --- building ----------------------------------------------------------------------------------
 
@@ -99,10 +103,8 @@ class Datastore:
 
     def _build(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         t = self.tokens
-        is_sep = np.concatenate([[True], t == SEPARATOR]) if t.size else np.array([True])
         # seps_before[e] = separators among t[:e]; an n-gram t[e-n:e] is clean when none lies in it
-        seps_before = np.cumsum(is_sep[1:], dtype=np.int64)
-        seps_before = np.concatenate([[0], seps_before])
+        seps_before = np.concatenate([[0], np.cumsum(t == SEPARATOR, dtype=np.int64)])
         index = {}
         for n in range(self.min_ngram, self.max_ngram + 1):
             ends = np.arange(n, t.size, dtype=np.int64)  # continuation starts at t[e]
@@ -136,11 +138,11 @@ class Datastore:
         _, starts, _ = self.matches(row, max_matches)
         if starts.size == 0 or depth <= 0:
             return []
-        idx = np.minimum(starts[:, None] + np.arange(depth)[None], self.tokens.size - 1)
-        win = self.tokens[idx]
-        win[starts[:, None] + np.arange(depth)[None] >= self.tokens.size] = SEPARATOR
-        # cut each window at its first separator
-        cut = np.where((win == SEPARATOR).any(1), (win == SEPARATOR).argmax(1), depth)
+        pos = starts[:, None] + np.arange(depth)[None]
+        win = self.tokens[np.minimum(pos, self.tokens.size - 1)]
+        win[pos >= self.tokens.size] = SEPARATOR
+        sep = win == SEPARATOR  # cut each window at its first separator
+        cut = np.where(sep.any(1), sep.argmax(1), depth)
         return [w[:c].tolist() for w, c in zip(win, cut) if c > 0]
 
     # --- persistence -------------------------------------------------------------------------------
@@ -178,13 +180,7 @@ class Datastore:
         version, vocab, lo, hi = (int(x) for x in meta)
         if version != FORMAT_VERSION:
             raise ValueError(f"{path}: datastore format {version}; this drafterkit reads format {FORMAT_VERSION}")
-        tokens = z["tokens"]
-        bits = max(1, int(vocab - 1).bit_length())
-        index = {}
-        for n in range(lo, hi + 1):
-            ends = z[f"ends_{n}"]
-            index[n] = (_keys(tokens, ends.astype(np.int64), n, bits), ends)
-        return cls(tokens, vocab, min_ngram=lo, max_ngram=hi, _index=index)
+        return cls(z["tokens"], vocab, min_ngram=lo, max_ngram=hi, _ends={n: z[f"ends_{n}"] for n in range(lo, hi + 1)})
 
     def __len__(self) -> int:
         return int((self.tokens != SEPARATOR).sum())
