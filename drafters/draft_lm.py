@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from decode.attention import verification_attention
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
 from decode.tree import level_mask
@@ -57,8 +58,9 @@ class RaggedCache:
         m = input_ids.shape[1]
         if attention_mask is None:
             attention_mask = self.mask[:, : self.length + m]
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids, cache=self.cache, use_cache=True, **kw)
+        with verification_attention(self.model):  # multi-token passes without copying GQA key/values
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, cache=self.cache, use_cache=True, **kw)
         self.cache = out.cache if getattr(out, "cache", None) is not None else self.cache
         return out
 
