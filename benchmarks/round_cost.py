@@ -12,8 +12,9 @@ a shared machine; ``drafterkit eval`` interleaves prompt by prompt for the recor
     python benchmarks/round_cost.py CKPT --num-prompts 24 --variants ngram,rest:0.15:32,rest:0.2:64,rest:0.25:128
 
 Variants: ``plain`` (no drafter), ``head`` (the checkpoint alone), ``ngram`` (behind prompt lookup,
-``PATH+ngram``), ``rest[:SHARE[:MATCHES]]`` (``PATH+rest``: plus the ``--datastore`` corpus, branches
-held by >= SHARE of the matches, MATCHES read per lookup; defaults 0.2 and 64).
+``PATH+ngram``), ``rest[:SHARE[:MATCHES[:DEPTH]]]`` (``PATH+rest``: plus the ``--datastore`` corpus,
+branches held by >= SHARE of the matches, MATCHES read per lookup, at most DEPTH tokens deep; defaults
+0.2, 64 and 3).
 """
 
 from __future__ import annotations
@@ -68,8 +69,10 @@ def main() -> None:
             parts = v.split(":")
             share = float(parts[1]) if len(parts) > 1 else 0.2
             matches = int(parts[2]) if len(parts) > 2 else 64
-            return LookupHybrid(head, datastore=store, datastore_share=share, datastore_matches=matches)
-        raise SystemExit(f"round_cost: unknown variant {v!r} (plain | head | ngram | rest[:SHARE[:MATCHES]])")
+            depth = int(parts[3]) if len(parts) > 3 else 3
+            return LookupHybrid(head, datastore=store, datastore_share=share, datastore_matches=matches,
+                                datastore_depth=depth)
+        raise SystemExit(f"round_cost: unknown variant {v!r} (plain | head | ngram | rest[:SHARE[:MATCHES[:DEPTH]]])")
 
     tree = None if a.tree == "chain" else a.tree
     print(f"{a.benchmark}: {len(prompts)} prompts x {a.max_new_tokens} tokens, {a.dtype}, tree {a.tree}, "

@@ -353,8 +353,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="confidence-based drafting: a chain stops, and tree nodes are pruned, once the "
                         "drafter's path probability falls below this (EAGLE-2 criterion); comma-separated "
                         "values are measured side by side (default 0: always K / the full tree). In +rest "
-                        "trees the drafter's nodes also need the corpus's bar (0.2), the threshold it was "
-                        "measured best at behind the corpus")
+                        "trees only the drafter's nodes that also clear the corpus's bar (0.2) get "
+                        "children; the others are verified as leaves")
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
                    help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
                         "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "

@@ -49,6 +49,12 @@ class Drafter(nn.Module):
     #: does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the full tree.
     #: A decode-time setting, not saved in checkpoints; set it on the loaded drafter.
     draft_threshold: float = 0.0
+    #: In trees drafted level by level (draft LM, EAGLE, EAGLE-3): a node gets children only when its
+    #: path probability is also >= this; a node between ``draft_threshold`` and it is verified as a
+    #: leaf, costing verification but no further drafter pass (Medusa, whose heads draft every depth
+    #: at once, cuts the children of such nodes the same way). 0.0 (default): ``draft_threshold``
+    #: alone decides. A decode-time setting, like ``draft_threshold``.
+    expand_threshold: float = 0.0
     #: True for kinds whose ``propose`` honours ``draft_threshold`` (draft LM, Medusa, EAGLE, EAGLE-3).
     supports_draft_threshold: ClassVar[bool] = False
 

@@ -397,8 +397,8 @@ class DraftLM(Drafter):
         token after the node's ancestors (SpecInfer-style token tree from a small LM, Miao et al. 2024),
         drafted level by level: one draft-model forward per depth over that depth's nodes under tree
         attention in the draft model's own cache, which is cut back to the committed tokens afterwards.
-        ``draft_threshold > 0`` masks nodes whose path probability falls below it (with their subtrees).
-        Deterministic (top-k): ``probs=None``.
+        ``draft_threshold > 0`` masks nodes whose path probability falls below it (with their subtrees);
+        nodes below ``expand_threshold`` are proposed as leaves. Deterministic (top-k): ``probs=None``.
 
         Returns:
             ``Proposal(tokens [B, N], mask [B, N])``.
@@ -411,6 +411,7 @@ class DraftLM(Drafter):
         ok = torch.zeros(b_all, n_nodes, dtype=torch.bool, device=dev)
         path_p = torch.ones(b_all, n_nodes, device=dev)
         active = torch.tensor(state.active, device=dev)
+        bar = max(self.draft_threshold, self.expand_threshold)  # nodes below it stay leaves
         outs, col = {-1: logits}, {}
         for depth, level in enumerate(tree.levels(), 1):
             for par in sorted({tree.parents[i] for i in level}):
@@ -420,7 +421,7 @@ class DraftLM(Drafter):
                 probs = torch.softmax(outs[par][:, : state.vocab_size].float(), -1)
                 top = probs.topk(min(max(tree.ranks[i] for i in kids) + 1, probs.shape[-1]), -1)
                 above_p = path_p[:, par] if par >= 0 else torch.ones(b_all, device=dev)
-                above_ok = ok[:, par] if par >= 0 else active
+                above_ok = ok[:, par] & (above_p >= bar) if par >= 0 else active
                 for i in kids:
                     r = tree.ranks[i]
                     if r >= top.indices.shape[-1]:
@@ -428,7 +429,7 @@ class DraftLM(Drafter):
                     tokens[:, i] = top.indices[:, r]
                     path_p[:, i] = above_p * top.values[:, r]
                     ok[:, i] = above_ok & (path_p[:, i] >= self.draft_threshold) & (top.values[:, r] > 0)
-            grow = [i for i in level if tree.children[i] and bool(ok[:, i].any())]
+            grow = [i for i in level if tree.children[i] and bool((ok[:, i] & (path_p[:, i] >= bar)).any())]
             if not grow or depth == tree.max_depth:
                 continue
             ntree, m = len(col), len(grow)

@@ -291,7 +291,8 @@ class FeatureHeadDrafter(Drafter):
         node sees the row's real prefix, its ancestors and itself; position = its depth). With
         ``draft_threshold > 0`` a node whose path probability under the head (product of its tokens'
         softmax probabilities) falls below it is masked out, with its subtree (EAGLE-2's confidence as
-        an acceptance estimate). Deterministic (top-k): ``probs=None``.
+        an acceptance estimate); one below ``expand_threshold`` is proposed as a leaf (no head pass
+        drafts its children). Deterministic (top-k): ``probs=None``.
 
         Returns:
             ``Proposal(tokens [B, N], mask [B, N])``; rows with nothing to condition on, or inactive, are
@@ -321,6 +322,7 @@ class FeatureHeadDrafter(Drafter):
         past, plen = (c["k"], c["v"]), c["k"].shape[2]
         dev = root.device
         out_tok, ok, path_p = [0] * tree.num_nodes, [False] * tree.num_nodes, {-1: 1.0}
+        bar = max(self.draft_threshold, self.expand_threshold)  # nodes below it stay leaves
         outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
         col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
         levels: dict[int, list[int]] = {}
@@ -348,7 +350,7 @@ class FeatureHeadDrafter(Drafter):
                 out_tok[i] = tgt[pi][r]
                 path_p[i] = path_p[tree.parents[i]] * vals[pi][r]
                 ok[i] = path_p[i] >= self.draft_threshold and vals[pi][r] > 0
-            grow = [i for i in level if ok[i] and tree.children[i]]
+            grow = [i for i in level if ok[i] and path_p[i] >= bar and tree.children[i]]
             if not grow or d == tree.max_depth:
                 continue
             m, ntree = len(grow), len(col)

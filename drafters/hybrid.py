@@ -21,7 +21,8 @@ Retrieval-Based Speculative Decoding") rows without a prompt-lookup match also l
 up in a corpus (ShareGPT's assistant turns by default). In tree drafts, the corpus's frequency-ranked
 continuations are merged into the drafter's tree (:func:`drafters.ngram.overlay_tree`): the branches
 that at least ``datastore_share`` of the corpus matches agree with join the nodes the drafter proposed
-or take the slots its threshold left free, and the target verifies both in the same pass. In chains,
+or take the slots its threshold left free, and the target verifies both in the same pass; corpus
+branches stop at ``datastore_depth`` (3) tokens, past which they were rarely accepted. In chains,
 a row uses the corpus's majority continuation instead of the drafter's chain when at least
 ``CHAIN_SHARE`` of the matches agree on its first token. Measured on MT-bench with the quickstart's
 EAGLE-3 head (BENCHMARKS.md, session 7): tau 1.91 -> 2.1-2.2, and the extra nodes cost ~5% more per
@@ -76,20 +77,24 @@ class LookupHybrid:
         datastore_share: a corpus branch joins a tree when at least this share of the matches agree
             with its whole path (and a chain is cut there); in ``(0, 1]``.
         datastore_matches: corpus matches read per lookup (evenly spaced over all of them).
+        datastore_depth: the corpus proposes at most this many tokens per branch (trees) or chain.
+            Default 3: on 16 MT-bench prompts its nodes at depth 1-5 were accepted 18%, 9.3%, 4.5%,
+            2.3%, 1.6% of the times they were verified, and a node costs ~1.5 ms of a ~50 ms
+            verification pass, so depths 4-5 cost more than they return (BENCHMARKS.md, session 8).
 
     Raises:
         ValueError: ``1 <= min_match <= max_ngram`` does not hold, or ``datastore_share`` is outside
-            ``(0, 1]``, or ``datastore_matches < 1``.
+            ``(0, 1]``, or ``datastore_matches < 1``, or ``datastore_depth < 1``.
     """
 
     def __init__(self, drafter, *, max_ngram: int = 3, min_match: int = 2, datastore=None,
-                 datastore_share: float = 0.2, datastore_matches: int = 64):
+                 datastore_share: float = 0.2, datastore_matches: int = 64, datastore_depth: int = 3):
         if not 1 <= min_match <= max_ngram:
             raise ValueError(f"LookupHybrid needs 1 <= min_match <= max_ngram, got min_match={min_match}, "
                              f"max_ngram={max_ngram}")
-        if not 0.0 < datastore_share <= 1.0 or datastore_matches < 1:
-            raise ValueError(f"LookupHybrid needs 0 < datastore_share <= 1 and datastore_matches >= 1, got "
-                             f"{datastore_share}, {datastore_matches}")
+        if not 0.0 < datastore_share <= 1.0 or datastore_matches < 1 or datastore_depth < 1:
+            raise ValueError(f"LookupHybrid needs 0 < datastore_share <= 1, datastore_matches >= 1 and "
+                             f"datastore_depth >= 1, got {datastore_share}, {datastore_matches}, {datastore_depth}")
         if drafter is None or not callable(getattr(drafter, "propose", None)):
             raise TypeError(f"LookupHybrid wraps a drafter (a loaded checkpoint or any proposer), got "
                             f"{type(drafter).__name__}; for prompt lookup alone use drafters.ngram.NGramDrafter")
@@ -98,6 +103,7 @@ class LookupHybrid:
                             f"tokenizer)), got {type(datastore).__name__}")
         self.drafter, self.max_ngram, self.min_match = drafter, max_ngram, min_match
         self.datastore, self.datastore_share, self.datastore_matches = datastore, datastore_share, datastore_matches
+        self.datastore_depth = datastore_depth
         self.kind = f"{getattr(drafter, 'kind', type(drafter).__name__)}+{'rest' if datastore is not None else 'ngram'}"
         #: rounds x rows that proposed a looked-up continuation / the drafter's chain (since reset)
         self.lookup_rows = self.drafter_rows = 0
@@ -186,23 +192,27 @@ class LookupHybrid:
     def _corpus_chain(self, row: list[int], k: int) -> list[int]:
         """The datastore's majority continuation of ``row`` (:func:`majority_chain`: first token held
         by >= ``CHAIN_SHARE`` of the matches, longer paths by >= ``datastore_share``)."""
-        return majority_chain(self.datastore.continuations(row, k, self.datastore_matches), k, CHAIN_SHARE,
+        depth = min(k, self.datastore_depth)
+        return majority_chain(self.datastore.continuations(row, depth, self.datastore_matches), depth, CHAIN_SHARE,
                               self.datastore_share)
 
     def _drafter_tree(self, state: DecodeState, tree, sampling: SamplingParams, generator) -> Proposal:
-        """The drafter's tree. With a datastore its nodes must clear the same bar as the corpus's
-        branches: the drafter's threshold is raised to ``datastore_share`` for the call (16 MT-bench
-        prompts, the quickstart's head, corpus at 0.2: head threshold 0.1 / 0.2 / 0.3 gave tau 2.12 /
-        2.13 / 1.99, and 0.1 vs 0.2 side by side 1.57x vs 1.63x over ``generate``: its nodes below
-        0.2 cost more to verify than they win; BENCHMARKS.md, session 7)."""
+        """The drafter's tree. With a datastore, only the drafter's nodes that clear the corpus's bar
+        get children: its ``expand_threshold`` is raised to ``datastore_share`` for the call, so a
+        node between its ``draft_threshold`` and the share is verified as a leaf, without the drafter
+        pass that would draft its children. Measured (quickstart head, corpus at 0.2, 12 MT-bench
+        prompts side by side; BENCHMARKS.md, session 8): nodes at >= 0.1 with children only >= 0.2
+        gave tau 2.20 and 1.72x over plain decoding, against 2.14 / 1.67x for nodes held to 0.2
+        altogether (session 7's rule) and 2.02 / 1.61x for leaves down to 0.05 (they take the tree
+        slots the corpus's branches would use)."""
         if self.datastore is None or not getattr(self.drafter, "supports_draft_threshold", False):
             return self.drafter.propose_tree(state, tree, sampling, generator)
-        own = self.drafter.draft_threshold
-        self.drafter.draft_threshold = max(own, self.datastore_share)
+        own = getattr(self.drafter, "expand_threshold", 0.0)
+        self.drafter.expand_threshold = max(own, self.datastore_share)
         try:
             return self.drafter.propose_tree(state, tree, sampling, generator)
         finally:
-            self.drafter.draft_threshold = own
+            self.drafter.expand_threshold = own
 
     def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
                      generator: torch.Generator | None) -> Proposal:
@@ -241,7 +251,8 @@ class LookupHybrid:
                 row_t, row_m = fill_tree(tree, cont)
                 tokens[b], mask[b] = torch.tensor(row_t, dtype=torch.long), torch.tensor(row_m, dtype=torch.bool)
             elif self.datastore is not None and state.active[b]:  # the drafter's tree + the corpus's
-                ds = self.datastore.continuations(state.tokens[b], tree.max_depth, self.datastore_matches)
+                ds = self.datastore.continuations(state.tokens[b], min(tree.max_depth, self.datastore_depth),
+                                                  self.datastore_matches)
                 if ds:
                     row_t, row_m = overlay_tree(tree, tokens[b].tolist(), mask[b].tolist(), ds, self.datastore_share)
                     tokens[b], mask[b] = torch.tensor(row_t, dtype=torch.long), torch.tensor(row_m, dtype=torch.bool)

@@ -186,7 +186,8 @@ class MedusaDrafter(Drafter):
         rank ``r`` takes head ``d-1``'s rank-``r`` token (heads see only the last committed state, so a
         node's candidates do not depend on its ancestors' tokens). Nodes deeper than ``num_heads`` are
         masked out, and with ``draft_threshold > 0`` so is a node whose path probability (product of
-        its heads' softmax probabilities) falls below it. Deterministic: ``probs=None``.
+        its heads' softmax probabilities) falls below it; a node below ``expand_threshold`` gets no
+        children. Deterministic: ``probs=None``.
 
         Returns:
             ``Proposal(tokens [B, N], mask [B, N])``.
@@ -216,6 +217,8 @@ class MedusaDrafter(Drafter):
             tokens[:, i] = tops[d - 1].indices[:, r].cpu()
             path_p[:, i] = tops[d - 1].values[:, r].cpu() * (path_p[:, par] if par >= 0 else 1.0)
             mask[:, i] = path_p[:, i] >= self.draft_threshold
+            if par >= 0:  # children only under nodes that clear expand_threshold too
+                mask[:, i] &= mask[:, par] & (path_p[:, par] >= self.expand_threshold)
         ready = torch.tensor([f.shape[0] > 0 and a for f, a in zip(state.features, state.active)])
         return Proposal(tokens=tokens, probs=None, mask=mask & ready[:, None])
 

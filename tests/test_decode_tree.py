@@ -8,7 +8,7 @@ from scipy import stats
 
 from decode import generate
 from decode.engine import watch_rounds
-from decode.protocol import Proposal
+from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.tree import DraftTree, close_under_parents
 from decode.verify import verify_tree_greedy, verify_tree_sampling
 
@@ -215,6 +215,31 @@ def test_draft_threshold_prunes_tree_nodes_exactly(target, greedy_ref, kind):
     drafter.draft_threshold = 0.0
     assert full.sequences == pruned.sequences == greedy_ref
     assert pruned.stats.drafted < full.stats.drafted
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft_lm"])
+def test_expand_threshold_leaves_low_nodes_childless_and_stays_exact(target, greedy_ref, kind):
+    from test_drafters_conformance import build
+
+    drafter = build(kind, target)
+    tree = DraftTree.parse("3,2,2")
+    drafter.expand_threshold = 1.01  # no node clears it: every proposed node is a depth-1 leaf
+    res = generate(target, ROWS, drafter=drafter, tree=tree, max_new_tokens=N, eos_token_id=[])
+    leaves_only = res.stats
+    drafter.reset(1)  # one proposal by hand: only depth-1 nodes
+    state_tokens = [list(ROWS[0]) + greedy_ref[0][:3]]
+    feats = None
+    if getattr(drafter, "feature_layers", None) is not None:
+        feats = [torch.zeros(len(state_tokens[0]) - 1, target.config.hidden_size * len(drafter.feature_layers))]
+    prop = drafter.propose_tree(DecodeState(tokens=state_tokens, num_stable=[0], features=feats, active=[True],
+                                            vocab_size=target.config.vocab_size), tree, SamplingParams(), None)
+    depths = torch.tensor(tree.depths)
+    mask = torch.as_tensor(prop.mask)[0]
+    assert bool(mask[depths == 1].any()) and not bool(mask[depths > 1].any())
+    drafter.expand_threshold = 0.0
+    assert res.sequences == greedy_ref
+    full = generate(target, ROWS, drafter=drafter, tree=tree, max_new_tokens=N, eos_token_id=[]).stats
+    assert leaves_only.drafted < full.drafted
 
 
 def test_out_of_vocab_tree_nodes_are_dropped_and_warned(target, greedy_ref):

@@ -206,7 +206,7 @@ def test_drafter_nodes_clear_the_corpus_bar_in_merged_trees():
 
     class Spy(DraftLM):
         def propose_tree(self, state, tree, sampling, generator):
-            seen.append(self.draft_threshold)
+            seen.append((self.draft_threshold, self.expand_threshold))
             return super().propose_tree(state, tree, sampling, generator)
 
     spy = Spy.from_model(DraftLM.from_target(target, 1).lm)
@@ -215,9 +215,10 @@ def test_drafter_nodes_clear_the_corpus_bar_in_merged_trees():
     hybrid.reset(1)
     state = DecodeState(tokens=[[40, 41, 42]], num_stable=[0], features=None, active=[True], vocab_size=128)
     hybrid.propose_tree(state, DraftTree.parse("2,1"), SamplingParams(), None)
-    assert seen == [0.25] and spy.draft_threshold == 0.1  # raised for the call, then restored
+    # nodes from 0.1 are proposed, only those from 0.25 get children; restored after the call
+    assert seen == [(0.1, 0.25)] and (spy.draft_threshold, spy.expand_threshold) == (0.1, 0.0)
     LookupHybrid(spy).propose_tree(state, DraftTree.parse("2,1"), SamplingParams(), None)
-    assert seen == [0.25, 0.1]  # without a datastore the drafter's own threshold
+    assert seen == [(0.1, 0.25), (0.1, 0.0)]  # without a datastore the drafter's own thresholds
 
 
 def test_bad_datastores_and_specs_name_the_fix(tmp_path):
@@ -244,3 +245,20 @@ def test_bad_datastores_and_specs_name_the_fix(tmp_path):
         EvalConfig(drafters=["ngram"], datastore=str(tmp_path / "x.jsonl")).validate()
     with pytest.raises(ValueError, match=r"--datastore .*missing.json.*It takes a ShareGPT"):
         datastore_loader(str(tmp_path / "missing.json"), None, quiet=True)()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_corpus_branches_stop_at_datastore_depth(depth):
+    target = tiny_llama(0)
+    store = _store_from([[1, 2, 3, 4, 5, 6, 7]] * 4)
+    hybrid = LookupHybrid(DraftLM.from_target(target, 1), datastore=store, datastore_depth=depth)
+    hybrid.draft_threshold = 1.0  # the drafter proposes nothing: every node comes from the corpus
+    hybrid.reset(1)
+    state = DecodeState(tokens=[[40, 1, 2]], num_stable=[0], features=None, active=[True], vocab_size=128)
+    tree = DraftTree.parse("1,1,1,1,1")
+    prop = hybrid.propose_tree(state, tree, SamplingParams(), None)
+    assert prop.tokens[0][prop.mask[0]].tolist() == [3, 4, 5, 6, 7][:depth]
+    chain = hybrid.propose(state, 5, SamplingParams(), None)
+    assert chain.tokens[0].tolist()[:depth] == [3, 4, 5][:depth] and int(chain.lengths[0]) == depth
+    with pytest.raises(ValueError, match="datastore_depth"):
+        LookupHybrid(DraftLM.from_target(target, 1), datastore=store, datastore_depth=0)
