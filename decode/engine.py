@@ -36,8 +36,8 @@ from decode.metrics import DecodeCounts, DecodeStats, compute_stats
 from decode.protocol import DecodeState, Proposer, SamplingParams
 from decode.sampling import (
     check_sampling_params,
+    greedy_logits,
     logits_to_probs,
-    sanitize_logits,
     select_tokens,
 )
 from decode.tree import DraftTree, close_under_parents
@@ -336,7 +336,7 @@ class _Decoder:
                              output_hidden_states=self.layers is not None)
         logits = out.logits[..., : self.vocab]  # [B, k+1, V]
         if self.sampling.greedy:
-            n, nxt = verify_greedy(sanitize_logits(logits), d, limit)
+            n, nxt = verify_greedy(greedy_logits(logits), d, limit)
         else:
             n, nxt = verify_sampling(logits_to_probs(logits, self.sampling), q, d, self.gen, limit)
         act = torch.tensor(active, device=self.device)
@@ -411,7 +411,7 @@ class _Decoder:
             paths = [[] for _ in active]
             nxt = select_tokens(logits[:, 0], self.sampling, self.vocab, self.gen)[0].tolist()
         elif self.sampling.greedy:
-            paths, nxt = verify_tree_greedy(sanitize_logits(logits), tree, d, valid)
+            paths, nxt = verify_tree_greedy(greedy_logits(logits), tree, d, valid)
         else:
             paths, nxt = verify_tree_sampling(logits_to_probs(logits, self.sampling), tree, d, valid, self.gen)
         paths = [p if a else [] for p, a in zip(paths, active)]

@@ -137,11 +137,17 @@ class RaggedCache:
         if layers is None or not all(hasattr(layer, "keys") for layer in layers):
             raise NotImplementedError(f"tree drafts need a cache with per-layer keys/values tensors; "
                                       f"{type(self.cache).__name__} has none")
+        rows = index.tolist()
+        # columns every row already has in place are not copied (a path's first node is often column 1)
+        first = next((j for j in range(n) if any(r[j] != j for r in rows)), n)
+        if first == n:
+            return
+        src = [torch.tensor(r[first:], dtype=torch.long) + start for r in rows]
         for layer in layers:
             for name in ("keys", "values"):
                 t = getattr(layer, name)  # [B, H, S, D]
-                idx = (index.to(t.device) + start)[:, None, :, None].expand(t.shape[0], t.shape[1], n, t.shape[3])
-                t[:, :, start: start + n] = t.gather(2, idx)
+                for b, s in enumerate(src):  # per row: one index_select, not a gather over an expanded index
+                    t[b, :, start + first: start + n] = t[b].index_select(1, s.to(t.device))
 
     def keep(self, valid: torch.Tensor, valid_max: int | None = None) -> None:
         """After :meth:`run`: keep the first ``valid[b]`` new columns of each row, mask the rest and
