@@ -1,20 +1,23 @@
 """Where a speculative round's time goes, and what retrieval (``+rest``) adds, per drafter variant.
 
-For each variant, every prompt is decoded at batch size 1 (greedy, the target in ``--dtype``) and the
-engine's own clocks are summed (``DecodeCounts``): per target forward, the verification pass
-(``verify_time_s``), drafting (``draft_time_s``, the proposer's whole call: head passes, lookups,
-datastore retrieval, tree overlay) and the rest (engine bookkeeping, wall time minus both). tau =
-new tokens / target forwards; nodes/fwd = draft tokens sent to verification per forward. Variants run
-one after another over the same prompts, so tokens/s ratios between variants are only indicative on
-a shared machine; ``drafterkit eval`` interleaves prompt by prompt for the recorded speedups.
+Every prompt is decoded at batch size 1 (greedy, the target in ``--dtype``) by every variant in turn
+(prompt by prompt, so a shared machine's slow spells hit all variants alike) and the engine's own
+clocks are summed (``DecodeCounts``): per target forward, the verification pass (``verify_time_s``),
+drafting (``draft_time_s``, the proposer's whole call: head passes, lookups, datastore retrieval, tree
+overlay) and the rest (engine bookkeeping and the prefill, wall time minus both). tau = new tokens /
+target forwards; nodes/fwd = draft tokens sent to verification per forward; ``x plain`` = the
+variant's tokens/s over the ``plain`` variant's (when it runs), prefill included as in ``drafterkit
+eval``.
 
     python benchmarks/round_cost.py runs/qs/train/checkpoints/last --variants plain,head,ngram,rest
-    python benchmarks/round_cost.py CKPT --num-prompts 24 --variants ngram,rest:0.15:32,rest:0.2:64,rest:0.25:128
+    python benchmarks/round_cost.py CKPT --num-prompts 12 --variants plain,rest:0.2:64:5,rest:0.2:64:3,rest:0.2:64:2
+    python benchmarks/round_cost.py CKPT --num-prompts 12 --variants plain,rest@0.2,rest@0.1,rest@0.05
+    python benchmarks/round_cost.py CKPT --num-prompts 12 --variants plain,rest --tree 3,2,1,1,1 4,2,1,1,1
 
 Variants: ``plain`` (no drafter), ``head`` (the checkpoint alone), ``ngram`` (behind prompt lookup,
 ``PATH+ngram``), ``rest[:SHARE[:MATCHES[:DEPTH]]]`` (``PATH+rest``: plus the ``--datastore`` corpus,
 branches held by >= SHARE of the matches, MATCHES read per lookup, at most DEPTH tokens deep; defaults
-0.2, 64 and 3).
+0.2, 64 and 3). A suffix ``@T`` sets that variant's draft threshold (default ``--draft-threshold``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def main() -> None:
     p.add_argument("--benchmark", default="mt-bench")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree", default="3,2,1,1,1", help="draft tree, or 'chain' for a chain of --k")
+    p.add_argument("--tree", nargs="+", default=["3,2,1,1,1"],
+                   help="draft tree(s), or 'chain' for a chain of --k; several: every variant runs with each")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--draft-threshold", type=float, default=0.1)
     p.add_argument("--datastore", default="sharegpt")
@@ -56,11 +60,12 @@ def main() -> None:
     store = cached_datastore(a.datastore, tok, log=print) if any(v.startswith("rest") for v in variants) else None
 
     def build(v: str):
+        v, _, t = v.partition("@")
         if v == "plain":
             return None
         head = load_drafter(a.checkpoint, target=target).eval()
         if getattr(head, "supports_draft_threshold", False):
-            head.draft_threshold = a.draft_threshold
+            head.draft_threshold = float(t) if t else a.draft_threshold
         if v == "head":
             return head
         if v == "ngram":
@@ -74,29 +79,33 @@ def main() -> None:
                                 datastore_depth=depth)
         raise SystemExit(f"round_cost: unknown variant {v!r} (plain | head | ngram | rest[:SHARE[:MATCHES[:DEPTH]]])")
 
-    tree = None if a.tree == "chain" else a.tree
-    print(f"{a.benchmark}: {len(prompts)} prompts x {a.max_new_tokens} tokens, {a.dtype}, tree {a.tree}, "
-          f"threshold {a.draft_threshold}; ms are per target forward")
+    print(f"{a.benchmark}: {len(prompts)} prompts x {a.max_new_tokens} tokens, {a.dtype}, tree {' / '.join(a.tree)}, "
+          f"threshold {a.draft_threshold}; ms are per target forward; variants interleaved prompt by prompt")
+    runs = {}  # label -> (drafter, tree)
     for v in variants:
         d = build(v)
-        new = fwd = nodes = 0
-        draft = verify = wall = 0.0
-        for ids in prompts:
+        for t in ([None] if d is None else a.tree):
+            runs[v if d is None or len(a.tree) == 1 else f"{v} {t}"] = (d, None if t == "chain" else t)
+    sums = {v: {"new": 0, "fwd": 0, "nodes": 0, "draft": 0.0, "verify": 0.0, "wall": 0.0} for v in runs}
+    for ids in prompts:
+        for v, (d, tree) in runs.items():
             t0 = time.perf_counter()
             r = decode.generate(target, [ids], drafter=d, max_new_tokens=a.max_new_tokens, num_draft_tokens=a.k,
-                                tree=tree if d is not None else None)
-            wall += time.perf_counter() - t0
-            c = r.counts
-            new += len(r.sequences[0])
-            fwd += c.target_forwards
-            nodes += c.drafted
-            draft += c.draft_time_s
-            verify += c.verify_time_s
-        f = max(fwd, 1)
-        print(f"{v:16s} tau {new / f:.3f}  tokens/s {new / wall:6.2f}  nodes/fwd {nodes / f:4.1f}  "
-              f"verify {1000 * verify / f:5.1f}  draft {1000 * draft / f:5.1f}  "
-              f"other {1000 * (wall - draft - verify) / f:4.1f}", flush=True)
-
+                                tree=tree)
+            s, c = sums[v], r.counts
+            s["wall"] += time.perf_counter() - t0
+            s["new"] += len(r.sequences[0])
+            s["fwd"] += c.target_forwards
+            s["nodes"] += c.drafted
+            s["draft"] += c.draft_time_s
+            s["verify"] += c.verify_time_s
+    plain = sums["plain"]["new"] / sums["plain"]["wall"] if "plain" in sums else None
+    for v, s in sums.items():
+        f, tps = max(s["fwd"], 1), s["new"] / s["wall"]
+        ratio = f"  x plain {tps / plain:5.3f}" if plain else ""
+        print(f"{v:24s} tau {s['new'] / f:.3f}  tokens/s {tps:6.2f}{ratio}  nodes/fwd {s['nodes'] / f:4.1f}  "
+              f"verify {1000 * s['verify'] / f:5.1f}  draft {1000 * s['draft'] / f:5.1f}  "
+              f"other {1000 * (s['wall'] - s['draft'] - s['verify']) / f:4.1f}", flush=True)
 
 if __name__ == "__main__":
     main()
