@@ -335,7 +335,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", action="append", dest="drafters", metavar="SPEC",
                    help="PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | SPEC+ngram (prompt "
                         "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | "
-                        "SPEC+rest (as +ngram, plus retrieval from --datastore merged into SPEC's tree) | none; "
+                        "SPEC+rest (as +ngram, plus retrieval from --datastore merged into SPEC's tree, or its "
+                        "majority continuation on chains) | none; "
                         "repeatable (default: ngram)")
     p.add_argument("--datastore", default="sharegpt",
                    help="corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat "

@@ -197,6 +197,11 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
         if spec.startswith(prefix):
             raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
                              f"{spec[len(prefix):]}+{prefix[:-1]}")
+    tail = spec.rsplit("+", 1)[-1] if "+" in spec else None
+    if tail is not None and "/" not in tail and not Path(spec).exists():
+        hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
+                if "@" in tail else "")
+        raise ValueError(f"--drafter {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
     if spec == "ngram":
         from drafters.ngram import NGramDrafter
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,17 +45,43 @@ class Drafter(nn.Module):
     config_class: ClassVar[type] = object
     borrowed_prefixes: ClassVar[tuple[str, ...]] = ()
     feature_layers: tuple[int, ...] | None = None
-    #: Confidence-based draft length (see :class:`ChainCutoff`): a chain stops once the product of the
-    #: drafter's own probabilities of its tokens falls below this, and a tree node whose path probability
-    #: does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the full tree.
-    #: A decode-time setting, not saved in checkpoints; set it on the loaded drafter.
-    draft_threshold: float = 0.0
-    #: In trees drafted level by level (draft LM, EAGLE, EAGLE-3): a node gets children only when its
-    #: path probability is also >= this; a node between ``draft_threshold`` and it is verified as a
-    #: leaf, costing verification but no further drafter pass (Medusa, whose heads draft every depth
-    #: at once, cuts the children of such nodes the same way). 0.0 (default): ``draft_threshold``
-    #: alone decides. A decode-time setting, like ``draft_threshold``.
-    expand_threshold: float = 0.0
+    _draft_threshold: float = 0.0
+    _expand_threshold: float = 0.0
+
+    @property
+    def draft_threshold(self) -> float:
+        """Confidence-based draft length (see :class:`ChainCutoff`): a chain stops once the product of the
+        drafter's own probabilities of its tokens falls below this, and a tree node whose path
+        probability does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the full
+        tree; above 1: nothing is drafted. A decode-time setting, not saved in checkpoints; set it on the
+        loaded drafter.
+
+        Raises:
+            ValueError: not a finite number >= 0.
+        """
+        return self._draft_threshold
+
+    @draft_threshold.setter
+    def draft_threshold(self, value: float) -> None:
+        self._draft_threshold = _threshold("draft_threshold", value)
+
+    @property
+    def expand_threshold(self) -> float:
+        """In trees drafted level by level (draft LM, EAGLE, EAGLE-3), a node gets children only when its
+        path probability is also >= this; a node between ``draft_threshold`` and it is verified as a leaf,
+        costing verification but no further drafter pass (Medusa, whose heads draft every depth at
+        once, cuts the children of such nodes the same way). 0.0 (default): ``draft_threshold`` alone
+        decides; above 1: no node gets children. ``drafters.hybrid.LookupHybrid`` with a datastore raises
+        it to its ``datastore_share`` for its calls. A decode-time setting, like ``draft_threshold``.
+
+        Raises:
+            ValueError: not a finite number >= 0.
+        """
+        return self._expand_threshold
+
+    @expand_threshold.setter
+    def expand_threshold(self, value: float) -> None:
+        self._expand_threshold = _threshold("expand_threshold", value)
     #: True for kinds whose ``propose`` honours ``draft_threshold`` (draft LM, Medusa, EAGLE, EAGLE-3).
     supports_draft_threshold: ClassVar[bool] = False
 
@@ -117,6 +144,14 @@ class Drafter(nn.Module):
         state = load_file(str(path / "model.safetensors"))
         drafter.load_own_state_dict(state, source=str(path))
         return drafter.eval()
+
+
+def _threshold(name: str, value) -> float:
+    """``value`` as a float if it is a finite number >= 0 (a path probability bar), else ValueError."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0 (a probability bar; 0 disables it), got {value!r}")
+    return float(value)
 
 
 def umask_mode() -> int:

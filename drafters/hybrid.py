@@ -92,9 +92,11 @@ class LookupHybrid:
         if not 1 <= min_match <= max_ngram:
             raise ValueError(f"LookupHybrid needs 1 <= min_match <= max_ngram, got min_match={min_match}, "
                              f"max_ngram={max_ngram}")
-        if not 0.0 < datastore_share <= 1.0 or datastore_matches < 1 or datastore_depth < 1:
-            raise ValueError(f"LookupHybrid needs 0 < datastore_share <= 1, datastore_matches >= 1 and "
-                             f"datastore_depth >= 1, got {datastore_share}, {datastore_matches}, {datastore_depth}")
+        if not (isinstance(datastore_share, (int, float)) and 0.0 < datastore_share <= 1.0):
+            raise ValueError(f"LookupHybrid needs 0 < datastore_share <= 1, got {datastore_share!r}")
+        for name, value in (("datastore_matches", datastore_matches), ("datastore_depth", datastore_depth)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"LookupHybrid needs an int {name} >= 1, got {value!r}")
         if drafter is None or not callable(getattr(drafter, "propose", None)):
             raise TypeError(f"LookupHybrid wraps a drafter (a loaded checkpoint or any proposer), got "
                             f"{type(drafter).__name__}; for prompt lookup alone use drafters.ngram.NGramDrafter")
@@ -124,7 +126,17 @@ class LookupHybrid:
 
     @draft_threshold.setter
     def draft_threshold(self, value: float) -> None:
-        self.drafter.draft_threshold = float(value)
+        self.drafter.draft_threshold = value
+
+    @property
+    def expand_threshold(self) -> float:
+        """The wrapped drafter's ``expand_threshold`` (with a datastore, raised to ``datastore_share``
+        during its calls: nodes below the share are verified as leaves)."""
+        return float(getattr(self.drafter, "expand_threshold", 0.0))
+
+    @expand_threshold.setter
+    def expand_threshold(self, value: float) -> None:
+        self.drafter.expand_threshold = value
 
     def check_compatible(self, target: torch.nn.Module, vocab_size: int) -> None:
         self.drafter.check_compatible(target, vocab_size)

@@ -262,3 +262,29 @@ def test_corpus_branches_stop_at_datastore_depth(depth):
     assert chain.tokens[0].tolist()[:depth] == [3, 4, 5][:depth] and int(chain.lengths[0]) == depth
     with pytest.raises(ValueError, match="datastore_depth"):
         LookupHybrid(DraftLM.from_target(target, 1), datastore=store, datastore_depth=0)
+
+
+def test_thresholds_and_retrieval_settings_are_checked():
+    target = tiny_llama(0)
+    head = DraftLM.from_target(target, 1)
+    hybrid = LookupHybrid(head, datastore=_store_from([[1, 2, 3]]))
+    for name in ("draft_threshold", "expand_threshold"):
+        for bad in (-0.5, float("nan"), float("inf"), "x", None, True):
+            with pytest.raises(ValueError, match=name):
+                setattr(head, name, bad)
+            with pytest.raises(ValueError, match=name):
+                setattr(hybrid, name, bad)  # passed on to the wrapped drafter
+    hybrid.expand_threshold = 0.5
+    assert head.expand_threshold == 0.5 and hybrid.expand_threshold == 0.5
+    for kw, bad in (("datastore_depth", 2.5), ("datastore_depth", "3"), ("datastore_depth", True),
+                    ("datastore_matches", 0), ("datastore_share", float("nan"))):
+        with pytest.raises(ValueError, match=kw):
+            LookupHybrid(head, datastore=_store_from([[1, 2, 3]]), **{kw: bad})
+
+
+def test_unknown_spec_suffixes_name_the_valid_ones(tmp_path):
+    target = tiny_llama(0)
+    for bad, hint in (("draft:1+foo", "unknown suffix"), ("draft:1+", "unknown suffix"),
+                      ("draft:1+rest@0.1", "--draft-threshold")):
+        with pytest.raises(ValueError, match=hint):
+            build_drafter(bad, target, lambda: _store_from([[1, 2, 3]]))
