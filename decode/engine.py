@@ -523,10 +523,13 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
                              f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "
                              "proposes chains only: pass tree=None")
     k_max = (draft_tree.max_depth if draft_tree is not None else num_draft_tokens) if proposer is not None else 0
-    dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
-    if proposer is not None:
-        proposer.reset(len(rows))
-    with torch.no_grad():
+    # inference mode, not only no_grad: no autograd bookkeeping (version counters, view tracking) on the
+    # ~1,000 small ops of a round; on this project's CPU that made plain and speculative decoding
+    # alike ~5% faster (BENCHMARKS.md, session 8). Tensors made here cannot be saved for backward.
+    with torch.inference_mode():
+        dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
+        if proposer is not None:
+            proposer.reset(len(rows))
         t0 = time.perf_counter()
         dec.prefill()
         _sync(device)
