@@ -33,6 +33,27 @@ class DrafterLoadError(RuntimeError):
     """A checkpoint folder does not match the drafter it is loaded into."""
 
 
+class Threshold:
+    """A decode-time path-probability bar on a drafter (default 0.0), checked on assignment.
+
+    Raises:
+        ValueError: on assignment of anything but a finite number >= 0 (the error names the attribute).
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else obj.__dict__.get(self.name, 0.0)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < 0:
+            raise ValueError(f"{self.name} must be a finite number >= 0 (a probability bar; 0 disables it), "
+                             f"got {value!r}")
+        obj.__dict__[self.name] = float(value)
+
+
 class Drafter(nn.Module):
     """Base class for drafter kinds.
 
@@ -45,43 +66,19 @@ class Drafter(nn.Module):
     config_class: ClassVar[type] = object
     borrowed_prefixes: ClassVar[tuple[str, ...]] = ()
     feature_layers: tuple[int, ...] | None = None
-    _draft_threshold: float = 0.0
-    _expand_threshold: float = 0.0
-
-    @property
-    def draft_threshold(self) -> float:
-        """Confidence-based draft length (see :class:`ChainCutoff`): a chain stops once the product of the
-        drafter's own probabilities of its tokens falls below this, and a tree node whose path
-        probability does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the full
-        tree; above 1: nothing is drafted. A decode-time setting, not saved in checkpoints; set it on the
-        loaded drafter.
-
-        Raises:
-            ValueError: not a finite number >= 0.
-        """
-        return self._draft_threshold
-
-    @draft_threshold.setter
-    def draft_threshold(self, value: float) -> None:
-        self._draft_threshold = _threshold("draft_threshold", value)
-
-    @property
-    def expand_threshold(self) -> float:
-        """In trees drafted level by level (draft LM, EAGLE, EAGLE-3), a node gets children only when its
-        path probability is also >= this; a node between ``draft_threshold`` and it is verified as a leaf,
-        costing verification but no further drafter pass (Medusa, whose heads draft every depth at
-        once, cuts the children of such nodes the same way). 0.0 (default): ``draft_threshold`` alone
-        decides; above 1: no node gets children. ``drafters.hybrid.LookupHybrid`` with a datastore raises
-        it to its ``datastore_share`` for its calls. A decode-time setting, like ``draft_threshold``.
-
-        Raises:
-            ValueError: not a finite number >= 0.
-        """
-        return self._expand_threshold
-
-    @expand_threshold.setter
-    def expand_threshold(self, value: float) -> None:
-        self._expand_threshold = _threshold("expand_threshold", value)
+    #: Confidence-based draft length (see :class:`ChainCutoff`): a chain stops once the product of the
+    #: drafter's own probabilities of its tokens falls below this, and a tree node whose path
+    #: probability does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the
+    #: full tree; above 1: nothing is drafted. A decode-time setting, not saved in checkpoints; set it on
+    #: the loaded drafter (a value that is not a finite number >= 0 raises ValueError).
+    draft_threshold = Threshold()
+    #: In trees drafted level by level (draft LM, EAGLE, EAGLE-3), a node gets children only when its
+    #: path probability is also >= this; a node between ``draft_threshold`` and it is verified as a leaf,
+    #: costing verification but no further drafter pass (Medusa, whose heads draft every depth at once,
+    #: cuts the children of such nodes the same way). 0.0 (default): ``draft_threshold`` alone decides;
+    #: above 1: no node gets children. ``drafters.hybrid.LookupHybrid`` with a datastore raises it to its
+    #: ``datastore_share`` for its calls. A decode-time setting, checked like ``draft_threshold``.
+    expand_threshold = Threshold()
     #: True for kinds whose ``propose`` honours ``draft_threshold`` (draft LM, Medusa, EAGLE, EAGLE-3).
     supports_draft_threshold: ClassVar[bool] = False
 
@@ -144,14 +141,6 @@ class Drafter(nn.Module):
         state = load_file(str(path / "model.safetensors"))
         drafter.load_own_state_dict(state, source=str(path))
         return drafter.eval()
-
-
-def _threshold(name: str, value) -> float:
-    """``value`` as a float if it is a finite number >= 0 (a path probability bar), else ValueError."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0 (a probability bar; 0 disables it), got {value!r}")
-    return float(value)
 
 
 def umask_mode() -> int:
