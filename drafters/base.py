@@ -79,6 +79,12 @@ class Drafter(nn.Module):
     #: above 1: no node gets children. ``drafters.hybrid.LookupHybrid`` with a datastore raises it to its
     #: ``datastore_share`` for its calls. A decode-time setting, checked like ``draft_threshold``.
     expand_threshold = Threshold()
+
+    @property
+    def expand_bar(self) -> float:
+        """The path probability a tree node needs to get children: ``max(draft_threshold,
+        expand_threshold)`` (every tree-drafting kind reads it from here)."""
+        return max(self.draft_threshold, self.expand_threshold)
     #: True for kinds whose ``propose`` honours ``draft_threshold`` (draft LM, Medusa, EAGLE, EAGLE-3).
     supports_draft_threshold: ClassVar[bool] = False
 

@@ -417,7 +417,7 @@ class DraftLM(Drafter):
         ok = torch.zeros(b_all, n_nodes, dtype=torch.bool, device=dev)
         path_p = torch.ones(b_all, n_nodes, device=dev)
         active = torch.tensor(state.active, device=dev)
-        bar = max(self.draft_threshold, self.expand_threshold)  # nodes below it stay leaves
+        bar = self.expand_bar  # nodes below it stay leaves
         outs, col = {-1: logits}, {}
         for depth, level in enumerate(tree.levels(), 1):
             for par in sorted({tree.parents[i] for i in level}):

@@ -322,7 +322,7 @@ class FeatureHeadDrafter(Drafter):
         past, plen = (c["k"], c["v"]), c["k"].shape[2]
         dev = root.device
         out_tok, ok, path_p = [0] * tree.num_nodes, [False] * tree.num_nodes, {-1: 1.0}
-        bar = max(self.draft_threshold, self.expand_threshold)  # nodes below it stay leaves
+        bar = self.expand_bar  # nodes below it stay leaves
         outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
         col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
         levels: dict[int, list[int]] = {}

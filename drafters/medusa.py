@@ -218,7 +218,7 @@ class MedusaDrafter(Drafter):
             path_p[:, i] = tops[d - 1].values[:, r].cpu() * (path_p[:, par] if par >= 0 else 1.0)
             mask[:, i] = path_p[:, i] >= self.draft_threshold
             if par >= 0:  # children only under nodes that clear expand_threshold too
-                mask[:, i] &= mask[:, par] & (path_p[:, par] >= self.expand_threshold)
+                mask[:, i] &= mask[:, par] & (path_p[:, par] >= self.expand_bar)
         ready = torch.tensor([f.shape[0] > 0 and a for f, a in zip(state.features, state.active)])
         return Proposal(tokens=tokens, probs=None, mask=mask & ready[:, None])
 
