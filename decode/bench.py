@@ -27,6 +27,7 @@ import dataclasses
 import datetime as _dt
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -43,14 +44,18 @@ from decode.harness import (
     load_prompts,
     machine_info,
     measure,
+    retrieval_info,
     run_concurrency,
     run_sweep,
     warm_up,
 )
 from decode.tree import DraftTree
 
-__all__ = ["BASELINES", "BENCHMARKS", "EvalConfig", "add_arguments", "evaluate", "print_record", "run",
-           "write_outputs"]
+__all__ = ["BASELINES", "BENCHMARKS", "DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "evaluate", "print_record",
+           "run", "write_outputs"]
+
+#: the corpus ``+rest`` drafters retrieve from when no datastore is given (``--datastore``)
+DEFAULT_DATASTORE = "sharegpt"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,11 +86,13 @@ class EvalConfig:
     sweep_temperature: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     concurrency: list[int] = field(default_factory=list)
     max_prompt_tokens: int = 2048
-    datastore: str = "sharegpt"
+    #: the ``+rest`` drafters' corpus (``--datastore``); ``None``: not given, they use ``DEFAULT_DATASTORE``
+    datastore: str | None = None
     progress: bool = True
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad flag and the fix."""
+        """Raise ``ValueError`` naming the bad flag and the fix; warn (``UserWarning``) about a
+        ``datastore`` given while no drafter spec ends in ``+rest`` (nothing reads it)."""
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad:
             raise ValueError(f"--baselines: unknown {bad}; choose from {','.join(BASELINES)}")
@@ -100,9 +107,10 @@ class EvalConfig:
             raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
-        if self.datastore != "sharegpt" and not any(d.endswith("+rest") for d in self.drafters):
-            raise ValueError(f"--datastore {self.datastore}: only +rest drafters read a datastore; add --drafter "
-                             "PATH+rest or drop --datastore")
+        if self.datastore is not None and not any(d.endswith("+rest") for d in self.drafters):
+            warnings.warn(f"--datastore {self.datastore} is unused: only +rest drafters read a datastore and no "
+                          "--drafter ends in +rest; add --drafter PATH+rest (prompt lookup plus retrieval from it) "
+                          "or drop --datastore", UserWarning, stacklevel=2)
         if not self.draft_thresholds or any(not 0.0 <= t < 1.0 for t in self.draft_thresholds):
             raise ValueError(f"--draft-threshold values must be in [0, 1), got {self.draft_thresholds}")
         if not self.trees:
@@ -132,7 +140,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
 
     Returns:
         ``{"config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs",
-        "timings", "sweep"?, "concurrency"?}`` (see ``decode.report`` for the run and row fields).
+        "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (see ``decode.report`` for the run and row
+        fields; ``retrieval``, with ``+rest`` drafters only: ``harness.retrieval_info``).
 
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
@@ -148,7 +157,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     prompts = load_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
     specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds, cfg.trees,
                            datastore=(lambda: datastore) if datastore is not None
-                           else datastore_loader(cfg.datastore, tok, quiet=not cfg.progress))
+                           else datastore_loader(cfg.datastore or DEFAULT_DATASTORE, tok, quiet=not cfg.progress))
     eos, pad = _eos_and_pad(target, tok)
     sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     methods = build_methods(target, specs, cfg.k, sampling, eos, pad, cfg.baselines)
@@ -174,6 +183,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
         methods=[dict(m.meta(), hf_kwargs=_public_kwargs(s.hf_kwargs, cfg.k) if m.role == "hf-assisted" else None)
                  for m in methods for s in [next((x for x in specs if x.label == m.drafter), None)]],
         summary=summary, exactness=exact, runs=runs, timings=timings)
+    if retrieval := retrieval_info(specs):
+        record["retrieval"] = retrieval
     chains = [s for s in specs if s.tree is None]  # the K sweep varies chain length; trees have none
     if cfg.sweep and chains:
         t0 = time.perf_counter()
@@ -338,17 +349,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "SPEC+rest (as +ngram, plus retrieval from --datastore merged into SPEC's tree, or its "
                         "majority continuation on chains) | none; "
                         "repeatable (default: ngram)")
-    p.add_argument("--datastore", default="sharegpt",
+    p.add_argument("--datastore", default=None,
                    help="corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat "
                         "JSON(L) file (assistant turns outside the held-out split), or a saved .npz; built once "
-                        "and cached under $DRAFTERKIT_HOME/datastores (default: sharegpt)")
+                        f"and cached under $DRAFTERKIT_HOME/datastores (default: {DEFAULT_DATASTORE}; given "
+                        "without a +rest drafter, it is unused and a warning says so)")
     p.add_argument("--benchmark", default="mt-bench", help="mt-bench | humaneval | sharegpt | FILE.jsonl")
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts measured")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer at most")
     p.add_argument("--max-prompt-tokens", type=int, default=2048, help="skip longer prompts")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens; 0: all")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--k", type=int, default=5, help="draft tokens per verification (K) of chain rows")
     p.add_argument("--draft-threshold", type=_csv(float, "--draft-threshold"), default=[0.0], dest="draft_thresholds",
                    help="confidence-based drafting: a chain stops, and tree nodes are pruned, once the "
@@ -367,7 +379,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed; prompt i uses seed + i")
     p.add_argument("--output", default="drafterkit-eval.json",
                    help="JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder")
     p.add_argument("--plots-dir", default=None, help="PNG folder for the --sweep / --concurrency plots (default: <output stem>-plots); "
@@ -375,8 +387,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", type=_csv(str, "--baselines"), default=list(BASELINES),
                    help="comma-separated subset of engine,hf,hf-assisted (default: all)")
     p.add_argument("--sweep", action="store_true", help="sweep K x temperature per category; Markdown + PNGs")
-    p.add_argument("--sweep-k", type=_csv(int, "--sweep-k"), default=list(range(1, 9)))
-    p.add_argument("--sweep-temperature", type=_csv(float, "--sweep-temperature"), default=[0.0, 0.5, 1.0])
+    p.add_argument("--sweep-k", type=_csv(int, "--sweep-k"), default=list(range(1, 9)),
+                   help="comma-separated K values of the --sweep")
+    p.add_argument("--sweep-temperature", type=_csv(float, "--sweep-temperature"), default=[0.0, 0.5, 1.0],
+                   help="comma-separated temperatures of the --sweep")
     p.add_argument("--concurrency", type=_csv(int, "--concurrency"), default=[],
                    help="e.g. 1,2,4,8: prompts decoded together, speculation on vs off")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")

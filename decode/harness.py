@@ -218,6 +218,22 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
     return _load_checkpoint(spec, target)
 
 
+def retrieval_info(specs: list[DrafterSpec]) -> dict | None:
+    """What a reader needs to reproduce the ``+rest`` rows of ``specs``: ``{"datastore": {"source",
+    "path", "tokens", "vocab_size", "min_ngram", "max_ngram"} (drafters.datastore.Datastore.describe),
+    "drafters": {label: {"datastore_share", "datastore_matches", "datastore_depth", "max_ngram",
+    "min_match"}}}`` (``LookupHybrid.settings``); ``None`` when no spec retrieves from a datastore.
+    ``drafterkit eval`` loads one datastore for all its ``+rest`` specs; should they hold several,
+    ``datastore`` is a list of them, in spec order."""
+    rest = [s for s in specs if getattr(s.drafter, "datastore", None) is not None]
+    if not rest:
+        return None
+    stores = list({id(s.drafter.datastore): s.drafter.datastore for s in rest}.values())
+    described = [d.describe() for d in stores]
+    return dict(datastore=described[0] if len(described) == 1 else described,
+                drafters={s.label: s.drafter.settings() for s in rest})
+
+
 def _assistant_kwargs(d) -> dict:
     # Same job as the engine: a constant K draft tokens per round, no early stop on low confidence.
     return {"assistant_model": d.lm, "num_assistant_tokens": "{k}", "num_assistant_tokens_schedule": "constant",

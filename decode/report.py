@@ -535,9 +535,28 @@ def _method_names_drafter(row: dict) -> bool:
     return drafter in (None, "none") or method == drafter or method == f"{drafter} [hf-assisted]"
 
 
+def retrieval_line(record: dict) -> str | None:
+    """The Markdown header line of the ``+rest`` rows' datastore and settings (``record["retrieval"]``,
+    see ``decode.harness.retrieval_info``); ``None`` when the record has none."""
+    info = record.get("retrieval")
+    if not info:
+        return None
+    stores = info["datastore"] if isinstance(info["datastore"], list) else [info["datastore"]]
+    where = "; ".join(f"`{d['source'] or 'built in code'}` ({d['tokens']:,} tokens, "
+                      f"{'`' + d['path'] + '`' if d['path'] else 'not saved'})" for d in stores)
+    settings: dict[str, list[str]] = {}  # one entry per distinct setting, naming its rows when they differ
+    for label, st in info["drafters"].items():
+        settings.setdefault(", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items()),
+                            []).append(label)
+    how = (next(iter(settings)) if len(settings) == 1
+           else "; ".join(f"{', '.join(labels)}: {text}" for text, labels in settings.items()))
+    return f"- retrieval (+rest): datastore {where}; {how}"
+
+
 def render_markdown(record: dict) -> str:
-    """The Markdown report of one eval record: config, machine, the eval table, exactness and, when
-    present, the sweep and concurrency tables. Every number comes from ``record``."""
+    """The Markdown report of one eval record: config, machine, the ``+rest`` rows' datastore and
+    settings (when there are such rows), the eval table, exactness and, when present, the sweep and
+    concurrency tables. Every number comes from ``record``."""
     cfg, mach = record["config"], record["machine"]
     lines = [f"# drafterkit eval: {cfg['benchmark']}", "",
              f"- target: `{record['target']['name']}` ({record['target']['parameters']:,} parameters)",
@@ -546,6 +565,7 @@ def render_markdown(record: dict) -> str:
              f"seed: {cfg['seed']}",
              f"- machine: torch {mach['torch']}, transformers {mach['transformers']}, {mach['device']}, "
              f"{mach['dtype']}, {mach['threads']} threads",
+             *([line] if (line := retrieval_line(record)) else []),
              "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "
              "prompt by prompt; speedups are ratios of those measurements.",
              "- per-position acceptance: at draft position (tree depth) i, accepted / proposals that reached it; "

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,6 +37,10 @@ import numpy as np
 SEPARATOR = -1  # between documents: no n-gram or continuation crosses it
 FORMAT_VERSION = 1
 BUILD_VERSION = 1  # bump when build_datastore changes what goes in
+#: a datastore built with fewer tokens than this warns (UserWarning) that retrieval will rarely match: its
+#: n-grams seldom recur in a new answer (ShareGPT's assistant turns hold ~18.5M; 4.4M already did nearly as
+#: well, BENCHMARKS.md, session 7)
+SMALL_DATASTORE_TOKENS = 100_000
 
 
 def _keys(tokens: np.ndarray, ends: np.ndarray, n: int, bits: int) -> np.ndarray:
@@ -66,6 +71,10 @@ class Datastore:
         vocab_size: ids are in ``[0, vocab_size)``.
         min_ngram, max_ngram: n-gram sizes looked up, longest first (``1 <= min_ngram <= max_ngram``).
 
+    Provenance (recorded by ``drafterkit eval``, :meth:`describe`): ``source`` is what
+    :func:`cached_datastore` built or loaded it from (``None`` otherwise) and ``path`` the ``.npz`` it was
+    last saved to or loaded from (``None``: in memory only).
+
     Raises:
         ValueError: bad n-gram sizes, or ids outside ``[0, vocab_size)``.
     """
@@ -80,6 +89,8 @@ class Datastore:
             raise ValueError(f"datastore token ids must be in [0, {vocab_size}) or the separator {SEPARATOR}; "
                              f"found ids in [{int(real.min())}, {int(real.max())}]")
         self.tokens, self.vocab_size = tokens, int(vocab_size)
+        self.source: str | None = None
+        self.path: Path | None = None
         self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
         self.bits = max(1, int(vocab_size - 1).bit_length())
         # per n: (sorted keys uint64, continuation starts int32); saved sorted ends (``_ends``) only need
@@ -158,6 +169,7 @@ class Datastore:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
         os.replace(tmp, path)
+        self.path = path.resolve()
         return path
 
     @classmethod
@@ -180,10 +192,30 @@ class Datastore:
         version, vocab, lo, hi = (int(x) for x in meta)
         if version != FORMAT_VERSION:
             raise ValueError(f"{path}: datastore format {version}; this drafterkit reads format {FORMAT_VERSION}")
-        return cls(z["tokens"], vocab, min_ngram=lo, max_ngram=hi, _ends={n: z[f"ends_{n}"] for n in range(lo, hi + 1)})
+        store = cls(z["tokens"], vocab, min_ngram=lo, max_ngram=hi, _ends={n: z[f"ends_{n}"] for n in range(lo, hi + 1)})
+        store.path = Path(path).resolve()
+        return store
 
     def __len__(self) -> int:
         return int((self.tokens != SEPARATOR).sum())
+
+    def describe(self) -> dict:
+        """What a reader needs to reproduce retrieval from this datastore: ``{"source", "path", "tokens",
+        "vocab_size", "min_ngram", "max_ngram"}`` (``source`` / ``path``: ``None`` when unknown, see the
+        class docstring; ``tokens``: corpus tokens, separators excluded)."""
+        return dict(source=self.source, path=None if self.path is None else str(self.path), tokens=len(self),
+                    vocab_size=self.vocab_size, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
+
+
+def _warn_if_small(store: Datastore, source, max_tokens: int | None, stacklevel: int) -> None:
+    """Warn when ``store`` holds fewer than ``SMALL_DATASTORE_TOKENS`` tokens because its corpus ran out
+    (not because ``max_tokens`` cut it there: then the size was asked for)."""
+    n = len(store)
+    if n < SMALL_DATASTORE_TOKENS and (max_tokens is None or n < max_tokens):
+        warnings.warn(f"{source}: the datastore holds only {n:,} tokens (fewer than {SMALL_DATASTORE_TOKENS:,}), "
+                      "so retrieval will rarely match and +rest rows will mostly fall back to prompt lookup and "
+                      "the drafter; use a larger corpus (e.g. --datastore sharegpt: ShareGPT's assistant turns, "
+                      "~18.5M tokens)", UserWarning, stacklevel=stacklevel + 1)
 
 
 # --- building from conversations ---------------------------------------------------------------------
@@ -204,7 +236,14 @@ def assistant_turns(path: str | Path, heldout_fraction: float, seed: int = 0) ->
 def build_datastore(path: str | Path, tokenizer, *, heldout_fraction: float | None = None, max_tokens: int | None = None,
                     min_ngram: int = 2, max_ngram: int = 4, batch: int = 512) -> Datastore:
     """A :class:`Datastore` over the assistant turns of the conversation file ``path`` (see
-    :func:`assistant_turns`), tokenized without special tokens; stops once ``max_tokens`` are in."""
+    :func:`assistant_turns`), tokenized without special tokens; stops once ``max_tokens`` are in.
+
+    Warns (``UserWarning``) when the file yields fewer than ``SMALL_DATASTORE_TOKENS`` tokens (and
+    ``max_tokens`` did not cut it there): so small a corpus rarely matches.
+
+    Raises:
+        ValueError: no assistant turn outside the held-out split.
+    """
     from decode.prompts import HELDOUT_FRACTION
 
     frac = HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
@@ -237,7 +276,9 @@ def build_datastore(path: str | Path, tokenizer, *, heldout_fraction: float | No
         docs = kept
     if not any(len(d) for d in docs):
         raise ValueError(f"{path}: no assistant turn outside the held-out split to build a datastore from")
-    return Datastore.from_documents(docs, len(tokenizer), min_ngram=min_ngram, max_ngram=max_ngram)
+    store = Datastore.from_documents(docs, len(tokenizer), min_ngram=min_ngram, max_ngram=max_ngram)
+    _warn_if_small(store, path, max_tokens, stacklevel=2)
+    return store
 
 
 def cached_datastore(source: str | Path, tokenizer, *, max_tokens: int | None = None,
@@ -246,7 +287,9 @@ def cached_datastore(source: str | Path, tokenizer, *, max_tokens: int | None = 
     conversation file, or a ``.npz`` written by :meth:`Datastore.save`, loaded as is), kept under
     ``$DRAFTERKIT_HOME/datastores`` keyed by the file (size, mtime), the tokenizer and the settings,
     so only the first call pays for it (ShareGPT V3 with SmolLM2's tokenizer: ~35 s, ~300 MB).
-    ``log`` (a callable taking a string) hears when it is built.
+    ``log`` (a callable taking a string) hears when it is built. The store's ``source`` is ``source`` and
+    its ``path`` the ``.npz`` it lives in (:meth:`Datastore.describe`). A store of fewer than
+    ``SMALL_DATASTORE_TOKENS`` tokens warns (``UserWarning``) each time it is returned, built or cached.
 
     Raises:
         FileNotFoundError: ``source`` is neither a file nor a pinned asset name.
@@ -260,6 +303,8 @@ def cached_datastore(source: str | Path, tokenizer, *, max_tokens: int | None = 
         if store.vocab_size != len(tokenizer):
             raise ValueError(f"{source}: a datastore over a vocabulary of {store.vocab_size} ids; the target's "
                              f"tokenizer has {len(tokenizer)}: build one with this tokenizer")
+        store.source = str(source)
+        _warn_if_small(store, source, None, stacklevel=2)
         return store
     path = resolve_source(source)
     st = path.stat()
@@ -269,11 +314,16 @@ def cached_datastore(source: str | Path, tokenizer, *, max_tokens: int | None = 
     cache = home() / "datastores" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
     if cache.is_file():
         try:
-            return Datastore.load(cache)
+            store = Datastore.load(cache)
         except ValueError:
             pass  # damaged or from another version: rebuild
+        else:
+            store.source = str(source)
+            _warn_if_small(store, source, max_tokens, stacklevel=2)
+            return store
     t0 = time.perf_counter()
-    store = build_datastore(path, tokenizer, heldout_fraction=frac, max_tokens=max_tokens)
+    store = build_datastore(path, tokenizer, heldout_fraction=frac, max_tokens=max_tokens)  # warns when small
+    store.source = str(source)
     cache.parent.mkdir(parents=True, exist_ok=True)
     store.save(cache)
     if log is not None:

@@ -34,6 +34,9 @@ Not a checkpoint kind: build it around a loaded drafter (``drafterkit eval --dra
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
@@ -65,6 +68,37 @@ def majority_chain(conts: list[list[int]], k: int, first_share: float, share: fl
     return out
 
 
+class _Setting:
+    """A :class:`LookupHybrid` retrieval setting, checked on every assignment (``__init__``'s and any later
+    one) by ``ok(value)``; ``needs`` says what it takes (``{name}``: the setting's name).
+
+    Raises:
+        ValueError: on assignment of a value ``ok`` refuses (the error names the setting and the value).
+    """
+
+    def __init__(self, ok, needs: str, convert=None):
+        self.ok, self.needs, self.convert = ok, needs, convert
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else obj.__dict__[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if isinstance(value, bool) or not self.ok(value):
+            raise ValueError(f"LookupHybrid needs {self.needs.format(name=self.name)}, got {value!r}")
+        obj.__dict__[self.name] = self.convert(value) if self.convert else value
+
+
+def _share(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and 0.0 < value <= 1.0
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and value >= 1
+
+
 class LookupHybrid:
     """Wrap ``drafter`` (any proposer) so that rows with a prompt-lookup match of ``>= min_match``
     tokens propose the looked-up continuation instead.
@@ -82,34 +116,47 @@ class LookupHybrid:
             2.3%, 1.6% of the times they were verified, and a node costs ~1.5 ms of a ~50 ms
             verification pass, so depths 4-5 cost more than they return (BENCHMARKS.md, session 8).
 
+    ``datastore_share``, ``datastore_matches`` and ``datastore_depth`` may be changed on the object
+    (``hybrid.datastore_depth = 2``); they are checked on every assignment, as in ``__init__``.
+
     Raises:
-        ValueError: ``1 <= min_match <= max_ngram`` does not hold, or ``datastore_share`` is outside
-            ``(0, 1]``, or ``datastore_matches < 1``, or ``datastore_depth < 1``.
+        ValueError: ``1 <= min_match <= max_ngram`` does not hold, or (here or on a later assignment)
+            ``datastore_share`` is not a number in ``(0, 1]``, or ``datastore_matches`` /
+            ``datastore_depth`` is not an int >= 1 (a bool is neither).
     """
+
+    #: a corpus branch joins a tree when at least this share of the matches agree with its whole path
+    datastore_share = _Setting(_share, "0 < {name} <= 1", float)
+    #: corpus matches read per lookup
+    datastore_matches = _Setting(_count, "an int {name} >= 1")
+    #: the corpus proposes at most this many tokens per branch or chain
+    datastore_depth = _Setting(_count, "an int {name} >= 1")
 
     def __init__(self, drafter, *, max_ngram: int = 3, min_match: int = 2, datastore=None,
                  datastore_share: float = 0.2, datastore_matches: int = 64, datastore_depth: int = 3):
         if not 1 <= min_match <= max_ngram:
             raise ValueError(f"LookupHybrid needs 1 <= min_match <= max_ngram, got min_match={min_match}, "
                              f"max_ngram={max_ngram}")
-        if not (isinstance(datastore_share, (int, float)) and 0.0 < datastore_share <= 1.0):
-            raise ValueError(f"LookupHybrid needs 0 < datastore_share <= 1, got {datastore_share!r}")
-        for name, value in (("datastore_matches", datastore_matches), ("datastore_depth", datastore_depth)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"LookupHybrid needs an int {name} >= 1, got {value!r}")
+        # checked by their descriptors (_Setting), before the drafter and datastore are
+        self.datastore_share, self.datastore_matches = datastore_share, datastore_matches
+        self.datastore_depth = datastore_depth
         if drafter is None or not callable(getattr(drafter, "propose", None)):
             raise TypeError(f"LookupHybrid wraps a drafter (a loaded checkpoint or any proposer), got "
                             f"{type(drafter).__name__}; for prompt lookup alone use drafters.ngram.NGramDrafter")
         if datastore is not None and not callable(getattr(datastore, "continuations", None)):
             raise TypeError(f"datastore must be a drafters.datastore.Datastore (e.g. cached_datastore('sharegpt', "
                             f"tokenizer)), got {type(datastore).__name__}")
-        self.drafter, self.max_ngram, self.min_match = drafter, max_ngram, min_match
-        self.datastore, self.datastore_share, self.datastore_matches = datastore, datastore_share, datastore_matches
-        self.datastore_depth = datastore_depth
+        self.drafter, self.max_ngram, self.min_match, self.datastore = drafter, max_ngram, min_match, datastore
         self.kind = f"{getattr(drafter, 'kind', type(drafter).__name__)}+{'rest' if datastore is not None else 'ngram'}"
         #: rounds x rows that proposed a looked-up continuation / the drafter's chain (since reset)
         self.lookup_rows = self.drafter_rows = 0
         self._stable: list[int] | None = None
+
+    def settings(self) -> dict:
+        """The lookup and retrieval settings, as recorded by ``drafterkit eval`` for its ``+rest`` rows:
+        ``{datastore_share, datastore_matches, datastore_depth, max_ngram, min_match}``."""
+        return dict(datastore_share=self.datastore_share, datastore_matches=self.datastore_matches,
+                    datastore_depth=self.datastore_depth, max_ngram=self.max_ngram, min_match=self.min_match)
 
     @property
     def feature_layers(self):

@@ -291,3 +291,67 @@ def test_repeated_trees_are_found_on_the_parsed_tree_not_the_text():
     assert [s.label for s in specs] == ["ngram tree=[[0],[0]]"]
     trees = [*one, "chain", "2,1", "[[0],[1],[0,0],[1,0]]", "[[1],[0]]", "chain"]
     assert bench.distinct_trees(trees) == ["[[0],[0]]", "chain", "2,1", "[[1],[0]]"]
+
+
+def test_rest_eval_records_its_datastore_and_settings(tiny_dir, prompts_file, tmp_path):
+    from drafters.datastore import Datastore
+
+    store = Datastore.from_documents([[17, 18, 19, 20, 21]] * 3 + [[30, 31, 32]], vocab_size=49152)
+    npz = store.save(tmp_path / "mine.npz")
+    out = tmp_path / "r.json"
+    with pytest.warns(UserWarning, match="holds only 18 tokens .*rarely match"):  # 18 < SMALL_DATASTORE_TOKENS
+        assert main(["eval", "--target", str(tiny_dir), "--drafter", "draft:1+rest", "--datastore", str(npz),
+                     "--benchmark", str(prompts_file), "--num-prompts", "1", "--max-new-tokens", "4", "--k", "2",
+                     "--device", "cpu", "--no-progress", "--baselines", "", "--output", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["retrieval"] == {
+        "datastore": dict(source=str(npz), path=str(npz.resolve()), tokens=18, vocab_size=49152, min_ngram=2,
+                          max_ngram=4),
+        "drafters": {"draft:1+rest": dict(datastore_share=0.2, datastore_matches=64, datastore_depth=3,
+                                          max_ngram=3, min_match=2)}}
+    md = out.with_suffix(".md").read_text().splitlines()
+    line = next(ln for ln in md if ln.startswith("- retrieval (+rest): "))
+    assert f"`{npz}` (18 tokens, `{npz.resolve()}`)" in line
+    assert line.endswith("datastore_share 0.2, datastore_matches 64, datastore_depth 3, max_ngram 3, min_match 2")
+    assert md.index(line) < md.index(next(ln for ln in md if ln.startswith("| ")))  # a header line, above the table
+    from decode.report import render_markdown
+
+    del rec["retrieval"]  # runs without +rest: no such line
+    assert "retrieval" not in render_markdown(rec)
+
+
+def test_an_explicit_datastore_without_rest_warns_but_the_default_does_not():
+    import warnings
+
+    from train.cli import build_parser, parse
+
+    def cfg(*argv):
+        return bench.config_from_args(parse(build_parser(), ["eval", *argv]))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cfg().datastore is None  # the default: nothing given, nothing to warn about
+        cfg().validate()
+        cfg("--drafter", "draft:1+rest", "--datastore", "mine.jsonl").validate()  # read by +rest: fine
+    for given in ("sharegpt", "mine.jsonl"):  # explicit, even when it is the default's value
+        c = cfg("--drafter", "ngram", "--drafter", "draft:1+ngram", "--datastore", given)
+        assert c.datastore == given
+        with pytest.warns(UserWarning, match=rf"--datastore {given} is unused: .*add --drafter PATH\+rest"):
+            c.validate()
+
+
+def test_help_shows_the_defaults(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # one line per option: no wrapping inside "(default: ...)"
+    for verb in ("eval", "export", "quickstart"):
+        with pytest.raises(SystemExit) as exc:
+            main([verb, "--help"])
+        assert exc.value.code == 0
+        text = capsys.readouterr().out
+        if verb == "eval":
+            for shown in ("fp32 | bf16 | fp16 (default: fp32)", "prompts measured (default: 8)",
+                          "(default: smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
+                          "(default: sharegpt;", "draft tokens per verification (K) of chain rows (default: 5)"):
+                assert shown in text
+        # no noise: nothing to show for unset options and flags, and a default named in the help stays single
+        assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
+        assert "(default: ngram) (default" not in text

@@ -13,6 +13,7 @@ from decode import generate
 from decode.harness import build_drafter
 from decode.protocol import DecodeState, SamplingParams
 from decode.tree import DraftTree
+from drafters import datastore as datastore_module
 from drafters.datastore import Datastore, build_datastore, cached_datastore
 from drafters.draft_lm import DraftLM
 from drafters.hybrid import LookupHybrid
@@ -82,6 +83,7 @@ def tok():
     return AutoTokenizer.from_pretrained(default_target_dir())
 
 
+@pytest.mark.filterwarnings("ignore:.*rarely match:UserWarning")  # a small corpus, on purpose
 def test_build_from_conversations_skips_heldout_and_user_turns(tmp_path, tok):
     recs = [{"id": f"c{i}", "conversations": [{"from": "human", "value": "zebra question"},
                                                {"from": "gpt", "value": f"The answer is {i}."}]}
@@ -99,6 +101,7 @@ def test_build_from_conversations_skips_heldout_and_user_turns(tmp_path, tok):
     assert build_datastore(path, tok, heldout_fraction=0.0, max_tokens=100).__len__() == 100
 
 
+@pytest.mark.filterwarnings("ignore:.*rarely match:UserWarning")  # a small corpus, on purpose
 def test_cached_datastore_builds_once(tmp_path, monkeypatch, tok):
     monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
     recs = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"},
@@ -110,8 +113,14 @@ def test_cached_datastore_builds_once(tmp_path, monkeypatch, tok):
     second = cached_datastore(path, tok, log=logs.append, heldout_fraction=0.0)
     n = len(tok("hello there friend", add_special_tokens=False)["input_ids"])
     assert len(logs) == 1 and "datastore:" in logs[0] and len(first) == len(second) == 20 * n
+    # provenance for the eval record: what it was built from and the cache file it lives in
+    assert first.source == second.source == str(path) and first.path == second.path
+    assert first.path.parent == tmp_path / "home" / "datastores" and first.path.suffix == ".npz"
+    assert first.describe() == dict(source=str(path), path=str(first.path), tokens=20 * n, vocab_size=len(tok),
+                                    min_ngram=2, max_ngram=4)
     saved = first.save(tmp_path / "mine.npz")
     assert len(cached_datastore(saved, tok)) == len(first)
+    assert cached_datastore(saved, tok).describe()["path"] == str(saved.resolve())
     Datastore(first.tokens[:5] % 50, 50).save(tmp_path / "small.npz")
     with pytest.raises(ValueError, match="vocabulary of 50 ids"):
         cached_datastore(tmp_path / "small.npz", tok)
@@ -241,7 +250,7 @@ def test_bad_datastores_and_specs_name_the_fix(tmp_path):
         generate(target, [[1, 2, 3]], drafter=wide, max_new_tokens=4)
     from decode.bench import EvalConfig, datastore_loader
 
-    with pytest.raises(ValueError, match=r"only \+rest drafters read a datastore"):
+    with pytest.warns(UserWarning, match=r"x.jsonl is unused: only \+rest drafters read a datastore"):
         EvalConfig(drafters=["ngram"], datastore=str(tmp_path / "x.jsonl")).validate()
     with pytest.raises(ValueError, match=r"--datastore .*missing.json.*It takes a ShareGPT"):
         datastore_loader(str(tmp_path / "missing.json"), None, quiet=True)()
@@ -280,6 +289,46 @@ def test_thresholds_and_retrieval_settings_are_checked():
                     ("datastore_matches", 0), ("datastore_share", float("nan"))):
         with pytest.raises(ValueError, match=kw):
             LookupHybrid(head, datastore=_store_from([[1, 2, 3]]), **{kw: bad})
+
+
+def test_retrieval_settings_are_checked_on_assignment_too():
+    target = tiny_llama(0)
+    hybrid = LookupHybrid(DraftLM.from_target(target, 1), datastore=_store_from([[1, 2, 3]]))
+    for name, bad in (("datastore_depth", 0), ("datastore_depth", 2.5), ("datastore_depth", True),
+                      ("datastore_matches", 0), ("datastore_matches", "64"), ("datastore_matches", False),
+                      ("datastore_share", 0.0), ("datastore_share", 1.5), ("datastore_share", float("nan")),
+                      ("datastore_share", True), ("datastore_share", "0.2")):
+        before = getattr(hybrid, name)
+        with pytest.raises(ValueError, match=rf"LookupHybrid needs .*{name}.*got {bad!r}"):
+            setattr(hybrid, name, bad)
+        assert getattr(hybrid, name) == before  # a refused value leaves the setting as it was
+    hybrid.datastore_depth, hybrid.datastore_matches, hybrid.datastore_share = 2, 8, 1
+    assert hybrid.settings() == dict(datastore_share=1.0, datastore_matches=8, datastore_depth=2, max_ngram=3,
+                                     min_match=2)
+    other = LookupHybrid(DraftLM.from_target(target, 1))
+    assert other.datastore_depth == 3  # a setting per object, not per class
+
+
+def test_a_small_corpus_warns_that_retrieval_will_rarely_match(tmp_path, tok, monkeypatch):
+    recs = [{"messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": f"Hello there, this is answer number {i}."}]}
+            for i in range(2)]
+    path = tmp_path / "two.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs))
+    with pytest.warns(UserWarning, match=r"two.jsonl: the datastore holds only \d+ tokens .*rarely match.*larger "
+                                         r"corpus"):
+        store = build_datastore(path, tok, heldout_fraction=0.0)
+    assert 0 < len(store) < datastore_module.SMALL_DATASTORE_TOKENS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_datastore(path, tok, heldout_fraction=0.0, max_tokens=10)  # the cap made it small: as asked
+        monkeypatch.setattr(datastore_module, "SMALL_DATASTORE_TOKENS", len(store))
+        build_datastore(path, tok, heldout_fraction=0.0)  # at the threshold: no warning
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(datastore_module, "SMALL_DATASTORE_TOKENS", len(store) + 1)
+    for _ in ("built", "cached"):  # every time a small store is handed out
+        with pytest.warns(UserWarning, match=f"holds only {len(store)} tokens"):
+            cached_datastore(path, tok, heldout_fraction=0.0)
 
 
 def test_unknown_spec_suffixes_name_the_valid_ones(tmp_path):

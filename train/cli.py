@@ -26,13 +26,30 @@ VERBS = {
 }
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` with each option's default: ``(default: X)`` appended to its help, lists as typed
+    (``1,2,4``), unless the help already names a default or there is none to show (``None``, a flag's
+    ``False``, an empty list). Options without help text show none (argparse prints no help line)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text, default = action.help or "", action.default
+        if (not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
+                or default is None or default is False or default is argparse.SUPPRESS
+                or (isinstance(default, (list, tuple)) and not default) or "default" in text.lower()):
+            return action.help
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser; ``parser.verb_parsers`` maps each verb to its subparser."""
+    """The top-level parser; ``parser.verb_parsers`` maps each verb to its subparser (whose ``--help``
+    shows the options' defaults: :class:`DefaultsHelpFormatter`)."""
     parser = argparse.ArgumentParser(prog="drafterkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     parser.verb_parsers = {}
     for verb, (module, help_) in VERBS.items():
-        p = parser.verb_parsers[verb] = sub.add_parser(verb, help=help_, description=help_)
+        p = parser.verb_parsers[verb] = sub.add_parser(verb, help=help_, description=help_,
+                                                       formatter_class=DefaultsHelpFormatter)
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
