@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from decode.fused import fused_projections
 from decode.metrics import DecodeCounts, DecodeStats, compute_stats
 from decode.protocol import DecodeState, Proposer, SamplingParams
 from decode.sampling import (
@@ -526,7 +527,8 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     # inference mode, not only no_grad: no autograd bookkeeping (version counters, view tracking) on the
     # ~1,000 small ops of a round; on this project's CPU that made plain and speculative decoding
     # alike ~5% faster (BENCHMARKS.md, session 8). Tensors made here cannot be saved for backward.
-    with torch.inference_mode():
+    # fused_projections: one GEMM for q/k/v and one for gate/up per layer (decode/fused.py).
+    with torch.inference_mode(), fused_projections(target):
         dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
         if proposer is not None:
             proposer.reset(len(rows))

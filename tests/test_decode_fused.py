@@ -1,0 +1,86 @@
+"""decode.fused: merged q/k/v and gate/up GEMMs give the separate layers' outputs, and leave the model usable."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaForCausalLM
+
+import decode
+from decode.fused import fused_projections, merged_groups
+from decode.tree import DraftTree
+from drafters.ngram import NGramDrafter
+from tests.conftest import tiny_llama
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+def test_merged_forward_is_bit_identical_and_uses_one_gemm_per_group(monkeypatch):
+    model = tiny_llama(0)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    gemms = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: gemms.append(w.shape) or linear(x, w, b))
+    want = _logits(model, ids)
+    layers = model.config.num_hidden_layers
+    assert len(gemms) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer + the LM head
+    groups = merged_groups(model)
+    assert len(groups) == 2 * layers  # q/k/v and gate/up in every layer
+    gemms.clear()
+    with fused_projections(model):
+        got = _logits(model, ids)
+    assert torch.equal(got, want)
+    assert len(gemms) == 4 * layers + 1  # qkv, o, gate_up, down per layer + the LM head
+    assert all("forward" not in lin.__dict__ for g in groups for lin in g.layers)  # stock forwards restored
+    gemms.clear()
+    assert torch.equal(_logits(model, ids), want) and len(gemms) == 7 * layers + 1
+
+
+def test_weights_are_views_with_the_same_values_and_save_and_load():
+    model = tiny_llama(1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    groups = merged_groups(model)
+    attn = model.model.layers[1].self_attn
+    base = groups[2].weight
+    assert attn.q_proj.weight.data_ptr() == base.data_ptr()
+    assert attn.k_proj.weight.data_ptr() == base.data_ptr() + attn.q_proj.weight.numel() * base.element_size()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        again = LlamaForCausalLM.from_pretrained(d)
+    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items())
+
+
+def test_reassigned_weights_are_merged_again():
+    model = tiny_llama(2)
+    merged_groups(model)
+    other = tiny_llama(3)
+    model.load_state_dict(other.state_dict(), assign=True)  # new tensors: the old views are gone
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with fused_projections(model):
+        got = _logits(model, ids)
+    assert torch.equal(got, _logits(other, ids))
+
+
+def test_hooked_or_foreign_layers_are_not_merged():
+    model = tiny_llama(4)
+    model.model.layers[0].self_attn.k_proj.register_forward_hook(lambda *a: None)
+    names = {id(lin) for g in merged_groups(model) for lin in g.layers}
+    assert id(model.model.layers[0].self_attn.q_proj) not in names
+    assert id(model.model.layers[0].mlp.gate_proj) in names
+
+
+def test_speculative_greedy_output_still_equals_plain_and_transformers():
+    target = tiny_llama(5)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    with torch.no_grad():
+        hf = target.generate(torch.tensor([prompt]), max_new_tokens=14, do_sample=False,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
+    plain = decode.generate(target, [prompt], max_new_tokens=14)
+    spec = decode.generate(target, [prompt], drafter=NGramDrafter(), max_new_tokens=14, tree=DraftTree.parse("2,1"))
+    assert spec.counts.drafted > 0
+    assert spec.sequences[0] == plain.sequences[0] == hf[0, len(prompt):].tolist()
