@@ -27,7 +27,6 @@ import dataclasses
 import datetime as _dt
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -91,8 +90,8 @@ class EvalConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad flag and the fix; warn (``UserWarning``) about a
-        ``datastore`` given while no drafter spec ends in ``+rest`` (nothing reads it)."""
+        """Raise ``ValueError`` naming the bad flag and the fix (also for a ``datastore`` given while
+        no drafter spec ends in ``+rest``: nothing would read it)."""
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad:
             raise ValueError(f"--baselines: unknown {bad}; choose from {','.join(BASELINES)}")
@@ -108,9 +107,9 @@ class EvalConfig:
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
         if self.datastore is not None and not any(d.endswith("+rest") for d in self.drafters):
-            warnings.warn(f"--datastore {self.datastore} is unused: only +rest drafters read a datastore and no "
-                          "--drafter ends in +rest; add --drafter PATH+rest (prompt lookup plus retrieval from it) "
-                          "or drop --datastore", UserWarning, stacklevel=2)
+            raise ValueError(f"--datastore {self.datastore} is unused: only +rest drafters read a datastore and no "
+                             "--drafter ends in +rest; add --drafter PATH+rest (prompt lookup plus retrieval from it) "
+                             "or drop --datastore")
         if not self.draft_thresholds or any(not 0.0 <= t < 1.0 for t in self.draft_thresholds):
             raise ValueError(f"--draft-threshold values must be in [0, 1), got {self.draft_thresholds}")
         if not self.trees:
@@ -353,7 +352,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat "
                         "JSON(L) file (assistant turns outside the held-out split), or a saved .npz; built once "
                         f"and cached under $DRAFTERKIT_HOME/datastores (default: {DEFAULT_DATASTORE}; given "
-                        "without a +rest drafter, it is unused and a warning says so)")
+                        "without a +rest drafter, it is refused as unused)")
     p.add_argument("--benchmark", default="mt-bench", help="mt-bench | humaneval | sharegpt | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts measured")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer at most")

@@ -320,7 +320,7 @@ def test_rest_eval_records_its_datastore_and_settings(tiny_dir, prompts_file, tm
     assert "retrieval" not in render_markdown(rec)
 
 
-def test_an_explicit_datastore_without_rest_warns_but_the_default_does_not():
+def test_an_explicit_datastore_without_rest_is_refused_but_the_default_is_not():
     import warnings
 
     from train.cli import build_parser, parse
@@ -336,7 +336,7 @@ def test_an_explicit_datastore_without_rest_warns_but_the_default_does_not():
     for given in ("sharegpt", "mine.jsonl"):  # explicit, even when it is the default's value
         c = cfg("--drafter", "ngram", "--drafter", "draft:1+ngram", "--datastore", given)
         assert c.datastore == given
-        with pytest.warns(UserWarning, match=rf"--datastore {given} is unused: .*add --drafter PATH\+rest"):
+        with pytest.raises(ValueError, match=rf"--datastore {given} is unused: .*add --drafter PATH\+rest"):
             c.validate()
 
 
