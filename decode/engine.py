@@ -172,6 +172,15 @@ def _as_proposer(drafter: Any) -> Proposer | None:
                     f"feature_layers / check_compatible / reset / propose; got {type(drafter).__name__}")
 
 
+def _modules_of(proposer: Proposer | None) -> list[torch.nn.Module]:
+    """The proposer's own modules for :func:`decode.fused.fused_projections`: itself when it is a module
+    (a drafter), else the module it wraps as ``.drafter`` (``drafters.hybrid.LookupHybrid``)."""
+    for m in (proposer, getattr(proposer, "drafter", None)):
+        if isinstance(m, torch.nn.Module):
+            return [m]
+    return []
+
+
 def _vocab_size(target: torch.nn.Module, proposer: Proposer | None) -> int:
     vocab = min(lm_head_rows(target), getattr(target.config, "vocab_size", None) or lm_head_rows(target))
     limit = getattr(proposer, "vocab_limit", None)  # optional proposer member (decode.protocol)
@@ -527,8 +536,9 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     # inference mode, not only no_grad: no autograd bookkeeping (version counters, view tracking) on the
     # ~1,000 small ops of a round; on this project's CPU that made plain and speculative decoding
     # alike ~5% faster (BENCHMARKS.md, session 8). Tensors made here cannot be saved for backward.
-    # fused_projections: one GEMM for q/k/v and one for gate/up per layer (decode/fused.py).
-    with torch.inference_mode(), fused_projections(target):
+    # fused_projections: the target's and the drafter's linear layers from the engine's merged (q/k/v,
+    # gate/up) and, in bf16 on a CPU, prepacked weight copies (decode/fused.py)
+    with torch.inference_mode(), fused_projections(target, *_modules_of(proposer)):
         dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
         if proposer is not None:
             proposer.reset(len(rows))

@@ -1,26 +1,35 @@
-"""One GEMM for the projections that read the same input: q/k/v in attention, gate/up in the MLP.
+"""The decoder's CPU linear layers: merged projections and, in bf16, weights prepacked for oneDNN.
 
-At decoding batch sizes (one row, or the few nodes of a verification pass) a transformers decoder layer
-on a CPU spends much of its time in per-call overhead: SmolLM2-135M runs 7 ``linear`` calls per layer.
-vLLM loads such targets with merged projection weights (``QKVParallelLinear``,
-``MergedColumnParallelLinear``); :func:`fused_projections` does the same for a transformers model
-without changing its code. For each module whose children ``q_proj, k_proj, v_proj`` (or
-``gate_proj, up_proj``) are plain ``nn.Linear`` layers over the same input, their weights are moved
-once into one ``[sum of out_features, in_features]`` tensor and each layer's ``weight`` becomes a row
-slice of it (a view: no extra memory, identical values, so transformers' own code, ``save_pretrained``
-and ``generate`` see the same parameters). Inside the context the first layer of a group called on an
-input computes the whole group's output with one GEMM and the others return their column slices of it.
+At decoding batch sizes (one row, or the few nodes of a verification pass) a transformers decoder on a
+CPU spends its time in ``linear`` calls that are small and many: SmolLM2-135M makes 7 per layer, 211
+per forward. Two things make them cheaper, both as inference engines do it:
 
-Measured on this project's 2-core CPU (bf16, SmolLM2-135M, one decoder layer's projections): 445 ->
-354 us per layer at 1 row, 494 -> 434 us at 6 rows; outputs bit-identical to the separate GEMMs in
-fp32 and bf16 at 1-200 rows (BENCHMARKS.md, session 9; tests/test_decode_fused.py).
+* **Merged projections.** ``q_proj, k_proj, v_proj`` (and ``gate_proj, up_proj``) read the same input;
+  one GEMM over their concatenated weights replaces three (two) calls, as vLLM's ``QKVParallelLinear``
+  / ``MergedColumnParallelLinear`` load them.
+* **Prepacked bf16 weights.** PyTorch's CPU ``linear`` in bf16 runs oneDNN, which reorders the weight
+  into its blocked layout on every call; PyTorch's own compiler does that reorder once when it freezes
+  a model (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``). Same kernel, same
+  results (checked bit for bit when a weight is packed; a mismatch or a missing op falls back to the
+  plain merged weight), without the per-call reorder.
+
+Measured on this project's 2-core CPU (BENCHMARKS.md, session 9): bf16 LM head 49152x576 3.5 -> 1.8 ms
+at 1 row and 4.1 -> 1.7 ms at 6; a 1536x576 MLP projection 83 -> 36 us; merging q/k/v + gate/up 445 ->
+354 us per layer before packing. In fp32 only the merging applies (prepacked fp32 GEMMs do not give
+the same bits as the stock path, so they are not used).
+
+:func:`fused_projections` holds them for one decode: ``decode.generate`` wraps the target (and the
+drafter's own modules) in it. The engine computes from its OWN copies of the weights (built once per
+model and kept while it lives: one more copy of the linear weights in memory), so the model's
+parameters are never touched and transformers' ``generate`` on the same model, outside the block, runs
+its stock code. Off the CPU nothing changes.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
@@ -29,93 +38,131 @@ from torch import nn
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
+def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``weight`` reordered for oneDNN, or ``None`` when that op is missing or gives different bits."""
+    if weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        probe = torch.randn(2, 3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+        same = torch.equal(torch.ops.mkldnn._linear_pointwise(probe, packed, bias, "none", [], ""),
+                           torch.nn.functional.linear(probe, weight, bias))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+    return packed if same else None
+
+
 class _Group:
-    """The merged weight (and bias) of one group and the last input it was called on."""
+    """The engine's copy of one group of linear layers (merged; prepacked where it gives the same bits)
+    and the last input it was called on."""
 
     def __init__(self, layers: list[nn.Linear]):
         self.layers = layers
         self.sizes = [lin.out_features for lin in layers]
-        self.weight = torch.cat([lin.weight.detach() for lin in layers])
-        self.bias = (torch.cat([lin.bias.detach() for lin in layers]) if layers[0].bias is not None else None)
-        start = 0
-        for lin, n in zip(layers, self.sizes):  # each layer's parameters become views of the merged ones
-            lin.weight.data = self.weight[start: start + n]
-            if self.bias is not None:
-                lin.bias.data = self.bias[start: start + n]
-            start += n
-        self.pointers = [lin.weight.data_ptr() for lin in layers]
+        self.stamp = self._stamp()
+        weight = torch.cat([lin.weight.detach() for lin in layers]) if len(layers) > 1 else layers[0].weight.detach()
+        bias = None
+        if layers[0].bias is not None:
+            bias = torch.cat([lin.bias.detach() for lin in layers]) if len(layers) > 1 else layers[0].bias.detach()
+        self.bias = bias
+        self.packed = _pack(weight, bias)
+        self.weight = None if self.packed is not None else weight  # the packed copy replaces the plain one
         self.input: torch.Tensor | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
 
+    def _stamp(self) -> list[tuple[int, int]]:
+        return [(t.data_ptr(), t._version) for lin in self.layers for t in (lin.weight, lin.bias) if t is not None]
+
     def intact(self) -> bool:
-        """Whether every layer's weight is still the view made at construction (not reassigned)."""
-        return all(lin.weight.data_ptr() == p and lin.weight.dtype == self.weight.dtype
-                   for lin, p in zip(self.layers, self.pointers))
+        """Whether every layer still holds the same, unmodified weights (same tensors, same in-place
+        version counters: an optimizer step or ``load_state_dict`` changes them)."""
+        return self._stamp() == self.stamp
 
     def forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         if x is not self.input:  # holding ``input`` keeps its id from being reused by another tensor
             self.input = x
-            self.outputs = torch.nn.functional.linear(x, self.weight, self.bias).split(self.sizes, -1)
+            if self.packed is not None:
+                y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            else:
+                y = torch.nn.functional.linear(x, self.weight, self.bias)
+            self.outputs = y.split(self.sizes, -1) if len(self.sizes) > 1 else (y,)
         return self.outputs[i]
 
     def clear(self) -> None:
         self.input, self.outputs = None, ()
 
 
-def _mergeable(layers: list) -> bool:
-    if not all(type(lin) is nn.Linear for lin in layers):  # LoRA, quantized or hooked layers stay as they are
-        return False
-    w0 = layers[0].weight
-    return (all(lin.in_features == layers[0].in_features and lin.weight.dtype == w0.dtype
-                and lin.weight.device == w0.device and (lin.bias is None) == (layers[0].bias is None)
-                and not lin._forward_hooks and not lin._forward_pre_hooks for lin in layers))
+def _plain(lin) -> bool:
+    # LoRA, quantized or hooked layers keep their own forward
+    return type(lin) is nn.Linear and not lin._forward_hooks and not lin._forward_pre_hooks
 
 
-_groups: "weakref.WeakKeyDictionary[nn.Module, list[_Group]]" = weakref.WeakKeyDictionary()
+def _build(model: nn.Module) -> list[_Group]:
+    groups, grouped = [], set()
+    for module in model.modules():
+        for names in GROUPS:
+            layers = [getattr(module, n, None) for n in names]
+            if not all(isinstance(lin, nn.Linear) and _plain(lin) for lin in layers):
+                continue
+            w0, b0 = layers[0].weight, layers[0].bias
+            if all(lin.in_features == layers[0].in_features and lin.weight.dtype == w0.dtype
+                   and lin.weight.device == w0.device and (lin.bias is None) == (b0 is None) for lin in layers):
+                groups.append(_Group(layers))
+                grouped.update(id(lin) for lin in layers)
+    for lin in model.modules():  # the other layers gain only from packing: bf16 only
+        if _plain(lin) and id(lin) not in grouped and lin.weight.dtype == torch.bfloat16:
+            g = _Group([lin])
+            if g.packed is not None:
+                groups.append(g)
+                grouped.add(id(lin))
+    return groups
 
 
-def merged_groups(model: nn.Module) -> list[_Group]:
-    """The model's mergeable projection groups, merged on first call (and again for any group whose
-    weights were reassigned since, e.g. by ``load_state_dict`` with ``assign=True``)."""
+_groups: weakref.WeakKeyDictionary[nn.Module, list[_Group]] = weakref.WeakKeyDictionary()
+
+
+def engine_groups(model: nn.Module) -> list[_Group]:
+    """The engine's copies of ``model``'s linear layers (:class:`_Group`), built on first call and again
+    when a layer's weights were replaced or modified in place since (a training step between two
+    evaluations, ``load_state_dict``); empty for a model off the CPU."""
     groups = _groups.get(model)
     if groups is not None and all(g.intact() for g in groups):
         return groups
-    groups = []
-    with torch.inference_mode(False), torch.no_grad():  # normal tensors even when called under inference mode
-        for module in model.modules():
-            for names in GROUPS:
-                layers = [getattr(module, n, None) for n in names]
-                if all(isinstance(lin, nn.Linear) for lin in layers) and _mergeable(layers):
-                    groups.append(_Group(layers))
+    params = next(model.parameters(), None)
+    if params is None or params.device.type != "cpu":
+        groups = []
+    else:
+        with torch.inference_mode(False), torch.no_grad():  # plain tensors even under inference mode
+            groups = _build(model)
     _groups[model] = groups
     return groups
 
 
 @contextmanager
-def fused_projections(model: nn.Module) -> Iterator[None]:
-    """Inside the block, each merged group of ``model`` (:func:`merged_groups`) runs one GEMM per input.
-
-    ``decode.generate`` holds it around a whole decode (the target's passes and any drafter that
-    shares the target's layers), so transformers' ``generate`` on the same model, outside it, runs
-    the stock ``nn.Linear`` calls (on the same values, now views of the merged weights).
-
-    Outputs are those of the separate layers (the same rows of the same weights); the returned
-    tensors are column slices of the merged output (non-contiguous, as transformers' ``view`` to
-    heads accepts). Models without such groups (GPT-2's fused ``c_attn``, Phi-3's ``qkv_proj``) run
-    unchanged. Not re-entrant for the same model. Training code should not use it: the merged
-    weight does not carry gradients back to the layers' parameters.
-    """
-    groups = merged_groups(model)
-    if not groups:
+def fused_projections(*models: nn.Module | None) -> Iterator[None]:
+    """Inside the block, the linear layers of ``models`` with an engine copy (:func:`engine_groups`)
+    compute from it: one GEMM per merged group and input, prepacked in bf16. Outputs are the same as the
+    stock layers' (the merged outputs' column slices are returned, non-contiguous, as transformers'
+    ``view`` to heads accepts). ``None`` entries and models without such layers are skipped, and a
+    layer two models share (a drafter built on the target's layers) runs the first model's copy. Not
+    re-entrant; no gradients flow through it (inference only)."""
+    with ExitStack() as stack:
+        for model in models:
+            if model is not None:
+                stack.enter_context(_installed(engine_groups(model)))
         yield
-        return
-    for g in groups:
+
+
+@contextmanager
+def _installed(groups: list[_Group]) -> Iterator[None]:
+    mine = [g for g in groups if not any("forward" in lin.__dict__ for lin in g.layers)]  # not taken already
+    for g in mine:
         for i, lin in enumerate(g.layers):
             lin.forward = (lambda x, _g=g, _i=i: _g.forward(_i, x))
     try:
         yield
     finally:
-        for g in groups:
+        for g in mine:
             g.clear()
             for lin in g.layers:
-                del lin.forward
+                lin.__dict__.pop("forward", None)

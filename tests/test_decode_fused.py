@@ -6,7 +6,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import decode
-from decode.fused import fused_projections, merged_groups
+from decode.fused import engine_groups, fused_projections
 from decode.tree import DraftTree
 from drafters.ngram import NGramDrafter
 from tests.conftest import tiny_llama
@@ -26,7 +26,7 @@ def test_merged_forward_is_bit_identical_and_uses_one_gemm_per_group(monkeypatch
     want = _logits(model, ids)
     layers = model.config.num_hidden_layers
     assert len(gemms) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer + the LM head
-    groups = merged_groups(model)
+    groups = engine_groups(model)
     assert len(groups) == 2 * layers  # q/k/v and gate/up in every layer
     gemms.clear()
     with fused_projections(model):
@@ -38,38 +38,42 @@ def test_merged_forward_is_bit_identical_and_uses_one_gemm_per_group(monkeypatch
     assert torch.equal(_logits(model, ids), want) and len(gemms) == 7 * layers + 1
 
 
-def test_weights_are_views_with_the_same_values_and_save_and_load():
-    model = tiny_llama(1)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    groups = merged_groups(model)
-    attn = model.model.layers[1].self_attn
-    base = groups[2].weight
-    assert attn.q_proj.weight.data_ptr() == base.data_ptr()
-    assert attn.k_proj.weight.data_ptr() == base.data_ptr() + attn.q_proj.weight.numel() * base.element_size()
-    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        model.save_pretrained(d)
-        again = LlamaForCausalLM.from_pretrained(d)
-    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items())
+def test_the_model_is_untouched_and_bf16_copies_are_prepacked_with_the_same_outputs():
+    model = tiny_llama(1).to(torch.bfloat16)
+    ptrs = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, model.config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(1))
+    want = _logits(model, ids)
+    groups = engine_groups(model)
+    layers = model.config.num_hidden_layers
+    # bf16: q/k/v, gate/up, o, down per layer and the LM head, each prepacked for oneDNN when the CPU has it
+    assert len(groups) == (4 * layers + 1 if groups[0].packed is not None else 2 * layers)
+    with fused_projections(model):
+        got = _logits(model, ids)
+    assert torch.equal(got, want)
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == ptrs  # parameters never replaced
 
 
-def test_reassigned_weights_are_merged_again():
+def test_replaced_or_updated_weights_get_new_copies():
     model = tiny_llama(2)
-    merged_groups(model)
+    first = engine_groups(model)
+    assert engine_groups(model) is first  # cached while the weights are the same
     other = tiny_llama(3)
-    model.load_state_dict(other.state_dict(), assign=True)  # new tensors: the old views are gone
+    model.load_state_dict(other.state_dict(), assign=True)  # new tensors
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with fused_projections(model):
         got = _logits(model, ids)
     assert torch.equal(got, _logits(other, ids))
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(2.0)  # in place, as an optimizer step
+    want = _logits(model, ids)
+    with fused_projections(model):
+        assert torch.equal(_logits(model, ids), want)
 
 
 def test_hooked_or_foreign_layers_are_not_merged():
     model = tiny_llama(4)
     model.model.layers[0].self_attn.k_proj.register_forward_hook(lambda *a: None)
-    names = {id(lin) for g in merged_groups(model) for lin in g.layers}
+    names = {id(lin) for g in engine_groups(model) for lin in g.layers}
     assert id(model.model.layers[0].self_attn.q_proj) not in names
     assert id(model.model.layers[0].mlp.gate_proj) in names
 
