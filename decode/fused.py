@@ -39,6 +39,9 @@ from torch import nn
 #: but 4 x 256 rows 746 -> 876 ms (the merged outputs' column-slice layout slows what follows)
 MAX_ROWS = 256
 
+#: set to ``False`` to run the stock layers everywhere (``benchmarks/engine_kernels.py`` compares both)
+ENABLED = True
+
 #: sibling ``nn.Linear`` children that read the same input in transformers' decoder layers
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -156,7 +159,7 @@ def fused_projections(*models: nn.Module | None) -> Iterator[None]:
     re-entrant; no gradients flow through it (inference only)."""
     with ExitStack() as stack:
         for model in models:
-            if model is not None:
+            if model is not None and ENABLED:
                 stack.enter_context(_installed(engine_groups(model)))
         yield
 

@@ -88,3 +88,42 @@ def test_speculative_greedy_output_still_equals_plain_and_transformers():
     spec = decode.generate(target, [prompt], drafter=NGramDrafter(), max_new_tokens=14, tree=DraftTree.parse("2,1"))
     assert spec.counts.drafted > 0
     assert spec.sequences[0] == plain.sequences[0] == hf[0, len(prompt):].tolist()
+
+
+def test_large_inputs_and_the_switch_run_the_stock_layers(monkeypatch):
+    from decode import fused
+
+    model = tiny_llama(6)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(6))
+    want = _logits(model, ids)
+    gemms = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: gemms.append(w.shape) or linear(x, w, b))
+    stock = 7 * model.config.num_hidden_layers + 1
+    monkeypatch.setattr(fused, "MAX_ROWS", 17)  # 18 rows: a "prefill"
+    with fused_projections(model):
+        assert torch.equal(_logits(model, ids), want)
+    assert len(gemms) == stock
+    monkeypatch.setattr(fused, "MAX_ROWS", 256)
+    monkeypatch.setattr(fused, "ENABLED", False)
+    gemms.clear()
+    with fused_projections(model):
+        assert torch.equal(_logits(model, ids), want)
+    assert len(gemms) == stock
+
+
+def test_generate_runs_the_drafter_on_engine_copies_too_and_shared_layers_once():
+    from drafters.draft_lm import DraftLM
+
+    target = tiny_llama(7)
+    draft_model = tiny_llama(8, layers=1)
+    seen = []
+    draft_model.model.layers[0].register_forward_pre_hook(
+        lambda mod, args: seen.append("forward" in mod.self_attn.q_proj.__dict__))
+    prompt = [3, 4, 5, 6, 7]
+    plain = decode.generate(target, [prompt], max_new_tokens=10).sequences[0]
+    out = decode.generate(target, [prompt], drafter=DraftLM.from_model(draft_model), max_new_tokens=10)
+    assert out.sequences[0] == plain and seen and all(seen)
+    shared = DraftLM.from_target(target, 1)  # the target's first layer: one engine copy serves both
+    assert decode.generate(target, [prompt], drafter=shared, max_new_tokens=10).sequences[0] == plain
+    assert all("forward" not in m.__dict__ for m in target.modules())

@@ -1,6 +1,6 @@
 """``drafterkit quickstart``: fetch, train and evaluate a drafter for the default target, end to end.
 
-    drafterkit quickstart                                  # <= 20 min in all (13.5 min training), EAGLE-3 if its recipe exists
+    drafterkit quickstart                                  # <= 20 min in all (14.5 min training), EAGLE-3 if its recipe exists
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
 Stages (each timed, in seconds, in ``report.json``):
@@ -47,7 +47,7 @@ def default_kind() -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=float, default=13.5,
+    p.add_argument("--minutes", type=float, default=14.5,
                    help="training budget in minutes (train.max_minutes); fetch + eval add ~5 min on a 2-core CPU")
     p.add_argument("--output-dir", default="drafterkit-quickstart", help="report folder (training under train/)")
     p.add_argument("--kind", default=None, help="drafter kind: eagle3 | eagle | medusa | draft_lm "
