@@ -48,7 +48,7 @@ def default_kind() -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=14.5,
-                   help="training budget in minutes (train.max_minutes); fetch + eval add ~5 min on a 2-core CPU")
+                   help="training budget in minutes (train.max_minutes); fetch + eval add ~4 min on a 2-core CPU")
     p.add_argument("--output-dir", default="drafterkit-quickstart", help="report folder (training under train/)")
     p.add_argument("--kind", default=None, help="drafter kind: eagle3 | eagle | medusa | draft_lm "
                                                 "(default: eagle3 if recipes/eagle3.yaml exists, else draft_lm)")
