@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaForCausalLM
 
 import decode
 from decode.fused import engine_groups, fused_projections
