@@ -126,3 +126,69 @@ def test_generate_runs_the_drafter_on_engine_copies_too_and_shared_layers_once()
     shared = DraftLM.from_target(target, 1)  # the target's first layer: one engine copy serves both
     assert decode.generate(target, [prompt], drafter=shared, max_new_tokens=10).sequences[0] == plain
     assert all("forward" not in m.__dict__ for m in target.modules())
+
+
+def test_edits_that_bypass_the_version_counter_are_noticed():
+    from decode.fused import refresh
+
+    model = tiny_llama(9)
+    prompt = [4, 9, 2, 7, 7, 1]
+    before = decode.generate(model, [prompt], max_new_tokens=12).sequences[0]
+
+    def hf():
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    mlp = model.model.layers[1].mlp
+    version = mlp.up_proj.weight._version
+    mlp.up_proj.weight.data.mul_(-3.0)  # through .data, as peft's merge_adapter: no version bump
+    assert mlp.up_proj.weight._version == version
+    assert hf() != before  # the edit matters ...
+    assert decode.generate(model, [prompt], max_new_tokens=12).sequences[0] == hf()  # ... and the engine sees it
+    opt = torch.optim.AdamW(model.model.layers[0].parameters(), lr=0.5, fused=True)
+    for p in model.model.layers[0].parameters():
+        p.requires_grad_(True)
+        p.grad = torch.randn_like(p)
+    opt.step()  # fused AdamW writes without bumping the counters either
+    model.requires_grad_(False)
+    assert decode.generate(model, [prompt], max_new_tokens=12).sequences[0] == hf()
+    with torch.no_grad():
+        model.lm_head.weight.data[prompt[0], 0] += 1.0  # one element: may go unseen by the sampled check
+    refresh(model)
+    assert decode.generate(model, [prompt], max_new_tokens=12).sequences[0] == hf()
+
+
+def test_threads_decoding_one_model_get_their_own_outputs():
+    import threading
+
+    model = tiny_llama(10)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2]]
+    want = [decode.generate(model, [p], max_new_tokens=24).sequences[0] for p in prompts]
+    got: dict[tuple[int, int], list[int]] = {}
+
+    def work(t: int) -> None:
+        for i, p in enumerate(prompts * 4):
+            got[t, i] = decode.generate(model, [p], max_new_tokens=24).sequences[0]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(got) == 4 * 4 * len(prompts)
+    assert all(seq == want[i % len(prompts)] for (_, i), seq in got.items())
+
+
+def test_a_hook_added_after_the_copies_were_built_is_honoured():
+    model = tiny_llama(11)
+    ids = torch.tensor([[1, 5, 9, 13]])
+    engine_groups(model)
+    k_proj = model.model.layers[0].self_attn.k_proj
+    handle = k_proj.register_forward_hook(lambda mod, args, out: out * 0)
+    want = _logits(model, ids)
+    with fused_projections(model):
+        got = _logits(model, ids)
+    handle.remove()
+    assert torch.equal(got, want) and not torch.equal(want, _logits(model, ids))
