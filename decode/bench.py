@@ -416,7 +416,7 @@ def print_record(record: dict, console=None) -> None:
     report.print_eval(record["summary"], title, console)
     ex = record["exactness"]
     console.print(f"exactness: {'mismatches ' + str(ex['mismatches']) if ex['checked'] else 'not checked'} "
-                  f"({ex['reason']})")
+                  f"({ex['reason']}){report.differs_note(ex)}")
     if note := report.small_sample_note(record):
         console.print(f"note: {note}")
     if "sweep" in record:

@@ -412,14 +412,24 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype) ->
 
     Returns:
         ``{"checked", "reason", "mismatches": {method: n}, "mismatched_prompts": {method: [ids]},
-        "hf_vs_engine_mismatches"}``; counts are ``None`` when not checked (temperature > 0, or a
-        dtype other than fp32 where near-ties may flip legitimately, or no plain engine run).
+        "hf_vs_engine_mismatches", "differs_from_plain", "prompts_compared"}``; counts are ``None`` when
+        not checked (temperature > 0, or a dtype other than fp32 where near-ties may flip legitimately,
+        or no plain engine run). ``differs_from_plain`` ({method: prompts whose output differs from the
+        plain output}) is filled instead at temperature 0 in other dtypes: not an exactness failure,
+        but it says how many of the timed texts diverged from plain decoding's.
     """
     plain = {r["prompt"]: r["output_ids"] for r in runs if r["role"] == "plain"}
     checked = temperature == 0 and dtype == torch.float32 and bool(plain)
     reason = ("temperature 0, fp32: speculative output must equal plain decoding token for token" if checked
               else "only checked at temperature 0 in fp32 with the engine baseline run")
-    out = dict(checked=checked, reason=reason, mismatches={}, mismatched_prompts={}, hf_vs_engine_mismatches=None)
+    out = dict(checked=checked, reason=reason, mismatches={}, mismatched_prompts={}, hf_vs_engine_mismatches=None,
+               differs_from_plain=None, prompts_compared=len(plain))
+    if temperature == 0 and plain and not checked:  # informative only: bf16 near-ties may flip legitimately
+        out["differs_from_plain"] = {}
+        for r in runs:
+            if r["role"] == "spec":
+                n = out["differs_from_plain"].get(r["method"], 0)
+                out["differs_from_plain"][r["method"]] = n + (r["output_ids"] != plain[r["prompt"]])
     if not checked:
         return out
     for r in runs:

@@ -333,6 +333,16 @@ def write_json(path: str | Path, record: dict) -> Path:
 SMALL_SAMPLE_TOKENS = 256
 
 
+def differs_note(exactness: dict) -> str:
+    """``"; outputs differing from plain decoding (near-ties at this dtype): {method: n of m}"``, or ``""``."""
+    differs = exactness.get("differs_from_plain")
+    if not differs:
+        return ""
+    m = exactness.get("prompts_compared", "?")
+    return ("; outputs differing from plain decoding (near-ties at this dtype, so those rows timed a text that "
+            "diverged): " + ", ".join(f"{k}: {v} of {m}" for k, v in differs.items()))
+
+
 def small_sample_note(record: dict) -> str | None:
     """A warning when some method of ``record`` measured fewer than :data:`SMALL_SAMPLE_TOKENS` new tokens
     (one scheduler hiccup then moves its tokens/s by tens of percent), else None."""
@@ -577,7 +587,7 @@ def render_markdown(record: dict) -> str:
     lines.append(markdown_table(rows, cols))
     ex = record["exactness"]
     lines += [f"Exactness: {'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
-              f"({ex['reason']}).", ""]
+              f"({ex['reason']}){differs_note(ex)}.", ""]
     if note := small_sample_note(record):
         lines += [f"Note: {note}", ""]
     if record.get("sweep"):

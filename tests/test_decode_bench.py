@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import tiny_llama
 
 from decode import bench
@@ -355,3 +356,22 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         # no noise: nothing to show for unset options and flags, and a default named in the help stays single
         assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
         assert "(default: ngram) (default" not in text
+
+
+def test_bf16_records_how_many_outputs_differ_from_plain_without_calling_it_a_mismatch():
+    from decode.harness import check_exactness
+    from decode.report import differs_note
+
+    def run(role, method, prompt, ids):
+        return dict(role=role, method=method, prompt=prompt, prompt_id=f"p{prompt}", output_ids=ids)
+
+    runs = [run("plain", "engine", 0, [1, 2, 3]), run("plain", "engine", 1, [4, 5]),
+            run("spec", "a", 0, [1, 2, 3]), run("spec", "a", 1, [4, 6]), run("spec", "b", 0, [1, 2, 3]),
+            run("spec", "b", 1, [4, 5]), run("hf", "hf", 0, [1, 2, 9])]
+    ex = check_exactness(runs, 0.0, torch.bfloat16)
+    assert not ex["checked"] and ex["mismatches"] == {}
+    assert ex["differs_from_plain"] == {"a": 1, "b": 0} and ex["prompts_compared"] == 2
+    assert differs_note(ex).endswith("a: 1 of 2, b: 0 of 2")
+    assert check_exactness(runs, 0.7, torch.bfloat16)["differs_from_plain"] is None  # sampling: not comparable
+    fp32 = check_exactness(runs, 0.0, torch.float32)
+    assert fp32["checked"] and fp32["mismatches"] == {"a": 1, "b": 0} and differs_note(fp32) == ""

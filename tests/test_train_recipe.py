@@ -39,7 +39,7 @@ def test_misspelt_key_names_key_path_and_valid_keys():
 def test_misspelt_top_level_section_and_strategy_option():
     with pytest.raises(RecipeError, match=r"(?s)trian.*valid keys.*'train'"):
         recipe_from_dict({"output_dir": "x", "trian": {}})
-    with pytest.raises(RecipeError, match=r"(?s)drafter\.options\.num_layrs.*'num_layers'"):
+    with pytest.raises(RecipeError, match=r"(?m)^drafter\.options\.num_layrs: unknown key.*'num_layers'"):
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "draft_lm", "options": {"num_layrs": 2}}})
     with pytest.raises(RecipeError, match=r"unknown drafter kind|no training strategy.*draft_lm"):
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "nope"}})

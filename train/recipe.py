@@ -284,7 +284,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], prefix
             msg = f"unknown key {loc[-1]!r}; valid keys here: {valid}"
         elif e["type"] == "missing":
             msg = "required key is missing"
-        lines.append(f"{path}: {msg}")
+        # a nested validator's message already names its full path (drafter.options.<key>: ...)
+        lines.append(msg if msg.startswith(f"{path}.") else f"{path}: {msg}")
     return "\n".join(lines)
 
 
