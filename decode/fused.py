@@ -70,17 +70,14 @@ def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | Non
 
 class _Group:
     """The engine's copy of one group of linear layers (merged; prepacked where it gives the same bits)
-    and the last input it was called on."""
+    and, per thread, the last input it was called on and its outputs."""
 
     def __init__(self, layers: list[nn.Linear]):
         self.layers = layers
         self.sizes = [lin.out_features for lin in layers]
         self.stamp = self._stamp()
-        weight = torch.cat([lin.weight.detach() for lin in layers]) if len(layers) > 1 else layers[0].weight.detach()
-        bias = None
-        if layers[0].bias is not None:
-            bias = torch.cat([lin.bias.detach() for lin in layers]) if len(layers) > 1 else layers[0].bias.detach()
-        self.bias = bias
+        weight = torch.cat([lin.weight.detach() for lin in layers])
+        bias = self.bias = torch.cat([lin.bias.detach() for lin in layers]) if layers[0].bias is not None else None
         self.packed = _pack(weight, bias)
         self.weight = None if self.packed is not None else weight  # the packed copy replaces the plain one
         self._local = threading.local()  # the last input and outputs, per thread
@@ -112,7 +109,8 @@ class _Group:
         return True
 
     def hooked(self) -> bool:
-        return any(lin._forward_hooks or lin._forward_pre_hooks or type(lin) is not nn.Linear for lin in self.layers)
+        """Whether a layer got hooks (or was replaced) since the copy was built: it runs its own forward."""
+        return not all(_plain(lin) for lin in self.layers)
 
     def forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         if x.numel() > MAX_ROWS * x.shape[-1]:  # a prefill: the stock layer (see MAX_ROWS)
@@ -142,7 +140,7 @@ def _build(model: nn.Module) -> list[_Group]:
     for module in model.modules():
         for names in GROUPS:
             layers = [getattr(module, n, None) for n in names]
-            if not all(isinstance(lin, nn.Linear) and _plain(lin) for lin in layers):
+            if not all(_plain(lin) for lin in layers):
                 continue
             w0, b0 = layers[0].weight, layers[0].bias
             if all(lin.in_features == layers[0].in_features and lin.weight.dtype == w0.dtype

@@ -33,25 +33,45 @@ class DrafterLoadError(RuntimeError):
     """A checkpoint folder does not match the drafter it is loaded into."""
 
 
-class Threshold:
-    """A decode-time path-probability bar on a drafter (default 0.0), checked on assignment.
+class Checked:
+    """An attribute checked on every assignment (``__init__``'s and any later one): ``ok(value)`` must
+    hold (a bool is never accepted), else ``ValueError(message)``, formatted with ``{name}`` (the
+    attribute) and ``{value!r}``; ``convert`` maps accepted values (e.g. ``float``); ``default`` is read
+    before the first assignment (none: ``AttributeError``).
 
     Raises:
-        ValueError: on assignment of anything but a finite number >= 0 (the error names the attribute).
+        ValueError: on assignment of a value ``ok`` refuses (the message names the attribute and value).
     """
+
+    _NONE = object()
+
+    def __init__(self, ok, message: str, *, convert=None, default: Any = _NONE):
+        self.ok, self.message, self.convert, self.default = ok, message, convert, default
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
-        return self if obj is None else obj.__dict__.get(self.name, 0.0)
+        if obj is None:
+            return self
+        if self.name in obj.__dict__:
+            return obj.__dict__[self.name]
+        if self.default is Checked._NONE:
+            raise AttributeError(self.name)
+        return self.default
 
     def __set__(self, obj: Any, value: Any) -> None:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or value < 0:
-            raise ValueError(f"{self.name} must be a finite number >= 0 (a probability bar; 0 disables it), "
-                             f"got {value!r}")
-        obj.__dict__[self.name] = float(value)
+        if isinstance(value, bool) or not self.ok(value):
+            raise ValueError(self.message.format(name=self.name, value=value))
+        obj.__dict__[self.name] = self.convert(value) if self.convert else value
+
+
+def _probability_bar(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
+#: what a drafter's ``draft_threshold`` / ``expand_threshold`` takes
+_BAR = "{name} must be a finite number >= 0 (a probability bar; 0 disables it), got {value!r}"
 
 
 class Drafter(nn.Module):
@@ -71,14 +91,14 @@ class Drafter(nn.Module):
     #: probability does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the
     #: full tree; above 1: nothing is drafted. A decode-time setting, not saved in checkpoints; set it on
     #: the loaded drafter (a value that is not a finite number >= 0 raises ValueError).
-    draft_threshold = Threshold()
+    draft_threshold = Checked(_probability_bar, _BAR, convert=float, default=0.0)
     #: In trees drafted level by level (draft LM, EAGLE, EAGLE-3), a node gets children only when its
     #: path probability is also >= this; a node between ``draft_threshold`` and it is verified as a leaf,
     #: costing verification but no further drafter pass (Medusa, whose heads draft every depth at once,
     #: cuts the children of such nodes the same way). 0.0 (default): ``draft_threshold`` alone decides;
     #: above 1: no node gets children. ``drafters.hybrid.LookupHybrid`` with a datastore raises it to its
     #: ``datastore_share`` for its calls. A decode-time setting, checked like ``draft_threshold``.
-    expand_threshold = Threshold()
+    expand_threshold = Checked(_probability_bar, _BAR, convert=float, default=0.0)
 
     @property
     def expand_bar(self) -> float:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
+from drafters.base import Checked
 from drafters.ngram import continuations, fill_tree, lookup, overlay_tree
 
 #: a chain row copies the datastore's majority continuation when at least this share of the corpus
@@ -66,29 +67,6 @@ def majority_chain(conts: list[list[int]], k: int, first_share: float, share: fl
         out.append(t)
         members = [c for c in members if len(c) > d and c[d] == t]
     return out
-
-
-class _Setting:
-    """A :class:`LookupHybrid` retrieval setting, checked on every assignment (``__init__``'s and any later
-    one) by ``ok(value)``; ``needs`` says what it takes (``{name}``: the setting's name).
-
-    Raises:
-        ValueError: on assignment of a value ``ok`` refuses (the error names the setting and the value).
-    """
-
-    def __init__(self, ok, needs: str, convert=None):
-        self.ok, self.needs, self.convert = ok, needs, convert
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
-        return self if obj is None else obj.__dict__[self.name]
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        if isinstance(value, bool) or not self.ok(value):
-            raise ValueError(f"LookupHybrid needs {self.needs.format(name=self.name)}, got {value!r}")
-        obj.__dict__[self.name] = self.convert(value) if self.convert else value
 
 
 def _share(value: Any) -> bool:
@@ -126,18 +104,18 @@ class LookupHybrid:
     """
 
     #: a corpus branch joins a tree when at least this share of the matches agree with its whole path
-    datastore_share = _Setting(_share, "0 < {name} <= 1", float)
+    datastore_share = Checked(_share, "LookupHybrid needs 0 < {name} <= 1, got {value!r}", convert=float)
     #: corpus matches read per lookup
-    datastore_matches = _Setting(_count, "an int {name} >= 1")
+    datastore_matches = Checked(_count, "LookupHybrid needs an int {name} >= 1, got {value!r}")
     #: the corpus proposes at most this many tokens per branch or chain
-    datastore_depth = _Setting(_count, "an int {name} >= 1")
+    datastore_depth = Checked(_count, "LookupHybrid needs an int {name} >= 1, got {value!r}")
 
     def __init__(self, drafter, *, max_ngram: int = 3, min_match: int = 2, datastore=None,
                  datastore_share: float = 0.2, datastore_matches: int = 64, datastore_depth: int = 3):
         if not 1 <= min_match <= max_ngram:
             raise ValueError(f"LookupHybrid needs 1 <= min_match <= max_ngram, got min_match={min_match}, "
                              f"max_ngram={max_ngram}")
-        # checked by their descriptors (_Setting), before the drafter and datastore are
+        # checked by their descriptors (drafters.base.Checked), before the drafter and datastore are
         self.datastore_share, self.datastore_matches = datastore_share, datastore_matches
         self.datastore_depth = datastore_depth
         if drafter is None or not callable(getattr(drafter, "propose", None)):
