@@ -415,8 +415,7 @@ def print_record(record: dict, console=None) -> None:
              f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")
     report.print_eval(record["summary"], title, console)
     ex = record["exactness"]
-    console.print(f"exactness: {'mismatches ' + str(ex['mismatches']) if ex['checked'] else 'not checked'} "
-                  f"({ex['reason']}){report.differs_note(ex)}")
+    console.print(f"exactness: {report.exactness_text(ex)}")
     if note := report.small_sample_note(record):
         console.print(f"note: {note}")
     if "sweep" in record:

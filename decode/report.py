@@ -343,6 +343,13 @@ def differs_note(exactness: dict) -> str:
             "diverged): " + ", ".join(f"{k}: {v} of {m}" for k, v in differs.items()))
 
 
+def exactness_text(exactness: dict) -> str:
+    """The exactness sentence of the console and Markdown reports (without its closing period)."""
+    ex = exactness
+    return (f"{'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
+            f"({ex['reason']}){differs_note(ex)}")
+
+
 def small_sample_note(record: dict) -> str | None:
     """A warning when some method of ``record`` measured fewer than :data:`SMALL_SAMPLE_TOKENS` new tokens
     (one scheduler hiccup then moves its tokens/s by tens of percent), else None."""
@@ -586,8 +593,7 @@ def render_markdown(record: dict) -> str:
         cols = [c for c in cols if c[1] != "drafter"]
     lines.append(markdown_table(rows, cols))
     ex = record["exactness"]
-    lines += [f"Exactness: {'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
-              f"({ex['reason']}){differs_note(ex)}.", ""]
+    lines += [f"Exactness: {exactness_text(ex)}.", ""]
     if note := small_sample_note(record):
         lines += [f"Note: {note}", ""]
     if record.get("sweep"):
