@@ -1,10 +1,11 @@
 """The one training loop (accelerate), for every drafter kind. Reads top to bottom.
 
     recipe -> preflight (data file, output_dir) -> accelerator -> frozen target -> strategy.build
-    (drafter) -> data -> optimizer, schedule -> resume? -> for each optimizer step: grad_accum
-    micro-batches (strategy.loss, backward), clip, step; log; evaluate with decode.generate -> best/
-    by measured tau; save step-N -> last/ (also when the max_minutes budget runs out, and on
-    SIGINT / SIGTERM: the current step finishes, last/ is saved, training returns)
+    (drafter) -> data (-> the offline feature cache, built if missing) -> optimizer, schedule -> resume?
+    -> for each optimizer step: grad_accum micro-batches (strategy.loss, backward), clip, step; log;
+    evaluate with decode.generate -> best/ by measured tau; save step-N -> last/ (also when the
+    max_minutes budget runs out, and on SIGINT / SIGTERM: the current step finishes, last/ is saved,
+    training returns)
 
 Mixed precision, gradient accumulation and multi-process data parallelism come from accelerate
 (``accelerate launch -m train RECIPE.yaml``, or ``torchrun`` for multi-CPU). Data order is a seeded
@@ -111,7 +112,9 @@ def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_
         RecipeError: fewer examples than ``batch_size * processes``.
     """
     from train.data import collate
+    from train.feature_cache import FeatureCache
 
+    make = ds.collate if isinstance(ds, FeatureCache) else collate  # the offline cache adds its features
     bs = recipe.train.batch_size
     per_epoch = len(ds) // (bs * world)
     if per_epoch == 0:
@@ -124,7 +127,7 @@ def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_
             g = state.batch_in_epoch
             idx = perm[(g * world + rank) * bs:(g * world + rank + 1) * bs]
             state.batch_in_epoch += 1
-            yield collate([ds[i] for i in idx], pad_token_id=pad_id)
+            yield make([ds[i] for i in idx], pad_token_id=pad_id)
         state.epoch, state.batch_in_epoch = state.epoch + 1, 0
 
 
@@ -301,6 +304,13 @@ def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
             ds = load_data(recipe, target, tokenizer)
         except (ValueError, FileNotFoundError) as exc:
             raise RecipeError(f"data: {exc}") from None
+        if recipe.data.feature_cache != "off":  # batches carry the cached features: no target forward
+            from train.feature_cache import FeatureCacheError, open_recipe_cache
+
+            try:
+                ds = open_recipe_cache(recipe, target, ds, write=acc.is_main_process)
+            except FeatureCacheError as exc:
+                raise RecipeError(f"data.feature_cache: {exc}") from None
     o = recipe.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     world = acc.num_processes  # a prepared scheduler steps once per process per optimizer step
@@ -320,9 +330,21 @@ def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
 
 
 def _train_step(ctx: dict, data: Iterator[dict], state: TrainerState) -> dict[str, float]:
-    """One optimizer step over ``grad_accum`` micro-batches. Returns mean metrics (+ lr, grad_norm)."""
+    """One optimizer step over ``grad_accum`` micro-batches on every process.
+
+    Normalisation (transformers' / TRL's ``num_items_in_batch``): each micro-batch contributes the SUM of
+    its per-unit losses (``loss * metrics["tokens"]``, see ``train.strategies``); once the step's last
+    micro-batch is in, the gradients are rescaled so that they equal the gradient of (sum over every
+    micro-batch of every process) / (supervised units of the whole step). So 1 x 8, 2 x 4 and 8 x 1
+    (batch x accumulation), and one process or several, give the same update for the same examples.
+
+    Returns the step's metrics as token means over all micro-batches and processes (``loss`` included),
+    plus ``tokens`` (the step's supervised units), ``seq_tokens`` (this process's sequence tokens),
+    ``lr`` and ``grad_norm``.
+    """
     recipe, acc, strategy = ctx["recipe"], ctx["accelerator"], ctx["strategy"]
-    sums: dict[str, float] = {}
+    sums: dict[str, float] = {}  # metric name -> sum over micro-batches of (value * tokens)
+    units, seq_tokens = 0.0, 0.0
     grad_norm = float("nan")
     for micro in range(recipe.train.grad_accum):
         batch = {k: v.to(acc.device) for k, v in next(data).items()}
@@ -335,18 +357,51 @@ def _train_step(ctx: dict, data: Iterator[dict], state: TrainerState) -> dict[st
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss {float(loss)} at step {state.global_step}; lower "
                                          "optim.lr or use mixed_precision: 'no'")
-            acc.backward(loss)
-            if acc.sync_gradients and recipe.optim.grad_clip:
-                grad_norm = float(acc.clip_grad_norm_(ctx["params"], recipe.optim.grad_clip))
+            n = float(metrics.pop("tokens"))
+            acc.backward(loss * n)  # accelerate divides by grad_accum; undone in _normalise_gradients
+            units += n
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * n
+            seq_tokens += float(batch["attention_mask"].sum())
+            if acc.sync_gradients:
+                sums, units = _reduce_step(acc, sums, units)
+                _normalise_gradients(acc, ctx["params"], units)
+                if recipe.optim.grad_clip:
+                    grad_norm = float(acc.clip_grad_norm_(ctx["params"], recipe.optim.grad_clip))
             ctx["optimizer"].step()
             ctx["scheduler"].step()
             ctx["optimizer"].zero_grad(set_to_none=True)
-        metrics["seq_tokens"] = float(batch["attention_mask"].sum())
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + v
-    out = {k: v / recipe.train.grad_accum for k, v in sums.items()}
-    out.update(lr=ctx["scheduler"].get_last_lr()[0], grad_norm=grad_norm)
+    out = {k: v / units if units else 0.0 for k, v in sums.items()}
+    out.update(tokens=units, seq_tokens=seq_tokens, lr=ctx["scheduler"].get_last_lr()[0], grad_norm=grad_norm)
     return out
+
+
+def _reduce_step(acc, sums: dict[str, float], units: float) -> tuple[dict[str, float], float]:
+    """Sum the step's weighted metric sums and supervised units over all processes (one all-reduce).
+
+    Every process runs the same strategy and recipe, so the metric names agree; they are sorted so that
+    the reduced vector lines up."""
+    if acc.num_processes == 1:
+        return sums, units
+    keys = sorted(sums)
+    vec = torch.tensor([units] + [sums[k] for k in keys], dtype=torch.float64, device=acc.device)
+    vec = acc.reduce(vec, reduction="sum")
+    return dict(zip(keys, vec[1:].tolist())), float(vec[0])
+
+
+@torch.no_grad()
+def _normalise_gradients(acc, params: list[torch.Tensor], units: float) -> None:
+    """Turn the accumulated gradients into d(sum of per-unit losses of the step) / d(params) / ``units``.
+
+    After ``acc.backward(loss_sum)`` on each of G micro-batches and DDP's average over W processes the
+    gradients hold ``sum / (G W)``; multiplying by ``G W / units`` leaves the step's token mean. With no
+    supervised unit in the whole step the gradients are zero and stay so."""
+    if units <= 0:
+        return
+    factor = acc.gradient_accumulation_steps * acc.num_processes / units
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)
 
 
 class StopOnSignal:
@@ -446,8 +501,8 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
         metrics = _train_step(ctx, data, state)
         state.global_step += 1
         assert_frozen(ctx["target"])
-        state.tokens_seen += int(metrics["seq_tokens"] * cfg.grad_accum * acc.num_processes)
-        window_tokens += metrics["seq_tokens"] * cfg.grad_accum * acc.num_processes
+        state.tokens_seen += int(metrics["seq_tokens"] * acc.num_processes)
+        window_tokens += metrics["seq_tokens"] * acc.num_processes
         result.losses.append(metrics["loss"])
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")

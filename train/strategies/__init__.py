@@ -15,8 +15,11 @@ Contract (what the loop guarantees and expects):
   key / bad shape and the fix. A batch holds ``input_ids``, ``attention_mask``, ``loss_mask`` (LongTensor
   ``[B, T]``, right-padded, from ``train.data.collate``) and may hold ``on_policy: bool`` (DistillSpec
   batches; a strategy that cannot serve them raises there).
-* ``loss(drafter, target, batch, recipe)`` returns ``(loss, metrics)``: a scalar tensor (mean over
-  supervised tokens, see ``train/losses.py``) and a dict of floats to log. ``drafter`` may be the
+* ``loss(drafter, target, batch, recipe)`` returns ``(loss, metrics)``: a scalar tensor, the MEAN over
+  the batch's supervised units (positions, or chain starts for the chained kinds, see ``train/losses.py``),
+  and a dict of floats to log that holds ``tokens``, the number of those units. The loop trains on
+  ``loss * tokens`` summed over the optimizer step's micro-batches and processes, divided by the step's
+  total ``tokens`` (so an update never depends on how a batch is split); it logs token means of the step. ``drafter`` may be the
   accelerate-wrapped module: call it, do not assume its type (``unwrap(drafter)`` gives the Drafter).
   Target forwards must run under ``torch.no_grad()``.
 * ``save(drafter, path)`` writes a folder loadable by ``drafters.load_drafter(path, target)``.

@@ -191,7 +191,8 @@ class DraftLMStrategy:
             raise ValueError("batch sequences must hold at least 2 tokens (a prompt token and a label)")
 
     def loss(self, drafter, target, batch, recipe):
-        """``(loss, metrics)`` of ``recipe.loss`` (one term or a weighted mix) on one batch.
+        """``(loss, metrics)`` of ``recipe.loss`` (one term or a weighted mix) on one batch: every term a mean
+        over the batch's supervised positions, ``metrics["tokens"]`` their number.
 
         Raises:
             ValueError: a bad batch (see :meth:`check_batch`).
@@ -223,6 +224,7 @@ class DraftLMStrategy:
                 value, m = losses.DISTRIBUTION_LOSSES[name](d_logits, t_logits, sup, cfg.temperature)
             total = total + weight * value
             metrics.update(m)
+        metrics["tokens"] = float(sup.sum())  # every term above is a mean over these positions / chains
         metrics["loss"] = float(total.detach())
         return total, metrics
 

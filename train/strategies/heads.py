@@ -6,8 +6,8 @@
   the EAGLE-3 TTT unroll, EAGLE's single step), with per-step weights.
 * :func:`shifted_rows`: gather ``x[b, t + shift]`` at start positions (the label/target offset of step k).
 * :func:`feature_store`, :func:`trainable_own`, :func:`count_data_tokens`, :func:`register_train_vocab`,
-  :func:`vocab_remap`: feature cache, device/dtype of the trainable tensors, and the reduced
-  (most-frequent-token) vocabularies.
+  :func:`vocab_remap`: whether the run reads the offline feature cache, device/dtype of the trainable
+  tensors, and the reduced (most-frequent-token) vocabularies.
 """
 
 from __future__ import annotations
@@ -44,10 +44,20 @@ class FeatureHeadStrategy:
     def save(self, drafter, path: str | Path) -> None:
         unwrap(drafter).save_pretrained(path)
 
+    def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
+        """The ``hidden_states`` indices the loss reads (``train.features.batch_features``), what the offline
+        feature cache (``train/feature_cache.py``) holds: the final-norm last layer ``[L]`` here."""
+        return [target.config.num_hidden_layers]
+
 
 def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], label_rows: list[torch.Tensor],
                step_weights: list[float], loss_cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss over K draft steps evaluated at the same N start positions (Medusa heads, EAGLE-3 TTT).
+    """Loss over K draft steps evaluated at the same N start positions (Medusa heads, EAGLE / EAGLE-3 unrolls).
+
+    Normalisation: every term is a SUM over its supervised rows divided by N, the number of chain starts
+    (``metrics["tokens"]``), whatever the step. A step whose rows run past a sequence's supervised span
+    therefore weighs by the chains that reach it; the training loop turns the result back into a sum
+    (``loss * tokens``) and divides by the starts of the whole optimizer step (``train.loop``).
 
     Args:
         draft_rows / target_rows: K tensors ``[N, V]`` of draft / target logits for step k.
@@ -56,10 +66,12 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
         loss_cfg: ``recipe.loss`` (``terms()``, ``temperature``, ``ce_labels``, ``jsd_beta``, ``draft_steps``).
 
     Returns:
-        ``(loss, metrics)``; metrics hold ``{term}_step{k}``, ``top1_step{k}`` (draft argmax == target
-        argmax at supervised rows) and ``loss``. ``accept_len`` uses the first ``draft_steps`` steps.
+        ``(loss, metrics)``; metrics hold ``{term}_step{k}`` (that step's sum / N), ``top1_step{k}`` (draft
+        argmax == target argmax at supervised rows), ``tokens`` (N) and ``loss``. ``accept_len`` uses the
+        first ``draft_steps`` steps as one chain per start.
     """
     k_steps = len(draft_rows)
+    n = draft_rows[0].shape[0]
     valid = [y != -100 for y in label_rows]
     total = draft_rows[0].new_zeros(())
     metrics: dict[str, float] = {}
@@ -81,6 +93,7 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
                 value, _ = losses.jsd_loss(d, t, v, temp, beta=loss_cfg.jsd_beta)
             else:
                 value, _ = losses.DISTRIBUTION_LOSSES[name](d, t, v, temp)
+            value = value * (int(v.sum()) / max(n, 1))  # mean over this step's rows -> sum / N starts
             total = total + w * step_weights[j] * value
             metrics[f"{name}_step{j}"] = float(value.detach())
     with torch.no_grad():
@@ -88,6 +101,7 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
             v = valid[j]
             agree = (draft_rows[j].argmax(-1) == target_rows[j].argmax(-1))[v].float()
             metrics[f"top1_step{j}"] = float(agree.mean()) if v.any() else 0.0
+    metrics["tokens"] = float(n)
     metrics["loss"] = float(total.detach())
     return total, metrics
 
@@ -109,14 +123,12 @@ def shifted_rows(x: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor], shift
     return out
 
 
-def feature_store(recipe: Any, layers):
-    """The recipe's :class:`train.features.FeatureStore` (``output_dir/feature_cache``) when
-    ``drafter.options.feature_cache`` is true, else None."""
-    if not recipe.drafter.options.get("feature_cache"):
-        return None
-    from train.features import FeatureStore
-
-    return FeatureStore(Path(recipe.output_dir) / "feature_cache", layers)
+def feature_store(recipe: Any, layers=None) -> str | None:
+    """``recipe.data.feature_cache`` when the run reads the offline feature cache, else None: what a loss
+    passes to ``train.features.batch_features``, so an offline run never falls back to a target forward.
+    (``layers`` is unused: the cached batch names its own, checked by ``batch_features``.)"""
+    setting = recipe.data.feature_cache
+    return None if setting == "off" else setting
 
 
 def trainable_own(drafter, target: torch.nn.Module):
