@@ -97,14 +97,42 @@ def chat_ids(tok, messages: list[dict]) -> list[int]:
     return list(tok("\n\n".join(m["content"] for m in messages))["input_ids"])
 
 
+@dataclass
+class PromptSelection:
+    """What :func:`select_prompts` chose: ``prompts`` (at most the number asked) and ``skipped``, one
+    ``{"id", "tokens", "reason"}`` per prompt passed over because it is too long (never cut)."""
+
+    prompts: list[Prompt]
+    skipped: list[dict]
+
+
 def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: int = 2048,
                  heldout_seed: int = 0) -> list[Prompt]:
+    """The prompts of :func:`select_prompts` (what ``drafterkit eval`` measures); same arguments and errors."""
+    return select_prompts(benchmark, tok, num_prompts, max_prompt_tokens=max_prompt_tokens,
+                          heldout_seed=heldout_seed).prompts
+
+
+def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: int = 2048,
+                   limit_name: str = "--max-prompt-tokens", heldout_seed: int = 0,
+                   heldout_source: str | Path | None = None, heldout_fraction: float | None = None
+                   ) -> PromptSelection:
     """Eval prompts for ``benchmark`` (``mt-bench`` first turns balanced over its 8 categories,
     ``humaneval`` (category ``code``), ``sharegpt`` held-out first turns, or a ``.jsonl`` file read
-    by ``decode.prompts.load_prompts_jsonl``), chat-templated with ``tok``.
+    by ``decode.prompts.load_prompts_jsonl``), chat-templated with ``tok`` (:func:`chat_ids`).
 
+    The ONE function that turns a benchmark into token ids, for ``drafterkit eval`` and for training's
+    own evaluation (``train.evaluate.eval_prompt_ids``). A prompt longer than ``max_prompt_tokens`` is
+    skipped whole (never truncated), recorded in ``skipped`` with its reason, and the next one is taken.
     Fewer usable prompts than ``num_prompts`` (a short JSONL file) is not an error: all of them are
     used, with a ``UserWarning`` saying how many.
+
+    Args:
+        max_prompt_tokens: the longest prompt kept, in tokens; ``limit_name`` says where that limit
+            comes from, in the skip reason and the error.
+        heldout_seed, heldout_source, heldout_fraction: the held-out split ``sharegpt`` draws from
+            (``decode.prompts.heldout_prompts``): split seed, file (default the pinned ShareGPT asset)
+            and fraction (default ``decode.prompts.HELDOUT_FRACTION``); 4 x ``num_prompts`` candidates.
 
     Raises:
         ValueError: unknown benchmark, ``num_prompts < 1``, or no usable prompt at all.
@@ -123,7 +151,12 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
     elif benchmark == "sharegpt":
         from decode.assets import fetch
 
-        msgs = P.heldout_prompts(fetch("sharegpt"), 4 * num_prompts, seed=heldout_seed)
+        fraction = P.HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
+        source = heldout_source or fetch("sharegpt")
+        msgs = P.heldout_prompts(source, 4 * num_prompts, seed=heldout_seed, fraction=fraction, strict=False)
+        if not msgs:
+            raise ValueError(f"sharegpt: no held-out conversation in {source} at held-out fraction {fraction} "
+                             f"(split seed {heldout_seed}); raise the fraction")
         items = [dict(id=f"sharegpt/{i}", category="sharegpt", messages=m) for i, m in enumerate(msgs)]
     elif benchmark.endswith((".jsonl", ".jsonl.gz")) or Path(benchmark).is_file():
         if not Path(benchmark).is_file():
@@ -133,21 +166,23 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
     else:
         raise ValueError(f"unknown --benchmark {benchmark!r}; use one of {', '.join(BENCHMARKS)} or a .jsonl "
                          "file of {\"prompt\": ...} / {\"messages\": [...]} lines")
-    out = []
+    out, skipped = [], []
+    reason = f"longer than {max_prompt_tokens} tokens ({limit_name})"
     for it in _balanced(items, len(items)):
         ids = chat_ids(tok, it["messages"])
         if len(ids) <= max_prompt_tokens:
             out.append(Prompt(it["id"], it["category"], it["messages"], ids))
+        else:
+            skipped.append(dict(id=it["id"], tokens=len(ids), reason=reason))
         if len(out) == num_prompts:
-            return out
+            return PromptSelection(out, skipped)
     if not out:
         raise ValueError(f"{benchmark}: no prompt of at most {max_prompt_tokens} tokens among {len(items)}; "
-                         "raise --max-prompt-tokens")
-    skipped = len(items) - len(out)
+                         f"raise {limit_name}")
     warnings.warn(f"{benchmark}: using {len(out)} prompts, fewer than the {num_prompts} asked (--num-prompts): "
-                  f"{len(items)} in the benchmark" + (f", {skipped} longer than --max-prompt-tokens "
-                                                       f"{max_prompt_tokens}" if skipped else ""), stacklevel=2)
-    return out
+                  f"{len(items)} in the benchmark" + (f", {len(skipped)} {reason}" if skipped else ""),
+                  stacklevel=3)
+    return PromptSelection(out, skipped)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -474,8 +474,8 @@ def is_heldout(key: str, fraction: float = HELDOUT_FRACTION, seed: int = 0) -> b
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def heldout_prompts(path: str | Path, n: int, seed: int = 0, *, fraction: float = HELDOUT_FRACTION
-                    ) -> list[list[Message]]:
+def heldout_prompts(path: str | Path, n: int, seed: int = 0, *, fraction: float = HELDOUT_FRACTION,
+                    strict: bool = True) -> list[list[Message]]:
     """First user turns of held-out conversations: eval prompts never seen in training.
 
     Picks, in file order, the first ``n`` conversations for which :func:`is_heldout` holds (the
@@ -483,12 +483,16 @@ def heldout_prompts(path: str | Path, n: int, seed: int = 0, *, fraction: float 
     ``fraction``), skipping ShareGPT continuation parts (``<id>_1``, ``<id>_2``...) whose first user
     turn leans on context that is not there.
 
+    Args:
+        strict: when ``False``, a file with fewer than ``n`` held-out conversations gives all it has
+            (maybe none) instead of an error.
+
     Returns:
-        ``n`` prompts, each ``[optional system turn, first user turn]``.
+        ``n`` prompts (at most ``n`` when not ``strict``), each ``[optional system turn, first user turn]``.
 
     Raises:
-        ValueError: ``n < 1``, or fewer than ``n`` held-out conversations in the file (raise
-            ``fraction`` or lower ``n``); plus the errors of :func:`iter_conversations`.
+        ValueError: ``n < 1``, or (``strict``) fewer than ``n`` held-out conversations in the file
+            (raise ``fraction`` or lower ``n``); plus the errors of :func:`iter_conversations`.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -501,6 +505,8 @@ def heldout_prompts(path: str | Path, n: int, seed: int = 0, *, fraction: float 
         prompts.append([dict(m) for m in conv.messages[:first_user + 1]])
         if len(prompts) == n:
             return prompts
+    if not strict:
+        return prompts
     raise ValueError(f"{path}: only {len(prompts)} held-out conversations at fraction {fraction}, "
                      f"asked for {n}; raise fraction or lower n")
 

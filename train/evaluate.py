@@ -1,15 +1,25 @@
 """In-training evaluation: measured speculative decoding with the current drafter.
 
-Runs ``decode.generate`` on a fixed held-out prompt set (first user turns of held-out ShareGPT
-conversations, ``decode.prompts.heldout_prompts``, or MT-bench first turns) rendered through the
-target's chat template, and reports what decoding measured: ``tau`` (acceptance length, bonus
-included), ``acceptance_rate``, ``accept_per_position`` and ``tokens_per_s`` (see decode/metrics.py, decoder
-contract). Scores are measured, never estimated.
+Runs ``decode.generate`` on a fixed prompt set and reports what decoding measured: ``tau`` (acceptance
+length, bonus included), ``acceptance_rate``, ``accept_per_position`` and ``tokens_per_s`` (see
+decode/metrics.py, decoder contract). Scores are measured, never estimated.
+
+The prompts are the token ids ``drafterkit eval`` feeds the decoder for the same benchmark, built by
+the same function (``decode.harness.select_prompts``): ``eval.prompts: mt_bench`` is ``drafterkit eval
+--benchmark mt-bench --num-prompts eval.num_prompts`` (first turns balanced over the 8 categories);
+``sharegpt_heldout`` is ``--benchmark sharegpt`` drawn from the held-out split of the file training
+reads (``data.path``, ``train.seed``, ``data.heldout_fraction``). ``data.max_length`` (a training
+sequence length) does not cut them: a prompt longer than the target's context
+(``max_position_embeddings``) minus ``eval.max_new_tokens`` is skipped whole, with a warning, and
+counted with its reason in every eval result (``prompts``).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,29 +27,76 @@ import torch
 from decode.harness import stats_record
 from decode.report import pooled_positions
 
+#: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
+BENCHMARKS = {"mt_bench": "mt-bench", "sharegpt_heldout": "sharegpt"}
 
-def eval_prompt_ids(recipe, tokenizer) -> list[list[int]]:
-    """Token ids of ``recipe.eval.num_prompts`` prompts, each ending with the assistant header.
+
+@dataclass
+class EvalPrompts:
+    """In-training eval prompts: ``ids`` (one ``list[int]`` per prompt, ending with the assistant
+    header) and ``skipped`` (``{"id", "tokens", "reason"}`` per prompt too long for the target)."""
+
+    benchmark: str
+    asked: int
+    ids: list[list[int]]
+    prompt_ids: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        """What an eval result says about its prompts: benchmark, asked, used, skipped (count),
+        ``skip_reasons`` (reason -> count) and ``skipped_prompts`` (their ids and lengths in tokens)."""
+        return dict(benchmark=self.benchmark, asked=self.asked, used=len(self.ids), skipped=len(self.skipped),
+                    skip_reasons=dict(Counter(s["reason"] for s in self.skipped)),
+                    skipped_prompts=[dict(id=s["id"], tokens=s["tokens"]) for s in self.skipped])
+
+
+def target_context(recipe, target: torch.nn.Module | None = None) -> int | None:
+    """The target's context in tokens (``max_position_embeddings``; ``None`` when its config has none):
+    of ``target`` when given, else of the config ``recipe.target.name_or_path`` names."""
+    if target is not None:
+        config = target.config
+    else:
+        from transformers import AutoConfig
+
+        from decode.target import resolve_target_path
+
+        config = AutoConfig.from_pretrained(resolve_target_path(recipe.target.name_or_path))
+    context = getattr(config, "max_position_embeddings", None)
+    return context if isinstance(context, int) else None
+
+
+def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) -> EvalPrompts:
+    """Token ids of ``recipe.eval.num_prompts`` prompts of ``recipe.eval.prompts``, exactly those
+    ``drafterkit eval`` builds (``decode.harness.select_prompts``; see the module docstring).
+
+    A prompt longer than the target's context (:func:`target_context`: ``target``'s, else the recipe's
+    target's) minus ``recipe.eval.max_new_tokens`` is skipped (never truncated) and the next one taken;
+    the skips are warned about and recorded in the result.
 
     Raises:
-        ValueError: fewer held-out conversations than asked (from ``heldout_prompts``).
+        ValueError: no usable prompt (none fits the context, or no held-out conversation in the file).
         train.recipe.RecipeError: ``data.path`` is set but is not a file.
     """
-    from decode.prompts import heldout_prompts, load_mt_bench
+    from decode.harness import select_prompts
     from train.data import recipe_data_file, resolve_source
 
-    n = recipe.eval.num_prompts
-    if recipe.eval.prompts == "mt_bench":
-        chats = [[{"role": "user", "content": q["turns"][0]}] for q in load_mt_bench()[:n]]
-    else:
-        source, _ = recipe_data_file(recipe.data)  # the held-out split of the file training reads
-        fraction = max(recipe.data.heldout_fraction, 1e-6)
-        chats = heldout_prompts(resolve_source(source), n, seed=recipe.train.seed, fraction=fraction)
-    out = []
-    for chat in chats:
-        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        out.append(list(ids[-max(8, recipe.data.max_length):]))
+    cfg, benchmark = recipe.eval, BENCHMARKS[recipe.eval.prompts]
+    context = target_context(recipe, target)
+    kwargs: dict[str, Any] = dict(
+        max_prompt_tokens=context - cfg.max_new_tokens if context is not None else 2**62,
+        limit_name=f"the target's context {context} - eval.max_new_tokens {cfg.max_new_tokens}")
+    if benchmark == "sharegpt":  # the held-out split of the file training reads
+        source, _ = recipe_data_file(recipe.data)
+        kwargs.update(heldout_source=resolve_source(source), heldout_seed=recipe.train.seed,
+                      heldout_fraction=max(recipe.data.heldout_fraction, 1e-6))
+    chosen = select_prompts(benchmark, tokenizer, cfg.num_prompts, **kwargs)
+    out = EvalPrompts(benchmark, cfg.num_prompts, [p.input_ids for p in chosen.prompts],
+                      [p.id for p in chosen.prompts], chosen.skipped)
+    if out.skipped:
+        warnings.warn(f"eval prompts ({benchmark}): skipped {len(out.skipped)} "
+                      f"({', '.join(s['id'] for s in out.skipped[:5])}{', ...' if len(out.skipped) > 5 else ''}): "
+                      f"{out.skipped[0]['reason']}; they are counted in each eval result, never truncated",
+                      UserWarning, stacklevel=2)
     return out
 
 
@@ -63,16 +120,23 @@ def merge_stats(results: list[Any]) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: list[list[int]], recipe) -> dict[str, Any]:
+def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: EvalPrompts | list[list[int]],
+             recipe) -> dict[str, Any]:
     """Measure ``drafter`` (a ``drafters.Drafter``, unwrapped) on ``prompts`` with ``decode.generate``.
+
+    Args:
+        prompts: :func:`eval_prompt_ids`'s result, or plain token-id lists.
 
     Returns:
         dict with ``tau``, ``acceptance_rate``, ``accept_per_position`` (list), ``tokens_per_s``
-        (tokens/s), ``committed``, ``target_forwards``, ``drafted``, ``wall_s`` (seconds).
+        (tokens/s), ``committed``, ``target_forwards``, ``drafted``, ``wall_s`` (seconds), and, given
+        an :class:`EvalPrompts`, ``prompts`` (:meth:`EvalPrompts.record`: used / skipped and why).
     """
     import decode
 
     cfg = recipe.eval
+    info = prompts.record() if isinstance(prompts, EvalPrompts) else None
+    prompts = prompts.ids if isinstance(prompts, EvalPrompts) else prompts
     was_training = drafter.training
     drafter.eval()
     start, stats = time.perf_counter(), []
@@ -86,4 +150,6 @@ def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: list[li
         drafter.train(was_training)
     out = merge_stats(stats)
     out["wall_s"] = time.perf_counter() - start
+    if info is not None:
+        out["prompts"] = info
     return out
