@@ -1,13 +1,111 @@
-"""Load a frozen target: the one function every command and test uses."""
+"""Load a frozen target: the one function every command and test uses.
+
+A local target folder is checked before transformers reads it (:func:`target_folder_problem`): a
+missing folder, one without ``config.json``, weights or tokenizer, a drafterkit drafter checkpoint given
+as a target, and a torn or partial safetensors file (:func:`weights_problem`) each raise a
+:class:`TargetLoadError` whose one-line message names the folder, what is wrong and the fix.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import torch
 
 from decode.assets import DEFAULT_TARGET_ALIAS, default_target_dir
 from decode.device import resolve_device, resolve_dtype
+
+
+class TargetLoadError(OSError):
+    """The target could not be loaded; the message names the folder or Hub id, what is wrong and the fix."""
+
+
+#: what a transformers model folder needs besides its weights, and the fix every folder error ends with
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_FOLDER_FIX = ("give a transformers model folder holding config.json, the weights and the tokenizer (as "
+               "save_pretrained writes them), a Hub id, or 'smollm2-135m' for the pinned default target")
+
+
+def safetensors_problem(file: str | Path) -> str | None:
+    """Why ``file`` is not a whole safetensors file, as a clause that follows its name ("is torn or
+    partial (...)"); ``None`` when its header and its size agree.
+
+    Reads only the header (8-byte length, then JSON): a file cut short by an interrupted copy or
+    download ("torn") holds fewer bytes than its header describes.
+    """
+    file = Path(file)
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > size - 8:
+            return f"is torn or not a safetensors file ({size} bytes, no complete header)"
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "is torn or not a safetensors file (its header is not a safetensors header)"
+    if 8 + n + end > size:
+        return (f"is torn or partial (its header describes {8 + n + end} bytes, the file holds {size}: an "
+                "interrupted copy or download)")
+    return None
+
+
+def weights_problem(folder: str | Path) -> str | None:
+    """What is wrong with the weights of the transformers model folder ``folder``: none there, a shard its
+    ``*.safetensors.index.json`` names missing, or a torn safetensors file (:func:`safetensors_problem`);
+    ``None`` when they look whole."""
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    if not files and not indexes and not any(folder.glob("pytorch_model*.bin")):
+        return "holds config.json but no weights (model.safetensors / pytorch_model.bin)"
+    for index in indexes:
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return f"has an unreadable {index.name} (not a safetensors index)"
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            return f"lacks {missing[0]}, one of the weight files its {index.name} names (an incomplete download)"
+    for file in files:
+        if problem := safetensors_problem(file):
+            return f"has {file.name}, which {problem}"
+    return None
+
+
+def target_folder_problem(path: str | Path) -> str | None:
+    """What makes the local folder ``path`` unusable as a target (``None``: it looks like a whole
+    transformers model folder): missing, not a folder, no ``config.json`` or not JSON, a drafterkit drafter
+    checkpoint, no weights or torn ones (:func:`weights_problem`), no tokenizer."""
+    path = Path(path)
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is a file, not a model folder"
+    if not (path / "config.json").is_file():
+        return "holds no config.json: it is not a transformers model folder"
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return "holds a config.json that is not valid JSON"
+    if isinstance(config, dict) and "kind" in config:
+        return (f"is a drafterkit {config['kind']} drafter checkpoint, not a target model (the drafter is what "
+                "training writes; the target is the LM it drafts for)")
+    if problem := weights_problem(path):
+        return problem
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return f"holds no tokenizer ({' / '.join(_TOKENIZER_FILES)}); save the tokenizer there too"
+    return None
+
+
+def _looks_local(name_or_path: str) -> bool:
+    """A path rather than a Hub id (``org/name``): it exists, or is absolute, ``./``-, ``../``- or
+    ``~``-relative, or has more than one ``/``."""
+    return (os.path.exists(name_or_path) or os.path.isabs(name_or_path)
+            or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1)
 
 
 def resolve_target_path(name_or_path: str) -> str:
@@ -31,23 +129,32 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
         ``(model, tokenizer)``.
 
     Raises:
-        OSError: a Hub id that cannot be reached (the message says to pass a local folder instead).
+        TargetLoadError (an ``OSError``): a broken local folder (:func:`target_folder_problem`), one
+            transformers cannot load, or a Hub id that cannot be reached; the message names it, what is
+            wrong and the fix.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_target_path(name_or_path)
     dt, dev = resolve_dtype(dtype), resolve_device(device)
+    local = _looks_local(path)
+    if local and (problem := target_folder_problem(path)):
+        raise TargetLoadError(f"target {path} {problem}; {_FOLDER_FIX}")
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
-    except OSError as exc:
-        if not Path(path).exists():
-            raise OSError(
-                f"could not load target {name_or_path!r}: not a local folder and the Hugging Face Hub "
-                f"is not reachable or has no such repo ({exc.__class__.__name__}). Pass a local "
-                f"transformers folder, or '{DEFAULT_TARGET_ALIAS}' for the pinned default target."
-            ) from exc
-        raise
+    except (OSError, ValueError) as exc:
+        if local:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TargetLoadError(f"target {path}: transformers cannot load it as a causal LM ({first}); "
+                                  f"{_FOLDER_FIX}") from exc
+        if isinstance(exc, ValueError):  # the Hub answered: an architecture or config transformers refuses
+            raise
+        raise TargetLoadError(
+            f"could not load target {name_or_path!r}: not a local folder and the Hugging Face Hub "
+            f"is not reachable or has no such repo ({exc.__class__.__name__}). Pass a local "
+            f"transformers folder, or '{DEFAULT_TARGET_ALIAS}' for the pinned default target."
+        ) from exc
     model.to(dev).eval()
     model.requires_grad_(False)
     if tok.pad_token_id is None:

@@ -101,7 +101,7 @@ def _describe(path: Path) -> str:
         return listing + f" (a {data['kind']!r} config.json but no model.safetensors)"
     if "model_type" in data:
         return listing + f" (a transformers {data['model_type']!r} config.json" + \
-            (")" if _has_hf_weights(path) else " but no weights)")
+            (")" if _has_hf_weights(path) else " but no weights: model.safetensors / pytorch_model.bin)")
     return listing + " (config.json has neither a drafterkit 'kind' nor a transformers 'model_type')"
 
 
@@ -143,15 +143,24 @@ def load_transformers_drafter(path: str | Path, target=None):
     target's dtype and device, its vocabulary checked against ``target`` (when given) before use.
 
     Raises:
+        DrafterLoadError: torn or missing weights (``decode.target.weights_problem``), or a folder
+            transformers cannot load as a causal LM.
         ValueError: the vocabularies or special token ids differ (see ``check_vocab_match``).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
+    from decode.target import weights_problem
     from drafters.draft_lm import DraftLM, check_vocab_match
 
+    if problem := weights_problem(path):
+        raise DrafterLoadError(f"{path} {problem}; re-save the model there (save_pretrained) or copy it again")
     p = next(target.parameters()) if target is not None else None
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=p.dtype if p is not None else torch.float32)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=p.dtype if p is not None else torch.float32)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DrafterLoadError(f"{path}: transformers cannot load it as a causal LM ({first})") from None
     if p is not None:
         model.to(p.device)
         check_vocab_match(target, model, what=f"draft model {path}")
@@ -167,12 +176,17 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
 
     Raises:
         DrafterLoadError: ``path`` holds no drafter (the message says what it holds), is a
-            ``drafterkit export`` folder (the message says which checkpoint to load instead), or a
-            tensor mismatch.
+            ``drafterkit export`` folder (the message says which checkpoint to load instead), a torn
+            or partial weights file, or a tensor mismatch.
     """
+    from decode.target import safetensors_problem
+
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
     if kind == TRANSFORMERS_KIND:
         return load_transformers_drafter(folder, target)
+    if problem := safetensors_problem(folder / "model.safetensors"):
+        raise DrafterLoadError(f"{folder / 'model.safetensors'} {problem}; save the drafter again (or copy the "
+                               "checkpoint again)")
     drafter = get_kind(kind).from_pretrained(folder, target=target)
     if target is not None:  # decode in the target's dtype: an fp32 head next to a bf16 target drafts ~2x slower
         p = next(target.parameters())

@@ -24,3 +24,41 @@ def test_real_target_is_frozen_and_answers(real_target):
     out = model.generate(**ids, max_new_tokens=20, do_sample=False)
     text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Paris" in text
+
+
+def test_every_cut_of_a_safetensors_file_is_caught_and_the_whole_file_passes(tmp_path):
+    from safetensors.torch import save_file
+
+    from decode.target import safetensors_problem
+
+    whole = tmp_path / "whole.safetensors"
+    save_file({"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(5, dtype=torch.int64)}, str(whole))
+    data = whole.read_bytes()
+    assert safetensors_problem(whole) is None
+    cut = tmp_path / "cut.safetensors"
+    for n in range(len(data)):
+        cut.write_bytes(data[:n])
+        assert safetensors_problem(cut).startswith("is torn"), n
+
+
+def test_a_broken_local_target_folder_names_what_is_wrong(tmp_path):
+    import json
+
+    from conftest import tiny_llama
+
+    from decode.target import TargetLoadError, load_target, target_folder_problem
+
+    model = tiny_llama(0)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    first = sorted(set(index["weight_map"].values()))[0]
+    (tmp_path / "sharded" / first).unlink()
+    assert target_folder_problem(tmp_path / "sharded").startswith(f"lacks {first}, one of the weight files")
+    (tmp_path / "file").write_text("x")
+    assert target_folder_problem(tmp_path / "file") == "is a file, not a model folder"
+    (tmp_path / "empty").mkdir()
+    assert target_folder_problem(tmp_path / "empty").startswith("holds no config.json")
+    with pytest.raises(TargetLoadError, match=r"empty holds no config.json.*'smollm2-135m'"):
+        load_target(str(tmp_path / "empty"))
+    with pytest.raises(OSError, match="does not exist"):  # TargetLoadError is an OSError, as before
+        load_target(str(tmp_path / "nowhere"))

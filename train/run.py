@@ -9,7 +9,8 @@ with ``yaml.safe_load``). ``--print-recipe`` validates and prints the resolved r
 Options may come anywhere (``train R.yaml --print-recipe output_dir=x`` works).
 
 Exit codes: 0 trained (or printed); 2 a user error (bad recipe, missing file, drafter options that do
-not fit the target, an output_dir holding another run), printed as one message, no traceback;
+not fit the target, a broken model folder the recipe names (``target.name_or_path``,
+``drafter.options.checkpoint``), an output_dir holding another run), printed as one message, no traceback;
 128 + signal number (130 SIGINT, 143 SIGTERM) when interrupted, after ``last/`` is saved.
 """
 
@@ -36,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
 
     Returns 0; 2 on a user error (see the module docstring); 128 + signal number when interrupted.
     """
+    from decode.target import TargetLoadError
+
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.print_recipe:
@@ -46,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         result = train(recipe)
     except (RecipeError, FileNotFoundError) as exc:
         print(f"drafterkit train: error: {exc}", file=sys.stderr)
+        return 2
+    except TargetLoadError as exc:  # a broken target folder, or a Hub id that cannot be reached
+        print(f"drafterkit train: error: target.name_or_path: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("drafterkit train: aborted; checkpoints hold the last complete save (resume with "

@@ -158,21 +158,61 @@ class DraftLMStrategy:
 
     @staticmethod
     def _from_checkpoint(path: str | None, target: torch.nn.Module):
-        from transformers import AutoModelForCausalLM
+        """The DraftLM ``drafter.options.checkpoint`` names: a drafterkit draft_lm checkpoint (a drafter
+        folder, a training checkpoint such as ``RUN/checkpoints/best``, or a run ``output_dir``, resolved as
+        ``drafterkit eval`` resolves them), or a transformers causal-LM folder sharing the target's
+        tokenizer (loaded in fp32; the base model when ``lora`` is set).
 
-        from drafters.base import read_config
-        from drafters.draft_lm import DraftLM
+        Raises:
+            ValueError: one line naming the folder, what is wrong with it and the fix: not set, missing,
+                config.json without weights, a drafterkit checkpoint of another kind or an export, a torn
+                weights file, a folder transformers cannot load as a causal LM, a vocabulary that is not
+                the target's.
+        """
+        from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
+        from drafters.draft_lm import check_vocab_match
 
+        key = "drafter.options.checkpoint"
+        wanted = ("init: checkpoint needs a draft_lm checkpoint or a transformers causal-LM folder sharing the "
+                  "target's tokenizer (a drafter folder, a training checkpoint such as RUN/checkpoints/best, a run "
+                  "output_dir, or a folder with config.json and weights)")
         if not path:
-            raise ValueError("drafter.options.init is 'checkpoint' but drafter.options.checkpoint is not set; "
-                             "give a draft_lm checkpoint folder or a transformers model folder")
-        p = Path(path)
-        if not p.is_dir():
-            raise ValueError(f"drafter.options.checkpoint {path!r} is not a folder")
-        if (p / "model.safetensors").exists() and "kind" in (p / "config.json").read_text():
-            read_config(p)
-            return DraftLM.from_pretrained(p, target=target)
-        return DraftLM.from_model(AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32))
+            raise ValueError(f"drafter.options.init is 'checkpoint' but {key} is not set; {wanted}")
+        try:
+            folder, kind = resolve_checkpoint(path, allow_transformers=True)
+        except DrafterLoadError as exc:
+            raise ValueError(f"{key}: {DraftLMStrategy._broken_checkpoint(Path(path), key, wanted) or exc}") from None
+        if kind not in ("draft_lm", TRANSFORMERS_KIND):
+            raise ValueError(f"{key}: {folder} is a {kind} checkpoint, {wanted}; a {kind} drafter trains with "
+                             f"drafter.kind: {kind}")
+        try:
+            drafter = load_drafter(folder)  # no target: the weights as saved (fp32 for a transformers folder)
+        except DrafterLoadError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+        check_vocab_match(target, drafter.lm, what=f"{key} {folder}")
+        return drafter
+
+    @staticmethod
+    def _broken_checkpoint(path: Path, key: str, wanted: str) -> str | None:
+        """The message for the folders ``drafters.resolve_checkpoint`` refuses that users most often name:
+        a missing one, one with a config.json but no weights (``None``: its own message says it best)."""
+        import json
+
+        if not path.exists():
+            return f"{path} does not exist; {wanted}"
+        try:
+            config = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(config, dict):
+            return None
+        if "kind" in config and not (path / "model.safetensors").is_file():
+            return (f"{path} holds a drafterkit {config['kind']} config.json but no model.safetensors (an interrupted "
+                    f"save or copy); save the drafter again, or point {key} at a whole checkpoint")
+        if "model_type" in config and "kind" not in config:
+            return (f"{path} holds config.json but no weights (model.safetensors / pytorch_model.bin); save the model "
+                    f"there with save_pretrained (weights included), or point {key} at a folder that holds them")
+        return None
 
     @staticmethod
     def _add_lora(drafter, lora: LoraOptions) -> None:
