@@ -1,0 +1,194 @@
+"""Which training objective buys the most acceptance: one recipe trained once per objective, every
+drafter then measured side by side in ONE ``drafterkit eval`` run per benchmark and temperature.
+
+    python benchmarks/objective_ablation.py recipes/eagle3.yaml --steps 300 --out runs/ablation-eagle3
+    python benchmarks/objective_ablation.py recipes/draft_lm.yaml --objectives ce,fkl,accept_len --steps 150 \\
+        --out runs/ablation-draft-lm
+    python benchmarks/objective_ablation.py recipes/eagle3.yaml --minutes 6 --out runs/ablation-eagle3-time
+
+Training: ``drafterkit train RECIPE`` with the objective's recipe overrides (below), ``train.max_steps``
+= ``--steps`` (equal optimizer steps; the wall time of each run is recorded) or ``train.max_minutes`` =
+``--minutes`` (equal wall time; the steps reached are recorded), no evaluation inside training, into
+``OUT/<objective>/``. A run whose ``checkpoints/last`` already holds the asked steps is not retrained,
+so an interrupted ablation continues where it stopped.
+
+Measurement: for each benchmark and temperature, one ``drafterkit eval`` with every trained drafter, the
+untrained prompt-lookup proposer (``ngram``) and the engine's plain decoding, on prompts the quickstart
+never measures (MT-bench: the second question of each of the 8 categories; HumanEval: problems 8-15),
+chain of ``--k`` draft tokens, bf16. Reported per objective: tau, per-position acceptance and tokens/s
+over the engine's plain decoding measured in the same run. Writes ``OUT/ablation.json`` and
+``OUT/ablation.md``.
+
+Objectives (``--objectives``, comma-separated names; ``recipe`` keeps the recipe's own loss):
+
+| name | recipe overrides |
+|---|---|
+| ``ce`` | ``loss.name=ce loss.ce_labels=target`` (hard label: the target's argmax) |
+| ``fkl`` / ``tvd`` / ``alpha`` / ``neg_log_alpha`` | ``loss.name=<name>`` at ``loss.temperature`` 1 |
+| ``accept_len`` | ``loss.name=accept_len`` over ``--draft-steps`` on the drafter's own drafts |
+| ``fkl+accept_len`` | ``loss.weights={fkl: 1, accept_len: 1}`` |
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SINGLE = ("ce", "fkl", "rkl", "tvd", "alpha", "neg_log_alpha", "accept_len")
+
+
+def objective_overrides(name: str, kind: str, draft_steps: int) -> list[str]:
+    """Recipe overrides that make ``name`` the training objective of a ``kind`` drafter.
+
+    Raises:
+        ValueError: an unknown objective name.
+    """
+    own = []
+    if kind == "eagle3":
+        own = ["drafter.options.ttt_tokens=draft"]  # accept_len needs the head's own drafts in its unroll
+    elif kind == "eagle":
+        own = [f"drafter.options.ttt_steps={draft_steps}"]
+    if name == "recipe":
+        return []
+    if name == "ce":
+        return ["loss.name=ce", "loss.ce_labels=target", "loss.weights=null"]
+    if name in SINGLE:
+        extra = [f"loss.draft_steps={draft_steps}", *own] if name == "accept_len" else []
+        return [f"loss.name={name}", "loss.weights=null", *extra]
+    if name == "fkl+accept_len":
+        return ["loss.weights={fkl: 1.0, accept_len: 1.0}", f"loss.draft_steps={draft_steps}", *own]
+    raise ValueError(f"unknown objective {name!r}; choose from recipe, ce, {', '.join(SINGLE[1:])}, fkl+accept_len")
+
+
+def unseen_prompt_files(out: Path) -> dict[str, Path]:
+    """JSONL prompt files of questions the quickstart never measures: MT-bench's second question of each
+    category (first turns) and HumanEval problems 8-15 (with the eval's own code request)."""
+    from decode.harness import HUMANEVAL_REQUEST
+    from decode.prompts import load_humaneval, load_mt_bench
+
+    by_cat: dict[str, list[dict]] = {}
+    for q in load_mt_bench():
+        by_cat.setdefault(q["category"], []).append(q)
+    mt = [qs[1]["turns"][0] for qs in by_cat.values()]
+    he = [HUMANEVAL_REQUEST.format(prompt=p["prompt"]) for p in load_humaneval()[8:16]]
+    files = {}
+    for name, prompts in (("mt-bench", mt), ("humaneval", he)):
+        path = out / f"{name}-unseen.jsonl"
+        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        files[name] = path
+    return files
+
+
+def train_one(recipe: Path, name: str, out: Path, args, kind: str) -> dict:
+    """Train ``name`` into ``out`` (skipped when already done); returns steps and wall seconds."""
+    budget = ([f"train.max_steps={args.steps}", "train.max_minutes=null"] if args.minutes is None
+              else ["train.max_steps=100000", f"train.max_minutes={args.minutes}"])
+    over = [f"output_dir={out}", *budget, "eval.every=0", "eval.at_end=false", "train.save_every=0",
+            "logging.trackers=[]", "train.resume=auto", *objective_overrides(name, kind, args.draft_steps),
+            *args.override]
+    done = out / "ablation-train.json"
+    if done.exists():
+        rec = json.loads(done.read_text())
+        if rec.get("overrides") == over:
+            return rec
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "train", str(recipe), *over], cwd=ROOT, text=True,
+                          capture_output=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"training {name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    rec = {"objective": name, "overrides": over, "steps": summary["global_step"], "train_s": wall,
+           "final_loss": summary["final_loss"], "drafter": str(out / "checkpoints" / "last" / "drafter")}
+    done.write_text(json.dumps(rec, indent=1))
+    return rec
+
+
+def measure(runs: list[dict], bench: str, prompts: Path, temperature: float, out: Path, args) -> dict:
+    """One ``drafterkit eval`` of every drafter + ngram + plain on ``prompts``; returns its JSON record."""
+    path = out / f"eval-{bench}-T{temperature:g}.json"
+    if not path.exists():
+        cmd = [sys.executable, "-m", "train.cli", "eval", "--benchmark", str(prompts),
+               "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
+               "--temperature", str(temperature), "--k", str(args.k), "--dtype", args.dtype,
+               "--baselines", "engine", "--output", str(path), "--no-progress"]
+        for r in runs:
+            cmd += ["--drafter", r["drafter"]]
+        cmd += ["--drafter", "ngram"]
+        proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"eval failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        print(proc.stdout)
+    return json.loads(path.read_text())
+
+
+def table(runs: list[dict], evals: dict[str, dict]) -> str:
+    """Markdown: one row per objective (and ngram), tau and x plain per benchmark / temperature."""
+    cols = list(evals)
+    head = "| objective | steps | train min | " + " | ".join(f"{c} tau | {c} x plain" for c in cols) + \
+           " | MT-bench T=0 per-position acceptance |"
+    lines = [head, "|" + "---|" * (3 + 2 * len(cols) + 1)]
+    names = [(r["objective"], r) for r in runs] + [("ngram (untrained)", None)]
+    for i, (label, r) in enumerate(names):
+        cells = [label, str(r["steps"]) if r else "-", f"{r['train_s'] / 60:.1f}" if r else "-"]
+        pos = "-"
+        for c in cols:
+            row = [s for s in evals[c]["summary"] if s["role"] == "spec"][i]  # in --drafter order
+            cells += [f"{row['tau']:.3f}", f"{row['speedup_vs_engine']:.2f}x"]
+            if c.startswith("mt-bench") and c.endswith("T=0"):
+                pos = " ".join(f"{a:.2f}" for a in row["accept_per_position"])
+        lines.append("| " + " | ".join(cells + [pos]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recipe", type=Path)
+    p.add_argument("--objectives", default="recipe,ce,fkl,tvd,neg_log_alpha,accept_len,fkl+accept_len")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per objective (equal steps)")
+    p.add_argument("--minutes", type=float, default=None, help="equal wall time instead of equal steps")
+    p.add_argument("--draft-steps", type=int, default=3, help="K of accept_len (and EAGLE-1's unroll)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--benchmarks", default="mt-bench,humaneval")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--override", action="append", default=[], help="extra recipe override for every run")
+    p.add_argument("--train-only", action="store_true")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    kind = yaml.safe_load(args.recipe.read_text())["drafter"]["kind"]
+    names = [n.strip() for n in args.objectives.split(",") if n.strip()]
+    for n in names:
+        objective_overrides(n, kind, args.draft_steps)  # unknown names fail before any training
+    runs = []
+    for n in names:
+        rec = train_one(args.recipe, n, args.out / n.replace("+", "_"), args, kind)
+        print(f"{n}: {rec['steps']} steps in {rec['train_s'] / 60:.1f} min, final loss {rec['final_loss']}")
+        runs.append(rec)
+    if args.train_only:
+        return 0
+    files = unseen_prompt_files(args.out)
+    evals = {}
+    for bench in args.benchmarks.split(","):
+        for temp in (float(t) for t in args.temperatures.split(",")):
+            evals[f"{bench} T={temp:g}"] = measure(runs, bench, files[bench], temp, args.out, args)
+    md = table(runs, evals)
+    (args.out / "ablation.md").write_text(md + "\n")
+    (args.out / "ablation.json").write_text(json.dumps({"runs": runs, "evals": {k: v["summary"] for k, v in evals.items()}},
+                                                       indent=1))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
