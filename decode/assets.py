@@ -287,6 +287,13 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
+def built_target_dir() -> Path | None:
+    """The default target's converted folder when it is already built and complete, else None; never
+    fetches or converts (for cheap checks such as reading its config)."""
+    folder = home() / _TARGET_DIRNAME
+    return folder if _target_marker_ok(folder) else None
+
+
 def default_target_dir(*, force: bool = False) -> Path:
     """The default target as a plain transformers folder (safetensors fp32 + config + tokenizer).
 

@@ -158,12 +158,21 @@ class Drafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: nn.Module | None = None, **kw) -> "Drafter":
-        """Load a checkpoint written by ``save_pretrained``; ``target`` supplies borrowed modules."""
+        """Load a checkpoint written by ``save_pretrained``; ``target`` supplies borrowed modules.
+
+        Raises:
+            DrafterLoadError: another kind, a config this version refuses (the message says why and the
+                fix), missing / unexpected tensors or a shape mismatch.
+        """
         path = Path(path)
         kind, cfg = read_config(path)
         if kind != cls.kind:
             raise DrafterLoadError(f"{path} holds a drafter of kind {kind!r}, not {cls.kind!r}")
-        drafter = cls(cls.config_class(**cfg), target=target, **kw)
+        try:
+            config = cls.config_class(**cfg)
+        except ValueError as exc:  # a config this version refuses (e.g. an EAGLE-3 layer id no engine serves)
+            raise DrafterLoadError(f"{path}/config.json: {exc}") from None
+        drafter = cls(config, target=target, **kw)
         state = load_file(str(path / "model.safetensors"))
         drafter.load_own_state_dict(state, source=str(path))
         return drafter.eval()

@@ -15,6 +15,9 @@ Embedding and LM head are borrowed frozen from the target (not saved). Decoding 
 autoregressively over its own predicted features with its own KV cache (one cache per row, RoPE
 positions = token positions), and re-synchronises with the target's real features of accepted
 tokens each round using ``state.num_stable`` (stale entries are cut, real ones recomputed).
+Training (``forward``) runs the same chain for every position at once: a training-time-test unroll
+(:meth:`FeatureHeadDrafter.unroll`) whose step ``j >= 1`` reads the head's own predicted feature and
+greedy draft token of step ``j-1`` at RoPE position ``t+j``, as :meth:`FeatureHeadDrafter.propose` does.
 
 This module also holds the building blocks shared with :mod:`drafters.eagle3` (attention with an
 explicit boolean mask and KV cache, Llama MLP, RMSNorm, the decoder layer, the per-row cache runner).
@@ -161,6 +164,22 @@ def causal_mask(t: int, past: int, device=None) -> torch.Tensor:
     return torch.arange(past + t, device=device)[None, :] <= q
 
 
+def ttt_attention_mask(seq_len: int, step: int, device=None) -> torch.Tensor:
+    """Bool ``[T, (step+1) * T]`` mask for training-time-test step ``step`` (True = may attend).
+
+    Keys are the concatenation of steps ``0..step`` (``T`` each). Block 0 (the real prefix) is causal:
+    query ``t`` sees keys ``s <= t``. Blocks ``1..step`` (the head's own earlier outputs) are diagonal:
+    query ``t`` sees only key ``t`` of each. Raises ``ValueError`` for ``step < 0`` or ``seq_len < 1``.
+    """
+    if step < 0 or seq_len < 1:
+        raise ValueError(f"ttt_attention_mask needs seq_len >= 1 and step >= 0, got {seq_len}, {step}")
+    q = torch.arange(seq_len, device=device)
+    blocks = [q[None, :] <= q[:, None]]
+    eye = q[None, :] == q[:, None]
+    blocks += [eye] * step
+    return torch.cat(blocks, dim=1)
+
+
 def check_target_shape(drafter: Drafter, target: nn.Module) -> None:
     """Raise ``ValueError`` unless ``target`` has the hidden size and layer count the feature-level
     ``drafter`` was built for (checked by ``decode.generate`` before any token is generated)."""
@@ -224,6 +243,70 @@ class FeatureHeadDrafter(Drafter):
 
     def _dtype(self) -> torch.dtype:
         return next(self.layer.parameters()).dtype
+
+    # --- training: the training-time-test unroll ---------------------------------------------------
+    def unroll(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int, feed: str = "data",
+               keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The head unrolled ``steps`` steps at every position at once (training-time test, EAGLE-3,
+        Li et al. 2025): what :meth:`propose` runs after a real prefix ending at each position.
+
+        Step 0 at position ``t`` consumes ``(token t+1, features[t])`` (through :meth:`real_input`) at
+        RoPE position ``t``. Step ``j >= 1`` at ``t`` consumes the head's own step ``j-1`` output at ``t``
+        and a token (``feed``), sits at RoPE position ``t+j`` and attends the step-0 keys at positions
+        ``<= t`` (the real prefix) and its own steps ``1..j`` at the same ``t`` (:func:`ttt_attention_mask`),
+        as the decoder's KV cache holds them. Output ``j`` at ``t`` predicts token ``t+2+j``.
+
+        Args:
+            input_ids: ``[B, T]``. features: ``[B, T, F]`` the target features the kind reads.
+            steps: unroll length (>= 1).
+            feed: the token of step ``j >= 1``: ``"data"`` = the data token ``t+1+j`` (teacher-forced),
+                ``"draft"`` = the head's own greedy draft of step ``j-1`` (a target id, detached), which
+                is what decoding feeds.
+            keep: optional bool ``[B, T]``: positions whose chains are used; greedy drafts elsewhere are
+                not computed (token 0), which only saves the LM head there (each chain reads its own
+                position's steps only).
+
+        Returns:
+            ``steps`` pre-norm head outputs ``[B, T, H]`` (entries whose tokens run past the sequence
+            are garbage; mask them).
+
+        Raises:
+            ValueError: ``steps < 1`` or an unknown ``feed``.
+        """
+        if steps < 1 or feed not in ("data", "draft"):
+            raise ValueError(f"unroll needs steps >= 1 and feed 'data' or 'draft', got {steps}, {feed!r}")
+        b, t = input_ids.shape
+        hidden = self.real_input(features)  # [B, T, H]
+        ids_ext = torch.cat([input_ids, input_ids.new_zeros(b, steps)], 1)  # padding past the end
+        ar = torch.arange(t, device=input_ids.device)
+        past, outs = None, []
+        for j in range(steps):
+            if j == 0 or feed == "data":
+                ids_j = ids_ext[:, 1 + j: 1 + j + t]  # token t+1+j at position t
+            else:
+                ids_j = self.greedy_drafts(outs[-1], keep)  # the draft step j-1 proposed at t
+            mask = ttt_attention_mask(t, j, input_ids.device)
+            out, past = self._layer(ids_j, hidden, (ar + j)[None].expand(b, t), mask, past)
+            outs.append(out)
+            hidden = out
+        return outs
+
+    @torch.no_grad()
+    def greedy_drafts(self, out: torch.Tensor, keep: torch.Tensor | None = None, chunk: int = 256) -> torch.Tensor:
+        """The greedy draft token (a target id) of head outputs ``out [B, T, H]`` -> ``[B, T]`` long, as
+        :meth:`propose` picks it (argmax of :meth:`logits_and_ids`, mapped to target ids); 0 where
+        ``keep [B, T]`` is False. Rows go through the LM head ``chunk`` at a time (bounded memory)."""
+        tokens = torch.zeros(out.shape[:-1], dtype=torch.long, device=out.device)
+        sel = keep.bool() if keep is not None else torch.ones_like(tokens, dtype=torch.bool)
+        rows = out[sel]  # [M, H]
+        picked = []
+        for part in rows.split(chunk):
+            logits, ids = self.logits_and_ids(part)
+            a = logits.float().argmax(-1)
+            picked.append(a if ids is None else ids[a])
+        if picked:
+            tokens[sel] = torch.cat(picked)
+        return tokens
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
@@ -448,13 +531,16 @@ class EagleDrafter(FeatureHeadDrafter):
     def target_vocab_size(self) -> int:
         return self.config.vocab_size
 
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """Training pass. ``input_ids [B, T]``, ``features [B, T, H]`` (target ``hidden_states[L]``,
-        possibly noised) -> predicted features ``[B, T-1, H]``: ``out[:, t]`` estimates ``features[:, t+1]``.
-        Right padding needs no mask: queries at real positions only see earlier (real) keys."""
-        t = input_ids.shape[1]
-        out, _ = self._run(input_ids[:, 1:], features[:, : t - 1], 0, None)
-        return out
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int = 1,
+                keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Training pass: the head unrolled ``steps`` steps on its OWN predicted features and greedy draft
+        tokens (:meth:`FeatureHeadDrafter.unroll` with ``feed="draft"``), as decoding runs it.
+
+        ``input_ids [B, T]``, ``features [B, T, H]`` (target ``hidden_states[L]``, possibly noised) ->
+        ``steps`` predicted features ``[B, T, H]``: ``out[j][:, t]`` estimates ``features[:, t+1+j]`` (its
+        LM head logits predict token ``t+2+j``); entries past the sequence are garbage. Right padding needs
+        no mask: queries at real positions only see earlier (real) keys. ``keep``: see ``unroll``."""
+        return self.unroll(input_ids, features, steps, feed="draft", keep=keep)
 
 
 def init_layer_from_target(layer: DraftDecoderLayer, target: nn.Module) -> None:

@@ -16,12 +16,20 @@ buffers ``d2t`` (LongTensor ``[N]``, draft id -> target id OFFSET: ``target_id =
 ``t2d`` (BoolTensor ``[V]``, True where a target id is in the draft vocabulary), the vLLM/SGLang
 convention; both are saved in the checkpoint. Embedding is borrowed frozen from the target.
 
-Training-time test (TTT): the head is unrolled for ``steps`` steps on its own outputs. At step ``j``
-position ``t`` consumes token ``t+1+j`` and the head's own step ``j-1`` output at ``t`` (step 0: the
-fused target feature), sits at RoPE position ``t+j`` and predicts token ``t+2+j``. It attends the
-step-0 keys at positions ``<= t`` (the real prefix) and the keys of steps ``1..j`` at the same ``t``
-only (its own earlier drafts), see :func:`ttt_attention_mask`. This is exactly what decoding sees
-after a real prefix ending at ``t``.
+Feature layer ids (one convention for training, decoding and export): id ``i`` is ``hidden_states[i]``
+in transformers, the input of decoder layer ``i``, what vLLM's ``eagle_aux_hidden_state_layer_ids``
+reads; valid ids are ``0 <= i < L`` (L = the target's ``num_hidden_layers``). ``i = L`` (the output after
+the final norm) is refused by :class:`Eagle3Config`, so a checkpoint saved with it fails to load (retrain
+it); the defaults are clamped into ``[1, L-1]`` for small targets (see :func:`check_feature_layers`).
+
+Training-time test (TTT, :meth:`drafters.eagle.FeatureHeadDrafter.unroll`): the head is unrolled for
+``steps`` steps on its own outputs. At step ``j`` position ``t`` consumes a token and the head's own
+step ``j-1`` output at ``t`` (step 0: token ``t+1`` and the fused target feature), sits at RoPE position
+``t+j`` and predicts token ``t+2+j``. It attends the step-0 keys at positions ``<= t`` (the real prefix)
+and the keys of steps ``1..j`` at the same ``t`` only (its own earlier drafts), see
+:func:`ttt_attention_mask`. The token of step ``j >= 1`` is the data token ``t+1+j`` (``feed="data"``,
+as EAGLE-3 / SpecForge train) or the head's own greedy draft of step ``j-1`` (``feed="draft"``); with
+``draft`` the unroll is exactly what decoding runs after a real prefix ending at ``t``.
 
 Decoding: as EAGLE (own KV cache per row, re-sync with ``num_stable``); draft ids map to target ids
 through ``d2t``; when sampling, ``q`` is scattered from the draft vocabulary onto the TARGET
@@ -35,12 +43,42 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from drafters.eagle import DraftDecoderLayer, EagleConfig, FeatureHeadDrafter, RMSNorm, target_shape_fields
+from drafters.eagle import (  # noqa: F401  (ttt_attention_mask: re-exported, its EAGLE-3 home)
+    DraftDecoderLayer,
+    EagleConfig,
+    FeatureHeadDrafter,
+    RMSNorm,
+    target_shape_fields,
+    ttt_attention_mask,
+)
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3 / SpecForge default ``(2, L//2, L-3)``, clamped into ``[1, L]`` for tiny targets."""
-    return tuple(min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3))
+    """EAGLE-3 / SpecForge default ``(2, L//2, L-3)``, clamped into ``[1, L-1]`` for small targets
+    (``[0, 0]`` for a one-layer target): ids serving engines can read, see :func:`check_feature_layers`."""
+    lo, hi = min(1, num_layers - 1), num_layers - 1
+    return tuple(min(max(i, lo), hi) for i in (2, num_layers // 2, num_layers - 3))
+
+
+def check_feature_layers(layers, num_layers: int) -> None:
+    """Raise ``ValueError`` unless ``layers`` are 3 EAGLE-3 feature layer ids valid for a target of
+    ``num_layers`` (L) decoder layers: ``0 <= i < L``.
+
+    The convention (one for training, decoding and export): id ``i`` is ``hidden_states[i]`` in
+    transformers, the input of decoder layer ``i`` (the residual stream before it), which is what vLLM's
+    ``eagle_aux_hidden_state_layer_ids`` reads. ``i = L`` would be the last layer's output AFTER the final
+    norm, which no serving engine can hand the head, so it is refused.
+    """
+    layers = [int(i) for i in layers]
+    if len(layers) == 3 and all(0 <= i < num_layers for i in layers):
+        return
+    why = (f"; id {num_layers} is the last layer's output after the final norm, which serving engines cannot read"
+           if num_layers in layers else "")
+    raise ValueError(f"EAGLE-3 feature layers {layers} invalid for a {num_layers}-layer target: give 3 ids in "
+                     f"[0, {num_layers - 1}] (id i = hidden_states[i] in transformers = the input of decoder layer i "
+                     f"= vLLM's eagle_aux_hidden_state_layer_ids){why}; the default is (2, L//2, L-3) = "
+                     f"{list(default_feature_layers(num_layers))}. A checkpoint saved with such ids was trained on "
+                     "features no engine provides: retrain it")
 
 
 @dataclass
@@ -57,9 +95,7 @@ class Eagle3Config(EagleConfig):
         if not self.feature_layers:
             self.feature_layers = list(default_feature_layers(self.target_num_layers))
         self.feature_layers = [int(i) for i in self.feature_layers]
-        if len(self.feature_layers) != 3 or not all(0 <= i <= self.target_num_layers for i in self.feature_layers):
-            raise ValueError(f"EAGLE-3 needs 3 feature layers in [0, {self.target_num_layers}] "
-                             f"(hidden_states indices), got {self.feature_layers}")
+        check_feature_layers(self.feature_layers, self.target_num_layers)
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got "
                              f"{self.draft_vocab_size}")
@@ -69,22 +105,6 @@ class Eagle3Config(EagleConfig):
         base = {**target_shape_fields(target), **kw}
         base["draft_vocab_size"] = min(base.get("draft_vocab_size", 8192), base["vocab_size"])
         return cls(**base)
-
-
-def ttt_attention_mask(seq_len: int, step: int, device=None) -> torch.Tensor:
-    """Bool ``[T, (step+1) * T]`` mask for TTT step ``step`` (True = may attend).
-
-    Keys are the concatenation of steps ``0..step`` (``T`` each). Block 0 (the real prefix) is causal:
-    query ``t`` sees keys ``s <= t``. Blocks ``1..step`` (the head's own earlier outputs) are diagonal:
-    query ``t`` sees only key ``t`` of each. Raises ``ValueError`` for ``step < 0`` or ``seq_len < 1``.
-    """
-    if step < 0 or seq_len < 1:
-        raise ValueError(f"ttt_attention_mask needs seq_len >= 1 and step >= 0, got {seq_len}, {step}")
-    q = torch.arange(seq_len, device=device)
-    blocks = [q[None, :] <= q[:, None]]
-    eye = q[None, :] == q[:, None]
-    blocks += [eye] * step
-    return torch.cat(blocks, dim=1)
 
 
 def select_draft_vocab(counts: torch.Tensor, n: int) -> torch.Tensor:
@@ -168,34 +188,20 @@ class Eagle3Drafter(FeatureHeadDrafter):
 
     # --- training ------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int | None = None,
-                return_hidden: bool = False) -> list[torch.Tensor]:
-        """TTT unroll. ``input_ids [B, T]``, ``features [B, T, 3H]`` (concat over ``feature_layers``).
+                return_hidden: bool = False, feed: str = "data", keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """TTT unroll. ``input_ids [B, T]``, ``features [B, T, 3H]`` (concat over ``feature_layers``);
+        ``steps`` (default ``config.ttt_steps``), ``feed`` and ``keep``: see
+        :meth:`drafters.eagle.FeatureHeadDrafter.unroll` (``feed="draft"``: step ``j >= 1`` reads the head's
+        own greedy draft of step ``j-1``, mapped to a target id through ``d2t``, as decoding does).
 
         Returns ``steps`` draft-vocabulary logits ``[B, T, N]``: ``out[j][:, t]`` predicts token
         ``t + 2 + j`` (entries whose token ``t+1+j`` is past the sequence are garbage; mask them).
-        With ``return_hidden`` the pre-norm outputs ``[B, T, H]`` instead (see :meth:`unroll`).
+        With ``return_hidden`` the pre-norm outputs ``[B, T, H]`` instead, so a caller can apply the LM
+        head to supervised rows only.
         """
-        hidden = self.unroll(input_ids, features, steps)
+        hidden = self.unroll(input_ids, features, steps or self.config.ttt_steps, feed=feed, keep=keep)
         return hidden if return_hidden else [self.draft_logits(h) for h in hidden]
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head output (pre-norm) ``[..., H]`` -> draft-vocabulary logits ``[..., N]``."""
         return self.lm_head(self.norm(hidden))
-
-    def unroll(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
-        """As :meth:`forward` but returns the pre-norm head outputs ``[B, T, H]`` of each step, so a
-        caller can apply the LM head to supervised rows only."""
-        steps = steps or self.config.ttt_steps
-        b, t = input_ids.shape
-        hidden = self.fc(features)  # [B, T, H]
-        past, outs = None, []
-        pad = input_ids.new_zeros(b, steps + 1)
-        ids_ext = torch.cat([input_ids, pad], 1)
-        for j in range(steps):
-            ids_j = ids_ext[:, 1 + j: 1 + j + t]  # token t+1+j at position t
-            pos = (torch.arange(t, device=input_ids.device) + j)[None].expand(b, t)
-            mask = ttt_attention_mask(t, j, input_ids.device)
-            out, past = self.layer(hidden, pos, mask, past, embeds=self.embed(ids_j).to(hidden.dtype))
-            outs.append(out)
-            hidden = out
-        return outs

@@ -54,17 +54,20 @@ def test_cached_chain_equals_recomputation():
     assert got == _reference_chain(d, st, 4)
 
 
-def test_first_draft_matches_the_training_forward():
+def test_training_unroll_drafts_the_decoder_chain():
+    """Step j of the training forward (unrolled on the head's own features and greedy drafts) at the last
+    real position proposes draft token j + 1 of decoding."""
     target = tiny_llama(0)
     d = _drafter(target)
-    tokens = [7, 3, 99, 42, 42, 5, 18]
+    tokens, k = [7, 3, 99, 42, 42, 5, 18], 4
     st = _state(target, tokens, 0)
     d.reset(1)
-    first = int(d.propose(st, 1, SamplingParams(), None).tokens[0, 0])
+    drafts = d.propose(st, k, SamplingParams(), None).tokens[0].tolist()
+    assert drafts == _reference_chain(d, st, k)
     with torch.no_grad():
         f = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1]
-        pred = d(torch.tensor([tokens]), f)  # [1, T-1, H]; pred[:, t] estimates f[:, t+1]
-    assert first == int(d.lm_head(pred[0, len(tokens) - 2]).argmax())
+        outs = d(torch.tensor([tokens]), f, steps=k)  # k x [1, T, H]; outs[j][:, t] estimates f[:, t+1+j]
+    assert [int(d.lm_head(outs[j][0, len(tokens) - 2]).argmax()) for j in range(k)] == drafts
 
 
 def test_resync_after_accepts_and_rejections_equals_a_fresh_drafter():

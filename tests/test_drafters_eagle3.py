@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_llama
@@ -61,9 +63,32 @@ def test_d2t_t2d_are_consistent():
         mapping_from_ids(torch.tensor([1, 1, 2]), 200)
 
 
-def test_default_feature_layers_follow_eagle3():
+def test_default_feature_layers_follow_eagle3_and_stay_below_the_layer_count():
     assert default_feature_layers(30) == (2, 15, 27)
-    assert all(1 <= i <= 2 for i in default_feature_layers(2))
+    assert default_feature_layers(2) == (1, 1, 1)
+    assert default_feature_layers(1) == (0, 0, 0)
+    for n in range(1, 12):
+        assert all(0 <= i < n for i in default_feature_layers(n))
+
+
+def test_a_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path):
+    """Id L is the output after the final norm, which serving engines cannot read: a new head with it is
+    refused, and so is an old checkpoint whose config holds it (retrain), naming the convention."""
+    from drafters import DrafterLoadError, load_drafter
+
+    target = tiny_llama(0, layers=4)
+    with pytest.raises(ValueError, match=r"id 4 is the last layer's output after the final norm.*retrain"):
+        Eagle3Config.from_target(target, draft_vocab_size=32, feature_layers=[1, 2, 4])
+    with pytest.raises(ValueError, match=r"input of decoder layer i"):
+        Eagle3Config.from_target(target, draft_vocab_size=32, feature_layers=[1, 2, 5])
+    assert Eagle3Config.from_target(target, draft_vocab_size=32, feature_layers=[0, 2, 3]).feature_layers == [0, 2, 3]
+    d = _drafter(target, n=32)
+    d.save_pretrained(tmp_path / "old")
+    cfg = json.loads((tmp_path / "old" / "config.json").read_text())
+    cfg["config"]["feature_layers"] = [1, 2, 4]  # as a checkpoint saved before the ids were checked
+    (tmp_path / "old" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DrafterLoadError, match=r"config.json: EAGLE-3 feature layers \[1, 2, 4\].*retrain"):
+        load_drafter(tmp_path / "old", target=target)
 
 
 def test_ttt_unroll_equals_decoding_on_the_same_tokens():

@@ -99,3 +99,61 @@ def test_a_file_given_as_data_source_names_data_path():
         recipe_from_dict({"output_dir": "x"}, ["data.source=chats/my.jsonl"])
     with pytest.raises(RecipeError, match=r"'sharegpt' or 'jsonl'"):  # a plain typo keeps pydantic's message
         recipe_from_dict({"output_dir": "x"}, ["data.source=sharegtp"])
+
+
+@pytest.mark.parametrize("kind,options,loss,names", [
+    ("eagle", {}, {"name": "accept_len"},
+     ["loss.name", "accept_len", "'eagle'", "drafter.options.ttt_steps: 1", "set drafter.options.ttt_steps: 4"]),
+    ("medusa", {"num_heads": 1}, {"weights": {"accept_len": 1.0, "fkl": 1.0}, "draft_steps": 3},
+     ["loss.weights.accept_len", "'medusa'", "set drafter.options.num_heads: 3"]),
+    ("eagle3", {"ttt_steps": 3}, {"name": "accept_len"},
+     ["loss.name", "accept_len", "'eagle3'", "ttt_tokens: data", "set drafter.options.ttt_tokens: draft"]),
+])
+def test_a_loss_term_the_kind_cannot_apply_is_refused_naming_both(kind, options, loss, names):
+    with pytest.raises(RecipeError) as err:
+        recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind, "options": options}, "loss": loss})
+    assert all(n in str(err.value) for n in names), str(err.value)
+
+
+@pytest.mark.parametrize("kind,options,loss", [
+    ("eagle", {"ttt_steps": 4}, {"name": "accept_len"}),
+    ("eagle", {}, {"name": "accept_len", "draft_steps": 1}),
+    ("medusa", {"num_heads": 2}, {"name": "accept_len"}),
+    ("eagle3", {"ttt_tokens": "draft"}, {"weights": {"accept_len": 1.0, "fkl": 0.5}}),
+    ("draft_lm", {}, {"name": "accept_len"}),
+])
+def test_accept_len_on_a_chain_of_several_own_drafts_validates(kind, options, loss):
+    recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind, "options": options}, "loss": loss})
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_on_policy_data_for_a_head_kind_is_refused_at_validation(kind):
+    with pytest.raises(RecipeError, match=rf"data\.on_policy_fraction: drafter kind '{kind}'.*'draft_lm'.*"
+                                          r"set data\.on_policy_fraction: 0"):
+        recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind}, "data": {"on_policy_fraction": 0.5}})
+    recipe_from_dict({"output_dir": "x", "drafter": {"kind": "draft_lm"}, "data": {"on_policy_fraction": 0.5}})
+
+
+def test_an_eagle3_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path, capsys):
+    """Id L (after the final norm) cannot be served: refused when the recipe is validated, through the CLI
+    with exit 2 before any model loads, when the target's config is local; else when the head is built."""
+    from conftest import tiny_llama
+
+    from drafters.eagle3 import Eagle3Config
+    from train.cli import main
+
+    target = tiny_llama(0, layers=4)
+    target.config.save_pretrained(tmp_path / "target")  # the config alone: no weights are read
+    data = {"output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(tmp_path / "target")},
+            "drafter": {"kind": "eagle3", "options": {"feature_layers": [1, 2, 4]}}}
+    pattern = r"drafter\.options\.feature_layers: EAGLE-3 feature layers \[1, 2, 4\].*id 4 is the last layer's output"
+    with pytest.raises(RecipeError, match=pattern):
+        recipe_from_dict(data)
+    recipe_from_dict(data, ["drafter.options.feature_layers=[0, 2, 3]"])
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    assert main(["train", str(tmp_path / "r.yaml")]) == 2
+    assert "id 4 is the last layer's output after the final norm" in capsys.readouterr().err
+    # a target whose config is not local (a Hub id, offline) is checked when the head is built, same message
+    recipe_from_dict({**data, "target": {"name_or_path": "nobody/not-cached-here"}})
+    with pytest.raises(ValueError, match=r"id 4 is the last layer's output after the final norm"):
+        Eagle3Config.from_target(target, feature_layers=[1, 2, 4])

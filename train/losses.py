@@ -34,11 +34,23 @@ its first rejection, so with per-position acceptance probabilities ``alpha_1 .. 
 
     E[L] = sum_{k=1..K} prod_{i<=k} alpha_i        (0 <= E[L] <= K; the bonus token is not counted)
 
-and the loss is ``1 - E[L] / K`` averaged over chains (one chain starts at every supervised position).
-The alphas come from the drafter's own unrolled predictions (see ``train.strategies.draft_lm.unroll``):
-step k feeds the drafter its own greedy draft tokens 1..k-1 and compares its distribution with the
-target's at the real position t + k - 1, i.e. it assumes the accepted tokens equal the data tokens
-(exact when the data was generated greedily by the target, ``data.regenerate: true``).
+and the loss is ``1 - E[L] / K`` averaged over chains (one chain starts at every supervised position;
+``metrics["tokens"]`` counts the chains). The alphas come from each kind's OWN drafting, the chain the
+decoder will run: step k feeds the drafter its own greedy draft tokens 1..k-1 and compares its
+distribution with the target's at the real position t + k - 1, i.e. it assumes the accepted tokens
+equal the data tokens (exact when the data was generated greedily by the target, ``data.regenerate:
+true``). Per kind, K = ``loss.draft_steps`` capped by the kind's chain:
+
+| kind | chain | K |
+|---|---|---|
+| ``draft_lm`` | K passes sharing one KV cache (``train.strategies.draft_lm.unroll_alphas``) | ``draft_steps`` |
+| ``medusa`` | its heads at one position (Medusa's own drafting) | ``min(num_heads, draft_steps)`` |
+| ``eagle`` | training-time-test unroll on its own predicted features and draft tokens (``EagleDrafter.forward``) | ``min(ttt_steps, draft_steps)`` |
+| ``eagle3`` | the TTT unroll with ``ttt_tokens: draft`` (its own draft tokens; ``Eagle3Drafter.forward``) | ``min(ttt_steps, draft_steps)`` |
+
+A recipe the kind cannot serve is refused when validated (``Strategy.validate_recipe``): ``accept_len``
+over ``draft_steps > 1`` on a one-step chain (``num_heads`` / ``ttt_steps`` 1: it would be plain alpha),
+and EAGLE-3 with ``ttt_tokens: data`` (its unroll would chain on the data's tokens, not its drafts).
 """
 
 from __future__ import annotations

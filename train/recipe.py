@@ -241,6 +241,17 @@ class Recipe(Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
 
+    @model_validator(mode="after")
+    def _kind_can_train_this(self) -> Recipe:
+        # a loss term, data setting or option value the drafter kind cannot train on is refused here, with the
+        # key, the kind and the fix (the strategy's optional validate_recipe hook, see train.strategies)
+        from train.strategies import get_strategy
+
+        check = getattr(get_strategy(self.drafter.kind), "validate_recipe", None)
+        if check is not None:
+            check(self)
+        return self
+
     @property
     def paths(self) -> RecipePaths:
         return RecipePaths(self.output_dir)

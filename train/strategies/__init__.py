@@ -23,6 +23,11 @@ Contract (what the loop guarantees and expects):
   accelerate-wrapped module: call it, do not assume its type (``unwrap(drafter)`` gives the Drafter).
   Target forwards must run under ``torch.no_grad()``.
 * ``save(drafter, path)`` writes a folder loadable by ``drafters.load_drafter(path, target)``.
+* Optional ``validate_recipe(recipe)``: called by the recipe validator (``train.recipe.Recipe``), so
+  ``load_recipe`` refuses, before any model loads, what the kind cannot train (a loss term it cannot
+  apply, on-policy data for the head kinds, an option value the target cannot serve); raise
+  ``ValueError`` whose message starts with the recipe key (``loss.name: ...``) and names the kind and
+  the fix.
 """
 
 from __future__ import annotations

@@ -12,9 +12,22 @@ Loss: the head is unrolled ``ttt_steps`` steps (``Eagle3Drafter.forward``). Step
 RESTRICTED to the draft vocabulary (target logits gathered at the ``t2d`` ids, renormalised by the
 softmax); as in EAGLE-3, a position whose target argmax lies outside the draft vocabulary is
 dropped (the renormalised distribution would teach a token the target would not pick). ``recipe.loss``
-terms apply per step with weight ``step_weight_decay ** j`` (EAGLE-3: 0.8^j); ``accept_len`` uses the
-TTT unroll as the chain (alpha of step j is conditional on steps < j being accepted, since step j was
-fed the data tokens, i.e. the chain where every earlier draft was right).
+terms apply per step with weight ``step_weight_decay ** j`` (EAGLE-3: 0.8^j), each a sum over its rows
+divided by the number of chain starts (``train.strategies.heads.chain_loss``).
+
+Tokens of TTT steps ``j >= 1`` (``ttt_tokens``): ``data`` feeds the data token ``t+1+j`` (EAGLE-3 /
+SpecForge); ``draft`` feeds the head's own greedy draft of step ``j-1`` (argmax over the draft
+vocabulary mapped to a target id through ``d2t``, detached), which is what decoding feeds, so the unroll
+is the decoder's chain. Either way step ``j`` is compared with the target at ``t+1+j``, i.e. it assumes
+the accepted tokens equal the data tokens (as the draft LM's unroll does; exact on data the target
+generated greedily, ``data.regenerate: true``). ``accept_len`` chains the first
+``min(ttt_steps, loss.draft_steps)`` steps and needs ``ttt_tokens: draft`` (its alphas must come from
+the head's own drafts): a recipe asking for it with ``data`` is refused when validated.
+
+Feature layer ids: ``drafter.options.feature_layers`` follow ``drafters.eagle3.check_feature_layers``
+(``0 <= i < L``); an id ``>= L`` is refused when the recipe is validated when the target's config can
+be read from local files (a folder, the built default target, the Hub cache), else when the head is
+built, with the same message.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from train.data import shift_for_next_token
 from train.features import batch_features, target_logits
@@ -32,6 +45,7 @@ from train.strategies.heads import (
     chain_loss,
     count_data_tokens,
     feature_store,
+    loss_key,
     shifted_rows,
     trainable_own,
 )
@@ -40,8 +54,13 @@ from train.strategies.heads import (
 class Eagle3Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     draft_vocab_size: int = Field(8192, ge=2)  # clamped to the target's vocabulary
-    feature_layers: list[int] | None = None  # hidden_states indices; None: (2, L//2, L-3)
+    # hidden_states indices, 0 <= i < L (the input of decoder layer i, vLLM's eagle_aux_hidden_state_layer_ids);
+    # None: (2, L//2, L-3)
+    feature_layers: list[int] | None = None
     ttt_steps: int = Field(3, ge=1, le=16)
+    # token of TTT steps j >= 1: the data token ("data", EAGLE-3's training) or the head's own greedy draft
+    # ("draft", what decoding feeds; needed by the accept_len loss)
+    ttt_tokens: Literal["data", "draft"] = "data"
     step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)
     init_from_target_layer: bool = True
     # fc (3H -> H) at start: "last_feature" passes the last feature layer through unchanged, so the
@@ -54,6 +73,13 @@ class Eagle3Options(BaseModel):
     # (benchmarks/head_probe.py, BENCHMARKS.md session 6)
     init_attention: Literal["random", "target"] = "target"
     feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
+
+    @field_validator("feature_layers")
+    @classmethod
+    def _three_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 3 or min(v) < 0):
+            raise ValueError(f"give 3 hidden_states ids 0 <= i < L (low, mid, high), or null for (2, L//2, L-3); got {v}")
+        return v
 
 
 class Eagle3Strategy(FeatureHeadStrategy):
@@ -80,6 +106,30 @@ class Eagle3Strategy(FeatureHeadStrategy):
             init_fc_last_feature(drafter)
         return trainable_own(drafter, target)
 
+    def validate_recipe(self, recipe: Any) -> None:
+        """As :meth:`FeatureHeadStrategy.validate_recipe`, plus: ``accept_len`` needs ``ttt_tokens: draft``;
+        explicit ``feature_layers`` must be valid ids for the target when its config is readable locally.
+
+        Raises:
+            ValueError: naming the key, the kind and the fix.
+        """
+        super().validate_recipe(recipe)
+        o: Eagle3Options = recipe.drafter.parsed_options()
+        if "accept_len" in recipe.loss.terms() and o.ttt_tokens == "data":
+            raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
+                             "'eagle3' with drafter.options.ttt_tokens: data (its TTT steps read the data's tokens, so "
+                             "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
+                             "on its own drafts, what decoding runs) or use another loss")
+        if o.feature_layers is not None:
+            from drafters.eagle3 import check_feature_layers
+
+            n = local_layer_count(recipe.target.name_or_path)
+            if n is not None:
+                try:
+                    check_feature_layers(o.feature_layers, int(n))
+                except ValueError as exc:
+                    raise ValueError(f"drafter.options.feature_layers: {exc}") from None
+
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` over the TTT unroll, see the module docstring."""
         self.refuse_on_policy(batch)
@@ -90,11 +140,13 @@ class Eagle3Strategy(FeatureHeadStrategy):
         h = d.config.hidden_size
         fused, last = feats[..., : 3 * h], feats[..., 3 * h:]
         ids = batch["input_ids"]
-        outs = drafter(ids, fused, o.ttt_steps, return_hidden=True)  # steps x [B, T, H]
         labels = shift_for_next_token(batch)  # [B, T]
+        chain = torch.zeros_like(labels, dtype=torch.bool)
+        chain[:, :-1] = labels[:, 1:] != -100  # step 0 supervised at t: token t+2
+        outs = drafter(ids, fused, o.ttt_steps, return_hidden=True, feed=o.ttt_tokens, keep=chain)  # steps x [B, T, H]
         t_rows, in_vocab, index = restricted_target(target, last, labels, d)
         label_draft = torch.cumsum(d.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
-        starts = torch.nonzero(labels[:, 1:] != -100, as_tuple=True)  # step 0 supervised at t
+        starts = torch.nonzero(chain, as_tuple=True)  # step 0 supervised at t
         draft_rows, target_rows, label_rows = [], [], []
         for j in range(o.ttt_steps):
             draft_rows.append(d.draft_logits(outs[j][starts]).float())  # LM head on supervised rows: [N, Nd]
@@ -113,6 +165,28 @@ class Eagle3Strategy(FeatureHeadStrategy):
         loss, metrics = chain_loss(draft_rows, target_rows, label_rows, weights, recipe.loss)
         metrics["draft_vocab_coverage"] = float(in_vocab.float().mean()) if in_vocab.numel() else 0.0
         return loss, metrics
+
+
+def local_layer_count(name_or_path: str) -> int | None:
+    """The target's ``num_hidden_layers`` when local files alone give its config (a folder, the default
+    target once built, a Hub id in the local Hugging Face cache), else None: never downloads, converts or
+    loads weights, so a recipe can be checked before any model loads."""
+    from transformers import AutoConfig
+
+    from decode.assets import DEFAULT_TARGET_ALIAS, built_target_dir
+
+    path = name_or_path
+    if name_or_path == DEFAULT_TARGET_ALIAS:
+        built = built_target_dir()
+        if built is None:
+            return None
+        path = str(built)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
+    n = getattr(config, "num_hidden_layers", None)
+    return int(n) if n is not None else None
 
 
 @torch.no_grad()

@@ -1,7 +1,10 @@
 """What the feature-head strategies (Medusa, EAGLE, EAGLE-3) share: one base class and the loss plumbing.
 
-* :class:`FeatureHeadStrategy`: the batch check, the on-policy refusal and ``save`` (a head trains on
-  fixed data with the target's own features; DistillSpec-style on-policy batches are a draft-LM thing).
+* :class:`FeatureHeadStrategy`: the batch check, ``save`` and the recipe checks (:meth:`validate_recipe`,
+  run when a recipe is validated): on-policy data is refused (a head trains on fixed data with the
+  target's own features; DistillSpec-style on-policy batches are a draft-LM thing), and so is
+  ``accept_len`` over ``loss.draft_steps > 1`` when the kind's chain is one step long (it would be
+  plain alpha).
 * :func:`chain_loss`: ``recipe.loss`` over K draft steps at the same N start positions (Medusa heads,
   the EAGLE-3 TTT unroll, EAGLE's single step), with per-step weights.
 * :func:`shifted_rows`: gather ``x[b, t + shift]`` at start positions (the label/target offset of step k).
@@ -27,6 +30,7 @@ class FeatureHeadStrategy:
     and ``loss`` (calling :meth:`refuse_on_policy` first)."""
 
     kind = ""
+    chain_option = "ttt_steps"  # the drafter option holding the chain length (draft steps) of the loss
     min_tokens = 3  # a head at t predicts token t + 2: shorter sequences hold no supervised pair
 
     def check_batch(self, batch: dict[str, Any]) -> None:
@@ -34,6 +38,25 @@ class FeatureHeadStrategy:
         if batch["input_ids"].shape[1] < self.min_tokens:
             raise ValueError(f"{self.kind} batches need sequences of >= {self.min_tokens} tokens (the head at "
                              "position t predicts token t + 2)")
+
+    def validate_recipe(self, recipe: Any) -> None:
+        """Refuse what this kind cannot train; called by ``train.recipe.Recipe``'s validator, so
+        ``load_recipe`` fails before any model loads.
+
+        Raises:
+            ValueError: ``data.on_policy_fraction > 0``; ``accept_len`` with ``loss.draft_steps > 1`` on a
+                one-step chain. The message names the key, the kind and the fix.
+        """
+        if recipe.data.on_policy_fraction > 0:
+            raise ValueError(f"data.on_policy_fraction: drafter kind {self.kind!r} trains on the target's own "
+                             "features of fixed data; on-policy (DistillSpec) batches exist for kind 'draft_lm' "
+                             "only; set data.on_policy_fraction: 0")
+        knob, steps = self.chain_option, recipe.loss.draft_steps
+        if "accept_len" in recipe.loss.terms() and getattr(recipe.drafter.parsed_options(), knob) == 1 and steps > 1:
+            raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
+                             f"{self.kind!r} with drafter.options.{knob}: 1 (chains of one draft token: accept_len over "
+                             f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.{knob}: {steps} "
+                             "(the chain the loss needs), or loss.draft_steps: 1, or another loss")
 
     def refuse_on_policy(self, batch: dict[str, Any]) -> None:
         """Raise ``ValueError`` for an on-policy (DistillSpec) batch, naming the recipe fix."""
@@ -48,6 +71,11 @@ class FeatureHeadStrategy:
         """The ``hidden_states`` indices the loss reads (``train.features.batch_features``), what the offline
         feature cache (``train/feature_cache.py``) holds: the final-norm last layer ``[L]`` here."""
         return [target.config.num_hidden_layers]
+
+
+def loss_key(recipe: Any, name: str) -> str:
+    """The recipe key that asks for loss term ``name``: ``loss.weights.<name>`` or ``loss.name``."""
+    return f"loss.weights.{name}" if recipe.loss.weights else "loss.name"
 
 
 def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], label_rows: list[torch.Tensor],

@@ -7,7 +7,9 @@ non-assistant or padded token, drops that term). Soft labels: the target's own d
 that token is its logits at position ``t + k + 1``. The per-head loss is ``recipe.loss`` (one term or
 a weighted mix, see ``train/losses.py``; ``ce`` uses the target's argmax or the data token per
 ``loss.ce_labels``), weighted by ``head_weight_decay ** k`` (Medusa uses 0.8^k) and summed over heads.
-``accept_len`` treats the K heads at one position as a chain of K draft tokens.
+``accept_len`` treats the heads at one position as a chain (Medusa's own drafting) of
+``min(num_heads, loss.draft_steps)`` draft tokens; with one head and ``draft_steps > 1`` the recipe is
+refused when validated.
 
 To save memory the LM head is applied only at supervised rows (``[N, H] -> [N, V]``), never to the
 whole ``[K, B, T, V]`` block.
@@ -60,6 +62,7 @@ class MedusaStrategy(FeatureHeadStrategy):
     """Strategy (see ``train.strategies``) for ``kind: medusa``."""
 
     kind = "medusa"
+    chain_option = "num_heads"  # the K heads at one position are the chain
     options_model = MedusaOptions
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
