@@ -26,4 +26,4 @@ def test_decode_and_drafters_never_import_train():
 def test_cli_lists_all_verbs():
     from train.cli import VERBS
 
-    assert set(VERBS) == {"train", "eval", "export", "assets", "quickstart"}
+    assert set(VERBS) == {"train", "features", "eval", "export", "assets", "quickstart"}

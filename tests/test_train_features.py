@@ -1,5 +1,5 @@
 """Target features: alignment with a direct forward (across right padding), hooks == hidden_states,
-the decoder's features == training features, and the disk cache round trip."""
+the decoder's features == training features. The offline cache: tests/test_train_feature_cache.py."""
 
 from __future__ import annotations
 
@@ -8,15 +8,7 @@ import torch
 from conftest import tiny_llama
 
 from decode.protocol import Proposal
-from train.features import (
-    FeatureCache,
-    FeatureStore,
-    batch_features,
-    build_feature_cache,
-    collate_cached,
-    target_features,
-    target_hidden,
-)
+from train.features import target_features, target_hidden
 
 ROWS = [[5, 9, 33, 2, 17, 80, 81], [40, 41, 42], [7, 7, 7, 7, 100]]
 
@@ -84,46 +76,6 @@ def test_decoder_features_equal_training_features():
             want = target_features(target, torch.tensor([toks[:-1]]), None, [1, 3])[0]
             assert feats[b].shape == want.shape
             assert torch.allclose(feats[b], want, atol=1e-4)
-
-
-def test_feature_cache_round_trip(tmp_path):
-    target = tiny_llama(0)
-    layers = [1, 2]
-    examples = [{"input_ids": r, "loss_mask": [0] + [1] * (len(r) - 1)} for r in ROWS]
-    path = build_feature_cache(target, examples, layers, tmp_path / "fc", batch_size=2, shard_examples=2)
-    cache = FeatureCache(path, layers)
-    assert len(cache) == 3 and cache.index["bytes_per_token"] == 2 * 32 * 2
-    assert cache.index["tokens"] == sum(map(len, ROWS)) and len(cache.index["shards"]) == 2
-    batch = collate_cached([cache[i] for i in range(3)])
-    ids, am = _padded(ROWS)
-    assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["attention_mask"], am)
-    online = target_features(target, ids, am, layers)
-    cached = batch_features(target, batch, layers)
-    real = am.bool()
-    assert torch.allclose(cached[real], online[real], rtol=2e-2, atol=2e-2)  # bf16 storage
-    with pytest.raises(ValueError, match="rebuild"):
-        FeatureCache(path, [1, 3])
-    with pytest.raises(ValueError, match="rebuild"):
-        batch_features(target, batch, [1, 2, 2])
-
-
-def test_feature_store_skips_the_target_on_the_second_epoch(tmp_path):
-    target = tiny_llama(0)
-    calls = []
-    handle = target.model.register_forward_hook(lambda *a: calls.append(1))
-    ids, am = _padded(ROWS)
-    batch = {"input_ids": ids, "attention_mask": am, "loss_mask": am}
-    store = FeatureStore(tmp_path, [1, 2])
-    first = batch_features(target, batch, [1, 2], store)
-    assert len(calls) == 1 and len(list(store.dir.glob("*.safetensors"))) == 3
-    second = batch_features(target, batch, [1, 2], store)
-    assert len(calls) == 1  # served from disk
-    real = am.bool()
-    assert torch.allclose(second[real], first[real], rtol=2e-2, atol=2e-2) and (second[~real] == 0).all()
-    other = {"input_ids": ids[:, :2].clone(), "attention_mask": am[:, :2], "loss_mask": am[:, :2]}
-    batch_features(target, other, [1, 2], store)  # unseen rows -> one more target forward
-    assert len(calls) == 2
-    handle.remove()
 
 
 @pytest.mark.slow

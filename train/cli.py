@@ -1,4 +1,4 @@
-"""The ``drafterkit`` command: ``train``, ``eval``, ``export``, ``assets``, ``quickstart``.
+"""The ``drafterkit`` command: ``train``, ``features``, ``eval``, ``export``, ``assets``, ``quickstart``.
 
 Each verb lives in the module that owns it; this file only wires argparse. Every verb module
 exposes ``add_arguments(parser)`` and ``run(args) -> int``. A verb's options may come anywhere
@@ -19,6 +19,7 @@ from pathlib import Path
 # verb -> (module, one-line help). Imported lazily so `drafterkit assets list` stays fast.
 VERBS = {
     "train": ("train.run", "train a drafter from a YAML recipe (same as `accelerate launch -m train`)"),
+    "features": ("train.feature_cache", "build the target-feature cache a recipe trains a head from (once, resumable)"),
     "eval": ("decode.bench", "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
     "export": ("drafters.export", "export a trained drafter for vLLM / SGLang / transformers"),
     "assets": ("decode.assets_cli", "fetch / list the pinned target, data and eval prompts"),

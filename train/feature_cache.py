@@ -1,0 +1,454 @@
+"""The offline feature cache: the target's features for a whole training set, built once, then read by
+training with no target forward (Medusa, EAGLE, EAGLE-3). Also the ``drafterkit features`` verb.
+
+    drafterkit features recipes/eagle3.yaml     # build (or resume, verify, repair) the cache the recipe reads
+    drafterkit train recipes/eagle3.yaml        # data.feature_cache: auto -> batches carry cached features
+
+Recipe key ``data.feature_cache``: ``off`` (one online target forward per batch), ``auto`` (the cache
+under ``$DRAFTERKIT_HOME/features``) or a folder (the cache under that folder instead). When training
+asks for a cache that is missing, incomplete or torn, it BUILDS it first (main process only; the other
+processes wait, then read), with the same plan line and progress bar as the verb. Run ``drafterkit
+features`` beforehand to see the size and to pay the build once, outside a training budget.
+
+The folder, ``<root>/<target>-L<layers>-<dtype>-<key>``, is keyed by everything that determines the
+features: the target (weights fingerprint and dtype), the training examples (sha256 of every example's
+token ids and loss mask: the data file, ``max_length``, ``num_examples``, the held-out split and seed,
+regeneration), the layers and the storage dtype. Changing any of them names a new folder, so a stale
+cache is never read. Features are computed in the target's dtype without autocast.
+
+Files: ``manifest.json`` and ``shard-NNNNN.safetensors``. A shard holds consecutive examples as flat
+tensors ``input_ids [N] int32``, ``loss_mask [N] int8``, ``offsets [n + 1] int64`` (example i is rows
+``offsets[i]:offsets[i + 1]``) and ``features [N, len(layers) * H]`` (bf16; alignment as in
+``train/features.py``: row t is the state that predicts token t + 1). The manifest holds the shard plan,
+fixed when the build starts, and each finished shard's byte size and sha256. A shard is written under a
+temporary name, synced and renamed, then the manifest is rewritten atomically (temp file +
+``os.replace``), so an interrupted build resumes at the first unfinished shard. A shard that is missing,
+of the wrong size, of the wrong sha256 or absent from the manifest is torn and is rebuilt with a
+warning. Opening for training checks sizes (hashing a large cache on every run would cost minutes);
+``drafterkit features`` re-hashes every shard.
+
+Disk per token: ``len(layers) * H * 2`` bytes in bf16, plus 5 for the ids and mask. EAGLE-3 on SmolLM2-135M
+(layers 2, 15, 27 and the last one, whose LM head gives the target's logits): 4 x 576 x 2 = 4,608 bytes,
+~1.4 GB for ``recipes/eagle3.yaml``'s 1,200 examples; EAGLE-1 / Medusa: 1,152; an 8B target (H = 4096)
+with EAGLE-3: 32 KB per token, 32 GB per million tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import warnings
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from decode.device import resolve_dtype
+from train.features import target_features
+
+VERSION = 1
+MANIFEST = "manifest.json"
+SHARD_MB = 512  # default shard size: resume granularity, and the RAM one shard needs while it is built
+
+
+class FeatureCacheError(ValueError):
+    """A feature cache that cannot be read as it is (incomplete, torn, other layers); the message names
+    the cache and the command that builds or repairs it."""
+
+
+@dataclass
+class CacheSpec:
+    """What a cache holds and where: see the module docstring."""
+
+    path: Path
+    identity: dict[str, Any]  # what the folder's key hashes; written into the manifest
+    layers: list[int]
+    dtype: torch.dtype
+    hidden_size: int
+    lengths: list[int]  # tokens of each example, in dataset order
+    target_name: str = ""
+
+    @property
+    def bytes_per_token(self) -> int:
+        return len(self.layers) * self.hidden_size * self.dtype.itemsize + 5  # + int32 id + int8 mask
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def examples_digest(ds) -> tuple[str, list[int]]:
+    """``(sha256 hex, lengths)`` over every example's ``input_ids`` and ``loss_mask``, in order."""
+    h, lengths = hashlib.sha256(), []
+    for ex in ds.with_format("numpy") if hasattr(ds, "with_format") else ds:
+        ids = np.asarray(ex["input_ids"], dtype=np.int64)
+        h.update(np.int64(ids.size).tobytes())
+        h.update(ids.tobytes())
+        h.update(np.asarray(ex["loss_mask"], dtype=np.int8).tobytes())
+        lengths.append(int(ids.size))
+    return h.hexdigest(), lengths
+
+
+def target_fingerprint(target: torch.nn.Module) -> str:
+    """sha256 hex of the target's config and of every parameter (name, shape, and 4,096 values spread
+    evenly over it): a fine-tune that changes any tensor names another cache."""
+    h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True, default=str).encode())
+    for name, p in target.named_parameters():
+        flat = p.detach().flatten()
+        h.update(f"{name}{tuple(p.shape)}".encode())
+        h.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_spec(root: str | Path, target: torch.nn.Module, ds, layers: Sequence[int], *, target_name: str = "",
+               dtype: str = "bfloat16") -> CacheSpec:
+    """The cache for ``target``'s ``layers`` over the examples of ``ds`` (a ``datasets.Dataset`` or a
+    sequence of dicts with ``input_ids`` and ``loss_mask``), under ``root``."""
+    digest, lengths = examples_digest(ds)
+    dt = resolve_dtype(dtype)
+    identity = {"version": VERSION, "target_fingerprint": target_fingerprint(target),
+                "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+                "examples_sha256": digest, "layers": [int(i) for i in layers],
+                "dtype": str(dt).removeprefix("torch.")}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(target_name.rstrip("/")).name) or "target"
+    name = f"{slug}-L{'.'.join(map(str, identity['layers']))}-{identity['dtype']}-{key}"
+    return CacheSpec(Path(root) / name, identity, list(identity["layers"]), dt, target.config.hidden_size, lengths,
+                     target_name)
+
+
+def plan_shards(lengths: Sequence[int], bytes_per_token: int, shard_bytes: int) -> list[dict[str, int | str]]:
+    """Consecutive example ranges of about ``shard_bytes`` each: ``[{name, first, count, tokens}]``."""
+    shards: list[dict[str, int | str]] = []
+    first, tokens = 0, 0
+    for i, n in enumerate(lengths):
+        tokens += n
+        if tokens * bytes_per_token >= shard_bytes or i == len(lengths) - 1:
+            shards.append({"name": f"shard-{len(shards):05d}.safetensors", "first": first,
+                           "count": i + 1 - first, "tokens": tokens})
+            first, tokens = i + 1, 0
+    return shards
+
+
+def _read_manifest(path: Path) -> dict | None:
+    try:
+        return json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    tmp = path / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, path / MANIFEST)
+
+
+def _sha256(file: Path) -> str:
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def torn_shards(path: Path, manifest: dict, *, hash_check: bool) -> list[str]:
+    """Finished shards (in the manifest with a size and sha256) whose file is missing, of another size
+    or (``hash_check``) of another sha256: ``["shard-00003.safetensors: 1024 bytes, expected 4096", ...]``."""
+    torn = []
+    for s in manifest["shards"]:
+        if "sha256" not in s:
+            continue
+        file = path / s["name"]
+        size = file.stat().st_size if file.is_file() else None
+        if size != s["bytes"]:
+            torn.append(f"{s['name']}: {'missing' if size is None else f'{size} bytes'}, expected {s['bytes']}")
+        elif hash_check and _sha256(file) != s["sha256"]:
+            torn.append(f"{s['name']}: sha256 differs from the manifest's")
+    return torn
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def build_feature_cache(spec: CacheSpec, target: torch.nn.Module, ds, *, batch_size: int = 8,
+                        shard_mb: float = SHARD_MB, hash_check: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Build, resume or repair the cache ``spec`` over ``ds`` (the examples ``spec`` was made from).
+
+    Prints the plan (examples, tokens, bytes per token, total size, shards to build) before the first
+    target forward, then a progress bar. Finished shards that check out are kept; torn ones are rebuilt
+    with a ``UserWarning``. Each target forward takes ``batch_size`` examples of similar length.
+
+    Returns:
+        ``{"path", "examples", "tokens", "bytes", "shards", "built", "kept", "seconds"}``.
+
+    Raises:
+        OSError: not enough free disk for the shards to build (names the folder and the sizes).
+    """
+    from decode.report import progress_bars_off
+
+    start, path = time.perf_counter(), spec.path
+    path.mkdir(parents=True, exist_ok=True)
+    for stray in path.glob("*.tmp"):  # a write interrupted before its rename
+        stray.unlink()
+    manifest = _read_manifest(path)
+    plan_ok = manifest is not None and manifest.get("identity") == spec.identity and sum(
+        s["count"] for s in manifest.get("shards", [])) == len(spec.lengths)
+    if not plan_ok:
+        if manifest is not None or any(path.glob("shard-*.safetensors")):
+            warnings.warn(f"feature cache {path}: manifest missing or unreadable; rebuilding every shard", stacklevel=2)
+        manifest = {"identity": spec.identity, "target": spec.target_name, "hidden_size": spec.hidden_size, "examples": len(spec.lengths),
+                    "tokens": spec.tokens, "bytes_per_token": spec.bytes_per_token,
+                    "shards": plan_shards(spec.lengths, spec.bytes_per_token, int(shard_mb * 2**20))}
+        _write_manifest(path, manifest)
+    torn = torn_shards(path, manifest, hash_check=hash_check)
+    if torn:
+        warnings.warn(f"feature cache {path}: torn or partial shards rebuilt: {'; '.join(torn)}", stacklevel=2)
+        names = {t.split(":")[0] for t in torn}
+        for s in manifest["shards"]:
+            if s["name"] in names:
+                s.pop("bytes"), s.pop("sha256")
+    todo = [s for s in manifest["shards"] if "sha256" not in s]
+    total = spec.tokens * spec.bytes_per_token
+    need = sum(s["tokens"] for s in todo) * spec.bytes_per_token
+    print(f"feature cache {path}\n  {len(spec.lengths):,} examples, {spec.tokens:,} tokens; layers {spec.layers} x "
+          f"hidden {spec.hidden_size} in {spec.identity['dtype']} = {spec.bytes_per_token:,} bytes/token -> "
+          f"{_gb(total)} in {len(manifest['shards'])} shards; to build: {len(todo)} shards, {_gb(need)}", flush=True)
+    free = shutil.disk_usage(path).free
+    if need > free:
+        raise OSError(f"the feature cache needs {_gb(need)} more but {path} has {_gb(free)} free; free space, or "
+                      "set data.feature_cache to a folder on a larger disk (or DRAFTERKIT_HOME)")
+    bar = tqdm(total=sum(s["count"] for s in todo), desc="features", unit="ex",
+               disable=not progress or progress_bars_off())
+    try:
+        for s in todo:
+            _write_shard(path, s, target, ds, spec, batch_size, bar)
+            s.update(bytes=(path / s["name"]).stat().st_size, sha256=_sha256(path / s["name"]))
+            _write_manifest(path, manifest)
+    finally:
+        bar.close()
+    return {"path": str(path), "examples": len(spec.lengths), "tokens": spec.tokens,
+            "bytes": sum(s["bytes"] for s in manifest["shards"]), "shards": len(manifest["shards"]),
+            "built": len(todo), "kept": len(manifest["shards"]) - len(todo),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _write_shard(path: Path, shard: dict, target, ds, spec: CacheSpec, batch_size: int, bar) -> None:
+    """Run the target over one shard's examples (longest first, ``batch_size`` at a time) and write it."""
+    from train.data import collate
+
+    rows = [ds[i] for i in range(shard["first"], shard["first"] + shard["count"])]
+    order = sorted(range(len(rows)), key=lambda j: -len(rows[j]["input_ids"]))
+    dev = next(target.parameters()).device
+    feats: list[torch.Tensor | None] = [None] * len(rows)
+    for b in range(0, len(order), batch_size):
+        chunk = order[b:b + batch_size]
+        batch = collate([rows[j] for j in chunk], pad_token_id=0)
+        f = target_features(target, batch["input_ids"].to(dev), batch["attention_mask"].to(dev), spec.layers)
+        f = f.to("cpu", spec.dtype)  # [b, T, F]
+        for k, j in enumerate(chunk):
+            feats[j] = f[k, : len(rows[j]["input_ids"])]
+        bar.update(len(chunk))
+    lengths = torch.tensor([0] + [len(r["input_ids"]) for r in rows], dtype=torch.int64)
+    tensors = {"input_ids": torch.cat([torch.as_tensor(r["input_ids"], dtype=torch.int32) for r in rows]),
+               "loss_mask": torch.cat([torch.as_tensor(r["loss_mask"], dtype=torch.int8) for r in rows]),
+               "offsets": torch.cumsum(lengths, 0), "features": torch.cat(feats).contiguous()}
+    tmp = path / (shard["name"] + ".tmp")
+    save_file(tensors, str(tmp))  # no metadata: its key order varies, and a rebuilt shard should be the same bytes
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path / shard["name"])
+
+
+class FeatureCache(torch.utils.data.Dataset):
+    """A complete cache as a dataset in the training data's order: item i is ``{"input_ids": [n] long,
+    "loss_mask": [n] long, "features": [n, F] bf16}``, read lazily (memory-mapped) from its shard;
+    :meth:`collate` makes the training batch.
+
+    Raises:
+        FileNotFoundError: no manifest at ``path``.
+        FeatureCacheError: the cache is incomplete or torn (sizes checked; sha256 too with
+            ``hash_check``), or holds other layers than ``layers``.
+    """
+
+    def __init__(self, path: str | Path, layers: Sequence[int] | None = None, *, hash_check: bool = False):
+        self.path = Path(path)
+        manifest = _read_manifest(self.path)
+        if manifest is None:
+            raise FileNotFoundError(f"{self.path} holds no feature cache ({MANIFEST}); build it with "
+                                    "`drafterkit features RECIPE`")
+        self.manifest, shards = manifest, manifest["shards"]
+        self.layers = list(manifest["identity"]["layers"])
+        if layers is not None and [int(i) for i in layers] != self.layers:
+            raise FeatureCacheError(f"feature cache {self.path} holds layers {self.layers}, not {list(layers)}")
+        done = sum("sha256" in s for s in shards)
+        if done < len(shards):
+            raise FeatureCacheError(f"feature cache {self.path} is incomplete ({done} of {len(shards)} shards); "
+                                    "`drafterkit features RECIPE` resumes it")
+        torn = torn_shards(self.path, manifest, hash_check=hash_check)
+        if torn:
+            raise FeatureCacheError(f"feature cache {self.path} has torn shards ({'; '.join(torn)}); "
+                                    "`drafterkit features RECIPE` rebuilds them")
+        self._firsts = [s["first"] for s in shards]
+        self._open: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return self.manifest["examples"]
+
+    def _shard(self, k: int):
+        if k not in self._open:
+            f = safe_open(str(self.path / self.manifest["shards"][k]["name"]), framework="pt")
+            self._open[k] = (f, f.get_tensor("offsets"))
+        return self._open[k]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"example {i} of a feature cache of {len(self)}")
+        k = bisect_right(self._firsts, i) - 1
+        f, offsets = self._shard(k)
+        a, b = int(offsets[i - self._firsts[k]]), int(offsets[i - self._firsts[k] + 1])
+        return {"input_ids": f.get_slice("input_ids")[a:b].long(), "loss_mask": f.get_slice("loss_mask")[a:b].long(),
+                "features": f.get_slice("features")[a:b]}
+
+    def collate(self, items: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
+        """``train.data.collate``'s batch plus ``features [B, T, F]`` float32 (zeros at padding) and
+        ``feature_layers [len(layers)]`` (what ``train.features.batch_features`` checks them against)."""
+        from train.data import collate
+
+        batch = collate(items, pad_token_id)
+        feats = torch.zeros(*batch["input_ids"].shape, items[0]["features"].shape[-1])
+        for b, x in enumerate(items):
+            feats[b, : len(x["features"])] = x["features"].float()
+        return {**batch, "features": feats, "feature_layers": torch.tensor(self.layers)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the recipe's cache: training and the `drafterkit features` verb
+
+
+def recipe_cache_root(recipe) -> Path:
+    """``data.feature_cache``'s folder: ``$DRAFTERKIT_HOME/features`` for ``auto`` (and for ``off``, where
+    ``drafterkit features`` builds what ``auto`` would read), else the folder given."""
+    from decode.assets import home
+
+    setting = recipe.data.feature_cache
+    return home() / "features" if setting in ("auto", "off") else Path(setting).expanduser()
+
+
+def require_feature_kind(kind: str) -> None:
+    """Raise ``train.recipe.RecipeError`` for a drafter kind whose strategy reads no target features."""
+    from train.recipe import RecipeError
+    from train.strategies import STRATEGIES, get_strategy
+
+    if not hasattr(get_strategy(kind), "feature_layers"):
+        kinds = sorted(k for k, s in STRATEGIES.items() if hasattr(s, "feature_layers"))
+        raise RecipeError(f"drafter kind {kind!r} reads no target features (it needs the target's logits on "
+                          f"every batch), so it has no feature cache; feature caches serve {kinds}")
+
+
+def feature_layers(recipe, target) -> list[int]:
+    """The layers the recipe's drafter kind reads (its strategy's ``feature_layers``).
+
+    Raises:
+        train.recipe.RecipeError: the kind reads no target features (draft_lm) or its layers do not fit
+            the target.
+    """
+    from train.recipe import RecipeError
+    from train.strategies import get_strategy
+
+    require_feature_kind(recipe.drafter.kind)
+    try:
+        return get_strategy(recipe.drafter.kind).feature_layers(recipe, target)
+    except ValueError as exc:
+        raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
+
+
+def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache:
+    """The cache training reads for ``recipe`` over ``ds`` (``train.loop.load_data``'s dataset), built
+    first when missing, incomplete or torn, if ``write`` (the main process); else it must be complete.
+
+    Raises:
+        train.recipe.RecipeError: see :func:`feature_layers`; not enough disk to build it.
+        FeatureCacheError: not ``write`` and the cache is not complete.
+    """
+    from train.recipe import RecipeError
+
+    layers = feature_layers(recipe, target)
+    spec = cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path)
+    try:
+        cache = FeatureCache(spec.path, layers)
+        if write:
+            print(f"target features from the offline cache {spec.path} ({len(cache):,} examples, {spec.tokens:,} "
+                  "tokens): no target forward while training", flush=True)
+        return cache
+    except (FileNotFoundError, FeatureCacheError) as exc:
+        if not write:
+            raise FeatureCacheError(f"{exc} (only the main process builds a feature cache)") from None
+    try:
+        build_feature_cache(spec, target, ds)
+    except OSError as exc:
+        raise RecipeError(f"data.feature_cache: {exc}") from None
+    return FeatureCache(spec.path, layers)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="YAML recipe (see recipes/): its target, data and drafter kind")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                        help="recipe overrides, e.g. data.num_examples=200 data.feature_cache=/big/disk/features")
+    parser.add_argument("--batch-size", type=int, default=8, help="examples per target forward")
+    parser.add_argument("--shard-mb", type=float, default=SHARD_MB,
+                        help="shard size in MB (an interrupted build resumes at the first unfinished shard)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build (or resume, verify, repair) the recipe's feature cache; print a JSON summary (last line).
+
+    Returns 0; 2 on a user error (bad recipe, a kind without features, a missing data file, too little
+    disk); 130 when interrupted (rerun the same command to resume).
+    """
+    from decode.device import resolve_device
+    from decode.target import load_target
+    from train.data import recipe_data_file
+    from train.loop import load_data
+    from train.recipe import RecipeError, load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        if args.batch_size < 1 or args.shard_mb <= 0:
+            raise RecipeError("--batch-size must be >= 1 and --shard-mb > 0")
+        require_feature_kind(recipe.drafter.kind)  # before the target loads
+        recipe_data_file(recipe.data)
+        device = resolve_device("cpu" if recipe.train.cpu else "auto")
+        target, tokenizer = load_target(recipe.target.name_or_path, dtype=recipe.target.dtype, device=device)
+        try:
+            ds = load_data(recipe, target, tokenizer)
+        except (ValueError, FileNotFoundError) as exc:
+            raise RecipeError(f"data: {exc}") from None
+        spec = cache_spec(recipe_cache_root(recipe), target, ds, feature_layers(recipe, target),
+                          target_name=recipe.target.name_or_path)
+        report = build_feature_cache(spec, target, ds, batch_size=args.batch_size, shard_mb=args.shard_mb)
+    except (RecipeError, FileNotFoundError, OSError) as exc:
+        print(f"drafterkit features: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("drafterkit features: interrupted; rerun the same command to resume at the first unfinished shard",
+              file=sys.stderr)
+        return 130
+    if recipe.data.feature_cache == "off":
+        print("this recipe computes features online (data.feature_cache: off); train with data.feature_cache=auto "
+              "to read this cache", file=sys.stderr)
+    print(json.dumps(report))
+    return 0
