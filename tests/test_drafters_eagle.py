@@ -120,20 +120,6 @@ def test_training_step_moves_the_head_not_the_target():
     assert not any(k.startswith(("embed.", "lm_head.")) for k in after_d)
 
 
-def test_feature_cache_option_gives_the_same_loss(tmp_path):
-    target = tiny_llama(0)
-    torch.manual_seed(0)
-    d = EagleDrafter(EagleConfig.from_target(target), target=target).train()
-    recipe = recipe_from_dict({"output_dir": str(tmp_path), "loss": {"name": "fkl"},
-                               "drafter": {"kind": "eagle", "options": {"feature_cache": True}}})
-    ids = torch.randint(3, 128, (2, 10))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
-    first, _ = get_strategy("eagle").loss(d, target, batch, recipe)
-    assert list((tmp_path / "feature_cache").rglob("*.safetensors"))
-    second, _ = get_strategy("eagle").loss(d, target, batch, recipe)  # bf16 features from disk
-    assert torch.allclose(first, second, rtol=5e-2)
-
-
 def test_training_raises_measured_acceptance():
     """40 optimizer steps on the tiny target's greedy continuations raise the acceptance measured by
     decode.generate on unseen prompts well above the untrained head's."""

@@ -57,6 +57,9 @@ class DrafterSection(Section):
             strategy = get_strategy(self.kind)
         except ValueError as exc:
             raise ValueError(str(exc)) from None
+        if "feature_cache" in self.options and "feature_cache" not in strategy.options_model.model_fields:
+            raise ValueError("drafter.options.feature_cache: the feature cache is data.feature_cache now (auto, off "
+                             "or a folder; built once by `drafterkit features RECIPE`)")
         try:
             parsed = strategy.options_model.model_validate(self.options)
         except ValidationError as exc:
@@ -87,6 +90,20 @@ class DataSection(Section):
     on_policy_fraction: float = Field(0.0, ge=0.0, le=1.0)  # DistillSpec: batches sampled from the drafter
     on_policy_max_new_tokens: int = Field(64, ge=1)
     on_policy_temperature: float = Field(1.0, ge=0.0)
+    # Target features of the head kinds (medusa, eagle, eagle3): "off" computes them with one target forward
+    # per batch; "auto" reads the offline cache under $DRAFTERKIT_HOME/features, a folder reads the cache
+    # under that folder. A missing, incomplete or torn cache is built first (see train/feature_cache.py;
+    # `drafterkit features RECIPE` builds it ahead). true / false mean auto / off.
+    feature_cache: str = "off"
+
+    @field_validator("feature_cache", mode="before")
+    @classmethod
+    def _feature_cache(cls, v):
+        if isinstance(v, bool):  # YAML reads a bare off / on as a bool
+            return "auto" if v else "off"
+        if not isinstance(v, str) or not v.strip():
+            raise ValueError(f"use auto, off or a folder, got {v!r}")
+        return v
 
     @field_validator("source", mode="before")
     @classmethod
@@ -242,6 +259,17 @@ class Recipe(Section):
     logging: LoggingSection = Field(default_factory=LoggingSection)
 
     @model_validator(mode="after")
+    def _feature_cache_for_feature_kinds(self) -> Recipe:
+        from train.strategies import STRATEGIES
+
+        if self.data.feature_cache != "off" and not hasattr(STRATEGIES[self.drafter.kind], "feature_layers"):
+            kinds = sorted(k for k, s in STRATEGIES.items() if hasattr(s, "feature_layers"))
+            raise ValueError(f"data.feature_cache: drafter kind {self.drafter.kind!r} reads no target features (it "
+                             f"needs the target's logits on every batch); set data.feature_cache: off (feature "
+                             f"caches serve {kinds})")
+        return self
+
+    @model_validator(mode="after")
     def _kind_can_train_this(self) -> Recipe:
         # a loss term, data setting or option value the drafter kind cannot train on is refused here, with the
         # key, the kind and the fix (the strategy's optional validate_recipe hook, see train.strategies)
@@ -295,8 +323,10 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], prefix
             msg = f"unknown key {loc[-1]!r}; valid keys here: {valid}"
         elif e["type"] == "missing":
             msg = "required key is missing"
-        # a nested validator's message already names its full path (drafter.options.<key>: ...)
-        lines.append(msg if msg.startswith(f"{path}.") else f"{path}: {msg}")
+        # a nested validator's message already names its full path (drafter.options.<key>: ...), and so
+        # does a check across sections of the whole recipe (data.feature_cache: ...)
+        named = msg.startswith(f"{path}.") or (not loc and re.match(r"[a-z_]+\.[a-z_.]+: ", msg))
+        lines.append(msg if named else f"{path}: {msg}")
     return "\n".join(lines)
 
 

@@ -14,7 +14,9 @@ Contract (what the loop guarantees and expects):
 * ``check_batch(batch)`` runs on every batch before ``loss``; raise ``ValueError`` naming the missing
   key / bad shape and the fix. A batch holds ``input_ids``, ``attention_mask``, ``loss_mask`` (LongTensor
   ``[B, T]``, right-padded, from ``train.data.collate``) and may hold ``on_policy: bool`` (DistillSpec
-  batches; a strategy that cannot serve them raises there).
+  batches; a strategy that cannot serve them raises there) or, when the recipe reads the offline feature
+  cache (``data.feature_cache``), ``features [B, T, F]`` and ``feature_layers`` (``train/feature_cache.py``;
+  only kinds with ``feature_layers(recipe, target)`` may ask for one).
 * ``loss(drafter, target, batch, recipe)`` returns ``(loss, metrics)``: a scalar tensor, the MEAN over
   the batch's supervised units (positions, or chain starts for the chained kinds, see ``train/losses.py``),
   and a dict of floats to log that holds ``tokens``, the number of those units. The loop trains on

@@ -56,7 +56,6 @@ class EagleOptions(BaseModel):
     input_noise: float = Field(0.0, ge=0.0)  # uniform noise amplitude on input features
     init_from_target_layer: bool = True  # copy the target's last decoder layer into the head
     train_vocab_size: int | None = Field(None, ge=2)
-    feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
     # steps of the unroll on the head's own features and draft tokens (1: EAGLE-1's single step)
     ttt_steps: int = Field(1, ge=1, le=16)
     step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of unroll step j = decay ** j

@@ -72,7 +72,6 @@ class Eagle3Options(BaseModel):
     # Both target-derived inits together: MT-bench first-position top-1 0.306 -> 0.333 at equal steps
     # (benchmarks/head_probe.py, BENCHMARKS.md session 6)
     init_attention: Literal["random", "target"] = "target"
-    feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
 
     @field_validator("feature_layers")
     @classmethod
@@ -105,6 +104,15 @@ class Eagle3Strategy(FeatureHeadStrategy):
         if o.init_fc == "last_feature":
             init_fc_last_feature(drafter)
         return trainable_own(drafter, target)
+
+    def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
+        """The three fused layers (``drafter.options.feature_layers``, default ``(2, L//2, L-3)``) and the
+        last one, whose LM head gives the target's logits: what :meth:`loss` reads."""
+        from drafters.eagle3 import Eagle3Config
+
+        o: Eagle3Options = recipe.drafter.parsed_options()
+        cfg = Eagle3Config.from_target(target, feature_layers=list(o.feature_layers or []))
+        return list(cfg.feature_layers) + [cfg.target_num_layers]
 
     def validate_recipe(self, recipe: Any) -> None:
         """As :meth:`FeatureHeadStrategy.validate_recipe`, plus: ``accept_len`` needs ``ttt_tokens: draft``;

@@ -43,7 +43,6 @@ class MedusaOptions(BaseModel):
     share_lm_head: bool = True  # False: own LM head per head (K x V x H parameters)
     head_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of head k = decay ** k
     train_vocab_size: int | None = Field(None, ge=2)  # token losses over the N most frequent data tokens
-    feature_cache: bool = False  # keep target features on disk under output_dir/feature_cache (epochs 2+ skip the target)
 
 
 def head_labels(batch: dict[str, torch.Tensor], num_heads: int):
