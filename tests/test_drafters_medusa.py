@@ -59,11 +59,11 @@ def test_loss_matches_hand_computed_offsets_and_every_head_gets_gradient():
         assert g is not None and g.abs().sum() > 0, f"head {k} got no gradient"
     with torch.no_grad():
         h = target(batch["input_ids"], output_hidden_states=True).hidden_states[-1][0]  # [T, H]
-        want = 0.0
+        want, starts = 0.0, length - 2  # chains start where token t+2 exists; each head's sum / starts
         for k in range(K):
             n = length - k - 2  # positions t with t+k+2 < length
             logits = d.head_logits(k, h[:n])
-            want += 0.8 ** k * F.cross_entropy(logits, torch.arange(k + 2, k + 2 + n))
+            want += 0.8 ** k * F.cross_entropy(logits, torch.arange(k + 2, k + 2 + n), reduction="sum") / starts
     assert torch.allclose(loss, torch.as_tensor(want), rtol=1e-5), (float(loss), float(want))
 
 
@@ -137,7 +137,7 @@ def test_train_vocab_restricts_the_token_loss_and_is_not_saved(tmp_path):
             t = torch.arange(length - k - 2)
             keep = (t + k + 2) % 2 == 0  # data tokens outside the training vocabulary are skipped
             logits = d.blocks[k](h[t[keep]]) @ target.lm_head.weight[vocab].t()
-            want += 0.8 ** k * F.cross_entropy(logits, (t[keep] + k + 2) // 2)
+            want += 0.8 ** k * F.cross_entropy(logits, (t[keep] + k + 2) // 2, reduction="sum") / (length - 2)
     assert torch.allclose(loss, torch.as_tensor(want), rtol=1e-5)
     assert "train_vocab" not in d.own_state_dict()
 
