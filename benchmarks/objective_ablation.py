@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=None, help="equal wall time instead of equal steps")
     p.add_argument("--draft-steps", type=int, default=3, help="K of accept_len (and EAGLE-1's unroll)")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--benchmarks", default="mt-bench,humaneval")
-    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--evals", default="mt-bench:0,humaneval:0,mt-bench:1,humaneval:1",
+                   help="comma-separated BENCHMARK:TEMPERATURE pairs, each one drafterkit eval of every drafter")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=5)
@@ -179,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     files = unseen_prompt_files(args.out)
     evals = {}
-    for bench in args.benchmarks.split(","):
-        for temp in (float(t) for t in args.temperatures.split(",")):
-            evals[f"{bench} T={temp:g}"] = measure(runs, bench, files[bench], temp, args.out, args)
+    for pair in args.evals.split(","):
+        bench, temp = pair.split(":")
+        evals[f"{bench} T={float(temp):g}"] = measure(runs, bench, files[bench], float(temp), args.out, args)
     md = table(runs, evals)
     (args.out / "ablation.md").write_text(md + "\n")
     (args.out / "ablation.json").write_text(json.dumps({"runs": runs, "evals": {k: v["summary"] for k, v in evals.items()}},

@@ -157,3 +157,21 @@ def test_an_eagle3_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path
     recipe_from_dict({**data, "target": {"name_or_path": "nobody/not-cached-here"}})
     with pytest.raises(ValueError, match=r"id 4 is the last layer's output after the final norm"):
         Eagle3Config.from_target(target, feature_layers=[1, 2, 4])
+
+
+def test_feature_cache_typo_is_refused_instead_of_becoming_a_folder(tmp_path):
+    """A misspelt data.feature_cache must not silently build a cache of hundreds of MB under ./<typo>."""
+    base = {"output_dir": str(tmp_path / "run"), "drafter": {"kind": "medusa"}}
+    with pytest.raises(RecipeError, match=r"data.feature_cache: 'atuo' is neither auto, off nor a folder"):
+        recipe_from_dict(base, ["data.feature_cache=atuo"])
+    assert recipe_from_dict(base, ["data.feature_cache=Auto"]).data.feature_cache == "auto"
+    assert recipe_from_dict(base, [f"data.feature_cache={tmp_path}/cache"]).data.feature_cache == f"{tmp_path}/cache"
+    (tmp_path / "here").mkdir()
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert recipe_from_dict(base, ["data.feature_cache=here"]).data.feature_cache == "here"
+    finally:
+        os.chdir(cwd)

@@ -103,6 +103,13 @@ class DataSection(Section):
             return "auto" if v else "off"
         if not isinstance(v, str) or not v.strip():
             raise ValueError(f"use auto, off or a folder, got {v!r}")
+        if v.lower() in ("auto", "off"):
+            return v.lower()
+        # a folder must read as one (a path separator, or an existing folder): a typo such as 'atuo' would
+        # otherwise build a cache of hundreds of MB under ./atuo
+        if "/" not in v and "\\" not in v and not Path(v).is_dir():
+            raise ValueError(f"{v!r} is neither auto, off nor a folder; use auto ($DRAFTERKIT_HOME/features), off, "
+                             f"or a folder path such as ./{v}/ or /data/features")
         return v
 
     @field_validator("source", mode="before")
