@@ -143,7 +143,8 @@ def table(runs: list[dict], evals: dict[str, dict]) -> str:
             row = [s for s in evals[c]["summary"] if s["role"] == "spec"][i]  # in --drafter order
             cells += [f"{row['tau']:.3f}", f"{row['speedup_vs_engine']:.2f}x"]
             if c.startswith("mt-bench") and c.endswith("T=0"):
-                pos = " ".join(f"{a:.2f}" for a in row["accept_per_position"])
+                reached = row.get("reached_per_position") or [1] * len(row["accept_per_position"])
+                pos = " ".join(f"{a:.2f}" if n else "-" for a, n in zip(row["accept_per_position"], reached))
         lines.append("| " + " | ".join(cells + [pos]) + " |")
     return "\n".join(lines)
 
