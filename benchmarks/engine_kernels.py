@@ -71,9 +71,9 @@ def main() -> None:
 
     import decode
     from decode import fused
-    from decode.bench import datastore_loader
-    from decode.harness import build_drafter, load_prompts
-    from decode.target import load_target
+    from speceval.bench import datastore_loader
+    from speceval.harness import build_drafter, load_prompts
+    from assets.target import load_target
 
     target, tok = load_target(a.target, dtype=a.dtype)
     if not a.skip_gemms:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from decode.prompts import heldout_prompts
-from decode.target import load_target
+from assets.conversations import heldout_prompts
+from assets.target import load_target
 from drafters import load_drafter
 from drafters.base import DrafterLoadError
 from train.data import resolve_source
@@ -36,10 +36,10 @@ from train.features import target_features
 def continuations(target, tok, n: int, new: int, cache: Path | None, benchmark: str = "sharegpt") -> list[dict]:
     """``[{"prompt_len": P, "ids": [P + new tokens]}]``: the target's greedy continuations of ``n`` prompts
     of ``benchmark`` (``sharegpt``: held-out ShareGPT first turns; ``mt-bench`` / ``humaneval``: the
-    prompts ``drafterkit eval`` measures, ``decode.harness.load_prompts``), generated 16 at a time with
+    prompts ``drafterkit eval`` measures, ``speceval.harness.load_prompts``), generated 16 at a time with
     ``decode.generate`` (greedy)."""
     import decode
-    from decode.harness import load_prompts
+    from speceval.harness import load_prompts
 
     key = {"benchmark": benchmark, "num_prompts": n, "max_new_tokens": new}
     if cache is not None and cache.exists():

@@ -70,8 +70,8 @@ def objective_overrides(name: str, kind: str, draft_steps: int) -> list[str]:
 def unseen_prompt_files(out: Path) -> dict[str, Path]:
     """JSONL prompt files of questions the quickstart never measures: MT-bench's second question of each
     category (first turns) and HumanEval problems 8-15 (with the eval's own code request)."""
-    from decode.harness import HUMANEVAL_REQUEST
-    from decode.prompts import load_humaneval, load_mt_bench
+    from speceval.harness import HUMANEVAL_REQUEST
+    from assets.conversations import load_humaneval, load_mt_bench
 
     by_cat: dict[str, list[dict]] = {}
     for q in load_mt_bench():

@@ -35,7 +35,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     from head_probe import continuations  # benchmarks/ is on sys.path when run as a script
-    from decode.target import load_target
+    from assets.target import load_target
     from drafters import load_drafter
     from drafters.datastore import cached_datastore
     from drafters.hybrid import CHAIN_SHARE, majority_chain

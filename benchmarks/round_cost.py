@@ -48,8 +48,8 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     import decode
-    from decode.harness import load_prompts
-    from decode.target import load_target
+    from speceval.harness import load_prompts
+    from assets.target import load_target
     from drafters import load_drafter
     from drafters.datastore import cached_datastore
     from drafters.hybrid import LookupHybrid

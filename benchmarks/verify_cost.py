@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from decode.target import load_target
-from drafters.draft_lm import RaggedCache
+from assets.target import load_target
+from decode.cache import RaggedCache
 
 
 def main() -> None:

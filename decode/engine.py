@@ -8,7 +8,7 @@ Each round (Leviathan et al. 2023; Chen et al. 2023; loop shaped after pytorch-l
     keep n+1 new cache columns per row, mask the rest, crop to the longest row
 
 Rows of a ragged batch are left-padded; stale and padding cache columns are masked in a 2-D
-attention mask and each row carries explicit RoPE positions (see ``drafters.draft_lm.RaggedCache``).
+attention mask and each row carries explicit RoPE positions (see ``decode.cache.RaggedCache``).
 Finished rows stay in the batch as masked dummies. ``drafter=None`` runs the same loop with k = 0:
 plain decoding, the honest baseline.
 
@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from decode.cache import RaggedCache
+from decode.draft_model import DraftModel, lm_head_rows
 from decode.fused import fused_projections
 from decode.metrics import DecodeCounts, DecodeStats, compute_stats
 from decode.protocol import DecodeState, Proposer, SamplingParams
@@ -48,7 +50,6 @@ from decode.verify import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
-from drafters.draft_lm import DraftLM, RaggedCache, lm_head_rows
 
 _ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []
 
@@ -164,18 +165,19 @@ def _check_prompt_length(target: torch.nn.Module, rows: list[list[int]], max_new
 def _as_proposer(drafter: Any) -> Proposer | None:
     if drafter is None:
         return None
-    if isinstance(drafter, (DraftLM, Proposer)):
+    if isinstance(drafter, Proposer):
         return drafter
     if hasattr(drafter, "get_output_embeddings") and hasattr(drafter, "config"):
-        return DraftLM.from_model(drafter)
+        return DraftModel(drafter)
     raise TypeError(f"drafter must be None, a drafters.Drafter, a transformers causal LM or an object with "
                     f"feature_layers / check_compatible / reset / propose; got {type(drafter).__name__}")
 
 
 def _modules_of(proposer: Proposer | None) -> list[torch.nn.Module]:
     """The proposer's own modules for :func:`decode.fused.fused_projections`: itself when it is a module
-    (a drafter), else the module it wraps as ``.drafter`` (``drafters.hybrid.LookupHybrid``)."""
-    for m in (proposer, getattr(proposer, "drafter", None)):
+    (a drafter), else the module it wraps as ``.drafter`` (``drafters.hybrid.LookupHybrid``) or as
+    ``.lm`` (:class:`decode.draft_model.DraftModel`)."""
+    for m in (proposer, getattr(proposer, "drafter", None), getattr(proposer, "lm", None)):
         if isinstance(m, torch.nn.Module):
             return [m]
     return []
@@ -477,7 +479,7 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
         target: a transformers causal LM (frozen, eval mode).
         input_ids: LongTensor ``[B, T]`` (no padding) or a list of token-id lists (ragged batch).
         drafter: ``None``; a ``drafters.Drafter``; a transformers causal LM sharing the target's
-            tokenizer (wrapped as ``DraftLM``); or any ``decode.protocol.Proposer``.
+            tokenizer (wrapped as ``decode.draft_model.DraftModel``); or any ``decode.protocol.Proposer``.
         max_new_tokens: the most tokens emitted per row (an int >= 1; a bool is refused). A prompt
             longer than the target's ``max_position_embeddings - max_new_tokens`` gives a
             ``UserWarning`` (decoding still runs, as in transformers; output past the trained

@@ -121,7 +121,7 @@ class Proposer(Protocol):
 # Optional members a proposer may also have (the decoder looks them up with getattr):
 #   vocab_limit(target) -> int | None: the number of leading token ids it can propose for ``target``
 #       (e.g. a draft model whose LM head has fewer padding rows); the decoder's vocabulary is the
-#       smaller of this and the target's. ``drafters.draft_lm.DraftLM`` has it; wrappers delegate.
+#       smaller of this and the target's. ``decode.draft_model.DraftModel`` has it; wrappers delegate.
 #   propose_tree(state, tree, sampling, generator) -> Proposal: tree drafts (TreeProposer below).
 
 

@@ -143,14 +143,14 @@ def load_transformers_drafter(path: str | Path, target=None):
     target's dtype and device, its vocabulary checked against ``target`` (when given) before use.
 
     Raises:
-        DrafterLoadError: torn or missing weights (``decode.target.weights_problem``), or a folder
+        DrafterLoadError: torn or missing weights (``assets.target.weights_problem``), or a folder
             transformers cannot load as a causal LM.
         ValueError: the vocabularies or special token ids differ (see ``check_vocab_match``).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    from decode.target import weights_problem
+    from assets.target import weights_problem
     from drafters.draft_lm import DraftLM, check_vocab_match
 
     if problem := weights_problem(path):
@@ -179,7 +179,7 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
             ``drafterkit export`` folder (the message says which checkpoint to load instead), a torn
             or partial weights file, or a tensor mismatch.
     """
-    from decode.target import safetensors_problem
+    from assets.target import safetensors_problem
 
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
     if kind == TRANSFORMERS_KIND:

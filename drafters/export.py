@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from decode.device import resolve_dtype
+from assets.device import resolve_dtype
 from drafters import resolve_checkpoint
 from drafters.base import apply_umask, read_config, save_tensors
 
@@ -110,7 +110,7 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
                               "pass --target NAME_OR_PATH so it can be written as lm_heads.0.weight")
         from transformers import AutoModelForCausalLM
 
-        from decode.target import resolve_target_path
+        from assets.target import resolve_target_path
 
         model = AutoModelForCausalLM.from_pretrained(resolve_target_path(target), dtype=torch.float32)
         tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
@@ -139,7 +139,7 @@ def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype:
     if target is not None:
         from transformers import AutoTokenizer
 
-        from decode.target import resolve_target_path
+        from assets.target import resolve_target_path
 
         AutoTokenizer.from_pretrained(resolve_target_path(target)).save_pretrained(out)
     apply_umask(out)  # transformers writes its safetensors owner-only

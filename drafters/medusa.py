@@ -29,7 +29,8 @@ from torch import nn
 
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
-from drafters.base import ChainCutoff, Drafter
+from decode.cutoff import ChainCutoff
+from drafters.base import Drafter
 
 
 @dataclass

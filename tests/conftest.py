@@ -41,7 +41,7 @@ def tiny_draft():
 @pytest.fixture(scope="session")
 def real_target():
     """The real default target (SmolLM2-135M-Instruct, fp32, CPU), fetched once into DRAFTERKIT_HOME."""
-    from decode.target import load_target
+    from assets.target import load_target
 
     return load_target("smollm2-135m", dtype="float32", device="cpu")
 

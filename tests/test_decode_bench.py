@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode import bench
-from decode.harness import load_prompts
+from speceval import bench
+from speceval.harness import load_prompts
 from train.cli import main
 
 
@@ -18,7 +18,7 @@ def tiny_dir(tmp_path_factory):
     """A tiny seeded Llama (vocab 49152, hidden 32) saved with the real SmolLM2 tokenizer + chat template."""
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
 
     path = tmp_path_factory.mktemp("tiny-target")
     tiny_llama(0, vocab_size=49152, hidden_size=32).save_pretrained(path)
@@ -71,7 +71,7 @@ def test_eval_cli_greedy_records_measured_speedups_and_exactness(tiny_dir, promp
     assert all(r["output_ids"] == plain[r["prompt"]] for r in spec_runs)
     assert all(0 < len(r["output_ids"]) <= 12 for r in rec["runs"])
     md = out.with_suffix(".md").read_text()
-    from decode.report import parse_markdown_table
+    from speceval.report import parse_markdown_table
 
     table = {r["method"]: r for r in parse_markdown_table(md)}
     assert float(table["ngram"]["tokens/s"]) == pytest.approx(ng["tokens_per_s"], abs=0.006)
@@ -211,7 +211,7 @@ def test_eval_of_an_export_is_a_clean_usage_error(tiny_dir, prompts_file, tmp_pa
 def test_hf_baselines_pass_one_generation_config_and_stay_quiet(capfd):
     from transformers.utils import logging as hf_logging
 
-    from decode.harness import build_drafter, hf_method
+    from speceval.harness import build_drafter, hf_method
 
     target = tiny_llama(0)
     spec = build_drafter("draft:1", target)  # transformers' assisted path with a draft model
@@ -228,8 +228,7 @@ def test_hf_baselines_pass_one_generation_config_and_stay_quiet(capfd):
 def test_tables_keep_legible_headers_when_not_a_terminal():
     import io
 
-    from decode import report
-
+    from speceval import report
     buf = io.StringIO()
     console = report.make_console(file=buf)
     assert console.width >= 160
@@ -315,7 +314,7 @@ def test_rest_eval_records_its_datastore_and_settings(tiny_dir, prompts_file, tm
     assert f"`{npz}` (18 tokens, `{npz.resolve()}`)" in line
     assert line.endswith("datastore_share 0.2, datastore_matches 64, datastore_depth 3, max_ngram 3, min_match 2")
     assert md.index(line) < md.index(next(ln for ln in md if ln.startswith("| ")))  # a header line, above the table
-    from decode.report import render_markdown
+    from speceval.report import render_markdown
 
     del rec["retrieval"]  # runs without +rest: no such line
     assert "retrieval" not in render_markdown(rec)
@@ -359,8 +358,8 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
 
 
 def test_bf16_records_how_many_outputs_differ_from_plain_without_calling_it_a_mismatch():
-    from decode.harness import check_exactness
-    from decode.report import differs_note
+    from speceval.harness import check_exactness
+    from speceval.report import differs_note
 
     def run(role, method, prompt, ids):
         return dict(role=role, method=method, prompt=prompt, prompt_id=f"p{prompt}", output_ids=ids)

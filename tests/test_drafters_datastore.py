@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_llama
 
 from decode import generate
-from decode.harness import build_drafter
+from speceval.harness import build_drafter
 from decode.protocol import DecodeState, SamplingParams
 from decode.tree import DraftTree
 from drafters import datastore as datastore_module
@@ -78,7 +78,7 @@ def test_save_load_roundtrip_and_clear_errors(tmp_path):
 def tok():
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
 
     return AutoTokenizer.from_pretrained(default_target_dir())
 
@@ -92,7 +92,7 @@ def test_build_from_conversations_skips_heldout_and_user_turns(tmp_path, tok):
     path.write_text(json.dumps(recs))
     per = {i: len(tok(f"The answer is {i}.", add_special_tokens=False)["input_ids"]) for i in range(400)}
     store = build_datastore(path, tok, heldout_fraction=0.25)
-    from decode.prompts import is_heldout
+    from assets.conversations import is_heldout
 
     kept = [i for i in range(400) if not is_heldout(f"c{i}", 0.25)]
     assert 200 <= len(kept) < 400 and len(store) == sum(per[i] for i in kept)
@@ -248,7 +248,7 @@ def test_bad_datastores_and_specs_name_the_fix(tmp_path):
     wide = LookupHybrid(DraftLM.from_target(target, 1), datastore=_store_from([[1, 2]], vocab=1000))
     with pytest.raises(ValueError, match="build it with the target's tokenizer"):
         generate(target, [[1, 2, 3]], drafter=wide, max_new_tokens=4)
-    from decode.bench import EvalConfig, datastore_loader
+    from speceval.bench import EvalConfig, datastore_loader
 
     with pytest.raises(ValueError, match=r"x.jsonl is unused: only \+rest drafters read a datastore"):
         EvalConfig(drafters=["ngram"], datastore=str(tmp_path / "x.jsonl")).validate()

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from conftest import tiny_llama
 from decode.protocol import DecodeState, SamplingParams
 from drafters import DrafterLoadError, load_drafter
-from drafters.draft_lm import DraftLM, DraftLMConfig, RaggedCache
+from drafters.draft_lm import DraftLM, DraftLMConfig
 
 
 def test_from_target_copies_first_layers():
@@ -81,17 +81,3 @@ def test_sampling_proposal_returns_q_of_sampled_tokens():
     assert p.probs.shape == (1, 3, 128)
     assert torch.allclose(p.probs.sum(-1), torch.ones(1, 3))
     assert (p.probs.gather(-1, p.tokens[..., None]) > 0).all() and ((p.probs > 0).sum(-1) <= 10).all()
-
-
-def test_ragged_cache_masks_and_crops():
-    model = tiny_llama(0)
-    c = RaggedCache(model, 2, torch.device("cpu"), capacity=4)
-    c.prefill([[5, 6, 7], [8]], logits_to_keep=1)
-    assert c.length == 3 and c.n_real.tolist() == [3, 1]
-    c.run(torch.tensor([[1, 2, 3], [4, 5, 6]]))
-    c.keep(torch.tensor([1, 3]))
-    assert c.length == 6 and c.cache.get_seq_length() == 6 and c.n_real.tolist() == [4, 4]
-    assert c.mask[:, :6].tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
-    c.run(torch.tensor([[9, 9], [9, 9]]))
-    c.keep(torch.tensor([1, 0]))
-    assert c.length == 7 and c.cache.get_seq_length() == 7 and c.mask.shape[1] >= 7

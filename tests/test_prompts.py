@@ -1,4 +1,4 @@
-"""decode.prompts: streaming ShareGPT / chat readers, torn tails, normalisation, eval prompt sets."""
+"""assets.conversations: streaming ShareGPT / chat readers, torn tails, normalisation, eval prompt sets."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-from decode import prompts
-from decode.prompts import (
+from assets import conversations as prompts
+from assets.conversations import (
     LoaderStats,
     heldout_prompts,
     is_heldout,
@@ -227,7 +227,7 @@ def test_mt_bench_bad_line_names_file_and_line(tmp_path):
 
 @pytest.mark.slow
 def test_real_sharegpt_torn_tail():
-    from decode.assets import fetch
+    from assets.pinned import fetch
 
     stats = LoaderStats()
     with pytest.warns(UserWarning, match="dropped 1 incomplete record"):
@@ -312,7 +312,7 @@ def test_cli_prints_drafterkit_warnings_as_one_plain_line():
     `path:line: UserWarning:` plus a line of drafterkit's source; other packages' warnings are unchanged."""
     import warnings
 
-    from decode import prompts
+    from assets import conversations as prompts
     from train.cli import user_warnings
 
     with user_warnings():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from decode.device import resolve_device, resolve_dtype
+from assets.device import resolve_device, resolve_dtype
 
 
 def test_dtype_and_device_strings():
@@ -29,7 +29,7 @@ def test_real_target_is_frozen_and_answers(real_target):
 def test_every_cut_of_a_safetensors_file_is_caught_and_the_whole_file_passes(tmp_path):
     from safetensors.torch import save_file
 
-    from decode.target import safetensors_problem
+    from assets.target import safetensors_problem
 
     whole = tmp_path / "whole.safetensors"
     save_file({"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(5, dtype=torch.int64)}, str(whole))
@@ -46,7 +46,7 @@ def test_a_broken_local_target_folder_names_what_is_wrong(tmp_path):
 
     from conftest import tiny_llama
 
-    from decode.target import TargetLoadError, load_target, target_folder_problem
+    from assets.target import TargetLoadError, load_target, target_folder_problem
 
     model = tiny_llama(0)
     model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from decode.prompts import LoaderStats, heldout_prompts, is_heldout, iter_sharegpt
+from assets.conversations import LoaderStats, heldout_prompts, is_heldout, iter_sharegpt
 from train import data
 from train.data import (
     IGNORE_INDEX,
@@ -33,7 +33,7 @@ CONV = [
 def tok():
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
 
     return AutoTokenizer.from_pretrained(default_target_dir())
 
@@ -77,7 +77,7 @@ def test_default_system_prompt_is_unsupervised(tok):
 
 @pytest.mark.slow
 def test_offsets_method_matches_prefix_token_reference_on_real_sharegpt(tok):
-    from decode.assets import fetch
+    from assets.pinned import fetch
 
     convs = []
     for conv in iter_sharegpt(fetch("sharegpt"), stats=LoaderStats()):

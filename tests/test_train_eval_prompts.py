@@ -15,7 +15,7 @@ import yaml
 from conftest import tiny_llama
 
 import decode
-from decode.harness import load_prompts
+from speceval.harness import load_prompts
 from train.evaluate import eval_prompt_ids
 from train.recipe import recipe_from_dict
 
@@ -29,7 +29,7 @@ LONG_QUESTIONS = ("mt-bench/133", "mt-bench/136", "mt-bench/138", "mt-bench/140"
 def tok():
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
 
     return AutoTokenizer.from_pretrained(default_target_dir())
 
@@ -112,9 +112,9 @@ def test_sharegpt_heldout_equals_drafterkit_eval_sharegpt(tok, tmp_path, monkeyp
         {"from": "gpt", "value": "ok"}]} for i in range(600)]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(data))
-    import decode.assets
+    import assets.pinned
 
-    monkeypatch.setattr(decode.assets, "fetch", lambda name, **kw: path if name == "sharegpt" else None)
+    monkeypatch.setattr(assets.pinned, "fetch", lambda name, **kw: path if name == "sharegpt" else None)
     recipe = recipe_from_dict({"output_dir": str(tmp_path / "run"), "data": {"path": str(path), "max_length": 64},
                                "eval": {"num_prompts": 3, "max_new_tokens": 8}})
     got = eval_prompt_ids(recipe, tok, _tiny_target(tok, CONTEXT))
@@ -155,7 +155,7 @@ def test_a_prompt_too_long_for_the_context_is_skipped_and_counted_never_truncate
 def test_the_eval_result_json_counts_the_skipped_prompts(tok, tmp_path, monkeypatch):
     # End to end through the training loop: the decoder is fed the whole prompts that fit, and
     # eval/step-N.json and checkpoints/best/eval.json say how many were skipped and why.
-    from decode.assets import home
+    from assets.pinned import home
     from train.loop import train
 
     (tmp_path / "home").mkdir()  # the dataset cache stays in tmp; the pinned MT-bench file is the real one

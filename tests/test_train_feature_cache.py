@@ -258,7 +258,7 @@ def test_only_the_main_process_writes(tmp_path):
 def world(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
 
     root = tmp_path_factory.mktemp("feature_cache")
     tok = AutoTokenizer.from_pretrained(default_target_dir())
@@ -301,18 +301,18 @@ def _last_json(out: str) -> dict:
 
 
 def test_cli_builds_the_cache_and_training_reads_it_with_no_target_forward(world, tmp_path, capsys, monkeypatch):
-    import decode.target
+    import assets.target
     from train.cli import main
 
     forwards = []
-    load = decode.target.load_target
+    load = assets.target.load_target
 
     def counted(*a, **kw):
         target, tok = load(*a, **kw)
         forwards.append(Forwards(target))
         return target, tok
 
-    monkeypatch.setattr(decode.target, "load_target", counted)
+    monkeypatch.setattr(assets.target, "load_target", counted)
     recipe, fc = str(world / "recipe.yaml"), f"data.feature_cache={tmp_path / 'fc'}"
     assert main(["features", recipe, fc, "--shard-mb", "0.05"]) == 0
     out = capsys.readouterr().out

@@ -35,7 +35,7 @@ def world(tmp_path_factory):
     """A tiny target (vocab 49152, real tokenizer) and 8 training chats with very different reply lengths."""
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
 
     root = tmp_path_factory.mktemp("invariance")
     tok = AutoTokenizer.from_pretrained(default_target_dir())
@@ -106,7 +106,7 @@ def _initial_params(world: Path, recipe: Path) -> dict[str, torch.Tensor]:
     """The drafter as the strategy builds it before any step (seeded as in training)."""
     from accelerate.utils import set_seed
 
-    from decode.target import load_target
+    from assets.target import load_target
     from train.recipe import load_recipe
     from train.strategies import get_strategy
 
@@ -132,7 +132,7 @@ def test_batch_times_accumulation_splits_give_one_update(world, tmp_path, capsys
 
 def test_logged_loss_is_the_mean_over_every_supervised_token_of_the_step(world, tmp_path, capsys):
     """One step of 2 x 4 logs sum(per-token losses) / (supervised tokens), computed here per example."""
-    from decode.target import load_target
+    from assets.target import load_target
     from train.loop import load_data
     from train.recipe import load_recipe
     from train.data import collate

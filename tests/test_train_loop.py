@@ -23,7 +23,7 @@ def world(tmp_path_factory):
     """A tiny target folder (vocab 49152, hidden 32, real tokenizer) and a synthetic chat JSONL."""
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
 
     root = tmp_path_factory.mktemp("train")
     tok = AutoTokenizer.from_pretrained(default_target_dir())
@@ -62,7 +62,7 @@ def _recipe(world, out, **over):
 
 
 def _load(world):
-    from decode.target import load_target
+    from assets.target import load_target
 
     return load_target(str(world / "target"))
 

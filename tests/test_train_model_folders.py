@@ -38,7 +38,7 @@ def world(tmp_path_factory):
     """A tiny target folder, a chat JSONL, a draft_lm recipe file, and one folder per broken case."""
     from transformers import AutoTokenizer
 
-    from decode.assets import default_target_dir
+    from assets.pinned import default_target_dir
     from drafters.draft_lm import DraftLM
     from drafters.eagle import EagleConfig, EagleDrafter
     from drafters.eagle3 import Eagle3Config, Eagle3Drafter
@@ -181,7 +181,7 @@ def test_whole_checkpoints_still_start_the_draft_lm(world, case):
     # in fp32 with the weights as saved.
     from safetensors.torch import load_file
 
-    from decode.target import load_target
+    from assets.target import load_target
     from train.recipe import load_recipe
     from train.strategies import get_strategy
 

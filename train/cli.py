@@ -20,9 +20,9 @@ from pathlib import Path
 VERBS = {
     "train": ("train.run", "train a drafter from a YAML recipe (same as `accelerate launch -m train`)"),
     "features": ("train.feature_cache", "build the target-feature cache a recipe trains a head from (once, resumable)"),
-    "eval": ("decode.bench", "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
+    "eval": ("speceval.bench", "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
     "export": ("drafters.export", "export a trained drafter for vLLM / SGLang / transformers"),
-    "assets": ("decode.assets_cli", "fetch / list the pinned target, data and eval prompts"),
+    "assets": ("train.assets_cli", "fetch / list the pinned target, data and eval prompts"),
     "quickstart": ("train.quickstart", "fetch, train and evaluate a drafter for the default target"),
 }
 

@@ -1,6 +1,6 @@
 """Chat data -> token ids + assistant-only loss mask, cached ``datasets`` tables, padded batches.
 
-Pipeline: :func:`decode.prompts.iter_conversations` (stream, normalise) -> :func:`tokenize_conversation`
+Pipeline: :func:`assets.conversations.iter_conversations` (stream, normalise) -> :func:`tokenize_conversation`
 (the TARGET's chat template, assistant-only mask) -> :func:`build_dataset` (a ``datasets.Dataset``
 cached as Arrow files, train / held-out split) -> :func:`collate` (right-padded tensors) ->
 :func:`shift_for_next_token` (labels for next-token losses).
@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from decode.assets import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
-from decode.prompts import (
+from assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
+from assets.conversations import (
     HELDOUT_FRACTION,
     LoaderStats,
     Message,
@@ -88,7 +88,7 @@ def _prepare(tokenizer, messages: Sequence[Message]) -> list[Message]:
         if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
                 and isinstance(m.get("content"), str)):
             raise ValueError(f"bad message {m!r}: expected {{'role': 'system'|'user'|'assistant', "
-                             "'content': str}; normalise raw data with decode.prompts first")
+                             "'content': str}; normalise raw data with assets.conversations first")
         msgs.append({"role": m["role"], "content": m["content"]})
     while msgs and msgs[-1]["role"] != "assistant":
         msgs.pop()
@@ -195,7 +195,7 @@ def tokenize_conversation(tokenizer, messages: Sequence[Message], max_length: in
     Args:
         tokenizer: the target's transformers tokenizer (with a chat template).
         messages: ``[{"role": "system"|"user"|"assistant", "content": str}]`` (see
-            ``decode.prompts``); trailing non-assistant turns are cut (they carry no supervision).
+            ``assets.conversations``); trailing non-assistant turns are cut (they carry no supervision).
         max_length: keep the first ``max_length`` tokens (mask cut the same way).
         method: ``"offsets"`` (one tokenizer call; fast tokenizers), ``"prefix_tokens"`` (reference:
             diff token ids of prefix renders) or ``"auto"`` (offsets when the tokenizer is fast).
@@ -225,7 +225,7 @@ class DataStats:
     """What :func:`build_dataset` did (filled in place; read back from the cache on a hit).
 
     Attributes:
-        loader: :class:`decode.prompts.LoaderStats` as a dict (kept / skipped by reason / torn tail).
+        loader: :class:`assets.conversations.LoaderStats` as a dict (kept / skipped by reason / torn tail).
         other_split: conversations excluded because they belong to the other split.
         examples, tokens, supervised_tokens: of the dataset (after truncation).
         truncated: examples longer than ``max_length`` before truncation.
@@ -301,8 +301,8 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
                   cache_dir: str | Path | None = None, stats: DataStats | None = None, format: str = "auto"):
     """Tokenize a ShareGPT / chat file into a cached ``datasets.Dataset``.
 
-    Conversations are split by :func:`decode.prompts.is_heldout` on their group key; ``"train"``
-    keeps the others, ``"heldout"`` only those (``decode.prompts.heldout_prompts`` with the same
+    Conversations are split by :func:`assets.conversations.is_heldout` on their group key; ``"train"``
+    keeps the others, ``"heldout"`` only those (``assets.conversations.heldout_prompts`` with the same
     ``seed`` / ``heldout_fraction`` draws eval prompts from exactly that set). Built with
     ``Dataset.from_generator`` in this process (num_proc 1) under a fingerprint hashing the
     tokenizer, the source file's sha256, every argument and ``DATA_VERSION``, so a second call
@@ -316,7 +316,7 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
         cache_dir: Arrow cache root; default ``$DRAFTERKIT_HOME/datasets``.
         stats: a :class:`DataStats` filled in place.
         format: ``"auto"`` (detect per record), ``"sharegpt"`` or ``"chat"`` (see
-            :func:`decode.prompts.iter_conversations`); records of the other format are skipped.
+            :func:`assets.conversations.iter_conversations`); records of the other format are skipped.
 
     Returns:
         ``datasets.Dataset`` with columns ``input_ids`` (int32 [T]), ``loss_mask`` (int8 [T]),
@@ -475,7 +475,7 @@ def _stats_runs(args) -> list[DataStats]:
     """Build the dataset twice (fresh, then from the cache); returns both runs' stats."""
     from transformers import AutoTokenizer
 
-    from decode.target import resolve_target_path
+    from assets.target import resolve_target_path
 
     resolve_source(args.source)  # a missing file fails before the tokenizer loads
     tokenizer = AutoTokenizer.from_pretrained(resolve_target_path(args.target))

@@ -5,7 +5,7 @@ length, bonus included), ``acceptance_rate``, ``accept_per_position`` and ``toke
 decode/metrics.py, decoder contract). Scores are measured, never estimated.
 
 The prompts are the token ids ``drafterkit eval`` feeds the decoder for the same benchmark, built by
-the same function (``decode.harness.select_prompts``): ``eval.prompts: mt_bench`` is ``drafterkit eval
+the same function (``speceval.harness.select_prompts``): ``eval.prompts: mt_bench`` is ``drafterkit eval
 --benchmark mt-bench --num-prompts eval.num_prompts`` (first turns balanced over the 8 categories);
 ``sharegpt_heldout`` is ``--benchmark sharegpt`` drawn from the held-out split of the file training
 reads (``data.path``, ``train.seed``, ``data.heldout_fraction``). ``data.max_length`` (a training
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from decode.harness import stats_record
-from decode.report import pooled_positions
+from speceval.harness import stats_record
+from speceval.report import pooled_positions
 
 #: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
 BENCHMARKS = {"mt_bench": "mt-bench", "sharegpt_heldout": "sharegpt"}
@@ -58,7 +58,7 @@ def target_context(recipe, target: torch.nn.Module | None = None) -> int | None:
     else:
         from transformers import AutoConfig
 
-        from decode.target import resolve_target_path
+        from assets.target import resolve_target_path
 
         config = AutoConfig.from_pretrained(resolve_target_path(recipe.target.name_or_path))
     context = getattr(config, "max_position_embeddings", None)
@@ -67,7 +67,7 @@ def target_context(recipe, target: torch.nn.Module | None = None) -> int | None:
 
 def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) -> EvalPrompts:
     """Token ids of ``recipe.eval.num_prompts`` prompts of ``recipe.eval.prompts``, exactly those
-    ``drafterkit eval`` builds (``decode.harness.select_prompts``; see the module docstring).
+    ``drafterkit eval`` builds (``speceval.harness.select_prompts``; see the module docstring).
 
     A prompt longer than the target's context (:func:`target_context`: ``target``'s, else the recipe's
     target's) minus ``recipe.eval.max_new_tokens`` is skipped (never truncated) and the next one taken;
@@ -77,7 +77,7 @@ def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) ->
         ValueError: no usable prompt (none fits the context, or no held-out conversation in the file).
         train.recipe.RecipeError: ``data.path`` is set but is not a file.
     """
-    from decode.harness import select_prompts
+    from speceval.harness import select_prompts
     from train.data import recipe_data_file, resolve_source
 
     cfg, benchmark = recipe.eval, BENCHMARKS[recipe.eval.prompts]
@@ -102,7 +102,7 @@ def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) ->
 
 def merge_stats(results: list[Any]) -> dict[str, Any]:
     """Pool several ``decode.generate`` results: counts summed, tau = verification-committed tokens / passes,
-    per-position acceptance pooled exactly (``decode.report.pooled_positions``), tokens/s = committed / time."""
+    per-position acceptance pooled exactly (``speceval.report.pooled_positions``), tokens/s = committed / time."""
     stats = [r.stats for r in results]
     passes = sum(s.target_forwards for s in stats)
     drafted = sum(s.drafted for s in stats)

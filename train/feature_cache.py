@@ -56,7 +56,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from decode.device import resolve_dtype
+from assets.device import resolve_dtype
 from train.features import target_features
 
 VERSION = 1
@@ -198,7 +198,7 @@ def build_feature_cache(spec: CacheSpec, target: torch.nn.Module, ds, *, batch_s
     Raises:
         OSError: not enough free disk for the shards to build (names the folder and the sizes).
     """
-    from decode.report import progress_bars_off
+    from speceval.report import progress_bars_off
 
     start, path = time.perf_counter(), spec.path
     path.mkdir(parents=True, exist_ok=True)
@@ -342,7 +342,7 @@ class FeatureCache(torch.utils.data.Dataset):
 def recipe_cache_root(recipe) -> Path:
     """``data.feature_cache``'s folder: ``$DRAFTERKIT_HOME/features`` for ``auto`` (and for ``off``, where
     ``drafterkit features`` builds what ``auto`` would read), else the folder given."""
-    from decode.assets import home
+    from assets.pinned import home
 
     setting = recipe.data.feature_cache
     return home() / "features" if setting in ("auto", "off") else Path(setting).expanduser()
@@ -419,8 +419,8 @@ def run(args: argparse.Namespace) -> int:
     Returns 0; 2 on a user error (bad recipe, a kind without features, a missing data file, too little
     disk); 130 when interrupted (rerun the same command to resume).
     """
-    from decode.device import resolve_device
-    from decode.target import load_target
+    from assets.device import resolve_device
+    from assets.target import load_target
     from train.data import recipe_data_file
     from train.loop import load_data
     from train.recipe import RecipeError, load_recipe

@@ -60,7 +60,7 @@ def assert_frozen(target: torch.nn.Module) -> None:
     bad = [n for n, p in target.named_parameters() if p.requires_grad]
     if bad:
         raise RuntimeError(f"target parameters {bad[:4]} require grad; the target must stay frozen "
-                           "(load it with decode.target.load_target)")
+                           "(load it with assets.target.load_target)")
 
 
 def make_accelerator(recipe: Recipe):
@@ -280,7 +280,7 @@ def _setup(recipe: Recipe, target=None, tokenizer=None) -> dict:
     """
     from accelerate.utils import set_seed
 
-    from decode.target import load_target
+    from assets.target import load_target
 
     acc = make_accelerator(recipe)
     _clear_output_dir(recipe, acc)
@@ -492,7 +492,7 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
     acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
     start = time.perf_counter() if budget_start is None else budget_start
     schedule = ctx["schedule"]
-    from decode.report import progress_bars_off
+    from speceval.report import progress_bars_off
 
     bar = tqdm(total=cfg.max_steps, initial=state.global_step, desc="train",
                disable=not acc.is_local_main_process or progress_bars_off())

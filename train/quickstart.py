@@ -5,7 +5,7 @@
 
 Stages (each timed, in seconds, in ``report.json``):
 
-1. ``fetch``: the pinned assets (``decode.assets.fetch_all``: target, ShareGPT, MT-bench, HumanEval),
+1. ``fetch``: the pinned assets (``assets.pinned.fetch_all``: target, ShareGPT, MT-bench, HumanEval),
    a no-op when cached; then the target is loaded once and shared by the next stages.
 2. ``datastore``: the ShareGPT datastore the ``+rest`` row retrieves from (``drafters.datastore``:
    every assistant turn outside the held-out split, tokenized; ~35 s once, then loaded from the
@@ -14,7 +14,7 @@ Stages (each timed, in seconds, in ``report.json``):
    ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``).
 4. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
    mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
-   turns and HumanEval prompts through ``decode.bench.evaluate``: speculative decoding with the
+   turns and HumanEval prompts through ``speceval.bench.evaluate``: speculative decoding with the
    drafter alone and behind prompt lookup plus retrieval from a ShareGPT datastore (``PATH+rest``,
    ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips it), as the draft
    tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain decoding through the
@@ -103,7 +103,7 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     The ``minutes`` budget counts from here: data preparation (the target's regenerated responses
     when the recipe sets ``data.regenerate``) is part of it, so the stage ends on time."""
     budget_start = time.perf_counter()
-    from decode.device import resolve_dtype
+    from assets.device import resolve_dtype
     from train.loop import train
     from train.recipe import load_recipe
 
@@ -118,7 +118,7 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
-        from decode.target import load_target
+        from assets.target import load_target
 
         target, tok = load_target("smollm2-135m", dtype=recipe.target.dtype, device=next(target.parameters()).device)
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
@@ -136,8 +136,8 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
 
 
 def eval_config(ckpt: Path, args, bench: str, k: int):
-    """The ``decode.bench.EvalConfig`` of one benchmark, validated. Raises ``ValueError`` naming the bad flag."""
-    from decode.bench import EvalConfig
+    """The ``speceval.bench.EvalConfig`` of one benchmark, validated. Raises ``ValueError`` naming the bad flag."""
+    from speceval.bench import EvalConfig
 
     try:
         thresholds = [float(x) for x in str(args.draft_thresholds).split(",") if x.strip()]
@@ -154,8 +154,8 @@ def eval_config(ckpt: Path, args, bench: str, k: int):
 
 
 def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None) -> dict:
-    """``decode.bench.evaluate`` of the checkpoint on each benchmark; returns ``{benchmark: record}``."""
-    from decode.bench import evaluate, print_record
+    """``speceval.bench.evaluate`` of the checkpoint on each benchmark; returns ``{benchmark: record}``."""
+    from speceval.bench import evaluate, print_record
 
     records = {}
     for bench in BENCHMARKS:
@@ -166,8 +166,7 @@ def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None) -> dict:
 
 def write_report(out: Path, report_data: dict) -> dict:
     """Write ``report.json``, ``report.md`` and the PNGs into ``out``; returns their paths."""
-    from decode import report
-
+    from speceval import report
     pngs = [str(p) for p in report.plot_eval_summary({b: r["summary"] for b, r in report_data["evals"].items()},
                                                      out)]
     if report_data["train"]["losses"]:
@@ -189,7 +188,7 @@ def write_report(out: Path, report_data: dict) -> dict:
 
 def plot_losses(losses: list[float], path: Path) -> Path:
     """``train_loss.png``: the mean loss of every optimizer step."""
-    from decode.report import _pyplot, _save
+    from speceval.report import _pyplot, _save
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -203,8 +202,8 @@ def plot_losses(losses: list[float], path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Fetch, train, evaluate, report. Returns 0, or 2 on a usage / recipe error."""
-    from decode.assets import AssetError, fetch_all
-    from decode.target import load_target
+    from assets.pinned import AssetError, fetch_all
+    from assets.target import load_target
     from train.recipe import RecipeError, load_recipe
 
     if args.minutes <= 0:  # the eval flags are checked below by the eval stage's own EvalConfig.validate
@@ -215,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     if args.no_progress:
-        from decode.report import disable_progress_bars
+        from speceval.report import disable_progress_bars
 
         disable_progress_bars()
     out = Path(args.output_dir)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from decode.assets import home
+from assets.pinned import home
 
 
 def _target_fingerprint(target: torch.nn.Module) -> str:
@@ -56,7 +56,7 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
     import datasets
 
     import decode
-    from decode.report import progress_bars_off
+    from speceval.report import progress_bars_off
 
     key = hashlib.sha256(json.dumps(dict(target=_target_fingerprint(target), data=ds._fingerprint,
                                          n=len(ds), new=max_new_tokens, max_length=max_length, v=2),

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     Returns 0; 2 on a user error (see the module docstring); 128 + signal number when interrupted.
     """
-    from decode.target import TargetLoadError
+    from assets.target import TargetLoadError
 
     try:
         recipe = load_recipe(args.recipe, args.overrides)

@@ -181,7 +181,7 @@ def local_layer_count(name_or_path: str) -> int | None:
     loads weights, so a recipe can be checked before any model loads."""
     from transformers import AutoConfig
 
-    from decode.assets import DEFAULT_TARGET_ALIAS, built_target_dir
+    from assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
 
     path = name_or_path
     if name_or_path == DEFAULT_TARGET_ALIAS:

@@ -1,6 +1,6 @@
 """Benchmark results -> numbers, tables, JSON, Markdown and PNG plots (``drafterkit eval``).
 
-Everything here is a pure function of the measured runs the harness (``decode.bench``) records; no
+Everything here is a pure function of the measured runs the harness (``speceval.bench``) records; no
 figure is computed from a model of speculation (e.g. from tau), every ratio is a ratio of two
 measurements from the same run.
 
@@ -554,7 +554,7 @@ def _method_names_drafter(row: dict) -> bool:
 
 def retrieval_line(record: dict) -> str | None:
     """The Markdown header line of the ``+rest`` rows' datastore and settings (``record["retrieval"]``,
-    see ``decode.harness.retrieval_info``); ``None`` when the record has none."""
+    see ``speceval.harness.retrieval_info``); ``None`` when the record has none."""
     info = record.get("retrieval")
     if not info:
         return None

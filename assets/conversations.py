@@ -552,7 +552,7 @@ def load_mt_bench(path: str | Path | None = None) -> list[dict]:
         FileNotFoundError / ValueError: missing file, bad line or field (message names file:line).
     """
     if path is None:
-        from decode.assets import fetch
+        from assets.pinned import fetch
         path = fetch("mt-bench")
     path = Path(path)
     out = []
@@ -575,7 +575,7 @@ def load_humaneval(path: str | Path | None = None) -> list[dict]:
         FileNotFoundError / ValueError: missing file, bad line or field (message names file:line).
     """
     if path is None:
-        from decode.assets import fetch
+        from assets.pinned import fetch
         path = fetch("humaneval")
     path = Path(path)
     return [dict(task_id=_require(path, n, obj, "task_id", str), prompt=_require(path, n, obj, "prompt", str))

@@ -1,10 +1,10 @@
-"""The measuring parts of ``drafterkit eval`` (``decode.bench``): eval prompts, drafter specs, the
+"""The measuring parts of ``drafterkit eval`` (``speceval.bench``): eval prompts, drafter specs, the
 methods compared (speculative engine, plain engine, ``target.generate``, transformers' own
 speculative path), and the interleaved measurement loops (eval, K x temperature sweep, concurrency).
 
 Every method is timed with the same wall-clock stopwatch around its whole call; a run dict per
 (prompt or batch, method) holds the new tokens, the seconds and the engine's ``DecodeStats``
-(``None`` for transformers' paths). ``decode.report`` pools runs into rows.
+(``None`` for transformers' paths). ``speceval.report`` pools runs into rows.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class DrafterSpec:
     hf_kwargs: dict | None
     tree: str | None = None  # a decode.tree.DraftTree spec: measured with tree drafts instead of chains
     # a checkpoint's short name in ``label`` (``run/best``) and its folder: drafters whose short names
-    # collide (two quickstart runs are both ``train/best``) get longer path suffixes (decode.bench)
+    # collide (two quickstart runs are both ``train/best``) get longer path suffixes (speceval.bench)
     short_name: str | None = None
     folder: str | None = None
 
@@ -119,7 +119,7 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
                    ) -> PromptSelection:
     """Eval prompts for ``benchmark`` (``mt-bench`` first turns balanced over its 8 categories,
     ``humaneval`` (category ``code``), ``sharegpt`` held-out first turns, or a ``.jsonl`` file read
-    by ``decode.prompts.load_prompts_jsonl``), chat-templated with ``tok`` (:func:`chat_ids`).
+    by ``assets.conversations.load_prompts_jsonl``), chat-templated with ``tok`` (:func:`chat_ids`).
 
     The ONE function that turns a benchmark into token ids, for ``drafterkit eval`` and for training's
     own evaluation (``train.evaluate.eval_prompt_ids``). A prompt longer than ``max_prompt_tokens`` is
@@ -131,14 +131,13 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
         max_prompt_tokens: the longest prompt kept, in tokens; ``limit_name`` says where that limit
             comes from, in the skip reason and the error.
         heldout_seed, heldout_source, heldout_fraction: the held-out split ``sharegpt`` draws from
-            (``decode.prompts.heldout_prompts``): split seed, file (default the pinned ShareGPT asset)
-            and fraction (default ``decode.prompts.HELDOUT_FRACTION``); 4 x ``num_prompts`` candidates.
+            (``assets.conversations.heldout_prompts``): split seed, file (default the pinned ShareGPT asset)
+            and fraction (default ``assets.conversations.HELDOUT_FRACTION``); 4 x ``num_prompts`` candidates.
 
     Raises:
         ValueError: unknown benchmark, ``num_prompts < 1``, or no usable prompt at all.
     """
-    from decode import prompts as P
-
+    from assets import conversations as P
     if num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
     if benchmark == "mt-bench":
@@ -149,7 +148,7 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
                       messages=[{"role": "user", "content": HUMANEVAL_REQUEST.format(prompt=p["prompt"])}])
                  for p in P.load_humaneval()]
     elif benchmark == "sharegpt":
-        from decode.assets import fetch
+        from assets.pinned import fetch
 
         fraction = P.HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
         source = heldout_source or fetch("sharegpt")

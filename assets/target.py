@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from decode.assets import DEFAULT_TARGET_ALIAS, default_target_dir
-from decode.device import resolve_device, resolve_dtype
+from assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
+from assets.device import resolve_device, resolve_dtype
 
 
 class TargetLoadError(OSError):

@@ -16,7 +16,7 @@ speculative outputs are compared token for token with the engine's plain output 
 exactness guarantee): the mismatch count (expected 0) goes into the table and the JSON.
 
 ``--sweep`` adds K x temperature x category rows, a Markdown table and PNG plots
-(``decode.report``); ``--concurrency 1,2,4,8`` decodes that many prompts together as one batch,
+(``speceval.report``); ``--concurrency 1,2,4,8`` decodes that many prompts together as one batch,
 speculation on vs off. The JSON record holds the config, machine info and every per-prompt run.
 """
 
@@ -33,8 +33,8 @@ from typing import Callable
 
 import torch
 
-from decode import report
-from decode.harness import (
+from speceval import report
+from speceval.harness import (
     BASELINES,
     BENCHMARKS,
     build_drafter,
@@ -139,14 +139,14 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
 
     Returns:
         ``{"config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs",
-        "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (see ``decode.report`` for the run and row
+        "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (see ``speceval.report`` for the run and row
         fields; ``retrieval``, with ``+rest`` drafters only: ``harness.retrieval_info``).
 
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
     """
-    from decode.device import resolve_dtype
-    from decode.target import load_target, resolve_target_path
+    from assets.device import resolve_dtype
+    from assets.target import load_target, resolve_target_path
 
     cfg.validate()
     timings = {}

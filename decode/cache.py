@@ -1,0 +1,158 @@
+"""The decoder's KV cache for a batch of ragged rows: :class:`RaggedCache`.
+
+Rows of different lengths live in one transformers ``DynamicCache``; left padding and rejected or
+stale entries are masked out through a 2-D attention mask and each row gets explicit RoPE positions
+(gpt-fast style: a rejection only masks / crops, it never re-allocates per token). The engine keeps
+one for the target; an independent draft model (:mod:`decode.draft_model`) keeps one of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from decode.attention import verification_attention
+
+
+class RaggedCache:
+    """A KV cache for a batch of rows of different lengths, for one transformers causal LM.
+
+    Cache column ``j`` of row ``b`` is valid iff ``mask[b, j] == 1``. ``n_real[b]`` counts the valid
+    columns (= the row's tokens processed so far = the RoPE position of its next token). All rows
+    share the cache length ``length``.
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int, device: torch.device, capacity: int = 256):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
+        self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.length = 0
+        self._pending = 0
+
+    def _reserve(self, extra: int) -> None:
+        need = self.length + extra
+        if need > self.mask.shape[1]:  # geometric growth: amortised O(1), not per token
+            grown = torch.zeros(self.mask.shape[0], max(need, 2 * self.mask.shape[1]), dtype=self.mask.dtype,
+                                device=self.mask.device)
+            grown[:, : self.length] = self.mask[:, : self.length]
+            self.mask = grown
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, **kw: Any):
+        m = input_ids.shape[1]
+        if attention_mask is None:
+            attention_mask = self.mask[:, : self.length + m]
+        with verification_attention(self.model):  # multi-token passes without copying GQA key/values
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, cache=self.cache, use_cache=True, **kw)
+        self.cache = out.cache if getattr(out, "cache", None) is not None else self.cache
+        return out
+
+    def prefill(self, rows: list[list[int]], **kw: Any):
+        """Left-pad ``rows`` into ``[B, P]`` and run them; every real token becomes valid.
+
+        Returns the model output (``logits_to_keep=1`` -> logits ``[B, 1, V]`` at each row's last token).
+        """
+        b, p = len(rows), max(len(r) for r in rows)
+        dev = self.mask.device
+        ids = torch.zeros(b, p, dtype=torch.long, device=dev)
+        self.length, self._pending = 0, 0
+        self._reserve(p)
+        self.mask[:, :p] = 0
+        for i, r in enumerate(rows):
+            ids[i, p - len(r):] = torch.tensor(r, dtype=torch.long)
+            self.mask[i, p - len(r): p] = 1
+        pos = (self.mask[:, :p].cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(ids, pos, **kw)
+        self.length = p
+        self.n_real = torch.tensor([len(r) for r in rows], dtype=torch.long, device=dev)
+        return out
+
+    def run(self, input_ids: torch.Tensor, **kw: Any):
+        """Append ``input_ids [B, m]`` at each row's next positions; call :meth:`keep` afterwards."""
+        m = input_ids.shape[1]
+        self._reserve(m)
+        self.mask[:, self.length: self.length + m] = 1
+        pos = self.n_real[:, None] + torch.arange(m, device=self.mask.device)
+        out = self._forward(input_ids, pos, **kw)
+        self._pending = m
+        return out
+
+    def run_tree(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, **kw: Any):
+        """Append tree nodes ``input_ids [B, m]`` after each row's valid columns (and after the nodes of
+        earlier ``run_tree`` calls since the last :meth:`keep` / :meth:`truncate`, ``P`` columns).
+
+        ``depths [m]``: each column's offset from the next position (RoPE position = ``n_real + depth``);
+        ``tree_mask [m, P + m]`` bool: which of the pending and new columns each new column may attend to
+        (its ancestors and itself). Passed to the model as a 4-D additive mask ``[B, 1, m, length + P + m]``
+        (transformers uses a 4-D mask as given). Afterwards: :meth:`reorder` + :meth:`keep` (the decoder's
+        verification pass) or :meth:`truncate` to drop the nodes (a drafter's tree).
+
+        Raises:
+            ValueError: ``tree_mask`` is not ``[m, P + m]``.
+        """
+        b, m = input_ids.shape
+        p = self._pending
+        if tuple(tree_mask.shape) != (m, p + m):
+            raise ValueError(f"tree_mask must be [m, P + m] = [{m}, {p + m}], got {tuple(tree_mask.shape)}")
+        self._reserve(p + m)
+        self.mask[:, self.length + p: self.length + p + m] = 1
+        dev = self.mask.device
+        pos = self.n_real[:, None] + depths.to(dev)[None]
+        seen = torch.cat([self.mask[:, None, : self.length].bool().expand(b, m, self.length),
+                          tree_mask.to(dev)[None].expand(b, m, p + m)], -1)[:, None]  # [B, 1, m, L+P+m]
+        dtype = next(self.model.parameters()).dtype
+        if not dtype.is_floating_point:
+            dtype = torch.float32
+        additive = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
+        out = self._forward(input_ids, pos, attention_mask=additive, **kw)
+        self._pending = p + m
+        return out
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """After :meth:`run_tree`: new column ``j`` of row ``b`` takes the keys/values of new column
+        ``index[b, j]`` (``index [B, n] <= m``), so an accepted tree path becomes contiguous.
+
+        Raises:
+            NotImplementedError: the model's cache has no per-layer ``keys``/``values`` tensors.
+        """
+        start, n = self.length, index.shape[1]
+        layers = getattr(self.cache, "layers", None)
+        if layers is None or not all(hasattr(layer, "keys") for layer in layers):
+            raise NotImplementedError(f"tree drafts need a cache with per-layer keys/values tensors; "
+                                      f"{type(self.cache).__name__} has none")
+        rows = index.tolist()
+        # columns every row already has in place are not copied (a path's first node is often column 1)
+        first = next((j for j in range(n) if any(r[j] != j for r in rows)), n)
+        if first == n:
+            return
+        src = [torch.tensor(r[first:], dtype=torch.long) + start for r in rows]
+        for layer in layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)  # [B, H, S, D]
+                for b, s in enumerate(src):  # per row: one index_select, not a gather over an expanded index
+                    t[b, :, start + first: start + n] = t[b].index_select(1, s.to(t.device))
+
+    def keep(self, valid: torch.Tensor, valid_max: int | None = None) -> None:
+        """After :meth:`run`: keep the first ``valid[b]`` new columns of each row, mask the rest and
+        crop the cache to the longest row. ``valid_max`` (= ``int(valid.max())``) saves a host sync."""
+        m, start = self._pending, self.length
+        vmax = int(valid.max()) if valid_max is None else valid_max
+        cols = torch.arange(m, device=valid.device)
+        self.mask[:, start: start + m] = (cols[None, :] < valid[:, None]).long()
+        self.truncate(start + vmax)
+        self.n_real = self.n_real + valid
+        self._pending = 0
+
+    def truncate(self, length: int, n_real: torch.Tensor | None = None) -> None:
+        """Drop cache columns ``>= length`` (optionally resetting ``n_real``)."""
+        current = self.cache.get_seq_length()
+        if current > length:
+            self.cache.crop(length - current)
+        self.length = length
+        self._pending = 0
+        if n_real is not None:
+            self.n_real = n_real.clone()
