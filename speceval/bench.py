@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ from typing import Callable
 
 import torch
 
+from assets.device import resolve_dtype
+from assets.target import load_target, resolve_target_path
+from decode.tree import DraftTree
+from drafters.base import DrafterLoadError
+from drafters.datastore import cached_datastore
 from speceval import report
 from speceval.harness import (
     BASELINES,
@@ -48,7 +54,6 @@ from speceval.harness import (
     run_sweep,
     warm_up,
 )
-from decode.tree import DraftTree
 
 __all__ = ["BASELINES", "BENCHMARKS", "DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "evaluate", "print_record",
            "run", "write_outputs"]
@@ -145,9 +150,6 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
     """
-    from assets.device import resolve_dtype
-    from assets.target import load_target, resolve_target_path
-
     cfg.validate()
     timings = {}
     t0 = time.perf_counter()
@@ -206,12 +208,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
 def datastore_loader(source: str, tok, quiet: bool = False):
     """A zero-argument callable returning the ``drafters.datastore`` for ``source`` (built and cached
     on first use by ``cached_datastore``; loaded once however many ``+rest`` drafters ask)."""
-    import functools
-
     @functools.cache
     def load():
-        from drafters.datastore import cached_datastore
-
         try:
             return cached_datastore(source, tok, log=None if quiet else (lambda m: print(m, flush=True)))
         except (FileNotFoundError, ValueError) as exc:
@@ -427,8 +425,6 @@ def print_record(record: dict, console=None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``drafterkit eval``: 0 on success, 2 on a usage error (message on stderr)."""
-    from drafters.base import DrafterLoadError
-
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_progress:

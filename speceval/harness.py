@@ -9,7 +9,9 @@ Every method is timed with the same wall-clock stopwatch around its whole call; 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import logging
 import os
 import platform
 import sys
@@ -21,6 +23,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+import decode
+from assets import conversations as P
+from assets.pinned import fetch
+from decode.tree import DraftTree
+from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
+from drafters.draft_lm import DraftLM
+from drafters.hybrid import LookupHybrid
+from drafters.ngram import NGramDrafter
 
 BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
 BASELINES = ("engine", "hf", "hf-assisted")
@@ -137,7 +148,6 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
     Raises:
         ValueError: unknown benchmark, ``num_prompts < 1``, or no usable prompt at all.
     """
-    from assets import conversations as P
     if num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
     if benchmark == "mt-bench":
@@ -148,8 +158,6 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
                       messages=[{"role": "user", "content": HUMANEVAL_REQUEST.format(prompt=p["prompt"])}])
                  for p in P.load_humaneval()]
     elif benchmark == "sharegpt":
-        from assets.pinned import fetch
-
         fraction = P.HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
         source = heldout_source or fetch("sharegpt")
         msgs = P.heldout_prompts(source, 4 * num_prompts, seed=heldout_seed, fraction=fraction, strict=False)
@@ -205,15 +213,11 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
             holds), a draft model whose vocabulary does not match the target's (checked here,
             before any token is generated), or ``+rest`` without a ``datastore``.
     """
-    from drafters.draft_lm import DraftLM
-
     if spec == "none":
         return None
     for suffix in ("+ngram", "+rest"):
         if not spec.endswith(suffix):
             continue
-        from drafters.hybrid import LookupHybrid
-
         inner = spec[: -len(suffix)]
         if inner.endswith(("+ngram", "+rest")):
             raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
@@ -237,8 +241,6 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
                 if "@" in tail else "")
         raise ValueError(f"--drafter {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
     if spec == "ngram":
-        from drafters.ngram import NGramDrafter
-
         d = NGramDrafter()
         return DrafterSpec("ngram", d, {"prompt_lookup_num_tokens": "{k}",
                                         "max_matching_ngram_size": d.config.max_ngram})
@@ -275,9 +277,6 @@ def _assistant_kwargs(d) -> dict:
 
 
 def _load_checkpoint(spec: str, target) -> DrafterSpec:
-    from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
-    from drafters.draft_lm import DraftLM
-
     if spec == "rest":
         raise ValueError("--drafter rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
                          "alone: --drafter ngram)")
@@ -315,8 +314,6 @@ def stats_record(res) -> dict:
 
 def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int]) -> Method:
     """A ``decode.generate`` method: plain (``spec is None``) or speculative with ``spec``'s drafter."""
-    import decode
-
     drafter = spec.drafter if spec else None
     k_call = max(k, 1)  # ignored by plain decoding, must still be a valid K
 
@@ -330,8 +327,6 @@ def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos:
     if spec is None:
         return Method("engine", "plain", "none", 0, call)
     if spec.tree is not None:  # K is the tree's depth: the most draft tokens one pass can accept
-        from decode.tree import DraftTree
-
         k = DraftTree.parse(spec.tree).max_depth
     return Method(spec.label, "spec", spec.label, k, call)
 
@@ -346,8 +341,6 @@ class _DropInternalGenerateDeprecation:
 
 @contextmanager
 def _quiet_internal_deprecation():
-    import logging
-
     log, flt = logging.getLogger("transformers.generation.utils"), _DropInternalGenerateDeprecation()
     log.addFilter(flt)
     try:
@@ -360,8 +353,6 @@ def hf_generation_config(target, sampling: dict, eos: list[int], pad: int, max_n
     """A copy of the target's ``GenerationConfig`` with every field of the call set (sampling params,
     ``max_new_tokens``, EOS, pad, the speculative fields of ``extra``), passed to ``generate`` ALONE:
     transformers deprecates mixing a config object with generation kwargs."""
-    import copy
-
     from transformers import GenerationConfig
 
     base = getattr(target, "generation_config", None)

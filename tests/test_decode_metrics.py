@@ -2,6 +2,7 @@
 
 import pytest
 
+from decode import DecodeStats
 from decode.metrics import DecodeCounts, compute_stats
 
 
@@ -36,8 +37,6 @@ def test_plain_decoding_tau_is_one_and_empty_runs_are_zero():
 
 def test_stats_fields_are_exactly_the_contract():
     import dataclasses
-
-    from decode import DecodeStats
 
     assert [f.name for f in dataclasses.fields(DecodeStats)] == [
         "committed", "target_forwards", "drafted", "accepted", "tau", "acceptance_rate", "accept_per_position",

@@ -8,17 +8,22 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from speceval import bench
-from speceval.harness import load_prompts
-from train.cli import main
+from assets.pinned import default_target_dir
+from decode.tree import DraftTree
+from drafters.datastore import Datastore
+from drafters.draft_lm import DraftLM
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafters.medusa import MedusaConfig, MedusaDrafter
+from speceval import bench, report
+from speceval.harness import build_drafter, check_exactness, hf_method, load_prompts
+from speceval.report import differs_note, parse_markdown_table, render_markdown
+from train.cli import build_parser, main, parse
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A tiny seeded Llama (vocab 49152, hidden 32) saved with the real SmolLM2 tokenizer + chat template."""
     from transformers import AutoTokenizer
-
-    from assets.pinned import default_target_dir
 
     path = tmp_path_factory.mktemp("tiny-target")
     tiny_llama(0, vocab_size=49152, hidden_size=32).save_pretrained(path)
@@ -71,7 +76,6 @@ def test_eval_cli_greedy_records_measured_speedups_and_exactness(tiny_dir, promp
     assert all(r["output_ids"] == plain[r["prompt"]] for r in spec_runs)
     assert all(0 < len(r["output_ids"]) <= 12 for r in rec["runs"])
     md = out.with_suffix(".md").read_text()
-    from speceval.report import parse_markdown_table
 
     table = {r["method"]: r for r in parse_markdown_table(md)}
     assert float(table["ngram"]["tokens/s"]) == pytest.approx(ng["tokens_per_s"], abs=0.006)
@@ -94,8 +98,6 @@ def test_eval_sampled_skips_exactness_and_seeds_reproduce(tiny_dir, prompts_file
 
 def test_eval_measures_each_tree_side_by_side(tiny_dir, prompts_file, tmp_path):
     from transformers import AutoModelForCausalLM
-
-    from drafters.medusa import MedusaConfig, MedusaDrafter
 
     target = AutoModelForCausalLM.from_pretrained(tiny_dir)
     ckpt = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
@@ -160,8 +162,6 @@ def test_fewer_prompts_than_asked_uses_them_all_with_a_warning(tiny_dir, prompts
 
 
 def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prompts_file, tmp_path, capsys):
-    from drafters.draft_lm import DraftLM
-
     hf_dir = tmp_path / "small-lm"  # any causal LM sharing the tokenizer: an independent draft model
     tiny_llama(1, vocab_size=49152, hidden_size=32, layers=1).save_pretrained(hf_dir)
     run = tmp_path / "run"  # a training run's output_dir (checkpoints/last/drafter)
@@ -187,9 +187,6 @@ def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prom
 def test_eval_of_an_export_is_a_clean_usage_error(tiny_dir, prompts_file, tmp_path, capsys):
     import torch
 
-    from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-    from drafters.medusa import MedusaConfig, MedusaDrafter
-
     target = tiny_llama(0, vocab_size=49152, hidden_size=32)
     e3 = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40), target=target)
     e3.set_draft_vocab(torch.arange(40) * 3, target=target)
@@ -211,8 +208,6 @@ def test_eval_of_an_export_is_a_clean_usage_error(tiny_dir, prompts_file, tmp_pa
 def test_hf_baselines_pass_one_generation_config_and_stay_quiet(capfd):
     from transformers.utils import logging as hf_logging
 
-    from speceval.harness import build_drafter, hf_method
-
     target = tiny_llama(0)
     spec = build_drafter("draft:1", target)  # transformers' assisted path with a draft model
     hf_logging.get_logger("x").warning_once.cache_clear()  # so a warning already given would show again
@@ -228,7 +223,6 @@ def test_hf_baselines_pass_one_generation_config_and_stay_quiet(capfd):
 def test_tables_keep_legible_headers_when_not_a_terminal():
     import io
 
-    from speceval import report
     buf = io.StringIO()
     console = report.make_console(file=buf)
     assert console.width >= 160
@@ -240,8 +234,6 @@ def test_tables_keep_legible_headers_when_not_a_terminal():
 def test_two_runs_with_the_same_layout_get_distinct_labels(tmp_path):
     """Two quickstart runs both hold ``train/checkpoints/best``: their rows are named by the shortest
     path suffix that differs, the same folder given twice is numbered."""
-    from drafters.draft_lm import DraftLM
-
     target = tiny_llama(0, vocab_size=49152, hidden_size=32)
     for run in ("qa", "qb"):
         DraftLM.from_target(target, 1).save_pretrained(tmp_path / run / "train" / "checkpoints" / "best" / "drafter")
@@ -254,8 +246,6 @@ def test_two_runs_with_the_same_layout_get_distinct_labels(tmp_path):
 
 def test_a_repeated_drafter_is_numbered_on_its_name_before_threshold_and_tree(tmp_path):
     """The second copy of a drafter reads ``<name>#2@<threshold> tree=<spec>``, never ``... tree=3,2#2``."""
-    from drafters.draft_lm import DraftLM
-
     target = tiny_llama(0, vocab_size=49152, hidden_size=32)
     DraftLM.from_target(target, 1).save_pretrained(tmp_path / "run" / "checkpoints" / "last" / "drafter")
     a = str(tmp_path / "run")
@@ -278,8 +268,6 @@ def test_a_repeated_drafter_is_numbered_on_its_name_before_threshold_and_tree(tm
 def test_repeated_trees_are_found_on_the_parsed_tree_not_the_text():
     import argparse
 
-    from decode.tree import DraftTree
-
     one = ["[[0],[0]]", "[[0]]", "1"]  # a duplicate path counts once (DraftTree sorts and dedups paths)
     assert DraftTree.parse(one[0]) == DraftTree.parse(one[1]) == DraftTree.parse(one[2])
     assert DraftTree.parse(one[0]).num_nodes == 1
@@ -294,8 +282,6 @@ def test_repeated_trees_are_found_on_the_parsed_tree_not_the_text():
 
 
 def test_rest_eval_records_its_datastore_and_settings(tiny_dir, prompts_file, tmp_path):
-    from drafters.datastore import Datastore
-
     store = Datastore.from_documents([[17, 18, 19, 20, 21]] * 3 + [[30, 31, 32]], vocab_size=49152)
     npz = store.save(tmp_path / "mine.npz")
     out = tmp_path / "r.json"
@@ -314,7 +300,6 @@ def test_rest_eval_records_its_datastore_and_settings(tiny_dir, prompts_file, tm
     assert f"`{npz}` (18 tokens, `{npz.resolve()}`)" in line
     assert line.endswith("datastore_share 0.2, datastore_matches 64, datastore_depth 3, max_ngram 3, min_match 2")
     assert md.index(line) < md.index(next(ln for ln in md if ln.startswith("| ")))  # a header line, above the table
-    from speceval.report import render_markdown
 
     del rec["retrieval"]  # runs without +rest: no such line
     assert "retrieval" not in render_markdown(rec)
@@ -322,8 +307,6 @@ def test_rest_eval_records_its_datastore_and_settings(tiny_dir, prompts_file, tm
 
 def test_an_explicit_datastore_without_rest_is_refused_but_the_default_is_not():
     import warnings
-
-    from train.cli import build_parser, parse
 
     def cfg(*argv):
         return bench.config_from_args(parse(build_parser(), ["eval", *argv]))
@@ -358,9 +341,6 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
 
 
 def test_bf16_records_how_many_outputs_differ_from_plain_without_calling_it_a_mismatch():
-    from speceval.harness import check_exactness
-    from speceval.report import differs_note
-
     def run(role, method, prompt, ids):
         return dict(role=role, method=method, prompt=prompt, prompt_id=f"p{prompt}", output_ids=ids)
 

@@ -8,7 +8,9 @@ import json
 import pytest
 from conftest import tiny_llama
 
+from assets.pinned import default_target_dir
 from speceval import report
+from speceval.report import pooled_positions
 from train.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -17,8 +19,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def sweep_record(tmp_path_factory):
     from transformers import AutoTokenizer
-
-    from assets.pinned import default_target_dir
 
     root = tmp_path_factory.mktemp("sweep")
     tiny_llama(0, vocab_size=49152, hidden_size=32).save_pretrained(root / "tiny")
@@ -119,8 +119,6 @@ def test_parse_markdown_table_errors_name_the_problem():
 def test_pooled_positions_uses_exact_reached_counts():
     """With ``reached_per_position`` the pool is sum(accepted_i) / sum(reached_i), also when proposers
     drafted fewer than K tokens (reached_0 < target_forwards); without it, the fixed-K estimate."""
-    from speceval.report import pooled_positions
-
     a = dict(target_forwards=10, accept_per_position=[0.5, 0.0], reached_per_position=[4, 2])  # 2 of 4, 0 of 2
     b = dict(target_forwards=10, accept_per_position=[1.0, 0.5], reached_per_position=[1, 1])  # 1 of 1, ...
     got = pooled_positions([a, b])
@@ -178,7 +176,6 @@ def test_console_tables_wrap_long_drafter_names_instead_of_cutting_them():
 
     from rich.console import Console
 
-    from speceval import report
     names = ["eagle3:some/long/run/name/checkpoints/last-A", "eagle3:some/long/run/name/checkpoints/last-B"]
     rows = [dict(drafter=n, k=5, temperature=0.0, category="all", tau=1.5, acceptance_rate=0.3) for n in names]
     buf = io.StringIO()

@@ -32,6 +32,17 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from assets.device import resolve_dtype
+from assets.pinned import AssetError, fetch_all
+from assets.target import load_target
+from drafters.datastore import cached_datastore
+from speceval import report
+from speceval.bench import EvalConfig, evaluate, print_record
+from train.loop import train
+from train.recipe import RecipeError, load_recipe
+
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 BENCHMARKS = ("mt-bench", "humaneval")
 #: Draft shapes the quickstart measures: a static tree (the 3 best first tokens, 2 after each, then one per
@@ -103,9 +114,6 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     The ``minutes`` budget counts from here: data preparation (the target's regenerated responses
     when the recipe sets ``data.regenerate``) is part of it, so the stage ends on time."""
     budget_start = time.perf_counter()
-    from assets.device import resolve_dtype
-    from train.loop import train
-    from train.recipe import load_recipe
 
     # The measured evaluation comes after training. In-loop evaluations small enough for this budget
     # (4 prompts x 32 tokens) are too noisy to pick a checkpoint: one picked step 300 of 545, whose
@@ -118,8 +126,6 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
-        from assets.target import load_target
-
         target, tok = load_target("smollm2-135m", dtype=recipe.target.dtype, device=next(target.parameters()).device)
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
@@ -137,8 +143,6 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
 
 def eval_config(ckpt: Path, args, bench: str, k: int):
     """The ``speceval.bench.EvalConfig`` of one benchmark, validated. Raises ``ValueError`` naming the bad flag."""
-    from speceval.bench import EvalConfig
-
     try:
         thresholds = [float(x) for x in str(args.draft_thresholds).split(",") if x.strip()]
     except ValueError:
@@ -155,8 +159,6 @@ def eval_config(ckpt: Path, args, bench: str, k: int):
 
 def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None) -> dict:
     """``speceval.bench.evaluate`` of the checkpoint on each benchmark; returns ``{benchmark: record}``."""
-    from speceval.bench import evaluate, print_record
-
     records = {}
     for bench in BENCHMARKS:
         records[bench] = evaluate(eval_config(ckpt, args, bench, k), target=target, tok=tok, datastore=datastore)
@@ -166,7 +168,6 @@ def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None) -> dict:
 
 def write_report(out: Path, report_data: dict) -> dict:
     """Write ``report.json``, ``report.md`` and the PNGs into ``out``; returns their paths."""
-    from speceval import report
     pngs = [str(p) for p in report.plot_eval_summary({b: r["summary"] for b, r in report_data["evals"].items()},
                                                      out)]
     if report_data["train"]["losses"]:
@@ -188,35 +189,25 @@ def write_report(out: Path, report_data: dict) -> dict:
 
 def plot_losses(losses: list[float], path: Path) -> Path:
     """``train_loss.png``: the mean loss of every optimizer step."""
-    from speceval.report import _pyplot, _save
-
-    plt = _pyplot()
+    plt = report._pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.plot(range(1, len(losses) + 1), losses)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.set_title("Training loss")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return report._save(fig, path)
 
 
 def run(args: argparse.Namespace) -> int:
     """Fetch, train, evaluate, report. Returns 0, or 2 on a usage / recipe error."""
-    from assets.pinned import AssetError, fetch_all
-    from assets.target import load_target
-    from train.recipe import RecipeError, load_recipe
-
     if args.minutes <= 0:  # the eval flags are checked below by the eval stage's own EvalConfig.validate
         print("drafterkit quickstart: error: --minutes must be > 0", file=sys.stderr)
         return 2
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     if args.no_progress:
-        from speceval.report import disable_progress_bars
-
-        disable_progress_bars()
+        report.disable_progress_bars()
     out = Path(args.output_dir)
     timings: dict[str, float] = {}
     try:
@@ -231,8 +222,6 @@ def run(args: argparse.Namespace) -> int:
         timings["fetch"] = time.perf_counter() - t0
         datastore = None
         if not args.no_hybrid:
-            from drafters.datastore import cached_datastore
-
             t0 = time.perf_counter()
             datastore = cached_datastore("sharegpt", tok, log=print)
             timings["datastore"] = time.perf_counter() - t0
