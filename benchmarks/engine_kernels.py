@@ -72,7 +72,8 @@ def main() -> None:
     import decode
     from decode import fused
     from speceval.bench import datastore_loader
-    from speceval.harness import build_drafter, load_prompts
+    from speceval.methods import build_drafter
+    from speceval.prompts import load_prompts
     from assets.target import load_target
 
     target, tok = load_target(a.target, dtype=a.dtype)

@@ -39,7 +39,7 @@ def continuations(target, tok, n: int, new: int, cache: Path | None, benchmark: 
     prompts ``drafterkit eval`` measures, ``speceval.harness.load_prompts``), generated 16 at a time with
     ``decode.generate`` (greedy)."""
     import decode
-    from speceval.harness import load_prompts
+    from speceval.prompts import load_prompts
 
     key = {"benchmark": benchmark, "num_prompts": n, "max_new_tokens": new}
     if cache is not None and cache.exists():

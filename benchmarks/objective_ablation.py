@@ -70,7 +70,7 @@ def objective_overrides(name: str, kind: str, draft_steps: int) -> list[str]:
 def unseen_prompt_files(out: Path) -> dict[str, Path]:
     """JSONL prompt files of questions the quickstart never measures: MT-bench's second question of each
     category (first turns) and HumanEval problems 8-15 (with the eval's own code request)."""
-    from speceval.harness import HUMANEVAL_REQUEST
+    from speceval.prompts import HUMANEVAL_REQUEST
     from assets.conversations import load_humaneval, load_mt_bench
 
     by_cat: dict[str, list[dict]] = {}

@@ -48,7 +48,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     import decode
-    from speceval.harness import load_prompts
+    from speceval.prompts import load_prompts
     from assets.target import load_target
     from drafters import load_drafter
     from drafters.datastore import cached_datastore

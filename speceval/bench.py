@@ -15,8 +15,8 @@ speedups are ratios of those measurements (never derived from tau). At temperatu
 speculative outputs are compared token for token with the engine's plain output (the decoder's
 exactness guarantee): the mismatch count (expected 0) goes into the table and the JSON.
 
-``--sweep`` adds K x temperature x category rows, a Markdown table and PNG plots
-(``speceval.report``); ``--concurrency 1,2,4,8`` decodes that many prompts together as one batch,
+``--sweep`` adds K x temperature x category rows, a Markdown table (``speceval.report``) and PNG
+plots (``speceval.plots``); ``--concurrency 1,2,4,8`` decodes that many prompts together as one batch,
 speculation on vs off. The JSON record holds the config, machine info and every per-prompt run.
 """
 
@@ -39,24 +39,12 @@ from assets.target import load_target, resolve_target_path
 from decode.tree import DraftTree
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
-from speceval import report
-from speceval.harness import (
-    BASELINES,
-    BENCHMARKS,
-    build_drafter,
-    build_methods,
-    check_exactness,
-    load_prompts,
-    machine_info,
-    measure,
-    retrieval_info,
-    run_concurrency,
-    run_sweep,
-    warm_up,
-)
+from speceval import plots, report
+from speceval.harness import check_exactness, machine_info, measure, run_concurrency, run_sweep, warm_up
+from speceval.methods import BASELINES, build_drafters, build_methods, distinct_trees, retrieval_info
+from speceval.prompts import load_prompts
 
-__all__ = ["BASELINES", "BENCHMARKS", "DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "evaluate", "print_record",
-           "run", "write_outputs"]
+__all__ = ["DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "evaluate", "print_record", "run", "write_outputs"]
 
 #: the corpus ``+rest`` drafters retrieve from when no datastore is given (``--datastore``)
 DEFAULT_DATASTORE = "sharegpt"
@@ -145,7 +133,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     Returns:
         ``{"config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs",
         "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (see ``speceval.report`` for the run and row
-        fields; ``retrieval``, with ``+rest`` drafters only: ``harness.retrieval_info``).
+        fields; ``retrieval``, with ``+rest`` drafters only: ``speceval.methods.retrieval_info``).
 
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
@@ -218,86 +206,6 @@ def datastore_loader(source: str, tok, quiet: bool = False):
     return load
 
 
-def build_drafters(names: list[str], target, thresholds: list[float], trees: list[str] | None = None,
-                   datastore=None) -> list:
-    """``harness.build_drafter`` for each spec; a drafter that supports a confidence-based draft length
-    (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
-    the threshold is not 0, and one that can propose trees once per entry of ``trees`` (``"chain"`` or a
-    ``decode.tree.DraftTree`` spec), labelled ``<label> tree=<spec>`` (one fresh load each, so the rows
-    are independent). A chain-only drafter is measured once as a chain. The same drafter given twice is
-    numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``."""
-    built: list[tuple] = []  # (spec labelled by its drafter name only, "@thr tree=..." suffix)
-    trees = distinct_trees(trees or ["chain"])
-    for name in names:
-        for thr in thresholds:
-            first = build_drafter(name, target, datastore)
-            if first is None:
-                break
-            can_tree = callable(getattr(first.drafter, "propose_tree", None))
-            variants = trees if can_tree else ["chain"]
-            for j, tree in enumerate(variants):
-                s, suffix = (first if j == 0 else build_drafter(name, target, datastore)), ""
-                if getattr(s.drafter, "supports_draft_threshold", False):
-                    s.drafter.draft_threshold = float(thr)
-                    if thr > 0:
-                        s, suffix = dataclasses.replace(s, hf_kwargs=None), f"@{thr:g}"
-                if tree != "chain":
-                    s, suffix = dataclasses.replace(s, hf_kwargs=None, tree=tree), f"{suffix} tree={tree}"
-                built.append((s, suffix))
-            if not getattr(first.drafter, "supports_draft_threshold", False):
-                break
-    # checkpoints whose short names collide (two quickstart runs are both `train/best`) are named by the
-    # shortest path suffix that tells them apart
-    folders: dict[str, set] = {}
-    for s, _ in built:
-        if s.short_name:
-            folders.setdefault(s.short_name, set()).add(s.folder)
-    for short, group in folders.items():
-        if len(group) < 2:
-            continue
-        names = _distinct_suffixes(sorted(group))
-        built = [(dataclasses.replace(s, label=s.label.replace(f":{short}", f":{names[s.folder]}", 1))
-                  if s.short_name == short else s, suffix) for s, suffix in built]
-    # what still collides (the same folder or spec twice) gets its own row: the n-th copy is `<name>#n<suffix>`
-    specs, taken = [], set()
-    for s, suffix in built:
-        label, n = f"{s.label}{suffix}", 1
-        while label in taken:
-            n += 1
-            label = f"{s.label}#{n}{suffix}"
-        taken.add(label)
-        specs.append(dataclasses.replace(s, label=label))
-    return specs
-
-
-def distinct_trees(trees: list[str]) -> list[str]:
-    """``trees`` with repeats left out, compared as trees, not as text: ``"1"``, ``"[[0]]"`` and
-    ``"[[0],[0]]"`` are one tree (:meth:`decode.tree.DraftTree.parse` sorts paths and drops duplicate
-    ones), measured once under the first spelling given. ``"chain"`` and specs that do not parse are
-    compared as text (``EvalConfig.validate`` rejects the latter)."""
-    seen, out = set(), []
-    for t in trees:
-        try:
-            key = t if t == "chain" else DraftTree.parse(t).paths
-        except ValueError:
-            key = t
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out
-
-
-def _distinct_suffixes(folders: list[str]) -> dict[str, str]:
-    """``{folder: its shortest trailing path that no other folder shares}`` (``checkpoints`` / ``drafter``
-    components left out: ``runs/qs7/train/checkpoints/best/drafter`` -> ``qs7/train/best``)."""
-    parts = {f: [c for c in Path(f).parts if c not in ("checkpoints", "drafter")] for f in folders}
-    for n in range(1, max(len(p) for p in parts.values()) + 1):
-        names = {f: "/".join(p[-n:]) for f, p in parts.items()}
-        if len(set(names.values())) == len(names):
-            return names
-    return {f: f for f in folders}
-
-
 def _public_kwargs(kwargs: dict | None, k: int) -> dict | None:
     if kwargs is None:
         return None
@@ -310,12 +218,12 @@ def write_outputs(record: dict, output: str | Path, plots_dir: str | Path | None
     sweep or a concurrency sweep, PNG plots into ``plots_dir`` (default: ``<output stem>-plots``
     next to it). Returns ``{"json", "markdown", "plots"}`` paths (also stored in the record)."""
     output = Path(output)
-    plots = Path(plots_dir) if plots_dir else output.parent / f"{output.stem}-plots"
+    png_dir = Path(plots_dir) if plots_dir else output.parent / f"{output.stem}-plots"
     pngs = []
     if record.get("sweep", {}).get("rows"):
-        pngs += report.plot_sweep(record["sweep"]["rows"], plots)
+        pngs += plots.plot_sweep(record["sweep"]["rows"], png_dir)
     if record.get("concurrency", {}).get("rows"):
-        pngs.append(report.plot_concurrency(record["concurrency"]["rows"], plots))
+        pngs.append(plots.plot_concurrency(record["concurrency"]["rows"], png_dir))
     md = output.with_suffix(".md")
     record["artifacts"] = dict(json=str(output), markdown=str(md), plots=[str(p) for p in pngs])
     md.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
-"""Benchmark results -> numbers, tables, JSON, Markdown and PNG plots (``drafterkit eval``).
+"""Benchmark results -> numbers, tables, JSON and Markdown (``drafterkit eval``; PNG plots: ``speceval.plots``).
 
-Everything here is a pure function of the measured runs the harness (``speceval.bench``) records; no
+Everything here is a pure function of the measured runs the harness (``speceval.harness``) records; no
 figure is computed from a model of speculation (e.g. from tau), every ratio is a ratio of two
 measurements from the same run.
 
@@ -141,7 +141,7 @@ def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
         methods: ``{"method", "role", "drafter", "k"}`` per method; the ones named ``engine``
             (role ``plain``) and ``hf`` (role ``hf``) are the references when present.
         runs: every run of the measurement (see the module docstring); ``mismatches`` per spec
-            method is filled by the harness afterwards.
+            method is filled by ``speceval.bench.evaluate`` afterwards.
 
     Returns:
         rows with the aggregate fields and ``speedup_vs_engine``, ``speedup_vs_hf`` (ratios of
@@ -379,171 +379,8 @@ def progress_bars_off() -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# PNG plots (matplotlib, Agg backend: no display needed)
+# Markdown report
 # --------------------------------------------------------------------------------------------
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _style_acceptance_axes(ax) -> None:
-    """Labels, limits and legend shared by the per-position acceptance plots."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.set_xlabel("draft position")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
-    ax.set_ylabel("P(accept | all earlier accepted)")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Per-position acceptance")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
-    return path
-
-
-def _lines_vs_k(rows: list[dict], key: str, ylabel: str, title: str, path: Path, ref_key: str | None = None):
-    from matplotlib.ticker import MaxNLocator
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    series: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        if r["category"] == "all":
-            series[(r["drafter"], r["temperature"])].append(r)
-    for (drafter, temp), rs in sorted(series.items()):
-        rs = sorted(rs, key=lambda r: r["k"])
-        ax.plot([r["k"] for r in rs], [r[key] or 0.0 for r in rs], marker="o", label=f"{drafter}, T={temp:g}")
-    refs = {r["temperature"]: r[ref_key] for r in rows if ref_key and r["category"] == "all" and r.get(ref_key)}
-    for i, (temp, value) in enumerate(sorted(refs.items())):
-        ax.axhline(value, color="grey", linestyle=(0, (1, 1 + i)), linewidth=1, label=f"plain, T={temp:g}")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("K (draft tokens per verification)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
-    """Write the sweep figures into ``out_dir`` and return their paths.
-
-    ``acceptance_vs_k.png``, ``tokens_per_s_vs_k.png`` (dotted: plain decoding at that temperature),
-    ``speedup_vs_acceptance.png`` (every row, all categories), ``acceptance_per_position.png`` (largest
-    K per drafter and temperature), ``drafter_economics.png`` (draft tokens accepted per second of
-    draft + verification time vs K, and where each drafter's time goes).
-
-    Raises:
-        ValueError: ``rows`` is empty (nothing was measured).
-    """
-    if not rows:
-        raise ValueError("no sweep rows to plot; run the sweep with at least one drafter and one prompt")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [
-        _lines_vs_k(rows, "acceptance_rate", "acceptance rate", "Acceptance rate vs K", out / "acceptance_vs_k.png"),
-        _lines_vs_k(rows, "tokens_per_s", "tokens/s (wall clock)", "Throughput vs K (grey: plain decoding)",
-                    out / "tokens_per_s_vs_k.png", ref_key="engine_tokens_per_s"),
-    ]
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for drafter in sorted({r["drafter"] for r in rows}):
-        rs = [r for r in rows if r["drafter"] == drafter and r["speedup_vs_engine"] is not None]
-        ax.scatter([r["acceptance_rate"] for r in rs], [r["speedup_vs_engine"] for r in rs], label=drafter, s=18)
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("acceptance rate")
-    ax.set_ylabel("speedup vs plain decoding (measured)")
-    ax.set_title("Speedup vs acceptance rate (each K, temperature, category)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    paths.append(_save(fig, out / "speedup_vs_acceptance.png"))
-    paths.append(_plot_positions(rows, out / "acceptance_per_position.png"))
-    paths.append(_plot_economics(rows, out / "drafter_economics.png"))
-    return paths
-
-
-def _plot_positions(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        key = (r["drafter"], r["temperature"])
-        if r["category"] == "all" and (key not in best or r["k"] > best[key]["k"]):
-            best[key] = r
-    for (drafter, temp), r in sorted(best.items()):
-        pos = r["accept_per_position"] or []
-        ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{drafter}, K={r['k']}, T={temp:g}")
-    _style_acceptance_axes(ax)
-    return _save(fig, path)
-
-
-def _plot_economics(rows: list[dict], path: Path) -> Path:
-    from matplotlib.ticker import MaxNLocator
-
-    plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    greedy = [r for r in rows if r["category"] == "all"]
-    series: dict[tuple, list[dict]] = defaultdict(list)
-    for r in greedy:
-        series[(r["drafter"], r["temperature"])].append(r)
-    for (drafter, temp), rs in sorted(series.items()):
-        rs = sorted(rs, key=lambda r: r["k"])
-        ax1.plot([r["k"] for r in rs], [r["accepted_per_dv_s"] or 0.0 for r in rs], marker="o",
-                 label=f"{drafter}, T={temp:g}")
-    ax1.set_xlabel("K")
-    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax1.set_ylabel("accepted draft tokens / s of (draft + verify) time")
-    ax1.set_title("Drafter economics")
-    ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=7)
-    labels, draft_ms, verify_ms = [], [], []
-    for (drafter, temp), rs in sorted(series.items()):
-        r = max(rs, key=lambda r: r["accepted_per_dv_s"] or 0.0)
-        committed = max((r["new_tokens"] or 0) - r["prompts"], 1)
-        labels.append(f"{drafter}\nK={r['k']} T={temp:g}")
-        draft_ms.append(1000.0 * (r["draft_time_s"] or 0.0) / committed)
-        verify_ms.append(1000.0 * (r["verify_time_s"] or 0.0) / committed)
-    x = range(len(labels))
-    ax2.bar(x, draft_ms, label="draft")
-    ax2.bar(x, verify_ms, bottom=draft_ms, label="verify")
-    ax2.set_xticks(list(x), labels, fontsize=7)
-    ax2.set_ylabel("ms per committed token")
-    ax2.set_title("Where the time goes (best K by economics)")
-    ax2.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def plot_concurrency(rows: list[dict], out_dir: str | Path) -> Path:
-    """``concurrency.png``: total output tokens/s and time per output token (ms) vs concurrency,
-    speculation on (each drafter) vs off (plain engine)."""
-    plt = _pyplot()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for method in sorted({r["method"] for r in rows}):
-        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["concurrency"])
-        style = "--" if method == "engine" else "-"
-        label = "speculation off (plain)" if method == "engine" else method
-        ax1.plot([r["concurrency"] for r in rs], [r["tokens_per_s"] for r in rs], style, marker="o", label=label)
-        ax2.plot([r["concurrency"] for r in rs], [r["tpot_ms"] or 0.0 for r in rs], style, marker="o", label=label)
-    for ax, ylabel in ((ax1, "total output tokens/s"), (ax2, "time per output token (ms)")):
-        ax.set_xlabel("concurrency (prompts decoded together)")
-        ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, out / "concurrency.png")
-
 
 def _method_names_drafter(row: dict) -> bool:
     """Whether ``row["method"]`` already says which drafter ran: a spec row is named by its drafter, an
@@ -554,7 +391,7 @@ def _method_names_drafter(row: dict) -> bool:
 
 def retrieval_line(record: dict) -> str | None:
     """The Markdown header line of the ``+rest`` rows' datastore and settings (``record["retrieval"]``,
-    see ``speceval.harness.retrieval_info``); ``None`` when the record has none."""
+    see ``speceval.methods.retrieval_info``); ``None`` when the record has none."""
     info = record.get("retrieval")
     if not info:
         return None
@@ -605,35 +442,3 @@ def render_markdown(record: dict) -> str:
     for p in arts.get("plots", []):
         lines.append(f"![{Path(p).stem}]({os.path.relpath(p, here)})")
     return "\n".join(lines) + "\n"
-
-
-def plot_eval_summary(summaries: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
-    """Eval figures from ``{benchmark: summary rows}``: ``tokens_per_s.png`` (measured tokens/s of
-    every method, grouped by benchmark) and ``acceptance_per_position.png`` (spec rows)."""
-    plt = _pyplot()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    benches = list(summaries)
-    methods = list(dict.fromkeys(r["method"] for rows in summaries.values() for r in eval_table_rows(rows)))
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    width = 0.8 / max(len(methods), 1)
-    for j, m in enumerate(methods):
-        vals = [next((r["tokens_per_s"] for r in summaries[b] if r["method"] == m), 0.0) for b in benches]
-        ax.bar([i + j * width for i in range(len(benches))], vals, width, label=m)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(benches))], benches)
-    ax.set_ylabel("tokens/s (wall clock, same prompts)")
-    ax.set_title("Measured throughput per method")
-    ax.legend(fontsize=7)
-    paths = [_save(fig, out / "tokens_per_s.png")]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for b, rows in summaries.items():
-        for r in rows:
-            if r["role"] == "spec" and r["accept_per_position"]:
-                reached = r.get("reached_per_position") or [1] * len(r["accept_per_position"])
-                # positions no proposal reached are left out (the record's 0.0 there is not a 0% rate)
-                pts = [(i + 1, v) for i, (v, n) in enumerate(zip(r["accept_per_position"], reached)) if n]
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"{r['method']} on {b}")
-    _style_acceptance_axes(ax)
-    paths.append(_save(fig, out / "acceptance_per_position.png"))
-    return paths

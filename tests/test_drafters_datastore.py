@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_llama
 
 from decode import generate
-from speceval.harness import build_drafter
+from speceval.methods import build_drafter
 from decode.protocol import DecodeState, SamplingParams
 from decode.tree import DraftTree
 from drafters import datastore as datastore_module

@@ -5,7 +5,7 @@ import torch
 from conftest import tiny_llama
 
 from decode import generate
-from speceval.harness import build_drafter
+from speceval.methods import build_drafter
 from decode.protocol import DecodeState, SamplingParams
 from drafters.draft_lm import DraftLM
 from drafters.hybrid import LookupHybrid

@@ -14,8 +14,10 @@ from drafters.datastore import Datastore
 from drafters.draft_lm import DraftLM
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.medusa import MedusaConfig, MedusaDrafter
-from speceval import bench, report
-from speceval.harness import build_drafter, check_exactness, hf_method, load_prompts
+from speceval import bench, methods, report
+from speceval.harness import check_exactness
+from speceval.methods import build_drafter, hf_method
+from speceval.prompts import load_prompts
 from speceval.report import differs_note, parse_markdown_table, render_markdown
 from train.cli import build_parser, main, parse
 
@@ -238,10 +240,10 @@ def test_two_runs_with_the_same_layout_get_distinct_labels(tmp_path):
     for run in ("qa", "qb"):
         DraftLM.from_target(target, 1).save_pretrained(tmp_path / run / "train" / "checkpoints" / "best" / "drafter")
     a, b = str(tmp_path / "qa" / "train"), str(tmp_path / "qb" / "train")
-    labels = [s.label for s in bench.build_drafters([a, b, f"{b}+ngram", a], target, [0.0])]
+    labels = [s.label for s in methods.build_drafters([a, b, f"{b}+ngram", a], target, [0.0])]
     assert labels == ["draft_lm:qa/train/best", "draft_lm:qb/train/best", "draft_lm:qb/train/best+ngram",
                       "draft_lm:qa/train/best#2"]
-    assert [s.label for s in bench.build_drafters([a, "ngram"], target, [0.0])] == ["draft_lm:train/best", "ngram"]
+    assert [s.label for s in methods.build_drafters([a, "ngram"], target, [0.0])] == ["draft_lm:train/best", "ngram"]
 
 
 def test_a_repeated_drafter_is_numbered_on_its_name_before_threshold_and_tree(tmp_path):
@@ -249,7 +251,7 @@ def test_a_repeated_drafter_is_numbered_on_its_name_before_threshold_and_tree(tm
     target = tiny_llama(0, vocab_size=49152, hidden_size=32)
     DraftLM.from_target(target, 1).save_pretrained(tmp_path / "run" / "checkpoints" / "last" / "drafter")
     a = str(tmp_path / "run")
-    specs = bench.build_drafters([a, f"{a}+ngram", a, "ngram", "ngram"], target, [0.0, 0.1], ["chain", "3,2"])
+    specs = methods.build_drafters([a, f"{a}+ngram", a, "ngram", "ngram"], target, [0.0, 0.1], ["chain", "3,2"])
     assert [s.label for s in specs] == [
         "draft_lm:run/last", "draft_lm:run/last tree=3,2", "draft_lm:run/last@0.1", "draft_lm:run/last@0.1 tree=3,2",
         "draft_lm:run/last+ngram", "draft_lm:run/last+ngram tree=3,2", "draft_lm:run/last+ngram@0.1",
@@ -261,7 +263,7 @@ def test_a_repeated_drafter_is_numbered_on_its_name_before_threshold_and_tree(tm
     assert [s.drafter.draft_threshold for s in specs[8:12]] == [0.0, 0.0, 0.1, 0.1]
     assert len({id(s.drafter) for s in specs}) == len(specs)  # every row its own fresh load
     # the same threshold twice is still two rows, numbered the same way
-    assert [s.label for s in bench.build_drafters([a], target, [0.1, 0.1])] == ["draft_lm:run/last@0.1",
+    assert [s.label for s in methods.build_drafters([a], target, [0.1, 0.1])] == ["draft_lm:run/last@0.1",
                                                                               "draft_lm:run/last#2@0.1"]
 
 
@@ -275,10 +277,10 @@ def test_repeated_trees_are_found_on_the_parsed_tree_not_the_text():
     bench.add_arguments(parser)
     cfg = bench.config_from_args(parser.parse_args([a for t in one for a in ("--tree", t)]))
     assert cfg.trees == ["[[0],[0]]"]
-    specs = bench.build_drafters(["ngram"], tiny_llama(0), [0.0], one)  # the Python API path too
+    specs = methods.build_drafters(["ngram"], tiny_llama(0), [0.0], one)  # the Python API path too
     assert [s.label for s in specs] == ["ngram tree=[[0],[0]]"]
     trees = [*one, "chain", "2,1", "[[0],[1],[0,0],[1,0]]", "[[1],[0]]", "chain"]
-    assert bench.distinct_trees(trees) == ["[[0],[0]]", "chain", "2,1", "[[1],[0]]"]
+    assert methods.distinct_trees(trees) == ["[[0],[0]]", "chain", "2,1", "[[1],[0]]"]
 
 
 def test_rest_eval_records_its_datastore_and_settings(tiny_dir, prompts_file, tmp_path):

@@ -15,7 +15,7 @@ import yaml
 from conftest import tiny_llama
 
 import decode
-from speceval.harness import load_prompts
+from speceval.prompts import load_prompts
 from train.evaluate import eval_prompt_ids
 from train.recipe import recipe_from_dict
 

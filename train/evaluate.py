@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from speceval.harness import stats_record
+from speceval.methods import stats_record
 from speceval.report import pooled_positions
 
 #: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
@@ -77,7 +77,7 @@ def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) ->
         ValueError: no usable prompt (none fits the context, or no held-out conversation in the file).
         train.recipe.RecipeError: ``data.path`` is set but is not a file.
     """
-    from speceval.harness import select_prompts
+    from speceval.prompts import select_prompts
     from train.data import recipe_data_file, resolve_source
 
     cfg, benchmark = recipe.eval, BENCHMARKS[recipe.eval.prompts]

@@ -38,7 +38,7 @@ from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
 from assets.target import load_target
 from drafters.datastore import cached_datastore
-from speceval import report
+from speceval import plots, report
 from speceval.bench import EvalConfig, evaluate, print_record
 from train.loop import train
 from train.recipe import RecipeError, load_recipe
@@ -168,7 +168,7 @@ def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None) -> dict:
 
 def write_report(out: Path, report_data: dict) -> dict:
     """Write ``report.json``, ``report.md`` and the PNGs into ``out``; returns their paths."""
-    pngs = [str(p) for p in report.plot_eval_summary({b: r["summary"] for b, r in report_data["evals"].items()},
+    pngs = [str(p) for p in plots.plot_eval_summary({b: r["summary"] for b, r in report_data["evals"].items()},
                                                      out)]
     if report_data["train"]["losses"]:
         pngs.append(str(plot_losses(report_data["train"]["losses"], out / "train_loss.png")))
@@ -189,14 +189,14 @@ def write_report(out: Path, report_data: dict) -> dict:
 
 def plot_losses(losses: list[float], path: Path) -> Path:
     """``train_loss.png``: the mean loss of every optimizer step."""
-    plt = report._pyplot()
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.plot(range(1, len(losses) + 1), losses)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.set_title("Training loss")
     ax.grid(alpha=0.3)
-    return report._save(fig, path)
+    return plots.save_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,348 @@
+"""What ``drafterkit eval`` compares: drafter specs (``PATH`` | ``ngram`` | ``draft:N`` | ``SPEC+ngram`` |
+``SPEC+rest`` | ``none``) built into drafters, and the methods that produce an answer with them:
+``decode.generate`` with and without a drafter, ``target.generate`` and transformers' own speculative path.
+
+A method's ``call(rows, seed, max_new)`` returns ``(sequences, wall_s, stats)``: the new tokens per row,
+the seconds of the whole call on one wall-clock stopwatch, and the engine's stats as a dict
+(:func:`stats_record`; ``None`` for transformers' paths).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import decode
+from decode.tree import DraftTree
+from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
+from drafters.draft_lm import DraftLM
+from drafters.hybrid import LookupHybrid
+from drafters.ngram import NGramDrafter
+
+BASELINES = ("engine", "hf", "hf-assisted")
+
+
+@dataclass
+class DrafterSpec:
+    """A drafter to measure: ``label`` (table name), the object passed to ``decode.generate``, and the
+    kwargs of transformers' own equivalent (``None``: it has none). ``"{k}"`` in a kwarg is K."""
+
+    label: str
+    drafter: Any
+    hf_kwargs: dict | None
+    tree: str | None = None  # a decode.tree.DraftTree spec: measured with tree drafts instead of chains
+    # a checkpoint's short name in ``label`` (``run/best``) and its folder: drafters whose short names
+    # collide (two quickstart runs are both ``train/best``) get longer path suffixes (:func:`build_drafters`)
+    short_name: str | None = None
+    folder: str | None = None
+
+
+@dataclass
+class Method:
+    """One way of producing the answer; ``call(rows, seed, max_new) -> (sequences, wall_s, stats)``."""
+
+    method: str
+    role: str  # plain | spec | hf | hf-assisted
+    drafter: str
+    k: int
+    call: Callable = field(repr=False)
+
+    def meta(self) -> dict:
+        return dict(method=self.method, role=self.role, drafter=self.drafter, k=self.k)
+
+
+
+def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
+    """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
+    ``SPEC+ngram`` -> SPEC's drafter behind prompt lookup (``drafters.hybrid.LookupHybrid``: rows whose
+    last 2+ tokens occurred before copy what followed, the rest use the drafter); ``SPEC+rest`` -> the
+    same plus retrieval from a corpus datastore (REST) for the rows without a prompt match, the
+    corpus's continuations merged into SPEC's tree (``datastore``: a zero-argument callable returning
+    the ``drafters.datastore.Datastore``, called once per ``+rest`` spec);
+    anything else -> a path resolved by ``drafters.resolve_checkpoint``: a drafter folder, a training
+    checkpoint (``.../checkpoints/best``), a run ``output_dir``, or a plain transformers causal-LM
+    folder (e.g. an ``hf-assistant`` export, any small LM sharing the target's tokenizer), loaded
+    frozen with the target's dtype and device as an independent draft model.
+
+    Raises:
+        ValueError: a malformed ``draft:N``, a path holding no drafter (the message says what it
+            holds), a draft model whose vocabulary does not match the target's (checked here,
+            before any token is generated), or ``+rest`` without a ``datastore``.
+    """
+    if spec == "none":
+        return None
+    for suffix in ("+ngram", "+rest"):
+        if not spec.endswith(suffix):
+            continue
+        inner = spec[: -len(suffix)]
+        if inner.endswith(("+ngram", "+rest")):
+            raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
+                             "lookup): PATH+ngram or PATH+rest")
+        if inner in ("", "none", "ngram", "rest"):
+            raise ValueError(f"--drafter {spec}: '{suffix}' puts prompt lookup{' and retrieval' if suffix == '+rest' else ''} "
+                             f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
+                             "alone use --drafter ngram)")
+        if suffix == "+rest" and datastore is None:
+            raise ValueError(f"--drafter {spec}: '+rest' needs a datastore (drafterkit eval --datastore SOURCE)")
+        base = build_drafter(inner, target, datastore)
+        hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
+        return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None)
+    for prefix in ("ngram+", "rest+"):
+        if spec.startswith(prefix):
+            raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
+                             f"{spec[len(prefix):]}+{prefix[:-1]}")
+    tail = spec.rsplit("+", 1)[-1] if "+" in spec else None
+    if tail is not None and "/" not in tail and not Path(spec).exists():
+        hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
+                if "@" in tail else "")
+        raise ValueError(f"--drafter {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
+    if spec == "ngram":
+        d = NGramDrafter()
+        return DrafterSpec("ngram", d, {"prompt_lookup_num_tokens": "{k}",
+                                        "max_matching_ngram_size": d.config.max_ngram})
+    if spec.startswith("draft:"):
+        n = spec.split(":", 1)[1]
+        layers = target.config.num_hidden_layers
+        if not n.isdigit() or not 1 <= int(n) <= layers:
+            raise ValueError(f"--drafter {spec}: N must be an int in [1, {layers}] (layers of the target kept)")
+        d = DraftLM.from_target(target, int(n))
+        return DrafterSpec(spec, d, _assistant_kwargs(d))
+    return _load_checkpoint(spec, target)
+
+
+def retrieval_info(specs: list[DrafterSpec]) -> dict | None:
+    """What a reader needs to reproduce the ``+rest`` rows of ``specs``: ``{"datastore": {"source",
+    "path", "tokens", "vocab_size", "min_ngram", "max_ngram"} (drafters.datastore.Datastore.describe),
+    "drafters": {label: {"datastore_share", "datastore_matches", "datastore_depth", "max_ngram",
+    "min_match"}}}`` (``LookupHybrid.settings``); ``None`` when no spec retrieves from a datastore.
+    ``drafterkit eval`` loads one datastore for all its ``+rest`` specs; should they hold several,
+    ``datastore`` is a list of them, in spec order."""
+    rest = [s for s in specs if getattr(s.drafter, "datastore", None) is not None]
+    if not rest:
+        return None
+    stores = list({id(s.drafter.datastore): s.drafter.datastore for s in rest}.values())
+    described = [d.describe() for d in stores]
+    return dict(datastore=described[0] if len(described) == 1 else described,
+                drafters={s.label: s.drafter.settings() for s in rest})
+
+
+def _assistant_kwargs(d) -> dict:
+    # Same job as the engine: a constant K draft tokens per round, no early stop on low confidence.
+    return {"assistant_model": d.lm, "num_assistant_tokens": "{k}", "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0}
+
+
+def _load_checkpoint(spec: str, target) -> DrafterSpec:
+    if spec == "rest":
+        raise ValueError("--drafter rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
+                         "alone: --drafter ngram)")
+    try:
+        path, kind = resolve_checkpoint(spec, allow_transformers=True)
+    except DrafterLoadError as exc:
+        raise ValueError(f"--drafter {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder. "
+                         f"{exc}") from None
+    try:
+        d = load_drafter(path, target=target)  # a transformers folder: vocabulary checked against target
+    except ValueError as exc:
+        raise ValueError(f"--drafter {spec}: {exc}") from None
+    p = next(target.parameters())
+    d.to(device=p.device, dtype=p.dtype)
+    name = path.parent.name if path.name == "drafter" else path.name
+    if path.name == "drafter" and path.parent.parent.name == "checkpoints":  # <run>/checkpoints/best/drafter
+        name = f"{path.parent.parent.parent.name}/{name}"
+    label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
+    return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None,
+                       short_name=name, folder=str(path.resolve()))
+
+
+def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[: i + 1]
+    return ids
+
+
+def stats_record(res) -> dict:
+    """A ``GenerateResult``'s stats as a dict, plus ``reached_per_position`` (raw counts, so
+    ``report.pooled_positions`` pools per-position acceptance exactly across calls)."""
+    return dict(dataclasses.asdict(res.stats), reached_per_position=list(res.counts.reached) if res.counts else None)
+
+
+def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int]) -> Method:
+    """A ``decode.generate`` method: plain (``spec is None``) or speculative with ``spec``'s drafter."""
+    drafter = spec.drafter if spec else None
+    k_call = max(k, 1)  # ignored by plain decoding, must still be a valid K
+
+    def call(rows, seed, max_new):
+        t0 = time.perf_counter()
+        res = decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, num_draft_tokens=k_call,
+                              tree=spec.tree if spec else None, eos_token_id=eos, seed=seed, **sampling)
+        wall = time.perf_counter() - t0
+        return res.sequences, wall, stats_record(res)
+
+    if spec is None:
+        return Method("engine", "plain", "none", 0, call)
+    if spec.tree is not None:  # K is the tree's depth: the most draft tokens one pass can accept
+        k = DraftTree.parse(spec.tree).max_depth
+    return Method(spec.label, "spec", spec.label, k, call)
+
+
+class _DropInternalGenerateDeprecation:
+    """``logging.Filter`` for the deprecation transformers' own assisted generation triggers (its
+    assistant's ``generate`` gets ``generation_config`` plus ``max_new_tokens``): not our call."""
+
+    def filter(self, record) -> bool:
+        return "Passing `generation_config` together with generation-related" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_internal_deprecation():
+    log, flt = logging.getLogger("transformers.generation.utils"), _DropInternalGenerateDeprecation()
+    log.addFilter(flt)
+    try:
+        yield
+    finally:
+        log.removeFilter(flt)
+
+
+def hf_generation_config(target, sampling: dict, eos: list[int], pad: int, max_new: int, extra: dict):
+    """A copy of the target's ``GenerationConfig`` with every field of the call set (sampling params,
+    ``max_new_tokens``, EOS, pad, the speculative fields of ``extra``), passed to ``generate`` ALONE:
+    transformers deprecates mixing a config object with generation kwargs."""
+    from transformers import GenerationConfig
+
+    base = getattr(target, "generation_config", None)
+    gc = copy.deepcopy(base) if base is not None else GenerationConfig()
+    if sampling["temperature"] > 0:
+        fields = dict(do_sample=True, temperature=sampling["temperature"], top_k=sampling["top_k"],
+                      top_p=sampling["top_p"])
+    else:  # unset sampling fields so greedy does not warn about ignored temperature / top-p
+        fields = dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    gc.update(**fields, max_new_tokens=max_new, min_new_tokens=0, eos_token_id=list(eos), pad_token_id=pad,
+              **{k: v for k, v in extra.items() if k != "assistant_model"})
+    return gc
+
+
+def hf_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int], pad: int) -> Method:
+    """``target.generate`` (``spec is None``) or transformers' speculative path for ``spec`` (batch 1)."""
+    extra = {key: (k if v == "{k}" else v) for key, v in (spec.hf_kwargs or {}).items()} if spec else {}
+    model_kw = {"assistant_model": extra["assistant_model"]} if "assistant_model" in extra else {}
+
+    def call(rows, seed, max_new):
+        if len(rows) != 1:
+            raise ValueError("the transformers baselines run one prompt at a time (batch 1)")
+        dev = next(target.parameters()).device
+        ids = torch.tensor(rows, dtype=torch.long, device=dev)
+        gc = hf_generation_config(target, sampling, eos, pad, max_new, extra)
+        if seed is not None:
+            torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        with torch.no_grad(), _quiet_internal_deprecation():
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc, **model_kw)
+        wall = time.perf_counter() - t0
+        return [_cut_at_eos(out[0, ids.shape[1]:].tolist(), eos)], wall, None
+
+    if spec is None:
+        return Method("hf", "hf", "none", 0, call)
+    return Method(f"{spec.label} [hf-assisted]", "hf-assisted", spec.label, k, call)
+
+
+def build_methods(target, specs: list[DrafterSpec], k: int, sampling: dict, eos: list[int], pad: int,
+                  baselines: list[str]) -> list[Method]:
+    """Spec methods for every drafter, then the requested baselines (``engine``, ``hf``, ``hf-assisted``)."""
+    methods = [engine_method(target, s, k, sampling, eos) for s in specs]
+    if "engine" in baselines:
+        methods.append(engine_method(target, None, k, sampling, eos))
+    if "hf" in baselines:
+        methods.append(hf_method(target, None, k, sampling, eos, pad))
+    if "hf-assisted" in baselines:
+        methods += [hf_method(target, s, k, sampling, eos, pad) for s in specs if s.hf_kwargs is not None]
+    return methods
+
+
+def build_drafters(names: list[str], target, thresholds: list[float], trees: list[str] | None = None,
+                   datastore=None) -> list:
+    """:func:`build_drafter` for each spec; a drafter that supports a confidence-based draft length
+    (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
+    the threshold is not 0, and one that can propose trees once per entry of ``trees`` (``"chain"`` or a
+    ``decode.tree.DraftTree`` spec), labelled ``<label> tree=<spec>`` (one fresh load each, so the rows
+    are independent). A chain-only drafter is measured once as a chain. The same drafter given twice is
+    numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``."""
+    built: list[tuple] = []  # (spec labelled by its drafter name only, "@thr tree=..." suffix)
+    trees = distinct_trees(trees or ["chain"])
+    for name in names:
+        for thr in thresholds:
+            first = build_drafter(name, target, datastore)
+            if first is None:
+                break
+            can_tree = callable(getattr(first.drafter, "propose_tree", None))
+            variants = trees if can_tree else ["chain"]
+            for j, tree in enumerate(variants):
+                s, suffix = (first if j == 0 else build_drafter(name, target, datastore)), ""
+                if getattr(s.drafter, "supports_draft_threshold", False):
+                    s.drafter.draft_threshold = float(thr)
+                    if thr > 0:
+                        s, suffix = dataclasses.replace(s, hf_kwargs=None), f"@{thr:g}"
+                if tree != "chain":
+                    s, suffix = dataclasses.replace(s, hf_kwargs=None, tree=tree), f"{suffix} tree={tree}"
+                built.append((s, suffix))
+            if not getattr(first.drafter, "supports_draft_threshold", False):
+                break
+    # checkpoints whose short names collide (two quickstart runs are both `train/best`) are named by the
+    # shortest path suffix that tells them apart
+    folders: dict[str, set] = {}
+    for s, _ in built:
+        if s.short_name:
+            folders.setdefault(s.short_name, set()).add(s.folder)
+    for short, group in folders.items():
+        if len(group) < 2:
+            continue
+        names = _distinct_suffixes(sorted(group))
+        built = [(dataclasses.replace(s, label=s.label.replace(f":{short}", f":{names[s.folder]}", 1))
+                  if s.short_name == short else s, suffix) for s, suffix in built]
+    # what still collides (the same folder or spec twice) gets its own row: the n-th copy is `<name>#n<suffix>`
+    specs, taken = [], set()
+    for s, suffix in built:
+        label, n = f"{s.label}{suffix}", 1
+        while label in taken:
+            n += 1
+            label = f"{s.label}#{n}{suffix}"
+        taken.add(label)
+        specs.append(dataclasses.replace(s, label=label))
+    return specs
+
+
+def distinct_trees(trees: list[str]) -> list[str]:
+    """``trees`` with repeats left out, compared as trees, not as text: ``"1"``, ``"[[0]]"`` and
+    ``"[[0],[0]]"`` are one tree (:meth:`decode.tree.DraftTree.parse` sorts paths and drops duplicate
+    ones), measured once under the first spelling given. ``"chain"`` and specs that do not parse are
+    compared as text (``EvalConfig.validate`` rejects the latter)."""
+    seen, out = set(), []
+    for t in trees:
+        try:
+            key = t if t == "chain" else DraftTree.parse(t).paths
+        except ValueError:
+            key = t
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def _distinct_suffixes(folders: list[str]) -> dict[str, str]:
+    """``{folder: its shortest trailing path that no other folder shares}`` (``checkpoints`` / ``drafter``
+    components left out: ``runs/qs7/train/checkpoints/best/drafter`` -> ``qs7/train/best``)."""
+    parts = {f: [c for c in Path(f).parts if c not in ("checkpoints", "drafter")] for f in folders}
+    for n in range(1, max(len(p) for p in parts.values()) + 1):
+        names = {f: "/".join(p[-n:]) for f, p in parts.items()}
+        if len(set(names.values())) == len(names):
+            return names
+    return {f: f for f in folders}

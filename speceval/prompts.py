@@ -1,0 +1,137 @@
+"""Benchmark prompts for ``drafterkit eval`` and training's own evaluation: MT-bench first turns, HumanEval
+tasks, held-out ShareGPT openers or a JSONL file, chat-templated as the target serves them (token ids
+ending where the assistant's answer starts).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from assets import conversations as P
+from assets import pinned
+
+BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
+HUMANEVAL_REQUEST = ("Complete the following Python function. Reply with the completed code only.\n\n"
+                     "```python\n{prompt}```")
+
+
+@dataclass
+class Prompt:
+    """One eval prompt: ``input_ids`` is the chat-templated prompt (``list[int]``, ends where the
+    assistant's answer starts)."""
+
+    id: str
+    category: str
+    messages: list[dict]
+    input_ids: list[int]
+
+
+
+def _balanced(items: list[dict], n: int) -> list[dict]:
+    """``n`` items taken round-robin over their ``category`` (file order), so a small ``n`` still
+    covers every workload (MT-bench: n = 8 gives one question per category)."""
+    by_cat: dict[str, list[dict]] = {}
+    for it in items:
+        by_cat.setdefault(it["category"], []).append(it)
+    out, i = [], 0
+    while len(out) < min(n, len(items)):
+        for rows in by_cat.values():
+            if i < len(rows) and len(out) < n:
+                out.append(rows[i])
+        i += 1
+    return out
+
+
+def chat_ids(tok, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template, ending at the generation
+    prompt; a tokenizer without a template gets the contents joined by blank lines."""
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return list(tok("\n\n".join(m["content"] for m in messages))["input_ids"])
+
+
+@dataclass
+class PromptSelection:
+    """What :func:`select_prompts` chose: ``prompts`` (at most the number asked) and ``skipped``, one
+    ``{"id", "tokens", "reason"}`` per prompt passed over because it is too long (never cut)."""
+
+    prompts: list[Prompt]
+    skipped: list[dict]
+
+
+def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: int = 2048,
+                 heldout_seed: int = 0) -> list[Prompt]:
+    """The prompts of :func:`select_prompts` (what ``drafterkit eval`` measures); same arguments and errors."""
+    return select_prompts(benchmark, tok, num_prompts, max_prompt_tokens=max_prompt_tokens,
+                          heldout_seed=heldout_seed).prompts
+
+
+def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: int = 2048,
+                   limit_name: str = "--max-prompt-tokens", heldout_seed: int = 0,
+                   heldout_source: str | Path | None = None, heldout_fraction: float | None = None
+                   ) -> PromptSelection:
+    """Eval prompts for ``benchmark`` (``mt-bench`` first turns balanced over its 8 categories,
+    ``humaneval`` (category ``code``), ``sharegpt`` held-out first turns, or a ``.jsonl`` file read
+    by ``assets.conversations.load_prompts_jsonl``), chat-templated with ``tok`` (:func:`chat_ids`).
+
+    The ONE function that turns a benchmark into token ids, for ``drafterkit eval`` and for training's
+    own evaluation (``train.evaluate.eval_prompt_ids``). A prompt longer than ``max_prompt_tokens`` is
+    skipped whole (never truncated), recorded in ``skipped`` with its reason, and the next one is taken.
+    Fewer usable prompts than ``num_prompts`` (a short JSONL file) is not an error: all of them are
+    used, with a ``UserWarning`` saying how many.
+
+    Args:
+        max_prompt_tokens: the longest prompt kept, in tokens; ``limit_name`` says where that limit
+            comes from, in the skip reason and the error.
+        heldout_seed, heldout_source, heldout_fraction: the held-out split ``sharegpt`` draws from
+            (``assets.conversations.heldout_prompts``): split seed, file (default the pinned ShareGPT asset)
+            and fraction (default ``assets.conversations.HELDOUT_FRACTION``); 4 x ``num_prompts`` candidates.
+
+    Raises:
+        ValueError: unknown benchmark, ``num_prompts < 1``, or no usable prompt at all.
+    """
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if benchmark == "mt-bench":
+        items = [dict(id=f"mt-bench/{q['question_id']}", category=q["category"],
+                      messages=[{"role": "user", "content": q["turns"][0]}]) for q in P.load_mt_bench()]
+    elif benchmark == "humaneval":
+        items = [dict(id=p["task_id"], category="code",
+                      messages=[{"role": "user", "content": HUMANEVAL_REQUEST.format(prompt=p["prompt"])}])
+                 for p in P.load_humaneval()]
+    elif benchmark == "sharegpt":
+        fraction = P.HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
+        source = heldout_source or pinned.fetch("sharegpt")
+        msgs = P.heldout_prompts(source, 4 * num_prompts, seed=heldout_seed, fraction=fraction, strict=False)
+        if not msgs:
+            raise ValueError(f"sharegpt: no held-out conversation in {source} at held-out fraction {fraction} "
+                             f"(split seed {heldout_seed}); raise the fraction")
+        items = [dict(id=f"sharegpt/{i}", category="sharegpt", messages=m) for i, m in enumerate(msgs)]
+    elif benchmark.endswith((".jsonl", ".jsonl.gz")) or Path(benchmark).is_file():
+        if not Path(benchmark).is_file():
+            raise ValueError(f"--benchmark {benchmark}: no such file")
+        items = [dict(id=f"{Path(benchmark).name}/{i}", category=Path(benchmark).stem, messages=m)
+                 for i, m in enumerate(P.load_prompts_jsonl(benchmark))]
+    else:
+        raise ValueError(f"unknown --benchmark {benchmark!r}; use one of {', '.join(BENCHMARKS)} or a .jsonl "
+                         "file of {\"prompt\": ...} / {\"messages\": [...]} lines")
+    out, skipped = [], []
+    reason = f"longer than {max_prompt_tokens} tokens ({limit_name})"
+    for it in _balanced(items, len(items)):
+        ids = chat_ids(tok, it["messages"])
+        if len(ids) <= max_prompt_tokens:
+            out.append(Prompt(it["id"], it["category"], it["messages"], ids))
+        else:
+            skipped.append(dict(id=it["id"], tokens=len(ids), reason=reason))
+        if len(out) == num_prompts:
+            return PromptSelection(out, skipped)
+    if not out:
+        raise ValueError(f"{benchmark}: no prompt of at most {max_prompt_tokens} tokens among {len(items)}; "
+                         f"raise {limit_name}")
+    warnings.warn(f"{benchmark}: using {len(out)} prompts, fewer than the {num_prompts} asked (--num-prompts): "
+                  f"{len(items)} in the benchmark" + (f", {len(skipped)} {reason}" if skipped else ""),
+                  stacklevel=3)
+    return PromptSelection(out, skipped)
