@@ -28,9 +28,10 @@ import datetime as _dt
 import functools
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -56,31 +57,59 @@ DEFAULT_DATASTORE = "sharegpt"
 
 @dataclass
 class EvalConfig:
-    """Everything ``drafterkit eval`` measures; the CLI flags map one to one (see ``add_arguments``)."""
+    """Everything ``drafterkit eval`` measures. Each field is one flag, ``--<field>`` with dashes unless
+    ``metadata["flag"]`` says otherwise, built by :func:`add_arguments` from the field's type, default and
+    ``metadata["help"]`` (lists are comma-separated values, ``metadata["action"] == "append"`` a repeatable
+    flag, a bool that defaults to True a ``--no-<field>`` switch)."""
 
-    target: str = "smollm2-135m"
-    drafters: list[str] = field(default_factory=lambda: ["ngram"])
-    benchmark: str = "mt-bench"
-    num_prompts: int = 8
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    k: int = 5
-    draft_thresholds: list[float] = field(default_factory=lambda: [0.0])
-    trees: list[str] = field(default_factory=lambda: ["chain"])
-    dtype: str = "fp32"
-    device: str = "auto"
-    seed: int = 0
-    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
-    sweep: bool = False
-    sweep_k: list[int] = field(default_factory=lambda: list(range(1, 9)))
-    sweep_temperature: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
-    concurrency: list[int] = field(default_factory=list)
-    max_prompt_tokens: int = 2048
+    target: str = field(default="smollm2-135m", metadata={"help": "smollm2-135m | local folder | Hub id"})
+    drafters: list[str] = field(default_factory=lambda: ["ngram"], metadata={
+        "flag": "--drafter", "action": "append", "metavar": "SPEC",
+        "help": "PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | SPEC+ngram (prompt lookup first, "
+                "SPEC's drafter where the row's last 2+ tokens never occurred before) | SPEC+rest (as +ngram, plus "
+                "retrieval from --datastore merged into SPEC's tree, or its majority continuation on chains) | none; "
+                "repeatable"})
+    benchmark: str = field(default="mt-bench", metadata={"help": "mt-bench | humaneval | sharegpt | FILE.jsonl"})
+    num_prompts: int = field(default=8, metadata={"help": "prompts measured"})
+    max_new_tokens: int = field(default=128, metadata={"help": "new tokens per answer at most"})
+    temperature: float = field(default=0.0, metadata={"help": "sampling temperature; 0: greedy"})
+    top_k: int = field(default=0, metadata={"help": "sample from the k likeliest tokens; 0: all"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
+    k: int = field(default=5, metadata={"help": "draft tokens per verification (K) of chain rows"})
+    draft_thresholds: list[float] = field(default_factory=lambda: [0.0], metadata={
+        "flag": "--draft-threshold",
+        "help": "confidence-based drafting: a chain stops, and tree nodes are pruned, once the drafter's path "
+                "probability falls below this (EAGLE-2 criterion); comma-separated values are measured side by side "
+                "(default 0: always K / the full tree). In +rest trees only the drafter's nodes that also clear the "
+                "corpus's bar (0.2) get children; the others are verified as leaves"})
+    trees: list[str] = field(default_factory=lambda: ["chain"], metadata={
+        "flag": "--tree", "action": "append", "metavar": "TREE",
+        "help": "draft shape: chain (K tokens, the default) or a static tree verified in one pass: branching factors "
+                "per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank paths such as '[[0],[1],[0,0]]' "
+                "(paths are sorted and a path given twice counts once, so [[0],[0]] is the tree [[0]]); repeatable, "
+                "each measured side by side (the same tree given twice, however spelled, e.g. 1 and [[0]], is "
+                "measured once, under its first spelling). Tree rows ignore --k (their K column is the tree's depth) "
+                "and the --sweep over K covers chain rows only"})
+    dtype: str = field(default="fp32", metadata={"help": "fp32 | bf16 | fp16"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
+    seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
+        "help": f"comma-separated subset of {','.join(BASELINES)} (default: all)"})
+    sweep: bool = field(default=False, metadata={"help": "sweep K x temperature per category; Markdown + PNGs"})
+    sweep_k: list[int] = field(default_factory=lambda: list(range(1, 9)),
+                               metadata={"help": "comma-separated K values of the --sweep"})
+    sweep_temperature: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0],
+                                           metadata={"help": "comma-separated temperatures of the --sweep"})
+    concurrency: list[int] = field(default_factory=list, metadata={
+        "help": "e.g. 1,2,4,8: prompts decoded together, speculation on vs off"})
+    max_prompt_tokens: int = field(default=2048, metadata={"help": "skip longer prompts"})
     #: the ``+rest`` drafters' corpus (``--datastore``); ``None``: not given, they use ``DEFAULT_DATASTORE``
-    datastore: str | None = None
-    progress: bool = True
+    datastore: str | None = field(default=None, metadata={
+        "help": "corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat JSON(L) "
+                "file (assistant turns outside the held-out split), or a saved .npz; built once and cached under "
+                f"$DRAFTERKIT_HOME/datastores (default: {DEFAULT_DATASTORE}; given without a +rest drafter, it is "
+                "refused as unused)"})
+    progress: bool = field(default=True, metadata={"help": "no tqdm bars"})
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad flag and the fix (also for a ``datastore`` given while
@@ -114,6 +143,19 @@ class EvalConfig:
                     DraftTree.parse(t)
                 except ValueError as e:
                     raise ValueError(f"--tree {t!r}: {e} (or 'chain' for a chain of --k tokens)") from None
+
+
+@dataclass
+class RunOptions:
+    """What the ``drafterkit eval`` command adds to an :class:`EvalConfig`: how it runs and where it writes
+    (flags built like :class:`EvalConfig`'s; not part of the record's ``config``)."""
+
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
+    output: str = field(default="drafterkit-eval.json", metadata={
+        "help": "JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder"})
+    plots_dir: str | None = field(default=None, metadata={
+        "help": "PNG folder for the --sweep / --concurrency plots (default: <output stem>-plots); a plain eval "
+                "writes none"})
 
 
 def _eos_and_pad(target, tok) -> tuple[list[int], int]:
@@ -245,72 +287,66 @@ def _csv(kind: type, name: str) -> Callable[[str], list]:
     return parse
 
 
+#: the order ``drafterkit eval --help`` lists the flags in (fields of :class:`EvalConfig` and :class:`RunOptions`;
+#: a field left out of it comes last)
+HELP_ORDER = ("target", "drafters", "datastore", "benchmark", "num_prompts", "max_new_tokens", "max_prompt_tokens",
+              "temperature", "top_k", "top_p", "k", "draft_thresholds", "trees", "dtype", "device", "threads", "seed",
+              "output", "plots_dir", "baselines", "sweep", "sweep_k", "sweep_temperature", "concurrency", "progress")
+
+
+def _flag(f: dataclasses.Field, hint: Any) -> tuple[str, dict]:
+    """``(flag, argparse keyword arguments)`` of the field ``f`` whose resolved type is ``hint`` (see
+    :class:`EvalConfig`). A repeatable flag gets argparse default ``None`` (argparse would append to a
+    default list) and the field's default in its help; ``dest`` is the field's name (``no_<name>`` for
+    a ``--no-<name>`` switch)."""
+    meta = dict(f.metadata)
+    flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    kwargs = dict(dest=f.name, **meta)
+    if hint is bool:
+        if default:
+            return "--no-" + flag[2:], dict(kwargs, dest=f"no_{f.name}", action="store_true")
+        return flag, dict(kwargs, action="store_true")
+    if kwargs.get("action") == "append":
+        if "default" not in kwargs["help"]:
+            kwargs["help"] += f" (default: {','.join(map(str, default))})"
+        return flag, dict(kwargs, default=None)
+    if typing.get_origin(hint) is list:
+        return flag, dict(kwargs, type=_csv(typing.get_args(hint)[0], flag), default=default)
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)]  # `X | None` parses as X
+    return flag, dict(kwargs, type=kinds[0] if kinds else hint, default=default)
+
+
+def _flag_fields() -> list[tuple[dataclasses.Field, Any]]:
+    """``(field, resolved type)`` of every ``drafterkit eval`` flag, in :data:`HELP_ORDER`."""
+    out = [(f, typing.get_type_hints(cls)[f.name]) for cls in (EvalConfig, RunOptions) for f in dataclasses.fields(cls)]
+    rank = {name: i for i, name in enumerate(HELP_ORDER)}
+    return sorted(out, key=lambda pair: rank.get(pair[0].name, len(rank)))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``drafterkit eval`` (see the module docstring)."""
-    p.add_argument("--target", default="smollm2-135m", help="smollm2-135m | local folder | Hub id")
-    p.add_argument("--drafter", action="append", dest="drafters", metavar="SPEC",
-                   help="PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | SPEC+ngram (prompt "
-                        "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | "
-                        "SPEC+rest (as +ngram, plus retrieval from --datastore merged into SPEC's tree, or its "
-                        "majority continuation on chains) | none; "
-                        "repeatable (default: ngram)")
-    p.add_argument("--datastore", default=None,
-                   help="corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat "
-                        "JSON(L) file (assistant turns outside the held-out split), or a saved .npz; built once "
-                        f"and cached under $DRAFTERKIT_HOME/datastores (default: {DEFAULT_DATASTORE}; given "
-                        "without a +rest drafter, it is refused as unused)")
-    p.add_argument("--benchmark", default="mt-bench", help="mt-bench | humaneval | sharegpt | FILE.jsonl")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts measured")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer at most")
-    p.add_argument("--max-prompt-tokens", type=int, default=2048, help="skip longer prompts")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0: greedy")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens; 0: all")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    p.add_argument("--k", type=int, default=5, help="draft tokens per verification (K) of chain rows")
-    p.add_argument("--draft-threshold", type=_csv(float, "--draft-threshold"), default=[0.0], dest="draft_thresholds",
-                   help="confidence-based drafting: a chain stops, and tree nodes are pruned, once the "
-                        "drafter's path probability falls below this (EAGLE-2 criterion); comma-separated "
-                        "values are measured side by side (default 0: always K / the full tree). In +rest "
-                        "trees only the drafter's nodes that also clear the corpus's bar (0.2) get "
-                        "children; the others are verified as leaves")
-    p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
-                   help="draft shape: chain (K tokens, the default) or a static tree verified in one pass: "
-                        "branching factors per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank "
-                        "paths such as '[[0],[1],[0,0]]' (paths are sorted and a path given twice counts "
-                        "once, so [[0],[0]] is the tree [[0]]); repeatable, each measured side by side (the same "
-                        "tree given twice, however spelled, e.g. 1 and [[0]], is measured once, under its first "
-                        "spelling). Tree rows ignore --k (their K column is the tree's depth) and the "
-                        "--sweep over K covers chain rows only")
-    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed; prompt i uses seed + i")
-    p.add_argument("--output", default="drafterkit-eval.json",
-                   help="JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder")
-    p.add_argument("--plots-dir", default=None, help="PNG folder for the --sweep / --concurrency plots (default: <output stem>-plots); "
-                        "a plain eval writes none")
-    p.add_argument("--baselines", type=_csv(str, "--baselines"), default=list(BASELINES),
-                   help="comma-separated subset of engine,hf,hf-assisted (default: all)")
-    p.add_argument("--sweep", action="store_true", help="sweep K x temperature per category; Markdown + PNGs")
-    p.add_argument("--sweep-k", type=_csv(int, "--sweep-k"), default=list(range(1, 9)),
-                   help="comma-separated K values of the --sweep")
-    p.add_argument("--sweep-temperature", type=_csv(float, "--sweep-temperature"), default=[0.0, 0.5, 1.0],
-                   help="comma-separated temperatures of the --sweep")
-    p.add_argument("--concurrency", type=_csv(int, "--concurrency"), default=[],
-                   help="e.g. 1,2,4,8: prompts decoded together, speculation on vs off")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    """Flags of ``drafterkit eval``: one per field of :class:`EvalConfig` and :class:`RunOptions`."""
+    for f, hint in _flag_fields():
+        flag, kwargs = _flag(f, hint)
+        p.add_argument(flag, **kwargs)
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    return EvalConfig(
-        target=args.target, drafters=args.drafters or ["ngram"], benchmark=args.benchmark,
-        num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, k=args.k, draft_thresholds=args.draft_thresholds,
-        trees=distinct_trees(args.trees or ["chain"]), dtype=args.dtype,
-        device=args.device, seed=args.seed,
-        baselines=args.baselines, sweep=args.sweep, sweep_k=args.sweep_k, sweep_temperature=args.sweep_temperature,
-        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens, datastore=args.datastore,
-        progress=not args.no_progress)
+    """The :class:`EvalConfig` of parsed ``drafterkit eval`` flags (:func:`add_arguments`): a repeatable flag
+    never given takes the field's default, ``--no-<name>`` sets ``<name>`` to False, and a tree given
+    twice is measured once (:func:`speceval.methods.distinct_trees`)."""
+    hints = typing.get_type_hints(EvalConfig)
+    values = {}
+    for f in dataclasses.fields(EvalConfig):
+        _, kwargs = _flag(f, hints[f.name])
+        value = getattr(args, kwargs["dest"])
+        if kwargs["dest"] != f.name:  # --no-<name>
+            value = not value
+        if value is not None or kwargs.get("action") != "append":
+            values[f.name] = value
+    cfg = EvalConfig(**values)
+    cfg.trees = distinct_trees(cfg.trees)
+    return cfg
 
 
 def print_record(record: dict, console=None) -> None:

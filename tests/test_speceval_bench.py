@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -341,6 +342,27 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
         assert "(default: ngram) (default" not in text
 
+
+def test_eval_flags_are_built_from_the_config_fields():
+    """One flag per ``EvalConfig`` / ``RunOptions`` field, each with help; no flags give ``EvalConfig()``;
+    every flag round-trips its value into the config (CSV lists, repeatable flags, ``--no-progress``)."""
+    parser = build_parser()
+    eval_parser = parser.verb_parsers["eval"]
+    dests = {a.dest for a in eval_parser._actions} - {"help"}
+    fields = {f.name for cls in (bench.EvalConfig, bench.RunOptions) for f in dataclasses.fields(cls)}
+    assert dests == (fields - {"progress"}) | {"no_progress"}
+    assert all(a.help for a in eval_parser._actions)
+    assert bench.config_from_args(parse(parser, ["eval"])) == bench.EvalConfig()
+    argv = ["--drafter", "a", "--drafter", "b+rest", "--datastore", "d.npz", "--tree", "2,1", "--tree", "1",
+            "--draft-threshold", "0,0.1", "--sweep", "--sweep-k", "1,3", "--sweep-temperature", "0,1",
+            "--concurrency", "2", "--no-progress", "--baselines", "engine", "--k", "3", "--top-p", "0.9"]
+    cfg = bench.config_from_args(parse(parser, ["eval", *argv]))
+    assert (cfg.drafters, cfg.datastore, cfg.trees, cfg.draft_thresholds) == (["a", "b+rest"], "d.npz", ["2,1", "1"],
+                                                                           [0.0, 0.1])
+    assert (cfg.sweep, cfg.sweep_k, cfg.sweep_temperature, cfg.concurrency) == (True, [1, 3], [0.0, 1.0], [2])
+    assert (cfg.progress, cfg.baselines, cfg.k, cfg.top_p) == (False, ["engine"], 3, 0.9)
+    with pytest.raises(SystemExit):
+        parse(parser, ["eval", "--sweep-k", "1,x"])
 
 def test_bf16_records_how_many_outputs_differ_from_plain_without_calling_it_a_mismatch():
     def run(role, method, prompt, ids):

@@ -50,6 +50,9 @@ BENCHMARKS = ("mt-bench", "humaneval")
 #: the threshold prunes them). It beat the chain of 5 in every side-by-side run (BENCHMARKS.md); add
 #: ``--tree chain`` to measure the chain too.
 DEFAULT_TREES = ("3,2,1,1,1",)
+#: ``drafterkit eval``'s defaults, which the quickstart's eval flags share unless it sets its own (draft threshold,
+#: tree, dtype)
+EVAL_DEFAULTS = EvalConfig()
 
 
 def default_kind() -> str:
@@ -66,11 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default=None, help="recipe YAML (default: recipes/<kind>.yaml)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="extra recipe override, repeatable (e.g. --set data.num_examples=200)")
-    p.add_argument("--num-prompts", type=int, default=8, help="eval prompts per benchmark")
-    p.add_argument("--max-new-tokens", type=int, default=128,
-                   help="new tokens per answer (default 128; speedups grow with the answer length on this target, "
-                        "see BENCHMARKS.md)")
-    p.add_argument("--baselines", default="engine,hf,hf-assisted", help="comma-separated, as in drafterkit eval")
+    p.add_argument("--num-prompts", type=int, default=EVAL_DEFAULTS.num_prompts, help="eval prompts per benchmark")
+    p.add_argument("--max-new-tokens", type=int, default=EVAL_DEFAULTS.max_new_tokens,
+                   help=f"new tokens per answer (default {EVAL_DEFAULTS.max_new_tokens}; speedups grow with the answer "
+                        "length on this target, see BENCHMARKS.md)")
+    p.add_argument("--baselines", default=",".join(EVAL_DEFAULTS.baselines),
+                   help="comma-separated, as in drafterkit eval")
     p.add_argument("--draft-threshold", default="0.1", dest="draft_thresholds",
                    help="comma-separated confidence thresholds measured side by side (0: a chain of K / the full "
                         "tree; >0: draft tokens whose path probability under the drafter falls below it are not "
@@ -87,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bf16 | fp32, the evaluation's target and drafter (default bf16: on a CPU with bf16 units a "
                         "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
                         "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32 only)")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default=EVAL_DEFAULTS.device)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for training and evaluation (default: torch's; 1 on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (training, evaluation, model loading)")
@@ -126,7 +130,8 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
-        target, tok = load_target("smollm2-135m", dtype=recipe.target.dtype, device=next(target.parameters()).device)
+        target, tok = load_target(EVAL_DEFAULTS.target, dtype=recipe.target.dtype,
+                                  device=next(target.parameters()).device)
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
     saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
@@ -148,7 +153,7 @@ def eval_config(ckpt: Path, args, bench: str, k: int):
     except ValueError:
         raise ValueError(f"--draft-threshold takes comma-separated numbers, got {args.draft_thresholds!r}") from None
     drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+rest"]
-    cfg = EvalConfig(target="smollm2-135m", drafters=drafters, benchmark=bench,
+    cfg = EvalConfig(drafters=drafters, benchmark=bench,
                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
                      draft_thresholds=thresholds, trees=args.trees or list(DEFAULT_TREES),
                      device=args.device, progress=not args.no_progress,
@@ -218,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
         t0 = time.perf_counter()
         fetch_all()
-        target, tok = load_target("smollm2-135m", dtype=args.dtype, device=args.device)
+        target, tok = load_target(EVAL_DEFAULTS.target, dtype=args.dtype, device=args.device)
         timings["fetch"] = time.perf_counter() - t0
         datastore = None
         if not args.no_hybrid:
