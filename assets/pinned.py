@@ -268,7 +268,12 @@ def _target_marker_ok(folder: Path) -> bool:
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize ``gguf`` through transformers' GGUF loader into a plain fp32 safetensors folder."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        LlamaForCausalLM,
+    )
 
     kw = dict(gguf_file=gguf.name)
     tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 from assets.device import resolve_device, resolve_dtype
+from assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 
 
 class TargetLoadError(OSError):

@@ -22,7 +22,6 @@ tree's ``drafted`` is the nodes verified, ``accept_per_position[i]`` the accepta
 
 from __future__ import annotations
 
-import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,10 +32,18 @@ from typing import Any
 import torch
 
 from decode.cache import RaggedCache
-from decode.draft_model import DraftModel, lm_head_rows
 from decode.fused import fused_projections
+from decode.inputs import (
+    as_proposer,
+    as_rows,
+    check_count,
+    check_prompt_length,
+    proposer_modules,
+    resolve_eos,
+    shared_vocab_size,
+)
 from decode.metrics import DecodeCounts, DecodeStats, compute_stats
-from decode.protocol import DecodeState, Proposer, SamplingParams
+from decode.protocol import DecodeState, SamplingParams
 from decode.sampling import (
     check_sampling_params,
     greedy_logits,
@@ -88,108 +95,6 @@ def watch_rounds(callback: Callable[[RoundInfo], None]) -> Iterator[None]:
         yield
     finally:
         _ROUND_HOOKS.remove(callback)
-
-
-def _as_rows(input_ids: Any) -> list[list[int]]:
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ValueError(f"input_ids must be an integer tensor [B, T]; got {input_ids.dtype} "
-                             f"{tuple(input_ids.shape)}")
-        rows = input_ids.tolist()
-    elif isinstance(input_ids, (list, tuple)) and all(isinstance(r, (list, tuple)) for r in input_ids):
-        rows = [[int(t) for t in r] for r in input_ids]
-    else:
-        raise ValueError("input_ids must be a LongTensor [B, T] or a list of token-id lists (ragged batch)")
-    if not rows or any(len(r) == 0 for r in rows):
-        raise ValueError("input_ids needs at least one row and every row at least one token "
-                         "(add a BOS token for an empty prompt)")
-    return rows
-
-
-def _is_int(x: Any) -> bool:
-    """A Python / numpy / 0-d tensor integer, but not a bool (``True`` is not a token id or a count)."""
-    if isinstance(x, torch.Tensor):
-        return x.dim() == 0 and not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _check_count(name: str, value: Any) -> int:
-    if not _is_int(value) or int(value) < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
-    return int(value)
-
-
-def _resolve_eos(target: torch.nn.Module, eos_token_id: Any, vocab: int) -> frozenset[int]:
-    """EOS ids: ``None`` -> the target's generation config (then model config), as in transformers.
-
-    Raises:
-        ValueError: a given ``eos_token_id`` that is not an int or a list of ints in ``[0, vocab)``
-            (``[]`` is allowed: no EOS).
-    """
-    if eos_token_id is None:
-        gen = getattr(target, "generation_config", None)
-        default = getattr(gen, "eos_token_id", None)
-        if default is None:
-            default = getattr(target.config, "eos_token_id", None)
-        if default is None:
-            return frozenset()
-        default = default.tolist() if isinstance(default, torch.Tensor) else default
-        return frozenset(int(e) for e in (default if isinstance(default, (list, tuple)) else [default]))
-    given = eos_token_id
-    if isinstance(given, torch.Tensor) and given.dim() == 1:
-        given = list(given)
-    ids = list(given) if isinstance(given, (list, tuple)) else [given]
-    bad = [e for e in ids if not _is_int(e) or not 0 <= int(e) < vocab]
-    if bad:
-        raise ValueError(f"eos_token_id must be an int or a list of ints in [0, {vocab}) (the target's "
-                         f"vocabulary); got {eos_token_id!r}" + (f", bad: {bad[:5]!r}" if bad else "") +
-                         ". Pass None for the target's generation_config EOS")
-    return frozenset(int(e) for e in ids)
-
-
-def _check_prompt_length(target: torch.nn.Module, rows: list[list[int]], max_new_tokens: int) -> None:
-    """Warn when prompt + ``max_new_tokens`` exceeds the target's ``max_position_embeddings``: the
-    decoder still runs (as transformers' ``generate`` does), but positions past the trained context
-    give degraded output."""
-    limit = getattr(target.config, "max_position_embeddings", None)
-    longest = max(len(r) for r in rows)
-    if isinstance(limit, int) and longest + max_new_tokens > limit:
-        warnings.warn(f"the longest prompt has {longest} tokens; with max_new_tokens={max_new_tokens} decoding "
-                      f"reaches position {longest + max_new_tokens}, past the target's max_position_embeddings "
-                      f"({limit}): output beyond it is unreliable. Keep prompts within {limit} - "
-                      "max_new_tokens tokens", stacklevel=3)
-
-
-def _as_proposer(drafter: Any) -> Proposer | None:
-    if drafter is None:
-        return None
-    if isinstance(drafter, Proposer):
-        return drafter
-    if hasattr(drafter, "get_output_embeddings") and hasattr(drafter, "config"):
-        return DraftModel(drafter)
-    raise TypeError(f"drafter must be None, a drafters.Drafter, a transformers causal LM or an object with "
-                    f"feature_layers / check_compatible / reset / propose; got {type(drafter).__name__}")
-
-
-def _modules_of(proposer: Proposer | None) -> list[torch.nn.Module]:
-    """The proposer's own modules for :func:`decode.fused.fused_projections`: itself when it is a module
-    (a drafter), else the module it wraps as ``.drafter`` (``drafters.hybrid.LookupHybrid``) or as
-    ``.lm`` (:class:`decode.draft_model.DraftModel`)."""
-    for m in (proposer, getattr(proposer, "drafter", None), getattr(proposer, "lm", None)):
-        if isinstance(m, torch.nn.Module):
-            return [m]
-    return []
-
-
-def _vocab_size(target: torch.nn.Module, proposer: Proposer | None) -> int:
-    vocab = min(lm_head_rows(target), getattr(target.config, "vocab_size", None) or lm_head_rows(target))
-    limit = getattr(proposer, "vocab_limit", None)  # optional proposer member (decode.protocol)
-    if callable(limit):
-        own = limit(target)
-        vocab = vocab if own is None else min(vocab, int(own))
-    return vocab
 
 
 def _sync(device: torch.device) -> None:
@@ -507,21 +412,21 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
             for a tree), a malformed ``tree``, or a ``tree`` with a drafter that cannot propose one.
         TypeError: ``drafter`` is none of the accepted kinds.
     """
-    max_new_tokens = _check_count("max_new_tokens", max_new_tokens)
-    num_draft_tokens = _check_count("num_draft_tokens", num_draft_tokens)
+    max_new_tokens = check_count("max_new_tokens", max_new_tokens)
+    num_draft_tokens = check_count("num_draft_tokens", num_draft_tokens)
     sampling = SamplingParams(float(temperature), int(top_k), float(top_p))
     check_sampling_params(sampling)
-    rows = _as_rows(input_ids)
-    proposer = _as_proposer(drafter)
-    vocab = _vocab_size(target, proposer)
+    rows = as_rows(input_ids)
+    proposer = as_proposer(drafter)
+    vocab = shared_vocab_size(target, proposer)
     if proposer is not None:
         proposer.check_compatible(target, vocab)
     bad = [t for r in rows for t in r if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"input_ids hold token ids {sorted(set(bad))[:5]} outside the vocabulary [0, {vocab}); "
                          "tokenize with the target's tokenizer")
-    eos = _resolve_eos(target, eos_token_id, vocab)
-    _check_prompt_length(target, rows, max_new_tokens)
+    eos = resolve_eos(target, eos_token_id, vocab)
+    check_prompt_length(target, rows, max_new_tokens)
     device = next(target.parameters()).device
     gen = None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
     draft_tree = None
@@ -540,7 +445,7 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     # alike ~5% faster (BENCHMARKS.md, session 8). Tensors made here cannot be saved for backward.
     # fused_projections: the target's and the drafter's linear layers from the engine's merged (q/k/v,
     # gate/up) and, in bf16 on a CPU, prepacked weight copies (decode/fused.py)
-    with torch.inference_mode(), fused_projections(target, *_modules_of(proposer)):
+    with torch.inference_mode(), fused_projections(target, *proposer_modules(proposer)):
         dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
         if proposer is not None:
             proposer.reset(len(rows))

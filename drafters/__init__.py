@@ -12,7 +12,12 @@ import importlib
 import json
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM
+
+from assets.target import safetensors_problem, weights_problem
 from drafters.base import Drafter, DrafterLoadError, read_config
+from drafters.draft_lm import DraftLM, check_vocab_match
 
 # kind -> "module:Class". Imported lazily so one kind's missing optional piece never breaks another.
 _KIND_PATHS = {
@@ -147,12 +152,6 @@ def load_transformers_drafter(path: str | Path, target=None):
             transformers cannot load as a causal LM.
         ValueError: the vocabularies or special token ids differ (see ``check_vocab_match``).
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from assets.target import weights_problem
-    from drafters.draft_lm import DraftLM, check_vocab_match
-
     if problem := weights_problem(path):
         raise DrafterLoadError(f"{path} {problem}; re-save the model there (save_pretrained) or copy it again")
     p = next(target.parameters()) if target is not None else None
@@ -179,8 +178,6 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
             ``drafterkit export`` folder (the message says which checkpoint to load instead), a torn
             or partial weights file, or a tensor mismatch.
     """
-    from assets.target import safetensors_problem
-
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
     if kind == TRANSFORMERS_KIND:
         return load_transformers_drafter(folder, target)

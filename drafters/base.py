@@ -27,7 +27,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 
-
 class DrafterLoadError(RuntimeError):
     """A checkpoint folder does not match the drafter it is loaded into."""
 

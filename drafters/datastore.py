@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from assets.conversations import HELDOUT_FRACTION, is_heldout, iter_conversations
+from assets.pinned import home, resolve_source, tokenizer_fingerprint
+
 SEPARATOR = -1  # between documents: no n-gram or continuation crosses it
 FORMAT_VERSION = 1
 BUILD_VERSION = 1  # bump when build_datastore changes what goes in
@@ -223,8 +226,6 @@ def _warn_if_small(store: Datastore, source, max_tokens: int | None, stacklevel:
 def assistant_turns(path: str | Path, heldout_fraction: float, seed: int = 0) -> Iterable[str]:
     """The assistant turns of every conversation in ``path`` (ShareGPT / chat JSON or JSONL) outside
     the held-out split (``assets.conversations.is_heldout``, as training and ``--benchmark sharegpt`` use)."""
-    from assets.conversations import is_heldout, iter_conversations
-
     for conv in iter_conversations(path):
         if heldout_fraction > 0 and is_heldout(conv.split_key, heldout_fraction, seed):
             continue
@@ -244,8 +245,6 @@ def build_datastore(path: str | Path, tokenizer, *, heldout_fraction: float | No
     Raises:
         ValueError: no assistant turn outside the held-out split.
     """
-    from assets.conversations import HELDOUT_FRACTION
-
     frac = HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
     docs: list[np.ndarray] = []  # int32 per document: ~4 bytes per token instead of a Python list's ~36
     pending: list[str] = []
@@ -295,9 +294,6 @@ def cached_datastore(source: str | Path, tokenizer, *, max_tokens: int | None = 
         FileNotFoundError: ``source`` is neither a file nor a pinned asset name.
         ValueError: an unreadable ``.npz``, or a file without usable conversations.
     """
-    from assets.pinned import home, resolve_source, tokenizer_fingerprint
-    from assets.conversations import HELDOUT_FRACTION
-
     if str(source).endswith(".npz"):
         store = Datastore.load(source)
         if store.vocab_size != len(tokenizer):

@@ -43,14 +43,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from drafters.eagle import (  # noqa: F401  (ttt_attention_mask: re-exported, its EAGLE-3 home)
-    DraftDecoderLayer,
-    EagleConfig,
-    FeatureHeadDrafter,
-    RMSNorm,
-    target_shape_fields,
-    ttt_attention_mask,
-)
+from drafters.eagle import EagleConfig, FeatureHeadDrafter, target_shape_fields
+from drafters.layers import DraftDecoderLayer, RMSNorm
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:

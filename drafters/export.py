@@ -42,10 +42,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from assets.device import resolve_dtype
-from drafters import resolve_checkpoint
-from drafters.base import apply_umask, read_config, save_tensors
+from assets.target import resolve_target_path
+from drafters import load_drafter, resolve_checkpoint
+from drafters.base import DrafterLoadError, apply_umask, read_config, save_tensors
 
 FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm"}
 
@@ -108,10 +110,6 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
         if target is None:
             raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold; "
                               "pass --target NAME_OR_PATH so it can be written as lm_heads.0.weight")
-        from transformers import AutoModelForCausalLM
-
-        from assets.target import resolve_target_path
-
         model = AutoModelForCausalLM.from_pretrained(resolve_target_path(target), dtype=torch.float32)
         tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
     config = {
@@ -131,16 +129,10 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
 
 def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
     """Write the ``draft_lm`` checkpoint's transformers model as a plain folder (``assistant_model``)."""
-    from drafters import load_drafter
-
     drafter = load_drafter(ckpt)
     lm = drafter.lm if dtype is None else drafter.lm.to(dtype)
     lm.save_pretrained(out)
     if target is not None:
-        from transformers import AutoTokenizer
-
-        from assets.target import resolve_target_path
-
         AutoTokenizer.from_pretrained(resolve_target_path(target)).save_pretrained(out)
     apply_umask(out)  # transformers writes its safetensors owner-only
     return out
@@ -231,8 +223,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``drafterkit export``: 0 on success, 2 on a usage error or an unreachable Hub (message on stderr)."""
-    from drafters.base import DrafterLoadError
-
     if args.output is None and not args.push_to_hub:
         print("drafterkit export: give --output DIR and/or --push-to-hub REPO", file=sys.stderr)
         return 2

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from decode.cutoff import ChainCutoff
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
-from decode.cutoff import ChainCutoff
 from drafters.base import Drafter
+from drafters.eagle import check_target_shape
 
 
 @dataclass
@@ -131,8 +132,6 @@ class MedusaDrafter(Drafter):
 
     # --- decoder protocol --------------------------------------------------------------------------
     def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
-        from drafters.eagle import check_target_shape
-
         super().check_compatible(target, vocab_size)
         check_target_shape(self, target)
 

@@ -169,7 +169,7 @@ def test_draft_threshold_shortens_chains_and_keeps_output(kind, temperature):
 
 
 def test_chain_cutoff_by_path_probability():
-    from drafters.base import ChainCutoff
+    from decode.cutoff import ChainCutoff
 
     cut = ChainCutoff(0.44, batch_size=2, k=3)
     probs = [torch.tensor([[0.9, 0.1], [0.3, 0.7]]), torch.tensor([[0.5, 0.5], [0.9, 0.1]]),

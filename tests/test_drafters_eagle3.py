@@ -16,8 +16,8 @@ from drafters.eagle3 import (
     default_feature_layers,
     mapping_from_ids,
     select_draft_vocab,
-    ttt_attention_mask,
 )
+from drafters.layers import ttt_attention_mask
 from train.recipe import recipe_from_dict
 from train.strategies import get_strategy
 

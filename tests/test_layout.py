@@ -1,26 +1,147 @@
-"""Architecture guards: decode/ and drafters/ never import train/."""
+"""Architecture guards, read from the source: the packages' rank order, no import cycles, imports of our
+own packages at the top of modules, and module / function sizes.
+
+Rank order (each package imports only packages of lower rank, and itself):
+
+    0 assets    pinned assets, conversation and prompt readers, target loading
+    1 decode    the decoder core: engine, cache, verification, sampling, trees, metrics, proposer protocol
+    2 drafters  drafter kinds, save / load, export (imports assets and decode)
+    3 speceval  evaluation: benchmark prompts, methods, measurement, reports, plots, sweeps
+    4 train     data, features, losses, the training loop, recipes, quickstart and the CLI
+
+The decoder core imports no other package of ours, not even assets.
+"""
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+RANKS = {"assets": 0, "decode": 1, "drafters": 2, "speceval": 3, "train": 4}
+ALLOWED = {pkg: {p for p, r in RANKS.items() if r < rank} | {pkg} for pkg, rank in RANKS.items()}
+ALLOWED["decode"] = {"decode"}  # the decoder core stands alone
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80  # body lines, docstring excluded
 
 
-def _imports(path: Path) -> set[str]:
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in RANKS:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -> list[str]:
+    """The modules of ours an import statement loads (a ``from pkg import sub`` names ``pkg.sub``)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = module.split(".")
+            base = base[: len(base) - node.level + (1 if is_package else 0)]
+            origin = ".".join(base + ([node.module] if node.module else []))
+        else:
+            origin = node.module or ""
+        names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in MODULES else origin for a in node.names]
+    return [n for n in names if n.split(".")[0] in RANKS]
+
+
+def _imports(module: str) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, at top level)`` for every import of ours in ``module``."""
+    path = MODULES[module]
     tree = ast.parse(path.read_text())
-    names = set()
+    top = {id(n) for n in tree.body}
+    for node in tree.body:  # `if TYPE_CHECKING:` blocks at the top level count as top-level imports
+        if isinstance(node, ast.If):
+            top |= {id(n) for n in ast.walk(node)}
+    out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for name in _resolve(module, node, path.name == "__init__.py"):
+                out.append((name, node.lineno, id(node) in top))
+    return out
 
 
-def test_decode_and_drafters_never_import_train():
-    offenders = [str(p.relative_to(ROOT)) for pkg in ("decode", "drafters")
-                 for p in (ROOT / pkg).rglob("*.py") if "train" in _imports(p)]
-    assert not offenders, f"these modules import train/: {offenders}"
+def test_every_import_follows_the_rank_order():
+    offenders = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {name}"
+                 for m in MODULES for name, line, _ in _imports(m)
+                 if name.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+    assert not offenders, "imports against the rank order (see this module's docstring):\n" + "\n".join(offenders)
+
+
+def test_imports_of_our_packages_sit_at_the_top_of_modules():
+    offenders = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {name} inside a function or class"
+                 for m in MODULES for name, line, top in _imports(m) if not top]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_import_cycles():
+    graph = {m: {n if n in MODULES else n.rsplit(".", 1)[0] for n, _, _ in _imports(m)} - {m} for m in MODULES}
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in MODULES:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for m in MODULES:
+        if m not in index:
+            visit(m)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_module_is_too_long():
+    long = {str(p.relative_to(ROOT)): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def _body_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]  # the docstring
+    return 0 if not body else body[-1].end_lineno - body[0].lineno + 1
+
+
+def test_no_function_is_too_long():
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({_body_lines(node)} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("pkg", sorted(RANKS))
+def test_tests_mirror_the_packages(pkg):
+    """Each package has tests named after it (tests/test_<package>_*.py)."""
+    assert list((ROOT / "tests").glob(f"test_{pkg}_*.py")) or (ROOT / "tests" / f"test_{pkg}.py").exists()
 
 
 def test_cli_lists_all_verbs():
