@@ -18,11 +18,16 @@ Definitions (the project's decoder contract, also in README "Evaluation"; all su
   depth i + 1: reached when the path got to depth i and the node there had children to judge.
 * times in seconds; ``tokens_per_s`` = committed / total_time_s; ``tpot_ms`` =
   1000 (total_time_s - ttft_s) / (committed - B) (0.0 when no token followed the first ones).
+
+Several calls pool into one set of figures by summing their counts, never by averaging their ratios
+(:func:`pool_stats`: what ``drafterkit eval`` and training's evaluation report).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -110,3 +115,64 @@ def compute_stats(c: DecodeCounts) -> DecodeStats:
         tokens_per_s=committed / c.total_time_s if c.total_time_s > 0 else 0.0,
         tpot_ms=1000.0 * (c.total_time_s - c.ttft_s) / after_first if after_first > 0 else 0.0,
     )
+
+
+def pool_stats(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Pool the stats of several ``generate`` calls into the figures of one, from their counts.
+
+    Args:
+        stats: one mapping per call with the :class:`DecodeStats` fields ``committed``, ``target_forwards``,
+            ``drafted``, ``accepted``, ``tau`` and ``accept_per_position`` (e.g. ``dataclasses.asdict``) and,
+            when recorded, ``reached_per_position`` (the call's :attr:`DecodeCounts.reached`), which makes
+            the per-position pool exact (see :func:`pooled_positions`).
+
+    Returns:
+        ``committed``, ``target_forwards``, ``drafted``, ``accepted`` (sums over the calls); ``tau`` =
+        tokens committed by verification passes / passes, over every call (sum of tau x target_forwards
+        / sum of target_forwards; 1.0 with no pass at all, as for one call); ``acceptance_rate`` =
+        accepted / drafted (0.0 when nothing was drafted); ``accept_per_position``
+        (:func:`pooled_positions`) and ``reached_per_position`` (proposals that reached each draft
+        position, summed; floats, estimated for calls that did not record them).
+    """
+    passes = sum(s["target_forwards"] for s in stats)
+    drafted, accepted = sum(s["drafted"] for s in stats), sum(s["accepted"] for s in stats)
+    num, den = _pool_positions(stats)
+    return dict(
+        committed=sum(s["committed"] for s in stats), target_forwards=passes, drafted=drafted, accepted=accepted,
+        tau=sum(s["tau"] * s["target_forwards"] for s in stats) / passes if passes else 1.0,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        accept_per_position=[n / d if d else 0.0 for n, d in zip(num, den)], reached_per_position=den)
+
+
+def pooled_positions(stats: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Per-position conditional acceptance pooled over calls: sum(accepted_i) / sum(reached_i).
+
+    Calls carry ``reached_per_position`` (exact counts). For records without it, the reached counts are
+    estimated as reached_0 = target_forwards, reached_{i+1} = reached_i * rate_i (exact for chains of
+    a fixed K, except the last pass of a row cut by EOS or ``max_new_tokens``). A position no
+    proposal reached is 0.0 (the decoder contract); :func:`pool_stats` also returns the reached counts
+    that tell them apart.
+    """
+    num, den = _pool_positions(stats)
+    return [n / d if d else 0.0 for n, d in zip(num, den)]
+
+
+def _pool_positions(stats: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[float]]:
+    """``(accepted, reached)`` per draft position, summed over ``stats`` (see :func:`pooled_positions`)."""
+    num: list[float] = []
+    den: list[float] = []
+    for s in stats:
+        rates = s.get("accept_per_position") or []
+        counts = s.get("reached_per_position")
+        if counts is None or len(counts) != len(rates):
+            counts, reached = [], float(s["target_forwards"])
+            for rate in rates:
+                counts.append(reached)
+                reached *= rate
+        for i, (rate, reached) in enumerate(zip(rates, counts)):
+            if i >= len(num):
+                num.append(0.0)
+                den.append(0.0)
+            num[i] += reached * rate
+            den[i] += reached
+    return num, den

@@ -87,7 +87,8 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
             raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
                              "lookup): PATH+ngram or PATH+rest")
         if inner in ("", "none", "ngram", "rest"):
-            raise ValueError(f"--drafter {spec}: '{suffix}' puts prompt lookup{' and retrieval' if suffix == '+rest' else ''} "
+            what = "prompt lookup and retrieval" if suffix == "+rest" else "prompt lookup"
+            raise ValueError(f"--drafter {spec}: '{suffix}' puts {what} "
                              f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
                              "alone use --drafter ngram)")
         if suffix == "+rest" and datastore is None:
@@ -172,7 +173,7 @@ def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:
 
 def stats_record(res) -> dict:
     """A ``GenerateResult``'s stats as a dict, plus ``reached_per_position`` (raw counts, so
-    ``report.pooled_positions`` pools per-position acceptance exactly across calls)."""
+    ``decode.metrics.pool_stats`` pools per-position acceptance exactly across calls)."""
     return dict(dataclasses.asdict(res.stats), reached_per_position=list(res.counts.reached) if res.counts else None)
 
 

@@ -25,6 +25,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from decode.metrics import pool_stats
+
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
 SWEEP_COLUMNS = [
     ("drafter", "drafter", "{}"), ("K", "k", "{}"), ("temperature", "temperature", "{:g}"),
@@ -56,50 +58,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def pooled_positions(stats: list[dict]) -> list[float]:
-    """Per-position conditional acceptance pooled over runs: sum(accepted_i) / sum(reached_i).
-
-    Runs carry ``reached_per_position`` (exact counts). For records without it, the reached counts are
-    estimated as reached_0 = target_forwards, reached_{i+1} = reached_i * rate_i (exact for chains of
-    a fixed K, except the last pass of a row cut by EOS or ``max_new_tokens``). A position no
-    proposal reached is 0.0 (the decoder contract); :func:`pooled_reached` tells them apart.
-    """
-    num, den = _pool_positions(stats)
-    return [n / d if d else 0.0 for n, d in zip(num, den)]
-
-
-def pooled_reached(stats: list[dict]) -> list[float]:
-    """How many proposals reached each draft position, summed over runs (see :func:`pooled_positions`)."""
-    return _pool_positions(stats)[1]
-
-
-def _pool_positions(stats: list[dict]) -> tuple[list[float], list[float]]:
-    num: list[float] = []
-    den: list[float] = []
-    for s in stats:
-        rates = s.get("accept_per_position") or []
-        counts = s.get("reached_per_position")
-        if counts is None or len(counts) != len(rates):
-            counts, reached = [], float(s["target_forwards"])
-            for rate in rates:
-                counts.append(reached)
-                reached *= rate
-        for i, (rate, reached) in enumerate(zip(rates, counts)):
-            if i >= len(num):
-                num.append(0.0)
-                den.append(0.0)
-            num[i] += reached * rate
-            den[i] += reached
-    return num, den
-
-
 def aggregate(runs: list[dict]) -> dict[str, Any]:
-    """Pool runs of ONE method: total tokens / total seconds, and decoder counts where recorded.
+    """Pool runs of ONE method: total tokens / total seconds, and decoder counts where recorded
+    (``decode.metrics.pool_stats``).
 
     Returns:
         ``prompts, new_tokens, wall_s, tokens_per_s`` (tokens/s) and, when runs hold engine stats,
         ``target_forwards, drafted, accepted, tau, acceptance_rate, accept_per_position,
-        draft_time_s, verify_time_s, tpot_ms, accepted_per_dv_s`` (draft tokens accepted per second
+        reached_per_position`` (``pool_stats``), ``draft_time_s, verify_time_s`` (seconds), ``tpot_ms``,
+        ``accepted_per_dv_s`` (draft tokens accepted per second
         of draft + verification time) and ``committed_per_dv_s``; otherwise those are ``None``.
     """
     new = sum(r["new_tokens"] for r in runs)
@@ -113,22 +80,18 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
     out.update({k: None for k in keys})
     if not stats:
         return out
-    tf = sum(s["target_forwards"] for s in stats)
-    drafted, accepted = sum(s["drafted"] for s in stats), sum(s["accepted"] for s in stats)
+    pooled = pool_stats(stats)
     draft_t, verify_t = sum(s["draft_time_s"] for s in stats), sum(s["verify_time_s"] for s in stats)
     rows = sum(r.get("rows", 1) for r in runs if r.get("stats"))
-    committed = sum(s["committed"] for s in stats)
-    after_first = committed - rows
+    after_first = pooled["committed"] - rows
     dv = draft_t + verify_t
     out.update(
-        target_forwards=tf, drafted=drafted, accepted=accepted,
-        tau=sum(s["tau"] * s["target_forwards"] for s in stats) / tf if tf else 0.0,
-        acceptance_rate=accepted / drafted if drafted else 0.0,
-        accept_per_position=pooled_positions(stats), reached_per_position=pooled_reached(stats),
+        {k: pooled[k] for k in ("target_forwards", "drafted", "accepted", "tau", "acceptance_rate",
+                                "accept_per_position", "reached_per_position")},
         draft_time_s=draft_t, verify_time_s=verify_t,
         tpot_ms=1000.0 * sum(s["total_time_s"] - s["ttft_s"] for s in stats) / after_first if after_first > 0
         else 0.0,
-        accepted_per_dv_s=accepted / dv if dv > 0 else 0.0,
+        accepted_per_dv_s=pooled["accepted"] / dv if dv > 0 else 0.0,
         committed_per_dv_s=after_first / dv if dv > 0 else 0.0,
     )
     return out

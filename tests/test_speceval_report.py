@@ -10,7 +10,6 @@ from conftest import tiny_llama
 
 from assets.pinned import default_target_dir
 from speceval import report
-from speceval.report import pooled_positions
 from train.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,17 +113,6 @@ def test_parse_markdown_table_errors_name_the_problem():
     with pytest.raises(ValueError, match="no '## Sweep' heading"):
         report.parse_markdown_table("| a |\n|---|\n| 1 |\n", heading="Sweep")
     assert report.parse_markdown_table("| a | b |\n|---|---|\n| 1 | x |\n") == [{"a": "1", "b": "x"}]
-
-
-def test_pooled_positions_uses_exact_reached_counts():
-    """With ``reached_per_position`` the pool is sum(accepted_i) / sum(reached_i), also when proposers
-    drafted fewer than K tokens (reached_0 < target_forwards); without it, the fixed-K estimate."""
-    a = dict(target_forwards=10, accept_per_position=[0.5, 0.0], reached_per_position=[4, 2])  # 2 of 4, 0 of 2
-    b = dict(target_forwards=10, accept_per_position=[1.0, 0.5], reached_per_position=[1, 1])  # 1 of 1, ...
-    got = pooled_positions([a, b])
-    assert got == pytest.approx([3 / 5, 0.5 / 3])
-    legacy = dict(target_forwards=10, accept_per_position=[0.5, 0.2])  # reached 10, then 5
-    assert pooled_positions([legacy]) == pytest.approx([0.5, 0.2])
 
 
 def test_positions_no_proposal_reached_print_as_a_dash_not_zero():

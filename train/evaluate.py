@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from decode.metrics import pooled_positions
 from speceval.methods import stats_record
-from speceval.report import pooled_positions
 
 #: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
 BENCHMARKS = {"mt_bench": "mt-bench", "sharegpt_heldout": "sharegpt"}
