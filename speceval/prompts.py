@@ -45,8 +45,9 @@ def _balanced(items: list[dict], n: int) -> list[dict]:
 
 
 def chat_ids(tok, messages: list[dict]) -> list[int]:
-    """Token ids of ``messages`` through the tokenizer's chat template, ending at the generation
-    prompt; a tokenizer without a template gets the contents joined by blank lines."""
+    """Token ids (``list[int]``) of ``messages`` through the tokenizer's chat template, ending at the
+    generation prompt (where the assistant's answer starts); a tokenizer without a template gets the
+    contents joined by blank lines. Every eval prompt is templated here (:func:`select_prompts`)."""
     if getattr(tok, "chat_template", None):
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(tok(text, add_special_tokens=False)["input_ids"])

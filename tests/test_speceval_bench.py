@@ -18,7 +18,6 @@ from drafters.medusa import MedusaConfig, MedusaDrafter
 from speceval import bench, methods, report
 from speceval.harness import check_exactness
 from speceval.methods import build_drafter, hf_method
-from speceval.prompts import load_prompts
 from speceval.report import differs_note, parse_markdown_table, render_markdown
 from train.cli import build_parser, main, parse
 
@@ -137,31 +136,6 @@ def test_eval_bad_input_names_problem(tiny_dir, tmp_path, capsys, argv, message)
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
-
-
-def test_mt_bench_prompts_cover_every_category_and_use_the_chat_template(tiny_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    prompts = load_prompts("mt-bench", tok, 8)
-    assert len({p.category for p in prompts}) == 8
-    text = tok.decode(prompts[0].input_ids)
-    assert text.rstrip().endswith("<|im_start|>assistant") and prompts[0].messages[0]["content"] in text
-    code = load_prompts("humaneval", tok, 2)
-    assert {p.category for p in code} == {"code"} and "def " in code[0].messages[0]["content"]
-    with pytest.raises(ValueError, match="--num-prompts"):
-        load_prompts("mt-bench", tok, 0)
-    assert bench.EvalConfig().drafters == ["ngram"]
-
-
-def test_fewer_prompts_than_asked_uses_them_all_with_a_warning(tiny_dir, prompts_file):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    with pytest.warns(UserWarning, match=r"using 2 prompts, fewer than the 8 asked"):
-        assert len(load_prompts(str(prompts_file), tok, 8)) == 2
-    with pytest.raises(ValueError, match="no prompt of at most 1 tokens"):
-        load_prompts(str(prompts_file), tok, 8, max_prompt_tokens=1)
 
 
 def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prompts_file, tmp_path, capsys):
@@ -353,6 +327,7 @@ def test_eval_flags_are_built_from_the_config_fields():
     assert dests == (fields - {"progress"}) | {"no_progress"}
     assert all(a.help for a in eval_parser._actions)
     assert bench.config_from_args(parse(parser, ["eval"])) == bench.EvalConfig()
+    assert bench.EvalConfig().drafters == ["ngram"]
     argv = ["--drafter", "a", "--drafter", "b+rest", "--datastore", "d.npz", "--tree", "2,1", "--tree", "1",
             "--draft-threshold", "0,0.1", "--sweep", "--sweep-k", "1,3", "--sweep-temperature", "0,1",
             "--concurrency", "2", "--no-progress", "--baselines", "engine", "--k", "3", "--top-p", "0.9"]
