@@ -1,4 +1,4 @@
-"""assets.conversations: streaming ShareGPT / chat readers, torn tails, normalisation, eval prompt sets."""
+"""assets.conversations and assets.records: streaming ShareGPT / chat readers, torn tails, normalisation, the held-out split, benchmark and prompt files."""
 
 from __future__ import annotations
 
