@@ -42,7 +42,7 @@ FORMAT_VERSION = 1
 BUILD_VERSION = 1  # bump when build_datastore changes what goes in
 #: a datastore built with fewer tokens than this warns (UserWarning) that retrieval will rarely match: its
 #: n-grams seldom recur in a new answer (ShareGPT's assistant turns hold ~18.5M; 4.4M already did nearly as
-#: well, BENCHMARKS.md, session 7)
+#: well, BENCHMARKS.md, "Retrieval from a ShareGPT datastore")
 SMALL_DATASTORE_TOKENS = 100_000
 
 

@@ -25,7 +25,7 @@ or take the slots its threshold left free, and the target verifies both in the s
 branches stop at ``datastore_depth`` (3) tokens, past which they were rarely accepted. In chains,
 a row uses the corpus's majority continuation instead of the drafter's chain when at least
 ``CHAIN_SHARE`` of the matches agree on its first token. Measured on MT-bench with the quickstart's
-EAGLE-3 head (BENCHMARKS.md, session 7): tau 1.91 -> 2.1-2.2, and the extra nodes cost ~5% more per
+EAGLE-3 head (BENCHMARKS.md, "Retrieval from a ShareGPT datastore"): tau 1.91 -> 2.1-2.2, and the extra nodes cost ~5% more per
 verification. Merging the corpus into rows that already copy from their prompt was slower.
 
 Not a checkpoint kind: build it around a loaded drafter (``drafterkit eval --drafter PATH+ngram``, or
@@ -92,7 +92,7 @@ class LookupHybrid:
         datastore_depth: the corpus proposes at most this many tokens per branch (trees) or chain.
             Default 3: on 16 MT-bench prompts its nodes at depth 1-5 were accepted 18%, 9.3%, 4.5%,
             2.3%, 1.6% of the times they were verified, and a node costs ~1.5 ms of a ~50 ms
-            verification pass, so depths 4-5 cost more than they return (BENCHMARKS.md, session 8).
+            verification pass, so depths 4-5 cost more than they return (BENCHMARKS.md, "What a verified node returns").
 
     ``datastore_share``, ``datastore_matches`` and ``datastore_depth`` may be changed on the object
     (``hybrid.datastore_depth = 2``); they are checked on every assignment, as in ``__init__``.
@@ -238,9 +238,9 @@ class LookupHybrid:
         get children: its ``expand_threshold`` is raised to ``datastore_share`` for the call, so a
         node between its ``draft_threshold`` and the share is verified as a leaf, without the drafter
         pass that would draft its children. Measured (quickstart head, corpus at 0.2, 12 MT-bench
-        prompts side by side; BENCHMARKS.md, session 8): nodes at >= 0.1 with children only >= 0.2
+        prompts side by side; BENCHMARKS.md, "What a verified node returns"): nodes at >= 0.1 with children only >= 0.2
         gave tau 2.20 and 1.72x over plain decoding, against 2.14 / 1.67x for nodes held to 0.2
-        altogether (session 7's rule) and 2.02 / 1.61x for leaves down to 0.05 (they take the tree
+        altogether (the earlier rule) and 2.02 / 1.61x for leaves down to 0.05 (they take the tree
         slots the corpus's branches would use)."""
         if self.datastore is None or not getattr(self.drafter, "supports_draft_threshold", False):
             return self.drafter.propose_tree(state, tree, sampling, generator)
