@@ -25,10 +25,12 @@ from pathlib import Path
 
 import torch
 
+import decode
 from assets.conversations import heldout_prompts
 from assets.target import load_target
 from drafters import load_drafter
 from drafters.base import DrafterLoadError
+from speceval.prompts import chat_ids, load_prompts
 from train.data import resolve_source
 from train.features import target_features
 
@@ -36,11 +38,8 @@ from train.features import target_features
 def continuations(target, tok, n: int, new: int, cache: Path | None, benchmark: str = "sharegpt") -> list[dict]:
     """``[{"prompt_len": P, "ids": [P + new tokens]}]``: the target's greedy continuations of ``n`` prompts
     of ``benchmark`` (``sharegpt``: held-out ShareGPT first turns; ``mt-bench`` / ``humaneval``: the
-    prompts ``drafterkit eval`` measures, ``speceval.harness.load_prompts``), generated 16 at a time with
+    prompts ``drafterkit eval`` measures, ``speceval.prompts.load_prompts``), generated 16 at a time with
     ``decode.generate`` (greedy)."""
-    import decode
-    from speceval.prompts import load_prompts
-
     key = {"benchmark": benchmark, "num_prompts": n, "max_new_tokens": new}
     if cache is not None and cache.exists():
         kept = json.loads(cache.read_text())
@@ -50,8 +49,7 @@ def continuations(target, tok, n: int, new: int, cache: Path | None, benchmark: 
     if benchmark == "sharegpt":
         prompts = []
         for chat in heldout_prompts(resolve_source("sharegpt"), n, seed=0):
-            text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-            prompts.append(tok(text, add_special_tokens=False)["input_ids"][-256:])
+            prompts.append(chat_ids(tok, chat)[-256:])
     else:
         prompts = [p.input_ids for p in load_prompts(benchmark, tok, n)]
     seqs = []
