@@ -1,8 +1,12 @@
-"""Shared fixtures: tiny seeded random Llama models built from config dicts, and the real target."""
+"""Shared fixtures: tiny seeded random Llama models built from config dicts, the real target, and a training
+world (a tiny target folder with the real tokenizer, a chat JSONL, a private DRAFTERKIT_HOME)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +89,50 @@ def acceptance_before_after(kind: str, drafter, target, batch, recipe, prompts, 
         loss.backward()
         opt.step()
     return before, rate()
+
+
+# --- a training world: a tiny target with the real tokenizer, a chat JSONL, a private DRAFTERKIT_HOME ---
+
+SMOLLM2_VOCAB = 49152
+
+
+def save_tiny_target(folder: Path, *, layers: int = 2):
+    """A tiny seeded random Llama (hidden 32) with SmolLM2's vocabulary and real tokenizer (its EOS too),
+    saved to ``folder`` as a target folder (weights, config, tokenizer): ``(model, tokenizer)``."""
+    from transformers import AutoTokenizer
+
+    from assets.pinned import default_target_dir
+
+    tok = AutoTokenizer.from_pretrained(default_target_dir())
+    model = tiny_llama(0, vocab_size=SMOLLM2_VOCAB, hidden_size=32, layers=layers)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model, tok
+
+
+def write_chats(path: Path, chats: list[tuple[str, str]]) -> Path:
+    """A chat JSONL (``{"id": "c<i>", "messages": [user, assistant]}`` per line) of ``(user, assistant)`` pairs."""
+    with open(path, "w") as f:
+        for i, (user, assistant) in enumerate(chats):
+            msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
+    return path
+
+
+@contextlib.contextmanager
+def training_world(root: Path, chats: list[tuple[str, str]], *, layers: int = 2):
+    """``root/target`` (:func:`save_tiny_target`) and ``root/chat.jsonl`` (:func:`write_chats`); inside,
+    ``DRAFTERKIT_HOME`` is ``root/home`` (dataset and feature caches stay in tmp), restored on exit.
+    Yields ``(target, tokenizer)``."""
+    model, tok = save_tiny_target(root / "target", layers=layers)
+    write_chats(root / "chat.jsonl", chats)
+    old = os.environ.get("DRAFTERKIT_HOME")
+    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
+    try:
+        yield model, tok
+    finally:
+        if old is None:
+            os.environ.pop("DRAFTERKIT_HOME", None)
+        else:
+            os.environ["DRAFTERKIT_HOME"] = old

@@ -246,16 +246,17 @@ def test_labels_follow_the_mask_for_a_real_causal_lm_loss(tiny_target):
 
 def test_recipe_data_file_is_data_path_for_either_source_and_format_is_enforced(tok, tmp_path):
     from train.recipe import RecipeError, recipe_from_dict
+    from train.recipe_data import recipe_data_file
 
     src = _sharegpt_file(tmp_path / "sg.json", n=8)
     sharegpt = recipe_from_dict({"output_dir": "x", "data": {"source": "sharegpt", "path": str(src)}})
-    assert data.recipe_data_file(sharegpt.data) == (src, "sharegpt")
-    assert data.recipe_data_file(recipe_from_dict({"output_dir": "x"}).data) == ("sharegpt", "auto")
+    assert recipe_data_file(sharegpt.data) == (src, "sharegpt")
+    assert recipe_data_file(recipe_from_dict({"output_dir": "x"}).data) == ("sharegpt", "auto")
     chat = recipe_from_dict({"output_dir": "x", "data": {"source": "jsonl", "path": str(src)}})
-    assert data.recipe_data_file(chat.data) == (src, "chat")
+    assert recipe_data_file(chat.data) == (src, "chat")
     missing = recipe_from_dict({"output_dir": "x", "data": {"path": str(tmp_path / "nope.json")}})
     with pytest.raises(RecipeError, match=r"data\.path: .*nope\.json.* is not a file.*ShareGPT"):
-        data.recipe_data_file(missing.data)
+        recipe_data_file(missing.data)
     with pytest.raises(ValueError, match="no usable conversation"):  # a ShareGPT file read as chat JSONL
         build_dataset(src, tok, max_length=64, cache_dir=tmp_path / "c", format="chat")
     assert len(build_dataset(src, tok, max_length=64, cache_dir=tmp_path / "c", format="sharegpt")) > 0

@@ -5,13 +5,13 @@ training through the CLI with no target forward."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
+import yaml
+from conftest import tiny_llama, training_world
 
 from train.feature_cache import (
     FeatureCache,
@@ -256,22 +256,11 @@ def test_only_the_main_process_writes(tmp_path):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from assets.pinned import default_target_dir
-
+    """A tiny 3-layer target folder, a chat JSONL and an eagle3 recipe file training on them."""
     root = tmp_path_factory.mktemp("feature_cache")
-    tok = AutoTokenizer.from_pretrained(default_target_dir())
-    model = tiny_llama(0, vocab_size=49152, hidden_size=32, layers=3)
-    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(root / "target")
-    tok.save_pretrained(root / "target")
     rnd = random.Random(0)
-    with open(root / "chat.jsonl", "w") as f:
-        for i in range(24):
-            msgs = [{"role": "user", "content": " ".join(rnd.choices(WORDS, k=6))},
-                    {"role": "assistant", "content": " ".join(rnd.choices(WORDS, k=rnd.randint(3, 20)))}]
-            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
+    chats = [(" ".join(rnd.choices(WORDS, k=6)), " ".join(rnd.choices(WORDS, k=rnd.randint(3, 20))))
+             for _ in range(24)]
     recipe = {
         "output_dir": str(root / "unused"),
         "target": {"name_or_path": str(root / "target")},
@@ -282,18 +271,9 @@ def world(tmp_path_factory):
         "eval": {"every": 0, "at_end": False},
         "logging": {"trackers": []},
     }
-    import yaml
-
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    old = os.environ.get("DRAFTERKIT_HOME")
-    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
-    try:
+    with training_world(root, chats, layers=3):
         yield root
-    finally:
-        if old is None:
-            os.environ.pop("DRAFTERKIT_HOME", None)
-        else:
-            os.environ["DRAFTERKIT_HOME"] = old
 
 
 def _last_json(out: str) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import training_world
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
@@ -33,31 +33,12 @@ KINDS = {
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny target (vocab 49152, real tokenizer) and 8 training chats with very different reply lengths."""
-    from transformers import AutoTokenizer
-
-    from assets.pinned import default_target_dir
-
     root = tmp_path_factory.mktemp("invariance")
-    tok = AutoTokenizer.from_pretrained(default_target_dir())
-    model = tiny_llama(0, vocab_size=49152, hidden_size=32, layers=2)
-    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(root / "target")
-    tok.save_pretrained(root / "target")
     rnd = random.Random(0)
-    with open(root / "chat.jsonl", "w") as f:
-        for i, n_words in enumerate([1, 40, 3, 25, 2, 12, 1, 30]):
-            msgs = [{"role": "user", "content": " ".join(rnd.choices(WORDS, k=5))},
-                    {"role": "assistant", "content": " ".join(rnd.choices(WORDS, k=n_words))}]
-            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
-    old = os.environ.get("DRAFTERKIT_HOME")
-    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
-    try:
+    chats = [(" ".join(rnd.choices(WORDS, k=5)), " ".join(rnd.choices(WORDS, k=n_words)))
+             for n_words in [1, 40, 3, 25, 2, 12, 1, 30]]
+    with training_world(root, chats):
         yield root
-    finally:
-        if old is None:
-            os.environ.pop("DRAFTERKIT_HOME", None)
-        else:
-            os.environ["DRAFTERKIT_HOME"] = old
 
 
 def _recipe_file(world: Path, tmp: Path, kind: str) -> Path:
@@ -133,7 +114,7 @@ def test_batch_times_accumulation_splits_give_one_update(world, tmp_path, capsys
 def test_logged_loss_is_the_mean_over_every_supervised_token_of_the_step(world, tmp_path, capsys):
     """One step of 2 x 4 logs sum(per-token losses) / (supervised tokens), computed here per example."""
     from assets.target import load_target
-    from train.loop import load_data
+    from train.recipe_data import load_data
     from train.recipe import load_recipe
     from train.data import collate
     from train.strategies import get_strategy

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import tiny_llama, training_world
 from train.recipe import RecipeError, load_recipe, recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,31 +21,11 @@ WORDS = "the cat sat on a mat and then ran to the big red house where a dog slep
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny target folder (vocab 49152, hidden 32, real tokenizer) and a synthetic chat JSONL."""
-    from transformers import AutoTokenizer
-
-    from assets.pinned import default_target_dir
-
     root = tmp_path_factory.mktemp("train")
-    tok = AutoTokenizer.from_pretrained(default_target_dir())
-    model = tiny_llama(0, vocab_size=49152, hidden_size=32, layers=2)
-    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(root / "target")
-    tok.save_pretrained(root / "target")
     rnd = random.Random(0)
-    with open(root / "chat.jsonl", "w") as f:
-        for i in range(40):
-            msgs = [{"role": "user", "content": " ".join(rnd.choices(WORDS, k=6))},
-                    {"role": "assistant", "content": " ".join(rnd.choices(WORDS, k=12))}]
-            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
-    old = os.environ.get("DRAFTERKIT_HOME")
-    os.environ["DRAFTERKIT_HOME"] = str(root / "home")  # dataset caches stay in tmp
-    try:
+    chats = [(" ".join(rnd.choices(WORDS, k=6)), " ".join(rnd.choices(WORDS, k=12))) for _ in range(40)]
+    with training_world(root, chats):
         yield root
-    finally:
-        if old is None:
-            os.environ.pop("DRAFTERKIT_HOME", None)
-        else:
-            os.environ["DRAFTERKIT_HOME"] = old
 
 
 def _recipe(world, out, **over):
@@ -277,7 +257,7 @@ def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(worl
 
     out, ck = tmp_path / "run", tmp_path / "run" / "checkpoints"
     recipe = _recipe_file(world, tmp_path, out, **{"train.max_steps": 4, "train.save_every": 1})
-    one_step = loop._train_step
+    one_step = loop.train_step
 
     def step_then_ctrl_c(ctx, data, state):
         metrics = one_step(ctx, data, state)
@@ -285,7 +265,7 @@ def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(worl
             os.kill(os.getpid(), signal.SIGINT)
         return metrics
 
-    monkeypatch.setattr(loop, "_train_step", step_then_ctrl_c)
+    monkeypatch.setattr(loop, "train_step", step_then_ctrl_c)
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when the suite runs in a background job
     assert main(["train", str(recipe)]) == 130
     printed = capsys.readouterr().out
@@ -293,7 +273,7 @@ def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(worl
     assert "interrupted by SIGINT after step 2 of 4" in printed and "train.resume=auto" in printed
     assert json.loads((ck / "last" / "trainer_state.json").read_text())["global_step"] == 2
     assert signal.getsignal(signal.SIGINT) == before  # handlers restored
-    monkeypatch.setattr(loop, "_train_step", one_step)
+    monkeypatch.setattr(loop, "train_step", one_step)
     # As after kill -9 mid-save: no last/, step-1 and step-2 complete, a half-written temp folder.
     shutil.rmtree(ck / "last")
     shutil.copytree(ck / "step-1", ck / ".tmp-last")
@@ -332,7 +312,7 @@ def test_data_path_is_read_for_sharegpt_source_and_a_missing_one_fails_first(wor
     def no_asset(name):
         raise AssertionError(f"fetched the pinned asset {name!r} although data.path is set")
 
-    monkeypatch.setattr("train.data.fetch", no_asset)
+    monkeypatch.setattr("assets.pinned.fetch", no_asset)
     rnd = random.Random(1)
     records = [{"id": f"s{i}", "conversations": [{"from": "human", "value": " ".join(rnd.choices(WORDS, k=5))},
                                                   {"from": "gpt", "value": " ".join(rnd.choices(WORDS, k=9))}]}
@@ -349,10 +329,10 @@ def test_data_path_is_read_for_sharegpt_source_and_a_missing_one_fails_first(wor
 
 
 def test_drafter_option_unfit_for_target_is_a_clean_error_before_data(world, tmp_path, capsys, monkeypatch):
-    from train import loop
+    from train import prepare
     from train.cli import main
 
-    monkeypatch.setattr(loop, "load_data", lambda *a: pytest.fail("data loaded before the drafter was built"))
+    monkeypatch.setattr(prepare, "load_data", lambda *a: pytest.fail("data loaded before the drafter was built"))
     recipe = _recipe_file(world, tmp_path, tmp_path / "run")
     assert main(["train", str(recipe), "drafter.options.num_layers=99"]) == 2
     err = capsys.readouterr().err

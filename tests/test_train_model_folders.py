@@ -8,7 +8,6 @@ safetensors file. Tiny seeded random Llamas with the real SmolLM2 tokenizer.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_llama
+from conftest import tiny_llama, training_world
 
 from train.cli import main
 
@@ -36,24 +35,20 @@ def _tear(folder: Path, name: str = "model.safetensors") -> Path:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny target folder, a chat JSONL, a draft_lm recipe file, and one folder per broken case."""
-    from transformers import AutoTokenizer
+    root = tmp_path_factory.mktemp("folders")
+    chats = [(f"question {i}", f"answer {i}") for i in range(8)]
+    with training_world(root, chats) as (target, tok):
+        _write_broken_folders(root, target, tok)
+        yield root
 
-    from assets.pinned import default_target_dir
+
+def _write_broken_folders(root: Path, target, tok) -> None:
+    """The draft_lm recipe file and one folder per broken case, beside ``root/target``."""
     from drafters.draft_lm import DraftLM
     from drafters.eagle import EagleConfig, EagleDrafter
     from drafters.eagle3 import Eagle3Config, Eagle3Drafter
     from drafters.medusa import MedusaConfig, MedusaDrafter
 
-    root = tmp_path_factory.mktemp("folders")
-    tok = AutoTokenizer.from_pretrained(default_target_dir())
-    target = tiny_llama(0, vocab_size=VOCAB, hidden_size=32, layers=2)
-    target.config.eos_token_id = target.generation_config.eos_token_id = tok.eos_token_id
-    target.save_pretrained(root / "target")
-    tok.save_pretrained(root / "target")
-    with open(root / "chat.jsonl", "w") as f:
-        for i in range(8):
-            msgs = [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
-            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
     recipe = {
         "output_dir": str(root / "run"),
         "target": {"name_or_path": str(root / "target")},
@@ -91,16 +86,6 @@ def world(tmp_path_factory):
         tok.save_pretrained(root / name)
     (root / "target-config-only" / "model.safetensors").unlink()
     _tear(root / "target-torn")
-
-    old = os.environ.get("DRAFTERKIT_HOME")
-    os.environ["DRAFTERKIT_HOME"] = str(root / "home")  # dataset caches stay in tmp
-    try:
-        yield root
-    finally:
-        if old is None:
-            os.environ.pop("DRAFTERKIT_HOME", None)
-        else:
-            os.environ["DRAFTERKIT_HOME"] = old
 
 
 def _train(world, tmp_path, capsys, *overrides) -> tuple[int, str]:

@@ -175,3 +175,23 @@ def test_feature_cache_typo_is_refused_instead_of_becoming_a_folder(tmp_path):
         assert recipe_from_dict(base, ["data.feature_cache=here"]).data.feature_cache == "here"
     finally:
         os.chdir(cwd)
+
+
+def test_the_recipe_layer_and_the_strategies_list_the_same_kinds():
+    """train.options.KINDS (what a recipe validates against, before any model loads) and the training
+    strategies agree: the same kinds, the same options models, and feature_layers exactly on the kinds that
+    read target features."""
+    from train.options import KINDS
+    from train.strategies import STRATEGIES
+
+    assert set(KINDS) == set(STRATEGIES)
+    for kind, spec in KINDS.items():
+        strategy = STRATEGIES[kind]
+        assert strategy.kind == kind and strategy.options_model is spec.options_model
+        assert hasattr(strategy, "feature_layers") == spec.reads_features
+
+
+def test_an_unknown_kind_lists_the_trainable_kinds():
+    with pytest.raises(RecipeError, match=r"drafter: no training strategy for drafter kind 'nope'; trainable kinds: "
+                                          r"\['draft_lm', 'eagle', 'eagle3', 'medusa'\]"):
+        recipe_from_dict({"output_dir": "x", "drafter": {"kind": "nope"}})

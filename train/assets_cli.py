@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rich.table import Table
+
 from assets import pinned as assets
+from speceval.report import make_console
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["fetch", "list"], help="fetch: download, verify and convert; list: show the cache")
     p.add_argument("names", nargs="*", help=f"assets to fetch or list (default: all): {assets.known_names()}")
@@ -21,10 +26,6 @@ def format_size(n: int) -> str:
 
 
 def _print(rows: list[dict]) -> None:
-    from rich.table import Table
-
-    from speceval.report import make_console
-
     t = Table(title=f"drafterkit assets in {assets.home()}")
     for c in ("name", "present", "size", "sha256", "path"):
         t.add_column(c, overflow="fold")

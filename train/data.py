@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
 from assets.conversations import (
     HELDOUT_FRACTION,
     LoaderStats,
@@ -57,6 +56,8 @@ from assets.conversations import (
     is_heldout,
     iter_conversations,
 )
+from assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
+from assets.target import resolve_target_path
 
 IGNORE_INDEX = -100
 DATA_VERSION = 1  # bump when tokenization or filtering changes: it keys the Arrow cache
@@ -246,27 +247,6 @@ class DataStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "skipped": dict(self.skipped)}
-
-
-def recipe_data_file(data) -> tuple[str | Path, str]:
-    """``(source, format)`` a recipe's ``data`` section reads, for :func:`build_dataset`.
-
-    ``data.path`` when set (``source: sharegpt`` -> ShareGPT JSON/JSONL, ``source: jsonl`` -> chat
-    JSONL), else the pinned ShareGPT asset (``"sharegpt"``, its format detected as always).
-
-    Raises:
-        train.recipe.RecipeError: ``data.path`` is not an existing file.
-    """
-    if not data.path:
-        return "sharegpt", "auto"
-    if not Path(data.path).is_file():
-        from train.recipe import RecipeError
-
-        raise RecipeError(f"data.path: {data.path!r} is not a file; give the "
-                          f"{'ShareGPT JSON/JSONL' if data.source == 'sharegpt' else 'chat JSONL'} file to "
-                          "train on" + (" (or drop data.path for the pinned ShareGPT asset)"
-                                        if data.source == "sharegpt" else ""))
-    return Path(data.path), {"sharegpt": "sharegpt", "jsonl": "chat"}[data.source]
 
 
 def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, stats: DataStats, format="auto"):
@@ -474,8 +454,6 @@ def main(argv: list[str] | None = None) -> int:
 def _stats_runs(args) -> list[DataStats]:
     """Build the dataset twice (fresh, then from the cache); returns both runs' stats."""
     from transformers import AutoTokenizer
-
-    from assets.target import resolve_target_path
 
     resolve_source(args.source)  # a missing file fails before the tokenizer loads
     tokenizer = AutoTokenizer.from_pretrained(resolve_target_path(args.target))

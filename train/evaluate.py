@@ -24,8 +24,13 @@ from typing import Any
 
 import torch
 
+import decode
+from assets.pinned import resolve_source
+from assets.target import resolve_target_path
 from decode.metrics import pooled_positions
 from speceval.methods import stats_record
+from speceval.prompts import select_prompts
+from train.recipe_data import recipe_data_file
 
 #: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
 BENCHMARKS = {"mt_bench": "mt-bench", "sharegpt_heldout": "sharegpt"}
@@ -58,8 +63,6 @@ def target_context(recipe, target: torch.nn.Module | None = None) -> int | None:
     else:
         from transformers import AutoConfig
 
-        from assets.target import resolve_target_path
-
         config = AutoConfig.from_pretrained(resolve_target_path(recipe.target.name_or_path))
     context = getattr(config, "max_position_embeddings", None)
     return context if isinstance(context, int) else None
@@ -77,9 +80,6 @@ def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) ->
         ValueError: no usable prompt (none fits the context, or no held-out conversation in the file).
         train.recipe.RecipeError: ``data.path`` is set but is not a file.
     """
-    from speceval.prompts import select_prompts
-    from train.data import recipe_data_file, resolve_source
-
     cfg, benchmark = recipe.eval, BENCHMARKS[recipe.eval.prompts]
     context = target_context(recipe, target)
     kwargs: dict[str, Any] = dict(
@@ -132,8 +132,6 @@ def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: EvalPro
         (tokens/s), ``committed``, ``target_forwards``, ``drafted``, ``wall_s`` (seconds), and, given
         an :class:`EvalPrompts`, ``prompts`` (:meth:`EvalPrompts.record`: used / skipped and why).
     """
-    import decode
-
     cfg = recipe.eval
     info = prompts.record() if isinstance(prompts, EvalPrompts) else None
     prompts = prompts.ids if isinstance(prompts, EvalPrompts) else prompts

@@ -56,8 +56,16 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from assets.device import resolve_dtype
+import assets.target  # load_target looked up at call time: one place to replace it
+from assets.device import resolve_device, resolve_dtype
+from assets.pinned import home
+from speceval.report import progress_bars_off
+from train.data import collate
 from train.features import target_features
+from train.options import feature_kinds, kind_recipe
+from train.recipe import RecipeError, load_recipe
+from train.recipe_data import load_data, recipe_data_file
+from train.strategies import get_strategy
 
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -198,8 +206,6 @@ def build_feature_cache(spec: CacheSpec, target: torch.nn.Module, ds, *, batch_s
     Raises:
         OSError: not enough free disk for the shards to build (names the folder and the sizes).
     """
-    from speceval.report import progress_bars_off
-
     start, path = time.perf_counter(), spec.path
     path.mkdir(parents=True, exist_ok=True)
     for stray in path.glob("*.tmp"):  # a write interrupted before its rename
@@ -248,8 +254,6 @@ def build_feature_cache(spec: CacheSpec, target: torch.nn.Module, ds, *, batch_s
 
 def _write_shard(path: Path, shard: dict, target, ds, spec: CacheSpec, batch_size: int, bar) -> None:
     """Run the target over one shard's examples (longest first, ``batch_size`` at a time) and write it."""
-    from train.data import collate
-
     rows = [ds[i] for i in range(shard["first"], shard["first"] + shard["count"])]
     order = sorted(range(len(rows)), key=lambda j: -len(rows[j]["input_ids"]))
     dev = next(target.parameters()).device
@@ -326,8 +330,6 @@ class FeatureCache(torch.utils.data.Dataset):
     def collate(self, items: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
         """``train.data.collate``'s batch plus ``features [B, T, F]`` float32 (zeros at padding) and
         ``feature_layers [len(layers)]`` (what ``train.features.batch_features`` checks them against)."""
-        from train.data import collate
-
         batch = collate(items, pad_token_id)
         feats = torch.zeros(*batch["input_ids"].shape, items[0]["features"].shape[-1])
         for b, x in enumerate(items):
@@ -342,19 +344,14 @@ class FeatureCache(torch.utils.data.Dataset):
 def recipe_cache_root(recipe) -> Path:
     """``data.feature_cache``'s folder: ``$DRAFTERKIT_HOME/features`` for ``auto`` (and for ``off``, where
     ``drafterkit features`` builds what ``auto`` would read), else the folder given."""
-    from assets.pinned import home
-
     setting = recipe.data.feature_cache
     return home() / "features" if setting in ("auto", "off") else Path(setting).expanduser()
 
 
 def require_feature_kind(kind: str) -> None:
-    """Raise ``train.recipe.RecipeError`` for a drafter kind whose strategy reads no target features."""
-    from train.recipe import RecipeError
-    from train.strategies import STRATEGIES, get_strategy
-
-    if not hasattr(get_strategy(kind), "feature_layers"):
-        kinds = sorted(k for k, s in STRATEGIES.items() if hasattr(s, "feature_layers"))
+    """Raise ``train.recipe.RecipeError`` for a drafter kind that reads no target features."""
+    if not kind_recipe(kind).reads_features:
+        kinds = feature_kinds()
         raise RecipeError(f"drafter kind {kind!r} reads no target features (it needs the target's logits on "
                           f"every batch), so it has no feature cache; feature caches serve {kinds}")
 
@@ -366,9 +363,6 @@ def feature_layers(recipe, target) -> list[int]:
         train.recipe.RecipeError: the kind reads no target features (draft_lm) or its layers do not fit
             the target.
     """
-    from train.recipe import RecipeError
-    from train.strategies import get_strategy
-
     require_feature_kind(recipe.drafter.kind)
     try:
         return get_strategy(recipe.drafter.kind).feature_layers(recipe, target)
@@ -377,15 +371,13 @@ def feature_layers(recipe, target) -> list[int]:
 
 
 def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache:
-    """The cache training reads for ``recipe`` over ``ds`` (``train.loop.load_data``'s dataset), built
+    """The cache training reads for ``recipe`` over ``ds`` (``train.recipe_data.load_data``'s dataset), built
     first when missing, incomplete or torn, if ``write`` (the main process); else it must be complete.
 
     Raises:
         train.recipe.RecipeError: see :func:`feature_layers`; not enough disk to build it.
         FeatureCacheError: not ``write`` and the cache is not complete.
     """
-    from train.recipe import RecipeError
-
     layers = feature_layers(recipe, target)
     spec = cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path)
     try:
@@ -419,12 +411,6 @@ def run(args: argparse.Namespace) -> int:
     Returns 0; 2 on a user error (bad recipe, a kind without features, a missing data file, too little
     disk); 130 when interrupted (rerun the same command to resume).
     """
-    from assets.device import resolve_device
-    from assets.target import load_target
-    from train.data import recipe_data_file
-    from train.loop import load_data
-    from train.recipe import RecipeError, load_recipe
-
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.batch_size < 1 or args.shard_mb <= 0:
@@ -432,7 +418,8 @@ def run(args: argparse.Namespace) -> int:
         require_feature_kind(recipe.drafter.kind)  # before the target loads
         recipe_data_file(recipe.data)
         device = resolve_device("cpu" if recipe.train.cpu else "auto")
-        target, tokenizer = load_target(recipe.target.name_or_path, dtype=recipe.target.dtype, device=device)
+        target, tokenizer = assets.target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
+                                                      device=device)
         try:
             ds = load_data(recipe, target, tokenizer)
         except (ValueError, FileNotFoundError) as exc:

@@ -14,8 +14,9 @@ checkpoint there; ``train.resume: never`` refuses to start when ``checkpoints/``
 (so two runs never mix), unless ``train.overwrite: true`` (which needs ``resume: never``) deletes the
 earlier run's ``checkpoints/``, ``eval/``, ``logs/`` and ``recipe.yaml`` first.
 
-``drafter.options`` is validated by the strategy's own pydantic model (``train.strategies``), and
-replaced by its resolved form (defaults filled in). Command-line overrides are ``key.sub=value``
+``drafter.options`` is validated by its kind's own pydantic model (``train.options.KINDS``), and
+replaced by its resolved form (defaults filled in); the kind's recipe check (``train.options``) refuses,
+before any model loads, what it cannot train. Command-line overrides are ``key.sub=value``
 strings whose value is parsed with ``yaml.safe_load`` (``optim.lr=1e-3``, ``logging.trackers=[wandb]``).
 
 Errors: :class:`RecipeError` (a ``ValueError``) whose message names each bad key by its dotted path
@@ -30,6 +31,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from train.checkpoint import is_resumable
+from train.options import feature_kinds, kind_recipe
 
 
 class RecipeError(ValueError):
@@ -51,27 +55,20 @@ class DrafterSection(Section):
 
     @model_validator(mode="after")
     def _validate_options(self) -> "DrafterSection":
-        from train.strategies import get_strategy
-
-        try:
-            strategy = get_strategy(self.kind)
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
-        if "feature_cache" in self.options and "feature_cache" not in strategy.options_model.model_fields:
+        options_model = kind_recipe(self.kind).options_model  # ValueError for an unknown kind
+        if "feature_cache" in self.options and "feature_cache" not in options_model.model_fields:
             raise ValueError("drafter.options.feature_cache: the feature cache is data.feature_cache now (auto, off "
                              "or a folder; built once by `drafterkit features RECIPE`)")
         try:
-            parsed = strategy.options_model.model_validate(self.options)
+            parsed = options_model.model_validate(self.options)
         except ValidationError as exc:
-            raise ValueError(format_validation_error(exc, strategy.options_model, "drafter.options")) from None
+            raise ValueError(format_validation_error(exc, options_model, "drafter.options")) from None
         object.__setattr__(self, "options", parsed.model_dump(mode="json"))
         return self
 
     def parsed_options(self) -> BaseModel:
-        """The options as the strategy's pydantic model (already validated)."""
-        from train.strategies import get_strategy
-
-        return get_strategy(self.kind).options_model.model_validate(self.options)
+        """The options as the kind's pydantic model (already validated)."""
+        return kind_recipe(self.kind).options_model.model_validate(self.options)
 
 
 class DataSection(Section):
@@ -197,8 +194,6 @@ class TrainSection(Section):
     @field_validator("resume")
     @classmethod
     def _resume(cls, v: str) -> str:
-        from train.checkpoint import is_resumable
-
         if v in ("auto", "never"):
             return v
         if not Path(v).is_dir():
@@ -267,10 +262,8 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _feature_cache_for_feature_kinds(self) -> Recipe:
-        from train.strategies import STRATEGIES
-
-        if self.data.feature_cache != "off" and not hasattr(STRATEGIES[self.drafter.kind], "feature_layers"):
-            kinds = sorted(k for k, s in STRATEGIES.items() if hasattr(s, "feature_layers"))
+        if self.data.feature_cache != "off" and not kind_recipe(self.drafter.kind).reads_features:
+            kinds = feature_kinds()
             raise ValueError(f"data.feature_cache: drafter kind {self.drafter.kind!r} reads no target features (it "
                              f"needs the target's logits on every batch); set data.feature_cache: off (feature "
                              f"caches serve {kinds})")
@@ -279,10 +272,8 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _kind_can_train_this(self) -> Recipe:
         # a loss term, data setting or option value the drafter kind cannot train on is refused here, with the
-        # key, the kind and the fix (the strategy's optional validate_recipe hook, see train.strategies)
-        from train.strategies import get_strategy
-
-        check = getattr(get_strategy(self.drafter.kind), "validate_recipe", None)
+        # key, the kind and the fix (the kind's recipe check, see train.options)
+        check = kind_recipe(self.drafter.kind).check
         if check is not None:
             check(self)
         return self

@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+import decode
 from assets.pinned import home
+from speceval.report import progress_bars_off
 
 
 def _target_fingerprint(target: torch.nn.Module) -> str:
@@ -54,9 +56,6 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
         ValueError: no prompt is short enough (names the sizes to change).
     """
     import datasets
-
-    import decode
-    from speceval.report import progress_bars_off
 
     key = hashlib.sha256(json.dumps(dict(target=_target_fingerprint(target), data=ds._fingerprint,
                                          n=len(ds), new=max_new_tokens, max_length=max_length, v=2),

@@ -22,6 +22,8 @@ import os
 import signal
 import sys
 
+from assets.target import TargetLoadError
+from train.loop import train
 from train.recipe import RecipeError, load_recipe
 
 
@@ -37,15 +39,11 @@ def run(args: argparse.Namespace) -> int:
 
     Returns 0; 2 on a user error (see the module docstring); 128 + signal number when interrupted.
     """
-    from assets.target import TargetLoadError
-
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.print_recipe:
             print(recipe.to_yaml())
             return 0
-        from train.loop import train
-
         result = train(recipe)
     except (RecipeError, FileNotFoundError) as exc:
         print(f"drafterkit train: error: {exc}", file=sys.stderr)

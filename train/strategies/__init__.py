@@ -2,8 +2,10 @@
 
 A strategy tells the generic loop (``train/loop.py``) four things about its drafter kind: how to
 build the trainable module, how to check a batch, how to compute the loss, and how to save. Add a
-kind by writing ``train/strategies/<kind>.py`` with a class following :class:`Strategy` and one line
-in :data:`STRATEGIES`. The loop never looks inside a drafter.
+kind by writing ``train/strategies/<kind>.py`` with a class following :class:`Strategy`
+(``train/strategies/base.py``) and one line in :data:`STRATEGIES`, and its options model and recipe
+check in ``train.options.KINDS`` (the recipe layer: it validates ``drafter.options`` before any model
+loads, so it does not import the strategies). The loop never looks inside a drafter.
 
 Contract (what the loop guarantees and expects):
 
@@ -25,81 +27,21 @@ Contract (what the loop guarantees and expects):
   accelerate-wrapped module: call it, do not assume its type (``unwrap(drafter)`` gives the Drafter).
   Target forwards must run under ``torch.no_grad()``.
 * ``save(drafter, path)`` writes a folder loadable by ``drafters.load_drafter(path, target)``.
-* Optional ``validate_recipe(recipe)``: called by the recipe validator (``train.recipe.Recipe``), so
-  ``load_recipe`` refuses, before any model loads, what the kind cannot train (a loss term it cannot
-  apply, on-policy data for the head kinds, an option value the target cannot serve); raise
-  ``ValueError`` whose message starts with the recipe key (``loss.name: ...``) and names the kind and
-  the fix.
+* ``options_model`` is the kind's ``train.options.KINDS[kind].options_model``; what the kind cannot train
+  (a loss term it cannot apply, on-policy data for the head kinds, an option value the target cannot
+  serve) is refused by the kind's recipe check there, when the recipe is validated.
+* Kinds that train from target features (``train.options.KINDS[kind].reads_features``) have
+  ``feature_layers(recipe, target)``: the ``hidden_states`` ids the loss reads, what the offline feature
+  cache holds.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import torch
-from pydantic import BaseModel
-
-
-@runtime_checkable
-class Strategy(Protocol):
-    """The four-method interface every drafter kind implements for training."""
-
-    kind: str
-    options_model: type[BaseModel]
-
-    def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any) -> torch.nn.Module:
-        """The trainable drafter (a ``drafters.Drafter``)."""
-
-    def check_batch(self, batch: dict[str, Any]) -> None:
-        """Raise ``ValueError`` with a clear message if ``batch`` cannot be trained on."""
-
-    def loss(self, drafter: torch.nn.Module, target: torch.nn.Module, batch: dict[str, Any],
-             recipe: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar loss (with grad) and float metrics."""
-
-    def save(self, drafter: torch.nn.Module, path: str | Path) -> None:
-        """Write a checkpoint folder loadable with ``drafters.load_drafter``."""
-
-
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """Strip DDP / accelerate wrappers (``.module``) and ``torch.compile`` (``._orig_mod``)."""
-    while True:
-        if hasattr(module, "module") and isinstance(module.module, torch.nn.Module):
-            module = module.module
-        elif hasattr(module, "_orig_mod"):
-            module = module._orig_mod
-        else:
-            return module
-
-
-def check_common_batch(batch: dict[str, Any]) -> None:
-    """The checks every kind shares: ``input_ids``, ``attention_mask``, ``loss_mask`` LongTensors ``[B, T]``.
-
-    Raises:
-        ValueError: a key is missing, not a tensor, not 2-D, or the shapes differ.
-    """
-    need = ("input_ids", "attention_mask", "loss_mask")
-    missing = [k for k in need if k not in batch]
-    if missing:
-        raise ValueError(f"batch lacks {missing}; build batches with train.data.collate (keys {list(need)})")
-    shape = None
-    for k in need:
-        v = batch[k]
-        if not isinstance(v, torch.Tensor) or v.dim() != 2:
-            raise ValueError(f"batch[{k!r}] must be a 2-D tensor [B, T], got "
-                             f"{type(v).__name__}{'' if not isinstance(v, torch.Tensor) else tuple(v.shape)}")
-        if shape is not None and v.shape != shape:
-            raise ValueError(f"batch[{k!r}] has shape {tuple(v.shape)} but input_ids has {tuple(shape)}")
-        shape = v.shape
-
-
-# Kind modules import the helpers above, so they are imported after them.
-from train.strategies.draft_lm import DraftLMStrategy  # noqa: E402
-
-from train.strategies.eagle import EagleStrategy  # noqa: E402
-from train.strategies.eagle3 import Eagle3Strategy  # noqa: E402
-from train.strategies.medusa import MedusaStrategy  # noqa: E402
+from train.strategies.base import Strategy, check_common_batch, unwrap
+from train.strategies.draft_lm import DraftLMStrategy
+from train.strategies.eagle import EagleStrategy
+from train.strategies.eagle3 import Eagle3Strategy
+from train.strategies.medusa import MedusaStrategy
 
 STRATEGIES: dict[str, Strategy] = {
     "draft_lm": DraftLMStrategy(),

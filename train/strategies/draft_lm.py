@@ -25,35 +25,20 @@ pattern of EAGLE-3, Li et al. 2025). Memory: about K times the logits of one pas
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from transformers import DynamicCache
 
+import decode
+from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
+from drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
 from train import losses
 from train.data import collate, shift_for_next_token
-from train.strategies import check_common_batch, unwrap
-
-
-class LoraOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    r: int = Field(16, ge=1)
-    alpha: float = Field(32.0, gt=0.0)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-class DraftLMOptions(BaseModel):
-    """``drafter.options`` for ``kind: draft_lm``."""
-
-    model_config = ConfigDict(extra="forbid")
-    init: Literal["truncated", "scratch", "checkpoint"] = "truncated"
-    num_layers: int = Field(4, ge=1)
-    checkpoint: str | None = None  # init == checkpoint: drafterkit draft_lm folder or transformers folder
-    scratch_config: dict[str, Any] = Field(default_factory=dict)  # DraftLMConfig fields for init == scratch
-    freeze_embeddings: bool = False  # keep input embeddings and LM head fixed
-    lora: LoraOptions | None = None
+from train.options import DraftLMOptions, LoraOptions
+from train.strategies.base import check_common_batch, unwrap
 
 
 def _cache_kwargs(lm: torch.nn.Module, cache: Any) -> dict[str, Any]:
@@ -78,8 +63,6 @@ def unroll_alphas(lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: 
         [N, K]`` (step j of the chain at t is alive iff positions t .. t+j are all supervised), and the
         step-1 drafter logits ``[B, T, V]`` (for other loss terms).
     """
-    from transformers import DynamicCache
-
     b, t = input_ids.shape
     n = int(supervised.sum())
     chain = (supervised.reshape(-1).long().cumsum(0) - 1).reshape(b, t)  # [B, T] chain index of start (b, t)
@@ -130,8 +113,6 @@ class DraftLMStrategy:
         Raises:
             ValueError: ``init: checkpoint`` without ``checkpoint``, a missing folder, bad scratch config.
         """
-        from drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
-
         opts: DraftLMOptions = recipe.drafter.parsed_options()
         if opts.init == "truncated":
             drafter = DraftLM.from_target(target, opts.num_layers)
@@ -169,9 +150,6 @@ class DraftLMStrategy:
                 weights file, a folder transformers cannot load as a causal LM, a vocabulary that is not
                 the target's.
         """
-        from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
-        from drafters.draft_lm import check_vocab_match
-
         key = "drafter.options.checkpoint"
         wanted = ("init: checkpoint needs a draft_lm checkpoint or a transformers causal-LM folder sharing the "
                   "target's tokenizer (a drafter folder, a training checkpoint such as RUN/checkpoints/best, a run "
@@ -196,8 +174,6 @@ class DraftLMStrategy:
     def _broken_checkpoint(path: Path, key: str, wanted: str) -> str | None:
         """The message for the folders ``drafters.resolve_checkpoint`` refuses that users most often name:
         a missing one, one with a config.json but no weights (``None``: its own message says it best)."""
-        import json
-
         if not path.exists():
             return f"{path} does not exist; {wanted}"
         try:
@@ -276,8 +252,6 @@ class DraftLMStrategy:
         the sampled tokens (``data.on_policy_max_new_tokens`` at ``data.on_policy_temperature``) become the
         supervised continuation. Rows without a supervised token are kept as they are.
         """
-        import decode
-
         lm = unwrap(drafter).lm
         labels = shift_for_next_token(batch)
         ids, am = batch["input_ids"], batch["attention_mask"]
@@ -315,8 +289,6 @@ class DraftLMStrategy:
 def merged_copy(drafter):
     """A plain DraftLM whose weights are ``W + scale * B @ A`` of every LoRA layer of ``drafter``."""
     from peft.tuners.lora import LoraLayer
-
-    from drafters.draft_lm import DraftLM
 
     state = {}
     for name, mod in drafter.lm.named_modules():

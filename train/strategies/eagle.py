@@ -33,11 +33,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
+from drafters.eagle import EagleConfig, EagleDrafter
 from train.data import shift_for_next_token
 from train.features import batch_features
-from train.strategies import unwrap
+from train.options import EagleOptions
+from train.strategies.base import unwrap
 from train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
@@ -49,18 +50,6 @@ from train.strategies.heads import (
 )
 
 
-class EagleOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    feature_weight: float = Field(1.0, ge=0.0)
-    token_weight: float = Field(0.1, ge=0.0)
-    input_noise: float = Field(0.0, ge=0.0)  # uniform noise amplitude on input features
-    init_from_target_layer: bool = True  # copy the target's last decoder layer into the head
-    train_vocab_size: int | None = Field(None, ge=2)
-    # steps of the unroll on the head's own features and draft tokens (1: EAGLE-1's single step)
-    ttt_steps: int = Field(1, ge=1, le=16)
-    step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of unroll step j = decay ** j
-
-
 class EagleStrategy(FeatureHeadStrategy):
     """Strategy (see ``train.strategies``) for ``kind: eagle``."""
 
@@ -68,8 +57,6 @@ class EagleStrategy(FeatureHeadStrategy):
     options_model = EagleOptions
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
-        from drafters.eagle import EagleConfig, EagleDrafter
-
         o: EagleOptions = recipe.drafter.parsed_options()
         drafter = EagleDrafter(EagleConfig.from_target(target), target=target,
                                init_from_target=o.init_from_target_layer)
@@ -82,7 +69,7 @@ class EagleStrategy(FeatureHeadStrategy):
         self.refuse_on_policy(batch)
         d = unwrap(drafter)
         o: EagleOptions = recipe.drafter.parsed_options()
-        f = batch_features(target, batch, d.feature_layers, feature_store(recipe, d.feature_layers))  # [B, T, H]
+        f = batch_features(target, batch, d.feature_layers, feature_store(recipe))  # [B, T, H]
         f_in = f + (torch.rand_like(f) * 2 - 1) * o.input_noise if o.input_noise > 0 else f
         labels = shift_for_next_token(batch)  # [B, T]: token t+1
         chain = torch.zeros_like(labels, dtype=torch.bool)

@@ -24,61 +24,32 @@ generated greedily, ``data.regenerate: true``). ``accept_len`` chains the first
 ``min(ttt_steps, loss.draft_steps)`` steps and needs ``ttt_tokens: draft`` (its alphas must come from
 the head's own drafts): a recipe asking for it with ``data`` is refused when validated.
 
-Feature layer ids: ``drafter.options.feature_layers`` follow ``drafters.eagle3.check_feature_layers``
-(``0 <= i < L``); an id ``>= L`` is refused when the recipe is validated when the target's config can
-be read from local files (a folder, the built default target, the Hub cache), else when the head is
-built, with the same message.
+Feature layer ids: ``drafter.options.feature_layers`` (``train.options.Eagle3Options``) follow
+``drafters.eagle3.check_feature_layers`` (``0 <= i < L``); an id ``>= L`` is refused when the recipe is
+validated (``train.options.check_eagle3_recipe``) when the target's config can be read from local files
+(a folder, the built default target, the Hub cache), else when the head is built, with the same message.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from drafters.eagle import init_layer_from_target
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
 from train.data import shift_for_next_token
 from train.features import batch_features, target_logits
-from train.strategies import unwrap
+from train.options import Eagle3Options
+from train.strategies.base import unwrap
 from train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
     count_data_tokens,
     feature_store,
-    loss_key,
     shifted_rows,
     trainable_own,
 )
-
-
-class Eagle3Options(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    draft_vocab_size: int = Field(8192, ge=2)  # clamped to the target's vocabulary
-    # hidden_states indices, 0 <= i < L (the input of decoder layer i, vLLM's eagle_aux_hidden_state_layer_ids);
-    # None: (2, L//2, L-3)
-    feature_layers: list[int] | None = None
-    ttt_steps: int = Field(3, ge=1, le=16)
-    # token of TTT steps j >= 1: the data token ("data", EAGLE-3's training) or the head's own greedy draft
-    # ("draft", what decoding feeds; needed by the accept_len loss)
-    ttt_tokens: Literal["data", "draft"] = "data"
-    step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)
-    init_from_target_layer: bool = True
-    # fc (3H -> H) at start: "last_feature" passes the last feature layer through unchanged, so the
-    # target-initialised decoder layer starts on a state from the target's own residual stream; "random"
-    # is nn.Linear's default (as SpecForge)
-    init_fc: Literal["random", "last_feature"] = "last_feature"
-    # q/k/v (2H -> ...) at start: "target": both halves (embedding | hidden) from the target's last layer,
-    # as if the layer saw their sum (only with init_from_target_layer); "random": nn.Linear's default.
-    # Both target-derived inits together: MT-bench first-position top-1 0.306 -> 0.333 at equal steps
-    # (benchmarks/head_probe.py, BENCHMARKS.md session 6)
-    init_attention: Literal["random", "target"] = "target"
-
-    @field_validator("feature_layers")
-    @classmethod
-    def _three_ids(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and (len(v) != 3 or min(v) < 0):
-            raise ValueError(f"give 3 hidden_states ids 0 <= i < L (low, mid, high), or null for (2, L//2, L-3); got {v}")
-        return v
 
 
 class Eagle3Strategy(FeatureHeadStrategy):
@@ -88,9 +59,6 @@ class Eagle3Strategy(FeatureHeadStrategy):
     options_model = Eagle3Options
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
-        from drafters.eagle import init_layer_from_target
-        from drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
-
         o: Eagle3Options = recipe.drafter.parsed_options()
         cfg = Eagle3Config.from_target(target, draft_vocab_size=o.draft_vocab_size,
                                        feature_layers=list(o.feature_layers or []), ttt_steps=o.ttt_steps)
@@ -108,35 +76,9 @@ class Eagle3Strategy(FeatureHeadStrategy):
     def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
         """The three fused layers (``drafter.options.feature_layers``, default ``(2, L//2, L-3)``) and the
         last one, whose LM head gives the target's logits: what :meth:`loss` reads."""
-        from drafters.eagle3 import Eagle3Config
-
         o: Eagle3Options = recipe.drafter.parsed_options()
         cfg = Eagle3Config.from_target(target, feature_layers=list(o.feature_layers or []))
         return list(cfg.feature_layers) + [cfg.target_num_layers]
-
-    def validate_recipe(self, recipe: Any) -> None:
-        """As :meth:`FeatureHeadStrategy.validate_recipe`, plus: ``accept_len`` needs ``ttt_tokens: draft``;
-        explicit ``feature_layers`` must be valid ids for the target when its config is readable locally.
-
-        Raises:
-            ValueError: naming the key, the kind and the fix.
-        """
-        super().validate_recipe(recipe)
-        o: Eagle3Options = recipe.drafter.parsed_options()
-        if "accept_len" in recipe.loss.terms() and o.ttt_tokens == "data":
-            raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
-                             "'eagle3' with drafter.options.ttt_tokens: data (its TTT steps read the data's tokens, so "
-                             "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
-                             "on its own drafts, what decoding runs) or use another loss")
-        if o.feature_layers is not None:
-            from drafters.eagle3 import check_feature_layers
-
-            n = local_layer_count(recipe.target.name_or_path)
-            if n is not None:
-                try:
-                    check_feature_layers(o.feature_layers, int(n))
-                except ValueError as exc:
-                    raise ValueError(f"drafter.options.feature_layers: {exc}") from None
 
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` over the TTT unroll, see the module docstring."""
@@ -144,7 +86,7 @@ class Eagle3Strategy(FeatureHeadStrategy):
         d = unwrap(drafter)
         o: Eagle3Options = recipe.drafter.parsed_options()
         layers = list(d.feature_layers) + [d.config.target_num_layers]
-        feats = batch_features(target, batch, layers, feature_store(recipe, layers))  # [B, T, 4H]
+        feats = batch_features(target, batch, layers, feature_store(recipe))  # [B, T, 4H]
         h = d.config.hidden_size
         fused, last = feats[..., : 3 * h], feats[..., 3 * h:]
         ids = batch["input_ids"]
@@ -173,28 +115,6 @@ class Eagle3Strategy(FeatureHeadStrategy):
         loss, metrics = chain_loss(draft_rows, target_rows, label_rows, weights, recipe.loss)
         metrics["draft_vocab_coverage"] = float(in_vocab.float().mean()) if in_vocab.numel() else 0.0
         return loss, metrics
-
-
-def local_layer_count(name_or_path: str) -> int | None:
-    """The target's ``num_hidden_layers`` when local files alone give its config (a folder, the default
-    target once built, a Hub id in the local Hugging Face cache), else None: never downloads, converts or
-    loads weights, so a recipe can be checked before any model loads."""
-    from transformers import AutoConfig
-
-    from assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
-
-    path = name_or_path
-    if name_or_path == DEFAULT_TARGET_ALIAS:
-        built = built_target_dir()
-        if built is None:
-            return None
-        path = str(built)
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError):
-        return None
-    n = getattr(config, "num_hidden_layers", None)
-    return int(n) if n is not None else None
 
 
 @torch.no_grad()

@@ -1,10 +1,7 @@
 """What the feature-head strategies (Medusa, EAGLE, EAGLE-3) share: one base class and the loss plumbing.
 
-* :class:`FeatureHeadStrategy`: the batch check, ``save`` and the recipe checks (:meth:`validate_recipe`,
-  run when a recipe is validated): on-policy data is refused (a head trains on fixed data with the
-  target's own features; DistillSpec-style on-policy batches are a draft-LM thing), and so is
-  ``accept_len`` over ``loss.draft_steps > 1`` when the kind's chain is one step long (it would be
-  plain alpha).
+* :class:`FeatureHeadStrategy`: the batch check, the refusal of on-policy batches, ``save`` and
+  ``feature_layers`` (what the recipe refuses for these kinds is checked by ``train.options``).
 * :func:`chain_loss`: ``recipe.loss`` over K draft steps at the same N start positions (Medusa heads,
   the EAGLE-3 TTT unroll, EAGLE's single step), with per-step weights.
 * :func:`shifted_rows`: gather ``x[b, t + shift]`` at start positions (the label/target offset of step k).
@@ -21,8 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from drafters.eagle3 import select_draft_vocab
 from train import losses
-from train.strategies import check_common_batch, unwrap
+from train.recipe_data import load_data
+from train.strategies.base import check_common_batch, unwrap
 
 
 class FeatureHeadStrategy:
@@ -30,7 +29,6 @@ class FeatureHeadStrategy:
     and ``loss`` (calling :meth:`refuse_on_policy` first)."""
 
     kind = ""
-    chain_option = "ttt_steps"  # the drafter option holding the chain length (draft steps) of the loss
     min_tokens = 3  # a head at t predicts token t + 2: shorter sequences hold no supervised pair
 
     def check_batch(self, batch: dict[str, Any]) -> None:
@@ -38,25 +36,6 @@ class FeatureHeadStrategy:
         if batch["input_ids"].shape[1] < self.min_tokens:
             raise ValueError(f"{self.kind} batches need sequences of >= {self.min_tokens} tokens (the head at "
                              "position t predicts token t + 2)")
-
-    def validate_recipe(self, recipe: Any) -> None:
-        """Refuse what this kind cannot train; called by ``train.recipe.Recipe``'s validator, so
-        ``load_recipe`` fails before any model loads.
-
-        Raises:
-            ValueError: ``data.on_policy_fraction > 0``; ``accept_len`` with ``loss.draft_steps > 1`` on a
-                one-step chain. The message names the key, the kind and the fix.
-        """
-        if recipe.data.on_policy_fraction > 0:
-            raise ValueError(f"data.on_policy_fraction: drafter kind {self.kind!r} trains on the target's own "
-                             "features of fixed data; on-policy (DistillSpec) batches exist for kind 'draft_lm' "
-                             "only; set data.on_policy_fraction: 0")
-        knob, steps = self.chain_option, recipe.loss.draft_steps
-        if "accept_len" in recipe.loss.terms() and getattr(recipe.drafter.parsed_options(), knob) == 1 and steps > 1:
-            raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
-                             f"{self.kind!r} with drafter.options.{knob}: 1 (chains of one draft token: accept_len over "
-                             f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.{knob}: {steps} "
-                             "(the chain the loss needs), or loss.draft_steps: 1, or another loss")
 
     def refuse_on_policy(self, batch: dict[str, Any]) -> None:
         """Raise ``ValueError`` for an on-policy (DistillSpec) batch, naming the recipe fix."""
@@ -73,11 +52,6 @@ class FeatureHeadStrategy:
         return [target.config.num_hidden_layers]
 
 
-def loss_key(recipe: Any, name: str) -> str:
-    """The recipe key that asks for loss term ``name``: ``loss.weights.<name>`` or ``loss.name``."""
-    return f"loss.weights.{name}" if recipe.loss.weights else "loss.name"
-
-
 def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], label_rows: list[torch.Tensor],
                step_weights: list[float], loss_cfg: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss over K draft steps evaluated at the same N start positions (Medusa heads, EAGLE / EAGLE-3 unrolls).
@@ -85,7 +59,7 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
     Normalisation: every term is a SUM over its supervised rows divided by N, the number of chain starts
     (``metrics["tokens"]``), whatever the step. A step whose rows run past a sequence's supervised span
     therefore weighs by the chains that reach it; the training loop turns the result back into a sum
-    (``loss * tokens``) and divides by the starts of the whole optimizer step (``train.loop``).
+    (``loss * tokens``) and divides by the starts of the whole optimizer step (``train.step.train_step``).
 
     Args:
         draft_rows / target_rows: K tensors ``[N, V]`` of draft / target logits for step k.
@@ -151,10 +125,10 @@ def shifted_rows(x: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor], shift
     return out
 
 
-def feature_store(recipe: Any, layers=None) -> str | None:
+def feature_store(recipe: Any) -> str | None:
     """``recipe.data.feature_cache`` when the run reads the offline feature cache, else None: what a loss
-    passes to ``train.features.batch_features``, so an offline run never falls back to a target forward.
-    (``layers`` is unused: the cached batch names its own, checked by ``batch_features``.)"""
+    passes to ``train.features.batch_features``, so an offline run never falls back to a target forward
+    (the cached batch names its layers, checked by ``batch_features``)."""
     setting = recipe.data.feature_cache
     return None if setting == "off" else setting
 
@@ -175,10 +149,8 @@ def trainable_own(drafter, target: torch.nn.Module):
 
 def count_data_tokens(recipe: Any, target: torch.nn.Module, tokenizer: Any, vocab_size: int) -> torch.Tensor:
     """Counts ``[V]`` of supervised (``loss_mask == 1``) token ids in the data the run trains on
-    (``train.loop.load_data``: the recipe's training split, or the target's regenerated responses with
-    ``data.regenerate``; both cached, so the loop's own load is a cache hit)."""
-    from train.loop import load_data
-
+    (``train.recipe_data.load_data``: the recipe's training split, or the target's regenerated responses
+    with ``data.regenerate``; both cached, so the loop's own load is a cache hit)."""
     ds = load_data(recipe, target, tokenizer)
     counts = np.zeros(vocab_size, dtype=np.int64)
     for ex in ds.with_format("numpy"):
@@ -193,8 +165,6 @@ def register_train_vocab(drafter, recipe: Any, target: torch.nn.Module, tokenize
     (a training economy for full-vocabulary heads; not saved, decoding is unaffected)."""
     if not n:
         return
-    from drafters.eagle3 import select_draft_vocab
-
     counts = count_data_tokens(recipe, target, tokenizer, drafter.config.vocab_size)
     ids = select_draft_vocab(counts, min(n, drafter.config.vocab_size))
     drafter.register_buffer("train_vocab", ids.to(next(drafter.parameters()).device), persistent=False)

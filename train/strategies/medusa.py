@@ -20,11 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from drafters.medusa import MedusaConfig, MedusaDrafter
 from train.data import shift_for_next_token
 from train.features import batch_features
-from train.strategies import unwrap
+from train.options import MedusaOptions
+from train.strategies.base import unwrap
 from train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
@@ -34,15 +35,6 @@ from train.strategies.heads import (
     trainable_own,
     vocab_remap,
 )
-
-
-class MedusaOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    num_heads: int = Field(5, ge=1, le=16)
-    num_layers: int = Field(1, ge=1, le=4)  # residual blocks per head
-    share_lm_head: bool = True  # False: own LM head per head (K x V x H parameters)
-    head_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of head k = decay ** k
-    train_vocab_size: int | None = Field(None, ge=2)  # token losses over the N most frequent data tokens
 
 
 def head_labels(batch: dict[str, torch.Tensor], num_heads: int):
@@ -61,12 +53,9 @@ class MedusaStrategy(FeatureHeadStrategy):
     """Strategy (see ``train.strategies``) for ``kind: medusa``."""
 
     kind = "medusa"
-    chain_option = "num_heads"  # the K heads at one position are the chain
     options_model = MedusaOptions
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
-        from drafters.medusa import MedusaConfig, MedusaDrafter
-
         o: MedusaOptions = recipe.drafter.parsed_options()
         if recipe.eval.k > o.num_heads:
             raise ValueError(f"eval.k={recipe.eval.k} but Medusa with num_heads={o.num_heads} proposes at most "
@@ -81,8 +70,7 @@ class MedusaStrategy(FeatureHeadStrategy):
         """``(loss, metrics)``: per-head ``recipe.loss`` against token ``t + k + 2`` (see module docstring)."""
         self.refuse_on_policy(batch)
         d = unwrap(drafter)
-        store = feature_store(recipe, d.feature_layers)
-        hidden = batch_features(target, batch, d.feature_layers, store)  # [B, T, H] final-norm states
+        hidden = batch_features(target, batch, d.feature_layers, feature_store(recipe))  # [B, T, H] final-norm states
         starts, label_rows = head_labels(batch, d.config.num_heads)
         vocab = getattr(d, "train_vocab", None)  # None: full vocabulary
         remap = vocab_remap(vocab, d.config.vocab_size, hidden.device)

@@ -1,0 +1,208 @@
+"""Drafter kinds as a recipe sees them: each kind's ``drafter.options`` schema, whether it reads target
+features, and the checks of a whole recipe the kind cannot train. Read by the recipe validator
+(``train.recipe``) before any model loads; the training strategies (``train.strategies``) import their
+options from here.
+
+Adding a kind: its options model and one line in :data:`KINDS` here, its strategy in
+``train/strategies/<kind>.py`` and one line in ``train.strategies.STRATEGIES`` (the two dicts list the
+same kinds; ``tests/test_train_recipe.py`` checks it).
+
+Recipe checks (``KindRecipe.check``) take the validated :class:`train.recipe.Recipe` and raise
+``ValueError`` whose message starts with the recipe key (``loss.name: ...``) and names the kind and the fix:
+
+* the head kinds (Medusa, EAGLE, EAGLE-3) refuse on-policy data (a head trains on fixed data with the
+  target's own features; DistillSpec-style on-policy batches are a draft-LM thing), and ``accept_len``
+  over ``loss.draft_steps > 1`` when their chain is one step long (it would be plain alpha);
+* EAGLE-3 also refuses ``accept_len`` with ``ttt_tokens: data`` and explicit ``feature_layers`` that do
+  not fit the target, when the target's config is readable from local files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
+from drafters.eagle3 import check_feature_layers
+
+# --- options, one model per kind ----------------------------------------------------------------
+
+
+class LoraOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    r: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class DraftLMOptions(BaseModel):
+    """``drafter.options`` for ``kind: draft_lm``."""
+
+    model_config = ConfigDict(extra="forbid")
+    init: Literal["truncated", "scratch", "checkpoint"] = "truncated"
+    num_layers: int = Field(4, ge=1)
+    checkpoint: str | None = None  # init == checkpoint: drafterkit draft_lm folder or transformers folder
+    scratch_config: dict[str, Any] = Field(default_factory=dict)  # DraftLMConfig fields for init == scratch
+    freeze_embeddings: bool = False  # keep input embeddings and LM head fixed
+    lora: LoraOptions | None = None
+
+
+class MedusaOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_heads: int = Field(5, ge=1, le=16)
+    num_layers: int = Field(1, ge=1, le=4)  # residual blocks per head
+    share_lm_head: bool = True  # False: own LM head per head (K x V x H parameters)
+    head_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of head k = decay ** k
+    train_vocab_size: int | None = Field(None, ge=2)  # token losses over the N most frequent data tokens
+
+
+class EagleOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    feature_weight: float = Field(1.0, ge=0.0)
+    token_weight: float = Field(0.1, ge=0.0)
+    input_noise: float = Field(0.0, ge=0.0)  # uniform noise amplitude on input features
+    init_from_target_layer: bool = True  # copy the target's last decoder layer into the head
+    train_vocab_size: int | None = Field(None, ge=2)
+    # steps of the unroll on the head's own features and draft tokens (1: EAGLE-1's single step)
+    ttt_steps: int = Field(1, ge=1, le=16)
+    step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of unroll step j = decay ** j
+
+
+class Eagle3Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    draft_vocab_size: int = Field(8192, ge=2)  # clamped to the target's vocabulary
+    # hidden_states indices, 0 <= i < L (the input of decoder layer i, vLLM's eagle_aux_hidden_state_layer_ids);
+    # None: (2, L//2, L-3)
+    feature_layers: list[int] | None = None
+    ttt_steps: int = Field(3, ge=1, le=16)
+    # token of TTT steps j >= 1: the data token ("data", EAGLE-3's training) or the head's own greedy draft
+    # ("draft", what decoding feeds; needed by the accept_len loss)
+    ttt_tokens: Literal["data", "draft"] = "data"
+    step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)
+    init_from_target_layer: bool = True
+    # fc (3H -> H) at start: "last_feature" passes the last feature layer through unchanged, so the
+    # target-initialised decoder layer starts on a state from the target's own residual stream; "random"
+    # is nn.Linear's default (as SpecForge)
+    init_fc: Literal["random", "last_feature"] = "last_feature"
+    # q/k/v (2H -> ...) at start: "target": both halves (embedding | hidden) from the target's last layer,
+    # as if the layer saw their sum (only with init_from_target_layer); "random": nn.Linear's default.
+    # Both target-derived inits together: MT-bench first-position top-1 0.306 -> 0.333 at equal steps
+    # (benchmarks/head_probe.py, BENCHMARKS.md session 6)
+    init_attention: Literal["random", "target"] = "target"
+
+    @field_validator("feature_layers")
+    @classmethod
+    def _three_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 3 or min(v) < 0):
+            raise ValueError("give 3 hidden_states ids 0 <= i < L (low, mid, high), or null for (2, L//2, L-3); "
+                             f"got {v}")
+        return v
+
+
+# --- recipe checks -------------------------------------------------------------------------------
+
+
+def loss_key(recipe: Any, name: str) -> str:
+    """The recipe key that asks for loss term ``name``: ``loss.weights.<name>`` or ``loss.name``."""
+    return f"loss.weights.{name}" if recipe.loss.weights else "loss.name"
+
+
+def check_head_recipe(recipe: Any, kind: str, chain_option: str) -> None:
+    """What a feature-head kind cannot train: on-policy data; ``accept_len`` over ``loss.draft_steps > 1``
+    when the drafter option ``chain_option`` (the chain's length) is 1.
+
+    Raises:
+        ValueError: naming the key, the kind and the fix.
+    """
+    if recipe.data.on_policy_fraction > 0:
+        raise ValueError(f"data.on_policy_fraction: drafter kind {kind!r} trains on the target's own "
+                         "features of fixed data; on-policy (DistillSpec) batches exist for kind 'draft_lm' "
+                         "only; set data.on_policy_fraction: 0")
+    steps = recipe.loss.draft_steps
+    if "accept_len" in recipe.loss.terms() and getattr(recipe.drafter.parsed_options(), chain_option) == 1 and steps > 1:
+        raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
+                         f"{kind!r} with drafter.options.{chain_option}: 1 (chains of one draft token: accept_len "
+                         f"over loss.draft_steps: {steps} would be plain alpha); set drafter.options.{chain_option}: "
+                         f"{steps} (the chain the loss needs), or loss.draft_steps: 1, or another loss")
+
+
+def check_eagle3_recipe(recipe: Any) -> None:
+    """As :func:`check_head_recipe`, plus: ``accept_len`` needs ``ttt_tokens: draft``; explicit
+    ``feature_layers`` must be valid ids for the target when its config is readable locally.
+
+    Raises:
+        ValueError: naming the key, the kind and the fix.
+    """
+    check_head_recipe(recipe, "eagle3", "ttt_steps")
+    o: Eagle3Options = recipe.drafter.parsed_options()
+    if "accept_len" in recipe.loss.terms() and o.ttt_tokens == "data":
+        raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
+                         "'eagle3' with drafter.options.ttt_tokens: data (its TTT steps read the data's tokens, so "
+                         "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
+                         "on its own drafts, what decoding runs) or use another loss")
+    if o.feature_layers is not None:
+        n = local_layer_count(recipe.target.name_or_path)
+        if n is not None:
+            try:
+                check_feature_layers(o.feature_layers, int(n))
+            except ValueError as exc:
+                raise ValueError(f"drafter.options.feature_layers: {exc}") from None
+
+
+def local_layer_count(name_or_path: str) -> int | None:
+    """The target's ``num_hidden_layers`` when local files alone give its config (a folder, the default
+    target once built, a Hub id in the local Hugging Face cache), else None: never downloads, converts or
+    loads weights, so a recipe can be checked before any model loads."""
+    from transformers import AutoConfig
+
+    path = name_or_path
+    if name_or_path == DEFAULT_TARGET_ALIAS:
+        built = built_target_dir()
+        if built is None:
+            return None
+        path = str(built)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
+    n = getattr(config, "num_hidden_layers", None)
+    return int(n) if n is not None else None
+
+
+# --- the kinds -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KindRecipe:
+    """What the recipe layer knows of a drafter kind: ``options_model`` validates ``drafter.options``;
+    ``reads_features``: it trains from target features (so the offline feature cache can serve it, and
+    its strategy has ``feature_layers``); ``check(recipe)``: refuses what the kind cannot train."""
+
+    options_model: type[BaseModel]
+    reads_features: bool = False
+    check: Callable[[Any], None] | None = None
+
+
+KINDS: dict[str, KindRecipe] = {
+    "draft_lm": KindRecipe(DraftLMOptions),
+    "medusa": KindRecipe(MedusaOptions, True, partial(check_head_recipe, kind="medusa", chain_option="num_heads")),
+    "eagle": KindRecipe(EagleOptions, True, partial(check_head_recipe, kind="eagle", chain_option="ttt_steps")),
+    "eagle3": KindRecipe(Eagle3Options, True, check_eagle3_recipe),
+}
+
+
+def kind_recipe(kind: str) -> KindRecipe:
+    """The recipe-side description of drafter ``kind``. Raises ``ValueError`` listing the trainable kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"no training strategy for drafter kind {kind!r}; trainable kinds: {sorted(KINDS)}")
+    return KINDS[kind]
+
+
+def feature_kinds() -> list[str]:
+    """The kinds that train from target features (served by the offline feature cache), sorted."""
+    return sorted(k for k, spec in KINDS.items() if spec.reads_features)

@@ -1,0 +1,148 @@
+"""Everything a training run does before its first step: checks that need no model (:func:`preflight`),
+the accelerator (:func:`make_accelerator`), the frozen target, the drafter, the data (the offline feature
+cache when the recipe reads one), the optimizer and the schedule, all prepared by accelerate, and the
+eval prompts (:func:`setup_run`).
+
+User errors (a bad drafter option for this target, a missing data file, an output_dir holding another
+run) raise :class:`train.recipe.RecipeError` as early as possible, before the heavy work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+
+import torch
+
+import assets.target  # load_target looked up at call time: one place to replace it
+from train.checkpoint import find_resume
+from train.evaluate import EvalPrompts, eval_prompt_ids
+from train.feature_cache import FeatureCacheError, open_recipe_cache
+from train.recipe import Recipe, RecipeError
+from train.recipe_data import load_data, recipe_data_file
+from train.step import BudgetSchedule
+from train.strategies import get_strategy
+
+
+def assert_frozen(target: torch.nn.Module) -> None:
+    """Raise ``RuntimeError`` if any target parameter requires grad (the target must stay frozen)."""
+    bad = [n for n, p in target.named_parameters() if p.requires_grad]
+    if bad:
+        raise RuntimeError(f"target parameters {bad[:4]} require grad; the target must stay frozen "
+                           "(load it with assets.target.load_target)")
+
+
+def make_accelerator(recipe: Recipe):
+    """An ``Accelerator`` for the recipe; checks the trackers are importable.
+
+    Raises:
+        RuntimeError: ``wandb`` selected but not installed (``pip install drafterkit[wandb]``).
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    trackers = list(recipe.logging.trackers)
+    if "wandb" in trackers and importlib.util.find_spec("wandb") is None:
+        raise RuntimeError("logging.trackers includes 'wandb' but wandb is not installed: "
+                           "pip install drafterkit[wandb] (or drop wandb from logging.trackers)")
+    paths = recipe.paths
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and (recipe.train.cpu or not torch.cuda.is_available()):
+        # torchrun / accelerate launch with several processes on CPU: without this accelerate treats every
+        # process as a separate single-process run (DistributedType.NO) instead of MULTI_CPU over gloo.
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+    return Accelerator(mixed_precision=recipe.train.mixed_precision, cpu=recipe.train.cpu,
+                       gradient_accumulation_steps=recipe.train.grad_accum, log_with=trackers or None,
+                       project_config=ProjectConfiguration(project_dir=str(paths.root), logging_dir=str(paths.logs)))
+
+
+def preflight(recipe: Recipe) -> None:
+    """Checks that need no model: run before anything heavy loads.
+
+    Raises:
+        RecipeError: ``data.path`` is not a file; ``output_dir`` already holds checkpoints of another
+            run and this one would start at step 0 (``train.resume: never``, or ``auto`` with nothing
+            resumable) without ``train.overwrite``.
+    """
+    recipe_data_file(recipe.data)
+    cfg, ckpts = recipe.train, recipe.paths.checkpoints
+    if cfg.overwrite or not ckpts.is_dir() or find_resume(recipe) is not None:
+        return
+    held = sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".tmp-"))
+    if held:
+        why = "train.resume is never" if cfg.resume == "never" else "none of them can be resumed"
+        raise RecipeError(f"{ckpts} already holds checkpoints of an earlier run ({', '.join(held)}) and {why}; "
+                          "a new run there would mix with them. Either continue that run with train.resume=auto, "
+                          f"or train into a new output_dir (or delete {recipe.paths.root}); "
+                          "train.overwrite=true (with train.resume=never) deletes the earlier run's checkpoints, "
+                          "eval and logs first")
+
+
+def _clear_output_dir(recipe: Recipe, acc) -> None:
+    """``train.overwrite``: delete what an earlier run wrote under ``output_dir`` (main process only)."""
+    if recipe.train.overwrite and acc.is_main_process:
+        paths = recipe.paths
+        for folder in (paths.checkpoints, paths.eval, paths.logs):
+            shutil.rmtree(folder, ignore_errors=True)
+        paths.recipe.unlink(missing_ok=True)
+    acc.wait_for_everyone()
+
+
+def setup_run(recipe: Recipe, target=None, tokenizer=None) -> dict:
+    """Accelerator, frozen target, drafter, data, optimizer and schedule, all prepared.
+
+    The drafter is built right after the target loads (before data), so a drafter option that does
+    not fit the target fails fast. Raises :class:`RecipeError` for drafter, data and eval-prompt errors.
+    """
+    from accelerate.utils import set_seed
+
+    acc = make_accelerator(recipe)
+    _clear_output_dir(recipe, acc)
+    set_seed(recipe.train.seed)
+    if target is None:
+        target, tokenizer = assets.target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
+                                                      device=acc.device)
+    assert_frozen(target)
+    target.eval()
+    strategy = get_strategy(recipe.drafter.kind)
+    # The main process builds (and caches) the data first: dataset building and regeneration write shared
+    # cache folders; the other processes then read them.
+    with acc.main_process_first():
+        try:
+            drafter = strategy.build(recipe, target, tokenizer)
+        except ValueError as exc:
+            raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        if not params:
+            raise RecipeError(f"the {recipe.drafter.kind} drafter has no trainable parameters; check drafter.options")
+        try:
+            ds = load_data(recipe, target, tokenizer)
+        except (ValueError, FileNotFoundError) as exc:
+            raise RecipeError(f"data: {exc}") from None
+        if recipe.data.feature_cache != "off":  # batches carry the cached features: no target forward
+            try:
+                ds = open_recipe_cache(recipe, target, ds, write=acc.is_main_process)
+            except FeatureCacheError as exc:
+                raise RecipeError(f"data.feature_cache: {exc}") from None
+    o = recipe.optim
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    world = acc.num_processes  # a prepared scheduler steps once per process per optimizer step
+    schedule = BudgetSchedule(o.schedule, o.warmup_steps, recipe.train.max_steps, world, recipe.train.max_minutes)
+    # a plain function: LambdaLR saves no state for it, so a resumed run takes the schedule from its recipe
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda count: schedule(count))
+    drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ctx = dict(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, ds=ds, strategy=strategy,
+               drafter=drafter, optimizer=optimizer, scheduler=scheduler, schedule=schedule, params=params,
+               pad_id=pad)
+    try:
+        ctx["prompts"] = _eval_prompts(recipe, tokenizer)
+    except ValueError as exc:
+        raise RecipeError(f"eval prompts: {exc}") from None
+    return ctx
+
+
+def _eval_prompts(recipe: Recipe, tokenizer) -> EvalPrompts | list[list[int]]:
+    if recipe.eval.every == 0 and not recipe.eval.at_end:
+        return []
+    return eval_prompt_ids(recipe, tokenizer)

@@ -1,0 +1,179 @@
+"""One optimizer step of the training loop, and what feeds and paces it.
+
+* :func:`batches`: endless micro-batches, a seeded permutation per epoch sharded across processes by
+  global batch index (so resuming skips exactly the consumed batches).
+* :func:`train_step`: ``train.grad_accum`` micro-batches (``strategy.loss``, backward), the step's
+  token-sum normalisation across micro-batches and processes, clip, optimizer and scheduler step.
+* :class:`BudgetSchedule`: the learning-rate factor over whichever budget (steps, minutes) ends training
+  first; :func:`agreed_elapsed`: the budget clock every process agrees on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+import torch
+
+from train.checkpoint import TrainerState
+from train.data import collate
+from train.feature_cache import FeatureCache
+from train.recipe import Recipe, RecipeError
+
+
+def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_id: int) -> Iterator[dict]:
+    """Endless micro-batches from ``state``'s data position; advances ``state.epoch/batch_in_epoch``.
+
+    Epoch e visits a permutation seeded by (seed, e); global batch g of that epoch holds examples
+    ``perm[g*B*W : (g+1)*B*W]``, of which process ``rank`` takes its slice of B (drop_last).
+
+    Raises:
+        RecipeError: fewer examples than ``batch_size * processes``.
+    """
+    make = ds.collate if isinstance(ds, FeatureCache) else collate  # the offline cache adds its features
+    bs = recipe.train.batch_size
+    per_epoch = len(ds) // (bs * world)
+    if per_epoch == 0:
+        raise RecipeError(f"the dataset has {len(ds)} examples, fewer than train.batch_size ({bs}) x "
+                         f"{world} processes; lower train.batch_size or raise data.num_examples")
+    while True:
+        gen = torch.Generator().manual_seed(recipe.train.seed * 1_000_003 + state.epoch)
+        perm = torch.randperm(len(ds), generator=gen).tolist()
+        while state.batch_in_epoch < per_epoch:
+            g = state.batch_in_epoch
+            idx = perm[(g * world + rank) * bs:(g * world + rank + 1) * bs]
+            state.batch_in_epoch += 1
+            yield make([ds[i] for i in idx], pad_token_id=pad_id)
+        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+
+
+def _on_policy(recipe: Recipe, micro_index: int) -> bool:
+    frac = recipe.data.on_policy_fraction
+    if frac <= 0:
+        return False
+    gen = torch.Generator().manual_seed(recipe.train.seed * 7_919 + micro_index)
+    return bool(torch.rand((), generator=gen) < frac)
+
+
+def train_step(ctx: dict, data: Iterator[dict], state: TrainerState) -> dict[str, float]:
+    """One optimizer step over ``grad_accum`` micro-batches on every process.
+
+    Normalisation (transformers' / TRL's ``num_items_in_batch``): each micro-batch contributes the SUM of
+    its per-unit losses (``loss * metrics["tokens"]``, see ``train.strategies``); once the step's last
+    micro-batch is in, the gradients are rescaled so that they equal the gradient of (sum over every
+    micro-batch of every process) / (supervised units of the whole step). So 1 x 8, 2 x 4 and 8 x 1
+    (batch x accumulation), and one process or several, give the same update for the same examples.
+
+    Returns the step's metrics as token means over all micro-batches and processes (``loss`` included),
+    plus ``tokens`` (the step's supervised units), ``seq_tokens`` (this process's sequence tokens),
+    ``lr`` and ``grad_norm``.
+    """
+    recipe, acc, strategy = ctx["recipe"], ctx["accelerator"], ctx["strategy"]
+    sums: dict[str, float] = {}  # metric name -> sum over micro-batches of (value * tokens)
+    units, seq_tokens = 0.0, 0.0
+    grad_norm = float("nan")
+    for micro in range(recipe.train.grad_accum):
+        batch = {k: v.to(acc.device) for k, v in next(data).items()}
+        index = state.global_step * recipe.train.grad_accum + micro
+        if _on_policy(recipe, index):
+            batch.update(on_policy=True, on_policy_seed=recipe.train.seed * 7_919 + index)
+        strategy.check_batch(batch)
+        with acc.accumulate(ctx["drafter"]), acc.autocast():
+            loss, metrics = strategy.loss(ctx["drafter"], ctx["target"], batch, recipe)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite loss {float(loss)} at step {state.global_step}; lower "
+                                         "optim.lr or use mixed_precision: 'no'")
+            n = float(metrics.pop("tokens"))
+            acc.backward(loss * n)  # accelerate divides by grad_accum; undone in _normalise_gradients
+            units += n
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * n
+            seq_tokens += float(batch["attention_mask"].sum())
+            if acc.sync_gradients:
+                sums, units = _reduce_step(acc, sums, units)
+                _normalise_gradients(acc, ctx["params"], units)
+                if recipe.optim.grad_clip:
+                    grad_norm = float(acc.clip_grad_norm_(ctx["params"], recipe.optim.grad_clip))
+            ctx["optimizer"].step()
+            ctx["scheduler"].step()
+            ctx["optimizer"].zero_grad(set_to_none=True)
+    out = {k: v / units if units else 0.0 for k, v in sums.items()}
+    out.update(tokens=units, seq_tokens=seq_tokens, lr=ctx["scheduler"].get_last_lr()[0], grad_norm=grad_norm)
+    return out
+
+
+def _reduce_step(acc, sums: dict[str, float], units: float) -> tuple[dict[str, float], float]:
+    """Sum the step's weighted metric sums and supervised units over all processes (one all-reduce).
+
+    Every process runs the same strategy and recipe, so the metric names agree; they are sorted so that
+    the reduced vector lines up."""
+    if acc.num_processes == 1:
+        return sums, units
+    keys = sorted(sums)
+    vec = torch.tensor([units] + [sums[k] for k in keys], dtype=torch.float64, device=acc.device)
+    vec = acc.reduce(vec, reduction="sum")
+    return dict(zip(keys, vec[1:].tolist())), float(vec[0])
+
+
+@torch.no_grad()
+def _normalise_gradients(acc, params: list[torch.Tensor], units: float) -> None:
+    """Turn the accumulated gradients into d(sum of per-unit losses of the step) / d(params) / ``units``.
+
+    After ``acc.backward(loss_sum)`` on each of G micro-batches and DDP's average over W processes the
+    gradients hold ``sum / (G W)``; multiplying by ``G W / units`` leaves the step's token mean. With no
+    supervised unit in the whole step the gradients are zero and stay so."""
+    if units <= 0:
+        return
+    factor = acc.gradient_accumulation_steps * acc.num_processes / units
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)
+
+
+class BudgetSchedule:
+    """Learning-rate factor of ``optim.schedule`` over whichever budget ends training first.
+
+    ``warmup_steps`` of linear warm-up, then ``cosine`` (``0.5 (1 + cos(pi p))``), ``linear`` (``1 - p``)
+    or ``constant`` (1, no warm-up), where the progress ``p = max((step - warmup) / (max_steps - warmup),
+    elapsed_s / (60 max_minutes))`` clipped to [0, 1]: the step term alone is transformers'
+    ``get_scheduler`` shape, and with ``train.max_minutes`` set the wall-clock term makes the schedule
+    reach its end when the time budget does, so a run stopped by ``max_minutes`` on a slower machine
+    still ends annealed instead of at a high learning rate. ``elapsed_s`` is set by the loop before every
+    optimizer step to the budget clock agreed by all processes (the largest), the same value that
+    decides the ``max_minutes`` stop, so every process applies the same learning rate. With
+    ``max_minutes`` set the schedule therefore depends on timing (leave it unset for bit-exact runs).
+
+    Called by ``torch.optim.lr_scheduler.LambdaLR`` with the scheduler's step count, which a scheduler
+    prepared by accelerate advances ``world`` times per optimizer step.
+    """
+
+    def __init__(self, kind: str, warmup_steps: int, max_steps: int, world: int = 1,
+                 max_minutes: float | None = None):
+        self.kind, self.warmup, self.total, self.world = kind, warmup_steps, max_steps, world
+        self.max_minutes = max_minutes
+        self.elapsed_s = 0.0
+
+    def progress(self, step: float) -> float:
+        p = (step - self.warmup) / max(1, self.total - self.warmup)
+        if self.max_minutes:
+            p = max(p, self.elapsed_s / (60.0 * self.max_minutes))
+        return min(1.0, max(0.0, p))
+
+    def __call__(self, count: int) -> float:
+        if self.kind == "constant":
+            return 1.0
+        step = count / self.world
+        if step < self.warmup:
+            return step / max(1, self.warmup)
+        p = self.progress(step)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * p))) if self.kind == "cosine" else max(0.0, 1.0 - p)
+
+
+def agreed_elapsed(acc, start: float) -> float:
+    """Seconds since ``start`` on the slowest clock among the processes (one tiny all-gather), so that
+    every process takes the same ``max_minutes`` decision and learning rate."""
+    elapsed = time.perf_counter() - start
+    if acc.num_processes == 1:
+        return elapsed
+    return float(acc.gather(torch.tensor([elapsed], dtype=torch.float64, device=acc.device)).max())
