@@ -78,7 +78,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
     return args
 
 
-_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name) for name in ("decode", "drafters", "train"))
+_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name)
+                  for name in ("assets", "decode", "drafters", "speceval", "train"))  # drafterkit's own
 
 
 @contextlib.contextmanager
