@@ -3,7 +3,7 @@ accept), the KV cache and its rollback, greedy and exact sampling verification, 
 stop handling and metrics. It imports no other package of drafterkit.
 
 ``generate`` is the public entry point (the project's decoder contract; metric definitions in
-``decode/metrics.py`` and README "Evaluation").
+``decode/metrics.py`` and docs/evaluation.md, "Metrics").
 """
 
 from __future__ import annotations

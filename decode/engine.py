@@ -377,8 +377,8 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
              max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              num_draft_tokens: int = 5, tree: Any = None, eos_token_id: int | list[int] | None = None,
              seed: int | None = None) -> GenerateResult:
-    """Speculative (or, with ``drafter=None``, plain) decoding of a frozen target. See README
-    "Evaluation" and decode/metrics.py; algorithm: Leviathan et al. 2023, Chen et al. 2023 (chain drafts).
+    """Speculative (or, with ``drafter=None``, plain) decoding of a frozen target. See
+    docs/evaluation.md and decode/metrics.py; algorithm: Leviathan et al. 2023, Chen et al. 2023 (chain drafts).
 
     Args:
         target: a transformers causal LM (frozen, eval mode).

@@ -232,7 +232,7 @@ def test_real_sharegpt_torn_tail():
     stats = LoaderStats()
     with pytest.warns(UserWarning, match="dropped 1 incomplete record"):
         n = sum(1 for _ in iter_sharegpt(fetch("sharegpt"), stats=stats))
-    assert stats.records_read == 17671 and stats.torn_tail == 1  # the pinned wheel's file is torn mid-record (README "Assets")
+    assert stats.records_read == 17671 and stats.torn_tail == 1  # the pinned wheel's file is torn mid-record (docs/assets.md)
     assert n == stats.kept == stats.records_read - sum(stats.skipped.values())
 
 

@@ -402,7 +402,9 @@ def test_max_minutes_stops_the_run_and_ends_the_cosine_schedule(world, tmp_path)
     # max_steps is 100000 steps away, so only the clock can anneal the schedule: the logged learning rate
     # starts at ~lr and falls step after step (how far depends on when the last step lands in the budget,
     # which a busy machine moves; the schedule's values at given times are tested exactly above)
-    assert lrs and lrs[0] > 0.5e-2 and lrs[-1] < 0.5 * lrs[0]
+    # (without the clock the cosine over 100000 steps would stay within 1e-6 of lr for these few steps;
+    # a busy machine may log only two steps, so the fall is asked to be clear, not to reach a given depth)
+    assert len(lrs) >= 2 and lrs[0] > 0.5e-2 and lrs[-1] < 0.9 * lrs[0]
     assert all(b <= a for a, b in zip(lrs, lrs[1:]))
     assert (tmp_path / "timed" / "checkpoints" / "last").is_dir()
 

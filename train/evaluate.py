@@ -5,7 +5,7 @@ length, bonus included), ``acceptance_rate``, ``accept_per_position`` and ``toke
 decode/metrics.py, decoder contract). Scores are measured, never estimated.
 
 The prompts are the token ids ``drafterkit eval`` feeds the decoder for the same benchmark, built by
-the same function (``speceval.harness.select_prompts``): ``eval.prompts: mt_bench`` is ``drafterkit eval
+the same function (``speceval.prompts.select_prompts``): ``eval.prompts: mt_bench`` is ``drafterkit eval
 --benchmark mt-bench --num-prompts eval.num_prompts`` (first turns balanced over the 8 categories);
 ``sharegpt_heldout`` is ``--benchmark sharegpt`` drawn from the held-out split of the file training
 reads (``data.path``, ``train.seed``, ``data.heldout_fraction``). ``data.max_length`` (a training
@@ -27,7 +27,7 @@ import torch
 import decode
 from assets.pinned import resolve_source
 from assets.target import resolve_target_path
-from decode.metrics import pooled_positions
+from decode.metrics import pool_stats
 from speceval.methods import stats_record
 from speceval.prompts import select_prompts
 from train.recipe_data import recipe_data_file
@@ -70,7 +70,7 @@ def target_context(recipe, target: torch.nn.Module | None = None) -> int | None:
 
 def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) -> EvalPrompts:
     """Token ids of ``recipe.eval.num_prompts`` prompts of ``recipe.eval.prompts``, exactly those
-    ``drafterkit eval`` builds (``speceval.harness.select_prompts``; see the module docstring).
+    ``drafterkit eval`` builds (``speceval.prompts.select_prompts``; see the module docstring).
 
     A prompt longer than the target's context (:func:`target_context`: ``target``'s, else the recipe's
     target's) minus ``recipe.eval.max_new_tokens`` is skipped (never truncated) and the next one taken;
@@ -101,22 +101,15 @@ def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) ->
 
 
 def merge_stats(results: list[Any]) -> dict[str, Any]:
-    """Pool several ``decode.generate`` results: counts summed, tau = verification-committed tokens / passes,
-    per-position acceptance pooled exactly (``speceval.report.pooled_positions``), tokens/s = committed / time."""
-    stats = [r.stats for r in results]
-    passes = sum(s.target_forwards for s in stats)
-    drafted = sum(s.drafted for s in stats)
-    per_pos = pooled_positions([stats_record(r) for r in results])
-    total_time = sum(s.total_time_s for s in stats)
-    return {
-        "tau": sum(s.tau * s.target_forwards for s in stats) / passes if passes else 1.0,
-        "acceptance_rate": sum(s.accepted for s in stats) / drafted if drafted else 0.0,
-        "accept_per_position": per_pos,
-        "tokens_per_s": sum(s.committed for s in stats) / total_time if total_time > 0 else 0.0,
-        "committed": sum(s.committed for s in stats),
-        "target_forwards": passes,
-        "drafted": drafted,
-    }
+    """Pool several ``decode.generate`` results through :func:`decode.metrics.pool_stats` (the pooling
+    ``drafterkit eval`` reports with): counts summed, tau = verification-committed tokens / passes,
+    per-position acceptance pooled exactly; tokens/s = committed / summed ``total_time_s``."""
+    pooled = pool_stats([stats_record(r) for r in results])
+    total_time = sum(r.stats.total_time_s for r in results)
+    out = {k: pooled[k] for k in ("tau", "acceptance_rate", "accept_per_position")}
+    out["tokens_per_s"] = pooled["committed"] / total_time if total_time > 0 else 0.0
+    out.update({k: pooled[k] for k in ("committed", "target_forwards", "drafted")})
+    return out
 
 
 @torch.no_grad()
