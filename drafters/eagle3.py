@@ -14,7 +14,8 @@ Head at position ``t``::
 Reduced draft vocabulary: the ``N`` most frequent target tokens of the training data, stored as
 buffers ``d2t`` (LongTensor ``[N]``, draft id -> target id OFFSET: ``target_id = i + d2t[i]``) and
 ``t2d`` (BoolTensor ``[V]``, True where a target id is in the draft vocabulary), the vLLM/SGLang
-convention; both are saved in the checkpoint. Embedding is borrowed frozen from the target.
+convention; both are saved in the checkpoint (a full-vocabulary head, ``N = V``, loads with or without
+them: its mapping is the identity). Embedding is borrowed frozen from the target.
 
 Feature layer ids (one convention for training, decoding and export): id ``i`` is ``hidden_states[i]``
 in transformers, the input of decoder layer ``i``, what vLLM's ``eagle_aux_hidden_state_layer_ids``
@@ -169,6 +170,22 @@ class Eagle3Drafter(FeatureHeadDrafter):
                 norm = getattr(getattr(target, "model", None), "norm", None)
                 if norm is not None and norm.weight.shape == self.norm.weight.shape:
                     self.norm.weight.copy_(norm.weight)
+
+    def load_own_state_dict(self, state: dict[str, torch.Tensor], source: str = "") -> None:
+        """Strict load (see :meth:`drafters.base.Drafter.load_own_state_dict`), except that a
+        full-vocabulary head (``draft_vocab_size == vocab_size``) may come without ``d2t`` / ``t2d``: its
+        mapping is the identity, and vLLM loads such a head only without them (its EAGLE-3 model has
+        ``draft_id_to_target_id`` only when ``draft_vocab_size < vocab_size``).
+
+        Raises:
+            drafters.base.DrafterLoadError: missing / unexpected tensors (a reduced vocabulary needs both
+                ``d2t`` and ``t2d``) or a shape mismatch.
+        """
+        c = self.config
+        if c.draft_vocab_size == c.vocab_size and not {"d2t", "t2d"} & state.keys():
+            d2t, t2d = mapping_from_ids(torch.arange(c.vocab_size), c.vocab_size)
+            state = {**state, "d2t": d2t, "t2d": t2d}
+        super().load_own_state_dict(state, source)
 
     # --- FeatureHeadDrafter hooks ----------------------------------------------------------------------
     def real_input(self, feats: torch.Tensor) -> torch.Tensor:

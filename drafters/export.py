@@ -5,11 +5,17 @@ Formats:
 * ``vllm-eagle3`` / ``sglang-eagle3`` (an ``eagle3`` checkpoint): the layout both engines load for
   ``LlamaForCausalLMEagle3`` (vLLM ``model_executor/models/llama_eagle3.py``, SGLang
   ``srt/models/llama_eagle3.py``): ``config.json`` (``architectures``, ``draft_vocab_size``,
-  ``target_hidden_size``, ``num_hidden_layers: 1``, ``eagle_config.eagle_aux_hidden_state_layer_ids``
-  = our ``feature_layers``, which use the same index convention) and ``model.safetensors`` with
-  ``fc.weight``, ``midlayer.{self_attn,mlp,input_layernorm,hidden_norm,post_attention_layernorm}.*``,
-  ``norm.weight``, ``lm_head.weight [N, H]``, ``d2t [N]`` (int64 offsets), ``t2d [V]`` (bool). The
-  embedding is not written: both engines share the target's when ``embed_tokens`` is absent.
+  ``target_hidden_size``, ``num_hidden_layers: 1``, ``eagle_config.eagle_aux_hidden_state_layer_ids``)
+  and ``model.safetensors`` with ``fc.weight``, ``midlayer.{self_attn,mlp,input_layernorm,hidden_norm,
+  post_attention_layernorm}.*``, ``norm.weight``, ``lm_head.weight [N, H]`` and, for a reduced draft
+  vocabulary only (``N < V``), ``d2t [N]`` (int64 offsets) and ``t2d [V]`` (bool): vLLM has a parameter for
+  ``d2t`` only then and loads strictly. The embedding is not written: both engines share the target's
+  when ``embed_tokens`` is absent. The two formats differ in the feature layer ids
+  (:func:`engine_layer_ids`): ``vllm-eagle3`` writes drafterkit's ids (the input of decoder layer i);
+  ``sglang-eagle3`` writes ``i - 1`` (SGLang captures the input of layer id+1), or no ids when they are
+  SGLang's default capture ``[2, L//2, L-3]``. Ids an engine cannot express are refused (SGLang: id 0;
+  both: id L, repeated ids); ids out of layer order are sorted, with fc's input blocks permuted to match
+  (both engines capture in layer order). :func:`load_eagle3_export` loads either export back.
 * ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight``
   / ``.bias`` (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is
   written once as ``lm_heads.0.weight`` with ``original_lm_head: true`` (needs ``--target``).
@@ -23,7 +29,10 @@ Formats:
 checkpoint holding ``drafter/`` (``OUTPUT_DIR/checkpoints/last``) or a run's ``OUTPUT_DIR`` (its
 ``checkpoints/best``, else ``checkpoints/last``).
 
-``--push-to-hub REPO`` uploads the export with ``huggingface_hub``. The repo id and the Hub's
+Every export also holds ``README.md``, a model card (Hub metadata, serve commands, training record,
+measured numbers or the command that measures them; see :mod:`drafters.model_card`).
+
+``--push-to-hub REPO`` uploads the export (card included) with ``huggingface_hub``. The repo id and the Hub's
 reachability are checked FIRST, within a few seconds, before anything is written: offline, the
 command says so at once and exits 2 (the local export is still written when ``--output`` was given,
 so the work is not lost; without ``--output`` nothing is written). ``--output`` may be omitted with
@@ -48,6 +57,8 @@ from assets.device import resolve_dtype
 from assets.target import resolve_target_path
 from drafters import load_drafter, resolve_checkpoint
 from drafters.base import DrafterLoadError, apply_umask, read_config, save_tensors
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafters.model_card import write_model_card
 
 FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm"}
 
@@ -62,8 +73,99 @@ def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
 
 
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def sglang_default_layers(num_layers: int) -> list[int]:
+    """The layers SGLang captures when the draft config gives no ids: the inputs of decoder layers
+    ``[2, L//2, L-3]``, i.e. drafterkit ids ``[2, L//2, L-3]`` (no shift)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def engine_layer_ids(layers, num_layers: int, engine: str) -> list[int] | None:
+    """drafterkit EAGLE-3 feature layer ids -> the ``eagle_aux_hidden_state_layer_ids`` ``engine`` reads,
+    sorted (both engines capture layers in layer order); ``None``: write no ids (the engine's default
+    capture is the same layers).
+
+    drafterkit id ``i`` is transformers' ``hidden_states[i]``, the input of decoder layer ``i``. vLLM reads
+    the input of layer ``id`` (``model_executor/models/llama.py``): the same ids, ``0 <= id < L``. SGLang
+    with explicit ids captures the input of layer ``id + 1`` (``srt/models/llama.py``,
+    ``set_eagle3_layers_to_capture``), so drafterkit id ``i`` is SGLang id ``i - 1`` and id 0 (the
+    embedding output) cannot be expressed; without ids SGLang captures the inputs of ``[2, L//2, L-3]``.
+
+    Raises:
+        ExportError: an id the engine cannot express, or a repeated id (each engine captures a layer once,
+            so the head would get fewer than 3 features); the message names the id, the engine and the fix.
+    """
+    ids, name = [int(i) for i in layers], ENGINE_NAMES[engine]
+    lo = 1 if engine == "sglang" else 0
+    retrain = _retrain_hint(num_layers, lo, name)
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if len(ids) != 3 or repeated:
+        raise ExportError(f"EAGLE-3 feature layer ids {ids} cannot be expressed in {name}: it captures each layer "
+                          f"once{f', and id {repeated[0]} repeats' if repeated else ''}, so the head needs 3 "
+                          f"distinct ids. Fix: {retrain}")
+    for i in ids:
+        if i == 0 and engine == "sglang":
+            raise ExportError(
+                f"EAGLE-3 feature layer id 0 (hidden_states[0], the embedding output) cannot be expressed in SGLang: "
+                "with explicit ids SGLang captures hidden_states[id+1] (the output of layer id), so drafterkit id 0 "
+                "would be SGLang id -1, which it does not take. Fix: export with --format vllm-eagle3 and serve "
+                f"with vLLM (its ids are drafterkit's); for SGLang, {retrain}")
+        if not lo <= i < num_layers:
+            where = "after the final norm" if i == num_layers else "outside the target"
+            raise ExportError(
+                f"EAGLE-3 feature layer id {i} (hidden_states[{i}], {where}) cannot be expressed in {name} for a "
+                f"{num_layers}-layer target: its eagle_aux_hidden_state_layer_ids read the input of a decoder "
+                f"layer, ids in [{lo}, {num_layers - 1}]. Fix: {retrain}")
+    ids = sorted(ids)
+    if engine == "vllm":
+        return ids
+    return None if ids == sglang_default_layers(num_layers) else [i - 1 for i in ids]
+
+
+def _retrain_hint(num_layers: int, lo: int, name: str) -> str:
+    """How to get feature layer ids ``name`` can express for a ``num_layers``-layer target (ids ``>= lo``)."""
+    if num_layers - lo < 3:
+        return (f"none: {name} reads ids in [{lo}, {num_layers - 1}], fewer than 3 layers of a {num_layers}-layer "
+                "target, so train the head for a deeper target")
+    default = sglang_default_layers(num_layers)
+    example = default if len(set(default)) == 3 else [lo, lo + 1, num_layers - 1]
+    return (f"retrain with drafter.options.feature_layers set to 3 distinct ids in [{lo}, {num_layers - 1}], "
+            f"e.g. {example}")
+
+
+def drafterkit_layer_ids(engine_ids, num_layers: int, engine: str) -> list[int]:
+    """The inverse of :func:`engine_layer_ids`: an export's ``eagle_aux_hidden_state_layer_ids`` (``None``:
+    absent) -> drafterkit feature layer ids."""
+    if engine_ids is None:
+        return sglang_default_layers(num_layers)  # vLLM's default capture is the same layers
+    return [int(i) + (1 if engine == "sglang" else 0) for i in engine_ids]
+
+
+def _eagle3_tensors(renamed: dict[str, torch.Tensor], cfg: dict, order: list[int]) -> dict[str, torch.Tensor]:
+    """fc's input blocks in ``order`` (the ids sorted); no ``d2t`` / ``t2d`` for a full vocabulary (vLLM
+    has no parameter for them then)."""
+    out = dict(renamed)
+    if order != sorted(order):
+        blocks = out["fc.weight"].chunk(3, dim=1)  # [H, 3H]: one [H, H] block per feature layer
+        out["fc.weight"] = torch.cat([blocks[j] for j in order], dim=1).contiguous()
+    if cfg["draft_vocab_size"] == cfg["vocab_size"]:
+        if out["d2t"].any():
+            raise ExportError("a full-vocabulary EAGLE-3 head must map draft id i to target id i, but its d2t is "
+                              "not all zeros; the checkpoint is damaged: save it again from training")
+        del out["d2t"], out["t2d"]
+    return out
+
+
 def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engine: str = "vllm") -> Path:
-    """Write the vLLM / SGLang EAGLE-3 layout of the ``eagle3`` checkpoint ``ckpt`` into ``out``."""
+    """Write the vLLM / SGLang EAGLE-3 layout of the ``eagle3`` checkpoint ``ckpt`` into ``out``: the
+    feature layer ids in ``engine``'s convention (:func:`engine_layer_ids`), ``d2t`` / ``t2d`` only for a
+    reduced draft vocabulary.
+
+    Raises:
+        ExportError: not an eagle3 checkpoint, or feature layer ids ``engine`` cannot express.
+    """
     _, cfg = read_config(ckpt)
     state = load_file(str(ckpt / "model.safetensors"))
     renamed = {("midlayer." + k[len("layer."):] if k.startswith("layer.") else k): v for k, v in state.items()}
@@ -71,7 +173,12 @@ def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engin
                 "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"}
     if not expected <= renamed.keys():
         raise ExportError(f"{ckpt} lacks {sorted(expected - renamed.keys())}; is it an eagle3 checkpoint?")
+    layers = [int(i) for i in cfg["feature_layers"]]
+    ids = engine_layer_ids(layers, cfg["target_num_layers"], engine)
+    renamed = _eagle3_tensors(renamed, cfg, sorted(range(3), key=layers.__getitem__))
     saved_dtype = dtype or renamed["fc.weight"].dtype
+    eagle_config = {"use_aux_hidden_state": True} if ids is None else \
+        {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
     config = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "hidden_size": cfg["hidden_size"], "target_hidden_size": cfg["hidden_size"],
@@ -80,15 +187,43 @@ def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engin
         "head_dim": cfg["head_dim"], "hidden_act": "silu", "rms_norm_eps": cfg["rms_norm_eps"],
         "rope_theta": cfg["rope_theta"], "max_position_embeddings": 8192, "tie_word_embeddings": False,
         "vocab_size": cfg["vocab_size"], "draft_vocab_size": cfg["draft_vocab_size"],
-        "torch_dtype": str(saved_dtype).removeprefix("torch."),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg["feature_layers"]),
-                         "use_aux_hidden_state": True},
+        "torch_dtype": str(saved_dtype).removeprefix("torch."), "eagle_config": eagle_config,
         "drafterkit": {"kind": "eagle3", "engine": engine, "target_num_layers": cfg["target_num_layers"]},
     }
     out.mkdir(parents=True, exist_ok=True)
     save_tensors(_cast(renamed, dtype), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def load_eagle3_export(path: str | Path, target: torch.nn.Module) -> Eagle3Drafter:
+    """Load a ``vllm-eagle3`` / ``sglang-eagle3`` export back into an :class:`Eagle3Drafter` for
+    ``target`` (its feature layer ids turned back into drafterkit's; ``d2t`` / ``t2d`` may be absent for
+    a full vocabulary). Strict, as every drafterkit loader.
+
+    Raises:
+        DrafterLoadError: not an EAGLE-3 export, a config this version refuses, or a tensor mismatch.
+    """
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        block, engine = config["drafterkit"], config["drafterkit"]["engine"]
+        if block.get("kind") != "eagle3" or engine not in ENGINE_NAMES:
+            raise KeyError("kind")
+        num_layers = int(block["target_num_layers"])
+        layers = drafterkit_layer_ids(config["eagle_config"].get("eagle_aux_hidden_state_layer_ids"),
+                                      num_layers, engine)
+        fields = {k: config[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                         "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
+                                         "draft_vocab_size")}
+        cfg = Eagle3Config(**fields, target_num_layers=num_layers, feature_layers=layers)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DrafterLoadError(f"{path} is not a drafterkit vllm-eagle3 / sglang-eagle3 export ({exc})") from None
+    drafter = Eagle3Drafter(cfg, target=target)
+    state = load_file(str(path / "model.safetensors"))
+    drafter.load_own_state_dict({("layer." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+                                 for k, v in state.items()}, source=str(path))
+    return drafter.eval()
 
 
 def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
@@ -185,12 +320,14 @@ def push_to_hub(folder: Path, repo: str, timeout: float = 3.0) -> str:
 
 
 def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None = None,
-           dtype: str | None = None) -> Path:
+           dtype: str | None = None, repo: str | None = None) -> Path:
     """Export the drafter at ``ckpt`` (resolved by ``drafters.resolve_checkpoint``) as ``fmt`` into
-    ``output``. Returns ``output``.
+    ``output``, with its model card ``README.md`` (:mod:`drafters.model_card`; ``repo``: the Hub repo it
+    will be pushed to, named in the card's serve commands). Returns ``output``.
 
     Raises:
-        ExportError: unknown format, or the checkpoint's kind does not fit the format.
+        ExportError: unknown format, the checkpoint's kind does not fit the format, or (EAGLE-3) feature
+            layer ids the format's engine cannot express.
         drafters.DrafterLoadError: ``ckpt`` holds no drafter checkpoint (the message says what it holds).
     """
     output = Path(output)
@@ -203,10 +340,13 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
                           f"{kind!r}; formats for {kind!r}: {fits}")
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
-        return export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
-    if fmt == "medusa":
-        return export_medusa(ckpt, output, target, dt)
-    return export_hf_assistant(ckpt, output, target, dt)
+        export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
+    elif fmt == "medusa":
+        export_medusa(ckpt, output, target, dt)
+    else:
+        export_hf_assistant(ckpt, output, target, dt)
+    write_model_card(output, fmt, kind, ckpt, target=target, repo=repo)
+    return output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -239,7 +379,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"drafterkit export: {exc}; writing the local export to {args.output} only",
                       file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="drafterkit-export-") as tmp:
-            out = export(args.checkpoint, args.format, args.output or tmp, target=args.target, dtype=args.dtype)
+            out = export(args.checkpoint, args.format, args.output or tmp, target=args.target, dtype=args.dtype,
+                         repo=args.push_to_hub)
             if args.output:
                 print(f"exported {args.checkpoint} as {args.format} -> {out}")
             if args.push_to_hub and hub_error is None:

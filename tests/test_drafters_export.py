@@ -16,11 +16,19 @@ from drafters.medusa import MedusaConfig, MedusaDrafter
 from train.cli import main as cli
 
 
-def _eagle3_ckpt(tmp_path):
-    target = tiny_llama(0, layers=4)
-    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40), target=target)
-    d.set_draft_vocab(torch.arange(40) * 3, target=target)
-    return d, d.save_pretrained(tmp_path / "e3")
+def _eagle3_ckpt(tmp_path, n=40, layers=(1, 2, 3), num_layers=4, seed=0):
+    """An EAGLE-3 checkpoint for a tiny target of ``num_layers`` layers: draft vocabulary ``n`` (every third
+    target id when reduced), feature layer ids ``layers``, weights perturbed so nothing is trivially equal."""
+    target = tiny_llama(0, layers=num_layers)
+    torch.manual_seed(seed)
+    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=n, feature_layers=list(layers)),
+                      target=target)
+    d.set_draft_vocab(torch.arange(n) * 3 if n < 128 else torch.arange(n), target=target)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if not name.startswith(d.borrowed_prefixes):
+                p.add_(torch.randn(p.shape) * 0.1)
+    return d, d.save_pretrained(tmp_path / f"e3-{n}-{'-'.join(map(str, layers))}")
 
 
 @pytest.mark.parametrize("fmt", ["vllm-eagle3", "sglang-eagle3"])
@@ -31,7 +39,8 @@ def test_eagle3_export_uses_the_engine_layout(tmp_path, fmt):
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["draft_vocab_size"] == 40 and cfg["vocab_size"] == 128 and cfg["num_hidden_layers"] == 1
     assert cfg["target_hidden_size"] == 32 and cfg["torch_dtype"] == "bfloat16"
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(d.feature_layers)
+    # drafterkit ids (1, 2, 3) = the inputs of layers 1..3: vLLM reads the same ids, SGLang captures id+1
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ([1, 2, 3] if fmt == "vllm-eagle3" else [0, 1, 2])
     w = load_file(str(tmp_path / "out" / "model.safetensors"))
     expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
                 "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
@@ -44,6 +53,122 @@ def test_eagle3_export_uses_the_engine_layout(tmp_path, fmt):
     assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
     assert torch.equal(torch.arange(40) + w["d2t"], torch.arange(40) * 3)
     assert int(w["t2d"].sum()) == 40
+
+
+def _draft_logits(d, target, tokens):
+    """The head's TTT logits on ``tokens`` with the target's features at its own feature layers."""
+    with torch.no_grad():
+        hs = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i] for i in d.feature_layers], -1)
+        return [lg for lg in d(torch.tensor([tokens]), feats, steps=2)]
+
+
+@pytest.mark.parametrize("fmt", ["vllm-eagle3", "sglang-eagle3"])
+@pytest.mark.parametrize("n, layers", [(40, (1, 2, 3)), (128, (1, 2, 3)), (128, (3, 1, 2))])
+def test_eagle3_export_reloads_for_reduced_and_full_vocabularies(tmp_path, fmt, n, layers):
+    """export -> load_eagle3_export gives the same head: the same tensors (fc's input blocks in layer order),
+    the same draft ids, the same logits on the target's features; a full vocabulary carries no d2t / t2d
+    (vLLM creates draft_id_to_target_id only for draft_vocab_size < vocab_size and loads strictly)."""
+    from drafters.export import load_eagle3_export
+
+    d, ckpt = _eagle3_ckpt(tmp_path, n=n, layers=layers)
+    target = tiny_llama(0, layers=4)
+    out = export(ckpt, fmt, tmp_path / "out")
+    w = load_file(str(out / "model.safetensors"))
+    assert {"d2t", "t2d"} <= set(w) if n < 128 else not {"d2t", "t2d"} & set(w)
+    back = load_eagle3_export(out, target)
+    assert back.feature_layers == tuple(sorted(layers)) and back.config.draft_vocab_size == n
+    assert torch.equal(back.draft_ids(), d.draft_ids()) and torch.equal(back.t2d, d.t2d)
+    mine, theirs = d.own_state_dict(), back.own_state_dict()
+    for k in mine:
+        if k != "fc.weight" or list(layers) == sorted(layers):
+            assert torch.equal(mine[k], theirs[k]), k
+    tokens = [5, 17, 33, 2, 90, 41]
+    for a, b in zip(_draft_logits(d, target, tokens), _draft_logits(back, target, tokens)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_full_vocabulary_checkpoint_loads_with_or_without_d2t(tmp_path):
+    """drafterkit's own loader takes a full-vocabulary head with or without d2t / t2d (identity); a reduced
+    vocabulary still needs both."""
+    from safetensors.torch import save_file
+
+    from drafters import DrafterLoadError, load_drafter
+
+    target = tiny_llama(0, layers=4)
+    for n in (128, 40):
+        d, ckpt = _eagle3_ckpt(tmp_path, n=n)
+        assert torch.equal(load_drafter(ckpt, target).draft_ids(), d.draft_ids())
+        state = load_file(str(ckpt / "model.safetensors"))
+        del state["d2t"], state["t2d"]
+        save_file(state, str(ckpt / "model.safetensors"))
+        if n == 128:
+            back = load_drafter(ckpt, target)
+            assert torch.equal(back.draft_ids(), torch.arange(128)) and bool(back.t2d.all())
+        else:
+            with pytest.raises(DrafterLoadError, match=r"missing tensors \['d2t', 't2d'\]"):
+                load_drafter(ckpt, target)
+
+
+def _with_layers(ckpt, layers):
+    """The checkpoint's config.json with other feature layer ids (as an older checkpoint could hold)."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["config"]["feature_layers"] = list(layers)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    return ckpt
+
+
+def test_a_layer_id_the_engine_cannot_express_is_refused_at_export(tmp_path, capsys):
+    _, ckpt = _eagle3_ckpt(tmp_path, layers=(0, 2, 3))  # id 0: the embedding output
+    assert export(ckpt, "vllm-eagle3", tmp_path / "v").exists()  # vLLM reads hidden_states[0] as id 0
+    with pytest.raises(ExportError, match=r"id 0 .*embedding output.* cannot be expressed in SGLang.*"
+                                          r"--format vllm-eagle3.*drafter.options.feature_layers"):
+        export(ckpt, "sglang-eagle3", tmp_path / "s")
+    assert cli(["export", str(ckpt), "--format", "sglang-eagle3", "--output", str(tmp_path / "s")]) == 2
+    assert "id 0" in capsys.readouterr().err and not (tmp_path / "s").exists()
+    _with_layers(ckpt, (1, 2, 4))  # id L = 4: after the final norm, saved before ids were checked
+    for fmt, engine in (("vllm-eagle3", "vLLM"), ("sglang-eagle3", "SGLang")):
+        with pytest.raises(ExportError, match=rf"id 4 .*after the final norm.* cannot be expressed in {engine}.*"
+                                              r"retrain with drafter.options.feature_layers"):
+            export(ckpt, fmt, tmp_path / "x")
+    _with_layers(ckpt, (2, 2, 1))  # each engine captures a layer once: 2 features for a 3-feature head
+    with pytest.raises(ExportError, match=r"\[2, 2, 1\] cannot be expressed in vLLM.*id 2 repeats"):
+        export(ckpt, "vllm-eagle3", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+# drafterkit ids, L -> what the sglang-eagle3 export's eagle_config holds. SGLang (python/sglang/srt/models/
+# llama.py, LlamaForCausalLM.set_eagle3_layers_to_capture and LlamaModel.forward) captures the input of layer j
+# for j in layers_to_capture; explicit ids give layers_to_capture = [id + 1 ...], no ids [2, L//2, L-3].
+# model_executor/model_runner.py reads the ids from the draft config's eagle_config.eagle_aux_hidden_state_layer_ids.
+SGLANG_TABLE = [
+    ((2, 15, 27), 30, None),  # the EAGLE-3 default = SGLang's default capture: no ids
+    ((1, 15, 27), 30, [0, 14, 26]),
+    ((3, 16, 28), 30, [2, 15, 27]),
+    ((27, 2, 15), 30, None),  # captured in layer order either way (fc's blocks follow)
+    ((1, 2, 29), 30, [0, 1, 28]),
+    ((2, 4, 5), 8, None),
+    ((1, 4, 5), 8, [0, 3, 4]),
+    ((1, 2, 3), 4, [0, 1, 2]),
+    ((0, 15, 27), 30, "refused"),
+]
+
+
+@pytest.mark.parametrize("layers, num_layers, held", SGLANG_TABLE)
+def test_sglang_export_writes_sglang_layer_ids(tmp_path, layers, num_layers, held):
+    _, ckpt = _eagle3_ckpt(tmp_path, layers=layers, num_layers=num_layers)
+    if held == "refused":
+        with pytest.raises(ExportError, match="id 0"):
+            export(ckpt, "sglang-eagle3", tmp_path / "s")
+        return
+    eagle = json.loads((export(ckpt, "sglang-eagle3", tmp_path / "s") / "config.json").read_text())["eagle_config"]
+    assert eagle == ({"use_aux_hidden_state": True} if held is None else
+                     {"eagle_aux_hidden_state_layer_ids": held, "use_aux_hidden_state": True})
+    # what SGLang then captures: the inputs of layers [id + 1 ...], or of [2, L//2, L-3] without ids
+    captured = [i + 1 for i in held] if held is not None else [2, num_layers // 2, num_layers - 3]
+    assert captured == sorted(layers)
+    vllm = json.loads((export(ckpt, "vllm-eagle3", tmp_path / "v") / "config.json").read_text())["eagle_config"]
+    assert vllm["eagle_aux_hidden_state_layer_ids"] == sorted(layers)
 
 
 def test_medusa_export_shared_head_needs_the_target(tmp_path):

@@ -164,8 +164,8 @@ def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prom
 def test_eval_of_an_export_is_a_clean_usage_error(tiny_dir, prompts_file, tmp_path, capsys):
     import torch
 
-    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
-    e3 = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40), target=target)
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32, layers=4)  # 3 distinct layers both engines read
+    e3 = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40, feature_layers=[1, 2, 3]), target=target)
     e3.set_draft_vocab(torch.arange(40) * 3, target=target)
     medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)
     for fmt, drafter in (("vllm-eagle3", e3), ("sglang-eagle3", e3), ("medusa", medusa)):

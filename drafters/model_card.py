@@ -1,0 +1,258 @@
+"""The ``README.md`` model card ``drafterkit export`` writes into every export folder (and uploads with
+``--push-to-hub``).
+
+The card holds:
+
+* Hub metadata front matter: ``base_model`` (the target recorded in the training checkpoint's
+  ``recipe.yaml``, else ``--target``; written only when it is a Hub model id, since the Hub refuses
+  other values; drafterkit's pinned default target ``smollm2-135m`` is the dequantized Q4_1 build of
+  ``HuggingFaceTB/SmolLM2-135M-Instruct``), ``library_name`` (``vllm``, ``sglang`` or ``transformers``) and
+  ``tags`` (``drafterkit``, ``speculative-decoding``, ``eagle3`` / ``medusa`` / ``draft-model``, the engine);
+* how to serve it: vLLM's ``--speculative-config`` (method ``eagle3``, ``medusa`` or ``draft_model``,
+  ``num_speculative_tokens``), SGLang's ``--speculative-algorithm EAGLE3`` command for ``sglang-eagle3``,
+  transformers' ``assistant_model`` for ``hf-assistant``;
+* what it was trained on, read from the training checkpoint folder around ``drafter/`` (see
+  ``train/checkpoint.py``): ``recipe.yaml`` (drafter, data, loss, optimizer, budget) and
+  ``trainer_state.json`` (optimizer steps, epoch, tokens seen);
+* its measured numbers when an evaluation of these very weights was recorded: ``eval.json`` (in
+  ``checkpoints/best``), the entry of ``trainer_state.json``'s ``history`` at its ``global_step``, or the
+  run's ``eval/step-N.json`` at that step; else "Not measured" and the ``drafterkit eval`` command that
+  measures it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from assets.pinned import DEFAULT_TARGET_ALIAS
+from drafters.base import read_config
+
+#: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
+#: SmolLM2-135M-Instruct), and the folder it is dequantized into under $DRAFTERKIT_HOME
+PINNED_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PINNED_TARGET_DIR = '"${DRAFTERKIT_HOME:-$HOME/.cache/drafterkit}/smollm2-135m-instruct-hf"'
+
+KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model"}
+KIND_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft_lm": "Draft model"}
+LIBRARIES = {"vllm-eagle3": "vllm", "sglang-eagle3": "sglang", "medusa": "vllm", "hf-assistant": "transformers"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def training_record(ckpt: Path) -> dict[str, Any]:
+    """What the training checkpoint around the drafter folder ``ckpt`` holds: ``folder`` (the checkpoint,
+    or None for a bare drafter folder), ``recipe`` (``recipe.yaml`` as a dict), ``state``
+    (``trainer_state.json``), ``eval`` (the measured evaluation of these weights) and ``eval_source`` (the
+    file it came from). Missing or unreadable files give None."""
+    folder = ckpt.parent if ckpt.name == "drafter" else None
+    rec: dict[str, Any] = {"folder": folder, "recipe": None, "state": None, "eval": None, "eval_source": None}
+    if folder is None:
+        return rec
+    try:
+        recipe = yaml.safe_load((folder / "recipe.yaml").read_text())
+        rec["recipe"] = recipe if isinstance(recipe, dict) else None
+    except (OSError, yaml.YAMLError):
+        pass
+    rec["state"] = state = _read_json(folder / "trainer_state.json")
+    step = state.get("global_step") if state else None
+    run = folder.parent.parent if folder.parent.name == "checkpoints" else None
+    candidates = [(folder / "eval.json", _read_json(folder / "eval.json"))]
+    candidates += [(folder / "trainer_state.json", h) for h in reversed((state or {}).get("history") or [])
+                   if isinstance(h, dict) and h.get("step") == step]
+    if run is not None and step is not None:
+        candidates.append((run / "eval" / f"step-{step}.json", _read_json(run / "eval" / f"step-{step}.json")))
+    for source, ev in candidates:
+        if ev and "tau" in ev:
+            rec["eval"], rec["eval_source"] = ev, source
+            break
+    return rec
+
+
+def _section(recipe: dict | None, name: str) -> dict:
+    value = (recipe or {}).get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def hub_base_model(target: str | None) -> str | None:
+    """``target`` as Hub ``base_model`` metadata: a Hub model id (the pinned default target's origin for
+    ``smollm2-135m``), else None (a local folder is not a Hub id, and the Hub refuses the card)."""
+    if target == DEFAULT_TARGET_ALIAS:
+        return PINNED_TARGET_HUB_ID
+    if target and _HUB_ID.match(target) and not Path(target).exists():
+        return target
+    return None
+
+
+def _front_matter(fmt: str, kind: str, target: str | None) -> str:
+    meta: dict[str, Any] = {}
+    if base := hub_base_model(target):
+        meta["base_model"] = base
+    meta["library_name"] = LIBRARIES[fmt]
+    meta["tags"] = ["drafterkit", "speculative-decoding", KIND_TAGS[kind], LIBRARIES[fmt]]
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
+
+
+def _shell_target(target: str | None) -> str:
+    if target == DEFAULT_TARGET_ALIAS:
+        return PINNED_TARGET_DIR
+    return shlex.quote(target) if target else "TARGET"
+
+
+def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int) -> list[str]:
+    """Markdown lines: how to serve the export ``model`` (a Hub repo id or a folder) next to ``target``,
+    ``k`` draft tokens per verification (Medusa: at most its number of heads)."""
+    t, m = _shell_target(target), shlex.quote(model)
+    lines = ["## Serve it", ""]
+    if target == DEFAULT_TARGET_ALIAS:
+        lines += ["Serve the target it was trained for: drafterkit's pinned SmolLM2-135M-Instruct, dequantized "
+                  "from its Q4_1 GGUF into `$DRAFTERKIT_HOME/smollm2-135m-instruct-hf` (`drafterkit assets fetch "
+                  "smollm2-135m` builds it); the Hub's full-precision weights differ.", ""]
+    elif target is None:
+        lines += ["`TARGET` is the model the drafter was trained for (not recorded with the checkpoint).", ""]
+    if fmt == "sglang-eagle3":
+        lines += ["```bash", f"python -m sglang.launch_server --model-path {t} --speculative-algorithm EAGLE3 \\",
+                  f"    --speculative-draft-model-path {m} \\",
+                  f"    --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}",
+                  "```", "", "A draft tree instead of a chain: raise `--speculative-eagle-topk` and "
+                  "`--speculative-num-draft-tokens`."]
+        return lines
+    if fmt == "medusa":
+        k = min(k, int(cfg["num_heads"]))
+    method = {"vllm-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_model"}[fmt]
+    spec = json.dumps({"method": method, "model": model, "num_speculative_tokens": k})
+    lines += ["vLLM:", "", "```bash", f"vllm serve {t} --speculative-config {shlex.quote(spec)}", "```"]
+    if fmt == "hf-assistant":
+        py_target = ('os.path.join(os.environ.get("DRAFTERKIT_HOME", os.path.expanduser("~/.cache/drafterkit")), '
+                     '"smollm2-135m-instruct-hf")' if target == DEFAULT_TARGET_ALIAS else repr(target or "TARGET"))
+        lines += ["", "transformers (assisted generation):", "", "```python", "import os",
+                  "from transformers import AutoModelForCausalLM, AutoTokenizer", f"target_path = {py_target}",
+                  "target = AutoModelForCausalLM.from_pretrained(target_path)",
+                  "tok = AutoTokenizer.from_pretrained(target_path)",
+                  f"assistant = AutoModelForCausalLM.from_pretrained({model!r})",
+                  'ids = tok.apply_chat_template([{"role": "user", "content": "Hi!"}], add_generation_prompt=True,',
+                  '                              return_tensors="pt", return_dict=True)["input_ids"]',
+                  "out = target.generate(ids, assistant_model=assistant, max_new_tokens=128)", "```"]
+    return lines
+
+
+def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
+    if kind == "eagle3":
+        ids = (export_config or {}).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
+        held = f"`eagle_aux_hidden_state_layer_ids` {ids}" if ids is not None else \
+            "no `eagle_aux_hidden_state_layer_ids` (SGLang's default capture is these layers)"
+        return (f"EAGLE-3: one decoder layer over 3 target layers (drafterkit ids {cfg.get('feature_layers')}: "
+                f"`hidden_states[i]`, the input of decoder layer i; this export holds {held}), draft vocabulary "
+                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
+    if kind == "medusa":
+        return (f"Medusa: {cfg.get('num_heads')} heads of {cfg.get('num_layers')} residual block(s) on the target's "
+                f"last hidden state (head k at position t predicts token t+k+2)")
+    return f"draft model: a {cfg.get('num_layers', '?')}-layer causal LM sharing the target's tokenizer"
+
+
+def _options(options: dict) -> str:
+    return ", ".join(f"{k} {json.dumps(v)}" for k, v in options.items()) or "defaults"
+
+
+def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None) -> list[str]:
+    """Markdown lines: the drafter, and what the recipe and trainer state recorded about its training."""
+    lines = ["## Training", "", f"- Drafter: {_drafter_line(kind, cfg, export_config)}."]
+    recipe, state = rec["recipe"], rec["state"]
+    if recipe is None and state is None:
+        return lines + ["- No training record beside the drafter folder (`recipe.yaml`, `trainer_state.json` of a "
+                        "training checkpoint): it was exported from a bare drafter folder.", ""]
+    target, drafter = _section(recipe, "target"), _section(recipe, "drafter")
+    data, loss, optim, train = (_section(recipe, n) for n in ("data", "loss", "optim", "train"))
+    if recipe is not None:
+        source = data.get("path") or ("ShareGPT V3 unfiltered cleaned split (drafterkit's pinned `sharegpt` asset)"
+                                      if data.get("source") == "sharegpt" else "?")
+        extra = ", responses regenerated by the target" if data.get("regenerate") else ""
+        extra += f", on-policy fraction {data['on_policy_fraction']}" if data.get("on_policy_fraction") else ""
+        terms = loss.get("weights") or {loss.get("name", "?"): 1.0}
+        lines += [
+            f"- Target: `{target.get('name_or_path')}` ({target.get('dtype', '?')}).",
+            f"- Options: {_options(drafter.get('options') or {})}.",
+            f"- Data: {source} ({data.get('source')}), {data.get('num_examples') or 'all'} conversations, "
+            f"sequences of at most {data.get('max_length')} tokens, held-out fraction "
+            f"{data.get('heldout_fraction')}{extra}.",
+            f"- Loss: {', '.join(f'{n} x {w}' for n, w in terms.items())} (temperature {loss.get('temperature')}).",
+            f"- Optimizer: AdamW, lr {optim.get('lr')}, {optim.get('schedule')} schedule, {optim.get('warmup_steps')} "
+            f"warmup steps, weight decay {optim.get('weight_decay')}, grad clip {optim.get('grad_clip')}.",
+            f"- Budget: max_steps {train.get('max_steps')}, max_minutes {train.get('max_minutes')}, batch "
+            f"{train.get('batch_size')} x grad_accum {train.get('grad_accum')} per process, mixed precision "
+            f"{train.get('mixed_precision')}, seed {train.get('seed')}."]
+    if state is not None:
+        lines.append(f"- Trained: {state.get('global_step')} optimizer steps, epoch {state.get('epoch')}, "
+                     f"{state.get('tokens_seen')} tokens seen.")
+    if rec["folder"] is not None and recipe is not None:
+        lines.append(f"- The resolved recipe is `{rec['folder'] / 'recipe.yaml'}` "
+                     "(`drafterkit train recipe.yaml` reruns it).")
+    return lines + [""]
+
+
+def eval_command(ckpt: Path, target: str | None, k: int) -> str:
+    """The ``drafterkit eval`` line that measures the checkpoint at ``ckpt`` (tau, acceptance, tokens/s and
+    the speedup over plain decoding, on MT-bench); ``TARGET`` stands for a target nothing recorded."""
+    tgt = f" --target {shlex.quote(target)}" if target else " --target TARGET"
+    return f"drafterkit eval{tgt} --drafter {shlex.quote(str(ckpt))} --benchmark mt-bench --k {k}"
+
+
+def measured_section(rec: dict, ckpt: Path, target: str | None, k: int) -> list[str]:
+    """Markdown lines: the recorded evaluation of these weights, else "Not measured" and the command."""
+    ev, ev_cfg = rec["eval"], _section(rec["recipe"], "eval")
+    command = ["```bash", eval_command(ckpt, target, k), "```"]
+    if ev is None:
+        return ["## Measured", "", "**Not measured**: the checkpoint this export came from holds no evaluation record "
+                "(`eval.json`, an entry of `trainer_state.json`'s history at its step, or the run's "
+                "`eval/step-N.json`). Measure it with drafterkit's decoder against plain decoding:", "", *command, ""]
+    prompts = ev.get("prompts") or {}
+    per_pos = ", ".join(f"{a:.3f}" for a in ev.get("accept_per_position") or [])
+    setup = (f"step {ev.get('step', '?')}, {prompts.get('used', ev_cfg.get('num_prompts', '?'))} prompts of "
+             f"{prompts.get('benchmark', ev_cfg.get('prompts', '?'))}, {ev_cfg.get('max_new_tokens', '?')} new tokens, "
+             f"chains of {ev_cfg.get('k', '?')} draft tokens, temperature {ev_cfg.get('temperature', '?')}, target "
+             f"{_section(rec['recipe'], 'target').get('dtype', '?')}")
+    return ["## Measured", "",
+            f"Measured during training by drafterkit's decoder (exact verification), recorded in "
+            f"`{rec['eval_source']}`:",
+            "", "| metric | value |", "|---|---|",
+            f"| tau (tokens per target forward, bonus included) | {ev['tau']:.3f} |",
+            f"| acceptance rate | {ev.get('acceptance_rate', float('nan')):.3f} |",
+            f"| acceptance per draft position | {per_pos} |",
+            f"| tokens/s (on the training machine) | {ev.get('tokens_per_s', float('nan')):.1f} |",
+            f"| setup | {setup} |", "",
+            "Speed depends on the machine and the engine; measure it against plain decoding with:", "", *command, ""]
+
+
+def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str | None = None,
+                     repo: str | None = None) -> Path:
+    """Write ``out/README.md`` for the ``fmt`` export of the ``kind`` drafter folder ``ckpt`` (see the
+    module docstring). ``target``: ``--target`` (used when no recipe records one); ``repo``: the Hub repo
+    the export is pushed to (named in the serve commands instead of ``out``). Returns the card's path."""
+    _, cfg = read_config(ckpt)
+    rec = training_record(ckpt)
+    target = _section(rec["recipe"], "target").get("name_or_path") or target
+    k = int(_section(rec["recipe"], "eval").get("k") or 5)
+    export_config = _read_json(out / "config.json")
+    title = f"{KIND_TITLES[kind]} for `{target}`" if target else KIND_TITLES[kind]
+    lines = [_front_matter(fmt, kind, target), f"# {title}", "",
+             f"A speculative-decoding drafter trained with drafterkit and exported as "
+             f"`{fmt}` from `{ckpt}`. The target verifies every draft token, so the output is the target's own "
+             "(greedy: token for token; sampling: in distribution); the drafter only changes the speed.", ""]
+    lines += serve_section(fmt, cfg, repo or str(out), target, k) + [""]
+    lines += training_section(kind, cfg, rec, export_config)
+    lines += measured_section(rec, ckpt, target, k)
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path
