@@ -22,6 +22,8 @@ in transformers, the input of decoder layer ``i``, what vLLM's ``eagle_aux_hidde
 reads; valid ids are ``0 <= i < L`` (L = the target's ``num_hidden_layers``). ``i = L`` (the output after
 the final norm) is refused by :class:`Eagle3Config`, so a checkpoint saved with it fails to load (retrain
 it); the defaults are clamped into ``[1, L-1]`` for small targets (see :func:`check_feature_layers`).
+SGLang names the same layer ``i - 1`` (it captures ``hidden_states[id+1]``); the ``sglang-eagle3`` export
+writes its ids and refuses what an engine cannot express (``drafters.export.engine_layer_ids``).
 
 Training-time test (TTT, :meth:`drafters.eagle.FeatureHeadDrafter.unroll`): the head is unrolled for
 ``steps`` steps on its own outputs. At step ``j`` position ``t`` consumes a token and the head's own
