@@ -136,7 +136,7 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_target_path(name_or_path)
-    dt, dev = resolve_dtype(dtype), resolve_device(device)
+    dt, dev = resolve_dtype(dtype, device), resolve_device(device)
     local = _looks_local(path)
     if local and (problem := target_folder_problem(path)):
         raise TargetLoadError(f"target {path} {problem}; {_FOLDER_FIX}")

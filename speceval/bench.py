@@ -90,7 +90,7 @@ class EvalConfig:
                 "each measured side by side (the same tree given twice, however spelled, e.g. 1 and [[0]], is "
                 "measured once, under its first spelling). Tree rows ignore --k (their K column is the tree's depth) "
                 "and the --sweep over K covers chain rows only"})
-    dtype: str = field(default="fp32", metadata={"help": "fp32 | bf16 | fp16"})
+    dtype: str = field(default="fp32", metadata={"help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
     seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
@@ -199,7 +199,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     t0 = time.perf_counter()
     runs = measure(prompts, methods, cfg.max_new_tokens, cfg.seed, desc=cfg.benchmark, progress=cfg.progress)
     timings["eval_s"] = time.perf_counter() - t0
-    exact = check_exactness(runs, cfg.temperature, resolve_dtype(cfg.dtype))
+    exact = check_exactness(runs, cfg.temperature, resolve_dtype(cfg.dtype, cfg.device))
     summary = report.summarize_eval([m.meta() for m in methods], runs)
     for row in summary:
         if row["role"] == "spec":

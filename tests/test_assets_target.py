@@ -62,3 +62,28 @@ def test_a_broken_local_target_folder_names_what_is_wrong(tmp_path):
         load_target(str(tmp_path / "empty"))
     with pytest.raises(OSError, match="does not exist"):  # TargetLoadError is an OSError, as before
         load_target(str(tmp_path / "nowhere"))
+
+
+def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_units(monkeypatch):
+    """``auto`` reads the CPU's flags: bf16 with avx512_bf16 or amx_bf16, fp32 on an AVX2-only CPU."""
+    from assets import device
+
+    for flags, want in ((frozenset({"avx2", "avx512f"}), torch.float32), (frozenset({"avx512_bf16"}), torch.bfloat16),
+                        (frozenset({"amx_bf16", "avx2"}), torch.bfloat16)):
+        monkeypatch.setattr(device, "_cpu_flags", lambda f=flags: f)
+        assert device.resolve_dtype("auto", "cpu") is want and device.native_bf16("cpu") == (want is torch.bfloat16)
+    assert device.resolve_dtype("bf16", "cpu") is torch.bfloat16  # an explicit bf16 is kept, native or not
+
+
+def test_recipe_auto_precision_resolves_at_validation(monkeypatch, recwarn):
+    import train.recipe as R
+
+    data = {"output_dir": "x", "target": {"dtype": "auto"}, "train": {"mixed_precision": "auto"}}
+    monkeypatch.setattr(R, "native_bf16", lambda device=None: True)
+    r = R.recipe_from_dict(data)
+    assert (r.target.dtype, r.train.mixed_precision) == ("bfloat16", "bf16") and not recwarn.list
+    monkeypatch.setattr(R, "native_bf16", lambda device=None: False)
+    with pytest.warns(UserWarning, match=r"target.dtype and train.mixed_precision: auto -> float32 here"):
+        r = R.recipe_from_dict(data)
+    assert (r.target.dtype, r.train.mixed_precision) == ("float32", "no")
+    assert "dtype: float32" in r.to_yaml() and "mixed_precision: 'no'" in r.to_yaml()  # the saved recipe says what ran

@@ -26,12 +26,14 @@ and, for an unknown key, lists the valid keys at that level.
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from assets.device import native_bf16
 from train.checkpoint import is_resumable
 from train.options import feature_kinds, kind_recipe
 
@@ -46,6 +48,7 @@ class Section(BaseModel):
 
 class TargetSection(Section):
     name_or_path: str = "smollm2-135m"
+    # auto: bfloat16 where the device computes bf16 natively, else float32 (resolved at validation)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
@@ -176,7 +179,7 @@ class TrainSection(Section):
     max_minutes: float | None = Field(None, gt=0.0)  # wall-clock budget; stops cleanly, saves last/
     batch_size: int = Field(4, ge=1)  # per process, per micro-batch
     grad_accum: int = Field(1, ge=1)
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"  # or auto: bf16 where native, else no
     seed: int = 0
     log_every: int = Field(10, ge=1)
     save_every: int = Field(0, ge=0)  # 0: no step-N checkpoints (last/ and best/ are always kept)
@@ -259,6 +262,33 @@ class Recipe(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_auto_precision(cls, data: Any) -> Any:
+        """``target.dtype: auto`` and ``train.mixed_precision: auto`` become bfloat16 / bf16 where the run's
+        device computes bf16 natively (``assets.device.native_bf16``) and float32 / no elsewhere, with a
+        warning saying why; the validated (and saved) recipe holds what runs."""
+        if not isinstance(data, dict):
+            return data
+        target, train = data.get("target"), data.get("train")
+        auto_dtype = isinstance(target, dict) and str(target.get("dtype", "")).lower() == "auto"
+        auto_mixed = isinstance(train, dict) and str(train.get("mixed_precision", "")).lower() == "auto"
+        if not (auto_dtype or auto_mixed):
+            return data
+        native = native_bf16("cpu" if isinstance(train, dict) and train.get("cpu") is True else None)
+        data = dict(data)
+        if auto_dtype:
+            data["target"] = {**target, "dtype": "bfloat16" if native else "float32"}
+        if auto_mixed:
+            data["train"] = {**train, "mixed_precision": "bf16" if native else "no"}
+        if not native:
+            keys = " and ".join(k for k, on in (("target.dtype", auto_dtype), ("train.mixed_precision", auto_mixed))
+                                if on)
+            warnings.warn(f"{keys}: auto -> float32 here: this device has no native bf16 units (on a CPU: "
+                          "avx512_bf16 / amx_bf16), where bf16 runs several times slower than float32; set "
+                          "target.dtype=bfloat16 / train.mixed_precision=bf16 to force bf16", UserWarning, stacklevel=2)
+        return data
 
     @model_validator(mode="after")
     def _feature_cache_for_feature_kinds(self) -> Recipe:
