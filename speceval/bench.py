@@ -15,6 +15,11 @@ speedups are ratios of those measurements (never derived from tau). At temperatu
 speculative outputs are compared token for token with the engine's plain output (the decoder's
 exactness guarantee): the mismatch count (expected 0) goes into the table and the JSON.
 
+With the engine and ``generate`` baselines, the speedup over ``generate`` is also split into measured
+factors (``speceval.factors``: the engine's own kernels, the drafter alone, prompt lookup in front of it).
+Flags ``--dtype``, ``--tree``, ``--k`` and ``--draft-threshold`` not given take the values a drafter folder's
+``decoding.json`` records (``speceval.recorded``, written by ``drafterkit quickstart``).
+
 ``--sweep`` adds K x temperature x category rows, a Markdown table (``speceval.report``) and PNG
 plots (``speceval.plots``); ``--concurrency 1,2,4,8`` decodes that many prompts together as one batch,
 speculation on vs off. The JSON record holds the config, machine info and every per-prompt run.

@@ -114,7 +114,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bf16",
                    help="bf16 | fp32, the evaluation's target and drafter (default bf16: on a CPU with bf16 units a "
                         "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
-                        "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32 only)")
+                        "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32: the measured "
+                        "rows with --dtype fp32, else a short separate fp32 run, see --exactness-prompts)")
     p.add_argument("--exactness-prompts", type=int, default=2,
                    help=f"prompts per benchmark of the fp32 greedy check that the drafter's outputs equal plain "
                         f"decoding's token for token ({EXACTNESS_TOKENS} new tokens at most; 0 skips it; with --dtype "
@@ -231,8 +232,10 @@ def exactness_stage(records: dict, args, tok, datastore=None) -> dict:
     through the same engine, with a target loaded in fp32 (``speceval.harness.check_exactness`` via
     ``speceval.bench.evaluate``). With ``--dtype fp32`` the eval rows themselves were checked and are
     summarized instead. Returns ``train.quickstart_report.exactness_summary``."""
-    if resolve_dtype(args.dtype) == torch.float32 or args.exactness_prompts <= 0:
-        return exactness_summary(records if resolve_dtype(args.dtype) == torch.float32 else {}, "the measured rows")
+    if resolve_dtype(args.dtype) == torch.float32:
+        return exactness_summary(records, "the measured rows")
+    if args.exactness_prompts <= 0:
+        return exactness_summary({}, "skipped: --exactness-prompts 0")
     first = next(iter(records.values()))["config"]
     target, _ = load_target(first["target"], dtype="fp32", device=args.device)
     checks = {}

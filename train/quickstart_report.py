@@ -57,7 +57,8 @@ def exactness_lines(report_data: dict) -> list[str]:
             lines.append(f"- NOT EXACT: outputs differ from plain decoding in fp32 (prompts: "
                          f"{ex['mismatched_prompts']}); this is a decoder bug, please report it.")
     else:
-        lines = ["- fp32 exactness not checked (--exactness-prompts 0)."]
+        why = {check["reason"] for check in ex["per_benchmark"].values()} or {ex["source"]}
+        lines = [f"- exactness not checked ({'; '.join(sorted(why))})."]
     for bench, rec in report_data["evals"].items():
         note = (report.differs_note(rec["exactness"]) + report.same_text_note(rec["exactness"])).removeprefix("; ")
         if note:
