@@ -15,6 +15,11 @@ speedups are ratios of those measurements (never derived from tau). At temperatu
 speculative outputs are compared token for token with the engine's plain output (the decoder's
 exactness guarantee): the mismatch count (expected 0) goes into the table and the JSON.
 
+With the engine and ``generate`` baselines, the speedup over ``generate`` is also split into measured
+factors (``speceval.factors``: the engine's own kernels, the drafter alone, prompt lookup in front of it).
+Flags ``--dtype``, ``--tree``, ``--k`` and ``--draft-threshold`` not given take the values a drafter folder's
+``decoding.json`` records (``speceval.recorded``, written by ``drafterkit quickstart``).
+
 ``--sweep`` adds K x temperature x category rows, a Markdown table (``speceval.report``) and PNG
 plots (``speceval.plots``); ``--concurrency 1,2,4,8`` decodes that many prompts together as one batch,
 speculation on vs off. The JSON record holds the config, machine info and every per-prompt run.
@@ -26,6 +31,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import functools
+import shlex
 import sys
 import time
 import typing
@@ -41,11 +47,14 @@ from decode.tree import DraftTree
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
 from speceval import plots, report
+from speceval.factors import headline_factors
 from speceval.harness import check_exactness, machine_info, measure, run_concurrency, run_sweep, warm_up
 from speceval.methods import BASELINES, build_drafters, build_methods, distinct_trees, retrieval_info
 from speceval.prompts import load_prompts
+from speceval.recorded import DECODING_FILE, RECORDED, apply_recorded
 
-__all__ = ["DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "evaluate", "print_record", "run", "write_outputs"]
+__all__ = ["DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "command_line", "evaluate", "print_record", "run",
+           "write_outputs"]
 
 #: the corpus ``+rest`` drafters retrieve from when no datastore is given (``--datastore``)
 DEFAULT_DATASTORE = "sharegpt"
@@ -173,9 +182,11 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
             so may the ``+rest`` drafters' ``datastore`` (else ``cfg.datastore`` is loaded on first use).
 
     Returns:
-        ``{"config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs",
+        ``{"config", "machine", "target", "prompts", "methods", "summary", "factors", "exactness", "runs",
         "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (see ``speceval.report`` for the run and row
-        fields; ``retrieval``, with ``+rest`` drafters only: ``speceval.methods.retrieval_info``).
+        fields; ``factors``: the speedup over ``generate`` split into measured factors,
+        ``speceval.factors.headline_factors``; ``retrieval``, with ``+rest`` drafters only:
+        ``speceval.methods.retrieval_info``).
 
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
@@ -213,7 +224,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
                  for i, p in enumerate(prompts)],
         methods=[dict(m.meta(), hf_kwargs=_public_kwargs(s.hf_kwargs, cfg.k) if m.role == "hf-assisted" else None)
                  for m in methods for s in [next((x for x in specs if x.label == m.drafter), None)]],
-        summary=summary, exactness=exact, runs=runs, timings=timings)
+        summary=summary, factors=headline_factors(summary), exactness=exact, runs=runs, timings=timings)
     if retrieval := retrieval_info(specs):
         record["retrieval"] = retrieval
     chains = [s for s in specs if s.tree is None]  # the K sweep varies chain length; trees have none
@@ -294,11 +305,17 @@ HELP_ORDER = ("target", "drafters", "datastore", "benchmark", "num_prompts", "ma
               "output", "plots_dir", "baselines", "sweep", "sweep_k", "sweep_temperature", "concurrency", "progress")
 
 
+#: said in the ``--help`` of the flags a drafter's ``decoding.json`` may set (``speceval.recorded.RECORDED``)
+RECORDED_HELP = (f"; not given, the value the --drafter folder's {DECODING_FILE} records (drafterkit quickstart "
+                 "writes one) is used instead of the default")
+
+
 def _flag(f: dataclasses.Field, hint: Any) -> tuple[str, dict]:
     """``(flag, argparse keyword arguments)`` of the field ``f`` whose resolved type is ``hint`` (see
-    :class:`EvalConfig`). A repeatable flag gets argparse default ``None`` (argparse would append to a
-    default list) and the field's default in its help; ``dest`` is the field's name (``no_<name>`` for
-    a ``--no-<name>`` switch)."""
+    :class:`EvalConfig`). A repeatable flag, and one a drafter's ``decoding.json`` may set
+    (``speceval.recorded.RECORDED``), gets argparse default ``None`` (so an explicit value is told from
+    none; argparse would append to a default list) and the field's default in its help; ``dest`` is the
+    field's name (``no_<name>`` for a ``--no-<name>`` switch)."""
     meta = dict(f.metadata)
     flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
     default = f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -307,10 +324,15 @@ def _flag(f: dataclasses.Field, hint: Any) -> tuple[str, dict]:
         if default:
             return "--no-" + flag[2:], dict(kwargs, dest=f"no_{f.name}", action="store_true")
         return flag, dict(kwargs, action="store_true")
+    unset = kwargs.get("action") == "append" or f.name in RECORDED
+    if unset and "default" not in kwargs["help"]:
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        kwargs["help"] += f" (default: {shown})"
+    if f.name in RECORDED:
+        kwargs["help"] += RECORDED_HELP
     if kwargs.get("action") == "append":
-        if "default" not in kwargs["help"]:
-            kwargs["help"] += f" (default: {','.join(map(str, default))})"
         return flag, dict(kwargs, default=None)
+    default = None if unset else default
     if typing.get_origin(hint) is list:
         return flag, dict(kwargs, type=_csv(typing.get_args(hint)[0], flag), default=default)
     kinds = [a for a in typing.get_args(hint) if a is not type(None)]  # `X | None` parses as X
@@ -332,9 +354,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """The :class:`EvalConfig` of parsed ``drafterkit eval`` flags (:func:`add_arguments`): a repeatable flag
-    never given takes the field's default, ``--no-<name>`` sets ``<name>`` to False, and a tree given
-    twice is measured once (:func:`speceval.methods.distinct_trees`)."""
+    """The :class:`EvalConfig` of parsed ``drafterkit eval`` flags (:func:`add_arguments`): a flag never
+    given whose parsed value is ``None`` (repeatable flags, those a ``decoding.json`` may set) takes the
+    field's default (``drafterkit eval`` then applies a drafter's ``decoding.json``: :func:`run`),
+    ``--no-<name>`` sets ``<name>`` to False, and a tree given twice is measured once
+    (:func:`speceval.methods.distinct_trees`)."""
     hints = typing.get_type_hints(EvalConfig)
     values = {}
     for f in dataclasses.fields(EvalConfig):
@@ -342,7 +366,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         value = getattr(args, kwargs["dest"])
         if kwargs["dest"] != f.name:  # --no-<name>
             value = not value
-        if value is not None or kwargs.get("action") != "append":
+        if value is not None:
             values[f.name] = value
     cfg = EvalConfig(**values)
     cfg.trees = distinct_trees(cfg.trees)
@@ -356,6 +380,8 @@ def print_record(record: dict, console=None) -> None:
     title = (f"{cfg['benchmark']}: {len(record['prompts'])} prompts, {cfg['max_new_tokens']} new tokens, "
              f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")
     report.print_eval(record["summary"], title, console)
+    if record.get("factors"):
+        report.print_factors(record["factors"], console)
     ex = record["exactness"]
     console.print(f"exactness: {report.exactness_text(ex)}")
     if note := report.small_sample_note(record):
@@ -367,14 +393,57 @@ def print_record(record: dict, console=None) -> None:
         console.print(report.rich_table("concurrency", record["concurrency"]["rows"], report.CONCURRENCY_COLUMNS))
 
 
+def recorded_message(info: dict) -> str:
+    """What ``drafterkit eval`` prints about the settings it took from a drafter's ``decoding.json``
+    (``speceval.recorded.apply_recorded``)."""
+    head = f"drafterkit eval: {info['file']} ({info['source']})"
+    if info["note"]:
+        return f"{head}: not used: {info['note']}"
+    given = f"; given on the command line, kept: {', '.join(RECORDED[k] for k in info['overridden'])}" \
+        if info["overridden"] else ""
+    if not info["applied"]:
+        return f"{head}: every setting it records was given on the command line{given}"
+    return f"{head}: decoding settings taken from it: {info['flags']}{given} (flags given explicitly win)"
+
+
+def command_line(config: dict, *, threads: int | None = None, output: str | Path | None = None,
+                 always: tuple[str, ...] = ("drafters", "benchmark", "num_prompts", "max_new_tokens", "k",
+                                            "draft_thresholds", "trees", "dtype", "baselines")) -> str:
+    """The ``drafterkit eval`` command that measures ``config`` (an :class:`EvalConfig` as a dict, e.g. a
+    record's ``config``): every field in ``always`` and every other one that differs from its default, as
+    flags (``progress`` left out), then ``--threads`` and ``--output`` when given; quoted for a shell."""
+    defaults = dataclasses.asdict(EvalConfig())
+    argv = ["drafterkit", "eval"]
+    for f, hint in _flag_fields():
+        if f.name not in config or f.name == "progress" or \
+                (f.name not in always and config[f.name] == defaults[f.name]):
+            continue
+        flag, kwargs = _flag(f, hint)
+        value = config[f.name]
+        if hint is bool:
+            argv += [flag] if value != defaults[f.name] else []
+        elif kwargs.get("action") == "append":
+            argv += [a for v in value for a in (flag, str(v))]
+        elif value is not None:
+            argv += [flag, ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+                     if isinstance(value, list) else str(value)]
+    argv += ["--threads", str(threads)] if threads else []
+    argv += ["--output", str(output)] if output is not None else []
+    return shlex.join(argv)
+
+
 def run(args: argparse.Namespace) -> int:
-    """``drafterkit eval``: 0 on success, 2 on a usage error (message on stderr)."""
+    """``drafterkit eval``: 0 on success, 2 on a usage error (message on stderr). Flags of
+    ``speceval.recorded.RECORDED`` not given take the values the drafters' ``decoding.json`` records."""
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_progress:
         report.disable_progress_bars()
     try:
         cfg = config_from_args(args)
+        recorded = apply_recorded(cfg, given={name for name in RECORDED if getattr(args, name) is not None})
+        if recorded:
+            print(recorded_message(recorded), flush=True)
         shaped = [f for f, used in (("--tree", cfg.trees != ["chain"]),
                                     ("--draft-threshold", any(t != 0 for t in cfg.draft_thresholds))) if used]
         if shaped and all(d == "none" for d in cfg.drafters):
@@ -386,6 +455,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, DrafterLoadError, OSError) as exc:
         print(f"drafterkit eval: error: {exc}", file=sys.stderr)
         return 2
+    if recorded:
+        record["recorded_decoding"] = recorded
     paths = write_outputs(record, args.output, args.plots_dir)
     print_record(record)
     print(f"wrote {paths['json']} and {paths['markdown']}" + (f" and {len(paths['plots'])} plots" if paths['plots']

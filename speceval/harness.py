@@ -52,18 +52,21 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype) ->
 
     Returns:
         ``{"checked", "reason", "mismatches": {method: n}, "mismatched_prompts": {method: [ids]},
-        "hf_vs_engine_mismatches", "differs_from_plain", "prompts_compared"}``; counts are ``None`` when
-        not checked (temperature > 0, or a dtype other than fp32 where near-ties may flip legitimately,
-        or no plain engine run). ``differs_from_plain`` ({method: prompts whose output differs from the
-        plain output}) is filled instead at temperature 0 in other dtypes: not an exactness failure,
-        but it says how many of the timed texts diverged from plain decoding's.
+        "hf_vs_engine_mismatches", "differs_from_plain", "same_text", "prompts_compared"}``; counts are
+        ``None`` when not checked (temperature > 0, or a dtype other than fp32 where near-ties may flip
+        legitimately, or no plain engine run). ``differs_from_plain`` ({method: prompts whose output
+        differs from the plain output}) is filled instead at temperature 0 in other dtypes: not an
+        exactness failure, but it says how many of the timed texts diverged from plain decoding's; then
+        ``same_text`` ({method: {"prompts", "speedup_vs_engine"}}) is the method's pooled tokens/s over
+        the prompts whose output equals the plain output, divided by plain decoding's over the same
+        prompts (``None`` where no prompt's text matched), so a speedup is also read on identical texts.
     """
     plain = {r["prompt"]: r["output_ids"] for r in runs if r["role"] == "plain"}
     checked = temperature == 0 and dtype == torch.float32 and bool(plain)
     reason = ("temperature 0, fp32: speculative output must equal plain decoding token for token" if checked
               else "only checked at temperature 0 in fp32 with the engine baseline run")
     out = dict(checked=checked, reason=reason, mismatches={}, mismatched_prompts={}, hf_vs_engine_mismatches=None,
-               differs_from_plain=None, prompts_compared=len(plain))
+               differs_from_plain=None, same_text=None, prompts_compared=len(plain))
     if temperature != 0 or not plain:
         return out
     differs, prompts, hf = {}, {}, 0  # one comparison with plain per run; what it means depends on the dtype
@@ -81,6 +84,31 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype) ->
                    hf_vs_engine_mismatches=hf if any(r["role"] == "hf" for r in runs) else None)
     else:  # informative only: near-ties at this dtype may flip legitimately
         out["differs_from_plain"] = differs
+        out["same_text"] = same_text_speedups(runs, plain)
+    return out
+
+
+def same_text_speedups(runs: list[dict], plain: dict[int, list[int]]) -> dict[str, dict]:
+    """``{spec method: {"prompts": n, "speedup_vs_engine": x}}``: the method's tokens/s pooled over the
+    ``n`` prompts whose output equals plain decoding's (``plain``: {prompt: output ids}), over plain
+    decoding's tokens/s pooled over the same prompts (``None`` when ``n`` is 0 or the runs hold no
+    timings)."""
+    plain_runs = {r["prompt"]: r for r in runs if r["role"] == "plain"}
+    same: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["role"] == "spec":
+            same.setdefault(r["method"], [])
+            if r["output_ids"] == plain[r["prompt"]]:
+                same[r["method"]].append(r)
+
+    def tps(rs: list[dict]) -> float | None:
+        wall = sum(r.get("wall_s") or 0.0 for r in rs)
+        return sum(r.get("new_tokens") or 0 for r in rs) / wall if wall > 0 else None
+
+    out = {}
+    for method, rs in same.items():
+        spec, base = tps(rs), tps([plain_runs[r["prompt"]] for r in rs])
+        out[method] = dict(prompts=len(rs), speedup_vs_engine=spec / base if spec and base else None)
     return out
 
 

@@ -22,9 +22,38 @@ def pyplot():
     return plt
 
 
-def _style_acceptance_axes(ax) -> None:
-    """Labels, limits and legend shared by the per-position acceptance plots."""
+#: fewer proposals than this reaching a draft position and its acceptance is drawn hollow, with the count
+FEW_PROPOSALS = 20
+
+
+def plot_positions(ax, accept: list[float], reached: list[int] | None, label: str) -> int:
+    """One per-position acceptance line on ``ax``: positions no proposal reached are left out (the record's
+    0.0 there is not a 0% rate), and those fewer than :data:`FEW_PROPOSALS` proposals reached are drawn
+    as hollow markers annotated ``n=<proposals>``, since a rate over a handful of proposals is mostly noise.
+    ``reached`` ``None``: counts unknown, every point solid. Returns the number of hollow points."""
+    counts = reached if reached and len(reached) == len(accept) else [None] * len(accept)
+    pts = [(i + 1, v, n) for i, (v, n) in enumerate(zip(accept, counts)) if n is None or n > 0]
+    if not pts:
+        return 0
+    (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    few = [p for p in pts if p[2] is not None and p[2] < FEW_PROPOSALS]
+    if few:
+        ax.plot([p[0] for p in few], [p[1] for p in few], linestyle="none", marker="o", markerfacecolor="white",
+                markeredgecolor=line.get_color(), zorder=line.get_zorder() + 1)
+        for x, y, n in few:
+            ax.annotate(f"n={n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6,
+                        color=line.get_color())
+    return len(few)
+
+
+def _style_acceptance_axes(ax, hollow: int = 0) -> None:
+    """Labels, limits and legend shared by the per-position acceptance plots (with ``hollow`` points, a
+    note saying what they mean)."""
     from matplotlib.ticker import MaxNLocator
+
+    if hollow:
+        ax.text(0.99, 0.98, f"hollow: fewer than {FEW_PROPOSALS} proposals reached that position (n=count)",
+                transform=ax.transAxes, ha="right", va="top", fontsize=6, color="dimgrey")
 
     ax.set_xlabel("draft position")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
@@ -112,10 +141,11 @@ def _plot_positions(rows: list[dict], path: Path) -> Path:
         key = (r["drafter"], r["temperature"])
         if r["category"] == "all" and (key not in best or r["k"] > best[key]["k"]):
             best[key] = r
+    hollow = 0
     for (drafter, temp), r in sorted(best.items()):
-        pos = r["accept_per_position"] or []
-        ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{drafter}, K={r['k']}, T={temp:g}")
-    _style_acceptance_axes(ax)
+        hollow += plot_positions(ax, r["accept_per_position"] or [], r.get("reached_per_position"),
+                                 f"{drafter}, K={r['k']}, T={temp:g}")
+    _style_acceptance_axes(ax, hollow)
     return save_figure(fig, path)
 
 
@@ -179,7 +209,8 @@ def plot_concurrency(rows: list[dict], out_dir: str | Path) -> Path:
 
 def plot_eval_summary(summaries: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
     """Eval figures from ``{benchmark: summary rows}``: ``tokens_per_s.png`` (measured tokens/s of
-    every method, grouped by benchmark) and ``acceptance_per_position.png`` (spec rows)."""
+    every method, grouped by benchmark) and ``acceptance_per_position.png`` (spec rows; points resting on
+    few proposals hollow, :func:`plot_positions`)."""
     plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,14 +227,12 @@ def plot_eval_summary(summaries: dict[str, list[dict]], out_dir: str | Path) -> 
     ax.legend(fontsize=7)
     paths = [save_figure(fig, out / "tokens_per_s.png")]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    hollow = 0
     for b, rows in summaries.items():
         for r in rows:
             if r["role"] == "spec" and r["accept_per_position"]:
-                reached = r.get("reached_per_position") or [1] * len(r["accept_per_position"])
-                # positions no proposal reached are left out (the record's 0.0 there is not a 0% rate)
-                pts = [(i + 1, v) for i, (v, n) in enumerate(zip(r["accept_per_position"], reached)) if n]
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"{r['method']} on {b}")
-    _style_acceptance_axes(ax)
+                hollow += plot_positions(ax, r["accept_per_position"], r.get("reached_per_position"),
+                                         f"{r['method']} on {b}")
+    _style_acceptance_axes(ax, hollow)
     paths.append(save_figure(fig, out / "acceptance_per_position.png"))
     return paths

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from decode.metrics import pool_stats
+from speceval.factors import factor_cells
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
 SWEEP_COLUMNS = [
@@ -42,6 +43,12 @@ EVAL_COLUMNS = [
     ("tokens/s", "tokens_per_s", "{:.2f}"), ("speedup vs plain", "speedup_vs_engine", "{:.3f}"),
     ("speedup vs HF", "speedup_vs_hf", "{:.3f}"), ("HF-native spec tokens/s", "hf_native_tokens_per_s", "{:.2f}"),
     ("HF-native spec speedup vs HF", "hf_native_speedup_vs_hf", "{:.3f}"), ("mismatches", "mismatches", "{}"),
+]
+#: the factor table (``speceval.factors.headline_factors``): each row a ratio of two measured tokens/s
+FACTOR_COLUMNS = [
+    ("factor", "factor", "{}"), ("what is measured", "what", "{}"), ("ratio", "ratio", "{:.2f}x"),
+    ("tokens/s", "tokens_per_s", "{:.2f}"), ("over tokens/s", "over_tokens_per_s", "{:.2f}"),
+    ("in the headline", "role", "{}"), ("carried by `drafterkit export`", "export", "{}"),
 ]
 CONCURRENCY_COLUMNS = [
     ("concurrency", "concurrency", "{}"), ("method", "method", "{}"), ("batches", "batches", "{}"),
@@ -236,7 +243,7 @@ def rich_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]
 
     table = Table(title=title, show_lines=False)
     for header, key, _ in columns:
-        text = key in ("method", "drafter", "category")
+        text = key in ("method", "drafter", "category", "factor", "what", "role", "export", "group")
         # names wrap instead of being cut with an ellipsis: two checkpoints must stay distinguishable
         table.add_column(header, justify="left" if text else "right", overflow="fold" if text else "ellipsis")
     for row in rows:
@@ -284,6 +291,20 @@ def print_eval(rows: list[dict], title: str, console=None) -> None:
                                             TERMINAL_COLUMNS))
 
 
+def factor_columns(rows: list[dict]) -> list[tuple[str, str, str]]:
+    """:data:`FACTOR_COLUMNS`, led by the headline row each factor belongs to when ``rows`` hold several."""
+    several = len({r["group"] for r in rows}) > 1
+    return ([("headline row", "group", "{}")] if several else []) + FACTOR_COLUMNS
+
+
+def print_factors(rows: list[dict], console=None) -> None:
+    """The factor table (``speceval.factors``) on the console."""
+    heads = sorted({r["group"] for r in rows})
+    (console or make_console()).print(rich_table(
+        f"where the speedup of {' / '.join(heads)} over generate comes from (ratios of tokens/s, same run)",
+        factor_cells(rows), factor_columns(rows)))
+
+
 def write_json(path: str | Path, record: dict) -> Path:
     """Write ``record`` as indented JSON (parent folders created). Returns the path."""
     path = Path(path)
@@ -306,11 +327,21 @@ def differs_note(exactness: dict) -> str:
             "diverged): " + ", ".join(f"{k}: {v} of {m}" for k, v in differs.items()))
 
 
+def same_text_note(exactness: dict) -> str:
+    """``"; over the prompts whose text did not diverge: {method}: 1.80x plain on 7 prompts"``, or ``""``
+    (``speceval.harness.same_text_speedups``)."""
+    same = exactness.get("same_text")
+    if not same:
+        return ""
+    return "; tokens/s over the prompts whose text did not diverge, vs plain decoding on the same prompts: " + \
+        ", ".join(f"{k}: {fmt(v['speedup_vs_engine'], '{:.2f}x')} on {v['prompts']}" for k, v in same.items())
+
+
 def exactness_text(exactness: dict) -> str:
     """The exactness sentence of the console and Markdown reports (without its closing period)."""
     ex = exactness
     return (f"{'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
-            f"({ex['reason']}){differs_note(ex)}")
+            f"({ex['reason']}){differs_note(ex)}{same_text_note(ex)}")
 
 
 def small_sample_note(record: dict) -> str | None:
@@ -370,6 +401,15 @@ def retrieval_line(record: dict) -> str | None:
     return f"- retrieval (+rest): datastore {where}; {how}"
 
 
+def recorded_line(record: dict) -> str | None:
+    """The Markdown header line saying which flags came from a drafter's ``decoding.json``
+    (``record["recorded_decoding"]``, see ``speceval.recorded``); ``None`` when none did."""
+    info = record.get("recorded_decoding")
+    if not info or not info.get("applied"):
+        return None
+    return f"- decoding settings from `{info['file']}` ({info['source']}): {info['flags']}"
+
+
 def render_markdown(record: dict) -> str:
     """The Markdown report of one eval record: config, machine, the ``+rest`` rows' datastore and
     settings (when there are such rows), the eval table, exactness and, when present, the sweep and
@@ -383,6 +423,7 @@ def render_markdown(record: dict) -> str:
              f"- machine: torch {mach['torch']}, transformers {mach['transformers']}, {mach['device']}, "
              f"{mach['dtype']}, {mach['threads']} threads",
              *([line] if (line := retrieval_line(record)) else []),
+             *([line] if (line := recorded_line(record)) else []),
              "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "
              "prompt by prompt; speedups are ratios of those measurements.",
              "- per-position acceptance: at draft position (tree depth) i, accepted / proposals that reached it; "
@@ -394,6 +435,12 @@ def render_markdown(record: dict) -> str:
     lines.append(markdown_table(rows, cols))
     ex = record["exactness"]
     lines += [f"Exactness: {exactness_text(ex)}.", ""]
+    if factors := record.get("factors"):
+        heads = ", ".join(f"`{g}`" for g in dict.fromkeys(r["group"] for r in factors))
+        lines += [f"Where the speedup of {heads} over `generate` comes from: each row a ratio of two tokens/s "
+                  "measured in this run; the factors multiply to the headline, and `drafterkit export` carries "
+                  "only the drafter alone to a serving engine (the engine's kernels and prompt lookup + retrieval "
+                  "stay here).", "", markdown_table(factor_cells(factors), factor_columns(factors))]
     if note := small_sample_note(record):
         lines += [f"Note: {note}", ""]
     if record.get("sweep"):

@@ -353,3 +353,55 @@ def test_bf16_records_how_many_outputs_differ_from_plain_without_calling_it_a_mi
     assert check_exactness(runs, 0.7, torch.bfloat16)["differs_from_plain"] is None  # sampling: not comparable
     fp32 = check_exactness(runs, 0.0, torch.float32)
     assert fp32["checked"] and fp32["mismatches"] == {"a": 1, "b": 0} and differs_note(fp32) == ""
+
+
+def test_the_command_line_of_a_config_parses_back_to_it():
+    """``bench.command_line`` (what the quickstart prints) is a shell line whose flags give the same config."""
+    import shlex
+
+    cfg = bench.EvalConfig(drafters=["runs/a b", "ngram", "runs/a b+rest"], datastore="sharegpt", benchmark="humaneval",
+                           trees=["3,2,1,1,1", "chain"], draft_thresholds=[0.0, 0.1], dtype="bf16", top_p=0.9,
+                           sweep=True, sweep_k=[1, 3], progress=False)
+    line = bench.command_line(dataclasses.asdict(cfg), threads=1, output="out/e.json")
+    assert line.startswith("drafterkit eval --drafter 'runs/a b' --drafter ngram --drafter 'runs/a b+rest'")
+    args = parse(build_parser(), shlex.split(line)[1:])
+    assert bench.config_from_args(args) == dataclasses.replace(cfg, progress=True)  # progress is not a setting
+    assert (args.threads, args.output) == (1, "out/e.json")
+    plain = bench.command_line(dataclasses.asdict(bench.EvalConfig()))  # defaults: only the settings always said
+    assert plain == ("drafterkit eval --drafter ngram --benchmark mt-bench --num-prompts 8 --max-new-tokens 128 "
+                     "--k 5 --draft-threshold 0 --tree chain --dtype fp32 --baselines engine,hf,hf-assisted")
+
+
+def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
+    from speceval.recorded import RECORDED, apply_recorded, write_decoding
+
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
+    a, b = tmp_path / "a" / "drafter", tmp_path / "b" / "drafter"
+    for folder in (a, b):
+        DraftLM.from_target(target, 1).save_pretrained(folder)
+    write_decoding(a, dict(dtype="bf16", trees=["2,1"], k=3, draft_thresholds=[0.1]),
+                   written_by="drafterkit quickstart", machine=dict(device="cpu", dtype="bfloat16", torch="2.13", threads=2))
+    parser = build_parser()
+
+    def applied(*argv):
+        args = parse(parser, ["eval", *argv])
+        cfg = bench.config_from_args(args)
+        return cfg, apply_recorded(cfg, {name for name in RECORDED if getattr(args, name) is not None})
+
+    cfg, info = applied("--drafter", f"{a.parent}+rest")  # a checkpoint folder holding drafter/, behind lookup
+    assert (cfg.dtype, cfg.trees, cfg.k, cfg.draft_thresholds) == ("bf16", ["2,1"], 3, [0.1])
+    assert info["flags"] == "--dtype bf16 --tree 2,1 --k 3 --draft-threshold 0.1"
+    assert info["file"] == str(a / "decoding.json") and info["source"].startswith("drafterkit quickstart, cpu")
+    assert "decoding settings taken from it: --dtype bf16" in bench.recorded_message(info)
+    cfg, info = applied("--drafter", str(a), "--dtype", "fp32", "--tree", "chain")  # explicit flags win
+    assert (cfg.dtype, cfg.trees, cfg.k, cfg.draft_thresholds) == ("fp32", ["chain"], 3, [0.1])
+    assert info["overridden"] == ["dtype", "trees"] and "kept: --dtype, --tree" in bench.recorded_message(info)
+    assert applied("--drafter", "ngram", "--drafter", str(b)) == (bench.EvalConfig(drafters=["ngram", str(b)]), None)
+    write_decoding(b, dict(dtype="fp32", trees=["chain"], k=5, draft_thresholds=[0.0]), written_by="someone")
+    cfg, info = applied("--drafter", str(a), "--drafter", str(b))  # two records that disagree: neither applies
+    assert info["applied"] == {} and "record different decoding settings" in info["note"] and cfg.dtype == "fp32"
+    (b / "decoding.json").write_text("[1]")
+    with pytest.raises(ValueError, match=r"decoding.json: expected a JSON object"):
+        applied("--drafter", str(b))
+    assert main(["eval", "--drafter", str(b), "--output", str(tmp_path / "x.json")]) == 2  # a usage error, no trace
+    assert "decoding.json" in capsys.readouterr().err

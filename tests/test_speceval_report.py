@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import tiny_llama
 
 from assets.pinned import default_target_dir
-from speceval import report
+from speceval import factors, plots, report
+from speceval.harness import check_exactness
 from train.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -171,3 +173,89 @@ def test_console_tables_wrap_long_drafter_names_instead_of_cutting_them():
     body = [ln for ln in buf.getvalue().splitlines() if ln.startswith("│")]
     first_column = "".join(ln.split("│")[1].strip() for ln in body)
     assert first_column == names[0] + names[1]
+
+
+def _row(role, method, tps):
+    return dict(role=role, method=method, drafter="none" if role in ("plain", "hf") else method, tokens_per_s=tps)
+
+
+def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
+    """The headline over generate = engine x drafter x lookup, each a ratio of two measured tokens/s; prompt
+    lookup alone and speculation over plain decoding are references; the drafter alone is what an export carries."""
+    head = "eagle3:train/last+rest@0.1 tree=3,2,1,1,1"
+    summary = [_row("spec", "eagle3:train/last@0.1 tree=3,2,1,1,1", 12.7), _row("spec", "ngram tree=3,2,1,1,1", 13.0),
+               _row("spec", head, 18.4), _row("spec", "eagle3:train/last+rest@0.2 tree=3,2,1,1,1", 17.0),
+               _row("spec", "eagle3:train/last@0.2 tree=3,2,1,1,1", 12.0), _row("plain", "engine", 10.0),
+               _row("hf", "hf", 7.1)]
+    rows = factors.headline_factors(summary)
+    assert {r["group"] for r in rows} == {head, "eagle3:train/last+rest@0.2 tree=3,2,1,1,1"}
+    mine = {r["factor"]: r for r in rows if r["group"] == head}
+    assert list(mine) == ["engine", "drafter", "lookup", "ngram", "speculation", "end to end"]
+    assert [r["role"] for r in mine.values()] == ["factor", "factor", "factor", "reference", "subtotal", "headline"]
+    assert mine["engine"]["ratio"] == pytest.approx(10.0 / 7.1) and mine["drafter"]["ratio"] == pytest.approx(1.27)
+    assert mine["lookup"]["ratio"] == pytest.approx(18.4 / 12.7) and mine["ngram"]["ratio"] == pytest.approx(1.3)
+    assert mine["end to end"]["ratio"] == pytest.approx(18.4 / 7.1) == mine["end to end"]["product"]
+    assert mine["engine"]["ratio"] * mine["drafter"]["ratio"] * mine["lookup"]["ratio"] == pytest.approx(18.4 / 7.1)
+    assert all(r["what"] for r in rows) and [r["factor"] for r in rows if r["export"]] == ["drafter", "drafter"]
+    # one table: rows shared by both headlines (engine over generate, prompt lookup alone) shown once
+    table = report.parse_markdown_table(report.markdown_table(factors.factor_cells(rows), report.factor_columns(rows)))
+    assert [r["factor"] for r in table].count("engine") == 1 and [r["factor"] for r in table].count("ngram") == 1
+    ends = [r for r in table if r["factor"] == "end to end"]
+    assert [r["headline row"] for r in ends] == [head, "eagle3:train/last+rest@0.2 tree=3,2,1,1,1"]
+    assert ends[0]["ratio"] == "2.59x" and ends[0]["in the headline"] == "= engine x drafter x lookup = 2.59x"
+    assert factors.factors_sentence(rows)[0] == f"{head}: 2.59x over `generate` = 1.41x (engine) x 1.27x (drafter) " \
+                                                "x 1.45x (lookup)"
+    # without the generate baseline: no engine factor and no headline over generate; without plain: nothing
+    assert [r["factor"] for r in factors.headline_factors([r for r in summary if r["role"] != "hf"])][:3] == [
+        "drafter", "lookup", "ngram"]
+    assert factors.headline_factors([r for r in summary if r["role"] != "plain"]) == []
+
+
+def test_an_eval_with_baselines_splits_each_drafter_s_speedup_over_generate(sweep_record):
+    """Without a drafter behind prompt lookup, the headline of a drafter row is engine x drafter."""
+    rec, out = sweep_record
+    rows = {(r["group"], r["factor"]): r for r in rec["factors"]}
+    summary = {r["method"]: r for r in rec["summary"]}
+    assert {g for g, _ in rows} == {"draft:1"}  # prompt lookup alone is a reference, never a headline
+    assert rows[("draft:1", "end to end")]["ratio"] == pytest.approx(summary["draft:1"]["speedup_vs_hf"])
+    assert rows[("draft:1", "engine")]["ratio"] * rows[("draft:1", "drafter")]["ratio"] == pytest.approx(
+        summary["draft:1"]["speedup_vs_hf"])
+    assert rows[("draft:1", "ngram")]["ratio"] == pytest.approx(summary["ngram"]["speedup_vs_engine"])
+    md = out.with_suffix(".md").read_text()
+    assert "Where the speedup of `draft:1` over `generate` comes from" in md
+    assert "| drafter | the drafter alone vs the engine's plain decoding |" in md
+
+
+def test_bf16_speed_over_prompts_whose_text_did_not_diverge():
+    def run(role, method, prompt, ids, wall):
+        return dict(role=role, method=method, prompt=prompt, prompt_id=f"p{prompt}", output_ids=ids,
+                    new_tokens=len(ids), wall_s=wall)
+
+    runs = [run("plain", "engine", 0, [1, 2, 3, 4], 2.0), run("plain", "engine", 1, [4, 5], 1.0),
+            run("spec", "a", 0, [1, 2, 3, 4], 1.0), run("spec", "a", 1, [4, 6], 0.1),
+            run("spec", "b", 0, [1, 2, 9, 9], 1.0), run("spec", "b", 1, [4, 6], 1.0)]
+    ex = check_exactness(runs, 0.0, torch.bfloat16)
+    assert ex["differs_from_plain"] == {"a": 1, "b": 2}
+    assert ex["same_text"]["a"] == dict(prompts=1, speedup_vs_engine=pytest.approx((4 / 1.0) / (4 / 2.0)))
+    assert ex["same_text"]["b"] == dict(prompts=0, speedup_vs_engine=None)
+    text = report.exactness_text(ex)
+    assert "a: 1 of 2, b: 2 of 2" in text and text.endswith(
+        "over the prompts whose text did not diverge, vs plain decoding on the same prompts: a: 2.00x on 1, b: - on 0")
+    assert check_exactness(runs, 0.0, torch.float32)["same_text"] is None  # fp32: exactness, not near-ties
+
+
+def test_acceptance_points_resting_on_few_proposals_are_hollow(tmp_path):
+    plt = plots.pyplot()
+    fig, ax = plt.subplots()
+    hollow = plots.plot_positions(ax, [0.5, 0.4, 0.3, 0.0], [200, 40, 7, 0], "head")
+    assert hollow == 1  # position 3 (7 proposals); position 4 (none reached) is left out
+    line, few = ax.lines
+    assert list(line.get_xdata()) == [1, 2, 3] and list(few.get_xdata()) == [3]
+    assert few.get_markerfacecolor() == "white" and few.get_linestyle() == "None"
+    assert [t.get_text() for t in ax.texts] == ["n=7"]
+    assert plots.plot_positions(ax, [0.5, 0.4], None, "no counts") == 0  # counts unknown: all solid
+    plt.close(fig)
+    row = dict(role="spec", method="m", tokens_per_s=1.0, accept_per_position=[0.5, 0.2], reached_per_position=[100, 5])
+    path = plots.plot_eval_summary({"b": [row]}, tmp_path)[1]
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+

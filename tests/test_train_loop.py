@@ -428,3 +428,29 @@ def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world
     per_epoch = 36 // 4  # 40 examples, 10% held out
     assert state["global_step"] > 1
     assert state["epoch"] * per_epoch + state["batch_in_epoch"] == state["global_step"]
+
+
+def test_a_time_bound_run_counts_its_progress_in_seconds_of_the_budget(capsys):
+    """With train.max_minutes the clock ends the run long before max_steps on a CPU: the bar counts the budget's
+    seconds (its remaining time is the time left) and names the step, instead of counting to max_steps."""
+    import time
+    from types import SimpleNamespace
+
+    from train.loop import advance, progress_bar
+
+    timed = SimpleNamespace(max_minutes=14.5, max_steps=2000)
+    start = time.perf_counter() - 60  # the quickstart's budget counts from before data preparation
+    bar = progress_bar(timed, 0, start, disable=False)
+    assert bar.total == 870 and bar.unit == "s" and 60 <= bar.n <= 62
+    advance(bar, timed, 7, start - 30, 2.5)
+    assert 90 <= bar.n <= 93 and bar.postfix == "step 7/2000, loss 2.5000"
+    advance(bar, timed, 8, start - 3600, 2.4)  # past the budget: the bar stops at its total
+    assert bar.n == 870
+    bar.close()
+    err = capsys.readouterr().err
+    assert "train (14.5 min budget)" in err and "/870 s" in err and "2000 [" not in err
+    steps = SimpleNamespace(max_minutes=None, max_steps=20)
+    bar = progress_bar(steps, 3, time.perf_counter(), disable=False)
+    advance(bar, steps, 4, time.perf_counter(), 1.0)
+    assert (bar.total, bar.n, bar.unit) == (20, 4, "it")
+    bar.close()

@@ -1,14 +1,24 @@
-"""``drafterkit quickstart``: errors up front, and (slow) a short real run on the default target."""
+"""``drafterkit quickstart``: errors up front; its eval stage, report and printed ``drafterkit eval`` commands
+on a tiny target; and (slow) a short real run on the default target."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
+from conftest import save_tiny_target
 
+from assets.target import load_target
+from drafters.datastore import Datastore, cached_datastore
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from speceval import report
 from train import quickstart
-from train.cli import main
+from train.cli import build_parser, main, parse
+from train.quickstart_report import write_report
 
 
 def test_missing_recipe_names_the_kind_and_the_fix(tmp_path, capsys):
@@ -36,6 +46,140 @@ def test_eval_options_are_checked_before_any_training(tmp_path, capsys, argv, me
     assert not (tmp_path / "qs").exists()
 
 
+@pytest.mark.parametrize("held", ["last", "step-100"])
+def test_an_output_dir_holding_an_earlier_training_is_refused_naming_the_ways_out(tmp_path, capsys, held):
+    """A second quickstart into the same folder must not silently continue the first one's training."""
+    (tmp_path / "qs" / "train" / "checkpoints" / held).mkdir(parents=True)
+    assert main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit quickstart: error: ") and str(tmp_path / "qs" / "train" / "checkpoints") in err
+    assert "--output-dir NEW" in err and "--resume" in err and "--overwrite" in err
+    assert not (tmp_path / "qs" / "report.json").exists()
+    args = parse(build_parser(), ["quickstart", "--resume"])
+    assert quickstart.resume_overrides(args, tmp_path / "qs" / "train" / "checkpoints") == ["train.resume=auto"]
+    args = parse(build_parser(), ["quickstart", "--overwrite"])
+    assert quickstart.resume_overrides(args, tmp_path / "qs" / "train" / "checkpoints") == [
+        "train.resume=never", "train.overwrite=true"]
+    args = parse(build_parser(), ["quickstart"])  # an empty or missing folder: a fresh run, never a resume
+    assert quickstart.resume_overrides(args, tmp_path / "elsewhere") == ["train.resume=never"]
+    with pytest.raises(SystemExit):
+        parse(build_parser(), ["quickstart", "--resume", "--overwrite"])
+
+
+@pytest.fixture(scope="module")
+def tiny_quickstart(tmp_path_factory):
+    """The quickstart's eval stage on a tiny target (SmolLM2's tokenizer) with an untrained EAGLE-3 head where
+    training leaves it, in fp32, with a small datastore for the +rest rows:
+    ``(root, checkpoint, {benchmark: record}, reproduce, parsed quickstart args, tokenizer, datastore)``."""
+    root = tmp_path_factory.mktemp("qs-tiny")
+    target, _ = save_tiny_target(root / "target")
+    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=64), target=target)
+    head.set_draft_vocab(torch.arange(64) * 7, target=target)
+    ckpt = root / "qs" / "train" / "checkpoints" / "last"
+    head.save_pretrained(ckpt / "drafter")
+    docs = [[17, 18, 19, 20, 21]] * 3 + [[30, 31, 32]]
+    npz = Datastore.from_documents(docs, vocab_size=target.config.vocab_size).save(root / "store.npz")
+    target, tok = load_target(str(root / "target"), dtype="fp32", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a tiny datastore warns that it rarely matches
+        store = cached_datastore(str(npz), tok)
+    args = parse(build_parser(), ["quickstart", "--output-dir", str(root / "qs"), "--dtype", "fp32",
+                                  "--num-prompts", "1", "--max-new-tokens", "8", "--baselines", "engine,hf",
+                                  "--exactness-prompts", "1", "--no-progress"])
+    records = quickstart.eval_stage(ckpt, args, target, tok, 5, store, target_name=str(root / "target"),
+                                    datastore_source=str(npz))
+    reproduce = quickstart.record_decoding(ckpt, records, root / "qs")
+    return root, ckpt, records, reproduce, args, tok, store
+
+
+def _outputs(record: dict) -> dict:
+    return {(r["method"], r["prompt"]): r["output_ids"] for r in record["runs"]}
+
+
+def test_the_printed_eval_commands_reproduce_the_eval_stage_rows(tiny_quickstart, capsys):
+    root, ckpt, records, reproduce, *_ = tiny_quickstart
+    assert len(reproduce["commands"]) == len(quickstart.BENCHMARKS)
+    for (bench, rec), command in zip(records.items(), reproduce["commands"]):
+        argv = shlex.split(command)
+        assert argv[:2] == ["drafterkit", "eval"] and f"--benchmark {bench}" in command
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            assert main(argv[1:]) == 0
+        again = json.loads(Path(argv[argv.index("--output") + 1]).read_text())
+        settings = {k: v for k, v in rec["config"].items() if k != "progress"}
+        assert {k: v for k, v in again["config"].items() if k != "progress"} == settings
+        assert settings["dtype"] == "fp32" and settings["trees"] == ["3,2,1,1,1"] and settings["k"] == 5
+        assert settings["draft_thresholds"] == [0.1] and settings["num_prompts"] == 1
+        assert [r["method"] for r in again["summary"]] == [r["method"] for r in rec["summary"]]
+        assert again["prompts"] == rec["prompts"] and again["machine"]["dtype"] == rec["machine"]["dtype"]
+        assert _outputs(again) == _outputs(rec)  # greedy in fp32: the same tokens, row by row, prompt by prompt
+    recorded = json.loads(Path(reproduce["decoding_json"]).read_text())
+    assert Path(reproduce["decoding_json"]) == ckpt / "drafter" / "decoding.json"
+    assert (recorded["dtype"], recorded["trees"], recorded["k"], recorded["draft_thresholds"]) == (
+        "fp32", ["3,2,1,1,1"], 5, [0.1])
+    assert recorded["written_by"] == "drafterkit quickstart" and recorded["machine"]["device"] == "cpu"
+    assert recorded["commands"] == reproduce["commands"]
+
+
+def test_eval_given_the_drafter_alone_takes_its_recorded_settings_and_explicit_flags_win(tiny_quickstart, tmp_path,
+                                                                                        capsys):
+    root, ckpt, *_ = tiny_quickstart
+    out = tmp_path / "alone.json"
+    capsys.readouterr()
+    assert main(["eval", "--target", str(root / "target"), "--drafter", str(ckpt / "drafter"), "--benchmark",
+                 "humaneval", "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine",
+                 "--draft-threshold", "0", "--no-progress", "--output", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert str(ckpt / "drafter" / "decoding.json") in said and "drafterkit quickstart" in said
+    assert "--tree 3,2,1,1,1" in said and "--draft-threshold" in said and "flags given explicitly win" in said
+    rec = json.loads(out.read_text())
+    assert rec["config"]["trees"] == ["3,2,1,1,1"] and rec["config"]["k"] == 5
+    assert rec["config"]["draft_thresholds"] == [0.0]  # given on the command line: kept
+    assert rec["recorded_decoding"]["overridden"] == ["draft_thresholds"]
+    assert "- decoding settings from `" in out.with_suffix(".md").read_text()
+
+
+def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart, capsys):
+    root, ckpt, records, reproduce, args, tok, store = tiny_quickstart
+    for rec in records.values():
+        rows = {r["factor"]: r for r in rec["factors"]}
+        assert list(rows) == ["engine", "drafter", "lookup", "ngram", "speculation", "end to end"]
+        summary = {r["method"]: r for r in rec["summary"]}
+        head = rows["end to end"]
+        assert head["group"].split("@")[0].endswith("+rest") and head["ratio"] == pytest.approx(
+            summary[head["group"]]["speedup_vs_hf"])  # the end-to-end ratio of the eval table, same run
+        product = rows["engine"]["ratio"] * rows["drafter"]["ratio"] * rows["lookup"]["ratio"]
+        assert product == pytest.approx(head["ratio"], rel=1e-9) and head["product"] == pytest.approx(product)
+        assert rows["ngram"]["method"] == "ngram tree=3,2,1,1,1" and rows["ngram"]["role"] == "reference"
+        assert [r["factor"] for r in rec["factors"] if r["export"]] == ["drafter"]
+    args.dtype = "bf16"  # measured in bf16: a separate fp32 run checks exactness
+    exactness = quickstart.exactness_stage(records, args, tok, store)
+    assert exactness["source"] == quickstart.SEPARATE_CHECK and exactness["checked"]
+    assert exactness["prompts"] == len(quickstart.BENCHMARKS) and len(exactness["methods"]) == 2
+    assert all(m == {"identical": 2, "compared": 2} for m in exactness["methods"].values())
+    train = dict(kind="eagle3", recipe="recipes/eagle3.yaml", global_step=1, stopped="max_minutes", final_loss=None,
+                 losses=[], checkpoint=str(ckpt))
+    out = root / "qs"
+    write_report(out, dict(timings={"eval": 1.0}, train=train, evals=records, exactness=exactness,
+                           reproduce=reproduce))
+    md = (out / "report.md").read_text()
+    for method in exactness["methods"]:
+        assert f"`{method}`: 2 of 2 outputs identical" in md
+    assert "- fp32, greedy, vs plain decoding token for token (a separate fp32 run, 2 prompts" in md
+    assert all(c in md for c in reproduce["commands"]) and reproduce["decoding_json"] in md
+    for bench, rec in records.items():
+        head = next(r for r in rec["factors"] if r["factor"] == "end to end")
+        assert f"- {bench}: {head['group']}: {head['ratio']:.2f}x over `generate` = " in md
+        section = md.split(f"## eval: {bench}", 1)[1]
+        table = {r["factor"]: r for r in report.parse_markdown_table(section.split("Where the speedup", 1)[1])}
+        assert float(table["end to end"]["ratio"].rstrip("x")) == pytest.approx(
+            float(table["engine"]["ratio"].rstrip("x")) * float(table["drafter"]["ratio"].rstrip("x"))
+            * float(table["lookup"]["ratio"].rstrip("x")), abs=0.03)  # to rounding of the printed factors
+        assert table["drafter"]["carried by `drafterkit export`"].startswith("yes")
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["exactness"]["methods"] == exactness["methods"] and saved["evals"]["mt-bench"]["factors"]
+
+
 def test_default_kind_follows_the_recipes_present():
     expected = "eagle3" if (quickstart.RECIPES_DIR / "eagle3.yaml").exists() else "draft_lm"
     assert quickstart.default_kind() == expected
@@ -47,26 +191,38 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
     rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out),
                "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
                "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress", "--baselines", "engine,hf",
-               "--dtype", "fp32",  # exactness vs plain decoding is checked in fp32
+               "--exactness-prompts", "1",  # measured in bf16 (the default): a separate fp32 run checks exactness
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
-    assert set(rep["timings"]) == {"fetch", "datastore", "train", "eval"} and all(v > 0 for v in rep["timings"].values())
+    assert set(rep["timings"]) == {"fetch", "datastore", "train", "eval", "exactness"}
+    assert all(v > 0 for v in rep["timings"].values())
     assert rep["train"]["global_step"] >= 1 and Path(rep["train"]["checkpoint"]).exists()
     for bench in ("mt-bench", "humaneval"):
         rows = {r["role"]: r for r in rep["evals"][bench]["summary"]}
         assert {"spec", "plain", "hf"} <= set(rows)
         specs = [r for r in rep["evals"][bench]["summary"] if r["role"] == "spec"]
-        # the default threshold (0.1) and tree, for the drafter alone and behind prompt lookup + retrieval
+        # the default threshold (0.1) and tree, for the drafter alone, prompt lookup alone and the drafter behind
+        # prompt lookup + retrieval
         names = [s["method"] for s in specs]
-        assert all(n.split(" tree=")[0].endswith("@0.1") for n in names) and len(names) == 2
-        assert all(n.endswith(" tree=3,2,1,1,1") for n in names)
-        assert [n.split("@")[0].endswith("+rest") for n in names] == [False, True]
-        assert all(r["mismatches"] == 0 for r in specs)
+        assert all(n.endswith(" tree=3,2,1,1,1") for n in names) and len(names) == 3
+        assert names[1] == "ngram tree=3,2,1,1,1" and names[0].endswith("@0.1 tree=3,2,1,1,1")
+        assert names[2] == names[0].replace("@0.1", "+rest@0.1")
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])
-        assert rows["spec"]["mismatches"] == 0 and len(rep["evals"][bench]["prompts"]) == 2
+        assert len(rep["evals"][bench]["prompts"]) == 2
+        assert rep["evals"][bench]["exactness"]["differs_from_plain"] is not None  # bf16: counted, not failed
+        factors = {r["factor"]: r for r in rep["evals"][bench]["factors"]}
+        assert factors["end to end"]["ratio"] == pytest.approx(factors["engine"]["ratio"] * factors["drafter"]["ratio"]
+                                                               * factors["lookup"]["ratio"])
+    ex = rep["exactness"]
+    assert ex["source"] == quickstart.SEPARATE_CHECK and ex["prompts"] == 2 and len(ex["methods"]) == 2
+    assert all(m["identical"] == m["compared"] == 2 for m in ex["methods"].values())
+    recorded = json.loads(Path(rep["reproduce"]["decoding_json"]).read_text())
+    assert (recorded["dtype"], recorded["trees"], recorded["draft_thresholds"]) == ("bf16", ["3,2,1,1,1"], [0.1])
     md = (out / "report.md").read_text()
     assert f"{rep['evals']['humaneval']['summary'][0]['tokens_per_s']:.2f}" in md
+    assert "2 of 2 outputs identical" in md and "## Where the speedup comes from" in md
+    assert all(c in md for c in rep["reproduce"]["commands"])
     for p in rep["artifacts"]["plots"]:
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

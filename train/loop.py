@@ -44,8 +44,8 @@ from train.recipe import Recipe
 from train.recipe_data import load_data
 from train.step import BudgetSchedule, agreed_elapsed, batches, train_step
 
-__all__ = ["BudgetSchedule", "StopOnSignal", "TrainResult", "assert_frozen", "batches", "load_data",
-           "make_accelerator", "preflight", "train", "train_step"]
+__all__ = ["BudgetSchedule", "StopOnSignal", "TrainResult", "advance", "assert_frozen", "batches", "load_data",
+           "make_accelerator", "preflight", "progress_bar", "train", "train_step"]
 
 
 @dataclass
@@ -151,8 +151,7 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
     acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
     start = time.perf_counter() if budget_start is None else budget_start
     schedule = ctx["schedule"]
-    bar = tqdm(total=cfg.max_steps, initial=state.global_step, desc="train",
-               disable=not acc.is_local_main_process or progress_bars_off())
+    bar = progress_bar(cfg, state.global_step, start, disable=not acc.is_local_main_process or progress_bars_off())
     window_tokens, window_start = 0.0, time.perf_counter()
     while state.global_step < cfg.max_steps:
         metrics = train_step(ctx, data, state)
@@ -161,8 +160,7 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
         state.tokens_seen += int(metrics["seq_tokens"] * acc.num_processes)
         window_tokens += metrics["seq_tokens"] * acc.num_processes
         result.losses.append(metrics["loss"])
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+        advance(bar, cfg, state.global_step, start, metrics["loss"])
         if state.global_step % cfg.log_every == 0 or state.global_step == cfg.max_steps:
             now = time.perf_counter()
             metrics["tokens_per_s"] = window_tokens / max(now - window_start, 1e-9)
@@ -186,6 +184,31 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
                 result.stopped = "max_minutes"
                 break
     bar.close()
+
+
+def progress_bar(cfg, step: int, start: float, disable: bool = False) -> tqdm:
+    """The training progress bar. With ``train.max_minutes`` set, the clock bounds the run (on a CPU it
+    ends long before ``max_steps``), so the bar counts seconds of that budget since ``start``
+    (``time.perf_counter()``; total = the budget in seconds, so tqdm's remaining time is the time left)
+    and names the step in its postfix (:func:`advance`); without it, optimizer steps up to ``max_steps``."""
+    if cfg.max_minutes is None:
+        return tqdm(total=cfg.max_steps, initial=step, desc="train", disable=disable)
+    budget = 60.0 * cfg.max_minutes
+    return tqdm(total=round(budget), initial=round(min(time.perf_counter() - start, budget)), unit="s",
+                desc=f"train ({cfg.max_minutes:g} min budget)", disable=disable,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
+
+
+def advance(bar: tqdm, cfg, step: int, start: float, loss: float) -> None:
+    """Move :func:`progress_bar` on after optimizer step ``step``: one step, or the budget's seconds
+    elapsed since ``start``, with the step of ``max_steps`` and the loss in the postfix."""
+    if cfg.max_minutes is None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}")
+        return
+    elapsed = round(min(time.perf_counter() - start, bar.total))
+    bar.set_postfix_str(f"step {step}/{cfg.max_steps}, loss {loss:.4f}", refresh=False)
+    bar.update(max(elapsed - bar.n, 0))
 
 
 def _flat_config(recipe: Recipe) -> dict[str, Any]:

@@ -11,18 +11,27 @@ Stages (each timed, in seconds, in ``report.json``):
    every assistant turn outside the held-out split, tokenized; ~35 s once, then loaded from the
    cache in ~5 s); skipped with ``--no-hybrid``.
 3. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
-   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``).
+   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``). An
+   output folder already holding training checkpoints is refused unless ``--resume`` (continue that
+   training) or ``--overwrite`` (delete it) says what to do with them.
 4. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
    mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
    turns and HumanEval prompts through ``speceval.bench.evaluate``: speculative decoding with the
-   drafter alone and behind prompt lookup plus retrieval from a ShareGPT datastore (``PATH+rest``,
-   ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips it), as the draft
-   tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain decoding through the
-   same engine vs transformers ``generate`` (and its own assisted generation where the drafter is a
-   draft LM), interleaved prompt by prompt.
+   drafter alone, prompt lookup alone (``ngram``) and the drafter behind prompt lookup plus retrieval
+   from a ShareGPT datastore (``PATH+rest``, ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips
+   it), as the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain
+   decoding through the same engine vs transformers ``generate`` (and its own assisted generation
+   where the drafter is a draft LM), interleaved prompt by prompt. Each benchmark's report splits
+   the speedup over ``generate`` into measured factors (``speceval.factors``).
+5. ``exactness``: unless the eval ran in fp32 (then its rows are checked), a short fp32 greedy run of
+   the drafter's rows on ``--exactness-prompts`` prompts per benchmark, whose outputs must equal plain
+   decoding's token for token (``speceval.harness.check_exactness``).
 
-The report folder gets ``report.json`` (stage timings, training summary, both eval records),
-``report.md`` and PNGs (tokens/s per method, per-position acceptance, training loss).
+The settings the drafter was measured with go into its folder as ``decoding.json``
+(``speceval.recorded``), which ``drafterkit eval --drafter PATH`` reads; the ``drafterkit eval`` commands
+that reproduce the eval rows are printed at the end and kept in the report. The report folder gets
+``report.json`` (stage timings, training summary, the eval records, the exactness check, those
+commands), ``report.md`` and PNGs (``train.quickstart_report``).
 """
 
 from __future__ import annotations
@@ -37,10 +46,13 @@ import torch
 from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
 from assets.target import load_target
+from drafters import resolve_checkpoint
 from drafters.datastore import cached_datastore
-from speceval import plots, report
-from speceval.bench import EvalConfig, evaluate, print_record
+from speceval import report
+from speceval.bench import EvalConfig, command_line, evaluate, print_record
+from speceval.recorded import write_decoding
 from train.loop import train
+from train.quickstart_report import exactness_summary, print_summary, write_report
 from train.recipe import RecipeError, load_recipe
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -53,6 +65,10 @@ DEFAULT_TREES = ("3,2,1,1,1",)
 #: ``drafterkit eval``'s defaults, which the quickstart's eval flags share unless it sets its own (draft threshold,
 #: tree, dtype)
 EVAL_DEFAULTS = EvalConfig()
+#: the target the quickstart trains for and the corpus its ``+rest`` rows retrieve from
+TARGET, DATASTORE = EVAL_DEFAULTS.target, "sharegpt"
+#: new tokens per answer of the fp32 exactness check (at most ``--max-new-tokens``), and what the report calls it
+EXACTNESS_TOKENS, SEPARATE_CHECK = 64, "a separate fp32 run"
 
 
 def default_kind() -> str:
@@ -64,6 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=14.5,
                    help="training budget in minutes (train.max_minutes); fetch + eval add ~4 min on a 2-core CPU")
     p.add_argument("--output-dir", default="drafterkit-quickstart", help="report folder (training under train/)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="the output folder holds an earlier quickstart's training: continue it for another "
+                            "--minutes (train.resume=auto) instead of refusing to start")
+    again.add_argument("--overwrite", action="store_true",
+                       help="the output folder holds an earlier quickstart's training: delete its checkpoints, "
+                            "logs and evals and train from step 0 (train.overwrite=true) instead of refusing to "
+                            "start")
     p.add_argument("--kind", default=None, help="drafter kind: eagle3 | eagle | medusa | draft_lm "
                                                 "(default: eagle3 if recipes/eagle3.yaml exists, else draft_lm)")
     p.add_argument("--recipe", default=None, help="recipe YAML (default: recipes/<kind>.yaml)")
@@ -90,7 +114,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bf16",
                    help="bf16 | fp32, the evaluation's target and drafter (default bf16: on a CPU with bf16 units a "
                         "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
-                        "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32 only)")
+                        "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32: the measured "
+                        "rows with --dtype fp32, else a short separate fp32 run, see --exactness-prompts)")
+    p.add_argument("--exactness-prompts", type=int, default=2,
+                   help=f"prompts per benchmark of the fp32 greedy check that the drafter's outputs equal plain "
+                        f"decoding's token for token ({EXACTNESS_TOKENS} new tokens at most; 0 skips it; with --dtype "
+                        "fp32 every measured row is checked instead)")
     p.add_argument("--device", default=EVAL_DEFAULTS.device)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for training and evaluation (default: torch's; 1 on a busy machine)")
@@ -112,6 +141,26 @@ def resolve_recipe(kind: str | None, recipe: str | None) -> tuple[str, Path]:
     return kind, path
 
 
+def resume_overrides(args, checkpoints: Path) -> list[str]:
+    """The ``train.resume`` / ``train.overwrite`` overrides ``--resume`` / ``--overwrite`` ask for; without
+    either, training starts at step 0 (``train.resume=never``).
+
+    Raises:
+        ValueError: ``checkpoints`` already holds checkpoints of an earlier run and neither flag was given
+            (names the folder and the ways out: ``--output-dir NEW``, ``--resume``, ``--overwrite``)."""
+    if args.resume:
+        return ["train.resume=auto"]
+    if args.overwrite:
+        return ["train.resume=never", "train.overwrite=true"]
+    held = sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".tmp-")) \
+        if checkpoints.is_dir() else []
+    if held:
+        raise ValueError(f"{checkpoints} already holds the training of an earlier quickstart ({', '.join(held)}). "
+                         "Train into a new folder (--output-dir NEW), continue that training for another --minutes "
+                         "(--resume), or delete it and train from step 0 (--overwrite)")
+    return ["train.resume=never"]
+
+
 def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrides: list[str], target, tok):
     """Train under the budget; return ``(checkpoint folder to evaluate, training summary dict)``.
 
@@ -130,8 +179,7 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
-        target, tok = load_target(EVAL_DEFAULTS.target, dtype=recipe.target.dtype,
-                                  device=next(target.parameters()).device)
+        target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device)
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
     saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
@@ -146,68 +194,75 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     return ckpt, summary
 
 
-def eval_config(ckpt: Path, args, bench: str, k: int):
-    """The ``speceval.bench.EvalConfig`` of one benchmark, validated. Raises ``ValueError`` naming the bad flag."""
+def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARGET,
+                datastore_source: str = DATASTORE):
+    """The ``speceval.bench.EvalConfig`` of one benchmark, validated: the drafter alone, prompt lookup alone
+    (``ngram``) and, unless ``--no-hybrid``, the drafter behind prompt lookup + retrieval from
+    ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the bad flag."""
     try:
         thresholds = [float(x) for x in str(args.draft_thresholds).split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--draft-threshold takes comma-separated numbers, got {args.draft_thresholds!r}") from None
-    drafters = [str(ckpt)] if args.no_hybrid else [str(ckpt), f"{ckpt}+rest"]
-    cfg = EvalConfig(drafters=drafters, benchmark=bench,
+    drafters = [str(ckpt), "ngram"] + ([] if args.no_hybrid else [f"{ckpt}+rest"])
+    cfg = EvalConfig(target=target_name, drafters=drafters, benchmark=bench,
                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
                      draft_thresholds=thresholds, trees=args.trees or list(DEFAULT_TREES),
                      device=args.device, progress=not args.no_progress,
-                     baselines=[b for b in args.baselines.split(",") if b])
+                     baselines=[b for b in args.baselines.split(",") if b],
+                     datastore=None if args.no_hybrid else datastore_source)
     cfg.validate()
     return cfg
 
 
-def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None) -> dict:
-    """``speceval.bench.evaluate`` of the checkpoint on each benchmark; returns ``{benchmark: record}``."""
+def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None, **names) -> dict:
+    """``speceval.bench.evaluate`` of the checkpoint on each benchmark with the loaded ``target`` and
+    ``datastore`` (``names``: :func:`eval_config`'s ``target_name`` and ``datastore_source``, the names
+    the records and the printed commands carry); returns ``{benchmark: record}``."""
     records = {}
     for bench in BENCHMARKS:
-        records[bench] = evaluate(eval_config(ckpt, args, bench, k), target=target, tok=tok, datastore=datastore)
+        records[bench] = evaluate(eval_config(ckpt, args, bench, k, **names), target=target, tok=tok,
+                                  datastore=datastore)
         print_record(records[bench])
     return records
 
 
-def write_report(out: Path, report_data: dict) -> dict:
-    """Write ``report.json``, ``report.md`` and the PNGs into ``out``; returns their paths."""
-    pngs = [str(p) for p in plots.plot_eval_summary({b: r["summary"] for b, r in report_data["evals"].items()},
-                                                     out)]
-    if report_data["train"]["losses"]:
-        pngs.append(str(plot_losses(report_data["train"]["losses"], out / "train_loss.png")))
-    report_data["artifacts"] = dict(json=str(out / "report.json"), markdown=str(out / "report.md"), plots=pngs)
-    lines = ["# drafterkit quickstart", "", "| stage | seconds |", "|---|---|"]
-    lines += [f"| {name} | {secs:.1f} |" for name, secs in report_data["timings"].items()]
-    tr = report_data["train"]
-    lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
-              f"{tr['stopped']}, final loss {report.fmt(tr['final_loss'], '{:.4f}')}; "
-              f"evaluated `{tr['checkpoint']}`.", ""]
-    for bench, rec in report_data["evals"].items():
-        lines.append(report.render_markdown(rec).replace("# drafterkit eval:", "## eval:", 1))
-    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in pngs]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    report.write_json(out / "report.json", report_data)
-    return report_data["artifacts"]
+def exactness_stage(records: dict, args, tok, datastore=None) -> dict:
+    """The fp32 greedy check: the drafter's rows of each eval record (not ``ngram``'s) on its first
+    ``--exactness-prompts`` prompts, :data:`EXACTNESS_TOKENS` new tokens at most, against plain decoding
+    through the same engine, with a target loaded in fp32 (``speceval.harness.check_exactness`` via
+    ``speceval.bench.evaluate``). With ``--dtype fp32`` the eval rows themselves were checked and are
+    summarized instead. Returns ``train.quickstart_report.exactness_summary``."""
+    if resolve_dtype(args.dtype) == torch.float32:
+        return exactness_summary(records, "the measured rows")
+    if args.exactness_prompts <= 0:
+        return exactness_summary({}, "skipped: --exactness-prompts 0")
+    first = next(iter(records.values()))["config"]
+    target, _ = load_target(first["target"], dtype="fp32", device=args.device)
+    checks = {}
+    for bench, rec in records.items():
+        cfg = EvalConfig(**{**rec["config"], "dtype": "fp32", "num_prompts": args.exactness_prompts,
+                            "max_new_tokens": min(EXACTNESS_TOKENS, args.max_new_tokens), "baselines": ["engine"],
+                            "drafters": [d for d in rec["config"]["drafters"] if d != "ngram"]})
+        checks[bench] = evaluate(cfg, target=target, tok=tok, datastore=datastore)
+    return exactness_summary(checks, SEPARATE_CHECK)
 
 
-def plot_losses(losses: list[float], path: Path) -> Path:
-    """``train_loss.png``: the mean loss of every optimizer step."""
-    plt = plots.pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(range(1, len(losses) + 1), losses)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
-    ax.set_title("Training loss")
-    ax.grid(alpha=0.3)
-    return plots.save_figure(fig, path)
+def record_decoding(ckpt: Path, records: dict, out: Path, threads: int | None = None) -> dict:
+    """Write the eval's decoding settings into the drafter's folder (``decoding.json``, which
+    ``drafterkit eval --drafter`` reads) with the ``drafterkit eval`` commands that reproduce each
+    benchmark's rows (output ``<out>/eval-<benchmark>.json``); returns ``{"decoding_json", "commands"}``."""
+    commands = [command_line(rec["config"], threads=threads, output=out / f"eval-{bench}.json")
+                for bench, rec in records.items()]
+    first = next(iter(records.values()))
+    path = write_decoding(resolve_checkpoint(ckpt)[0], first["config"], written_by="drafterkit quickstart",
+                          machine=first["machine"], report=str(out / "report.json"), commands=commands)
+    return dict(decoding_json=str(path), commands=commands)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Fetch, train, evaluate, report. Returns 0, or 2 on a usage / recipe error."""
-    if args.minutes <= 0:  # the eval flags are checked below by the eval stage's own EvalConfig.validate
-        print("drafterkit quickstart: error: --minutes must be > 0", file=sys.stderr)
+    """Fetch, train, evaluate, check exactness, report. Returns 0, or 2 on a usage / recipe error."""
+    if args.minutes <= 0 or args.exactness_prompts < 0:  # the eval flags are checked by EvalConfig.validate
+        print("drafterkit quickstart: error: --minutes must be > 0 and --exactness-prompts >= 0", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -217,28 +272,36 @@ def run(args: argparse.Namespace) -> int:
     timings: dict[str, float] = {}
     try:
         kind, recipe_path = resolve_recipe(args.kind, args.recipe)
-        k = load_recipe(recipe_path, ["output_dir=.", *args.overrides]).eval.k
+        recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", *args.overrides])
         for bench in BENCHMARKS:  # the eval stage's settings, checked before a typo costs the training budget
-            eval_config(out / "train", args, bench, k)
+            eval_config(out / "train", args, bench, recipe.eval.k)
+        overrides = [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
         t0 = time.perf_counter()
         fetch_all()
-        target, tok = load_target(EVAL_DEFAULTS.target, dtype=args.dtype, device=args.device)
+        target, tok = load_target(TARGET, dtype=args.dtype, device=args.device)
         timings["fetch"] = time.perf_counter() - t0
         datastore = None
         if not args.no_hybrid:
             t0 = time.perf_counter()
-            datastore = cached_datastore("sharegpt", tok, log=print)
+            datastore = cached_datastore(DATASTORE, tok, log=print)
             timings["datastore"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, args.overrides, target, tok)
+        ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
         timings["train"] = time.perf_counter() - t0
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    evals = eval_stage(ckpt, args, target, tok, k, datastore)
+    evals = eval_stage(ckpt, args, target, tok, recipe.eval.k, datastore)
     timings["eval"] = time.perf_counter() - t0
-    paths = write_report(out, dict(timings=timings, train=train_summary, evals=evals))
-    print(f"quickstart report: {paths['markdown']} ({', '.join(f'{n} {s:.0f}s' for n, s in timings.items())})")
+    del target  # the fp32 check loads its own
+    t0 = time.perf_counter()
+    exactness = exactness_stage(evals, args, tok, datastore)
+    if exactness["source"] == SEPARATE_CHECK:
+        timings["exactness"] = time.perf_counter() - t0
+    reproduce = record_decoding(ckpt, evals, out, args.threads)
+    report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness, reproduce=reproduce)
+    paths = write_report(out, report_data)
+    print_summary(report_data, paths)
     return 0

@@ -1,0 +1,136 @@
+"""Where a speedup over transformers ``generate`` comes from: the headline split into measured factors.
+
+A drafter measured behind prompt lookup + retrieval (``PATH+rest``) reports one headline, its tokens/s
+over ``generate``. That ratio is a product of ratios measured side by side in the same run::
+
+    (lookup + retrieval + drafter) / generate
+        = engine / generate                        the engine's own kernels, no speculation
+        x drafter / engine                         the trained drafter alone (what an export carries)
+        x (lookup + retrieval + drafter) / drafter prompt lookup and retrieval in front of it
+
+Each factor is a ratio of two pooled tokens/s of the eval summary (``speceval.report.summarize_eval``),
+never a model of speculation. Prompt lookup alone (``ngram``) over plain decoding and the whole of
+speculation over plain decoding are shown beside them as references (not part of the product).
+"""
+
+from __future__ import annotations
+
+#: how a factor row enters the headline: a factor of the product, a reference beside it, the
+#: speculation part of the product (drafter x lookup), or the headline itself
+ROLES = ("factor", "reference", "subtotal", "headline")
+
+_WHAT = {
+    "engine": "the engine's plain decoding vs transformers `generate`: the engine's own decoding loop and kernels "
+              "(on a CPU, merged and prepacked linear layers), no drafter",
+    "drafter": "the drafter alone vs the engine's plain decoding",
+    "lookup": "{lookup} in front of the drafter vs the drafter alone",
+    "ngram": "prompt lookup alone (`ngram`, no drafter, no training) vs the engine's plain decoding",
+    "speculation": "{lookup} + the drafter vs the engine's plain decoding (= drafter x lookup)",
+    "end to end": "the headline: {what} vs transformers `generate` (= the product of the factors)",
+}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, **extra) -> dict:
+    return dict(group=group, factor=name, role=role, what=what, method=num["method"], over=den["method"],
+                tokens_per_s=num["tokens_per_s"], over_tokens_per_s=den["tokens_per_s"],
+                ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), export=name == "drafter", **extra)
+
+
+def _tree(method: str) -> str | None:
+    return method.split(" tree=", 1)[1] if " tree=" in method else None
+
+
+def _lookup(method: str) -> tuple[str, str] | None:
+    """``(suffix, words)`` of a drafter behind prompt lookup (``+rest`` / ``+ngram``), else None."""
+    for suffix, words in (("+rest", "prompt lookup + retrieval"), ("+ngram", "prompt lookup")):
+        if suffix in method:
+            return suffix, words
+    return None
+
+
+def headline_factors(summary: list[dict]) -> list[dict]:
+    """The factor rows of an eval summary, one group per headline row: every ``SPEC+rest`` /
+    ``SPEC+ngram`` spec row whose drafter-alone row ``SPEC`` was measured too (else every spec row of a
+    trained drafter, whose headline is engine x drafter).
+
+    Returns:
+        rows ``{"group" (the headline row's method), "factor" ("engine" | "drafter" | "lookup" | "ngram" |
+        "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method", "over" (the
+        two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "export" (True on the drafter-alone
+        row: the one factor ``drafterkit export`` carries to a serving engine)}``; the ``end to end`` row
+        also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
+        floating-point rounding). Empty without a plain (``engine``) row. ``engine`` and ``end to end``
+        need the ``hf`` row, ``ngram`` an ``ngram`` spec row (the one with the headline's tree if any).
+    """
+    plain = next((r for r in summary if r["role"] == "plain"), None)
+    hf = next((r for r in summary if r["role"] == "hf"), None)
+    specs = {r["method"]: r for r in summary if r["role"] == "spec"}
+    if plain is None or not specs:
+        return []
+    ngrams = [r for m, r in specs.items() if r["drafter"].split("#")[0].split(" ")[0] == "ngram"]
+    trained = [r for r in specs.values() if r not in ngrams]
+    combos = [r for r in trained if _lookup(r["method"]) and
+              r["method"].replace(_lookup(r["method"])[0], "", 1) in specs]
+    rows: list[dict] = []
+    for head in combos or [r for r in trained if not _lookup(r["method"])]:
+        group, found = head["method"], _lookup(head["method"])
+        suffix, words = found if found and head in combos else (None, "")
+        base = specs[group.replace(suffix, "", 1)] if suffix else head
+        group_rows = []
+        if hf is not None:
+            group_rows.append(_row(group, "engine", "factor", plain, hf, _WHAT["engine"]))
+        group_rows.append(_row(group, "drafter", "factor", base, plain, _WHAT["drafter"]))
+        if suffix:
+            group_rows.append(_row(group, "lookup", "factor", head, base, _WHAT["lookup"].format(lookup=words)))
+        ngram = next((r for r in ngrams if _tree(r["method"]) == _tree(group)), ngrams[0] if ngrams else None)
+        if ngram is not None:
+            group_rows.append(_row(group, "ngram", "reference", ngram, plain, _WHAT["ngram"]))
+        if suffix:
+            group_rows.append(_row(group, "speculation", "subtotal", head, plain,
+                                   _WHAT["speculation"].format(lookup=words)))
+        if hf is not None:
+            product = 1.0
+            for r in group_rows:
+                product = product * r["ratio"] if r["role"] == "factor" and r["ratio"] is not None else product
+            what = f"{words} + the drafter" if suffix else "the drafter"
+            group_rows.append(_row(group, "end to end", "headline", head, hf,
+                                   _WHAT["end to end"].format(what=what), product=product))
+        rows += group_rows
+    return rows
+
+
+def factors_sentence(rows: list[dict]) -> list[str]:
+    """One line per group: ``"<headline> = 1.40x (engine) x 1.27x (drafter) x 1.45x (lookup) over generate"``
+    (``[]`` when no group has an ``end to end`` row)."""
+    out = []
+    for head in (r for r in rows if r["factor"] == "end to end"):
+        parts = [f"{r['ratio']:.2f}x ({r['factor']})" for r in rows
+                 if r["group"] == head["group"] and r["role"] == "factor" and r["ratio"] is not None]
+        if head["ratio"] is not None:
+            out.append(f"{head['group']}: {head['ratio']:.2f}x over `generate` = {' x '.join(parts)}")
+    return out
+
+
+def factor_cells(rows: list[dict]) -> list[dict]:
+    """The factor rows as one table's cells: the role in words (``x (factor)``, ``= ...`` on the headline
+    with the product of its factors), ``yes`` on the row an export carries to a serving engine, and a
+    row shared by several headline rows (the engine over ``generate``, prompt lookup alone) shown once."""
+    words = {"factor": "x (factor)", "reference": "(reference, not in the product)",
+             "subtotal": "drafter x lookup", "headline": "= engine x drafter"}
+    out, seen = [], set()
+    for r in rows:
+        key = (r["factor"], r["method"], r["over"])
+        if key in seen:
+            continue
+        seen.add(key)
+        role = words[r["role"]]
+        if r["role"] == "headline":
+            if any(x["group"] == r["group"] and x["factor"] == "lookup" for x in rows):
+                role += " x lookup"
+            role += f" = {r['product']:.2f}x" if r.get("product") is not None else ""
+        out.append(dict(r, role=role, export="yes: the drafter alone" if r["export"] else ""))
+    return out

@@ -1,0 +1,133 @@
+"""The report of ``drafterkit quickstart`` (``train.quickstart``): ``report.json``, ``report.md``, PNGs and the
+closing console summary.
+
+``report.md`` opens with the stage timings and the training summary, then, per benchmark, the headline
+speedup over transformers ``generate`` as the product of its measured factors (``speceval.factors``),
+the exactness check (fp32 outputs identical to plain decoding; in other dtypes how many outputs differ
+and the speed over those that did not), the ``drafterkit eval`` commands that reproduce the rows, and
+each benchmark's full eval report (``speceval.report.render_markdown``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from speceval import plots, report
+from speceval.factors import factors_sentence
+
+
+def exactness_summary(records: dict, source: str) -> dict:
+    """The fp32 exactness check over ``{benchmark: eval record}`` (records whose ``exactness`` was checked,
+    ``speceval.harness.check_exactness``), pooled over benchmarks by method.
+
+    Returns:
+        ``{"source" (which run was checked), "checked", "prompts" (compared with plain decoding, all
+        benchmarks), "max_new_tokens", "methods": {method: {"identical", "compared"}},
+        "mismatched_prompts": {method: [prompt ids]}, "per_benchmark": {benchmark: exactness}}``.
+    """
+    out = dict(source=source, checked=False, prompts=0, max_new_tokens=None, methods={}, mismatched_prompts={},
+               per_benchmark={})
+    for bench, rec in records.items():
+        ex = rec["exactness"]
+        out["per_benchmark"][bench] = ex
+        if not ex["checked"]:
+            continue
+        out["checked"], out["max_new_tokens"] = True, rec["config"]["max_new_tokens"]
+        out["prompts"] += ex["prompts_compared"]
+        for method, bad in ex["mismatches"].items():
+            m = out["methods"].setdefault(method, dict(identical=0, compared=0))
+            m["identical"] += ex["prompts_compared"] - bad
+            m["compared"] += ex["prompts_compared"]
+        for method, ids in ex["mismatched_prompts"].items():
+            out["mismatched_prompts"].setdefault(method, []).extend(ids)
+    return out
+
+
+def exactness_lines(report_data: dict) -> list[str]:
+    """The exactness lines of the report: the fp32 check's count of outputs identical to plain decoding per
+    drafter row and, for evals in another dtype, how many measured outputs differ from plain decoding's and
+    the speed over the prompts whose text did not diverge."""
+    ex = report_data["exactness"]
+    if ex["checked"]:
+        counts = "; ".join(f"`{m}`: {c['identical']} of {c['compared']} outputs identical"
+                           for m, c in ex["methods"].items())
+        lines = [f"- fp32, greedy, vs plain decoding token for token ({ex['source']}, {ex['prompts']} prompts x "
+                 f"{ex['max_new_tokens']} new tokens at most): {counts}."]
+        if any(c["identical"] < c["compared"] for c in ex["methods"].values()):
+            lines.append(f"- NOT EXACT: outputs differ from plain decoding in fp32 (prompts: "
+                         f"{ex['mismatched_prompts']}); this is a decoder bug, please report it.")
+    else:
+        why = {check["reason"] for check in ex["per_benchmark"].values()} or {ex["source"]}
+        lines = [f"- exactness not checked ({'; '.join(sorted(why))})."]
+    for bench, rec in report_data["evals"].items():
+        note = (report.differs_note(rec["exactness"]) + report.same_text_note(rec["exactness"])).removeprefix("; ")
+        if note:
+            lines.append(f"- {rec['machine']['dtype']} (the measured rows), {bench}: {note}.")
+    return lines
+
+
+def headline_lines(report_data: dict) -> list[str]:
+    """Per benchmark, the headline over ``generate`` as the product of its measured factors, and the one
+    factor an export carries."""
+    lines = []
+    for bench, rec in report_data["evals"].items():
+        lines += [f"- {bench}: {s}" for s in factors_sentence(rec.get("factors") or [])]
+        lines += [f"- {bench}: the drafter alone, the factor `drafterkit export` carries to a serving engine: "
+                  f"{r['ratio']:.2f}x the engine's plain decoding" for r in rec.get("factors") or []
+                  if r["export"] and r["ratio"] is not None][:1]
+    return lines
+
+
+def write_report(out: Path, report_data: dict) -> dict:
+    """Write ``report.json``, ``report.md`` and the PNGs into ``out``; returns their paths."""
+    pngs = [str(p) for p in plots.plot_eval_summary({b: r["summary"] for b, r in report_data["evals"].items()},
+                                                     out)]
+    if report_data["train"]["losses"]:
+        pngs.append(str(plot_losses(report_data["train"]["losses"], out / "train_loss.png")))
+    report_data["artifacts"] = dict(json=str(out / "report.json"), markdown=str(out / "report.md"), plots=pngs)
+    lines = ["# drafterkit quickstart", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {name} | {secs:.1f} |" for name, secs in report_data["timings"].items()]
+    tr = report_data["train"]
+    lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
+              f"{tr['stopped']}, final loss {report.fmt(tr['final_loss'], '{:.4f}')}; "
+              f"evaluated `{tr['checkpoint']}`.", ""]
+    if heads := headline_lines(report_data):
+        lines += ["## Where the speedup comes from", "", *heads, "",
+                  "Each factor is a ratio of two tokens/s measured in the same run (tables below).", ""]
+    lines += ["## Exactness", "", *exactness_lines(report_data), ""]
+    rep = report_data["reproduce"]
+    lines += ["## Reproduce the eval rows", "", f"The decoding settings are recorded in `{rep['decoding_json']}`, "
+              "which `drafterkit eval --drafter` reads when its flags do not say otherwise.", "", "```bash",
+              *rep["commands"], "```", ""]
+    for rec in report_data["evals"].values():
+        lines.append(report.render_markdown(rec).replace("# drafterkit eval:", "## eval:", 1))
+    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in pngs]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    report.write_json(out / "report.json", report_data)
+    return report_data["artifacts"]
+
+
+def plot_losses(losses: list[float], path: Path) -> Path:
+    """``train_loss.png``: the mean loss of every optimizer step."""
+    plt = plots.pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(range(1, len(losses) + 1), losses)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title("Training loss")
+    ax.grid(alpha=0.3)
+    return plots.save_figure(fig, path)
+
+
+def print_summary(report_data: dict, paths: dict) -> None:
+    """The quickstart's closing lines: the headline factors, exactness, the commands that reproduce the
+    eval rows, and where the report is."""
+    print("\nwhere the speedup comes from (ratios of tokens/s measured side by side):")
+    print("\n".join(line.replace("`", "") for line in headline_lines(report_data)) or "- (no headline row)")
+    print("exactness:")
+    print("\n".join(line.replace("`", "") for line in exactness_lines(report_data)))
+    rep = report_data["reproduce"]
+    print(f"reproduce the eval rows (decoding settings also recorded in {rep['decoding_json']}):")
+    print("\n".join(f"  {c}" for c in rep["commands"]))
+    timings = ", ".join(f"{n} {s:.0f}s" for n, s in report_data["timings"].items())
+    print(f"quickstart report: {paths['markdown']} ({timings})")
