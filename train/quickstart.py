@@ -111,11 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not also measure the drafter behind prompt lookup and retrieval (drafters.hybrid."
                         "LookupHybrid, eval spec PATH+rest: rows whose last 2+ tokens occurred before copy what "
                         "followed; the others add what followed their last n-gram in ShareGPT to the drafter's tree)")
-    p.add_argument("--dtype", default="bf16",
-                   help="bf16 | fp32, the evaluation's target and drafter (default bf16: on a CPU with bf16 units a "
-                        "pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x in fp32, see "
-                        "BENCHMARKS.md; token-for-token exactness vs plain decoding is checked in fp32: the measured "
-                        "rows with --dtype fp32, else a short separate fp32 run, see --exactness-prompts)")
+    p.add_argument("--dtype", default="auto",
+                   help="auto | bf16 | fp32, the evaluation's target and drafter (auto: bf16 where the device has bf16 "
+                        "units, where a pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x "
+                        "in fp32, see BENCHMARKS.md; fp32 where bf16 would be emulated, several times slower; "
+                        "token-for-token exactness vs plain decoding is checked in fp32: the measured rows with "
+                        "fp32, else a short separate fp32 run, see --exactness-prompts)")
     p.add_argument("--exactness-prompts", type=int, default=2,
                    help=f"prompts per benchmark of the fp32 greedy check that the drafter's outputs equal plain "
                         f"decoding's token for token ({EXACTNESS_TOKENS} new tokens at most; 0 skips it; with --dtype "
@@ -266,6 +267,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if str(args.dtype).lower() == "auto":  # recorded and printed as what ran, so the printed commands reproduce it
+        args.dtype = "bf16" if resolve_dtype("auto", args.device) == torch.bfloat16 else "fp32"
+        print(f"drafterkit quickstart: --dtype auto -> {args.dtype} on this device")
     if args.no_progress:
         report.disable_progress_bars()
     out = Path(args.output_dir)
