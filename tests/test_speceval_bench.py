@@ -308,7 +308,7 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         assert exc.value.code == 0
         text = capsys.readouterr().out
         if verb == "eval":
-            for shown in ("fp32 | bf16 | fp16 (default: fp32)", "prompts measured (default: 8)",
+            for shown in ("computes it natively, else fp32) (default: fp32)", "prompts measured (default: 8)",
                           "(default: smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
                           "(default: sharegpt;", "draft tokens per verification (K) of chain rows (default: 5)"):
                 assert shown in text

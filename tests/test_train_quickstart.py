@@ -191,7 +191,8 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
     rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out),
                "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
                "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress", "--baselines", "engine,hf",
-               "--exactness-prompts", "1",  # measured in bf16 (the default): a separate fp32 run checks exactness
+               "--dtype", "bf16",  # measured in bf16 (the default where the CPU has bf16 units) ...
+               "--exactness-prompts", "1",  # ... so a separate fp32 run checks exactness
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
