@@ -320,8 +320,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the drafterkit checkpoint the export was written from (required for EAGLE-3 and "
                              "Medusa exports; an hf-assistant export runs in drafterkit as it is)")
     parser.add_argument("--benchmark", default="mt-bench", help=f"{', '.join(BENCHMARKS)} or a .jsonl file")
-    parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by both engines")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--k", type=int, default=5, help="draft tokens per step (Medusa: at most its heads)")
     parser.add_argument("--venv", default=None, help="the vLLM venv (default: $DRAFTERKIT_VLLM_VENV, else "
                                                      "$DRAFTERKIT_HOME/vllm-venv, made by scripts/vllm-venv.sh)")
