@@ -26,7 +26,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -85,6 +85,9 @@ class RoundInfo:
     n_real: list[int]  # per row, tokens the target has processed
     tokens: list[list[int]]  # per row, prompt + committed tokens
     active: list[bool]
+    # per row, the draft tokens this chain round verified (cut at the row's limit: remaining budget,
+    # invalid ids, the proposer's lengths); [] after prefill, for finished rows and in tree rounds
+    drafts: list[list[int]] = field(default_factory=list)
 
 
 @contextmanager
@@ -165,12 +168,13 @@ class _Decoder:
         self.prev_len = [len(t) for t in self.tokens]
         return state
 
-    def _notify(self) -> None:
+    def _notify(self, drafts: list[list[int]] | None = None) -> None:
         if not _ROUND_HOOKS:
             return
         c = self.cache
         info = RoundInfo(self.round, c.cache.get_seq_length(), c.length, c.mask[:, : c.length].sum(1).tolist(),
-                         c.n_real.tolist(), [list(t) for t in self.tokens], self.active)
+                         c.n_real.tolist(), [list(t) for t in self.tokens], self.active,
+                         drafts or [[] for _ in self.tokens])
         for hook in _ROUND_HOOKS:
             hook(info)
 
@@ -269,7 +273,8 @@ class _Decoder:
         _sync(self.device)
         self.counts.verify_time_s += time.perf_counter() - t0
         self.round += 1
-        self._notify()
+        if _ROUND_HOOKS:  # the drafts each row had verified, for watch_rounds hooks only
+            self._notify([h[3: 3 + min(k, max(h[2], 0))] if a else [] for h, a in zip(host, active)])
 
     # --- tree rounds ----------------------------------------------------------------------------------
     def _propose_tree(self, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

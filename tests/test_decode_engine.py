@@ -113,6 +113,22 @@ def test_scripted_proposer_and_cache_invariant(target, greedy_ref, k):
     assert res.stats.accepted == 2 * sum(prop.right)  # both rows take the same path
 
 
+def test_round_info_reports_each_rows_verified_chain(target, greedy_ref):
+    """RoundInfo.drafts: the draft tokens each row had verified, cut to its remaining budget (K > left - 1)."""
+    k, n = 4, 11
+    drafter = DraftLM.from_model(tiny_llama(0))  # the target itself: every draft token is accepted
+    rounds = []
+    with watch_rounds(rounds.append):
+        res = generate(target, ROWS[:1], drafter=drafter, max_new_tokens=n, num_draft_tokens=k, eos_token_id=[])
+    out, pos = res.sequences[0], 1  # the first token comes from prefill
+    assert rounds[0].drafts == [[]]
+    for info in rounds[1:]:
+        chain = info.drafts[0]
+        assert chain == out[pos: pos + len(chain)] and len(chain) == min(k, n - pos - 1)
+        pos += len(chain) + 1
+    assert pos == n and out == greedy_ref[0][:n]
+
+
 def _all_accept_stats(length, k):
     """Expected (accepted, target_forwards) for a B=1 row of ``length`` tokens when every draft is accepted."""
     full, rem = divmod(length - 1, k + 1)

@@ -147,4 +147,5 @@ def test_tests_mirror_the_packages(pkg):
 def test_cli_lists_all_verbs():
     from train.cli import VERBS
 
-    assert set(VERBS) == {"train", "features", "eval", "export", "assets", "quickstart"}
+    assert set(VERBS) == {"train", "features", "eval", "export", "serve-check", "assets",
+                          "quickstart"}

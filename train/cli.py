@@ -1,4 +1,5 @@
-"""The ``drafterkit`` command: ``train``, ``features``, ``eval``, ``export``, ``assets``, ``quickstart``.
+"""The ``drafterkit`` command: ``train``, ``features``, ``eval``, ``export``, ``serve-check``, ``assets``,
+``quickstart``.
 
 Each verb lives in the module that owns it; this file only wires argparse. Every verb module
 exposes ``add_arguments(parser)`` and ``run(args) -> int``. A verb's options may come anywhere
@@ -22,6 +23,7 @@ VERBS = {
     "features": ("train.feature_cache", "build the target-feature cache a recipe trains a head from (once, resumable)"),
     "eval": ("speceval.bench", "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
     "export": ("drafters.export", "export a trained drafter for vLLM / SGLang / transformers"),
+    "serve-check": ("speceval.serving", "run an export in vLLM and check it drafts and decodes as drafterkit does"),
     "assets": ("train.assets_cli", "fetch / list the pinned target, data and eval prompts"),
     "quickstart": ("train.quickstart", "fetch, train and evaluate a drafter for the default target"),
 }

