@@ -287,7 +287,7 @@ class Recipe(Section):
                                 if on)
             warnings.warn(f"{keys}: auto -> float32 here: this device has no native bf16 units (on a CPU: "
                           "avx512_bf16 / amx_bf16), where bf16 runs several times slower than float32; set "
-                          "target.dtype=bfloat16 / train.mixed_precision=bf16 to force bf16", UserWarning, stacklevel=2)
+                          "target.dtype=bfloat16 / train.mixed_precision=bf16 to force bf16", UserWarning, stacklevel=1)
         return data
 
     @model_validator(mode="after")
