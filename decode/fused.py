@@ -13,7 +13,7 @@ per forward. Two things make them cheaper, both as inference engines do it:
   results (checked bit for bit when a weight is packed; a mismatch or a missing op falls back to the
   plain merged weight), without the per-call reorder.
 
-Measured on this project's 2-core CPU (BENCHMARKS.md, session 9): bf16 LM head 49152x576 3.5 -> 1.8 ms
+Measured on this project's 2-core CPU (BENCHMARKS.md, "The engine's linear layers"): bf16 LM head 49152x576 3.5 -> 1.8 ms
 at 1 row and 4.1 -> 1.7 ms at 6; a 1536x576 MLP projection 83 -> 36 us; merging q/k/v + gate/up 445 ->
 354 us per layer before packing. In fp32 only the merging applies (prepacked fp32 GEMMs do not give
 the same bits as the stock path, so they are not used).

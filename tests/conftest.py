@@ -136,3 +136,13 @@ def training_world(root: Path, chats: list[tuple[str, str]], *, layers: int = 2)
             os.environ.pop("DRAFTERKIT_HOME", None)
         else:
             os.environ["DRAFTERKIT_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    """A prompts JSONL (``drafterkit eval --benchmark FILE``): one ``prompt`` line, one ``messages`` line."""
+    path = tmp_path_factory.mktemp("prompts") / "mine.jsonl"
+    lines = [{"prompt": "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):"},
+             {"messages": [{"role": "user", "content": "List the days of the week, then list them again."}]}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path

@@ -33,15 +33,6 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "mine.jsonl"
-    lines = [{"prompt": "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):"},
-             {"messages": [{"role": "user", "content": "List the days of the week, then list them again."}]}]
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    return path
-
-
 def _pooled(runs, method):
     rs = [r for r in runs if r["method"] == method]
     return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)

@@ -4,7 +4,6 @@ default target's template), balanced over categories, too-long prompts skipped w
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 from transformers import AutoTokenizer
@@ -17,15 +16,6 @@ from speceval.prompts import chat_ids, load_prompts, select_prompts
 def tok():
     """The default target's tokenizer (SmolLM2, ChatML template)."""
     return AutoTokenizer.from_pretrained(default_target_dir())
-
-
-@pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "mine.jsonl"
-    lines = [{"prompt": "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):"},
-             {"messages": [{"role": "user", "content": "List the days of the week, then list them again."}]}]
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    return path
 
 
 def test_chat_ids_are_the_targets_template_up_to_the_assistant_header(tok):
