@@ -10,7 +10,6 @@ gloo under ``torchrun``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
 
@@ -33,22 +32,29 @@ def check_distributed_request(recipe: Recipe) -> str | None:
     quietly builds plain data parallelism instead (FSDP), or a DeepSpeed engine in which every process
     believes it is alone (``num_processes == 1`` on every rank, each writing the same checkpoints).
 
+    DeepSpeed is refused everywhere for now: accelerate runs DeepSpeed's optimizer step inside
+    ``accelerator.backward``, before :func:`train.step.train_step` rescales the step's gradients to the
+    mean over its supervised tokens (``_normalise_gradients``), so the update would depend on the split.
+
     Raises:
-        RecipeError: a sharded engine requested with ``train.cpu: true`` or without a CUDA device, or
-            DeepSpeed requested without the ``deepspeed`` package (``pip install 'drafterkit[deepspeed]'``).
+        RecipeError: DeepSpeed requested; FSDP requested with ``train.cpu: true`` or without a CUDA device.
     """
     requested = [engine for var, engine in _ENGINES.items() if os.environ.get(var, "").lower() in ("true", "1")]
     if not requested:
         return None
     engine, var = requested[0], next(v for v, e in _ENGINES.items() if e == requested[0])
+    if engine == "DEEPSPEED":
+        raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which drafterkit does not "
+                          "train with yet: accelerate runs DeepSpeed's optimizer step inside backward, before the step's "
+                          "gradients are rescaled to the mean over its supervised tokens, so the update would depend on "
+                          "how the step is split across micro-batches and processes. Use DDP "
+                          "(recipes/accelerate/multi_gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml) on GPUs, or "
+                          f"{_CPU_DDP}")
     if recipe.train.cpu or not torch.cuda.is_available():
         why = "train.cpu is true" if recipe.train.cpu else "this machine has no CUDA device"
         raise RecipeError(f"the launcher asked for {_NAMES[engine]} ({var}=true, from the accelerate config's distributed_type) "
                           f"but {why}: accelerate runs DeepSpeed and FSDP only on GPUs, and here it would fall back to "
                           f"another engine without a word. Run it on CUDA GPUs, or {_CPU_DDP}")
-    if engine == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
-        raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true) but deepspeed is not "
-                          "installed: pip install 'drafterkit[deepspeed]'")
     return engine
 
 
@@ -83,3 +89,13 @@ def peak_memory_per_process(acc) -> list[float]:
     rounded to 0.1 MiB (one all-gather; every process must call it)."""
     peak = torch.tensor([peak_memory_mb(acc.device)], dtype=torch.float64, device=acc.device)
     return [round(float(x), 1) for x in acc.gather(peak)]
+
+
+def fsdp_ignore_borrowed(acc, drafter: torch.nn.Module) -> None:
+    """Under FSDP, leave the modules a head drafter borrows frozen from the target (``borrowed_prefixes``,
+    e.g. its embedding and LM head) out of sharding: they are the target's own modules, which must stay
+    whole for the target's forward. A no-op for other engines."""
+    if getattr(acc.distributed_type, "name", "") != "FSDP":
+        return
+    names = {prefix.rstrip(".") for prefix in getattr(drafter, "borrowed_prefixes", ())}
+    acc.state.fsdp_plugin.ignored_modules = [drafter.get_submodule(n) for n in sorted(names)] or None

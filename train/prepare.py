@@ -17,7 +17,11 @@ import torch
 
 import assets.target  # load_target looked up at call time: one place to replace it
 from train.checkpoint import find_resume
-from train.distributed import check_distributed_request, check_distributed_result
+from train.distributed import (
+    check_distributed_request,
+    check_distributed_result,
+    fsdp_ignore_borrowed,
+)
 from train.evaluate import EvalPrompts, eval_prompt_ids
 from train.feature_cache import FeatureCacheError, open_recipe_cache
 from train.recipe import Recipe, RecipeError
@@ -136,7 +140,9 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> dict:
     schedule = BudgetSchedule(o.schedule, o.warmup_steps, recipe.train.max_steps, world, recipe.train.max_minutes)
     # a plain function: LambdaLR saves no state for it, so a resumed run takes the schedule from its recipe
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda count: schedule(count))
+    fsdp_ignore_borrowed(acc, drafter)
     drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
+    params = [p for p in drafter.parameters() if p.requires_grad]  # FSDP2 replaces them by sharded ones
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ctx = dict(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, ds=ds, strategy=strategy,
                drafter=drafter, optimizer=optimizer, scheduler=scheduler, schedule=schedule, params=params,
