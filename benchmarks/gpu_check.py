@@ -36,7 +36,9 @@ after every section so a run cut short keeps what it measured):
   (``gpu_train.train_rows``).
 
 Timings are CUDA-synchronised wall times, warm-ups first, methods interleaved rep by rep, medians of
-``--reps``. Exit status 1 when an exactness row differs or a chi-square p-value is below 1e-3.
+``--reps``. A unit that raises (an out-of-memory, a path that breaks on the device) becomes a failed row
+with the error and the run goes on. Exit status 1 when an exactness row differs or fails, or a chi-square
+p-value is below 1e-3.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import json
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -135,6 +138,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [s for s in a.sections.split(",") if s not in SECTIONS]
     if bad:
         p.error(f"unknown sections {bad}; choose from {','.join(SECTIONS)}")
+    bad = [m for m in (a.models + "," + a.cost_models).split(",") if m not in SHAPES]
+    if bad:
+        p.error(f"unknown target shapes {bad} in --models / --cost-models; choose from {','.join(SHAPES)}")
     return a
 
 
@@ -190,36 +196,40 @@ def run(a: argparse.Namespace) -> dict:
             a.json.parent.mkdir(parents=True, exist_ok=True)
             a.json.write_text(json.dumps(report, indent=1, default=str))
 
-    def skip(section, case):
-        add([{"section": section, "case": case, "status": "skipped", "reason": f"past --max-minutes {a.max_minutes}"}])
+    def unit(section: str, case: str, fn) -> None:
+        """Run one unit of work: its rows, a skipped row past the time budget, or a failed row (never a crash)."""
+        if late():
+            reason = f"past --max-minutes {a.max_minutes}"
+            add([{"section": section, "case": case, "status": "skipped", "reason": reason}])
+            return
+        try:
+            add(fn())
+        except Exception as e:  # an out-of-memory, a path that breaks on this device: a row, and the run goes on
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            add([{"section": section, "case": case, "status": "failed", "error": f"{type(e).__name__}: "
+                  f"{str(e).strip()[:300]} (at {Path(where.filename).name}:{where.lineno})"}])
 
     chosen = a.sections.split(",")
     if "exact" in chosen:
-        add(exact_rows(targets.get("smollm2-135m", "fp32"), a.dry_run) if not late() else [])
-        add(chi_square_rows(dev) if not late() else [])
+        unit("exact", "greedy fp32", lambda: exact_rows(targets.get("smollm2-135m", "fp32"), a.dry_run))
+        unit("exact", "chi-square T=1.0", lambda: chi_square_rows(dev))
     if "speed" in chosen or "cost" in chosen:
         report["copy_bandwidth_gbps"] = copy_bandwidth(dev, a.copy_mib)
         print(f"copy bandwidth {report['copy_bandwidth_gbps']:.0f} GB/s ({a.copy_mib} MiB device-to-device)")
     if "speed" in chosen:
         for b in [int(x) for x in a.batches.split(",")]:
             for name in a.models.split(","):
-                if late():
-                    skip("speed", f"{name} b{b}")
-                    continue
-                add(speed_rows(name, targets.get(name, "bf16"), b, a.prompt_len, a.new_tokens, a.reps,
-                               report["copy_bandwidth_gbps"], static=str(b) in a.compile_batches.split(",")))
+                unit("speed", f"{name} b{b}", lambda b=b, name=name: speed_rows(
+                    name, targets.get(name, "bf16"), b, a.prompt_len, a.new_tokens, a.reps,
+                    report["copy_bandwidth_gbps"], static=str(b) in a.compile_batches.split(",")))
     if "cost" in chosen:
         for name in a.cost_models.split(","):
-            if late():
-                skip("cost", name)
-                continue
-            add(cost_rows(name, targets.get(name, "bf16"), a.cost_context, a.cost_new_tokens, a.self_draft_k, a.reps))
+            unit("cost", name, lambda name=name: cost_rows(name, targets.get(name, "bf16"), a.cost_context,
+                                                           a.cost_new_tokens, a.self_draft_k, a.reps))
     if "train" in chosen:
-        if late():
-            skip("train", "llama-3.1-8b")
-        else:
-            add(train_rows("llama-3.1-8b", targets.get("llama-3.1-8b", "bf16"), a.train_batch, a.train_seq,
-                           a.train_steps, draft_vocab=32000 if not a.dry_run else 64, ttt_steps=3))
+        unit("train", "llama-3.1-8b", lambda: train_rows("llama-3.1-8b", targets.get("llama-3.1-8b", "bf16"),
+                                                         a.train_batch, a.train_seq, a.train_steps,
+                                                         draft_vocab=64 if a.dry_run else 32000, ttt_steps=3))
     report["wall_s"] = time.perf_counter() - t0
     return report
 
@@ -234,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(report["rows"])
     print(f"\n{report['device']}, torch {report['torch']}, transformers {report['transformers']}, "
           f"wall {report['wall_s']:.1f} s" + (f", JSON: {a.json}" if a.json else ""))
-    bad = [r for r in report["rows"] if r["section"] == "exact" and r.get("status") == "ran"
-           and not (r.get("identical", True) and r.get("passed", True))]
+    bad = [r for r in report["rows"] if r["section"] == "exact"
+           and (r.get("status") == "failed" or not (r.get("identical", True) and r.get("passed", True)))]
     return 1 if bad else 0
 
 

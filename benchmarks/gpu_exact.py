@@ -52,12 +52,17 @@ def exact_rows(target, dry: bool, seed: int = 0) -> list[dict]:
     plain = generate(target, prompts, max_new_tokens=new, eos_token_id=[]).sequences
     rows = []
     for name, drafter, tree in cases:
-        res = generate(target, prompts, drafter=drafter, tree=tree, num_draft_tokens=5, max_new_tokens=new,
-                       eos_token_id=[])
+        row = {"section": "exact", "case": f"greedy fp32 {name}", "tree": tree}
+        try:
+            res = generate(target, prompts, drafter=drafter, tree=tree, num_draft_tokens=5, max_new_tokens=new,
+                           eos_token_id=[])
+        except Exception as e:  # one drafter's path failing on this device must not hide the others
+            rows.append({**row, "status": "failed", "error": f"{type(e).__name__}: {str(e).strip()[:300]}"})
+            continue
         miss = _first_mismatch(res.sequences, plain)
-        rows.append({"section": "exact", "case": f"greedy fp32 {name}", "status": "ran", "identical": miss is None,
-                     "first_mismatch": miss, "tokens": sum(len(s) for s in plain), "tau": res.stats.tau,
-                     "acceptance_rate": res.stats.acceptance_rate, "tree": tree})
+        rows.append({**row, "status": "ran", "identical": miss is None, "first_mismatch": miss,
+                     "tokens": sum(len(s) for s in plain), "tau": res.stats.tau,
+                     "acceptance_rate": res.stats.acceptance_rate})
     return rows
 
 

@@ -68,3 +68,6 @@ def test_sections_are_selectable_and_unknown_ones_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--dry-run", "--sections", "exact,sped"])
     assert "unknown sections ['sped']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--dry-run", "--models", "llama-3.1-7b"])
+    assert "unknown target shapes ['llama-3.1-7b']" in capsys.readouterr().err
