@@ -1,14 +1,16 @@
 """The ``train`` section of ``benchmarks/gpu_check.py``: EAGLE-3 training steps per second and peak memory.
 
 Every ``train`` import happens inside :func:`train_rows`: the decoder checks need none of them, and a
-machine without ``pydantic`` / ``datasets`` (which ``train`` imports) still runs every other section and
-gets one row saying which wheels to carry.
+machine without ``pydantic`` (which ``train``'s recipe schema and strategies import) still runs every other
+section and gets one row saying which wheels to bring and how.
 """
 
 from __future__ import annotations
 
+import platform
 import resource
 import statistics
+import sys
 import tempfile
 from contextlib import nullcontext
 
@@ -17,10 +19,11 @@ from gpu_timing import timed
 
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 
-CARRY = ("the train section needs drafterkit's training dependencies, which this machine lacks ({error}). "
-         "Carry their wheels: on a machine with the network, `pip download pydantic datasets gguf -d wheels` "
-         "(their dependencies come along), copy wheels/ over, then `pip install --no-index --find-links wheels "
-         "pydantic datasets gguf` and rerun with --sections train")
+CARRY = ("the train section needs pydantic (train's recipe schema), which this machine lacks ({error}); datasets "
+         "and gguf are not needed here. On a machine with the network: `pip download pydantic --only-binary :all: "
+         "--python-version {py} --platform manylinux2014_{arch} -d wheels` (pydantic-core, annotated-types, "
+         "typing-inspection, typing-extensions come along, ~3 MB); bring wheels/ beside the repository, then "
+         "`pip install --no-index --find-links wheels pydantic` here and rerun with --sections train")
 
 
 def train_rows(name: str, target, batch: int, seq_len: int, steps: int, draft_vocab: int, ttt_steps: int,
@@ -42,7 +45,8 @@ def train_rows(name: str, target, batch: int, seq_len: int, steps: int, draft_vo
         from train.strategies import get_strategy
         from train.strategies.heads import trainable_own
     except ImportError as e:
-        return [{**row, "status": "failed", "error": CARRY.format(error=f"{type(e).__name__}: {e}")}]
+        py, arch = f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine()
+        return [{**row, "status": "failed", "error": CARRY.format(error=f"{type(e).__name__}: {e}", py=py, arch=arch)}]
     dev = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     options = {"draft_vocab_size": draft_vocab, "ttt_steps": ttt_steps}
