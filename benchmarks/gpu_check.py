@@ -152,7 +152,9 @@ def _result(r: dict) -> str:
     if s == "exact" and "p_value" in r:
         return f"p = {r['p_value']:.3g} ({'pass' if r['passed'] else 'FAIL'}; min of {len(r['p_values'])} tests)"
     if s == "exact":
-        head = "identical" if r["identical"] else f"DIFFERS (first at {r['first_mismatch']})"
+        gap = None if r["identical"] else r["at_mismatch"]["top2_gap"]
+        head = "identical" if r["identical"] else (f"DIFFERS (first at row, position {r['first_mismatch']}; "
+                                                   f"the target's top-2 logit gap there {gap:.3g})")
         return f"{head}, {r['tokens']} tokens, tau {r['tau']:.2f}, acceptance {r['acceptance_rate']:.2f}"
     if s == "speed":
         extra = f", compiled: {r['compiled']}" if "compiled" in r else ""

@@ -62,8 +62,22 @@ def exact_rows(target, dry: bool, seed: int = 0) -> list[dict]:
         miss = _first_mismatch(res.sequences, plain)
         rows.append({**row, "status": "ran", "identical": miss is None, "first_mismatch": miss,
                      "tokens": sum(len(s) for s in plain), "tau": res.stats.tau,
-                     "acceptance_rate": res.stats.acceptance_rate})
+                     "acceptance_rate": res.stats.acceptance_rate,
+                     "at_mismatch": None if miss is None else _top2(target, prompts, plain, res.sequences, miss)})
     return rows
+
+
+def _top2(target, prompts: list[list[int]], plain: list[list[int]], spec: list[list[int]], miss: list[int]) -> dict:
+    """At a mismatch: the target's two best tokens and their logit gap after the shared prefix (one full,
+    cache-free forward), and what each decode chose; a gap near 0 is a near-tie, a large one a bug."""
+    b, j = miss
+    prefix = prompts[b] + plain[b][:j]
+    with torch.no_grad():
+        logits = target(torch.tensor([prefix], device=next(target.parameters()).device)).logits[0, -1].float()
+    top = logits.topk(2)
+    pick = lambda seqs: seqs[b][j] if b < len(seqs) and j < len(seqs[b]) else None  # noqa: E731
+    return {"top2_tokens": top.indices.tolist(), "top2_gap": float(top.values[0] - top.values[1]),
+            "plain_chose": pick(plain), "speculative_chose": pick(spec)}
 
 
 def _tiny(device: torch.device, seed: int, layers: int):
