@@ -122,14 +122,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cost-new-tokens", type=int, default=None, help="self-draft run (default 128; dry 8)")
     p.add_argument("--self-draft-k", type=int, default=4)
     p.add_argument("--train-batch", type=int, default=None, help="default 2; dry 2")
-    p.add_argument("--train-seq", type=int, default=None, help="default 1024; dry 24")
+    p.add_argument("--train-seq", type=int, default=None, help="default 2048; dry 24")
     p.add_argument("--train-steps", type=int, default=None, help="timed steps (default 5; dry 1)")
     p.add_argument("--copy-mib", type=int, default=None, help="bandwidth probe buffer (default 2048; dry 16)")
     p.add_argument("--max-minutes", type=float, default=0.0,
                    help="skip (and list as skipped) work that would start after this many minutes; 0: no limit")
     a = p.parse_args(argv)
     real = {"new_tokens": 256, "prompt_len": 128, "reps": 3, "cost_context": 256, "cost_new_tokens": 128,
-            "train_batch": 2, "train_seq": 1024, "train_steps": 5, "copy_mib": 2048}
+            "train_batch": 2, "train_seq": 2048, "train_steps": 5, "copy_mib": 2048}
     dry = {"new_tokens": 8, "prompt_len": 8, "reps": 1, "cost_context": 16, "cost_new_tokens": 8,
            "train_batch": 2, "train_seq": 24, "train_steps": 1, "copy_mib": 16}
     for k, v in (dry if a.dry_run else real).items():

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
     import gpu_check
+    import gpu_timing
 finally:
     sys.path.remove(str(ROOT / "benchmarks"))
 
@@ -71,3 +72,20 @@ def test_sections_are_selectable_and_unknown_ones_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--dry-run", "--models", "llama-3.1-7b"])
     assert "unknown target shapes ['llama-3.1-7b']" in capsys.readouterr().err
+
+
+def test_real_shapes_are_the_named_models_and_the_floor_counts_their_bytes():
+    """The full-size configs (built on the meta device: no memory) have the parameter counts of SmolLM2-135M
+    and Llama-3.1-8B, and a step's weight bytes leave out only an untied input embedding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    counts = {"smollm2-135m": 134_515_008, "llama-3.1-8b": 8_030_261_248}
+    for name, shape in gpu_check.SHAPES.items():
+        with torch.device("meta"):
+            model = LlamaForCausalLM._from_config(LlamaConfig(**shape), dtype=torch.bfloat16)
+        assert sum(p.numel() for p in model.parameters()) == counts[name]
+        embed = 0 if shape["tie_word_embeddings"] else shape["vocab_size"] * shape["hidden_size"]
+        assert gpu_timing.weight_bytes(model) == 2 * (counts[name] - embed)
+        head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+        assert gpu_timing.kv_bytes(model, 8, 100) == 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] \
+            * head_dim * 100 * 8 * 2
