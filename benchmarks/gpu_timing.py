@@ -113,7 +113,8 @@ def speed_rows(name: str, target, batch: int, prompt_len: int, new_tokens: int, 
     (transformers compiles the decoding forward with ``torch.compile`` on an accelerator; ``compiled``
     says whether it did; ``static=False`` lists that row as skipped: each batch size is one more
     compilation). ``ms_per_token``: median wall time of the whole call (prefill of the
-    ``prompt_len``-token prompt included) / ``new_tokens``. ``floor_fraction``: (weight bytes + KV bytes
+    ``prompt_len``-token prompt included) / ``new_tokens``, i.e. per decoding step, in which every row
+    gains a token (``tokens_per_s`` counts all rows). ``floor_fraction``: (weight bytes + KV bytes
     at the mean context, per step) / ``bandwidth``, x ``new_tokens``, over the measured call time."""
     dev = next(target.parameters()).device
     g = torch.Generator().manual_seed(seed)
@@ -205,7 +206,8 @@ def cost_rows(name: str, target, context: int, new_tokens: int, k: int, reps: in
     model first catches up on the K + 1 tokens the last round committed (one m = K + 1 pass, r(K+1)), then
     drafts K - 1 more one-token steps (1 each; its first draft token comes from the catch-up pass), and the
     target verifies m = K + 1 tokens (r(K+1)). ideal = tau / (2 r(K+1) + K - 1), r measured above. The gap
-    between it and the measured ratio is the engine's per-round overhead (bookkeeping, host syncs).
+    between it and the measured ratio is the engine's per-round overhead (bookkeeping, host syncs); the
+    prefills (the draft model's own included) are left out of the ideal.
     """
     costs = verify_costs(target, context, 8, reps)
     rows = [{"section": "cost", "case": f"{name} verify K={m - 1}", "model": name, "K": m - 1,
