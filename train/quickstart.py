@@ -47,6 +47,7 @@ from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
 from assets.target import load_target
 from drafters import resolve_checkpoint
+from drafters.base import weights_sha256
 from drafters.datastore import cached_datastore
 from speceval import report
 from speceval.bench import EvalConfig, command_line, evaluate, print_record
@@ -255,8 +256,12 @@ def record_decoding(ckpt: Path, records: dict, out: Path, threads: int | None = 
     commands = [command_line(rec["config"], threads=threads, output=out / f"eval-{bench}.json")
                 for bench, rec in records.items()]
     first = next(iter(records.values()))
-    path = write_decoding(resolve_checkpoint(ckpt)[0], first["config"], written_by="drafterkit quickstart",
-                          machine=first["machine"], report=str(out / "report.json"), commands=commands)
+    folder = resolve_checkpoint(ckpt)[0]
+    # the report's absolute path and the hash of the weights measured: `drafterkit export` finds the measured
+    # numbers for its model card through them, and ignores them once the folder holds other weights
+    path = write_decoding(folder, first["config"], written_by="drafterkit quickstart", machine=first["machine"],
+                          report=str((out / "report.json").resolve()), weights_sha256=weights_sha256(folder),
+                          commands=commands)
     return dict(decoding_json=str(path), commands=commands)
 
 
