@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from decode.metrics import pool_stats
+from speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
 from speceval.factors import factor_cells
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
@@ -280,21 +281,6 @@ def eval_table_rows(rows: list[dict], *, with_hf_assisted: bool = True) -> list[
     order = {"spec": 0, "plain": 1, "hf": 2, "hf-assisted": 3}
     keep = [r for r in rows if with_hf_assisted or r["role"] != "hf-assisted"]
     return sorted(keep, key=lambda r: order.get(r["role"], 9))
-
-
-MIN_TABLE_WIDTH = 160  # columns: the eval table's headers stay legible in a pipe, a log or CI
-
-
-def make_console(file=None, min_width: int = MIN_TABLE_WIDTH):
-    """A ``rich`` Console for the tables. Not a terminal (a pipe, a log file, CI): width at least
-    ``min_width`` columns, since rich would otherwise fall back to 80 and squash the headers to one
-    letter per line; a real terminal keeps its own width."""
-    from rich.console import Console
-
-    console = Console(file=file)
-    if not console.is_terminal:
-        console = Console(file=file, width=max(console.width, min_width))
-    return console
 
 
 def print_eval(rows: list[dict], title: str, console=None) -> None:

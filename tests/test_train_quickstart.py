@@ -216,13 +216,33 @@ def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickst
     assert "**Not measured**" in card and "draft tree" not in card
 
 
+def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys):
+    from train.quickstart_plan import Stages
+
+    args = parse(build_parser(), ["quickstart", "--dtype", "bf16"])
+    assert quickstart.stage_names(args) == ["fetch", "datastore", "train", "eval", "exactness", "report"]
+    args = parse(build_parser(), ["quickstart", "--dtype", "fp32", "--no-hybrid"])  # fp32 rows are checked themselves
+    assert quickstart.stage_names(args) == ["fetch", "train", "eval", "report"]
+    assert "prompt lookup alone" in quickstart.eval_words(args) and "retrieval" not in quickstart.eval_words(args)
+    timings = {}
+    stages = Stages(quickstart.stage_names(args), timings)
+    with stages.stage("train", "eagle3 from recipes/eagle3.yaml", "the --minutes budget: 14.5 min"):
+        pass
+    with stages.stage("report", "report.md", "seconds", record=False):
+        pass
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "[quickstart 2/4] train: eagle3 from recipes/eagle3.yaml (the --minutes budget: 14.5 min)"
+    assert lines[1].startswith("[quickstart 2/4] train done in 0 s (") and "% of the " in lines[1]
+    assert lines[3] == "[quickstart 4/4] report: report.md (seconds)" and list(timings) == ["train"]
+
+
 def test_default_kind_follows_the_recipes_present():
     expected = "eagle3" if (quickstart.RECIPES_DIR / "eagle3.yaml").exists() else "draft_lm"
     assert quickstart.default_kind() == expected
 
 
 @pytest.mark.slow
-def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
+def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
     out = tmp_path / "qs"
     rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out),
                "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
@@ -231,6 +251,9 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
                "--exactness-prompts", "1",  # ... so a separate fp32 run checks exactness
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
+    said = capsys.readouterr().out
+    for n, name in enumerate(["fetch", "datastore", "train", "eval", "exactness", "report"], 1):
+        assert f"[quickstart {n}/6] {name}: " in said and f"[quickstart {n}/6] {name} done in " in said
     rep = json.loads((out / "report.json").read_text())
     assert set(rep["timings"]) == {"fetch", "datastore", "train", "eval", "exactness"}
     assert all(v > 0 for v in rep["timings"].values())

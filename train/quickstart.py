@@ -37,6 +37,7 @@ commands), ``report.md`` and PNGs (``train.quickstart_report``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ from speceval import report
 from speceval.bench import EvalConfig, command_line, evaluate, print_record
 from speceval.recorded import write_decoding
 from train.loop import train
+from train.quickstart_plan import Stages
 from train.quickstart_report import exactness_summary, print_summary, write_report
 from train.recipe import RecipeError, load_recipe
 
@@ -265,6 +267,24 @@ def record_decoding(ckpt: Path, records: dict, out: Path, threads: int | None = 
     return dict(decoding_json=str(path), commands=commands)
 
 
+def stage_names(args) -> list[str]:
+    """The stages this run goes through, in order (``datastore`` unless ``--no-hybrid``; ``exactness``
+    unless the eval runs in fp32, whose rows are checked themselves, or ``--exactness-prompts 0``)."""
+    separate = resolve_dtype(args.dtype) != torch.float32 and args.exactness_prompts > 0
+    return ["fetch", *([] if args.no_hybrid else ["datastore"]), "train", "eval",
+            *(["exactness"] if separate else []), "report"]
+
+
+def eval_words(args) -> str:
+    """What the eval stage measures, in words, for its header."""
+    rows = ["the drafter alone", "prompt lookup alone"] + ([] if args.no_hybrid else ["the drafter + lookup + "
+                                                                                     "retrieval"])
+    shapes = ", ".join(args.trees or DEFAULT_TREES)
+    return (f"{', '.join(rows)} (draft shape {shapes}, threshold {args.draft_thresholds}) vs "
+            f"{args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, {args.num_prompts} prompts x up to "
+            f"{args.max_new_tokens} new tokens each, {args.dtype}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Fetch, train, evaluate, check exactness, report. Returns 0, or 2 on a usage / recipe error."""
     if args.minutes <= 0 or args.exactness_prompts < 0:  # the eval flags are checked by EvalConfig.validate
@@ -279,6 +299,8 @@ def run(args: argparse.Namespace) -> int:
         report.disable_progress_bars()
     out = Path(args.output_dir)
     timings: dict[str, float] = {}
+    stages = Stages(stage_names(args), timings)
+    outside = "outside the --minutes budget"
     try:
         kind, recipe_path = resolve_recipe(args.kind, args.recipe)
         recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", *args.overrides])
@@ -286,31 +308,34 @@ def run(args: argparse.Namespace) -> int:
             eval_config(out / "train", args, bench, recipe.eval.k)
         overrides = [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
-        t0 = time.perf_counter()
-        fetch_all()
-        target, tok = load_target(TARGET, dtype=args.dtype, device=args.device)
-        timings["fetch"] = time.perf_counter() - t0
+        print(f"drafterkit quickstart: plan: {', '.join(stages.names)}", flush=True)
+        with stages.stage("fetch", "the pinned target, ShareGPT, MT-bench and HumanEval, then load the target",
+                          f"{outside}; a no-op when cached"):
+            fetch_all()
+            target, tok = load_target(TARGET, dtype=args.dtype, device=args.device)
         datastore = None
         if not args.no_hybrid:
-            t0 = time.perf_counter()
-            datastore = cached_datastore(DATASTORE, tok, log=print)
-            timings["datastore"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
-        timings["train"] = time.perf_counter() - t0
+            with stages.stage("datastore", "the ShareGPT n-gram datastore the +rest rows retrieve from",
+                              f"{outside}; built once, then read from the cache"):
+                datastore = cached_datastore(DATASTORE, tok, log=print)
+        with stages.stage("train", f"{kind} from {recipe_path}",
+                          f"the --minutes budget: {args.minutes:g} min, data preparation included"):
+            ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
-    evals = eval_stage(ckpt, args, target, tok, recipe.eval.k, datastore)
-    timings["eval"] = time.perf_counter() - t0
+    with stages.stage("eval", eval_words(args), f"{outside}; not time-bounded"):
+        evals = eval_stage(ckpt, args, target, tok, recipe.eval.k, datastore)
     del target  # the fp32 check loads its own
-    t0 = time.perf_counter()
-    exactness = exactness_stage(evals, args, tok, datastore)
-    if exactness["source"] == SEPARATE_CHECK:
-        timings["exactness"] = time.perf_counter() - t0
-    reproduce = record_decoding(ckpt, evals, out, args.threads)
-    report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness, reproduce=reproduce)
-    paths = write_report(out, report_data)
+    check = "exactness" in stages.names
+    with (stages.stage("exactness", f"fp32 greedy outputs of the drafter rows vs plain decoding, "
+                       f"{args.exactness_prompts} prompts per benchmark x up to {EXACTNESS_TOKENS} new tokens",
+                       outside) if check else contextlib.nullcontext()):
+        exactness = exactness_stage(evals, args, tok, datastore)
+    with stages.stage("report", f"report.json, report.md and plots in {out}", "seconds", record=False):
+        reproduce = record_decoding(ckpt, evals, out, args.threads)
+        report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness,
+                           reproduce=reproduce)
+        paths = write_report(out, report_data)
     print_summary(report_data, paths)
     return 0
