@@ -3,7 +3,9 @@
     drafterkit quickstart                                  # <= 20 min in all (14.5 min training), EAGLE-3 if its recipe exists
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
-Stages (each timed, in seconds, in ``report.json``):
+Before it starts, the quickstart states its plan and what it needs (time, memory, disk); each stage then
+prints a one-line header (what it does, its share of the time) and the seconds it took
+(``train.quickstart_plan``). Stages (each timed, in seconds, in ``report.json``):
 
 1. ``fetch``: the pinned assets (``assets.pinned.fetch_all``: target, ShareGPT, MT-bench, HumanEval),
    a no-op when cached; then the target is loaded once and shared by the next stages.
@@ -11,7 +13,10 @@ Stages (each timed, in seconds, in ``report.json``):
    every assistant turn outside the held-out split, tokenized; ~35 s once, then loaded from the
    cache in ~5 s); skipped with ``--no-hybrid``.
 3. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
-   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``). An
+   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``). The
+   budget counts data preparation; no feature cache is built: a recipe reading the offline cache reads a
+   complete one when present, else computes the target's features online
+   (``train.quickstart_plan.feature_source``; docs/training.md has the measurement behind it). An
    output folder already holding training checkpoints is refused unless ``--resume`` (continue that
    training) or ``--overwrite`` (delete it) says what to do with them.
 4. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
@@ -54,7 +59,7 @@ from speceval import report
 from speceval.bench import EvalConfig, command_line, evaluate, print_record
 from speceval.recorded import write_decoding
 from train.loop import train
-from train.quickstart_plan import Stages
+from train.quickstart_plan import Stages, feature_source, needs_lines
 from train.quickstart_report import exactness_summary, print_summary, write_report
 from train.recipe import RecipeError, load_recipe
 
@@ -178,12 +183,14 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     # evaluates nothing and the eval stage measures the annealed last step (--set eval.every=N brings
     # the in-loop picks back, and the stage then measures best/).
     light_eval = ["eval.num_prompts=4", "eval.max_new_tokens=32", "eval.every=0", "eval.at_end=false"]
-    recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}",
-                                       *light_eval, *overrides])
+    settings = [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}", *light_eval, *overrides]
+    recipe = load_recipe(recipe_path, settings)
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
         target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device)
+    if online := feature_source(recipe, target, tok):  # never a feature cache build outside the budget
+        recipe = load_recipe(recipe_path, [*settings, online])
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
     saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
@@ -308,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
             eval_config(out / "train", args, bench, recipe.eval.k)
         overrides = [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
-        print(f"drafterkit quickstart: plan: {', '.join(stages.names)}", flush=True)
+        print(f"drafterkit quickstart: plan: {', '.join(stages.names)}; needs:", *needs_lines(args, out), sep="\n",
+              flush=True)
         with stages.stage("fetch", "the pinned target, ShareGPT, MT-bench and HumanEval, then load the target",
                           f"{outside}; a no-op when cached"):
             fetch_all()
@@ -318,8 +326,9 @@ def run(args: argparse.Namespace) -> int:
             with stages.stage("datastore", "the ShareGPT n-gram datastore the +rest rows retrieve from",
                               f"{outside}; built once, then read from the cache"):
                 datastore = cached_datastore(DATASTORE, tok, log=print)
-        with stages.stage("train", f"{kind} from {recipe_path}",
-                          f"the --minutes budget: {args.minutes:g} min, data preparation included"):
+        with stages.stage("train", f"{kind} from {recipe_path}; target features from a complete offline cache if "
+                          "present, else online", f"the --minutes budget: {args.minutes:g} min, data preparation "
+                          "included"):
             ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)

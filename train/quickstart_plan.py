@@ -13,6 +13,23 @@ from __future__ import annotations
 import contextlib
 import time
 
+from train.feature_cache import recipe_cache_state
+from train.recipe_data import load_data
+
+
+def needs_lines(args, out) -> list[str]:
+    """What the run needs, stated before it starts: memory, disk and time (the figures measured for the default
+    EAGLE-3 run in fp32 on a 2-core CPU, docs/training.md "Features in the quickstart")."""
+    return [f"  time: {args.minutes:g} min of training (--minutes, data preparation included; no feature cache is "
+            "built: training reads a complete one if present, else computes the target's features online), plus "
+            "fetch (a no-op once cached), the datastore (built once) and the eval and exactness check, which are "
+            f"not time-bounded ({args.num_prompts} prompts x up to {args.max_new_tokens} new tokens per row and "
+            "benchmark)",
+            "  memory: about 2 GB (EAGLE-3 training in fp32 peaked at 2.0 GB resident), plus the ~0.3 GB ShareGPT "
+            "datastore during the eval",
+            f"  disk: about 1 GB of pinned assets and datastore in $DRAFTERKIT_HOME (once), about 0.3 GB in {out} "
+            "(checkpoints with optimizer state, report)"]
+
 
 class Stages:
     """The quickstart's stages, in order, each announced by :meth:`stage` and timed into ``timings``
@@ -38,3 +55,28 @@ class Stages:
             self.timings[name] = secs
         print(f"[quickstart {self.names.index(name) + 1}/{len(self.names)}] {name} done in {secs:.0f} s "
               f"({100 * secs / max(total, 1e-9):.0f}% of the {total:.0f} s so far)", flush=True)
+
+
+def feature_source(recipe, target, tok) -> str | None:
+    """Where the quickstart's training reads the target's features from, so that no time is spent outside
+    its ``--minutes`` budget: the recipe's offline cache when a complete one is present (``data.feature_cache``
+    ``auto`` or a folder), else online, one target forward per step (see docs/training.md, "Features in the
+    quickstart": on a 2-core CPU in fp32 a cache build costs more target time per example than the budget
+    gives back). Returns the ``data.feature_cache=off`` override to apply, or None (keep the recipe's
+    setting); prints which it is and why.
+
+    Raises:
+        train.recipe.RecipeError: the drafter kind's feature layers do not fit the target.
+    """
+    if recipe.data.feature_cache == "off":
+        return None
+    spec, complete = recipe_cache_state(recipe, target, load_data(recipe, target, tok))
+    if complete:
+        print(f"features: the complete offline cache {spec.path} (no target forward while training)", flush=True)
+        return None
+    print(f"features: online, one target forward per step. No complete feature cache for this data in "
+          f"{spec.path.parent}: building it would cost a target pass over {len(spec.lengths):,} examples "
+          f"({spec.tokens:,} tokens, {spec.tokens * spec.bytes_per_token / 1e9:.2f} GB) before the first step, more "
+          f"than it saves in the --minutes budget; `drafterkit features RECIPE` builds it outside the budget for "
+          "later runs, which then read it", flush=True)
+    return "data.feature_cache=off"
