@@ -326,9 +326,10 @@ def run(args: argparse.Namespace) -> int:
             with stages.stage("datastore", "the ShareGPT n-gram datastore the +rest rows retrieve from",
                               f"{outside}; built once, then read from the cache"):
                 datastore = cached_datastore(DATASTORE, tok, log=print)
-        with stages.stage("train", f"{kind} from {recipe_path}; target features from a complete offline cache if "
-                          "present, else online", f"the --minutes budget: {args.minutes:g} min, data preparation "
-                          "included"):
+        features = "; target features from a complete offline cache if present, else online" \
+            if recipe.data.feature_cache != "off" else ""
+        with stages.stage("train", f"{recipe.drafter.kind} from {recipe_path}{features}",
+                          f"the --minutes budget: {args.minutes:g} min, data preparation included"):
             ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)

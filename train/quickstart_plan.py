@@ -20,13 +20,13 @@ from train.recipe_data import load_data
 def needs_lines(args, out) -> list[str]:
     """What the run needs, stated before it starts: memory, disk and time (the figures measured for the default
     EAGLE-3 run in fp32 on a 2-core CPU, docs/training.md "Features in the quickstart")."""
+    store = "" if args.no_hybrid else ", the datastore (built once)"
     return [f"  time: {args.minutes:g} min of training (--minutes, data preparation included; no feature cache is "
             "built: training reads a complete one if present, else computes the target's features online), plus "
-            "fetch (a no-op once cached), the datastore (built once) and the eval and exactness check, which are "
-            f"not time-bounded ({args.num_prompts} prompts x up to {args.max_new_tokens} new tokens per row and "
-            "benchmark)",
-            "  memory: about 2 GB (EAGLE-3 training in fp32 peaked at 2.0 GB resident), plus the ~0.3 GB ShareGPT "
-            "datastore during the eval",
+            f"fetch (a no-op once cached){store} and the evaluation, which is not time-bounded "
+            f"({args.num_prompts} prompts x up to {args.max_new_tokens} new tokens per row and benchmark)",
+            "  memory: about 2 GB (the default EAGLE-3 training in fp32 peaked at 2.0 GB resident)"
+            + ("" if args.no_hybrid else ", plus the ~0.3 GB ShareGPT datastore during the eval"),
             f"  disk: about 1 GB of pinned assets and datastore in $DRAFTERKIT_HOME (once), about 0.3 GB in {out} "
             "(checkpoints with optimizer state, report)"]
 
