@@ -297,8 +297,10 @@ def eval_command(ckpt: Path, target: str | None, k: int) -> str:
     return f"drafterkit eval{tgt} --drafter {shlex.quote(str(ckpt))} --benchmark mt-bench --k {k}"
 
 
-def _pct(values) -> str:
-    return ", ".join(f"{a:.3f}" for a in values or []) or "-"
+def _pct(values, reached=None) -> str:
+    """Per-position acceptance, ``-`` at a position no proposal reached (``reached``: the proposals per position)."""
+    reached = reached if reached and len(reached) == len(values or []) else [1] * len(values or [])
+    return ", ".join(f"{a:.3f}" if r else "-" for a, r in zip(values or [], reached)) or "-"
 
 
 def _fmt(value, spec: str = "{:.2f}") -> str:
@@ -320,7 +322,7 @@ def quickstart_section(qs: dict) -> list[str]:
             continue
         rows.append(f"| {bench} | {row.get('prompts', '?')} x {ev['config'].get('max_new_tokens', '?')} | "
                     f"{_fmt(row.get('tau'), '{:.3f}')} | {_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
-                    f"{_pct(row.get('accept_per_position'))} | {_fmt(alone['ratio'])}x "
+                    f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | {_fmt(alone['ratio'])}x "
                     f"({_fmt(alone['tokens_per_s'], '{:.1f}')} vs {_fmt(alone['over_tokens_per_s'], '{:.1f}')} "
                     "tokens/s) |")
         group = [f for f in factors if f.get("group") == alone.get("group")]
@@ -341,7 +343,8 @@ def quickstart_section(qs: dict) -> list[str]:
              f"in `{qs['source']}`. The drafter alone, against plain decoding through the same engine in the same "
              "run: this is what `drafterkit export` carries to a serving engine.", "",
              "| benchmark | prompts x new tokens | tau (bonus included) | acceptance rate | acceptance per draft "
-             "position | speed vs plain decoding |", "|---|---|---|---|---|---|", *rows, "",
+             "position (`-`: no proposal reached it) | speed vs plain decoding |", "|---|---|---|---|---|---|", *rows,
+             "",
              f"- Decoding: {drafted}, temperature {cfg.get('temperature', 0.0)}, dtype {dec.get('dtype', '?')}.",
              f"- Machine: {mach.get('device', '?')}, {mach.get('cpu_count', '?')} CPUs, {mach.get('threads', '?')} "
              f"threads, torch {mach.get('torch', '?')}, transformers {mach.get('transformers', '?')}."]
