@@ -197,10 +197,9 @@ def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderS
         try:
             yield Conversation(id=str(rid) if rid is not None else f"#{index}", index=index, messages=messages)
         except GeneratorExit:  # the caller stopped early (enough examples): still name what was skipped
-            unreadable = unreadable_summary(path, stats)
+            unreadable = unreadable_summary(path, stats, stopped=True)
             if unreadable:
-                warnings.warn(f"{unreadable} (in the part read before the reader stopped)", UserWarning,
-                              stacklevel=2)
+                warnings.warn(unreadable, UserWarning, stacklevel=2)
             raise
     if stats.skipped:
         logger.info("%s: kept %d conversations, skipped %s", path, stats.kept, dict(stats.skipped))

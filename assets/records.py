@@ -115,12 +115,14 @@ def _line_list(lines: list[int], most: int = 10) -> str:
     return shown + (f", ... and {len(lines) - most} more" if len(lines) > most else "")
 
 
-def unreadable_summary(path: Path, stats: LoaderStats) -> str | None:
+def unreadable_summary(path: Path, stats: LoaderStats, *, stopped: bool = False) -> str | None:
     """One sentence naming every unreadable part of ``path`` a pass skipped (``None`` when none was).
 
     Covers JSONL lines that are not valid JSON (skipped, reading goes on), a damaged JSON-array
     record (reading stops there: an array cannot be resynchronised) and a torn tail (a file cut off
-    mid-record). Used for the one warning :func:`iter_conversations` gives per file.
+    mid-record). ``stopped``: the caller stopped reading early (it had the records it needed), so the
+    sentence names the lines dropped, the records kept, and that the rest of the file was not read. Used
+    for the one warning :func:`iter_conversations` gives per file.
     """
     bad = [n for n in stats.bad_lines if n != stats.torn_line]
     lines = sorted(bad + ([stats.torn_line] if stats.torn_tail else []))
@@ -136,6 +138,11 @@ def unreadable_summary(path: Path, stats: LoaderStats) -> str | None:
                     "where one bad line costs only itself)")
     if stats.torn_tail:
         what.append(f"the file is truncated: dropped 1 incomplete record at line {stats.torn_line}")
+    if stopped:
+        return (f"{path}: dropped {_plural(len(lines), 'unreadable line')} ({_line_list(lines)}): "
+                + "; ".join(what) + f". Kept the other {stats.records_read} complete records read, of which "
+                f"{stats.kept} conversations were used; reading then stopped, with as many as were needed, so the "
+                "rest of the file was not read or checked.")
     return (f"{path}: skipped {_plural(len(lines), 'unreadable line')} ({_line_list(lines)}); kept the "
             f"{stats.records_read} complete records: " + "; ".join(what))
 

@@ -16,6 +16,7 @@ load time. Loading is strict: a missing or unexpected tensor raises, never silen
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -207,6 +208,16 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: d
     """``safetensors.torch.save_file`` with the umask-derived file mode (see :func:`apply_umask`)."""
     save_file(tensors, str(path), metadata=metadata)
     apply_umask(path)
+
+
+def weights_sha256(folder: str | Path) -> str:
+    """The sha256 (hex) of ``folder/model.safetensors``: which weights a record (``decoding.json``, an export's
+    ``drafterkit.source``) was written for. Raises ``OSError`` when the file cannot be read."""
+    digest = hashlib.sha256()
+    with open(Path(folder) / "model.safetensors", "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_config(path: str | Path) -> tuple[str, dict]:

@@ -29,6 +29,11 @@ Formats:
 checkpoint holding ``drafter/`` (``OUTPUT_DIR/checkpoints/last``) or a run's ``OUTPUT_DIR`` (its
 ``checkpoints/best``, else ``checkpoints/last``).
 
+The ``vllm-eagle3``, ``sglang-eagle3`` and ``medusa`` exports record the drafterkit drafter folder they were
+written from in their ``config.json``, under the ``drafterkit`` block engines ignore:
+``"source": {"drafter": ABSOLUTE PATH, "model_sha256": sha256 of its model.safetensors}``
+(:func:`recorded_source` reads it back; ``drafterkit serve-check`` compares the export with that folder).
+
 Every export also holds ``README.md``, a model card (Hub metadata, serve commands, training record,
 measured numbers or the command that measures them; see :mod:`drafters.model_card`).
 
@@ -56,7 +61,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from assets.device import resolve_dtype
 from assets.target import resolve_target_path
 from drafters import load_drafter, resolve_checkpoint
-from drafters.base import DrafterLoadError, apply_umask, read_config, save_tensors
+from drafters.base import (
+    DrafterLoadError,
+    apply_umask,
+    read_config,
+    save_tensors,
+    weights_sha256,
+)
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.model_card import write_model_card
 
@@ -194,6 +205,41 @@ def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engin
     save_tensors(_cast(renamed, dtype), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def record_source(out: Path, ckpt: Path) -> None:
+    """Add ``"source": {"drafter", "model_sha256"}`` (the drafter folder ``ckpt``, absolute, and the sha256 of
+    its ``model.safetensors``) to the ``drafterkit`` block of ``out/config.json``."""
+    config = json.loads((out / "config.json").read_text())
+    config["drafterkit"]["source"] = {"drafter": str(ckpt.resolve()), "model_sha256": weights_sha256(ckpt)}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def recorded_source(export_dir: str | Path) -> Path:
+    """The drafter folder an export was written from (:func:`record_source`), checked to still hold the same
+    weights.
+
+    Raises:
+        ExportError: the export records no source (written by an older drafterkit, or an ``hf-assistant``
+            export), the recorded folder is gone, or its ``model.safetensors`` no longer has the recorded
+            sha256 (retrained or replaced since); each message names the folder and the fix.
+    """
+    config = json.loads((Path(export_dir) / "config.json").read_text())
+    source = (config.get("drafterkit") or {}).get("source") or {}
+    if not source.get("drafter") or not source.get("model_sha256"):
+        raise ExportError(f"{export_dir}/config.json records no source drafter folder (exported by an older "
+                          "drafterkit): export it again, or name the folder it was exported from")
+    folder = Path(source["drafter"])
+    try:
+        digest = weights_sha256(folder)
+    except OSError:
+        raise ExportError(f"{export_dir} was exported from {folder}, which is gone (no readable "
+                          "model.safetensors there): name the drafter folder it was exported from") from None
+    if digest != source["model_sha256"]:
+        raise ExportError(f"{export_dir} was exported from {folder}, whose model.safetensors has changed since "
+                          f"(sha256 {digest[:12]}..., recorded {source['model_sha256'][:12]}...): export it again "
+                          "from the current weights, or name the folder holding the exported ones")
+    return folder
 
 
 def load_eagle3_export(path: str | Path, target: torch.nn.Module) -> Eagle3Drafter:
@@ -345,6 +391,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         export_medusa(ckpt, output, target, dt)
     else:
         export_hf_assistant(ckpt, output, target, dt)
+    if fmt != "hf-assistant":  # a draft LM export is a plain transformers model, compared as it is
+        record_source(output, ckpt)
     write_model_card(output, fmt, kind, ckpt, target=target, repo=repo)
     return output
 

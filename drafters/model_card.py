@@ -14,10 +14,14 @@ The card holds:
 * what it was trained on, read from the training checkpoint folder around ``drafter/`` (see
   ``train/checkpoint.py``): ``recipe.yaml`` (drafter, data, loss, optimizer, budget) and
   ``trainer_state.json`` (optimizer steps, epoch, tokens seen);
-* its measured numbers when an evaluation of these very weights was recorded: ``eval.json`` (in
-  ``checkpoints/best``), the entry of ``trainer_state.json``'s ``history`` at its ``global_step``, or the
-  run's ``eval/step-N.json`` at that step; else "Not measured" and the ``drafterkit eval`` command that
-  measures it.
+* its measured numbers when an evaluation of these very weights was recorded: the ``drafterkit quickstart``
+  report that the drafter folder's ``decoding.json`` names (``speceval/recorded.py``; used while the folder
+  still holds the weights whose sha256 it records): per benchmark, tau, per-position acceptance and the
+  drafter alone over the engine's plain decoding (the factor the export carries), with the prompt lookup +
+  retrieval figure shown apart as not carried; else ``eval.json`` (in ``checkpoints/best``), the entry of
+  ``trainer_state.json``'s ``history`` at its ``global_step``, or the run's ``eval/step-N.json`` at that step;
+  else "Not measured" and the ``drafterkit eval`` command that measures it. The serve section states the
+  decoding shape that was measured (a draft tree, a draft threshold) beside the chain the engines serve.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 import yaml
 
 from assets.pinned import DEFAULT_TARGET_ALIAS
-from drafters.base import read_config
+from drafters.base import read_config, weights_sha256
 
 #: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
 #: SmolLM2-135M-Instruct), and the folder it is dequantized into under $DRAFTERKIT_HOME
@@ -81,6 +85,56 @@ def training_record(ckpt: Path) -> dict[str, Any]:
     return rec
 
 
+def _same_file(recorded: str | None, actual: Path, tail: int) -> bool:
+    """``recorded`` (a path a report holds, absolute or relative to where it ran) names ``actual``: the same
+    file, or (a relative path from another working folder) the same last ``tail`` path parts."""
+    if not recorded:
+        return False
+    path = Path(recorded)
+    if path.exists() and path.resolve() == actual.resolve():
+        return True
+    return not path.is_absolute() and path.parts[-tail:] == actual.resolve().parts[-tail:]
+
+
+def quickstart_record(ckpt: Path) -> dict | None:
+    """The ``drafterkit quickstart`` measurement of the drafter folder ``ckpt``: ``{"decoding" (its
+    ``decoding.json``), "report" (the quickstart's ``report.json``), "source" (that file's path)}``, or None
+    when there is none, the folder's weights are not the ones measured (their sha256 differs from the one
+    ``decoding.json`` records), or the report cannot be found: at the absolute path ``decoding.json`` names,
+    else ``report.json`` of the quickstart folder around the checkpoint (``OUT/train/checkpoints/NAME/drafter``)."""
+    decoding = _read_json(ckpt / "decoding.json")
+    if not decoding or not decoding.get("report"):
+        return None
+    try:
+        if decoding.get("weights_sha256") and decoding["weights_sha256"] != weights_sha256(ckpt):
+            return None  # trained further or replaced since the quickstart measured it
+    except OSError:
+        return None
+    candidates = [Path(decoding["report"])] + ([ckpt.parents[3] / "report.json"] if len(ckpt.parents) > 3 else [])
+    for i, path in enumerate(candidates):
+        rep = _read_json(path)
+        if not rep or not isinstance(rep.get("evals"), dict) or not rep["evals"]:
+            continue
+        # the report decoding.json names measured these weights (their hash matched above); a report found by
+        # its place must name this decoding.json as its own
+        if (i == 0 and decoding.get("weights_sha256")) or \
+                _same_file((rep.get("reproduce") or {}).get("decoding_json"), ckpt / "decoding.json", 5):
+            return dict(decoding=decoding, report=rep, source=path)
+    return None
+
+
+def measured_shape(decoding: dict | None) -> dict | None:
+    """The decoding shape a ``decoding.json`` records as measured: ``{"tree" (the first of its trees, None for a
+    chain), "k" (the chain length an engine serves for it: the tree's depth, else K), "threshold" (the first
+    draft threshold)}``; None without a record."""
+    if not decoding:
+        return None
+    tree = next(iter(decoding.get("trees") or []), None)
+    tree = None if tree in (None, "chain") else str(tree)
+    k = len(tree.split(",")) if tree else int(decoding.get("k") or 5)
+    return dict(tree=tree, k=k, threshold=next(iter(decoding.get("draft_thresholds") or []), 0.0))
+
+
 def _section(recipe: dict | None, name: str) -> dict:
     value = (recipe or {}).get(name)
     return value if isinstance(value, dict) else {}
@@ -111,11 +165,31 @@ def _shell_target(target: str | None) -> str:
     return shlex.quote(target) if target else "TARGET"
 
 
-def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int) -> list[str]:
+def shape_lines(fmt: str, shape: dict | None, k: int) -> list[str]:
+    """Markdown lines: the decoding shape drafterkit measured (``shape``, :func:`measured_shape`) beside the
+    chain of ``k`` draft tokens the commands below serve."""
+    if not shape:
+        return []
+    thr = f" with draft threshold {shape['threshold']:g} (draft tokens whose path probability under the " \
+          "drafter falls below it are not proposed)" if shape["threshold"] else ""
+    if shape["tree"] is None:
+        return [f"drafterkit measured this drafter as a chain of {shape['k']} draft tokens{thr} (numbers under "
+                f"Measured); the commands below serve a chain of {k}.", ""]
+    chain = "vLLM drafts chains" if fmt != "sglang-eagle3" else "The command below drafts a chain"
+    return [f"drafterkit measured this drafter as the static draft tree `{shape['tree']}` (branching factors per "
+            f"depth, depth {shape['k']}){thr}: that is what the numbers under Measured are. {chain}: "
+            f"`num_speculative_tokens` {k} is a chain as deep as that tree, whose acceptance differs from the "
+            f"tree's (measure the chain with the eval commands under Measured, `--tree {shape['tree']}` replaced by "
+            "`--tree chain` and the draft threshold by `--draft-threshold 0`).", ""]
+
+
+def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
+                  shape: dict | None = None) -> list[str]:
     """Markdown lines: how to serve the export ``model`` (a Hub repo id or a folder) next to ``target``,
-    ``k`` draft tokens per verification."""
+    ``k`` draft tokens per verification; ``shape``: the decoding shape drafterkit measured
+    (:func:`measured_shape`), stated beside the chain served."""
     t, m = _shell_target(target), shlex.quote(model)
-    lines = ["## Serve it", ""]
+    lines = ["## Serve it", "", *shape_lines(fmt, shape, k)]
     if target == DEFAULT_TARGET_ALIAS:
         lines += ["Serve the target it was trained for: drafterkit's pinned SmolLM2-135M-Instruct, dequantized "
                   "from its Q4_1 GGUF into `$DRAFTERKIT_HOME/smollm2-135m-instruct-hf` (`drafterkit assets fetch "
@@ -161,8 +235,20 @@ def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
     return f"draft model: a {cfg.get('num_layers', '?')}-layer causal LM sharing the target's tokenizer"
 
 
-def _options(options: dict) -> str:
-    return ", ".join(f"{k} {json.dumps(v)}" for k, v in options.items()) or "defaults"
+def _options(options: dict, cfg: dict) -> str:
+    """The recipe's drafter options, each option left to its default (``null``) shown as the value the drafter
+    resolved it to (its ``config.json``), e.g. EAGLE-3's ``feature_layers``."""
+    shown = _resolved({"drafter": {"options": options}}, cfg)["drafter"]["options"]
+    return ", ".join(f"{k} {json.dumps(v)}" for k, v in shown.items()) or "defaults"
+
+
+def _resolved(recipe: dict, cfg: dict) -> dict:
+    """``recipe`` with its drafter options left to their defaults (``null``) set to the values the drafter
+    resolved them to (it trains the same drafter when rerun)."""
+    drafter = _section(recipe, "drafter")
+    options = drafter.get("options") or {}
+    resolved = {k: cfg[k] if v is None and k in cfg else v for k, v in options.items()}
+    return {**recipe, "drafter": {**drafter, "options": resolved}} if options else recipe
 
 
 def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None) -> list[str]:
@@ -183,7 +269,7 @@ def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None
         terms = loss.get("weights") or {loss.get("name", "?"): 1.0}
         lines += [
             f"- Target: `{target.get('name_or_path')}` ({target.get('dtype', '?')}).",
-            f"- Options: {_options(drafter.get('options') or {})}.",
+            f"- Options: {_options(drafter.get('options') or {}, cfg)}.",
             f"- Data: {source}, {data.get('num_examples') or 'all'} conversations, "
             f"sequences of at most {data.get('max_length')} tokens, held-out fraction "
             f"{data.get('heldout_fraction')}{extra}.",
@@ -200,7 +286,7 @@ def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None
     if recipe is not None:
         lines += ["", "<details><summary>The resolved recipe (<code>recipe.yaml</code> of the training checkpoint; "
                   "<code>drafterkit train recipe.yaml</code> reruns it)</summary>", "", "```yaml",
-                  yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "", "</details>"]
+                  yaml.safe_dump(_resolved(recipe, cfg), sort_keys=False).rstrip(), "```", "", "</details>"]
     return lines + [""]
 
 
@@ -211,8 +297,72 @@ def eval_command(ckpt: Path, target: str | None, k: int) -> str:
     return f"drafterkit eval{tgt} --drafter {shlex.quote(str(ckpt))} --benchmark mt-bench --k {k}"
 
 
+def _pct(values, reached=None) -> str:
+    """Per-position acceptance, ``-`` at a position no proposal reached (``reached``: the proposals per position)."""
+    reached = reached if reached and len(reached) == len(values or []) else [1] * len(values or [])
+    return ", ".join(f"{a:.3f}" if r else "-" for a, r in zip(values or [], reached)) or "-"
+
+
+def _fmt(value, spec: str = "{:.2f}") -> str:
+    return spec.format(value) if isinstance(value, (int, float)) else "-"
+
+
+def quickstart_section(qs: dict) -> list[str]:
+    """Markdown lines: the ``drafterkit quickstart`` measurement (:func:`quickstart_record`): per benchmark the
+    drafter alone (the factor an export carries: tau, acceptance, per-position acceptance, its speed over the
+    engine's plain decoding), then, labelled as not carried, the drafter behind prompt lookup + retrieval."""
+    dec, rep = qs["decoding"], qs["report"]
+    rows, extra, setup = [], [], None
+    for bench, ev in rep["evals"].items():
+        factors = ev.get("factors") or []
+        alone = next((f for f in factors if f.get("export")), None)
+        summary = {r["method"]: r for r in ev.get("summary") or []}
+        row = summary.get(alone["method"]) if alone else None
+        if row is None:
+            continue
+        rows.append(f"| {bench} | {row.get('prompts', '?')} x {ev['config'].get('max_new_tokens', '?')} | "
+                    f"{_fmt(row.get('tau'), '{:.3f}')} | {_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
+                    f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | {_fmt(alone['ratio'])}x "
+                    f"({_fmt(alone['tokens_per_s'], '{:.1f}')} vs {_fmt(alone['over_tokens_per_s'], '{:.1f}')} "
+                    "tokens/s) |")
+        group = [f for f in factors if f.get("group") == alone.get("group")]
+        spec = next((f for f in group if f["factor"] == "speculation"), None)
+        e2e = next((f for f in group if f["factor"] == "end to end"), None)
+        if spec is not None:
+            extra.append(f"- {bench}: `{spec['method']}`: {_fmt(spec['ratio'])}x the engine's plain decoding"
+                         + (f", {_fmt(e2e['ratio'])}x transformers `generate` end to end" if e2e else "") + ".")
+        setup = setup or ev
+    if not rows:
+        return []
+    mach, cfg = setup.get("machine") or {}, setup.get("config") or {}
+    shape = measured_shape(dec)
+    drafted = (f"the static draft tree `{shape['tree']}`" if shape["tree"] else f"chains of {shape['k']} draft "
+               f"tokens") + (f", draft threshold {shape['threshold']:g}" if shape["threshold"] else "")
+    lines = ["## Measured", "",
+             f"Measured by `drafterkit quickstart` with drafterkit's decoder (exact verification, greedy), recorded "
+             f"in `{qs['source']}`. The drafter alone, against plain decoding through the same engine in the same "
+             "run: this is what `drafterkit export` carries to a serving engine.", "",
+             "| benchmark | prompts x new tokens | tau (bonus included) | acceptance rate | acceptance per draft "
+             "position (`-`: no proposal reached it) | speed vs plain decoding |", "|---|---|---|---|---|---|", *rows,
+             "",
+             f"- Decoding: {drafted}, temperature {cfg.get('temperature', 0.0)}, dtype {dec.get('dtype', '?')}.",
+             f"- Machine: {mach.get('device', '?')}, {mach.get('cpu_count', '?')} CPUs, {mach.get('threads', '?')} "
+             f"threads, torch {mach.get('torch', '?')}, transformers {mach.get('transformers', '?')}."]
+    if extra:
+        lines += ["", "**Not carried by this export**: drafterkit's decoder also measured the drafter behind "
+                  "prompt lookup and retrieval from ShareGPT (`+rest`), which serving engines do not run with it:",
+                  "", *extra]
+    commands = [c for c in dec.get("commands") or [] if isinstance(c, str)]
+    if commands:
+        lines += ["", "Reproduce (the same rows, side by side with plain decoding):", "", "```bash", *commands, "```"]
+    return lines + [""]
+
+
 def measured_section(rec: dict, ckpt: Path, target: str | None, k: int) -> list[str]:
-    """Markdown lines: the recorded evaluation of these weights, else "Not measured" and the command."""
+    """Markdown lines: the recorded evaluation of these weights (the quickstart's first, :func:`quickstart_section`),
+    else "Not measured" and the command."""
+    if rec.get("quickstart") and (lines := quickstart_section(rec["quickstart"])):
+        return lines
     ev, ev_cfg = rec["eval"], _section(rec["recipe"], "eval")
     command = ["```bash", eval_command(ckpt, target, k), "```"]
     if ev is None:
@@ -244,8 +394,10 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     the export is pushed to (named in the serve commands instead of ``out``). Returns the card's path."""
     _, cfg = read_config(ckpt)
     rec = training_record(ckpt)
+    rec["quickstart"] = quickstart_record(ckpt)
+    shape = measured_shape(rec["quickstart"]["decoding"]) if rec["quickstart"] else None
     target = _section(rec["recipe"], "target").get("name_or_path") or target
-    k = int(_section(rec["recipe"], "eval").get("k") or 5)
+    k = shape["k"] if shape else int(_section(rec["recipe"], "eval").get("k") or 5)
     if kind == "medusa":  # its heads propose at most num_heads tokens
         k = min(k, int(cfg["num_heads"]))
     export_config = _read_json(out / "config.json")
@@ -254,7 +406,7 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
              f"A speculative-decoding drafter trained with drafterkit and exported as "
              f"`{fmt}` from `{ckpt}`. The target verifies every draft token, so the output is the target's own "
              "(greedy: token for token; sampling: in distribution); the drafter only changes the speed.", ""]
-    lines += serve_section(fmt, cfg, repo or str(out), target, k) + [""]
+    lines += serve_section(fmt, cfg, repo or str(out), target, k, shape) + [""]
     lines += training_section(kind, cfg, rec, export_config)
     lines += measured_section(rec, ckpt, target, k)
     path = out / "README.md"

@@ -48,8 +48,22 @@ from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
 from speceval import plots, report
 from speceval.factors import headline_factors
-from speceval.harness import check_exactness, machine_info, measure, run_concurrency, run_sweep, warm_up
-from speceval.methods import BASELINES, build_drafters, build_methods, distinct_trees, retrieval_info
+from speceval.harness import (
+    check_exactness,
+    machine_info,
+    measure,
+    run_concurrency,
+    run_sweep,
+    warm_up,
+)
+from speceval.methods import (
+    BASELINES,
+    build_drafters,
+    build_methods,
+    check_drafter_spec,
+    distinct_trees,
+    retrieval_info,
+)
 from speceval.prompts import load_prompts
 from speceval.recorded import DECODING_FILE, RECORDED, apply_recorded
 
@@ -192,6 +206,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
     """
     cfg.validate()
+    for spec in cfg.drafters:  # before loading the target: a typo costs no model load
+        check_drafter_spec(spec)
     timings = {}
     t0 = time.perf_counter()
     if target is None:

@@ -22,7 +22,12 @@ import torch
 
 import decode
 from decode.tree import DraftTree
-from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
+from drafters import (
+    TRANSFORMERS_KIND,
+    DrafterLoadError,
+    load_drafter,
+    resolve_checkpoint,
+)
 from drafters.draft_lm import DraftLM
 from drafters.hybrid import LookupHybrid
 from drafters.ngram import NGramDrafter
@@ -60,6 +65,53 @@ class Method:
 
 
 
+def check_drafter_spec(spec: str) -> None:
+    """Check a ``--drafter`` spec (see :func:`build_drafter`) without loading anything: its syntax (``+ngram`` /
+    ``+rest`` suffixes, ``draft:N``) and, for a path, that it holds a drafter (``drafters.resolve_checkpoint``
+    reads only its ``config.json``). ``drafterkit eval`` runs it before loading the target.
+
+    Raises:
+        ValueError: the spec is malformed or its path holds no drafter (the message says what it holds and
+            the fix).
+    """
+    if spec in ("none", "ngram"):
+        return
+    for suffix in ("+ngram", "+rest"):
+        if not spec.endswith(suffix):
+            continue
+        inner = spec[: -len(suffix)]
+        if inner.endswith(("+ngram", "+rest")):
+            raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
+                             "lookup): PATH+ngram or PATH+rest")
+        if inner in ("", "none", "ngram", "rest"):
+            what = "prompt lookup and retrieval" if suffix == "+rest" else "prompt lookup"
+            raise ValueError(f"--drafter {spec}: '{suffix}' puts {what} "
+                             f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
+                             "alone use --drafter ngram)")
+        return check_drafter_spec(inner)
+    for prefix in ("ngram+", "rest+"):
+        if spec.startswith(prefix):
+            raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
+                             f"{spec[len(prefix):]}+{prefix[:-1]}")
+    tail = spec.rsplit("+", 1)[-1] if "+" in spec else None
+    if tail is not None and "/" not in tail and not Path(spec).exists():
+        hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
+                if "@" in tail else "")
+        raise ValueError(f"--drafter {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
+    if spec.startswith("draft:"):
+        if not spec.split(":", 1)[1].isdigit() or int(spec.split(":", 1)[1]) < 1:
+            raise ValueError(f"--drafter {spec}: N must be an int >= 1 (layers of the target kept)")
+        return
+    if spec == "rest":
+        raise ValueError("--drafter rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
+                         "alone: --drafter ngram)")
+    try:
+        resolve_checkpoint(spec, allow_transformers=True)
+    except DrafterLoadError as exc:
+        raise ValueError(f"--drafter {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder. "
+                         f"{exc}") from None
+
+
 def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
     """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
     ``SPEC+ngram`` -> SPEC's drafter behind prompt lookup (``drafters.hybrid.LookupHybrid``: rows whose
@@ -73,48 +125,30 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
     frozen with the target's dtype and device as an independent draft model.
 
     Raises:
-        ValueError: a malformed ``draft:N``, a path holding no drafter (the message says what it
-            holds), a draft model whose vocabulary does not match the target's (checked here,
-            before any token is generated), or ``+rest`` without a ``datastore``.
+        ValueError: a malformed spec (:func:`check_drafter_spec`), ``draft:N`` with more layers than the
+            target's, a draft model whose vocabulary does not match the target's (checked here, before any
+            token is generated), or ``+rest`` without a ``datastore``.
     """
+    check_drafter_spec(spec)
     if spec == "none":
         return None
     for suffix in ("+ngram", "+rest"):
         if not spec.endswith(suffix):
             continue
-        inner = spec[: -len(suffix)]
-        if inner.endswith(("+ngram", "+rest")):
-            raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
-                             "lookup): PATH+ngram or PATH+rest")
-        if inner in ("", "none", "ngram", "rest"):
-            what = "prompt lookup and retrieval" if suffix == "+rest" else "prompt lookup"
-            raise ValueError(f"--drafter {spec}: '{suffix}' puts {what} "
-                             f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
-                             "alone use --drafter ngram)")
         if suffix == "+rest" and datastore is None:
             raise ValueError(f"--drafter {spec}: '+rest' needs a datastore (drafterkit eval --datastore SOURCE)")
-        base = build_drafter(inner, target, datastore)
+        base = build_drafter(spec[: -len(suffix)], target, datastore)
         hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
         return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None)
-    for prefix in ("ngram+", "rest+"):
-        if spec.startswith(prefix):
-            raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
-                             f"{spec[len(prefix):]}+{prefix[:-1]}")
-    tail = spec.rsplit("+", 1)[-1] if "+" in spec else None
-    if tail is not None and "/" not in tail and not Path(spec).exists():
-        hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
-                if "@" in tail else "")
-        raise ValueError(f"--drafter {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
     if spec == "ngram":
         d = NGramDrafter()
         return DrafterSpec("ngram", d, {"prompt_lookup_num_tokens": "{k}",
                                         "max_matching_ngram_size": d.config.max_ngram})
     if spec.startswith("draft:"):
-        n = spec.split(":", 1)[1]
-        layers = target.config.num_hidden_layers
-        if not n.isdigit() or not 1 <= int(n) <= layers:
+        n, layers = int(spec.split(":", 1)[1]), target.config.num_hidden_layers
+        if not 1 <= n <= layers:
             raise ValueError(f"--drafter {spec}: N must be an int in [1, {layers}] (layers of the target kept)")
-        d = DraftLM.from_target(target, int(n))
+        d = DraftLM.from_target(target, n)
         return DrafterSpec(spec, d, _assistant_kwargs(d))
     return _load_checkpoint(spec, target)
 
@@ -142,14 +176,7 @@ def _assistant_kwargs(d) -> dict:
 
 
 def _load_checkpoint(spec: str, target) -> DrafterSpec:
-    if spec == "rest":
-        raise ValueError("--drafter rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
-                         "alone: --drafter ngram)")
-    try:
-        path, kind = resolve_checkpoint(spec, allow_transformers=True)
-    except DrafterLoadError as exc:
-        raise ValueError(f"--drafter {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder. "
-                         f"{exc}") from None
+    path, kind = resolve_checkpoint(spec, allow_transformers=True)  # checked by check_drafter_spec
     try:
         d = load_drafter(path, target=target)  # a transformers folder: vocabulary checked against target
     except ValueError as exc:

@@ -1,12 +1,15 @@
 """Decoding settings recorded beside a drafter: ``decoding.json`` in its folder, next to ``config.json``.
 
 ``drafterkit quickstart`` writes the settings it measured its drafter with (dtype, draft trees, K, draft
-thresholds), where it measured them (machine, report) and the ``drafterkit eval`` commands that
-reproduce its rows::
+thresholds), where it measured them (machine, the report's absolute path), the sha256 of the weights it
+measured (``drafters.base.weights_sha256``) and the ``drafterkit eval`` commands that reproduce its rows::
 
-    {"written_by": "drafterkit quickstart", "created": "2025-...", "report": ".../report.json",
+    {"written_by": "drafterkit quickstart", "created": "2025-...", "report": "/abs/.../report.json",
      "dtype": "bf16", "trees": ["3,2,1,1,1"], "k": 5, "draft_thresholds": [0.1],
-     "machine": {...speceval.harness.machine_info...}, "commands": ["drafterkit eval ..."]}
+     "machine": {...speceval.harness.machine_info...}, "weights_sha256": "...", "commands": ["drafterkit eval ..."]}
+
+``drafterkit export`` reads it too: the model card shows the report's measured numbers while the folder
+still holds the weights of ``weights_sha256`` (``drafters.model_card``).
 
 ``drafterkit eval --drafter PATH`` (or ``PATH+rest`` ...) reads it: every flag of :data:`RECORDED` the
 command line did not give takes the recorded value instead of eval's default (:func:`apply_recorded`);

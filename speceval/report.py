@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from decode.metrics import pool_stats
+from speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
 from speceval.factors import factor_cells
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
@@ -38,7 +39,7 @@ SWEEP_COLUMNS = [
     ("accepted/s of draft+verify", "accepted_per_dv_s", "{:.2f}"),
 ]
 EVAL_COLUMNS = [
-    ("method", "method", "{}"), ("drafter", "drafter", "{}"), ("K", "k", "{}"), ("prompts", "prompts", "{}"),
+    ("method", "method", "{}"), ("drafter", "drafter", "{}"), ("drafts", "draft", "{}"), ("prompts", "prompts", "{}"),
     ("tau", "tau", "{:.3f}"), ("acceptance rate", "acceptance_rate", "{:.3f}"),
     ("tokens/s", "tokens_per_s", "{:.2f}"), ("speedup vs plain", "speedup_vs_engine", "{:.3f}"),
     ("speedup vs HF", "speedup_vs_hf", "{:.3f}"), ("HF-native spec tokens/s", "hf_native_tokens_per_s", "{:.2f}"),
@@ -194,9 +195,22 @@ def fmt(value: Any, spec: str = "{}") -> str:
     return spec.format(value)
 
 
+def draft_shape(row: dict) -> str:
+    """What an eval row drafted, for its table's ``drafts`` column: ``tree 3,2,1`` for a tree row (its method
+    label ends in `` tree=SPEC``; its ``k`` is only the tree's depth), ``chain of K`` for a chain, ``-`` for
+    a row drafting nothing (plain decoding, ``generate``)."""
+    method = str(row.get("method", ""))
+    if " tree=" in method:
+        return "tree " + method.split(" tree=", 1)[1]
+    return f"chain of {row['k']}" if row.get("role") in ("spec", "hf-assisted") and row.get("k") else "-"
+
+
 def cell(row: dict, key: str, spec: str = "{}") -> str:
     """One table cell of ``row[key]`` (:func:`fmt`); per-position acceptance shows ``-`` at positions no
-    proposal reached (0.0 in the record, as the decoder contract has it), so they are not read as 0%."""
+    proposal reached (0.0 in the record, as the decoder contract has it), so they are not read as 0%;
+    ``draft`` is :func:`draft_shape` of the row."""
+    if key == "draft":
+        return draft_shape(row)
     value = row.get(key)
     reached = row.get("reached_per_position")
     if key == "accept_per_position" and value and reached and len(reached) == len(value):
@@ -243,7 +257,7 @@ def rich_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]
 
     table = Table(title=title, show_lines=False)
     for header, key, _ in columns:
-        text = key in ("method", "drafter", "category", "factor", "what", "role", "export", "group")
+        text = key in ("method", "drafter", "draft", "category", "factor", "what", "role", "export", "group")
         # names wrap instead of being cut with an ellipsis: two checkpoints must stay distinguishable
         table.add_column(header, justify="left" if text else "right", overflow="fold" if text else "ellipsis")
     for row in rows:
@@ -252,7 +266,8 @@ def rich_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]
 
 
 TERMINAL_COLUMNS = [
-    ("method", "method", "{}"), ("K", "k", "{}"), ("tau", "tau", "{:.2f}"), ("acc.", "acceptance_rate", "{:.2f}"),
+    ("method", "method", "{}"), ("drafts", "draft", "{}"), ("tau", "tau", "{:.2f}"),
+    ("acc.", "acceptance_rate", "{:.2f}"),
     ("per-position acc.", "accept_per_position", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
     ("x plain", "speedup_vs_engine", "{:.2f}"), ("x HF", "speedup_vs_hf", "{:.2f}"),
     ("HF-spec tok/s", "hf_native_tokens_per_s", "{:.1f}"), ("HF-spec x HF", "hf_native_speedup_vs_hf", "{:.2f}"),
@@ -266,21 +281,6 @@ def eval_table_rows(rows: list[dict], *, with_hf_assisted: bool = True) -> list[
     order = {"spec": 0, "plain": 1, "hf": 2, "hf-assisted": 3}
     keep = [r for r in rows if with_hf_assisted or r["role"] != "hf-assisted"]
     return sorted(keep, key=lambda r: order.get(r["role"], 9))
-
-
-MIN_TABLE_WIDTH = 160  # columns: the eval table's headers stay legible in a pipe, a log or CI
-
-
-def make_console(file=None, min_width: int = MIN_TABLE_WIDTH):
-    """A ``rich`` Console for the tables. Not a terminal (a pipe, a log file, CI): width at least
-    ``min_width`` columns, since rich would otherwise fall back to 80 and squash the headers to one
-    letter per line; a real terminal keeps its own width."""
-    from rich.console import Console
-
-    console = Console(file=file)
-    if not console.is_terminal:
-        console = Console(file=file, width=max(console.width, min_width))
-    return console
 
 
 def print_eval(rows: list[dict], title: str, console=None) -> None:
@@ -410,6 +410,16 @@ def recorded_line(record: dict) -> str | None:
     return f"- decoding settings from `{info['file']}` ({info['source']}): {info['flags']}"
 
 
+def _shapes(cfg: dict) -> str:
+    """The draft shapes of an eval config in words: ``K: 5`` for chains only, else the trees (and K where a
+    chain is measured too)."""
+    trees = [t for t in cfg.get("trees") or ["chain"] if t != "chain"]
+    chain = "chain" in (cfg.get("trees") or ["chain"])
+    if not trees:
+        return f"K: {cfg['k']}"
+    return "trees: " + ", ".join(trees) + (f", chains of K: {cfg['k']}" if chain else "")
+
+
 def render_markdown(record: dict) -> str:
     """The Markdown report of one eval record: config, machine, the ``+rest`` rows' datastore and
     settings (when there are such rows), the eval table, exactness and, when present, the sweep and
@@ -418,7 +428,7 @@ def render_markdown(record: dict) -> str:
     lines = [f"# drafterkit eval: {cfg['benchmark']}", "",
              f"- target: `{record['target']['name']}` ({record['target']['parameters']:,} parameters)",
              f"- prompts: {len(record['prompts'])}, max new tokens: {cfg['max_new_tokens']}, temperature: "
-             f"{cfg['temperature']:g}, top-k: {cfg['top_k']}, top-p: {cfg['top_p']:g}, K: {cfg['k']}, "
+             f"{cfg['temperature']:g}, top-k: {cfg['top_k']}, top-p: {cfg['top_p']:g}, {_shapes(cfg)}, "
              f"seed: {cfg['seed']}",
              f"- machine: torch {mach['torch']}, transformers {mach['transformers']}, {mach['device']}, "
              f"{mach['dtype']}, {mach['threads']} threads",

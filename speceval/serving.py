@@ -42,6 +42,7 @@ from decode.engine import watch_rounds
 from decode.inputs import resolve_eos
 from decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafters import DrafterLoadError, load_drafter, load_transformers_drafter
+from drafters.export import ExportError, recorded_source
 from speceval.methods import stats_record
 from speceval.prompts import BENCHMARKS, select_prompts
 
@@ -109,9 +110,22 @@ def inspect_export(export_dir: str | Path) -> dict:
     return {"method": "draft_model", "num_heads": None}
 
 
-def _no_checkpoint(export_dir, method: str) -> ServeCheckError:
-    return ServeCheckError(f"{export_dir} is a {method} export, which does not record the checkpoint it was exported "
-                           "from: pass it as --drafter CHECKPOINT (the folder given to `drafterkit export`)")
+def source_checkpoint(export_dir, method: str, checkpoint: str | None) -> str | None:
+    """The drafterkit checkpoint to compare an export with: ``checkpoint`` (``--drafter``) when given, None for a
+    draft LM export (loadable as it is), else the drafter folder the export records
+    (``drafters.export.recorded_source``).
+
+    Raises:
+        ServeCheckError: that record is absent, its folder is gone or holds other weights (names the fix:
+            ``--drafter CHECKPOINT``).
+    """
+    if checkpoint is not None or method == "draft_model":
+        return checkpoint
+    try:
+        return str(recorded_source(export_dir))
+    except (ExportError, OSError, ValueError) as exc:
+        raise ServeCheckError(f"{exc}; pass it as --drafter CHECKPOINT (the folder given to `drafterkit "
+                              "export`)") from None
 
 
 def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | None, target):
@@ -122,8 +136,7 @@ def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | No
         ServeCheckError: an EAGLE-3 or Medusa export without ``checkpoint`` (exports do not record it), or
             a ``checkpoint`` drafterkit cannot load.
     """
-    if checkpoint is None and method != "draft_model":
-        raise _no_checkpoint(export_dir, method)
+    checkpoint = source_checkpoint(export_dir, method, checkpoint)
     try:
         drafter = (load_drafter(checkpoint, target=target) if checkpoint is not None
                    else load_transformers_drafter(export_dir, target))
@@ -256,9 +269,7 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
         VLLMRunError: vLLM failed (the message holds the end of its log).
     """
     infos = [inspect_export(e) for e, _ in exports]
-    for (export_dir, checkpoint), info in zip(exports, infos):
-        if checkpoint is None and info["method"] != "draft_model":
-            raise _no_checkpoint(export_dir, info["method"])
+    exports = [(e, source_checkpoint(e, info["method"], c)) for (e, c), info in zip(exports, infos)]  # before loads
     python = vllm_python(venv)
     try:
         model, tok = load_target(target, dtype="float32", device=device)
@@ -317,8 +328,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", help="a folder written by `drafterkit export` (vllm-eagle3, medusa or hf-assistant)")
     parser.add_argument("--target", required=True, help="the target the drafter was trained for (name or folder)")
     parser.add_argument("--drafter", default=None, metavar="CHECKPOINT",
-                        help="the drafterkit checkpoint the export was written from (required for EAGLE-3 and "
-                             "Medusa exports; an hf-assistant export runs in drafterkit as it is)")
+                        help="the drafterkit checkpoint to compare the export with (default: the drafter folder an "
+                             "EAGLE-3 or Medusa export records in its config.json, checked by the sha256 of its "
+                             "weights; an hf-assistant export runs in drafterkit as it is)")
     parser.add_argument("--benchmark", default="mt-bench", help=f"{', '.join(BENCHMARKS)} or a .jsonl file")
     parser.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by both engines")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")

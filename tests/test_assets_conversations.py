@@ -282,8 +282,12 @@ def test_a_bad_jsonl_line_mid_file_is_skipped_with_one_warning_naming_it(tmp_pat
         list(iter_chat_jsonl(path))
     first_8 = iter_chat_jsonl(path)  # a caller that needs only 8 examples stops early
     assert len(list(itertools.islice(first_8, 8))) == 8
-    with pytest.warns(UserWarning, match=r"unreadable line \(6\); kept the 8 .*before the reader stopped"):
+    with pytest.warns(UserWarning) as warns:
         first_8.close()
+    assert [str(w.message) for w in warns] == [
+        f"{path}: dropped 1 unreadable line (6): line 6 is not valid JSON (fix or delete it). Kept the other 8 "
+        "complete records read, of which 8 conversations were used; reading then stopped, with as many as were "
+        "needed, so the rest of the file was not read or checked."]
 
 
 def test_a_damaged_array_record_is_named_in_the_warning(tmp_path):

@@ -93,7 +93,7 @@ def _run(tmp_path, target: str = "someone/tiny-target"):
     run = tmp_path / "run"
     recipe = recipe_from_dict({
         "output_dir": str(run), "target": {"name_or_path": target, "dtype": "bfloat16"},
-        "drafter": {"kind": "eagle3", "options": {"draft_vocab_size": 40, "ttt_steps": 2}},
+        "drafter": {"kind": "eagle3", "options": {"draft_vocab_size": 40, "ttt_steps": 2, "feature_layers": None}},
         "data": {"num_examples": 300, "max_length": 128}, "loss": {"name": "fkl"},
         "optim": {"lr": 3e-3, "warmup_steps": 20}, "train": {"max_steps": 120, "batch_size": 4},
         "eval": {"every": 100, "k": 4, "max_new_tokens": 64}})
@@ -121,6 +121,9 @@ def test_the_card_reports_the_training_record_and_the_measured_numbers(tmp_path)
     assert "`someone/tiny-target` (bfloat16)" in body and "lr 0.003" in body and "fkl x 1.0" in body
     assert "300 conversations" in body and "ShareGPT V3" in body and "100 optimizer steps" in body
     assert "draft_vocab_size 40" in body and "`eagle_aux_hidden_state_layer_ids` [1, 2, 3]" in body
+    # an option left to its default shows the value the drafter resolved it to, in the line and the recipe
+    assert "feature_layers [1, 2, 3]" in body and "null" not in body.split("- Options:")[1].split("\n")[0]
+    assert "feature_layers: null" not in body and "feature_layers:\n    - 1\n    - 2\n    - 3" in body
     assert "**Not measured**" not in body and "| tau (tokens per target forward, bonus included) | 1.812 |" in body
     assert "0.500, 0.250, 0.125, 0.062" in body and "| 42.5 |" in body and "`checkpoints/best/eval.json`" in body
     assert "step 100, 8 prompts of sharegpt, 64 new tokens, chains of 4 draft tokens" in body

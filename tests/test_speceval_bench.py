@@ -129,6 +129,20 @@ def test_eval_bad_input_names_problem(tiny_dir, tmp_path, capsys, argv, message)
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("drafter, message", [
+    ("/nonexistent", "--drafter /nonexistent: not 'none', 'ngram', 'draft:N' or a drafter checkpoint"),
+    ("runs/eagle3+rset", "--drafter runs/eagle3+rset: unknown suffix '+rset'; valid: PATH+ngram, PATH+rest"),
+    ("/nonexistent+rest", "--drafter /nonexistent: not 'none'"),
+    ("draft:0", "--drafter draft:0: N must be an int >= 1"),
+])
+def test_bad_drafter_specs_are_refused_before_the_target_loads(tmp_path, capsys, drafter, message):
+    # the target does not exist either: the drafter is named, so it was checked before any target load
+    rc = main(["eval", "--target", str(tmp_path / "no-target"), "--drafter", drafter, "--benchmark", "humaneval",
+               "--num-prompts", "1", "--output", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "no-target" not in err
+
+
 def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prompts_file, tmp_path, capsys):
     hf_dir = tmp_path / "small-lm"  # any causal LM sharing the tokenizer: an independent draft model
     tiny_llama(1, vocab_size=49152, hidden_size=32, layers=1).save_pretrained(hf_dir)

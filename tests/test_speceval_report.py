@@ -160,6 +160,24 @@ def test_markdown_eval_table_does_not_repeat_the_method_as_drafter(sweep_record)
     assert {(r["method"], r["drafter"]) for r in table} >= {("mine", "ngram"), ("engine", "none")}
 
 
+def test_tree_rows_show_their_tree_not_a_k_that_did_not_apply(sweep_record):
+    import io
+
+    rec, _ = sweep_record
+    ngram = next(r for r in rec["summary"] if r["method"] == "ngram")
+    tree = dict(ngram, method="ngram tree=3,2,1,1,1", drafter="ngram tree=3,2,1,1,1", k=5)
+    record = dict(rec, summary=[tree] + rec["summary"], config=dict(rec["config"], trees=["3,2,1,1,1", "chain"]))
+    table = {r["method"]: r for r in report.parse_markdown_table(report.render_markdown(record))}
+    assert "K" not in table["ngram"]
+    assert table["ngram tree=3,2,1,1,1"]["drafts"] == "tree 3,2,1,1,1"
+    assert table["ngram"]["drafts"] == f"chain of {ngram['k']}" and table["engine"]["drafts"] == "-"
+    assert "trees: 3,2,1,1,1, chains of K: " in report.render_markdown(record)
+    buf = io.StringIO()
+    report.print_eval(record["summary"], "eval", console=report.make_console(file=buf))
+    line = next(ln for ln in buf.getvalue().splitlines() if "tree=3,2,1,1,1" in ln)
+    assert "tree 3,2,1,1,1" in line and " 5 " not in line.split("tree 3,2,1,1,1")[1][:12]
+
+
 def test_console_tables_wrap_long_drafter_names_instead_of_cutting_them():
     """Two checkpoints whose labels differ only at the end stay distinguishable on a narrow console."""
     import io

@@ -76,6 +76,37 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
     assert f"no vLLM venv at {tmp_path / 'none'}" in err and "vllm-venv.sh" in err
 
 
+def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, capsys):
+    from conftest import tiny_llama
+
+    from drafters.export import recorded_source
+
+    target = tiny_llama(0, layers=4)
+    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40, feature_layers=[1, 2, 3]), target=target)
+    head.set_draft_vocab(torch.arange(40) * 3, target=target)
+    medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)
+    for name, drafter, fmt in (("e3", head, "vllm-eagle3"), ("md", medusa, "medusa")):
+        ckpt = drafter.save_pretrained(tmp_path / name)
+        out = export(ckpt, fmt, tmp_path / f"{name}-export")
+        source = json.loads((out / "config.json").read_text())["drafterkit"]["source"]
+        assert source["drafter"] == str(ckpt.resolve()) and len(source["model_sha256"]) == 64
+        assert recorded_source(out) == ckpt.resolve()
+        # no --drafter: the recorded folder is found (the run then stops at the missing vLLM venv, before any load)
+        argv = ["serve-check", str(out), "--target", "smollm2-135m", "--venv", str(tmp_path / "none")]
+        assert cli(argv) == 2 and "no vLLM venv" in capsys.readouterr().err
+        data = bytearray((ckpt / "model.safetensors").read_bytes())
+        data[-1] ^= 1  # retrained since the export
+        (ckpt / "model.safetensors").write_bytes(bytes(data))
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert f"was exported from {ckpt.resolve()}, whose model.safetensors has changed" in err
+        assert "--drafter CHECKPOINT" in err
+        ckpt.rename(tmp_path / f"{name}-moved")
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert f"was exported from {ckpt.resolve()}, which is gone" in err and "--drafter CHECKPOINT" in err
+
+
 @pytest.fixture(scope="module")
 def vllm_python():
     try:
@@ -138,7 +169,7 @@ def _exports(folder, target, tok):
                                ("draft_lm", DraftLM.from_target(target, 29), "hf-assistant")):
         ckpt = drafter.save_pretrained(folder / name)
         exported = export(ckpt, fmt, folder / f"{name}-export", target="smollm2-135m")
-        out.append((exported, None if fmt == "hf-assistant" else ckpt))
+        out.append((exported, None))  # serve-check finds each export's source drafter folder in its config.json
     return out
 
 

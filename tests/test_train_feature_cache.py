@@ -326,3 +326,23 @@ def test_training_builds_a_missing_cache_first_and_refuses_draft_lm(world, tmp_p
     assert list((tmp_path / "fc").glob("*/manifest.json"))
     assert main(["features", recipe, "drafter.kind=draft_lm", "drafter.options={}"]) == 2
     assert "drafter kind 'draft_lm' reads no target features" in capsys.readouterr().err
+
+
+def test_the_quickstart_reads_a_complete_cache_and_never_builds_one(world, tmp_path, capsys):
+    from assets.target import load_target
+    from train.cli import main
+    from train.quickstart_plan import feature_source
+    from train.recipe import load_recipe
+
+    recipe_file, fc = str(world / "recipe.yaml"), f"data.feature_cache={tmp_path / 'fc'}"
+    recipe = load_recipe(recipe_file, [fc])
+    target, tok = load_target(recipe.target.name_or_path, dtype="fp32")
+    assert feature_source(recipe, target, tok) == "data.feature_cache=off"  # none yet: online, nothing built
+    said = capsys.readouterr().out
+    assert "features: online" in said and "drafterkit features RECIPE" in said and "examples (" in said
+    assert not list(tmp_path.glob("fc/*/manifest.json"))
+    assert main(["features", recipe_file, fc]) == 0  # built outside the budget: later quickstarts read it
+    capsys.readouterr()
+    assert feature_source(recipe, target, tok) is None
+    assert "features: the complete offline cache" in capsys.readouterr().out
+    assert feature_source(load_recipe(recipe_file, ["data.feature_cache=off"]), target, tok) is None

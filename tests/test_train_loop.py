@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import tiny_llama, training_world
+
 from train.recipe import RecipeError, load_recipe, recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -436,7 +436,7 @@ def test_a_time_bound_run_counts_its_progress_in_seconds_of_the_budget(capsys):
     import time
     from types import SimpleNamespace
 
-    from train.loop import advance, progress_bar
+    from train.loop import advance, finish, progress_bar
 
     timed = SimpleNamespace(max_minutes=14.5, max_steps=2000)
     start = time.perf_counter() - 60  # the quickstart's budget counts from before data preparation
@@ -454,3 +454,14 @@ def test_a_time_bound_run_counts_its_progress_in_seconds_of_the_budget(capsys):
     advance(bar, steps, 4, time.perf_counter(), 1.0)
     assert (bar.total, bar.n, bar.unit) == (20, 4, "it")
     bar.close()
+    # max_steps ends a time-bounded run first: the bar still ends at 100% and says which bound stopped it
+    short = SimpleNamespace(max_minutes=14.5, max_steps=8)
+    bar = progress_bar(short, 0, time.perf_counter(), disable=False)
+    advance(bar, short, 8, time.perf_counter() - 87, 2.0)
+    assert 87 <= bar.n <= 89  # about 10% of the budget
+    finish(bar, short, 8, "max_steps")
+    assert bar.n == bar.total == 870 and bar.postfix == "step 8/8, done: max_steps 8 reached"
+    assert "100%" in capsys.readouterr().err
+    bar = progress_bar(short, 0, time.perf_counter() - 30, disable=False)
+    finish(bar, short, 3, "interrupted")  # a signal: the bar stays where the run stopped and says why
+    assert bar.n < bar.total and "interrupted" in bar.postfix

@@ -15,10 +15,11 @@ from conftest import save_tiny_target
 from assets.target import load_target
 from drafters.datastore import Datastore, cached_datastore
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafters.export import export
 from speceval import report
 from train import quickstart
 from train.cli import build_parser, main, parse
-from train.quickstart_report import write_report
+from train.quickstart_report import exactness_summary, write_report
 
 
 def test_missing_recipe_names_the_kind_and_the_fix(tmp_path, capsys):
@@ -72,8 +73,9 @@ def tiny_quickstart(tmp_path_factory):
     training leaves it, in fp32, with a small datastore for the +rest rows:
     ``(root, checkpoint, {benchmark: record}, reproduce, parsed quickstart args, tokenizer, datastore)``."""
     root = tmp_path_factory.mktemp("qs-tiny")
-    target, _ = save_tiny_target(root / "target")
-    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=64), target=target)
+    target, _ = save_tiny_target(root / "target", layers=4)  # 4 layers: feature layer ids vLLM can express
+    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=64, feature_layers=[1, 2, 3]),
+                         target=target)
     head.set_draft_vocab(torch.arange(64) * 7, target=target)
     ckpt = root / "qs" / "train" / "checkpoints" / "last"
     head.save_pretrained(ckpt / "drafter")
@@ -180,13 +182,67 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
     assert saved["exactness"]["methods"] == exactness["methods"] and saved["evals"]["mt-bench"]["factors"]
 
 
+def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickstart, tmp_path):
+    root, ckpt, records, reproduce, *_ = tiny_quickstart
+    train = dict(kind="eagle3", recipe="recipes/eagle3.yaml", global_step=1, stopped="max_minutes", final_loss=None,
+                 losses=[], checkpoint=str(ckpt))
+    write_report(root / "qs", dict(timings={"eval": 1.0}, train=train, evals=records, reproduce=reproduce,
+                                   exactness=exactness_summary(records, "the measured rows")))
+    card = (export(ckpt, "vllm-eagle3", tmp_path / "e") / "README.md").read_text()
+    assert "Not measured" not in card and f"recorded in `{(root / 'qs' / 'report.json').resolve()}`" in card
+    assert "the static draft tree `3,2,1,1,1` (branching factors per depth, depth 5) with draft threshold 0.1" in card
+    assert '"num_speculative_tokens": 5' in card and "vLLM drafts chains" in card
+    for bench, rec in records.items():
+        alone = next(f for f in rec["factors"] if f["export"])
+        row = next(r for r in rec["summary"] if r["method"] == alone["method"])
+        cells = next(line for line in card.splitlines() if line.startswith(f"| {bench} |")).split(" | ")
+        assert cells[2:4] == [f"{row['tau']:.3f}", f"{row['acceptance_rate']:.3f}"]
+        assert cells[5].startswith(f"{alone['ratio']:.2f}x")  # the drafter alone vs the engine's plain decoding
+        spec = next(f for f in rec["factors"] if f["factor"] == "speculation")
+        assert f"- {bench}: `{spec['method']}`: {spec['ratio']:.2f}x the engine's plain decoding" in card
+    carried, not_carried = card.split("**Not carried by this export**")
+    assert "+rest" not in carried.split("## Measured")[1] and "+rest" in not_carried
+    assert all(c in card for c in reproduce["commands"]) and "- Machine: cpu," in card and "dtype fp32" in card
+
+    moved = tmp_path / "moved"  # copied elsewhere with its decoding.json: the same weights, still measured
+    moved.mkdir()
+    for f in (ckpt / "drafter").iterdir():
+        (moved / f.name).write_bytes(f.read_bytes())
+    assert "Not measured" not in (export(moved, "vllm-eagle3", tmp_path / "m") / "README.md").read_text()
+    data = bytearray((moved / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # other weights (trained on, replaced): the recorded measurement is not theirs
+    (moved / "model.safetensors").write_bytes(bytes(data))
+    card = (export(moved, "vllm-eagle3", tmp_path / "m2") / "README.md").read_text()
+    assert "**Not measured**" in card and "draft tree" not in card
+
+
+def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys):
+    from train.quickstart_plan import Stages
+
+    args = parse(build_parser(), ["quickstart", "--dtype", "bf16"])
+    assert quickstart.stage_names(args) == ["fetch", "datastore", "train", "eval", "exactness", "report"]
+    args = parse(build_parser(), ["quickstart", "--dtype", "fp32", "--no-hybrid"])  # fp32 rows are checked themselves
+    assert quickstart.stage_names(args) == ["fetch", "train", "eval", "report"]
+    assert "prompt lookup alone" in quickstart.eval_words(args) and "retrieval" not in quickstart.eval_words(args)
+    timings = {}
+    stages = Stages(quickstart.stage_names(args), timings)
+    with stages.stage("train", "eagle3 from recipes/eagle3.yaml", "the --minutes budget: 14.5 min"):
+        pass
+    with stages.stage("report", "report.md", "seconds", record=False):
+        pass
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "[quickstart 2/4] train: eagle3 from recipes/eagle3.yaml (the --minutes budget: 14.5 min)"
+    assert lines[1].startswith("[quickstart 2/4] train done in 0 s (") and "% of the " in lines[1]
+    assert lines[3] == "[quickstart 4/4] report: report.md (seconds)" and list(timings) == ["train"]
+
+
 def test_default_kind_follows_the_recipes_present():
     expected = "eagle3" if (quickstart.RECIPES_DIR / "eagle3.yaml").exists() else "draft_lm"
     assert quickstart.default_kind() == expected
 
 
 @pytest.mark.slow
-def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
+def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
     out = tmp_path / "qs"
     rc = main(["quickstart", "--minutes", "0.1", "--output-dir", str(out),
                "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
@@ -195,6 +251,9 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path):
                "--exactness-prompts", "1",  # ... so a separate fp32 run checks exactness
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
     assert rc == 0
+    said = capsys.readouterr().out
+    for n, name in enumerate(["fetch", "datastore", "train", "eval", "exactness", "report"], 1):
+        assert f"[quickstart {n}/6] {name}: " in said and f"[quickstart {n}/6] {name} done in " in said
     rep = json.loads((out / "report.json").read_text())
     assert set(rep["timings"]) == {"fetch", "datastore", "train", "eval", "exactness"}
     assert all(v > 0 for v in rep["timings"].values())

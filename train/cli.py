@@ -44,15 +44,22 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: {shown.replace('%', '%%')})"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; ``parser.verb_parsers`` maps each verb to its subparser (whose ``--help``
-    shows the options' defaults: :class:`DefaultsHelpFormatter`)."""
+    shows the options' defaults: :class:`DefaultsHelpFormatter`).
+
+    ``only``: import the module of that verb alone and give only its subparser arguments (``""``: no
+    verb's). A verb module imports torch and transformers, several seconds on a busy CPU, so
+    :func:`main` imports just the verb it runs, and nothing for ``drafterkit --help``. ``None``: every
+    verb (the parser tests and tools inspect)."""
     parser = argparse.ArgumentParser(prog="drafterkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     parser.verb_parsers = {}
     for verb, (module, help_) in VERBS.items():
         p = parser.verb_parsers[verb] = sub.add_parser(verb, help=help_, description=help_,
                                                        formatter_class=DefaultsHelpFormatter)
+        if only is not None and verb != only:
+            continue
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -103,8 +110,15 @@ def user_warnings():
         warnings.formatwarning = plain
 
 
+def requested_verb(argv: list[str]) -> str:
+    """The verb ``argv`` names (its first word that is a verb), or ``""`` when it names none (``--help``, a
+    typo: the top-level parser answers those without importing any verb module)."""
+    return next((a for a in argv if a in VERBS), "")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse(build_parser(), argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(build_parser(only=requested_verb(argv)), argv)
     if getattr(args, "_missing", None):
         print(f"drafterkit {args.verb}: not available in this build ({args._missing} missing)", file=sys.stderr)
         return 2

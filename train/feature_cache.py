@@ -370,6 +370,18 @@ def feature_layers(recipe, target) -> list[int]:
         raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
 
 
+def recipe_cache_state(recipe, target, ds) -> tuple[CacheSpec, bool]:
+    """``(spec, complete)``: the cache ``recipe`` reads over ``ds`` and whether it is complete (readable as it
+    is, sizes checked); nothing is built. Raises as :func:`feature_layers`."""
+    layers = feature_layers(recipe, target)
+    spec = cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path)
+    try:
+        FeatureCache(spec.path, layers)
+        return spec, True
+    except (FileNotFoundError, FeatureCacheError):
+        return spec, False
+
+
 def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache:
     """The cache training reads for ``recipe`` over ``ds`` (``train.recipe_data.load_data``'s dataset), built
     first when missing, incomplete or torn, if ``write`` (the main process); else it must be complete.

@@ -52,7 +52,7 @@ from train.recipe_data import load_data
 from train.step import BudgetSchedule, agreed_elapsed, batches, train_step
 
 __all__ = ["BudgetSchedule", "StopOnSignal", "TrainResult", "advance", "assert_frozen", "batches", "load_data",
-           "make_accelerator", "preflight", "progress_bar", "train", "train_step"]
+           "finish", "make_accelerator", "preflight", "progress_bar", "train", "train_step"]
 
 
 @dataclass
@@ -192,7 +192,7 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
             if schedule.elapsed_s / 60.0 >= cfg.max_minutes:
                 result.stopped = "max_minutes"
                 break
-    bar.close()
+    finish(bar, cfg, state.global_step, result.stopped)
 
 
 def progress_bar(cfg, step: int, start: float, disable: bool = False) -> tqdm:
@@ -218,6 +218,19 @@ def advance(bar: tqdm, cfg, step: int, start: float, loss: float) -> None:
     elapsed = round(min(time.perf_counter() - start, bar.total))
     bar.set_postfix_str(f"step {step}/{cfg.max_steps}, loss {loss:.4f}", refresh=False)
     bar.update(max(elapsed - bar.n, 0))
+
+
+def finish(bar: tqdm, cfg, step: int, stopped: str) -> None:
+    """Close :func:`progress_bar` at 100% whichever bound ended the run (``stopped``: ``"max_steps"`` or
+    ``"max_minutes"``), its postfix naming that bound; an interrupted run keeps its position and says so."""
+    if stopped == "interrupted":
+        bar.set_postfix_str(f"step {step}/{cfg.max_steps}, interrupted: stopped by a signal", refresh=False)
+    else:
+        why = (f"max_steps {cfg.max_steps} reached" if stopped == "max_steps"
+               else f"the {cfg.max_minutes:g} min budget is spent")
+        bar.set_postfix_str(f"step {step}/{cfg.max_steps}, done: {why}", refresh=False)
+        bar.update(max(bar.total - bar.n, 0))
+    bar.close()
 
 
 def _flat_config(recipe: Recipe) -> dict[str, Any]:

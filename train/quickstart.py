@@ -3,7 +3,9 @@
     drafterkit quickstart                                  # <= 20 min in all (14.5 min training), EAGLE-3 if its recipe exists
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
-Stages (each timed, in seconds, in ``report.json``):
+Before it starts, the quickstart states its plan and what it needs (time, memory, disk); each stage then
+prints a one-line header (what it does, its share of the time) and the seconds it took
+(``train.quickstart_plan``). Stages (each timed, in seconds, in ``report.json``):
 
 1. ``fetch``: the pinned assets (``assets.pinned.fetch_all``: target, ShareGPT, MT-bench, HumanEval),
    a no-op when cached; then the target is loaded once and shared by the next stages.
@@ -11,7 +13,10 @@ Stages (each timed, in seconds, in ``report.json``):
    every assistant turn outside the held-out split, tokenized; ~35 s once, then loaded from the
    cache in ~5 s); skipped with ``--no-hybrid``.
 3. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
-   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``). An
+   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``). The
+   budget counts data preparation; no feature cache is built: a recipe reading the offline cache reads a
+   complete one when present, else computes the target's features online
+   (``train.quickstart_plan.feature_source``; docs/training.md has the measurement behind it). An
    output folder already holding training checkpoints is refused unless ``--resume`` (continue that
    training) or ``--overwrite`` (delete it) says what to do with them.
 4. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
@@ -37,6 +42,7 @@ commands), ``report.md`` and PNGs (``train.quickstart_report``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -47,11 +53,13 @@ from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
 from assets.target import load_target
 from drafters import resolve_checkpoint
+from drafters.base import weights_sha256
 from drafters.datastore import cached_datastore
 from speceval import report
 from speceval.bench import EvalConfig, command_line, evaluate, print_record
 from speceval.recorded import write_decoding
 from train.loop import train
+from train.quickstart_plan import Stages, feature_source, needs_lines
 from train.quickstart_report import exactness_summary, print_summary, write_report
 from train.recipe import RecipeError, load_recipe
 
@@ -175,12 +183,14 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     # evaluates nothing and the eval stage measures the annealed last step (--set eval.every=N brings
     # the in-loop picks back, and the stage then measures best/).
     light_eval = ["eval.num_prompts=4", "eval.max_new_tokens=32", "eval.every=0", "eval.at_end=false"]
-    recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}",
-                                       *light_eval, *overrides])
+    settings = [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}", *light_eval, *overrides]
+    recipe = load_recipe(recipe_path, settings)
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
         target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device)
+    if online := feature_source(recipe, target, tok):  # never a feature cache build outside the budget
+        recipe = load_recipe(recipe_path, [*settings, online])
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
     saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
@@ -255,9 +265,31 @@ def record_decoding(ckpt: Path, records: dict, out: Path, threads: int | None = 
     commands = [command_line(rec["config"], threads=threads, output=out / f"eval-{bench}.json")
                 for bench, rec in records.items()]
     first = next(iter(records.values()))
-    path = write_decoding(resolve_checkpoint(ckpt)[0], first["config"], written_by="drafterkit quickstart",
-                          machine=first["machine"], report=str(out / "report.json"), commands=commands)
+    folder = resolve_checkpoint(ckpt)[0]
+    # the report's absolute path and the hash of the weights measured: `drafterkit export` finds the measured
+    # numbers for its model card through them, and ignores them once the folder holds other weights
+    path = write_decoding(folder, first["config"], written_by="drafterkit quickstart", machine=first["machine"],
+                          report=str((out / "report.json").resolve()), weights_sha256=weights_sha256(folder),
+                          commands=commands)
     return dict(decoding_json=str(path), commands=commands)
+
+
+def stage_names(args) -> list[str]:
+    """The stages this run goes through, in order (``datastore`` unless ``--no-hybrid``; ``exactness``
+    unless the eval runs in fp32, whose rows are checked themselves, or ``--exactness-prompts 0``)."""
+    separate = resolve_dtype(args.dtype) != torch.float32 and args.exactness_prompts > 0
+    return ["fetch", *([] if args.no_hybrid else ["datastore"]), "train", "eval",
+            *(["exactness"] if separate else []), "report"]
+
+
+def eval_words(args) -> str:
+    """What the eval stage measures, in words, for its header."""
+    rows = ["the drafter alone", "prompt lookup alone"] + ([] if args.no_hybrid else ["the drafter + lookup + "
+                                                                                     "retrieval"])
+    shapes = ", ".join(args.trees or DEFAULT_TREES)
+    return (f"{', '.join(rows)} (draft shape {shapes}, threshold {args.draft_thresholds}) vs "
+            f"{args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, {args.num_prompts} prompts x up to "
+            f"{args.max_new_tokens} new tokens each, {args.dtype}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -274,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
         report.disable_progress_bars()
     out = Path(args.output_dir)
     timings: dict[str, float] = {}
+    stages = Stages(stage_names(args), timings)
+    outside = "outside the --minutes budget"
     try:
         kind, recipe_path = resolve_recipe(args.kind, args.recipe)
         recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", *args.overrides])
@@ -281,31 +315,37 @@ def run(args: argparse.Namespace) -> int:
             eval_config(out / "train", args, bench, recipe.eval.k)
         overrides = [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
-        t0 = time.perf_counter()
-        fetch_all()
-        target, tok = load_target(TARGET, dtype=args.dtype, device=args.device)
-        timings["fetch"] = time.perf_counter() - t0
+        print(f"drafterkit quickstart: plan: {', '.join(stages.names)}; needs:", *needs_lines(args, out), sep="\n",
+              flush=True)
+        with stages.stage("fetch", "the pinned target, ShareGPT, MT-bench and HumanEval, then load the target",
+                          f"{outside}; a no-op when cached"):
+            fetch_all()
+            target, tok = load_target(TARGET, dtype=args.dtype, device=args.device)
         datastore = None
         if not args.no_hybrid:
-            t0 = time.perf_counter()
-            datastore = cached_datastore(DATASTORE, tok, log=print)
-            timings["datastore"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
-        timings["train"] = time.perf_counter() - t0
+            with stages.stage("datastore", "the ShareGPT n-gram datastore the +rest rows retrieve from",
+                              f"{outside}; built once, then read from the cache"):
+                datastore = cached_datastore(DATASTORE, tok, log=print)
+        features = "; target features from a complete offline cache if present, else online" \
+            if recipe.data.feature_cache != "off" else ""
+        with stages.stage("train", f"{recipe.drafter.kind} from {recipe_path}{features}",
+                          f"the --minutes budget: {args.minutes:g} min, data preparation included"):
+            ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
-    evals = eval_stage(ckpt, args, target, tok, recipe.eval.k, datastore)
-    timings["eval"] = time.perf_counter() - t0
+    with stages.stage("eval", eval_words(args), f"{outside}; not time-bounded"):
+        evals = eval_stage(ckpt, args, target, tok, recipe.eval.k, datastore)
     del target  # the fp32 check loads its own
-    t0 = time.perf_counter()
-    exactness = exactness_stage(evals, args, tok, datastore)
-    if exactness["source"] == SEPARATE_CHECK:
-        timings["exactness"] = time.perf_counter() - t0
-    reproduce = record_decoding(ckpt, evals, out, args.threads)
-    report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness, reproduce=reproduce)
-    paths = write_report(out, report_data)
+    check = "exactness" in stages.names
+    with (stages.stage("exactness", f"fp32 greedy outputs of the drafter rows vs plain decoding, "
+                       f"{args.exactness_prompts} prompts per benchmark x up to {EXACTNESS_TOKENS} new tokens",
+                       outside) if check else contextlib.nullcontext()):
+        exactness = exactness_stage(evals, args, tok, datastore)
+    with stages.stage("report", f"report.json, report.md and plots in {out}", "seconds", record=False):
+        reproduce = record_decoding(ckpt, evals, out, args.threads)
+        report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness,
+                           reproduce=reproduce)
+        paths = write_report(out, report_data)
     print_summary(report_data, paths)
     return 0

@@ -1,0 +1,82 @@
+"""What ``drafterkit quickstart`` says before and while it runs (``train.quickstart``): the plan with its
+time, memory and disk needs up front, and a one-line header per stage with what the stage does and its
+share of the time, then the seconds it took.
+
+    drafterkit quickstart: plan: fetch, datastore, train, eval, exactness, report
+      time: ... ; memory: ... ; disk: ...
+    [quickstart 3/6] train: eagle3 from recipes/eagle3.yaml (the --minutes budget: 14.5 min, ...)
+    [quickstart 3/6] train done in 871 s (88% of the 990 s so far)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from train.feature_cache import recipe_cache_state
+from train.recipe_data import load_data
+
+
+def needs_lines(args, out) -> list[str]:
+    """What the run needs, stated before it starts: memory, disk and time (the figures measured for the default
+    EAGLE-3 run in fp32 on a 2-core CPU, docs/training.md "Features in the quickstart")."""
+    store = "" if args.no_hybrid else ", the datastore (built once)"
+    return [f"  time: {args.minutes:g} min of training (--minutes, data preparation included; no feature cache is "
+            "built: training reads a complete one if present, else computes the target's features online), plus "
+            f"fetch (a no-op once cached){store} and the evaluation, which is not time-bounded "
+            f"({args.num_prompts} prompts x up to {args.max_new_tokens} new tokens per row and benchmark)",
+            "  memory: about 2 GB (the default EAGLE-3 training in fp32 peaked at 2.0 GB resident)"
+            + ("" if args.no_hybrid else ", plus the ~0.3 GB ShareGPT datastore during the eval"),
+            f"  disk: about 1 GB of pinned assets and datastore in $DRAFTERKIT_HOME (once), about 0.3 GB in {out} "
+            "(checkpoints with optimizer state, report)"]
+
+
+class Stages:
+    """The quickstart's stages, in order, each announced by :meth:`stage` and timed into ``timings``
+    (``{stage: seconds}``, the report's stage table)."""
+
+    def __init__(self, names: list[str], timings: dict[str, float]):
+        self.names, self.timings, self.start = list(names), timings, time.perf_counter()
+
+    def header(self, name: str, what: str, share: str) -> str:
+        """``[quickstart N/M] NAME: WHAT (SHARE)``: the line printed when stage ``name`` starts."""
+        return f"[quickstart {self.names.index(name) + 1}/{len(self.names)}] {name}: {what} ({share})"
+
+    @contextlib.contextmanager
+    def stage(self, name: str, what: str, share: str, *, record: bool = True):
+        """Print the stage's header, run the block, print the seconds it took and its share of the run so far;
+        ``record``: keep those seconds in ``timings`` under ``name``."""
+        print("\n" + self.header(name, what, share), flush=True)
+        t0 = time.perf_counter()
+        yield
+        now = time.perf_counter()
+        secs, total = now - t0, now - self.start
+        if record:
+            self.timings[name] = secs
+        print(f"[quickstart {self.names.index(name) + 1}/{len(self.names)}] {name} done in {secs:.0f} s "
+              f"({100 * secs / max(total, 1e-9):.0f}% of the {total:.0f} s so far)", flush=True)
+
+
+def feature_source(recipe, target, tok) -> str | None:
+    """Where the quickstart's training reads the target's features from, so that no time is spent outside
+    its ``--minutes`` budget: the recipe's offline cache when a complete one is present (``data.feature_cache``
+    ``auto`` or a folder), else online, one target forward per step (see docs/training.md, "Features in the
+    quickstart": on a 2-core CPU in fp32 a cache build costs more target time per example than the budget
+    gives back). Returns the ``data.feature_cache=off`` override to apply, or None (keep the recipe's
+    setting); prints which it is and why.
+
+    Raises:
+        train.recipe.RecipeError: the drafter kind's feature layers do not fit the target.
+    """
+    if recipe.data.feature_cache == "off":
+        return None
+    spec, complete = recipe_cache_state(recipe, target, load_data(recipe, target, tok))
+    if complete:
+        print(f"features: the complete offline cache {spec.path} (no target forward while training)", flush=True)
+        return None
+    print(f"features: online, one target forward per step. No complete feature cache for this data in "
+          f"{spec.path.parent}: building it would cost a target pass over {len(spec.lengths):,} examples "
+          f"({spec.tokens:,} tokens, {spec.tokens * spec.bytes_per_token / 1e9:.2f} GB) before the first step, more "
+          f"than it saves in the --minutes budget; `drafterkit features RECIPE` builds it outside the budget for "
+          "later runs, which then read it", flush=True)
+    return "data.feature_cache=off"
