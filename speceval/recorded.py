@@ -11,14 +11,32 @@ reproduce its rows::
 ``drafterkit eval --drafter PATH`` (or ``PATH+rest`` ...) reads it: every flag of :data:`RECORDED` the
 command line did not give takes the recorded value instead of eval's default (:func:`apply_recorded`);
 flags given on the command line win.
+
+``drafterkit tune`` (``speceval.tune``) adds a ``tuned`` entry (the rest of the file is kept)::
+
+    "tuned": {"written_by": "drafterkit tune", "created": ..., "drafterkit": "0.1.0", "dtype": "fp32",
+              "machine": {...machine_info, with "cpu"...}, "prompts": {...}, "search": {...},
+              "winners": {"1": {"tree": "dynamic:24:5:4", "k": 5, "draft_threshold": 0.05, "speedup": 1.9,
+                                "tokens_per_s": ..., "tau": ...}, "4": {...}},
+              "table": [{"concurrency", "rung", "batches", "label", "tree", "k", "draft_threshold",
+                         "tokens_per_s", "plain_tokens_per_s", "speedup", "tau"}, ...], "plot": ".../tuning.png"}
+
+When its machine matches the one ``drafterkit eval`` runs on (:func:`machine_matches`: CPU model, core
+count, threads, device) its batch-size-1 winner is the recorded setting (``tree``, ``k``,
+``draft_threshold``, ``dtype``); otherwise the top-level fields are, and the message says why.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import platform
 from pathlib import Path
 
+import torch
+
+from assets.device import resolve_device
 from drafters import DrafterLoadError, resolve_checkpoint
 
 DECODING_FILE = "decoding.json"
@@ -33,6 +51,80 @@ def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **ext
     data = dict(written_by=written_by, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 **{k: settings[k] for k in RECORDED}, **extra)
     path = Path(folder) / DECODING_FILE
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+TUNED = "tuned"
+#: the tuning plot ``drafterkit tune`` writes beside ``decoding.json``
+TUNE_PLOT = "tuning.png"
+#: what must agree for a tuned setting to apply (``machine_info`` / :func:`host_info` fields)
+MACHINE_KEYS = ("cpu", "cpu_count", "threads", "device")
+
+
+def drafterkit_version() -> str:
+    """The installed drafterkit distribution's version (``"unknown"`` when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("drafterkit")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_info(device: str = "auto") -> dict:
+    """The :data:`MACHINE_KEYS` of this process: CPU model, cores, torch threads, device (``auto``
+    resolved as the target would be loaded: ``assets.device.resolve_device``)."""
+    return dict(cpu=cpu_model(), cpu_count=os.cpu_count(), threads=torch.get_num_threads(),
+                device=str(resolve_device(device)))
+
+
+def machine_matches(recorded: dict, current: dict) -> list[str]:
+    """The :data:`MACHINE_KEYS` on which ``recorded`` and ``current`` differ (``[]``: the same machine;
+    devices compare by type: ``cuda:0`` is ``cuda``)."""
+    def norm(k, v):
+        return str(v).split(":")[0] if k == "device" else str(v)
+    return [f"{k} {recorded.get(k)!r} here {current.get(k)!r}" for k in MACHINE_KEYS
+            if norm(k, recorded.get(k)) != norm(k, current.get(k))]
+
+
+def tuned_settings(data: dict, current: dict) -> tuple[dict | None, str]:
+    """``(settings, why)``: the batch-size-1 winner of ``data["tuned"]`` as :data:`RECORDED` fields when its
+    machine matches ``current`` (:func:`host_info`), else ``None``; ``why`` says which and why."""
+    tuned = data.get(TUNED)
+    if not isinstance(tuned, dict) or not isinstance(tuned.get("winners"), dict) or "1" not in tuned["winners"]:
+        return None, "no tuned setting"
+    differ = machine_matches(tuned.get("machine") or {}, current)
+    if differ:
+        return None, f"its tuned setting was measured on another machine ({'; '.join(differ)}): not used"
+    w = tuned["winners"]["1"]
+    settings = dict(dtype=tuned.get("dtype", "fp32"), trees=[w["tree"]], k=int(w["k"]),
+                    draft_thresholds=[float(w["draft_threshold"])])
+    return settings, (f"tuned by drafterkit tune on this machine ({tuned.get('created')}, "
+                      f"{w['speedup']:.2f}x plain decoding on its tuning prompts)")
+
+
+def write_tuned(folder: str | Path, tuned: dict) -> Path:
+    """Set the ``tuned`` entry of ``folder/decoding.json`` (created if missing; its other fields kept).
+    Returns its path.
+
+    Raises:
+        ValueError: an existing ``decoding.json`` that is not a valid one (:func:`read_decoding`).
+    """
+    path = Path(folder) / DECODING_FILE
+    data = read_decoding(path) if path.is_file() else {}
+    data[TUNED] = tuned
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
 
@@ -88,7 +180,9 @@ def apply_recorded(cfg, given: set[str]) -> dict | None:
     Returns:
         ``None`` when no drafter has a ``decoding.json``; else ``{"file", "source" (who wrote it, where,
         when), "applied" ({field: value} taken from it), "flags" (:func:`flags_text` of ``applied``),
-        "overridden" (recorded fields the command line gave), "note"}``.
+        "overridden" (recorded fields the command line gave), "note", "tuned" (whether its ``drafterkit
+        tune`` setting was used, or why not: :func:`tuned_settings`)}``. A tuned setting measured on this
+        machine is used instead of the top-level fields.
 
     Raises:
         ValueError: a ``decoding.json`` that is not valid (:func:`read_decoding`).
@@ -101,16 +195,21 @@ def apply_recorded(cfg, given: set[str]) -> dict | None:
     if not found:
         return None
     files = list(found)
-    first = found[files[0]]
-    settings = {k: first[k] for k in RECORDED if k in first}
+    here = host_info(getattr(cfg, "device", "cpu"))
+    effective = {}
+    for f, d in found.items():
+        tuned, why = tuned_settings(d, here)
+        effective[f] = (tuned or {k: d[k] for k in RECORDED if k in d}, why, tuned is not None)
+    settings, tuned_why, use_tuned = effective[files[0]]
+    first = found[files[0]][TUNED] if use_tuned else found[files[0]]
     mach = first.get("machine") or {}
     source = ", ".join(str(x) for x in (first.get("written_by"), mach.get("device"), mach.get("dtype"),
                                         mach.get("torch") and f"torch {mach['torch']}",
                                         mach.get("threads") and f"{mach['threads']} threads",
                                         first.get("created")) if x)
     info = dict(file=str(files[0] / DECODING_FILE), source=source, applied={}, flags="",
-                overridden=sorted(k for k in settings if k in given), note="")
-    if any({k: d.get(k) for k in RECORDED} != {k: first.get(k) for k in RECORDED} for d in found.values()):
+                overridden=sorted(k for k in settings if k in given), note="", tuned=tuned_why)
+    if any({k: e[0].get(k) for k in RECORDED} != {k: settings.get(k) for k in RECORDED} for e in effective.values()):
         info["note"] = (f"the drafters' {DECODING_FILE} files record different decoding settings "
                         f"({', '.join(str(f / DECODING_FILE) for f in files)}); eval's defaults apply: give "
                         f"{', '.join(RECORDED.values())} explicitly")
