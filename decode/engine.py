@@ -36,10 +36,13 @@ from decode.cache import RaggedCache
 from decode.dynamic_tree import DynamicTree, parse_tree
 from decode.fused import fused_projections
 from decode.inputs import (
+    AUTO,
     as_proposer,
     as_rows,
+    auto_decoding,
     check_count,
     check_prompt_length,
+    draft_threshold_set,
     proposer_modules,
     resolve_eos,
     shared_vocab_size,
@@ -310,7 +313,11 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
             EAGLE-2, Li et al. 2024): each row's tree is grown every round from the drafter's cumulative
             log-probabilities (top-TOPK expansion for DEPTH levels, the best TOTAL nodes verified),
             verified the same way. ``num_draft_tokens`` is then unused; depth is capped by the
-            remaining budget. Ignored with ``drafter=None``.
+            remaining budget. Or ``"auto"``: the chain / tree / ``draft_threshold`` that ``drafterkit
+            tune`` measured fastest at batch size 1 on this machine, carried by a drafter loaded with
+            ``drafters.load_drafter`` (``tuned_decoding``; ``decode.inputs.auto_decoding``); without
+            one a chain of ``num_draft_tokens``, with a ``UserWarning`` saying why. Ignored with
+            ``drafter=None``.
         eos_token_id: an int or a list of ints in ``[0, vocab)`` (``[]``: no EOS, stop on length only);
             ``None`` = the target's ``generation_config.eos_token_id``.
         seed: seeds the ``torch.Generator`` used for all sampling (draft and target).
@@ -343,6 +350,9 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     check_prompt_length(target, rows, max_new_tokens)
     device = next(target.parameters()).device
     gen = None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
+    threshold = None
+    if isinstance(tree, str) and tree.strip() == AUTO:
+        tree, num_draft_tokens, threshold = auto_decoding(proposer, num_draft_tokens)
     draft_tree = None
     if tree is not None and proposer is not None:
         draft_tree = parse_tree(tree)
@@ -364,7 +374,8 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     # alike ~5% faster (BENCHMARKS.md, "cheaper verification passes"). Tensors made here cannot be saved for backward.
     # fused_projections: the target's and the drafter's linear layers from the engine's merged (q/k/v,
     # gate/up) and, in bf16 on a CPU, prepacked weight copies (decode/fused.py)
-    with torch.inference_mode(), fused_projections(target, *proposer_modules(proposer)):
+    with torch.inference_mode(), fused_projections(target, *proposer_modules(proposer)), \
+            draft_threshold_set(proposer, threshold):
         dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
         if proposer is not None:
             proposer.reset(len(rows))

@@ -16,9 +16,9 @@ import time
 
 import torch
 
+from assets.device import cpu_model
 from speceval.methods import Method, engine_method, hf_method
 from speceval.prompts import Prompt
-from speceval.recorded import cpu_model
 
 WARMUP_TOKENS = 4
 

@@ -21,8 +21,8 @@ flags given on the command line win.
               "table": [{"concurrency", "rung", "batches", "label", "tree", "k", "draft_threshold",
                          "tokens_per_s", "plain_tokens_per_s", "speedup", "tau"}, ...], "plot": ".../tuning.png"}
 
-When its machine matches the one ``drafterkit eval`` runs on (:func:`machine_matches`: CPU model, core
-count, threads, device) its batch-size-1 winner is the recorded setting (``tree``, ``k``,
+When its machine matches the one ``drafterkit eval`` runs on (``assets.device.machine_matches``: CPU model,
+core count, threads, device) its batch-size-1 winner is the recorded setting (``tree``, ``k``,
 ``draft_threshold``, ``dtype``); otherwise the top-level fields are, and the message says why.
 """
 
@@ -30,16 +30,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import platform
 from pathlib import Path
 
-import torch
-
-from assets.device import resolve_device
+from assets.device import host_info
 from drafters import DrafterLoadError, resolve_checkpoint
+from drafters.tuned import DECODING_FILE, TUNED, tuned_winner
 
-DECODING_FILE = "decoding.json"
 #: ``EvalConfig`` field -> its ``drafterkit eval`` flag: the settings a ``decoding.json`` records
 RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds": "--draft-threshold"}
 
@@ -55,11 +51,8 @@ def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **ext
     return path
 
 
-TUNED = "tuned"
 #: the tuning plot ``drafterkit tune`` writes beside ``decoding.json``
 TUNE_PLOT = "tuning.png"
-#: what must agree for a tuned setting to apply (``machine_info`` / :func:`host_info` fields)
-MACHINE_KEYS = ("cpu", "cpu_count", "threads", "device")
 
 
 def drafterkit_version() -> str:
@@ -72,47 +65,14 @@ def drafterkit_version() -> str:
         return "unknown"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def host_info(device: str = "auto") -> dict:
-    """The :data:`MACHINE_KEYS` of this process: CPU model, cores, torch threads, device (``auto``
-    resolved as the target would be loaded: ``assets.device.resolve_device``)."""
-    return dict(cpu=cpu_model(), cpu_count=os.cpu_count(), threads=torch.get_num_threads(),
-                device=str(resolve_device(device)))
-
-
-def machine_matches(recorded: dict, current: dict) -> list[str]:
-    """The :data:`MACHINE_KEYS` on which ``recorded`` and ``current`` differ (``[]``: the same machine;
-    devices compare by type: ``cuda:0`` is ``cuda``)."""
-    def norm(k, v):
-        return str(v).split(":")[0] if k == "device" else str(v)
-    return [f"{k} {recorded.get(k)!r} here {current.get(k)!r}" for k in MACHINE_KEYS
-            if norm(k, recorded.get(k)) != norm(k, current.get(k))]
-
-
 def tuned_settings(data: dict, current: dict) -> tuple[dict | None, str]:
     """``(settings, why)``: the batch-size-1 winner of ``data["tuned"]`` as :data:`RECORDED` fields when its
-    machine matches ``current`` (:func:`host_info`), else ``None``; ``why`` says which and why."""
-    tuned = data.get(TUNED)
-    if not isinstance(tuned, dict) or not isinstance(tuned.get("winners"), dict) or "1" not in tuned["winners"]:
-        return None, "no tuned setting"
-    differ = machine_matches(tuned.get("machine") or {}, current)
-    if differ:
-        return None, f"its tuned setting was measured on another machine ({'; '.join(differ)}): not used"
-    w = tuned["winners"]["1"]
-    settings = dict(dtype=tuned.get("dtype", "fp32"), trees=[w["tree"]], k=int(w["k"]),
-                    draft_thresholds=[float(w["draft_threshold"])])
-    return settings, (f"tuned by drafterkit tune on this machine ({tuned.get('created')}, "
-                      f"{w['speedup']:.2f}x plain decoding on its tuning prompts)")
+    machine matches ``current`` (``assets.device.host_info``), else ``None`` (``drafters.tuned.tuned_winner``);
+    ``why`` says which and why."""
+    w, why = tuned_winner(data, current)
+    if w is None:
+        return None, why
+    return dict(dtype=w["dtype"], trees=[w["tree"]], k=int(w["k"]), draft_thresholds=[float(w["draft_threshold"])]), why
 
 
 def write_tuned(folder: str | Path, tuned: dict) -> Path:

@@ -30,12 +30,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 import decode
 from assets.target import load_target
 from decode.dynamic_tree import parse_tree
 from drafters import resolve_checkpoint
+from speceval import report
 from speceval.harness import machine_info
 from speceval.methods import build_drafter
+from speceval.plots import pyplot, save_figure
 from speceval.prompts import Prompt, select_prompts
 from speceval.recorded import TUNE_PLOT, drafterkit_version, write_tuned
 
@@ -225,8 +229,6 @@ def _eos(target, tok) -> list[int]:
 def plot_tuning(table: list[dict], winners: dict, path: Path) -> Path:
     """Speedup over plain decoding of every candidate at the last rung it reached, one panel per
     concurrency, the winner marked. Returns ``path`` (a PNG)."""
-    from speceval.plots import pyplot, save_figure
-
     plt = pyplot()
     levels = sorted({r["concurrency"] for r in table})
     fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 0.28 * len(table) / len(levels) + 2),
@@ -292,10 +294,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from speceval import report
-
     if args.threads:
         torch.set_num_threads(args.threads)
     trees = args.trees if args.trees else list(DEFAULT_TREES)

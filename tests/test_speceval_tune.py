@@ -7,10 +7,11 @@ import json
 import pytest
 from conftest import tiny_llama
 
+from assets.device import host_info
 from assets.pinned import default_target_dir
 from drafters.medusa import MedusaConfig, MedusaDrafter
 from speceval.bench import EvalConfig
-from speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, host_info, tuned_settings
+from speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, tuned_settings
 from speceval.tune import Candidate, candidates
 from train.cli import main
 
@@ -101,3 +102,35 @@ def test_eval_validates_dynamic_tree_specs():
     with pytest.raises(ValueError, match="--tree 'dynamic:0'"):
         EvalConfig(trees=["dynamic:0"]).validate()
     EvalConfig(trees=["dynamic", "dynamic:8:3:2"]).validate()
+
+
+def test_generate_auto_uses_the_tuned_setting_the_loaded_drafter_carries(tmp_path):
+    from decode import generate
+    from drafters import load_drafter
+
+    target = tiny_llama(0)
+    folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
+        tmp_path / "m")
+    rows = [[5, 6, 7, 8, 5, 6]]
+    plain = generate(target, rows, max_new_tokens=8, eos_token_id=[]).sequences
+    d = load_drafter(folder, target)
+    assert d.tuned_decoding is None and "no decoding.json" in d.tuned_note
+    with pytest.warns(UserWarning, match="tree='auto': no decoding.json"):
+        chain = generate(target, rows, drafter=d, tree="auto", num_draft_tokens=3, max_new_tokens=8, eos_token_id=[])
+    assert chain.sequences == plain and len(chain.stats.accept_per_position) == 3
+    win = dict(tree="dynamic:4:2:2", k=2, draft_threshold=0.3, speedup=1.2)
+    (folder / DECODING_FILE).write_text(json.dumps(dict(tuned=dict(machine=host_info("cpu"), dtype="fp32",
+                                                                   winners={"1": win}))))
+    d = load_drafter(folder, target)
+    assert d.tuned_decoding["tree"] == "dynamic:4:2:2" and "this machine" in d.tuned_note
+    seen = []
+    inner = d.propose_dynamic_tree
+
+    def spy(state, spec, sampling, generator):
+        seen.append((str(spec), d.draft_threshold))
+        return inner(state, spec, sampling, generator)
+
+    d.propose_dynamic_tree = spy
+    res = generate(target, rows, drafter=d, tree="auto", max_new_tokens=8, eos_token_id=[])
+    assert res.sequences == plain and seen and all(s == ("dynamic:4:2:2", 0.3) for s in seen[:1])
+    assert d.draft_threshold == 0.0  # restored after the call
