@@ -35,7 +35,7 @@ import torch
 import decode
 from assets.target import load_target
 from decode.dynamic_tree import parse_tree
-from drafters import resolve_checkpoint
+from drafters import DrafterLoadError, resolve_checkpoint
 from speceval import report
 from speceval.harness import machine_info
 from speceval.methods import build_drafter
@@ -200,7 +200,10 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                   search=dict(method="successive halving", eta=eta, first_batches=first, candidates=len(cands),
                               seconds=round(time.perf_counter() - t0, 1)),
                   winners=winners, table=table)
-    if write and folder is not None:
+    if write and folder is not None and checkpoint.endswith(("+ngram", "+rest")):
+        record["not_written"] = (f"{checkpoint} measures the drafter behind prompt lookup; decoding.json's tuned "
+                                 "setting is the drafter's own (tune PATH itself to record one)")
+    elif write and folder is not None:
         record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT))
         record["file"] = str(write_tuned(folder, record))
     return record
@@ -210,7 +213,7 @@ def _folder(checkpoint: str) -> Path | None:
     base = checkpoint.removesuffix("+ngram").removesuffix("+rest")
     try:
         return resolve_checkpoint(base)[0]
-    except Exception:
+    except DrafterLoadError:  # draft:N, ngram: no folder to write into
         return None
 
 
@@ -313,6 +316,8 @@ def run(args: argparse.Namespace) -> int:
               f"{w['speedup']:.2f}x plain decoding, tau {w['tau']:.2f}")
     if "file" in rec:
         print(f"written to {rec['file']} (tuned); plot {rec['plot']}")
+    elif "not_written" in rec:
+        print(f"not written: {rec['not_written']}")
     return 0
 
 
