@@ -159,8 +159,9 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
          ks=DEFAULT_KS, trees=DEFAULT_TREES, dynamic=DEFAULT_DYNAMIC, thresholds=DEFAULT_THRESHOLDS,
          eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,
          write: bool = True) -> dict:
-    """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes, optionally
-    ``+ngram``) and return the ``tuned`` record (also written into its ``decoding.json`` when ``write``).
+    """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes; ``PATH+ngram``
+    / ``PATH+rest`` are measured but not written, their setting is not the drafter's own) and return the
+    ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``).
 
     Args:
         benchmark: ``sharegpt`` (held-out split, past the first :data:`HELDOUT_SKIP` held-out
