@@ -9,8 +9,8 @@ mask. For one query token transformers already avoids the copy by folding the ``
 group into the query length. :func:`packed_gqa_sdpa` does the same for ``m`` tokens: the query heads of a
 group are laid out as ``g * m`` rows against the group's single KV head, and the mask is tiled ``g``
 times to match. Same arithmetic, no cache copy: on this project's 2-core CPU a bf16 verification pass
-over 6 tokens at 150-350 tokens of context went from 49.8-51.8 ms to 48.3-49.7 ms (BENCHMARKS.md,
-"cheaper verification passes"); outputs are identical in fp32 (tests/test_decode_attention.py).
+over 6 tokens at 150-350 tokens of context went from 49.8-51.8 ms to 48.3-49.7 ms; outputs are identical
+in fp32 (tests/test_decode_attention.py).
 
 :func:`verification_attention` switches a model whose attention implementation is ``"sdpa"`` to this
 function for the duration of one forward and restores it after, so the same model object handed to

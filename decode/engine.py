@@ -371,7 +371,7 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     k_max = (draft_tree.max_depth if draft_tree is not None else num_draft_tokens) if proposer is not None else 0
     # inference mode, not only no_grad: no autograd bookkeeping (version counters, view tracking) on the
     # ~1,000 small ops of a round; on this project's CPU that made plain and speculative decoding
-    # alike ~5% faster (BENCHMARKS.md, "cheaper verification passes"). Tensors made here cannot be saved for backward.
+    # alike ~5% faster in an A/B against no_grad. Tensors made here cannot be saved for backward.
     # fused_projections: the target's and the drafter's linear layers from the engine's merged (q/k/v,
     # gate/up) and, in bf16 on a CPU, prepacked weight copies (decode/fused.py)
     with torch.inference_mode(), fused_projections(target, *proposer_modules(proposer)), \

@@ -13,10 +13,10 @@ per forward. Two things make them cheaper, both as inference engines do it:
   results (checked bit for bit when a weight is packed; a mismatch or a missing op falls back to the
   plain merged weight), without the per-call reorder.
 
-Measured on this project's 2-core CPU (BENCHMARKS.md, "The engine's linear layers"): bf16 LM head 49152x576 3.5 -> 1.8 ms
-at 1 row and 4.1 -> 1.7 ms at 6; a 1536x576 MLP projection 83 -> 36 us; merging q/k/v + gate/up 445 ->
-354 us per layer before packing. In fp32 only the merging applies (prepacked fp32 GEMMs do not give
-the same bits as the stock path, so they are not used).
+Measured on this project's 2-core CPU (``benchmarks/engine_kernels.py``; BENCHMARKS.md, "Engine vs
+transformers `generate`"): bf16 LM head 49152x576 3.2 -> 2.0 ms at 1 row and 4.7 -> 1.6 ms at 6; the
+merged gate/up projection 3072x576 101 -> 47 us at 1 row. In fp32 only the merging applies (prepacked
+fp32 GEMMs do not give the same bits as the stock path, so they are not used).
 
 :func:`fused_projections` holds them for one decode: ``decode.generate`` wraps the target (and the
 drafter's own modules) in it. The engine computes from its OWN copies of the weights (built once per

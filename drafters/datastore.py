@@ -41,8 +41,8 @@ SEPARATOR = -1  # between documents: no n-gram or continuation crosses it
 FORMAT_VERSION = 1
 BUILD_VERSION = 1  # bump when build_datastore changes what goes in
 #: a datastore built with fewer tokens than this warns (UserWarning) that retrieval will rarely match: its
-#: n-grams seldom recur in a new answer (ShareGPT's assistant turns hold ~18.5M; 4.4M already did nearly as
-#: well, BENCHMARKS.md, "Retrieval from a ShareGPT datastore")
+#: n-grams seldom recur in a new answer (ShareGPT's assistant turns hold ~18.5M: BENCHMARKS.md, "Retrieval
+#: (REST)")
 SMALL_DATASTORE_TOKENS = 100_000
 
 

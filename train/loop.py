@@ -37,7 +37,14 @@ from tqdm.auto import tqdm
 
 from drafters.export import FORMATS
 from speceval.report import progress_bars_off
-from train.checkpoint import TrainerState, find_resume, load_checkpoint, prune_step_checkpoints, save_checkpoint
+from train.checkpoint import (
+    TrainerState,
+    find_resume,
+    load_checkpoint,
+    prune_step_checkpoints,
+    save_checkpoint,
+)
+from train.distributed import peak_memory_per_process
 from train.evaluate import evaluate
 from train.prepare import assert_frozen, make_accelerator, preflight, setup_run
 from train.recipe import Recipe
@@ -61,6 +68,7 @@ class TrainResult:
     output_dir: str = ""
     drafter: str = ""  # the drafter folder to evaluate / export: best/drafter if evaluated, else last/drafter
     signal: int | None = None
+    peak_memory_mb: list[float] = field(default_factory=list)  # per process, rank order (train.distributed)
 
 
 class StopOnSignal:
@@ -139,6 +147,7 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
             ev = _maybe_evaluate(ctx, state, final=True)
             result.evals += [ev] if ev else []
         _save(ctx, paths.last, state)
+    result.peak_memory_mb = peak_memory_per_process(acc)  # before end_training, which ends the process group
     acc.end_training()
     result.global_step, result.best_score, result.signal = state.global_step, state.best_score, stop.signum
     result.drafter = str(_report_drafter(ctx, state, result))

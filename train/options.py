@@ -92,7 +92,7 @@ class Eagle3Options(BaseModel):
     # q/k/v (2H -> ...) at start: "target": both halves (embedding | hidden) from the target's last layer,
     # as if the layer saw their sum (only with init_from_target_layer); "random": nn.Linear's default.
     # Both target-derived inits together: MT-bench first-position top-1 0.306 -> 0.333 at equal steps
-    # (benchmarks/head_probe.py, BENCHMARKS.md, "Starting the whole EAGLE-3 head from the target's weights")
+    # (benchmarks/head_probe.py, BENCHMARKS.md, "What the head learns per CPU-minute")
     init_attention: Literal["random", "target"] = "target"
 
     @field_validator("feature_layers")

@@ -17,6 +17,11 @@ import torch
 
 import assets.target  # load_target looked up at call time: one place to replace it
 from train.checkpoint import find_resume
+from train.distributed import (
+    check_distributed_request,
+    check_distributed_result,
+    fsdp_ignore_borrowed,
+)
 from train.evaluate import EvalPrompts, eval_prompt_ids
 from train.feature_cache import FeatureCacheError, open_recipe_cache
 from train.recipe import Recipe, RecipeError
@@ -46,14 +51,17 @@ def make_accelerator(recipe: Recipe):
     if "wandb" in trackers and importlib.util.find_spec("wandb") is None:
         raise RuntimeError("logging.trackers includes 'wandb' but wandb is not installed: "
                            "pip install drafterkit[wandb] (or drop wandb from logging.trackers)")
+    requested = check_distributed_request(recipe)
     paths = recipe.paths
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and (recipe.train.cpu or not torch.cuda.is_available()):
         # torchrun / accelerate launch with several processes on CPU: without this accelerate treats every
         # process as a separate single-process run (DistributedType.NO) instead of MULTI_CPU over gloo.
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
-    return Accelerator(mixed_precision=recipe.train.mixed_precision, cpu=recipe.train.cpu,
-                       gradient_accumulation_steps=recipe.train.grad_accum, log_with=trackers or None,
-                       project_config=ProjectConfiguration(project_dir=str(paths.root), logging_dir=str(paths.logs)))
+    acc = Accelerator(mixed_precision=recipe.train.mixed_precision, cpu=recipe.train.cpu,
+                      gradient_accumulation_steps=recipe.train.grad_accum, log_with=trackers or None,
+                      project_config=ProjectConfiguration(project_dir=str(paths.root), logging_dir=str(paths.logs)))
+    check_distributed_result(acc, requested)
+    return acc
 
 
 def preflight(recipe: Recipe) -> None:
@@ -62,8 +70,10 @@ def preflight(recipe: Recipe) -> None:
     Raises:
         RecipeError: ``data.path`` is not a file; ``output_dir`` already holds checkpoints of another
             run and this one would start at step 0 (``train.resume: never``, or ``auto`` with nothing
-            resumable) without ``train.overwrite``.
+            resumable) without ``train.overwrite``; a sharded engine the launcher asked for cannot run here
+            (:func:`check_distributed_request`).
     """
+    check_distributed_request(recipe)
     recipe_data_file(recipe.data)
     cfg, ckpts = recipe.train, recipe.paths.checkpoints
     if cfg.overwrite or not ckpts.is_dir() or find_resume(recipe) is not None:
@@ -130,7 +140,9 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> dict:
     schedule = BudgetSchedule(o.schedule, o.warmup_steps, recipe.train.max_steps, world, recipe.train.max_minutes)
     # a plain function: LambdaLR saves no state for it, so a resumed run takes the schedule from its recipe
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda count: schedule(count))
+    fsdp_ignore_borrowed(acc, drafter)
     drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
+    params = [p for p in drafter.parameters() if p.requires_grad]  # FSDP2 replaces them by sharded ones
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ctx = dict(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, ds=ds, strategy=strategy,
                drafter=drafter, optimizer=optimizer, scheduler=scheduler, schedule=schedule, params=params,

@@ -59,8 +59,8 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 BENCHMARKS = ("mt-bench", "humaneval")
 #: Draft shapes the quickstart measures: a static tree (the 3 best first tokens, 2 after each, then one per
 #: depth to depth 5, so prompt lookup's chains keep K = 5 tokens behind it: 3 + 6 + 6 + 6 + 6 nodes before
-#: the threshold prunes them). It beat the chain of 5 in every side-by-side run (BENCHMARKS.md); add
-#: ``--tree chain`` to measure the chain too.
+#: the threshold prunes them). It beat the chain of 5 in every side-by-side run (BENCHMARKS.md, "Draft trees
+#: and confidence thresholds"); add ``--tree chain`` to measure the chain too.
 DEFAULT_TREES = ("3,2,1,1,1",)
 #: ``drafterkit eval``'s defaults, which the quickstart's eval flags share unless it sets its own (draft threshold,
 #: tree, dtype)

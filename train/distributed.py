@@ -1,0 +1,101 @@
+"""Scale-out guards: the sharded engine a launcher asks for (DeepSpeed, FSDP) is refused where it cannot
+run instead of being replaced by another engine without a word, the accelerator built is checked against
+what was launched, and each process's peak memory is measured for the run's summary.
+
+accelerate (1.x) builds DeepSpeed and FSDP only with a CUDA-class device: on a CPU an FSDP request becomes
+plain data parallelism, and a DeepSpeed request an engine whose processes each count ``num_processes == 1``
+(every rank the main process, each writing the same checkpoints). Multi-process CPU training is DDP over
+gloo under ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+
+from train.recipe import Recipe, RecipeError
+
+#: what ``accelerate launch`` sets from an accelerate config's ``distributed_type`` -> the engine's name
+_ENGINES = {"ACCELERATE_USE_DEEPSPEED": "DEEPSPEED", "ACCELERATE_USE_FSDP": "FSDP"}
+_NAMES = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}
+_CPU_DDP = "for data parallelism on CPU run: torchrun --nproc_per_node N -m train RECIPE.yaml train.cpu=true"
+
+
+def check_distributed_request(recipe: Recipe) -> str | None:
+    """The sharded engine the launcher asked for (``"DEEPSPEED"``, ``"FSDP"`` or ``None``), refused
+    where it cannot run, before anything loads.
+
+    ``accelerate launch`` with a DeepSpeed or FSDP config sets ``ACCELERATE_USE_DEEPSPEED`` /
+    ``ACCELERATE_USE_FSDP``; accelerate (1.x) honours them only with a CUDA-class device. On a CPU it
+    quietly builds plain data parallelism instead (FSDP), or a DeepSpeed engine in which every process
+    believes it is alone (``num_processes == 1`` on every rank, each writing the same checkpoints).
+
+    DeepSpeed is refused everywhere for now: accelerate runs DeepSpeed's optimizer step inside
+    ``accelerator.backward``, before :func:`train.step.train_step` rescales the step's gradients to the
+    mean over its supervised tokens (``_normalise_gradients``), so the update would depend on the split.
+
+    Raises:
+        RecipeError: DeepSpeed requested; FSDP requested with ``train.cpu: true`` or without a CUDA device.
+    """
+    requested = [engine for var, engine in _ENGINES.items() if os.environ.get(var, "").lower() in ("true", "1")]
+    if not requested:
+        return None
+    engine, var = requested[0], next(v for v, e in _ENGINES.items() if e == requested[0])
+    if engine == "DEEPSPEED":
+        raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which drafterkit does not "
+                          "train with yet: accelerate runs DeepSpeed's optimizer step inside backward, before the step's "
+                          "gradients are rescaled to the mean over its supervised tokens, so the update would depend on "
+                          "how the step is split across micro-batches and processes. Use DDP "
+                          "(recipes/accelerate/multi_gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml) on GPUs, or "
+                          f"{_CPU_DDP}")
+    if recipe.train.cpu or not torch.cuda.is_available():
+        why = "train.cpu is true" if recipe.train.cpu else "this machine has no CUDA device"
+        raise RecipeError(f"the launcher asked for {_NAMES[engine]} ({var}=true, from the accelerate config's distributed_type) "
+                          f"but {why}: accelerate runs DeepSpeed and FSDP only on GPUs, and here it would fall back to "
+                          f"another engine without a word. Run it on CUDA GPUs, or {_CPU_DDP}")
+    return engine
+
+
+def check_distributed_result(acc, requested: str | None) -> None:
+    """Refuse an accelerator that is not what the launcher asked for (no silent downgrade).
+
+    Raises:
+        RecipeError: the requested engine (see :func:`check_distributed_request`) was not built, or the
+            accelerator counts fewer processes than the launcher started (``WORLD_SIZE``).
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    got = acc.distributed_type.name if hasattr(acc.distributed_type, "name") else str(acc.distributed_type)
+    if requested is not None and got != requested:
+        raise RecipeError(f"the launcher asked for {_NAMES[requested]} but accelerate built {got}; "
+                          f"check the accelerate config and the installed accelerate version. {_CPU_DDP}")
+    if acc.num_processes != world:
+        raise RecipeError(f"the launcher started {world} processes (WORLD_SIZE) but accelerate counts "
+                          f"{acc.num_processes} ({got}): every process would train alone. {_CPU_DDP}")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory in MiB: the CUDA caching allocator's peak allocation on ``device``
+    (``torch.cuda.max_memory_allocated``), else the process's peak resident set size (``ru_maxrss``; on
+    Linux in KiB), which also counts the Python runtime and the frozen target."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def peak_memory_per_process(acc) -> list[float]:
+    """:func:`peak_memory_mb` of every process of ``acc`` (an ``accelerate.Accelerator``), in rank order,
+    rounded to 0.1 MiB (one all-gather; every process must call it)."""
+    peak = torch.tensor([peak_memory_mb(acc.device)], dtype=torch.float64, device=acc.device)
+    return [round(float(x), 1) for x in acc.gather(peak)]
+
+
+def fsdp_ignore_borrowed(acc, drafter: torch.nn.Module) -> None:
+    """Under FSDP, leave the modules a head drafter borrows frozen from the target (``borrowed_prefixes``,
+    e.g. its embedding and LM head) out of sharding: they are the target's own modules, which must stay
+    whole for the target's forward. A no-op for other engines."""
+    if getattr(acc.distributed_type, "name", "") != "FSDP":
+        return
+    names = {prefix.rstrip(".") for prefix in getattr(drafter, "borrowed_prefixes", ())}
+    acc.state.fsdp_plugin.ignored_modules = [drafter.get_submodule(n) for n in sorted(names)] or None
