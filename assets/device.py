@@ -9,6 +9,7 @@ training step ~105 s in bf16 autocast against ~4-5 s in fp32).
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -87,3 +88,34 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} requested but MPS is not available; use --device cpu")
     return dev
+
+
+#: what must agree for a decoding setting measured on one machine (``drafterkit tune``) to apply on another
+MACHINE_KEYS = ("cpu", "cpu_count", "threads", "device")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_info(device: str | torch.device | None = "auto") -> dict:
+    """The :data:`MACHINE_KEYS` of this process: CPU model, cores, torch threads, device (``auto``
+    resolved as a target would be loaded, :func:`resolve_device`)."""
+    return dict(cpu=cpu_model(), cpu_count=os.cpu_count(), threads=torch.get_num_threads(),
+                device=str(resolve_device(device)))
+
+
+def machine_matches(recorded: dict, current: dict) -> list[str]:
+    """The :data:`MACHINE_KEYS` on which ``recorded`` and ``current`` differ, each as ``"key 'a' here 'b'"``
+    (``[]``: the same machine; devices compare by type, ``cuda:0`` is ``cuda``)."""
+    def norm(k, v):
+        return str(v).split(":")[0] if k == "device" else str(v)
+    return [f"{k} {recorded.get(k)!r} here {current.get(k)!r}" for k in MACHINE_KEYS
+            if norm(k, recorded.get(k)) != norm(k, current.get(k))]

@@ -85,25 +85,31 @@ class RaggedCache:
         """Append tree nodes ``input_ids [B, m]`` after each row's valid columns (and after the nodes of
         earlier ``run_tree`` calls since the last :meth:`keep` / :meth:`truncate`, ``P`` columns).
 
-        ``depths [m]``: each column's offset from the next position (RoPE position = ``n_real + depth``);
-        ``tree_mask [m, P + m]`` bool: which of the pending and new columns each new column may attend to
-        (its ancestors and itself). Passed to the model as a 4-D additive mask ``[B, 1, m, length + P + m]``
-        (transformers uses a 4-D mask as given). Afterwards: :meth:`reorder` + :meth:`keep` (the decoder's
-        verification pass) or :meth:`truncate` to drop the nodes (a drafter's tree).
+        ``depths [m]`` or ``[B, m]`` (per row): each column's offset from the next position (RoPE position
+        = ``n_real + depth``); ``tree_mask [m, P + m]`` or ``[B, m, P + m]`` (per row: rows drafting
+        different trees, e.g. EAGLE-2 dynamic trees) bool: which of the pending and new columns each new
+        column may attend to (its ancestors and itself). Passed to the model as a 4-D additive mask
+        ``[B, 1, m, length + P + m]`` (transformers uses a 4-D mask as given). Afterwards: :meth:`reorder`
+        + :meth:`keep` (the decoder's verification pass) or :meth:`truncate` to drop the nodes (a
+        drafter's tree).
 
         Raises:
-            ValueError: ``tree_mask`` is not ``[m, P + m]``.
+            ValueError: ``tree_mask`` is not ``[m, P + m]`` or ``[B, m, P + m]``.
         """
         b, m = input_ids.shape
         p = self._pending
-        if tuple(tree_mask.shape) != (m, p + m):
-            raise ValueError(f"tree_mask must be [m, P + m] = [{m}, {p + m}], got {tuple(tree_mask.shape)}")
+        if tuple(tree_mask.shape[-2:]) != (m, p + m) or tree_mask.dim() not in (2, 3) or (
+                tree_mask.dim() == 3 and tree_mask.shape[0] != b):
+            raise ValueError(f"tree_mask must be [m, P + m] = [{m}, {p + m}] or [B, m, P + m], got "
+                             f"{tuple(tree_mask.shape)}")
         self._reserve(p + m)
         self.mask[:, self.length + p: self.length + p + m] = 1
         dev = self.mask.device
-        pos = self.n_real[:, None] + depths.to(dev)[None]
+        depths = depths.to(dev)
+        pos = self.n_real[:, None] + (depths if depths.dim() == 2 else depths[None])
+        tree_mask = tree_mask.to(dev) if tree_mask.dim() == 3 else tree_mask.to(dev)[None].expand(b, m, p + m)
         seen = torch.cat([self.mask[:, None, : self.length].bool().expand(b, m, self.length),
-                          tree_mask.to(dev)[None].expand(b, m, p + m)], -1)[:, None]  # [B, 1, m, L+P+m]
+                          tree_mask], -1)[:, None]  # [B, 1, m, L+P+m]
         dtype = next(self.model.parameters()).dtype
         if not dtype.is_floating_point:
             dtype = torch.float32

@@ -14,6 +14,7 @@ from torch import nn
 
 from decode.cache import RaggedCache
 from decode.cutoff import ChainCutoff
+from decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
 from decode.tree import level_mask
@@ -185,3 +186,48 @@ class DraftModel:
                 outs[i], col[i] = out.logits[:, j], ntree + j
         c.truncate(self._snapshot_len, self._snapshot_n)
         return Proposal(tokens=tokens.cpu(), probs=None, mask=ok.cpu())
+
+    @torch.no_grad()
+    def propose_dynamic_tree(self, state: DecodeState, spec: DynamicTree, sampling: SamplingParams,
+                             generator: torch.Generator | None, *, draft_threshold: float = 0.0,
+                             expand_threshold: float = 0.0) -> Proposal:
+        """Per row, an EAGLE-2 dynamic tree (Li et al. 2024; :class:`decode.dynamic_tree.TreeBuilder`) from
+        the draft model: the ``spec.topk`` best children of the ``spec.topk`` best nodes of each level by
+        cumulative log-probability, one draft-model forward per level over every row's frontier under a
+        per-row tree mask in its own cache (cut back to the committed tokens afterwards); the best
+        ``spec.total`` nodes per row are verified. Thresholds as in :meth:`propose_tree`.
+        Deterministic: ``probs=None``.
+
+        Returns:
+            :func:`decode.dynamic_tree.pack_rows`: ``tokens``, ``mask``, ``scores [B, N]`` and ``trees``.
+        """
+        logits = self._catch_up(state)  # [B, V]: the distribution of the depth-1 tokens
+        c = self._cache
+        self._snapshot_len, self._snapshot_n = c.length, c.n_real.clone()
+        b_all, dev = len(state.tokens), logits.device
+        bar = max(draft_threshold, expand_threshold)
+        builders = [TreeBuilder(spec, draft_threshold, bar) if a else None for a in state.active]
+        lp = torch.log_softmax(logits[:, : state.vocab_size].float(), -1)
+        fronts = [bl.add_children(lp[b][None]) if bl else [] for b, bl in enumerate(builders)]
+        cols: list[dict[int, int]] = [{} for _ in range(b_all)]  # per row: node -> its column in the cache
+        width = 0  # tree columns already in the cache (rows padded alike)
+        while any(fronts):
+            m = max(len(f) for f in fronts)
+            tokens = torch.zeros(b_all, m, dtype=torch.long)
+            mask = torch.zeros(b_all, m, width + m, dtype=torch.bool)
+            for b, f in enumerate(fronts):
+                mask[b, :, width:] = torch.eye(m, dtype=torch.bool)  # padding columns see themselves
+                if f:
+                    tokens[b, : len(f)] = torch.tensor([builders[b].tokens[i] for i in f])
+                    mask[b, : len(f), : width + len(f)] = level_mask(builders[b].parents, f, cols[b], width)
+                    mask[b, : len(f), width + len(f):] = False
+            level = max(bl.level for bl in builders if bl)
+            out = c.run_tree(tokens.to(dev), torch.full((m,), level - 1), mask)
+            lp = torch.log_softmax(out.logits[:, :, : state.vocab_size].float(), -1)  # [B, m, V]
+            for b, f in enumerate(fronts):
+                for j, i in enumerate(f):
+                    cols[b][i] = width + j
+                fronts[b] = builders[b].add_children(lp[b, : len(f)]) if f else []
+            width += m
+        c.truncate(self._snapshot_len, self._snapshot_n)
+        return pack_rows([bl.result() if bl else None for bl in builders])

@@ -16,7 +16,8 @@ Tree rounds (``tree=...``; SpecInfer, Miao et al. 2024; Medusa; EAGLE) differ in
 proposer fills a static :class:`decode.tree.DraftTree` (``propose_tree``); the target runs
 ``[last, node_0 .. node_{N-1}]`` under a 4-D tree attention mask with RoPE position = depth; and after
 the accepted path is found (``verify_tree_greedy`` / ``verify_tree_sampling``) its cache columns and
-hidden features are gathered into place before the same ``keep``. Statistics count per depth: a
+hidden features are gathered into place before the same ``keep`` (decode/tree_round.py; EAGLE-2's
+dynamic trees, one shape per row and round, run there too). Statistics count per depth: a
 tree's ``drafted`` is the nodes verified, ``accept_per_position[i]`` the acceptance at depth ``i + 1``.
 """
 
@@ -32,12 +33,16 @@ from typing import Any
 import torch
 
 from decode.cache import RaggedCache
+from decode.dynamic_tree import DynamicTree, parse_tree
 from decode.fused import fused_projections
 from decode.inputs import (
+    AUTO,
     as_proposer,
     as_rows,
+    auto_decoding,
     check_count,
     check_prompt_length,
+    draft_threshold_set,
     proposer_modules,
     resolve_eos,
     shared_vocab_size,
@@ -50,13 +55,8 @@ from decode.sampling import (
     logits_to_probs,
     select_tokens,
 )
-from decode.tree import DraftTree, close_under_parents
-from decode.verify import (
-    verify_greedy,
-    verify_sampling,
-    verify_tree_greedy,
-    verify_tree_sampling,
-)
+from decode.tree_round import TreeRounds, sync
+from decode.verify import verify_greedy, verify_sampling
 
 _ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []
 
@@ -100,12 +100,10 @@ def watch_rounds(callback: Callable[[RoundInfo], None]) -> Iterator[None]:
         _ROUND_HOOKS.remove(callback)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+_sync = sync
 
 
-class _Decoder:
+class _Decoder(TreeRounds):
     """State of one ``generate`` call. Functions are split so each does one step of the round."""
 
     def __init__(self, target, rows, proposer, sampling, k_max, max_new, eos, vocab, generator, tree=None):
@@ -192,14 +190,16 @@ class _Decoder:
         self.counts.prefill_committed = len(self.tokens)
         self._notify()
 
-    def _timed_proposal(self, method: str, width: int, what: str, *args) -> tuple[Any, torch.Tensor]:
+    def _timed_proposal(self, method: str, width: int | None, what: str, *args) -> tuple[Any, torch.Tensor]:
         """Call ``proposer.<method>(*args)`` on the drafting clock; return the proposal and its tokens as
-        a LongTensor ``[B, width]`` on the target's device. Raises ``ValueError`` for any other shape."""
+        a LongTensor ``[B, width]`` (``width`` None: any) on the target's device. Raises ``ValueError`` for
+        any other shape."""
         t0 = time.perf_counter()
         prop = getattr(self.proposer, method)(*args)
         _sync(self.device)
         self.counts.draft_time_s += time.perf_counter() - t0
         b, d = len(self.tokens), torch.as_tensor(prop.tokens)
+        width = d.shape[-1] if width is None and d.dim() == 2 else width
         if d.dim() != 2 or tuple(d.shape) != (b, width) or d.is_floating_point() or d.dtype == torch.bool:
             raise ValueError(f"{type(self.proposer).__name__}.{method} returned tokens of shape {tuple(d.shape)} "
                              f"({d.dtype}); the proposer protocol needs an integer tensor [B, {'N' if what else 'k'}] "
@@ -276,98 +276,6 @@ class _Decoder:
         if _ROUND_HOOKS:  # the drafts each row had verified, for watch_rounds hooks only
             self._notify([h[3: 3 + min(k, max(h[2], 0))] if a else [] for h, a in zip(host, active)])
 
-    # --- tree rounds ----------------------------------------------------------------------------------
-    def _propose_tree(self, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The proposer's tree tokens ``[B, N]`` and the nodes each row may have verified ``[B, N]``:
-        its mask, cut at invalid ids, at each row's depth cap, inactive rows empty, closed under parents."""
-        tree, b, n = self.tree, len(self.tokens), self.tree.num_nodes
-        prop, d = self._timed_proposal("propose_tree", n, " (one token per tree node)", self._state(), tree,
-                                       self.sampling, self.gen)
-        name = type(self.proposer).__name__
-        valid = torch.ones(b, n, dtype=torch.bool, device=self.device)
-        if prop.mask is not None:
-            m = torch.as_tensor(prop.mask)
-            if tuple(m.shape) != (b, n):
-                raise ValueError(f"{name}.propose_tree returned a mask of shape {tuple(m.shape)}; need [B, N] = [{b}, {n}]")
-            valid &= m.to(self.device).bool()
-        bad = (d < 0) | (d >= self.vocab)
-        act = torch.tensor(self.active, device=self.device)
-        if not self._warned_ids and bool((bad & valid & act[:, None]).any()):
-            self._warned_ids = True
-            ids = sorted(set(d[bad & valid & act[:, None]].tolist()))[:5]
-            warnings.warn(f"{name}.propose_tree returned token ids {ids} outside [0, {self.vocab}) (the target's "
-                          "vocabulary): a proposer contract violation. Those nodes and their subtrees are not "
-                          "verified (output stays exact); fix the proposer. Warned once per generate call",
-                          stacklevel=2)
-        depth = torch.tensor(tree.depths, device=self.device)
-        cap = torch.tensor(caps, device=self.device)
-        valid &= ~bad & act[:, None] & (depth[None] <= cap[:, None])
-        return d.masked_fill(bad, 0), close_under_parents(tree, valid)
-
-    def step_tree(self) -> None:
-        """One tree round: propose a tree, ONE target forward over ``[last, nodes..]`` under tree
-        attention, follow the accepted path, move its cache columns and features into place, commit.
-        Nodes no row may use are dropped before the forward; with none left it is a plain step."""
-        active = self.active
-        caps = [min(self.tree.max_depth, self.max_new - len(o) - 1) if a else 0 for o, a in zip(self.out, active)]
-        if max(caps) > 0:
-            d, valid = self._propose_tree(caps)
-        else:  # only the last token is left to commit: nothing to draft
-            d = torch.zeros(len(active), self.tree.num_nodes, dtype=torch.long, device=self.device)
-            valid = torch.zeros_like(d, dtype=torch.bool)
-        keep = valid.any(0).tolist()
-        tree, idx = (self.tree.subtree(keep) if any(keep) else (None, []))
-        d, valid = d[:, idx], valid[:, idx]
-        t0 = time.perf_counter()
-        last = torch.tensor([[t[-1]] for t in self.tokens], dtype=torch.long, device=self.device)
-        n_real_before = self.cache.n_real.tolist()
-        want_h = self.layers is not None
-        if tree is None:
-            out = self.cache.run(last, logits_to_keep=1, output_hidden_states=want_h)
-        else:
-            depths = torch.tensor((0,) + tree.depths, device=self.device)
-            out = self.cache.run_tree(torch.cat([last, d], 1), depths, tree.attention_mask(self.device),
-                                      logits_to_keep=len(idx) + 1, output_hidden_states=want_h)
-        logits = out.logits[..., : self.vocab]  # [B, N+1, V]
-        if tree is None:  # no node to verify: a plain step
-            paths = [[] for _ in active]
-            nxt = select_tokens(logits[:, 0], self.sampling, self.vocab, self.gen)[0].tolist()
-        elif self.sampling.greedy:
-            paths, nxt = verify_tree_greedy(greedy_logits(logits), tree, d, valid)
-        else:
-            paths, nxt = verify_tree_sampling(logits_to_probs(logits, self.sampling), tree, d, valid, self.gen)
-        paths = [p if a else [] for p, a in zip(paths, active)]
-        cols = [[0] + [c + 1 for c in p] for p in paths]
-        vmax = max(len(c) if a else 0 for c, a in zip(cols, active))
-        index = torch.tensor([c + [0] * (vmax - len(c)) for c in cols], dtype=torch.long, device=self.device)
-        if tree is not None and vmax > 1:
-            self.cache.reorder(index)
-        counts = torch.tensor([len(c) if a else 0 for c, a in zip(cols, active)], device=self.device)
-        self.cache.keep(counts, valid_max=vmax)
-        if want_h:
-            h = self._hidden(out)
-            if vmax:
-                h = h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1]))
-            self._store_features(h, n_real_before, counts.tolist(), [0] * len(cols))
-        toks, ok = d.tolist(), valid.tolist()
-        for b, a in enumerate(active):
-            if a:
-                self._commit_path(b, paths[b], nxt[b], toks[b], ok[b], tree)
-        _sync(self.device)
-        self.counts.verify_time_s += time.perf_counter() - t0
-        self.round += 1
-        self._notify()
-
-    def _commit_path(self, b: int, path: list[int], nxt: int, toks: list[int], ok: list[bool],
-                     tree: DraftTree | None) -> None:
-        emitted = self._emit(b, [toks[c] for c in path] + [nxt])
-        accepted = min(len(emitted), len(path))
-        stopped_early = self.reasons[b] == "stop" and len(emitted) <= len(path)
-        end = path[-1] if path else -1
-        more = tree is not None and any(ok[c] for c in tree.children[end])  # a child of the last node was judged
-        rejected_at = len(path) if more and not stopped_early else None
-        self.counts.record_row(drafted=sum(ok), accepted=accepted, committed=len(emitted), rejected_at=rejected_at)
-
     def _commit(self, b: int, row: list[int], k: int) -> None:
         n_acc, nxt, lim, drafts = row[0], row[1], row[2], row[3: 3 + k]
         emitted = self._emit(b, drafts[:n_acc] + [nxt])
@@ -400,8 +308,16 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
             anything ``DraftTree.parse`` takes: ``"3,2,1"`` branching factors per depth, or a list of
             rank paths such as ``[[0], [1], [0, 0]]``). Each round the drafter proposes one token per
             node (its top-k), the target verifies the whole tree in ONE forward under tree attention
-            and the longest agreeing path is accepted (SpecInfer; Medusa; EAGLE). ``num_draft_tokens``
-            is then unused; depth is capped by the remaining budget. Ignored with ``drafter=None``.
+            and the longest agreeing path is accepted (SpecInfer; Medusa; EAGLE). Or a dynamic tree,
+            ``"dynamic"`` / ``"dynamic:TOTAL[:DEPTH[:TOPK]]"`` (:class:`decode.dynamic_tree.DynamicTree`;
+            EAGLE-2, Li et al. 2024): each row's tree is grown every round from the drafter's cumulative
+            log-probabilities (top-TOPK expansion for DEPTH levels, the best TOTAL nodes verified),
+            verified the same way. ``num_draft_tokens`` is then unused; depth is capped by the
+            remaining budget. Or ``"auto"``: the chain / tree / ``draft_threshold`` that ``drafterkit
+            tune`` measured fastest at batch size 1 on this machine, carried by a drafter loaded with
+            ``drafters.load_drafter`` (``tuned_decoding``; ``decode.inputs.auto_decoding``); without
+            one a chain of ``num_draft_tokens``, with a ``UserWarning`` saying why. Ignored with
+            ``drafter=None``.
         eos_token_id: an int or a list of ints in ``[0, vocab)`` (``[]``: no EOS, stop on length only);
             ``None`` = the target's ``generation_config.eos_token_id``.
         seed: seeds the ``torch.Generator`` used for all sampling (draft and target).
@@ -434,13 +350,21 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     check_prompt_length(target, rows, max_new_tokens)
     device = next(target.parameters()).device
     gen = None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
+    threshold = None
+    if isinstance(tree, str) and tree.strip() == AUTO:
+        tree, num_draft_tokens, threshold = auto_decoding(proposer, num_draft_tokens)
     draft_tree = None
     if tree is not None and proposer is not None:
-        draft_tree = DraftTree.parse(tree)
-        if max(draft_tree.ranks) >= vocab:
+        draft_tree = parse_tree(tree)
+        if isinstance(draft_tree, DynamicTree):
+            if not callable(getattr(proposer, "propose_dynamic_tree", None)):
+                raise ValueError(f"dynamic trees need a drafter that grows its tree (propose_dynamic_tree: every "
+                                 f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "
+                                 "cannot: give a static tree such as '3,2,1' or tree=None")
+        elif max(draft_tree.ranks) >= vocab:
             raise ValueError(f"tree rank {max(draft_tree.ranks)} needs more candidates than the vocabulary has "
                              f"({vocab} tokens): use ranks below it")
-        if not callable(getattr(proposer, "propose_tree", None)):
+        elif not callable(getattr(proposer, "propose_tree", None)):
             raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: every "
                              f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "
                              "proposes chains only: pass tree=None")
@@ -450,7 +374,8 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
     # alike ~5% faster in an A/B against no_grad. Tensors made here cannot be saved for backward.
     # fused_projections: the target's and the drafter's linear layers from the engine's merged (q/k/v,
     # gate/up) and, in bf16 on a CPU, prepacked weight copies (decode/fused.py)
-    with torch.inference_mode(), fused_projections(target, *proposer_modules(proposer)):
+    with torch.inference_mode(), fused_projections(target, *proposer_modules(proposer)), \
+            draft_threshold_set(proposer, threshold):
         dec = _Decoder(target, rows, proposer, sampling, k_max, max_new_tokens, eos, vocab, gen, draft_tree)
         if proposer is not None:
             proposer.reset(len(rows))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -115,3 +117,42 @@ def shared_vocab_size(target: torch.nn.Module, proposer: Proposer | None) -> int
         own = limit(target)
         vocab = vocab if own is None else min(vocab, int(own))
     return vocab
+
+
+#: ``decode.generate(tree=AUTO)``: the drafter's tuned setting (:func:`auto_decoding`)
+AUTO = "auto"
+
+
+def auto_decoding(proposer: Any, num_draft_tokens: int) -> tuple[Any, int, float | None]:
+    """``tree="auto"``: ``(tree, num_draft_tokens, draft_threshold)`` from ``proposer.tuned_decoding`` (the
+    batch-size-1 winner of ``drafterkit tune`` on this machine, ``{"tree", "k", "draft_threshold"}``,
+    attached by ``drafters.load_drafter`` when the drafter folder's ``decoding.json`` holds one measured on
+    a matching machine). Without one: a chain of ``num_draft_tokens`` and no threshold change, with a
+    ``UserWarning`` giving the drafter's ``tuned_note`` (why there is none). ``tree`` is ``None`` for a
+    chain. No drafter: nothing to tune, no warning."""
+    if proposer is None:
+        return None, num_draft_tokens, None
+    setting = getattr(proposer, "tuned_decoding", None)
+    if not isinstance(setting, dict) or not {"tree", "k", "draft_threshold"} <= set(setting):
+        note = getattr(proposer, "tuned_note", None) or "the drafter carries no tuned setting"
+        warnings.warn(f"tree='auto': {note}; decoding with a chain of num_draft_tokens={num_draft_tokens}. Load the "
+                      "drafter with drafters.load_drafter from a folder drafterkit tune measured on this machine",
+                      stacklevel=3)
+        return None, num_draft_tokens, None
+    tree = None if setting["tree"] == "chain" else setting["tree"]
+    return tree, int(setting["k"]), float(setting["draft_threshold"])
+
+
+@contextmanager
+def draft_threshold_set(proposer: Any, threshold: float | None) -> Iterator[None]:
+    """Inside the block, ``proposer.draft_threshold`` is ``threshold`` (restored after); a no-op for
+    ``None`` or a proposer without a confidence threshold (``supports_draft_threshold``)."""
+    if threshold is None or not getattr(proposer, "supports_draft_threshold", False):
+        yield
+        return
+    own = proposer.draft_threshold
+    proposer.draft_threshold = threshold
+    try:
+        yield
+    finally:
+        proposer.draft_threshold = own

@@ -91,6 +91,14 @@ class Proposal:
             and all its ancestors are True; nodes False in every row are not sent to the target at
             all. ``None`` means every node.
 
+        trees: dynamic tree proposals only (``propose_dynamic_tree``): per row, the
+            ``decode.tree.DraftTree`` it drafted (None: nothing); row ``b``'s nodes are columns
+            ``0 .. trees[b].num_nodes - 1`` of ``tokens`` in that tree's node order, further columns
+            are padding (``mask`` False there).
+        scores: dynamic tree proposals only, optional: FloatTensor ``[B, N]``, each node's cumulative
+            draft log-probability (the EAGLE-2 ranking key; a wrapper merging branches into the tree
+            ranks them against it).
+
     A tree proposal (:meth:`TreeProposer.propose_tree`) has ``tokens [B, N]`` in the tree's node order,
     ``probs=None`` (tree candidates are deterministic: the drafter's top-k) and ``lengths=None``.
     """
@@ -99,6 +107,8 @@ class Proposal:
     probs: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    trees: list | None = None
+    scores: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -123,6 +133,9 @@ class Proposer(Protocol):
 #       (e.g. a draft model whose LM head has fewer padding rows); the decoder's vocabulary is the
 #       smaller of this and the target's. ``decode.draft_model.DraftModel`` has it; wrappers delegate.
 #   propose_tree(state, tree, sampling, generator) -> Proposal: tree drafts (TreeProposer below).
+#   propose_dynamic_tree(state, spec, sampling, generator) -> Proposal: EAGLE-2 dynamic trees
+#       (``decode.dynamic_tree.DynamicTree`` spec; ``Proposal.trees`` holds each row's tree). Every
+#       drafters/ kind has it; ``decode.dynamic_tree.TreeBuilder`` does the expansion and reranking.
 
 
 @runtime_checkable

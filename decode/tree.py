@@ -225,17 +225,22 @@ def close_under_parents(tree: DraftTree, valid: torch.Tensor) -> torch.Tensor:
     return valid
 
 
-def level_mask(tree: DraftTree, nodes: Sequence[int], col: dict[int, int]) -> torch.Tensor:
+def level_mask(tree: DraftTree | Sequence[int], nodes: Sequence[int], col: dict[int, int],
+               width: int | None = None) -> torch.Tensor:
     """Tree attention for one level of drafting: bool ``[m, len(col) + m]``. ``nodes`` are the ``m`` nodes
     run now, appended after the ``len(col)`` tree entries already in the drafter's cache (``col``: node
-    -> its column among them); row ``j`` is True at the columns of ``nodes[j]``'s ancestors and its own."""
-    ntree, m = len(col), len(nodes)
+    -> its column among them); row ``j`` is True at the columns of ``nodes[j]``'s ancestors and its own.
+    ``tree`` is a :class:`DraftTree` or the parent index of every node (a dynamic tree being grown);
+    ``width`` (default ``len(col)``) is the number of tree entries already in the cache when it holds
+    padding columns besides ``col``'s."""
+    parents = tree.parents if isinstance(tree, DraftTree) else tree
+    ntree, m = (len(col) if width is None else width), len(nodes)
     rows = []
     for j, i in enumerate(nodes):
-        row, a = [False] * (ntree + m), tree.parents[i]
+        row, a = [False] * (ntree + m), parents[i]
         while a >= 0:
             row[col[a]] = True
-            a = tree.parents[a]
+            a = parents[a]
         row[ntree + j] = True
         rows.append(row)
     return torch.tensor(rows, dtype=torch.bool)

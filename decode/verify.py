@@ -114,15 +114,25 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor | None, draft_tokens: torch
 
 
 def _check_tree(scores: torch.Tensor, tree, draft_tokens: torch.Tensor, valid: torch.Tensor | None, name: str):
-    n = tree.num_nodes
+    """Shapes checked; returns ``(tokens, ok, per-row trees)`` as lists (a per-row tree list's rows hold
+    ``trees[b].num_nodes <= N`` nodes in their first columns; ``None``: no node)."""
     b = draft_tokens.shape[0]
+    per_row = isinstance(tree, (list, tuple))
+    rows = list(tree) if per_row else [tree] * b
+    n = tree.num_nodes if not per_row else (draft_tokens.shape[-1] if draft_tokens.dim() == 2 else -1)
     if draft_tokens.dim() != 2 or draft_tokens.shape[1] != n or scores.dim() != 3 or scores.shape[:2] != (b, n + 1):
         raise ValueError(f"{name} must be [B, N+1, V] and draft_tokens [B, N] for a tree of N={n} nodes; got "
                          f"{tuple(scores.shape)} and {tuple(draft_tokens.shape)}")
+    if len(rows) != b or any(t is not None and t.num_nodes > n for t in rows):
+        raise ValueError(f"per-row trees must be one per row ({b}), each of at most N={n} nodes")
     if valid is not None and tuple(valid.shape) != (b, n):
         raise ValueError(f"valid must be [B, N] = [{b}, {n}], got {tuple(valid.shape)}")
     ok = [[True] * n for _ in range(b)] if valid is None else valid.bool().tolist()
-    return draft_tokens.tolist(), ok
+    return draft_tokens.tolist(), ok, rows
+
+
+def _kids(tree, node: int) -> tuple[int, ...]:
+    return () if tree is None else tree.children[node]
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, tree, draft_tokens: torch.Tensor,
@@ -132,7 +142,9 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree, draft_tokens: torch.Te
 
     Args:
         target_logits: ``[B, N+1, V]`` over ``[root, node_0 .. node_{N-1}]`` (tree attention).
-        tree: the :class:`decode.tree.DraftTree` (``children`` in rank order).
+        tree: the :class:`decode.tree.DraftTree` (``children`` in rank order), or one per row (a list;
+            ``None`` for a row with no node): the trees of a dynamic tree round, row ``b``'s nodes in
+            the first ``trees[b].num_nodes`` columns.
         draft_tokens: LongTensor ``[B, N]``, the token of each node.
         valid: optional bool ``[B, N]``; invalid nodes are never accepted (close it under parents).
 
@@ -144,14 +156,14 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree, draft_tokens: torch.Te
     Raises:
         ValueError: on mismatched shapes.
     """
-    toks, ok = _check_tree(target_logits, tree, draft_tokens, valid, "target_logits")
+    toks, ok, trees = _check_tree(target_logits, tree, draft_tokens, valid, "target_logits")
     best = target_logits.argmax(-1).tolist()
     paths, nxt = [], []
     for b in range(len(toks)):
         node, path = -1, []
         while True:
             t = best[b][node + 1]
-            child = next((c for c in tree.children[node] if ok[b][c] and toks[b][c] == t), None)
+            child = next((c for c in _kids(trees[b], node) if ok[b][c] and toks[b][c] == t), None)
             if child is None:
                 break
             path.append(child)
@@ -185,14 +197,14 @@ def verify_tree_sampling(p: torch.Tensor, tree, draft_tokens: torch.Tensor, vali
     Raises:
         ValueError: on mismatched shapes.
     """
-    toks, ok = _check_tree(p, tree, draft_tokens, valid, "p")
+    toks, ok, trees = _check_tree(p, tree, draft_tokens, valid, "p")
     paths, nxt = [], []
     for b in range(len(toks)):
         node, path = -1, []
         while True:
             r = p[b, node + 1].float()
             moved = False
-            for c in tree.children[node]:
+            for c in _kids(trees[b], node):
                 if not ok[b][c]:
                     continue
                 t = toks[b][c]

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from assets.target import safetensors_problem, weights_problem
 from drafters.base import Drafter, DrafterLoadError, read_config
 from drafters.draft_lm import DraftLM, check_vocab_match
+from drafters.tuned import read_tuned
 
 # kind -> "module:Class". Imported lazily so one kind's missing optional piece never breaks another.
 _KIND_PATHS = {
@@ -172,6 +173,9 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     transformers causal-LM folder, loaded as an independent draft model); ``target`` supplies
     modules borrowed from it, and the drafter takes its device and floating dtype (measured: an
     EAGLE-3 head drafts in 6.8 ms per round in bf16 next to a bf16 SmolLM2-135M, 13.3 ms in fp32).
+    The drafter carries the setting ``drafterkit tune`` measured best on this machine, if any, as
+    ``tuned_decoding`` (``{"tree", "k", "draft_threshold", ...}`` or None) and ``tuned_note`` (why):
+    ``decode.generate(..., tree="auto")`` uses it (:mod:`drafters.tuned`).
 
     Raises:
         DrafterLoadError: ``path`` holds no drafter (the message says what it holds), is a
@@ -180,7 +184,7 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     """
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
     if kind == TRANSFORMERS_KIND:
-        return load_transformers_drafter(folder, target)
+        return _with_tuned(load_transformers_drafter(folder, target), folder, target)
     if problem := safetensors_problem(folder / "model.safetensors"):
         raise DrafterLoadError(f"{folder / 'model.safetensors'} {problem}; save the drafter again (or copy the "
                                "checkpoint again)")
@@ -188,6 +192,13 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     if target is not None:  # decode in the target's dtype: an fp32 head next to a bf16 target drafts ~2x slower
         p = next(target.parameters())
         drafter.to(device=p.device, dtype=p.dtype)
+    return _with_tuned(drafter, folder, target)
+
+
+def _with_tuned(drafter, folder: Path, target):
+    """Attach ``tuned_decoding`` / ``tuned_note`` (:func:`drafters.tuned.read_tuned`) to ``drafter``."""
+    device = next(target.parameters()).device if target is not None else "auto"
+    drafter.tuned_decoding, drafter.tuned_note = read_tuned(folder, device)
     return drafter
 
 

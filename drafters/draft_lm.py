@@ -186,3 +186,11 @@ class DraftLM(Drafter):
         return self._draft_model().propose_tree(state, tree, sampling, generator,
                                                 draft_threshold=self.draft_threshold,
                                                 expand_threshold=self.expand_threshold)
+
+    def propose_dynamic_tree(self, state: DecodeState, spec, sampling: SamplingParams,
+                             generator: torch.Generator | None) -> Proposal:
+        """Per row, an EAGLE-2 dynamic tree from the draft LM (see
+        :meth:`decode.draft_model.DraftModel.propose_dynamic_tree`)."""
+        return self._draft_model().propose_dynamic_tree(state, spec, sampling, generator,
+                                                        draft_threshold=self.draft_threshold,
+                                                        expand_threshold=self.expand_threshold)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decode.cutoff import ChainCutoff
+from decode.dynamic_tree import DynamicTree, RowTree, TreeBuilder, pack_rows
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
 from decode.tree import level_mask
@@ -311,6 +312,60 @@ class FeatureHeadDrafter(Drafter):
             for j, i in enumerate(grow):
                 outs[i], col[i] = out[:, j], ntree + j
         return torch.tensor(out_tok, dtype=torch.long), torch.tensor(ok, dtype=torch.bool)
+
+    def propose_dynamic_tree(self, state: DecodeState, spec: DynamicTree, sampling: SamplingParams,
+                             generator: torch.Generator | None) -> Proposal:
+        """Per row, an EAGLE-2 dynamic tree (Li et al. 2024; :class:`decode.dynamic_tree.TreeBuilder`): the
+        head's ``spec.topk`` best children of the ``spec.topk`` best nodes of each level, by cumulative
+        log-probability, one head pass per level under tree attention as in :meth:`propose_tree`; the best
+        ``spec.total`` nodes are verified. ``draft_threshold`` / ``expand_threshold`` bar nodes and their
+        expansion as in static trees. Deterministic: ``probs=None``.
+
+        Returns:
+            :func:`decode.dynamic_tree.pack_rows`: ``tokens``, ``mask``, ``scores [B, N]`` and ``trees``.
+
+        Raises:
+            ValueError: the decoder passed no features.
+        """
+        if state.features is None:
+            raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
+        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
+            self.reset(len(state.tokens))
+        rows = []
+        with torch.no_grad():
+            for b, toks in enumerate(state.tokens):
+                ready = state.active[b] and len(toks) >= 2
+                rows.append(self._dynamic_row(b, toks, state.features[b], state.num_stable[b], spec,
+                                              state.vocab_size) if ready else None)
+        return pack_rows(rows)
+
+    def _dynamic_row(self, b, toks, feats, stable, spec, vocab_size) -> RowTree:
+        n = len(toks)
+        root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
+        c = self._caches[b]
+        past, plen = (c["k"], c["v"]), c["k"].shape[2]
+        builder = TreeBuilder(spec, self.draft_threshold, self.expand_bar)
+        outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
+        col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
+        frontier = [-1]
+        while frontier:
+            logits, ids = self.logits_and_ids(torch.cat([outs[p] for p in frontier]))  # [P, V']
+            if ids is not None:
+                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+            else:
+                logits = logits[:, :vocab_size]
+            frontier = builder.add_children(torch.log_softmax(logits.float(), -1), ids)
+            if not frontier:
+                break
+            m, ntree = len(frontier), len(col)
+            ids_in = torch.tensor([builder.tokens[i] for i in frontier], device=root.device)[None]
+            hid_in = torch.cat([outs[builder.parents[i]] for i in frontier])[None]  # [1, m, H]
+            pos = torch.full((1, m), n - 2 + builder.level, device=root.device)
+            attn = torch.cat([torch.ones(m, plen, dtype=torch.bool), level_mask(builder.parents, frontier, col)], 1)
+            out, past = self._layer(ids_in, hid_in, pos, attn.to(root.device), past)
+            for j, i in enumerate(frontier):
+                outs[i], col[i] = out[:, j], ntree + j
+        return builder.result()
 
     @staticmethod
     def _to_target_probs(p: torch.Tensor, ids: torch.Tensor | None, v: int) -> torch.Tensor:

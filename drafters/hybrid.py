@@ -39,9 +39,10 @@ from typing import Any
 
 import torch
 
+from decode.dynamic_tree import DynamicTree, merge_scored, pack_rows, row_tree_of
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from drafters.base import Checked
-from drafters.ngram import continuations, fill_tree, lookup, overlay_tree
+from drafters.ngram import continuations, fill_tree, lookup, overlay_tree, trie_paths
 
 #: a chain row copies the datastore's majority continuation when at least this share of the corpus
 #: matches agree on its first token (chosen on MT-bench continuations of the target: 0.5-0.85 alike)
@@ -243,12 +244,13 @@ class LookupHybrid:
         gave tau 2.20 and 1.72x over plain decoding, against 2.14 / 1.67x for nodes held to 0.2
         altogether and 2.02 / 1.61x for leaves down to 0.05 (they take the tree
         slots the corpus's branches would use)."""
+        method = getattr(self.drafter, "propose_dynamic_tree" if isinstance(tree, DynamicTree) else "propose_tree")
         if self.datastore is None or not getattr(self.drafter, "supports_draft_threshold", False):
-            return self.drafter.propose_tree(state, tree, sampling, generator)
+            return method(state, tree, sampling, generator)
         own = getattr(self.drafter, "expand_threshold", 0.0)
         self.drafter.expand_threshold = max(own, self.datastore_share)
         try:
-            return self.drafter.propose_tree(state, tree, sampling, generator)
+            return method(state, tree, sampling, generator)
         finally:
             self.drafter.expand_threshold = own
 
@@ -295,3 +297,42 @@ class LookupHybrid:
                     row_t, row_m = overlay_tree(tree, tokens[b].tolist(), mask[b].tolist(), ds, self.datastore_share)
                     tokens[b], mask[b] = torch.tensor(row_t, dtype=torch.long), torch.tensor(row_m, dtype=torch.bool)
         return Proposal(tokens=tokens, probs=None, mask=mask)
+
+    def propose_dynamic_tree(self, state: DecodeState, spec: DynamicTree, sampling: SamplingParams,
+                             generator: torch.Generator | None) -> Proposal:
+        """Dynamic-tree version of :meth:`propose_tree` (EAGLE-2 ranking, :mod:`decode.dynamic_tree`): a row
+        with a lookup match proposes the trie of what followed its last n-gram, ranked by the share of the
+        occurrences agreeing with each path (:func:`drafters.ngram.trie_paths`); the other rows the
+        drafter's dynamic tree, into which, with a datastore, the corpus's branches held by at least
+        ``datastore_share`` of its matches join the same ranking: a branch's score is the log of that
+        share, the drafter's nodes score their cumulative draft log-probability, and the best
+        ``spec.total`` of the union are verified (:func:`decode.dynamic_tree.merge_scored`). When every
+        active row has a match the drafter is not run.
+
+        Raises:
+            ValueError: the wrapped drafter cannot grow dynamic trees.
+        """
+        if not callable(getattr(self.drafter, "propose_dynamic_tree", None)):
+            raise ValueError(f"{self.kind}: the wrapped drafter cannot grow dynamic trees (propose_dynamic_tree: "
+                             "every drafters/ kind has it); give a static tree such as 3,2,1")
+        conts = [continuations(row, spec.depth, self.max_ngram, self.min_match) if active else []
+                 for row, active in zip(state.tokens, state.active)]
+        stable, n_active, copied = self._count(state, conts)
+        rows: list = [None] * len(state.tokens)
+        if n_active and copied == n_active:
+            self._stable = stable
+        else:
+            self._stable = None
+            inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features,
+                                active=state.active, vocab_size=state.vocab_size)
+            prop = self._drafter_tree(inner, spec, sampling, generator)
+            rows = [row_tree_of(prop, b) for b in range(len(rows))]
+        for b, cont in enumerate(conts):
+            if cont:
+                rows[b] = merge_scored([], trie_paths(cont), spec.total)
+            elif self.datastore is not None and state.active[b]:
+                ds = self.datastore.continuations(state.tokens[b], min(spec.depth, self.datastore_depth),
+                                                  self.datastore_matches)
+                if ds:
+                    rows[b] = merge_scored([rows[b]], trie_paths(ds, self.datastore_share), spec.total)
+        return pack_rows(rows)

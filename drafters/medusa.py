@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from decode.cutoff import ChainCutoff
+from decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
 from drafters.base import Drafter
@@ -222,3 +223,34 @@ class MedusaDrafter(Drafter):
         ready = torch.tensor([f.shape[0] > 0 and a for f, a in zip(state.features, state.active)])
         return Proposal(tokens=tokens, probs=None, mask=mask & ready[:, None])
 
+    def propose_dynamic_tree(self, state: DecodeState, spec: DynamicTree, sampling: SamplingParams,
+                             generator: torch.Generator | None) -> Proposal:
+        """Per row, an EAGLE-2 dynamic tree (:class:`decode.dynamic_tree.TreeBuilder`) over Medusa's heads:
+        a node at depth ``d`` takes head ``d-1``'s top-k as its candidates (as in :meth:`propose_tree`,
+        the heads do not see the ancestors' tokens, so expanding a node costs no pass), scored by
+        cumulative log-probability; the best ``spec.total`` nodes are verified; depth at most
+        ``num_heads``. Deterministic: ``probs=None``.
+
+        Raises:
+            ValueError: no features (the decoder did not honour ``feature_layers``).
+        """
+        if state.features is None:
+            raise ValueError("Medusa needs target features; the decoder must honour feature_layers")
+        dev, dt = next(self.blocks.parameters()).device, next(self.blocks.parameters()).dtype
+        spec = spec.capped(self.config.num_heads)
+        hidden = torch.stack([f[-1] if f.shape[0] else f.new_zeros(self.config.hidden_size)
+                              for f in state.features]).to(dev, dt)  # [B, H]
+        with torch.no_grad():
+            logp = [torch.log_softmax(self.head_logits(j, hidden)[:, : state.vocab_size].float(), -1).cpu()
+                    for j in range(spec.depth)]  # per depth [B, V]
+        rows = []
+        for b, (f, active) in enumerate(zip(state.features, state.active)):
+            if not active or f.shape[0] == 0:
+                rows.append(None)
+                continue
+            builder = TreeBuilder(spec, self.draft_threshold, self.expand_bar)
+            frontier = [-1]
+            while frontier:
+                frontier = builder.add_children(logp[builder.level][b][None].expand(len(frontier), -1))
+            rows.append(builder.result())
+        return pack_rows(rows)

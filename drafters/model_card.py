@@ -11,6 +11,8 @@ The card holds:
 * how to serve it: vLLM's ``--speculative-config`` (method ``eagle3``, ``medusa`` or ``draft_model``,
   ``num_speculative_tokens``), SGLang's ``--speculative-algorithm EAGLE3`` command for ``sglang-eagle3``,
   transformers' ``assistant_model`` for ``hf-assistant``;
+* the decoding setting ``drafterkit tune`` recorded in the drafter's ``decoding.json``, when there is one
+  (its batch-size-1 K is then the ``num_speculative_tokens`` served);
 * what it was trained on, read from the training checkpoint folder around ``drafter/`` (see
   ``train/checkpoint.py``): ``recipe.yaml`` (drafter, data, loss, optimizer, budget) and
   ``trainer_state.json`` (optimizer steps, epoch, tokens seen);
@@ -36,6 +38,7 @@ import yaml
 
 from assets.pinned import DEFAULT_TARGET_ALIAS
 from drafters.base import read_config, weights_sha256
+from drafters.tuned import DECODING_FILE, TUNED
 
 #: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
 #: SmolLM2-135M-Instruct), and the folder it is dequantized into under $DRAFTERKIT_HOME
@@ -387,6 +390,33 @@ def measured_section(rec: dict, ckpt: Path, target: str | None, k: int) -> list[
             "Speed depends on the machine and the engine; measure it against plain decoding with:", "", *command, ""]
 
 
+def tuned_section(ckpt: Path) -> tuple[list[str], int | None]:
+    """Markdown lines stating the setting ``drafterkit tune`` recorded in ``ckpt/decoding.json`` (per
+    concurrency: shape, K, threshold, measured speedup and tau; the machine it holds for), and the batch-size-1
+    winner's K (``num_speculative_tokens``); ``([], None)`` when nothing was tuned."""
+    tuned = (_read_json(ckpt / DECODING_FILE) or {}).get(TUNED)
+    winners = tuned.get("winners") if isinstance(tuned, dict) else None
+    if not isinstance(winners, dict) or not winners:
+        return [], None
+    m = tuned.get("machine") or {}
+    lines = ["## Tuned decoding", "",
+             f"`drafterkit tune` measured these fastest over plain decoding on held-out prompts "
+             f"({(tuned.get('prompts') or {}).get('benchmark', '?')}), on {m.get('cpu', '?')} ({m.get('cpu_count', '?')} "
+             f"cores, {m.get('threads', '?')} threads, {m.get('device', '?')}), target in {tuned.get('dtype', '?')}, "
+             f"drafterkit {tuned.get('drafterkit', '?')}, {tuned.get('created', '?')}. On another machine, tune again.",
+             "", "| concurrency | shape | K | draft threshold | tokens/s over plain decoding | tau |",
+             "|---|---|---|---|---|---|"]
+    for c in sorted(winners, key=int):
+        w = winners[c]
+        lines.append(f"| {c} | {w.get('tree')} | {w.get('k')} | {w.get('draft_threshold')} | "
+                     f"{w.get('speedup', float('nan')):.2f}x | {w.get('tau', float('nan')):.2f} |")
+    k = int(winners["1"]["k"]) if "1" in winners else None
+    if k is not None:
+        lines += ["", f"The serve commands above use the batch-size-1 winner's K as `num_speculative_tokens` ({k}); "
+                  "a tree's K is its depth."]
+    return lines + [""], k
+
+
 def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str | None = None,
                      repo: str | None = None) -> Path:
     """Write ``out/README.md`` for the ``fmt`` export of the ``kind`` drafter folder ``ckpt`` (see the
@@ -398,6 +428,8 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     shape = measured_shape(rec["quickstart"]["decoding"]) if rec["quickstart"] else None
     target = _section(rec["recipe"], "target").get("name_or_path") or target
     k = shape["k"] if shape else int(_section(rec["recipe"], "eval").get("k") or 5)
+    tuned_lines, tuned_k = tuned_section(ckpt)
+    k = tuned_k or k  # a setting drafterkit tune measured wins over the quickstart's measured shape
     if kind == "medusa":  # its heads propose at most num_heads tokens
         k = min(k, int(cfg["num_heads"]))
     export_config = _read_json(out / "config.json")
@@ -408,6 +440,7 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
              "(greedy: token for token; sampling: in distribution); the drafter only changes the speed.", ""]
     lines += serve_section(fmt, cfg, repo or str(out), target, k, shape) + [""]
     lines += training_section(kind, cfg, rec, export_config)
+    lines += tuned_lines
     lines += measured_section(rec, ckpt, target, k)
     path = out / "README.md"
     path.write_text("\n".join(lines))

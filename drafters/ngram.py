@@ -8,10 +8,12 @@ When nothing matches it proposes the last token repeated, which costs nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from decode.dynamic_tree import DynamicTree, merge_scored, pack_rows
 from decode.protocol import DecodeState, Proposal, SamplingParams
 from drafters.base import Drafter
 
@@ -110,6 +112,22 @@ def overlay_tree(tree, toks: list[int], ok: list[bool], conts: list[list[int]],
     return toks, ok
 
 
+def trie_paths(conts: list[list[int]], min_share: float = 0.0) -> dict[tuple[int, ...], float]:
+    """The trie of ``conts`` as ``{token path: log share}``: the share is the fraction of ``conts`` that
+    start with the path (the trie's path probability, as in :func:`overlay_tree`); paths held by fewer
+    than ``min_share`` of them are left out (their extensions too). Every prefix of a path is present,
+    earlier ``conts`` first; ``{}`` without continuations. For dynamic trees
+    (:func:`decode.dynamic_tree.merge_scored`), where the shares rank against a drafter's path
+    probabilities."""
+    counts: dict[tuple[int, ...], int] = {}
+    for c in conts:
+        for d in range(1, len(c) + 1):
+            counts[tuple(c[:d])] = counts.get(tuple(c[:d]), 0) + 1
+    total = len(conts)
+    keep = {p: n for p, n in counts.items() if n >= min_share * total}
+    return {p: math.log(n / total) for p, n in keep.items() if all(p[:d] in keep for d in range(1, len(p)))}
+
+
 class NGramDrafter(Drafter):
     """Prompt-lookup proposer; holds no tensors (its checkpoint has an empty ``model.safetensors``)."""
 
@@ -148,3 +166,13 @@ class NGramDrafter(Drafter):
         return Proposal(tokens=torch.tensor(rows_t, dtype=torch.long), probs=None,
                         mask=torch.tensor(rows_m, dtype=torch.bool))
 
+    def propose_dynamic_tree(self, state: DecodeState, spec: DynamicTree, sampling: SamplingParams,
+                             generator: torch.Generator | None) -> Proposal:
+        """Per row, the trie of what followed its last n-gram (:func:`trie_paths`), ranked by the share of
+        occurrences agreeing with each path, its best ``spec.total`` nodes (depth ``<= spec.depth``); rows
+        without a match propose nothing. Deterministic: ``probs=None``."""
+        rows = []
+        for toks, active in zip(state.tokens, state.active):
+            conts = continuations(toks, spec.depth, self.config.max_ngram, self.config.min_ngram) if active else []
+            rows.append(merge_scored([], trie_paths(conts), spec.total) if conts else None)
+        return pack_rows(rows)

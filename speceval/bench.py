@@ -43,7 +43,7 @@ import torch
 
 from assets.device import resolve_dtype
 from assets.target import load_target, resolve_target_path
-from decode.tree import DraftTree
+from decode.dynamic_tree import parse_tree
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
 from speceval import plots, report
@@ -111,7 +111,9 @@ class EvalConfig:
                 "per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank paths such as '[[0],[1],[0,0]]' "
                 "(paths are sorted and a path given twice counts once, so [[0],[0]] is the tree [[0]]); repeatable, "
                 "each measured side by side (the same tree given twice, however spelled, e.g. 1 and [[0]], is "
-                "measured once, under its first spelling). Tree rows ignore --k (their K column is the tree's depth) "
+                "measured once, under its first spelling); or an EAGLE-2 dynamic tree grown per row and round from the "
+                "drafter's cumulative log-probabilities: dynamic or dynamic:TOTAL[:DEPTH[:TOPK]] (TOTAL nodes "
+                "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4). Tree rows ignore --k (their K column is the tree's depth) "
                 "and the --sweep over K covers chain rows only"})
     dtype: str = field(default="fp32", metadata={"help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
@@ -163,7 +165,7 @@ class EvalConfig:
         for t in self.trees:
             if t != "chain":
                 try:
-                    DraftTree.parse(t)
+                    parse_tree(t)
                 except ValueError as e:
                     raise ValueError(f"--tree {t!r}: {e} (or 'chain' for a chain of --k tokens)") from None
 
@@ -412,7 +414,7 @@ def print_record(record: dict, console=None) -> None:
 def recorded_message(info: dict) -> str:
     """What ``drafterkit eval`` prints about the settings it took from a drafter's ``decoding.json``
     (``speceval.recorded.apply_recorded``)."""
-    head = f"drafterkit eval: {info['file']} ({info['source']})"
+    head = f"drafterkit eval: {info['file']} ({info['source']}; {info.get('tuned', 'no tuned setting')})"
     if info["note"]:
         return f"{head}: not used: {info['note']}"
     given = f"; given on the command line, kept: {', '.join(RECORDED[k] for k in info['overridden'])}" \

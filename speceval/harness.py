@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from assets.device import cpu_model
 from speceval.methods import Method, engine_method, hf_method
 from speceval.prompts import Prompt
 
@@ -158,7 +159,8 @@ def machine_info(target) -> dict:
     p = next(target.parameters())
     info = dict(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
                 transformers=transformers.__version__, threads=torch.get_num_threads(),
-                cpu_count=os.cpu_count(), device=str(p.device), dtype=str(p.dtype).removeprefix("torch."))
+                cpu_count=os.cpu_count(), cpu=cpu_model(), device=str(p.device),
+                dtype=str(p.dtype).removeprefix("torch."))
     if p.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(p.device)
     return info

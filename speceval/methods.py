@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 import decode
-from decode.tree import DraftTree
+from decode.dynamic_tree import parse_tree
 from drafters import (
     TRANSFORMERS_KIND,
     DrafterLoadError,
@@ -219,7 +219,7 @@ def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos:
     if spec is None:
         return Method("engine", "plain", "none", 0, call)
     if spec.tree is not None:  # K is the tree's depth: the most draft tokens one pass can accept
-        k = DraftTree.parse(spec.tree).max_depth
+        k = parse_tree(spec.tree).max_depth
     return Method(spec.label, "spec", spec.label, k, call)
 
 
@@ -356,7 +356,8 @@ def distinct_trees(trees: list[str]) -> list[str]:
     seen, out = set(), []
     for t in trees:
         try:
-            key = t if t == "chain" else DraftTree.parse(t).paths
+            tree = None if t == "chain" else parse_tree(t)
+            key = t if tree is None else getattr(tree, "paths", str(tree))
         except ValueError:
             key = t
         if key not in seen:

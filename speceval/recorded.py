@@ -14,6 +14,19 @@ still holds the weights of ``weights_sha256`` (``drafters.model_card``).
 ``drafterkit eval --drafter PATH`` (or ``PATH+rest`` ...) reads it: every flag of :data:`RECORDED` the
 command line did not give takes the recorded value instead of eval's default (:func:`apply_recorded`);
 flags given on the command line win.
+
+``drafterkit tune`` (``speceval.tune``) adds a ``tuned`` entry (the rest of the file is kept)::
+
+    "tuned": {"written_by": "drafterkit tune", "created": ..., "drafterkit": "0.1.0", "dtype": "fp32",
+              "machine": {...machine_info, with "cpu"...}, "prompts": {...}, "search": {...},
+              "winners": {"1": {"tree": "dynamic:24:5:4", "k": 5, "draft_threshold": 0.05, "speedup": 1.9,
+                                "tokens_per_s": ..., "tau": ...}, "4": {...}},
+              "table": [{"concurrency", "rung", "batches", "label", "tree", "k", "draft_threshold",
+                         "tokens_per_s", "plain_tokens_per_s", "speedup", "tau"}, ...], "plot": ".../tuning.png"}
+
+When its machine matches the one ``drafterkit eval`` runs on (``assets.device.machine_matches``: CPU model,
+core count, threads, device) its batch-size-1 winner is the recorded setting (``tree``, ``k``,
+``draft_threshold``, ``dtype``); otherwise the top-level fields are, and the message says why.
 """
 
 from __future__ import annotations
@@ -22,9 +35,10 @@ import datetime as _dt
 import json
 from pathlib import Path
 
+from assets.device import host_info
 from drafters import DrafterLoadError, resolve_checkpoint
+from drafters.tuned import DECODING_FILE, TUNED, tuned_winner
 
-DECODING_FILE = "decoding.json"
 #: ``EvalConfig`` field -> its ``drafterkit eval`` flag: the settings a ``decoding.json`` records
 RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds": "--draft-threshold"}
 
@@ -36,6 +50,44 @@ def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **ext
     data = dict(written_by=written_by, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 **{k: settings[k] for k in RECORDED}, **extra)
     path = Path(folder) / DECODING_FILE
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+#: the tuning plot ``drafterkit tune`` writes beside ``decoding.json``
+TUNE_PLOT = "tuning.png"
+
+
+def drafterkit_version() -> str:
+    """The installed drafterkit distribution's version (``"unknown"`` when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("drafterkit")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def tuned_settings(data: dict, current: dict) -> tuple[dict | None, str]:
+    """``(settings, why)``: the batch-size-1 winner of ``data["tuned"]`` as :data:`RECORDED` fields when its
+    machine matches ``current`` (``assets.device.host_info``), else ``None`` (``drafters.tuned.tuned_winner``);
+    ``why`` says which and why."""
+    w, why = tuned_winner(data, current)
+    if w is None:
+        return None, why
+    return dict(dtype=w["dtype"], trees=[w["tree"]], k=int(w["k"]), draft_thresholds=[float(w["draft_threshold"])]), why
+
+
+def write_tuned(folder: str | Path, tuned: dict) -> Path:
+    """Set the ``tuned`` entry of ``folder/decoding.json`` (created if missing; its other fields kept).
+    Returns its path.
+
+    Raises:
+        ValueError: an existing ``decoding.json`` that is not a valid one (:func:`read_decoding`).
+    """
+    path = Path(folder) / DECODING_FILE
+    data = read_decoding(path) if path.is_file() else {}
+    data[TUNED] = tuned
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
 
@@ -91,7 +143,9 @@ def apply_recorded(cfg, given: set[str]) -> dict | None:
     Returns:
         ``None`` when no drafter has a ``decoding.json``; else ``{"file", "source" (who wrote it, where,
         when), "applied" ({field: value} taken from it), "flags" (:func:`flags_text` of ``applied``),
-        "overridden" (recorded fields the command line gave), "note"}``.
+        "overridden" (recorded fields the command line gave), "note", "tuned" (whether its ``drafterkit
+        tune`` setting was used, or why not: :func:`tuned_settings`)}``. A tuned setting measured on this
+        machine is used instead of the top-level fields.
 
     Raises:
         ValueError: a ``decoding.json`` that is not valid (:func:`read_decoding`).
@@ -104,16 +158,21 @@ def apply_recorded(cfg, given: set[str]) -> dict | None:
     if not found:
         return None
     files = list(found)
-    first = found[files[0]]
-    settings = {k: first[k] for k in RECORDED if k in first}
+    here = host_info(getattr(cfg, "device", "cpu"))
+    effective = {}
+    for f, d in found.items():
+        tuned, why = tuned_settings(d, here)
+        effective[f] = (tuned or {k: d[k] for k in RECORDED if k in d}, why, tuned is not None)
+    settings, tuned_why, use_tuned = effective[files[0]]
+    first = found[files[0]][TUNED] if use_tuned else found[files[0]]
     mach = first.get("machine") or {}
     source = ", ".join(str(x) for x in (first.get("written_by"), mach.get("device"), mach.get("dtype"),
                                         mach.get("torch") and f"torch {mach['torch']}",
                                         mach.get("threads") and f"{mach['threads']} threads",
                                         first.get("created")) if x)
     info = dict(file=str(files[0] / DECODING_FILE), source=source, applied={}, flags="",
-                overridden=sorted(k for k in settings if k in given), note="")
-    if any({k: d.get(k) for k in RECORDED} != {k: first.get(k) for k in RECORDED} for d in found.values()):
+                overridden=sorted(k for k in settings if k in given), note="", tuned=tuned_why)
+    if any({k: e[0].get(k) for k in RECORDED} != {k: settings.get(k) for k in RECORDED} for e in effective.values()):
         info["note"] = (f"the drafters' {DECODING_FILE} files record different decoding settings "
                         f"({', '.join(str(f / DECODING_FILE) for f in files)}); eval's defaults apply: give "
                         f"{', '.join(RECORDED.values())} explicitly")

@@ -407,7 +407,8 @@ def recorded_line(record: dict) -> str | None:
     info = record.get("recorded_decoding")
     if not info or not info.get("applied"):
         return None
-    return f"- decoding settings from `{info['file']}` ({info['source']}): {info['flags']}"
+    tuned = f"; {info['tuned']}" if info.get("tuned") and info["tuned"] != "no tuned setting" else ""
+    return f"- decoding settings from `{info['file']}` ({info['source']}{tuned}): {info['flags']}"
 
 
 def _shapes(cfg: dict) -> str:

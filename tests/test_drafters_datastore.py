@@ -153,7 +153,7 @@ def _store_from(seqs, vocab=128):
     return Datastore.from_documents(seqs, vocab_size=vocab)
 
 
-@pytest.mark.parametrize("tree", [None, "3,2,1"], ids=["chain", "tree"])
+@pytest.mark.parametrize("tree", [None, "3,2,1", "dynamic:12:3:3"], ids=["chain", "tree", "dynamic"])
 def test_rest_hybrid_is_exact_and_uses_the_corpus(tree):
     target = tiny_llama(0)
     g = torch.Generator().manual_seed(3)

@@ -184,3 +184,17 @@ def test_push_to_hub_uploads_the_export_with_its_card(tmp_path, monkeypatch, cap
               "--push-to-hub", "someone/my-head"])
     assert rc == 2 and calls == [] and "not reachable" in capsys.readouterr().err
     assert '"model": "someone/my-head"' in (tmp_path / "o" / "README.md").read_text()
+
+
+def test_the_card_states_the_tuned_setting_and_serves_its_k(tmp_path):
+    run = _run(tmp_path)
+    drafter = run / "checkpoints" / "best" / "drafter"
+    winners = {"1": dict(tree="dynamic:24:5:4", k=5, draft_threshold=0.05, speedup=1.61, tau=2.1),
+               "4": dict(tree="chain", k=2, draft_threshold=0.1, speedup=1.2, tau=1.5)}
+    (drafter / "decoding.json").write_text(json.dumps(dict(tuned=dict(
+        winners=winners, dtype="fp32", drafterkit="0.1.0", created="2026-01-01T00:00:00+00:00",
+        machine=dict(cpu="AMD EPYC", cpu_count=2, threads=2, device="cpu"), prompts=dict(benchmark="sharegpt")))))
+    _, body = _card(export(run, "vllm-eagle3", tmp_path / "tuned"))
+    assert "## Tuned decoding" in body and "AMD EPYC (2 cores, 2 threads, cpu)" in body
+    assert "| 1 | dynamic:24:5:4 | 5 | 0.05 | 1.61x | 2.10 |" in body and "| 4 | chain | 2 | 0.1 | 1.20x | 1.50 |" in body
+    assert '"num_speculative_tokens": 5' in body  # the batch-size-1 winner's K, not the recipe's 4

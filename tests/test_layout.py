@@ -148,4 +148,4 @@ def test_cli_lists_all_verbs():
     from train.cli import VERBS
 
     assert set(VERBS) == {"train", "features", "eval", "export", "serve-check", "assets",
-                          "quickstart"}
+                          "quickstart", "tune"}

@@ -1,5 +1,5 @@
 """The ``drafterkit`` command: ``train``, ``features``, ``eval``, ``export``, ``serve-check``, ``assets``,
-``quickstart``.
+``quickstart``, ``tune``.
 
 Each verb lives in the module that owns it; this file only wires argparse. Every verb module
 exposes ``add_arguments(parser)`` and ``run(args) -> int``. A verb's options may come anywhere
@@ -26,6 +26,7 @@ VERBS = {
     "serve-check": ("speceval.serving", "run an export in vLLM and check it drafts and decodes as drafterkit does"),
     "assets": ("train.assets_cli", "fetch / list the pinned target, data and eval prompts"),
     "quickstart": ("train.quickstart", "fetch, train and evaluate a drafter for the default target"),
+    "tune": ("speceval.tune", "choose a drafter's chain / tree / threshold by measured tokens/s; record it with the drafter"),
 }
 
 

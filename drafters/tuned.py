@@ -1,0 +1,51 @@
+"""The decoding setting ``drafterkit tune`` measured best for a drafter, read back from its folder.
+
+``drafterkit tune`` (``speceval.tune``) writes a ``tuned`` entry into the drafter folder's
+``decoding.json`` (the format is described in ``speceval.recorded``): per concurrency the winning
+``{"tree", "k", "draft_threshold", "speedup", ...}`` and the machine it was measured on. A setting
+measured on another machine is not a measurement of this one, so it applies only where the machine
+matches (``assets.device.machine_matches``: CPU model, cores, threads, device).
+
+:func:`drafters.load_drafter` attaches the result to the drafter it loads as ``tuned_decoding`` (the
+batch-size-1 winner, or ``None``) and ``tuned_note`` (why, or why not), which is how
+``decode.generate(..., tree="auto")`` finds it without the decoder reading files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from assets.device import host_info, machine_matches
+
+DECODING_FILE = "decoding.json"
+TUNED = "tuned"
+
+
+def tuned_winner(data: dict, current: dict, concurrency: int = 1) -> tuple[dict | None, str]:
+    """``(winner, why)``: ``data["tuned"]``'s winner at ``concurrency`` (``{"tree", "k", "draft_threshold",
+    "dtype", ...}``) when its machine matches ``current`` (``assets.device.host_info``), else ``None``;
+    ``why`` says which and why."""
+    tuned = data.get(TUNED) if isinstance(data, dict) else None
+    winners = tuned.get("winners") if isinstance(tuned, dict) else None
+    if not isinstance(winners, dict) or str(concurrency) not in winners:
+        return None, "no tuned setting (run drafterkit tune on the drafter folder)"
+    differ = machine_matches(tuned.get("machine") or {}, current)
+    if differ:
+        return None, f"its tuned setting was measured on another machine ({'; '.join(differ)}): not used"
+    w = dict(winners[str(concurrency)], dtype=tuned.get("dtype", "fp32"))
+    speed = f", {w['speedup']:.2f}x plain decoding on its tuning prompts" if "speedup" in w else ""
+    return w, f"tuned by drafterkit tune on this machine ({tuned.get('created')}{speed})"
+
+
+def read_tuned(folder: str | Path, device="auto") -> tuple[dict | None, str]:
+    """:func:`tuned_winner` at batch size 1 of ``folder/decoding.json`` for this machine; a missing or
+    unreadable file gives ``(None, why)``, never an error."""
+    path = Path(folder) / DECODING_FILE
+    if not path.is_file():
+        return None, f"no {DECODING_FILE} in {folder} (run drafterkit tune on it)"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"{path} is not readable JSON ({exc})"
+    return tuned_winner(data, host_info(device))

@@ -1,0 +1,325 @@
+"""``drafterkit tune CHECKPOINT``: choose a drafter's decoding shape by measurement and record it with
+the drafter.
+
+No chain length, tree or confidence threshold is best for every drafter, target and machine, so this
+measures them: tokens/s of ``decode.generate`` with each candidate over plain decoding through the same
+engine, on held-out prompts that are not the evaluation benchmarks (by default ShareGPT conversations
+of the held-out split training never reads, past the ones ``drafterkit eval --benchmark sharegpt`` and
+training's own evaluation draw), at batch size 1 and at one larger concurrency. Candidates: chains of
+each K, static trees, EAGLE-2 dynamic trees (``decode.dynamic_tree``), each at each confidence
+threshold the drafter supports.
+
+The search is successive halving (Jamieson & Talwalkar 2016; the same idea as Hyperband's inner loop):
+every candidate runs on a few prompts, the best ``1/eta`` by speedup go on to twice the prompts, until
+one is left or the prompts run out. In every rung plain decoding runs on the same prompts, interleaved
+with the candidates (order rotated per batch), and a candidate's speedup is its tokens/s over plain
+decoding's in that rung: a ratio measured side by side.
+
+The winner per concurrency, every rung's table, the machine, dtype and drafterkit version go into the
+``tuned`` entry of the drafter folder's ``decoding.json`` (:func:`speceval.recorded.write_tuned`), which
+``drafterkit eval`` and ``decode.generate(tree="auto")`` (through the loaded drafter) use when the
+machine matches; a plot of the speedups goes beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import decode
+from assets.target import load_target
+from decode.dynamic_tree import parse_tree
+from drafters import DrafterLoadError, resolve_checkpoint
+from speceval import report
+from speceval.harness import machine_info
+from speceval.methods import build_drafter
+from speceval.plots import pyplot, save_figure
+from speceval.prompts import Prompt, select_prompts
+from speceval.recorded import TUNE_PLOT, drafterkit_version, write_tuned
+
+#: held-out ShareGPT conversations skipped before tune's own: ``drafterkit eval --benchmark sharegpt`` and
+#: training's in-loop evaluation draw 4 x their prompt count (at most 16 prompts -> 64) from the start
+HELDOUT_SKIP = 64
+DEFAULT_KS = (2, 3, 4, 5, 6)
+DEFAULT_TREES = ("3,2,1,1,1", "2,2,1,1")
+DEFAULT_DYNAMIC = ("dynamic:12:4:3", "dynamic:24:5:4", "dynamic:40:6:6")
+DEFAULT_THRESHOLDS = (0.0, 0.05, 0.15)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One decoding shape: ``tree`` (``"chain"``, a static tree or a ``dynamic:...`` spec), ``k`` (chain
+    length; a tree's depth) and ``draft_threshold`` (the drafter's confidence bar)."""
+
+    tree: str
+    k: int
+    draft_threshold: float
+
+    @property
+    def label(self) -> str:
+        shape = f"chain K={self.k}" if self.tree == "chain" else f"tree={self.tree}"
+        return f"{shape} @{self.draft_threshold:g}" if self.draft_threshold else shape
+
+    def setting(self) -> dict:
+        """The ``decoding.json`` form: ``{"tree", "k", "draft_threshold"}``."""
+        return dict(tree=self.tree, k=self.k, draft_threshold=self.draft_threshold)
+
+
+def candidates(drafter, ks, trees, dynamic, thresholds) -> list[Candidate]:
+    """Every shape x every threshold (thresholds only where the drafter honours ``draft_threshold``;
+    trees only where it can propose them). Raises ``ValueError`` on a malformed tree spec."""
+    thr = list(thresholds) if getattr(drafter, "supports_draft_threshold", False) else [0.0]
+    shapes = [("chain", int(k)) for k in ks]
+    if callable(getattr(drafter, "propose_tree", None)):
+        shapes += [(t, parse_tree(t).max_depth) for t in trees]
+    if callable(getattr(drafter, "propose_dynamic_tree", None)):
+        shapes += [(str(parse_tree(t)), parse_tree(t).max_depth) for t in dynamic]
+    out = [Candidate(t, k, float(x)) for t, k in shapes for x in thr]
+    if not out:
+        raise ValueError("nothing to tune: give --k, --tree or --dynamic values")
+    return list(dict.fromkeys(out))
+
+
+def _call(target, drafter, cand: Candidate | None, rows, seed: int, max_new: int, eos) -> tuple[int, float, float]:
+    """One timed ``decode.generate``: (new tokens, seconds, tau)."""
+    if cand is not None and getattr(drafter, "supports_draft_threshold", False):
+        drafter.draft_threshold = cand.draft_threshold
+    t0 = time.perf_counter()
+    res = decode.generate(target, rows, drafter=drafter if cand else None, max_new_tokens=max_new,
+                          num_draft_tokens=cand.k if cand else 1,
+                          tree=None if cand is None or cand.tree == "chain" else cand.tree, eos_token_id=eos,
+                          seed=seed)
+    return sum(len(s) for s in res.sequences), time.perf_counter() - t0, res.stats.tau
+
+
+def _rung(target, drafter, cands, batches, max_new, eos, seed, bar) -> list[dict]:
+    """Plain decoding and every candidate on every batch, interleaved; one row per candidate."""
+    methods: list[Candidate | None] = [None] + list(cands)
+    tok = {i: 0 for i in range(len(methods))}
+    sec = {i: 0.0 for i in range(len(methods))}
+    taus: dict[int, list[float]] = {i: [] for i in range(len(methods))}
+    for j, rows in enumerate(batches):
+        order = list(range(len(methods)))
+        order = order[j % len(order):] + order[: j % len(order)]
+        for i in order:
+            n, s, tau = _call(target, drafter, methods[i], rows, seed + j, max_new, eos)
+            tok[i] += n
+            sec[i] += s
+            taus[i].append(tau)
+            bar.update(1)
+    plain = tok[0] / sec[0]
+    return [dict(label=c.label, **c.setting(), tokens_per_s=tok[i] / sec[i], plain_tokens_per_s=plain,
+                 speedup=tok[i] / sec[i] / plain, tau=sum(taus[i]) / len(taus[i]))
+            for i, c in enumerate(methods) if c is not None]
+
+
+def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], concurrency: int, *, eta: int,
+            first: int, max_new: int, eos, seed: int, progress: bool = True) -> tuple[dict, list[dict]]:
+    """Successive halving at one concurrency: rung r measures the surviving candidates on ``first * 2**r``
+    batches of ``concurrency`` prompts (cycled), keeps the best ``ceil(n / eta)`` by speedup, and stops
+    when one is left or a rung used every prompt. Returns ``(the winner's last row, every row)``."""
+    from tqdm import tqdm
+
+    n_batches = max(1, len(prompts) // concurrency)
+    plan, alive, size = [], len(cands), first
+    while True:  # the calls each rung will make, for the progress bar
+        b = min(size, n_batches)
+        plan.append(b)
+        if alive == 1 or b == n_batches:
+            break
+        alive, size = max(1, math.ceil(alive / eta)), size * 2
+    alive_counts = [len(cands)]
+    for _ in plan[1:]:
+        alive_counts.append(max(1, math.ceil(alive_counts[-1] / eta)))
+    total = sum(b * (a + 1) for b, a in zip(plan, alive_counts))
+    rows, alive_cands = [], list(cands)
+    with tqdm(total=total, desc=f"tune concurrency {concurrency}", disable=not progress, leave=False) as bar:
+        for r, b in enumerate(plan):
+            batches = [[prompts[(j * concurrency + t) % len(prompts)].input_ids for t in range(concurrency)]
+                       for j in range(b)]
+            got = _rung(target, drafter, alive_cands, batches, max_new, eos, seed, bar)
+            for row in got:
+                row.update(concurrency=concurrency, rung=r, batches=b)
+            rows += got
+            got.sort(key=lambda x: -x["speedup"])
+            keep = 1 if r == len(plan) - 1 else max(1, math.ceil(len(got) / eta))
+            by_label = {c.label: c for c in alive_cands}
+            alive_cands = [by_label[x["label"]] for x in got[:keep]]
+    return got[0], rows
+
+
+def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp32", device: str = "cpu",
+         benchmark: str = "sharegpt", num_prompts: int = 8, max_new_tokens: int = 48, concurrency: int = 4,
+         ks=DEFAULT_KS, trees=DEFAULT_TREES, dynamic=DEFAULT_DYNAMIC, thresholds=DEFAULT_THRESHOLDS,
+         eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,
+         write: bool = True) -> dict:
+    """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes; ``PATH+ngram``
+    / ``PATH+rest`` are measured but not written, their setting is not the drafter's own) and return the
+    ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``).
+
+    Args:
+        benchmark: ``sharegpt`` (held-out split, past the first :data:`HELDOUT_SKIP` held-out
+            conversations) or a ``.jsonl`` prompt file; never MT-bench or HumanEval, which measure it.
+        concurrency: the larger batch size tuned besides 1 (1: batch size 1 only).
+        eta, first: successive halving's reduction factor and first rung's batches.
+
+    Raises:
+        ValueError: an evaluation benchmark as ``benchmark``, a bad setting, or no drafter at ``checkpoint``.
+    """
+    if benchmark in ("mt-bench", "humaneval"):
+        raise ValueError(f"--benchmark {benchmark}: tune on prompts the evaluation never uses (sharegpt, the "
+                         "held-out split, or a .jsonl file); MT-bench and HumanEval judge the tuned setting")
+    if eta < 2 or first < 1 or num_prompts < 1 or concurrency < 1:
+        raise ValueError(f"tune needs --eta >= 2, --first >= 1, --num-prompts >= 1 and --concurrency >= 1; got "
+                         f"{eta}, {first}, {num_prompts}, {concurrency}")
+    if target is None:
+        target, tok = load_target(target_name, dtype=dtype, device=device)
+    folder = _folder(checkpoint)
+    spec = build_drafter(checkpoint, target)
+    if spec is None:
+        raise ValueError("tune needs a drafter checkpoint, not 'none'")
+    cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
+    prompts = _prompts(benchmark, tok, num_prompts)
+    eos = _eos(target, tok)
+    t0 = time.perf_counter()
+    winners, table = {}, []
+    for c in sorted({1, concurrency}):
+        best, rows = halving(target, spec.drafter, prompts, cands, c, eta=eta, first=first, max_new=max_new_tokens,
+                             eos=eos, seed=seed, progress=progress)
+        winners[str(c)] = {k: best[k] for k in ("tree", "k", "draft_threshold", "speedup", "tokens_per_s", "tau")}
+        table += rows
+    record = dict(written_by="drafterkit tune", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  drafterkit=drafterkit_version(), drafter=spec.label, target=target_name, dtype=dtype,
+                  machine=machine_info(target), prompts=dict(benchmark=benchmark, count=len(prompts),
+                                                             max_new_tokens=max_new_tokens, ids=[p.id for p in prompts]),
+                  search=dict(method="successive halving", eta=eta, first_batches=first, candidates=len(cands),
+                              seconds=round(time.perf_counter() - t0, 1)),
+                  winners=winners, table=table)
+    if write and folder is not None and checkpoint.endswith(("+ngram", "+rest")):
+        record["not_written"] = (f"{checkpoint} measures the drafter behind prompt lookup; decoding.json's tuned "
+                                 "setting is the drafter's own (tune PATH itself to record one)")
+    elif write and folder is not None:
+        record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT))
+        record["file"] = str(write_tuned(folder, record))
+    return record
+
+
+def _folder(checkpoint: str) -> Path | None:
+    base = checkpoint.removesuffix("+ngram").removesuffix("+rest")
+    try:
+        return resolve_checkpoint(base)[0]
+    except DrafterLoadError:  # draft:N, ngram: no folder to write into
+        return None
+
+
+def _prompts(benchmark: str, tok, n: int) -> list[Prompt]:
+    if benchmark != "sharegpt":
+        return select_prompts(benchmark, tok, n).prompts
+    chosen = select_prompts("sharegpt", tok, HELDOUT_SKIP // 4 + n).prompts  # candidates in held-out file order
+    return chosen[HELDOUT_SKIP // 4:] or chosen[-n:]
+
+
+def _eos(target, tok) -> list[int]:
+    eos = getattr(target.generation_config, "eos_token_id", None) or tok.eos_token_id
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def plot_tuning(table: list[dict], winners: dict, path: Path) -> Path:
+    """Speedup over plain decoding of every candidate at the last rung it reached, one panel per
+    concurrency, the winner marked. Returns ``path`` (a PNG)."""
+    plt = pyplot()
+    levels = sorted({r["concurrency"] for r in table})
+    fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 0.28 * len(table) / len(levels) + 2),
+                             squeeze=False)
+    for ax, c in zip(axes[0], levels):
+        last: dict[str, dict] = {}
+        for r in table:
+            if r["concurrency"] == c:
+                last[r["label"]] = r  # rows come rung by rung: the last one wins
+        rows = sorted(last.values(), key=lambda r: (r["rung"], r["speedup"]))
+        win = winners[str(c)]
+        colors = ["tab:red" if (r["tree"], r["k"], r["draft_threshold"]) == (win["tree"], win["k"],
+                                                                              win["draft_threshold"])
+                  else "tab:blue" for r in rows]
+        ax.barh([f"{r['label']} (rung {r['rung']})" for r in rows], [r["speedup"] for r in rows], color=colors)
+        ax.axvline(1.0, color="gray", lw=0.8)
+        ax.set_xlabel("tokens/s over plain decoding (same rung)")
+        ax.set_title(f"concurrency {c}: winner {win['tree'] if win['tree'] != 'chain' else 'chain'} "
+                     f"K={win['k']} @{win['draft_threshold']:g}")
+        ax.tick_params(axis="y", labelsize=7)
+    return save_figure(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def _csv(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="drafter folder, training checkpoint or run folder (PATH+ngram: prompt lookup "
+                                      "in front of it)")
+    p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
+    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 | auto")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--benchmark", default="sharegpt",
+                   help="tuning prompts: sharegpt (the held-out split, past the prompts eval and training's own "
+                        "evaluation use) or a .jsonl file; never mt-bench / humaneval, which judge the result")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--concurrency", type=int, default=4, help="the larger batch size tuned besides 1")
+    p.add_argument("--k", type=_csv(int), default=list(DEFAULT_KS), help="chain lengths tried")
+    p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
+                   help=f"a static tree tried (branching factors such as 3,2,1); repeatable "
+                        f"(default: {' and '.join(DEFAULT_TREES)})")
+    p.add_argument("--dynamic", type=_csv(str), default=list(DEFAULT_DYNAMIC),
+                   help="EAGLE-2 dynamic trees tried (dynamic:TOTAL:DEPTH:TOPK, comma-separated)")
+    p.add_argument("--draft-threshold", type=_csv(float), default=list(DEFAULT_THRESHOLDS), dest="thresholds",
+                   help="confidence thresholds tried")
+    p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
+    p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-write", action="store_true", help="measure and print only; leave decoding.json as it is")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trees = args.trees if args.trees else list(DEFAULT_TREES)
+    rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
+               benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+               concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic, thresholds=args.thresholds,
+               eta=args.eta, first=args.first, seed=args.seed, progress=not args.no_progress, write=not args.no_write)
+    console = report.make_console()
+    cols = [("concurrency", "conc", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
+            ("label", "setting", "{}"), ("tau", "tau", "{:.2f}"), ("tokens_per_s", "tok/s", "{:.1f}"),
+            ("plain_tokens_per_s", "plain tok/s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x")]
+    console.print(report.rich_table(f"drafterkit tune {rec['drafter']} ({rec['dtype']}, {rec['prompts']['count']} "
+                                    f"{rec['prompts']['benchmark']} prompts, {rec['search']['seconds']:.0f} s)",
+                                    rec["table"], cols))
+    for c, w in rec["winners"].items():
+        print(f"concurrency {c}: {Candidate(w['tree'], w['k'], w['draft_threshold']).label}: "
+              f"{w['speedup']:.2f}x plain decoding, tau {w['tau']:.2f}")
+    if "file" in rec:
+        print(f"written to {rec['file']} (tuned); plot {rec['plot']}")
+    elif "not_written" in rec:
+        print(f"not written: {rec['not_written']}")
+    return 0
+
+
+__all__ = ["Candidate", "add_arguments", "candidates", "halving", "plot_tuning", "run", "tune"]

@@ -1,0 +1,136 @@
+"""``drafterkit tune`` end to end on a tiny random target: successive halving over chains, static and
+dynamic trees and thresholds, the tuned setting written into ``decoding.json`` and used by eval on the
+same machine only."""
+
+import json
+
+import pytest
+from conftest import tiny_llama
+
+from assets.device import host_info
+from assets.pinned import default_target_dir
+from drafters.medusa import MedusaConfig, MedusaDrafter
+from speceval.bench import EvalConfig
+from speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, tuned_settings
+from speceval.tune import Candidate, candidates
+from train.cli import main
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny target folder (real SmolLM2 tokenizer), a Medusa checkpoint for it and 4 prompts."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("tune")
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
+    target.save_pretrained(root / "target")
+    AutoTokenizer.from_pretrained(default_target_dir()).save_pretrained(root / "target")
+    ckpt = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target).save_pretrained(
+        root / "medusa")
+    prompts = root / "tune.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (
+        "Count from one to ten.", "def f(x):\n    return x", "Name three colors.", "Say hello twice.")))
+    return root, ckpt, prompts
+
+
+def test_candidates_cover_every_shape_and_threshold():
+    target = tiny_llama(0)
+    medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target)
+    got = candidates(medusa, [2], ["2,1"], ["dynamic:4:2:2"], [0.0, 0.1])
+    assert [c.label for c in got] == ["chain K=2", "chain K=2 @0.1", "tree=2,1", "tree=2,1 @0.1",
+                                      "tree=dynamic:4:2:2", "tree=dynamic:4:2:2 @0.1"]
+    with pytest.raises(ValueError, match="spell it"):
+        candidates(medusa, [2], [], ["dynamic:x:y:z:w"], [0.0])
+
+
+def test_tune_writes_decoding_json_that_eval_then_uses(world, tmp_path, capsys):
+    root, ckpt, prompts = world  # tune: 6 candidates, 2 rungs at batch size 1, one rung at concurrency 2
+    assert main(["tune", str(ckpt), "--target", str(root / "target"), "--benchmark", str(prompts),
+                 "--num-prompts", "2", "--max-new-tokens", "6", "--concurrency", "2", "--k", "2", "--tree", "2,1",
+                 "--dynamic", "dynamic:4:2:2", "--draft-threshold", "0,0.1", "--first", "1", "--no-progress"]) == 0
+    data = json.loads((ckpt / DECODING_FILE).read_text())
+    tuned = data["tuned"]
+    assert set(tuned["winners"]) == {"1", "2"} and tuned["dtype"] == "fp32" and tuned["drafterkit"]
+    assert tuned["machine"]["cpu"] and (ckpt / TUNE_PLOT).is_file()
+    at1 = [r for r in tuned["table"] if r["concurrency"] == 1]
+    rung0, rung1 = [r for r in at1 if r["rung"] == 0], [r for r in at1 if r["rung"] == 1]
+    assert len(rung0) == 6 and len(rung1) == 2  # 3 shapes x 2 thresholds on 1 prompt, the best third on 2
+    assert {r["batches"] for r in rung0} == {1} and {r["batches"] for r in rung1} == {2}
+    assert {r["label"] for r in rung1} <= {r["label"] for r in rung0}
+    best = max(rung1, key=lambda r: r["speedup"])
+    assert tuned["winners"]["1"]["tree"] == best["tree"] and tuned["winners"]["1"]["speedup"] == best["speedup"]
+    assert all(r["speedup"] == pytest.approx(r["tokens_per_s"] / r["plain_tokens_per_s"]) for r in tuned["table"])
+    assert "concurrency 1:" in capsys.readouterr().out
+    out = tmp_path / "e.json"
+    assert main(["eval", "--target", str(root / "target"), "--drafter", str(ckpt), "--benchmark", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine", "--no-progress",
+                 "--output", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    w = tuned["winners"]["1"]
+    assert rec["recorded_decoding"]["tuned"].startswith("tuned by drafterkit tune on this machine")
+    assert rec["config"]["trees"] == [w["tree"]] and rec["config"]["k"] == w["k"]
+    assert rec["config"]["draft_thresholds"] == [w["draft_threshold"]]
+    assert "tuned by drafterkit tune" in capsys.readouterr().out
+
+
+def test_a_tuned_setting_from_another_machine_or_no_file_falls_back(tmp_path):
+    target = tiny_llama(0)
+    folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
+        tmp_path / "m")
+    cfg = EvalConfig(drafters=[str(folder)])
+    assert apply_recorded(cfg, given=set()) is None  # no decoding.json: eval's defaults, nothing said
+    here = host_info("cpu")
+    win = dict(tree="dynamic:4:2:2", k=2, draft_threshold=0.1, speedup=1.5)
+    other = dict(here, cpu="Some Other CPU")
+    (folder / DECODING_FILE).write_text(json.dumps(dict(dtype="fp32", trees=["3,2,1"], k=5, draft_thresholds=[0.0],
+                                                        tuned=dict(machine=other, dtype="fp32", winners={"1": win}))))
+    info = apply_recorded(cfg, given=set())
+    assert "another machine" in info["tuned"] and "Some Other CPU" in info["tuned"]
+    assert cfg.trees == ["3,2,1"] and cfg.k == 5  # the top-level fields
+    settings, why = tuned_settings(dict(tuned=dict(machine=here, dtype="fp32", winners={"1": win})), here)
+    assert settings == dict(dtype="fp32", trees=["dynamic:4:2:2"], k=2, draft_thresholds=[0.1]) and "this machine" in why
+
+
+def test_tune_refuses_the_evaluation_benchmarks(world, capsys):
+    root, ckpt, _ = world
+    with pytest.raises(ValueError, match="MT-bench and HumanEval judge"):
+        main(["tune", str(ckpt), "--target", str(root / "target"), "--benchmark", "mt-bench"])
+    assert Candidate("chain", 3, 0.0).label == "chain K=3"
+
+
+def test_eval_validates_dynamic_tree_specs():
+    with pytest.raises(ValueError, match="--tree 'dynamic:0'"):
+        EvalConfig(trees=["dynamic:0"]).validate()
+    EvalConfig(trees=["dynamic", "dynamic:8:3:2"]).validate()
+
+
+def test_generate_auto_uses_the_tuned_setting_the_loaded_drafter_carries(tmp_path):
+    from decode import generate
+    from drafters import load_drafter
+
+    target = tiny_llama(0)
+    folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
+        tmp_path / "m")
+    rows = [[5, 6, 7, 8, 5, 6]]
+    plain = generate(target, rows, max_new_tokens=8, eos_token_id=[]).sequences
+    d = load_drafter(folder, target)
+    assert d.tuned_decoding is None and "no decoding.json" in d.tuned_note
+    with pytest.warns(UserWarning, match="tree='auto': no decoding.json"):
+        chain = generate(target, rows, drafter=d, tree="auto", num_draft_tokens=3, max_new_tokens=8, eos_token_id=[])
+    assert chain.sequences == plain and len(chain.stats.accept_per_position) == 3
+    win = dict(tree="dynamic:4:2:2", k=2, draft_threshold=0.3, speedup=1.2)
+    (folder / DECODING_FILE).write_text(json.dumps(dict(tuned=dict(machine=host_info("cpu"), dtype="fp32",
+                                                                   winners={"1": win}))))
+    d = load_drafter(folder, target)
+    assert d.tuned_decoding["tree"] == "dynamic:4:2:2" and "this machine" in d.tuned_note
+    seen = []
+    inner = d.propose_dynamic_tree
+
+    def spy(state, spec, sampling, generator):
+        seen.append((str(spec), d.draft_threshold))
+        return inner(state, spec, sampling, generator)
+
+    d.propose_dynamic_tree = spy
+    res = generate(target, rows, drafter=d, tree="auto", max_new_tokens=8, eos_token_id=[])
+    assert res.sequences == plain and seen and all(s == ("dynamic:4:2:2", 0.3) for s in seen[:1])
+    assert d.draft_threshold == 0.0  # restored after the call
