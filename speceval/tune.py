@@ -306,9 +306,9 @@ def run(args: argparse.Namespace) -> int:
                concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic, thresholds=args.thresholds,
                eta=args.eta, first=args.first, seed=args.seed, progress=not args.no_progress, write=not args.no_write)
     console = report.make_console()
-    cols = [("concurrency", "conc", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
-            ("label", "setting", "{}"), ("tau", "tau", "{:.2f}"), ("tokens_per_s", "tok/s", "{:.1f}"),
-            ("plain_tokens_per_s", "plain tok/s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x")]
+    cols = [("conc", "concurrency", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
+            ("setting", "label", "{}"), ("tau", "tau", "{:.2f}"), ("tok/s", "tokens_per_s", "{:.2f}"),
+            ("plain tok/s", "plain_tokens_per_s", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]
     console.print(report.rich_table(f"drafterkit tune {rec['drafter']} ({rec['dtype']}, {rec['prompts']['count']} "
                                     f"{rec['prompts']['benchmark']} prompts, {rec['search']['seconds']:.0f} s)",
                                     rec["table"], cols))
