@@ -43,9 +43,9 @@ from speceval.plots import pyplot, save_figure
 from speceval.prompts import Prompt, select_prompts
 from speceval.recorded import TUNE_PLOT, drafterkit_version, write_tuned
 
-#: held-out ShareGPT conversations skipped before tune's own: ``drafterkit eval --benchmark sharegpt`` and
-#: training's in-loop evaluation draw 4 x their prompt count (at most 16 prompts -> 64) from the start
-HELDOUT_SKIP = 64
+#: held-out ShareGPT prompts skipped before tune's own: ``drafterkit eval --benchmark sharegpt`` and training's
+#: in-loop evaluation take theirs from the start of the same held-out split (16 or fewer by default)
+HELDOUT_SKIP = 16
 DEFAULT_KS = (2, 3, 4, 5, 6)
 DEFAULT_TREES = ("3,2,1,1,1", "2,2,1,1")
 DEFAULT_DYNAMIC = ("dynamic:12:4:3", "dynamic:24:5:4", "dynamic:40:6:6")
@@ -165,7 +165,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
 
     Args:
         benchmark: ``sharegpt`` (held-out split, past the first :data:`HELDOUT_SKIP` held-out
-            conversations) or a ``.jsonl`` prompt file; never MT-bench or HumanEval, which measure it.
+            prompts) or a ``.jsonl`` prompt file; never MT-bench or HumanEval, which measure it.
         concurrency: the larger batch size tuned besides 1 (1: batch size 1 only).
         eta, first: successive halving's reduction factor and first rung's batches.
 
@@ -221,8 +221,8 @@ def _folder(checkpoint: str) -> Path | None:
 def _prompts(benchmark: str, tok, n: int) -> list[Prompt]:
     if benchmark != "sharegpt":
         return select_prompts(benchmark, tok, n).prompts
-    chosen = select_prompts("sharegpt", tok, HELDOUT_SKIP // 4 + n).prompts  # candidates in held-out file order
-    return chosen[HELDOUT_SKIP // 4:] or chosen[-n:]
+    chosen = select_prompts("sharegpt", tok, HELDOUT_SKIP + n).prompts  # in held-out file order
+    return chosen[HELDOUT_SKIP:] or chosen[-n:]
 
 
 def _eos(target, tok) -> list[int]:
@@ -306,9 +306,9 @@ def run(args: argparse.Namespace) -> int:
                concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic, thresholds=args.thresholds,
                eta=args.eta, first=args.first, seed=args.seed, progress=not args.no_progress, write=not args.no_write)
     console = report.make_console()
-    cols = [("concurrency", "conc", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
-            ("label", "setting", "{}"), ("tau", "tau", "{:.2f}"), ("tokens_per_s", "tok/s", "{:.1f}"),
-            ("plain_tokens_per_s", "plain tok/s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x")]
+    cols = [("conc", "concurrency", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
+            ("setting", "label", "{}"), ("tau", "tau", "{:.2f}"), ("tok/s", "tokens_per_s", "{:.2f}"),
+            ("plain tok/s", "plain_tokens_per_s", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]
     console.print(report.rich_table(f"drafterkit tune {rec['drafter']} ({rec['dtype']}, {rec['prompts']['count']} "
                                     f"{rec['prompts']['benchmark']} prompts, {rec['search']['seconds']:.0f} s)",
                                     rec["table"], cols))
