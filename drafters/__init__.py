@@ -1,4 +1,4 @@
-"""Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, n-gram): modules, save/load, export.
+"""Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, DFlash, n-gram): modules, save/load, export.
 
 ``KINDS`` maps each kind name to its class; modules register themselves here by import below.
 ``resolve_checkpoint(path)`` turns what a user points at (a drafter folder, a training checkpoint,
@@ -26,6 +26,7 @@ _KIND_PATHS = {
     "medusa": "drafters.medusa:MedusaDrafter",
     "eagle": "drafters.eagle:EagleDrafter",
     "eagle3": "drafters.eagle3:Eagle3Drafter",
+    "dflash": "drafters.dflash:DFlashDrafter",
 }
 TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
 EXPORT_KIND = "export"  # _folder_kind's answer for a serving-engine export (config.json with a "drafterkit" block)
