@@ -36,7 +36,13 @@ from train.features import batch_features, target_logits
 from train.options import DFlashOptions
 from train.strategies.base import unwrap
 from train.strategies.eagle3 import init_fc_last_feature
-from train.strategies.heads import FeatureHeadStrategy, chain_loss, count_data_tokens, feature_store, trainable_own
+from train.strategies.heads import (
+    FeatureHeadStrategy,
+    chain_loss,
+    count_data_tokens,
+    feature_store,
+    trainable_own,
+)
 
 
 def sample_anchors(labels: torch.Tensor, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
