@@ -288,20 +288,37 @@ class DFlashDrafter(Drafter):
         self._caches[b] = {"rows": m, "kv": kv_new}
         return kv_new
 
-    def block_logits(self, b: int, toks: list[int], feats: torch.Tensor, stable: int) -> torch.Tensor:
-        """One block pass for row ``b`` (``toks``: its committed tokens, ``feats [len(toks)-1, nF*H]``):
-        logits ``[B-1, N]`` over the draft vocabulary; row ``j-1`` drafts token ``len(toks)-1+j``."""
-        n, dev, blk = len(toks), self.fc.weight.device, self.config.block_size
-        kv = self._context_row(b, feats, stable)
-        ids = torch.full((1, blk), self.config.mask_token_id, dtype=torch.long, device=dev)
-        ids[0, 0] = toks[-1]
-        pos = torch.arange(n - 1, n - 1 + blk, device=dev)[None]
-        return self.draft_logits(self.block(ids, pos, kv)[0, 1:])
+    def block_logits(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
+                     stable: list[int]) -> torch.Tensor:
+        """One block pass for the decoder rows ``rows`` together (``tokens[b]``: row b's committed tokens,
+        ``features[b] [len(tokens[b])-1, nF*H]``, ``stable[b]``: its ``num_stable``): logits ``[R, B-1, N]``
+        over the draft vocabulary; ``[r, j-1]`` drafts token ``len(tokens[rows[r]])-1+j``. Contexts of
+        different lengths are right-padded and masked."""
+        dev, blk = self.fc.weight.device, self.config.block_size
+        kvs = [self._context_row(b, features[b], stable[b]) for b in rows]
+        lens = [kv[0][0].shape[2] for kv in kvs]
+        cmax, r_n = max(lens), len(rows)
+        kv = []
+        for li in range(len(self.layers)):
+            k0 = kvs[0][li][0]
+            k = k0.new_zeros(r_n, k0.shape[1], cmax, k0.shape[3])
+            v = torch.zeros_like(k)
+            for r, row_kv in enumerate(kvs):
+                k[r, :, :lens[r]], v[r, :, :lens[r]] = row_kv[li][0][0], row_kv[li][1][0]
+            kv.append((k, v))
+        see = torch.arange(cmax + blk, device=dev)[None] < torch.tensor(lens, device=dev)[:, None]
+        see[:, cmax:] = True
+        ids = torch.full((r_n, blk), self.config.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = torch.tensor([tokens[b][-1] for b in rows], device=dev)
+        pos = torch.tensor([len(tokens[b]) - 1 for b in rows], device=dev)[:, None] + torch.arange(blk, device=dev)
+        mask = see[:, None, None, :].expand(r_n, 1, blk, cmax + blk)
+        return self.draft_logits(self.block(ids, pos, kv, mask)[:, 1:])
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        """Up to ``min(k, block_size - 1)`` draft tokens per row from ONE block pass (see module docstring);
-        ``lengths`` caps the chain at ``block_size - 1`` and where ``draft_threshold`` cuts it.
+        """Up to ``min(k, block_size - 1)`` draft tokens per row from ONE block pass over all rows (see the
+        module docstring); ``lengths`` caps the chain at ``block_size - 1`` and where ``draft_threshold``
+        cuts it. Rows without target context yet (one token) or inactive propose nothing.
 
         Raises:
             ValueError: the decoder passed no features (``feature_layers`` was ignored).
@@ -310,47 +327,51 @@ class DFlashDrafter(Drafter):
             raise ValueError("dflash needs target features; the decoder must honour feature_layers")
         if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
             self.reset(len(state.tokens))
-        rows_t, rows_p, lengths = [], [], []
-        with torch.no_grad():
-            for b, toks in enumerate(state.tokens):
-                t, p, n = self._propose_row(b, toks, state.features[b], state.num_stable[b], k, sampling,
-                                            generator, state.vocab_size, state.active[b])
-                rows_t.append(t)
-                rows_p.append(p)
-                lengths.append(n)
+        v, b_all = self.config.vocab_size, len(state.tokens)
+        last = torch.tensor([t[-1] if t[-1] < state.vocab_size else 0 for t in state.tokens])
+        tokens = last[:, None].repeat(1, k)
+        probs = None if sampling.greedy else F.one_hot(tokens, v).float()
+        lengths = torch.zeros(b_all, dtype=torch.long)
+        rows = [b for b in range(b_all) if state.active[b] and len(state.tokens[b]) >= 2]
+        if rows:
+            with torch.no_grad():
+                logits = self.block_logits(rows, state.tokens, state.features, state.num_stable)  # [R, B-1, N]
+                t, q, n = self._select(logits, k, sampling, generator, state.vocab_size)
+            tokens[rows], lengths[rows] = t, n
+            if probs is not None:
+                probs[rows] = q
         capped = self.draft_threshold > 0 or k > self.config.block_size - 1
-        return Proposal(tokens=torch.stack(rows_t), probs=None if sampling.greedy else torch.stack(rows_p),
-                        lengths=torch.tensor(lengths) if capped else None)
+        return Proposal(tokens=tokens, probs=probs, lengths=lengths if capped else None)
 
-    def _propose_row(self, b, toks, feats, stable, k, sampling, generator, vocab_size, active):
-        """Row ``b``: ``(tokens [k], q [k, V] or None, proposed length)``; past the length, tokens repeat."""
-        v = self.config.vocab_size
-        fill = toks[-1] if toks[-1] < vocab_size else 0
-        if len(toks) < 2 or not active:  # no target context yet: propose nothing
-            t = torch.full((k,), fill, dtype=torch.long)
-            return t, F.one_hot(t, v).float(), 0
-        logits = self.block_logits(b, toks, feats, stable)  # [B-1, N]
+    def _select(self, logits, k, sampling, generator, vocab_size):
+        """Draft tokens from block logits ``[R, B-1, N]``: ``(tokens [R, k] target ids, q [R, k, V] or None,
+        lengths [R])``; past a row's length (the block's end, or the ``draft_threshold`` cut) tokens repeat."""
+        r_n, v = logits.shape[0], self.config.vocab_size
         ids = self.draft_ids()
         if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
-            logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
-        drafted, probs = [], []
-        cut = ChainCutoff(self.draft_threshold, 1, k)
-        for i in range(min(k, logits.shape[0])):
-            tok, p = select_tokens(logits[i:i + 1], sampling, vocab_size if ids is None else None, generator)
-            cut.update(i, tok, logits=logits[i:i + 1], probs=p)
-            if cut.done:
-                break
-            drafted.append(int(tok) if ids is None else int(ids[tok]))
-            if not sampling.greedy:
-                q = p[0].float()
-                probs.append(q if ids is None else torch.zeros(v, device=q.device).scatter_(0, ids, q))
-        n = len(drafted)
-        last = drafted[-1] if drafted else fill
-        t = torch.tensor(drafted + [last] * (k - n), dtype=torch.long)
-        if sampling.greedy:
-            return t, None, n
-        pad = [F.one_hot(torch.tensor(last), v).float()] * (k - n)
-        return t, torch.stack([p.cpu() for p in probs] + pad), n
+            logits = logits.masked_fill((ids >= vocab_size)[None, None], float("-inf"))
+        steps = min(k, logits.shape[1])
+        cut = ChainCutoff(self.draft_threshold, r_n, steps)
+        picked, qs = [], []
+        for i in range(steps):
+            tok, p = select_tokens(logits[:, i], sampling, vocab_size if ids is None else None, generator)
+            cut.update(i, tok, logits=logits[:, i], probs=p)
+            picked.append(tok if ids is None else ids[tok])
+            if p is not None:
+                q = p.float()
+                qs.append(q if ids is None else q.new_zeros(r_n, v).scatter_(1, ids[None].expand(r_n, -1), q))
+        n = cut.lengths if cut.lengths is not None else torch.full((r_n,), steps, dtype=torch.long)
+        tokens, q = torch.stack(picked, 1).cpu(), torch.stack(qs, 1).cpu() if qs else None
+        fill = torch.arange(k)[None] >= n[:, None]  # [R, k]: past the row's length
+        at = (n - 1).clamp(min=0)
+        rep = tokens.gather(1, at[:, None])  # the last proposed token (or the first when none)
+        tokens = torch.cat([tokens, rep.expand(r_n, k - steps)], 1) if k > steps else tokens
+        tokens = torch.where(fill, rep, tokens)
+        if q is not None:
+            if k > steps:
+                q = torch.cat([q, q.new_zeros(r_n, k - steps, v)], 1)
+            q = torch.where(fill[..., None], F.one_hot(tokens, v).float(), q)
+        return tokens, q, n
 
 
 def copy_final_norm(drafter: DFlashDrafter, target: nn.Module | None) -> None:

@@ -35,7 +35,7 @@ def test_first_proposed_block_equals_the_training_forward(kind):
     for i, a in enumerate(anchors[0].tolist()[:3]):
         d.reset(1)
         with torch.no_grad():
-            block = d.block_logits(0, ids[:a + 1], feats[:a], 0)
+            block = d.block_logits([0], [ids[:a + 1]], [feats[:a]], [0])[0]
         torch.testing.assert_close(block, logits[0, i], rtol=1e-4, atol=1e-4)
         d.reset(1)
         prop = d.propose(_state(ids[:a + 1], feats[:a]), d.config.block_size - 1, SamplingParams(), None)
@@ -56,6 +56,21 @@ def test_context_cache_resyncs_with_num_stable():
     d.reset(1)
     fresh = d.propose(_state(b, fb[:-1]), 3, SamplingParams(), None).tokens
     assert torch.equal(reused, fresh)
+
+
+def test_rows_of_different_lengths_draft_together_as_alone():
+    """One block pass over rows with contexts of different lengths (padded, masked) gives each row the
+    logits of its own pass."""
+    target = tiny_llama(0)
+    d = build("dflash_reduced", target)
+    rows = [[5, 9, 17, 33, 2, 70, 71], [40, 41], [7, 8, 9, 10]]
+    feats = [_features(target, r, d.feature_layers)[:-1] for r in rows]
+    d.reset(3)
+    with torch.no_grad():
+        together = d.block_logits([0, 1, 2], rows, feats, [0, 0, 0])
+        for b in range(3):
+            d.reset(3)
+            torch.testing.assert_close(d.block_logits([b], rows, feats, [0, 0, 0])[0], together[b], rtol=1e-4, atol=1e-4)
 
 
 def test_chain_is_capped_at_block_size_minus_one():
