@@ -1,4 +1,4 @@
-"""Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, n-gram): modules, save/load, export.
+"""Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, DFlash, n-gram): modules, save/load, export.
 
 ``KINDS`` maps each kind name to its class; modules register themselves here by import below.
 ``resolve_checkpoint(path)`` turns what a user points at (a drafter folder, a training checkpoint,
@@ -27,6 +27,7 @@ _KIND_PATHS = {
     "medusa": "drafters.medusa:MedusaDrafter",
     "eagle": "drafters.eagle:EagleDrafter",
     "eagle3": "drafters.eagle3:Eagle3Drafter",
+    "dflash": "drafters.dflash:DFlashDrafter",
 }
 TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
 EXPORT_KIND = "export"  # _folder_kind's answer for a serving-engine export (config.json with a "drafterkit" block)
@@ -72,8 +73,8 @@ def _folder_kind(path: Path) -> str | None:
 def _export_format(data: dict) -> str:
     """The ``drafterkit export --format`` that wrote an export's ``config.json``."""
     block = data["drafterkit"]
-    if block.get("kind") == "eagle3":
-        return f"{block.get('engine', 'vllm')}-eagle3"
+    if block.get("kind") in ("eagle3", "dflash"):
+        return f"{block.get('engine', 'vllm')}-{block['kind']}"
     return str(block.get("kind", "unknown"))
 
 

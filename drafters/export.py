@@ -16,6 +16,10 @@ Formats:
   SGLang's default capture ``[2, L//2, L-3]``. Ids an engine cannot express are refused (SGLang: id 0;
   both: id L, repeated ids); ids out of layer order are sorted, with fc's input blocks permuted to match
   (both engines capture in layer order). :func:`load_eagle3_export` loads either export back.
+* ``vllm-dflash`` (a ``dflash`` checkpoint): vLLM's ``DFlashDraftModel`` (``model_executor/models/
+  qwen3_dflash.py``): the checkpoint's tensors as saved (drafterkit uses the loader's names), a Qwen3
+  ``config.json`` with ``block_size`` and ``dflash_config`` (``mask_token_id``, ``target_layer_ids`` =
+  drafterkit ids - 1). :func:`load_dflash_export` loads it back.
 * ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight``
   / ``.bias`` (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is
   written once as ``lm_heads.0.weight`` with ``original_lm_head: true`` (needs ``--target``).
@@ -68,10 +72,12 @@ from drafters.base import (
     save_tensors,
     weights_sha256,
 )
+from drafters.dflash import DFlashConfig, DFlashDrafter
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.model_card import write_model_card
 
-FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm"}
+FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm",
+           "vllm-dflash": "dflash"}
 
 
 class ExportError(ValueError):
@@ -272,6 +278,68 @@ def load_eagle3_export(path: str | Path, target: torch.nn.Module) -> Eagle3Draft
     return drafter.eval()
 
 
+def export_dflash(ckpt: Path, out: Path, dtype: torch.dtype | None = None) -> Path:
+    """Write vLLM's DFlash layout (``DFlashDraftModel``, ``model_executor/models/qwen3_dflash.py``) of the
+    ``dflash`` checkpoint ``ckpt`` into ``out``: its tensors as saved (the checkpoint already uses the loader's
+    names; no ``embed_tokens`` and, for a full vocabulary, no ``lm_head``: vLLM shares the target's), and a
+    Qwen3 ``config.json`` with ``block_size``, ``num_hidden_layers`` (draft layers) and ``dflash_config``
+    (``mask_token_id``, ``target_layer_ids`` = drafterkit ids - 1: vLLM captures the input of layer id + 1).
+
+    Raises:
+        ExportError: not a dflash checkpoint.
+    """
+    _, cfg = read_config(ckpt)
+    state = load_file(str(ckpt / "model.safetensors"))
+    if not {"fc.weight", "hidden_norm.weight", "norm.weight"} <= state.keys():
+        raise ExportError(f"{ckpt} lacks fc / hidden_norm / norm; is it a dflash checkpoint?")
+    reduced = cfg["draft_vocab_size"] < cfg["vocab_size"]
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": cfg["hidden_size"], "target_hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": cfg["num_layers"],
+        "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
+        "head_dim": cfg["head_dim"], "hidden_act": "silu", "rms_norm_eps": cfg["rms_norm_eps"],
+        "rope_theta": cfg["rope_theta"], "max_position_embeddings": 8192, "attention_bias": False,
+        "tie_word_embeddings": False, "vocab_size": cfg["vocab_size"],
+        **({"draft_vocab_size": cfg["draft_vocab_size"]} if reduced else {}),
+        "block_size": cfg["block_size"], "num_target_layers": cfg["target_num_layers"],
+        "dflash_config": {"mask_token_id": cfg["mask_token_id"],
+                          "target_layer_ids": [int(i) - 1 for i in cfg["feature_layers"]]},
+        "torch_dtype": str(dtype or state["fc.weight"].dtype).removeprefix("torch."),
+        "drafterkit": {"kind": "dflash", "engine": "vllm", "target_num_layers": cfg["target_num_layers"]},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_tensors(_cast(state, dtype), out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def load_dflash_export(path: str | Path, target: torch.nn.Module) -> DFlashDrafter:
+    """Load a ``vllm-dflash`` export back into a :class:`DFlashDrafter` for ``target`` (strict).
+
+    Raises:
+        DrafterLoadError: not a DFlash export, a config this version refuses, or a tensor mismatch.
+    """
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        if config["drafterkit"].get("kind") != "dflash":
+            raise KeyError("kind")
+        fields = {k: config[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                         "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta", "block_size")}
+        dcfg = config["dflash_config"]
+        cfg = DFlashConfig(**fields, target_num_layers=int(config["num_target_layers"]),
+                           num_layers=int(config["num_hidden_layers"]),
+                           draft_vocab_size=int(config.get("draft_vocab_size", config["vocab_size"])),
+                           mask_token_id=int(dcfg["mask_token_id"]),
+                           feature_layers=[int(i) + 1 for i in dcfg["target_layer_ids"]])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DrafterLoadError(f"{path} is not a drafterkit vllm-dflash export ({exc})") from None
+    drafter = DFlashDrafter(cfg, target=target)
+    drafter.load_own_state_dict(load_file(str(path / "model.safetensors")), source=str(path))
+    return drafter.eval()
+
+
 def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
     """Write vLLM's Medusa layout of the ``medusa`` checkpoint ``ckpt`` into ``out``.
 
@@ -387,6 +455,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
         export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
+    elif fmt == "vllm-dflash":
+        export_dflash(ckpt, output, dt)
     elif fmt == "medusa":
         export_medusa(ckpt, output, target, dt)
     else:

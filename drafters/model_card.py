@@ -45,9 +45,11 @@ from drafters.tuned import DECODING_FILE, TUNED
 PINNED_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PINNED_TARGET_DIR = '"${DRAFTERKIT_HOME:-$HOME/.cache/drafterkit}/smollm2-135m-instruct-hf"'
 
-KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model"}
-KIND_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft_lm": "Draft model"}
-LIBRARIES = {"vllm-eagle3": "vllm", "sglang-eagle3": "sglang", "medusa": "vllm", "hf-assistant": "transformers"}
+KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model", "dflash": "dflash"}
+KIND_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft_lm": "Draft model",
+               "dflash": "DFlash block drafter"}
+LIBRARIES = {"vllm-eagle3": "vllm", "sglang-eagle3": "sglang", "medusa": "vllm", "hf-assistant": "transformers",
+             "vllm-dflash": "vllm"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -206,7 +208,7 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
                   "```", "", "A draft tree instead of a chain: raise `--speculative-eagle-topk` and "
                   "`--speculative-num-draft-tokens`."]
         return lines
-    method = {"vllm-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_model"}[fmt]
+    method = {"vllm-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_model", "vllm-dflash": "dflash"}[fmt]
     spec = json.dumps({"method": method, "model": model, "num_speculative_tokens": k})
     lines += ["vLLM:", "", "```bash", f"vllm serve {t} --speculative-config {shlex.quote(spec)}", "```"]
     if fmt == "hf-assistant":
@@ -231,6 +233,11 @@ def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
             "no `eagle_aux_hidden_state_layer_ids` (SGLang's default capture is these layers)"
         return (f"EAGLE-3: one decoder layer over 3 target layers (drafterkit ids {cfg.get('feature_layers')}: "
                 f"`hidden_states[i]`, the input of decoder layer i; this export holds {held}), draft vocabulary "
+                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
+    if kind == "dflash":
+        return (f"DFlash: {cfg.get('num_layers')} draft layer(s) reading target layers {cfg.get('feature_layers')} "
+                f"(`hidden_states[i]`; vLLM `target_layer_ids` i - 1) as keys/values, one non-causal pass over a "
+                f"block of {cfg.get('block_size')} drafts {int(cfg.get('block_size', 2)) - 1} tokens, draft vocabulary "
                 f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
     if kind == "medusa":
         return (f"Medusa: {cfg.get('num_heads')} heads of {cfg.get('num_layers')} residual block(s) on the target's "
@@ -432,6 +439,8 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     k = tuned_k or k  # a setting drafterkit tune measured wins over the quickstart's measured shape
     if kind == "medusa":  # its heads propose at most num_heads tokens
         k = min(k, int(cfg["num_heads"]))
+    if kind == "dflash":  # one block drafts at most block_size - 1 tokens
+        k = min(k, int(cfg["block_size"]) - 1)
     export_config = _read_json(out / "config.json")
     title = f"{KIND_TITLES[kind]} for `{target}`" if target else KIND_TITLES[kind]
     lines = [_front_matter(fmt, kind, target), f"# {title}", "",

@@ -49,8 +49,10 @@ from speceval.prompts import BENCHMARKS, select_prompts
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
 MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete
-VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa"}  # other causal LMs: draft_model
-DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm"}  # vLLM method -> our kind
+# other causal LMs: draft_model
+VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa", "DFlashDraftModel": "dflash"}
+# vLLM method -> our kind
+DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm", "dflash": "dflash"}
 # vLLM on a CPU: a small KV cache, no thread pinning on a shared machine, the engine core in-process
 # (the runner hooks its scheduler there)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -91,7 +93,8 @@ def vllm_python(venv: str | Path | None = None) -> Path:
 
 
 def inspect_export(export_dir: str | Path) -> dict:
-    """``{"method": vLLM's speculative method, "num_heads": Medusa heads or None}`` for an export folder.
+    """``{"method": vLLM's speculative method, "num_heads": the most draft tokens one round can hold (Medusa's
+    heads, DFlash's block_size - 1) or None}`` for an export folder.
 
     Raises:
         ServeCheckError: no readable ``config.json`` there.
@@ -103,7 +106,8 @@ def inspect_export(export_dir: str | Path) -> dict:
                               "folder written by `drafterkit export`") from None
     arch = (config.get("architectures") or [None])[0]
     if arch in VLLM_METHODS:
-        return {"method": VLLM_METHODS[arch], "num_heads": config.get("num_heads")}
+        most = config.get("num_heads") or (config["block_size"] - 1 if "block_size" in config else None)
+        return {"method": VLLM_METHODS[arch], "num_heads": most}
     if "model_type" not in config:
         raise ServeCheckError(f"{export_dir}: config.json names no architecture vLLM drafts with (expected "
                               f"{sorted(VLLM_METHODS)} or a transformers causal LM)")
@@ -279,7 +283,7 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
     eos = sorted(resolve_eos(model, None, model.config.vocab_size))
     plans = []
     for (export_dir, checkpoint), info in zip(exports, infos):
-        kk = min(k, info["num_heads"]) if info["num_heads"] else k  # Medusa drafts at most one token per head
+        kk = min(k, info["num_heads"]) if info["num_heads"] else k  # Medusa: one token per head; DFlash: B - 1
         drafter = load_check_drafter(export_dir, info["method"], checkpoint, model)
         plans.append((str(export_dir), info["method"], kk, drafter))
     jobs = [{"target": str(resolve_target_path(target)), "draft": str(Path(e).resolve()), "method": m, "k": kk,
@@ -325,7 +329,8 @@ def format_report(r: dict) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("export", help="a folder written by `drafterkit export` (vllm-eagle3, medusa or hf-assistant)")
+    parser.add_argument("export", help="a folder written by `drafterkit export` (vllm-eagle3, vllm-dflash, medusa or "
+                                       "hf-assistant)")
     parser.add_argument("--target", required=True, help="the target the drafter was trained for (name or folder)")
     parser.add_argument("--drafter", default=None, metavar="CHECKPOINT",
                         help="the drafterkit checkpoint to compare the export with (default: the drafter folder an "

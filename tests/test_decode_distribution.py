@@ -43,13 +43,18 @@ def _chi2(counts, probs):
 
 
 @pytest.mark.parametrize("params,kind", [(SamplingParams(1.0), "draft_lm"), (SamplingParams(0.7, 5, 0.9), "draft_lm"),
-                                         (SamplingParams(0.7, 5, 0.9), "ngram"), (SamplingParams(1.0), "hybrid")],
-                         ids=["t1", "t07_k5_p09", "ngram", "hybrid"])
+                                         (SamplingParams(0.7, 5, 0.9), "ngram"), (SamplingParams(1.0), "hybrid"),
+                                         (SamplingParams(1.0), "dflash"), (SamplingParams(0.7, 5, 0.9), "dflash")],
+                         ids=["t1", "t07_k5_p09", "ngram", "hybrid", "dflash_t1", "dflash_t07_k5_p09"])
 def test_first_tokens_follow_target_distribution(params, kind):
     target = tiny_llama(0, vocab_size=V)
     drafter = tiny_llama(3, vocab_size=V, layers=1) if kind == "draft_lm" else NGramDrafter()
     # prompt lookup proposes only where the last token occurred before: put every id in the prompt
-    prompt = PROMPT if kind == "draft_lm" else list(range(V)) + PROMPT
+    prompt = PROMPT if kind in ("draft_lm", "dflash") else list(range(V)) + PROMPT
+    if kind == "dflash":  # one block pass drafts from the target's features (a chain clamped to 1 here)
+        from test_drafters_conformance import build
+
+        drafter = build("dflash", target)
     if kind == "hybrid":  # the prompt's last 2-gram occurred before: the first round copies, later ones
         # depend on the sampled tokens (copy where the new 2-gram occurred, the draft LM's q elsewhere)
         from drafters.draft_lm import DraftLM

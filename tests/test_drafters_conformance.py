@@ -43,6 +43,13 @@ def build(kind: str, target):
     elif kind == "eagle":
         from drafters.eagle import EagleConfig, EagleDrafter
         d = EagleDrafter(EagleConfig.from_target(target), target=target)
+    elif kind == "dflash":
+        from drafters.dflash import DFlashConfig, DFlashDrafter
+        d = DFlashDrafter(DFlashConfig.from_target(target, num_layers=2, block_size=4), target=target)
+    elif kind == "dflash_reduced":  # a reduced draft vocabulary (own LM head, d2t / t2d)
+        from drafters.dflash import DFlashConfig, DFlashDrafter
+        d = DFlashDrafter(DFlashConfig.from_target(target, block_size=4, draft_vocab_size=48), target=target)
+        d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
     else:
         from drafters.eagle3 import Eagle3Config, Eagle3Drafter
         d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48), target=target)
@@ -52,7 +59,7 @@ def build(kind: str, target):
 
 
 KIND_PARAMS = [pytest.param(k, marks=pytest.mark.skipif(not _module_exists(k), reason=f"drafters/{k} missing"))
-               for k in sorted(KINDS)]
+               for k in sorted(KINDS)] + [pytest.param("dflash_reduced")]
 
 
 def _state(target, rows, layers):

@@ -348,3 +348,41 @@ def test_push_to_hub_checks_the_hub_before_writing(tmp_path, monkeypatch, capsys
     assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "p"),
                 "--push-to-hub", "not-a-repo"]) == 2
     assert order == [] and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash_reduced"])
+def test_dflash_export_is_the_checkpoint_under_vllms_config_and_loads_back(tmp_path, kind):
+    """vllm-dflash: the same tensors under the same names (rename-free), a DFlashDraftModel Qwen3 config with
+    block_size and dflash_config (target_layer_ids = ids - 1), lm_head / d2t only for a reduced vocabulary;
+    load_dflash_export gives back a drafter proposing the same blocks."""
+    from conftest import tiny_llama
+    from test_drafters_conformance import build
+
+    from decode.protocol import DecodeState, SamplingParams
+    from drafters.export import load_dflash_export
+
+    target = tiny_llama(0, layers=4)
+    d = build(kind, target)
+    ckpt = d.save_pretrained(tmp_path / "ckpt")
+    out = export(ckpt, "vllm-dflash", tmp_path / "v")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["block_size"] == 4 and cfg["num_hidden_layers"] == d.config.num_layers
+    assert cfg["dflash_config"] == {"mask_token_id": 0, "target_layer_ids": [i - 1 for i in d.feature_layers]}
+    assert ("draft_vocab_size" in cfg) == (kind == "dflash_reduced")
+    saved, exported = load_file(str(ckpt / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert saved.keys() == exported.keys() and all(torch.equal(saved[k], exported[k]) for k in saved)
+    assert ("lm_head.weight" in exported) == ("d2t" in exported) == (kind == "dflash_reduced")
+    assert not any(k.startswith("embed_tokens") for k in exported)
+    back = load_dflash_export(out, target)
+    ids = [5, 9, 17, 33, 2, 70]
+    hs = target(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[i][0, :-1] for i in d.feature_layers], -1)
+    props = []
+    for dr in (d, back):
+        dr.reset(1)
+        st = DecodeState(tokens=[ids], num_stable=[0], features=[feats], active=[True], vocab_size=128)
+        props.append(dr.propose(st, 3, SamplingParams(), None).tokens)
+    assert torch.equal(props[0], props[1])
+    with pytest.raises(ExportError, match="formats for 'dflash': \\['vllm-dflash'\\]"):
+        export(ckpt, "vllm-eagle3", tmp_path / "x")

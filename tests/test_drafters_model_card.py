@@ -35,6 +35,9 @@ def _drafter(kind: str):
                           target=target)
         d.set_draft_vocab(torch.arange(40) * 3, target=target)
         return d
+    if kind == "dflash":
+        from drafters.dflash import DFlashConfig, DFlashDrafter
+        return DFlashDrafter(DFlashConfig.from_target(target, block_size=4), target=target)
     if kind == "medusa":
         return MedusaDrafter(MedusaConfig.from_target(target, num_heads=3, share_lm_head=False), target=target)
     return DraftLM.from_target(target, 1)
@@ -62,7 +65,8 @@ def _eval_argv(body: str) -> list[str]:
 FORMATS = [("vllm-eagle3", "eagle3", "vllm", '"method": "eagle3"'),
            ("sglang-eagle3", "eagle3", "sglang", "--speculative-algorithm EAGLE3"),
            ("medusa", "medusa", "vllm", '"method": "medusa"'),
-           ("hf-assistant", "draft_lm", "transformers", "assistant_model=assistant")]
+           ("hf-assistant", "draft_lm", "transformers", "assistant_model=assistant"),
+           ("vllm-dflash", "dflash", "vllm", '"method": "dflash"')]
 
 
 @pytest.mark.parametrize("fmt, kind, library, serve", FORMATS)
@@ -70,14 +74,14 @@ def test_every_export_writes_a_model_card(tmp_path, fmt, kind, library, serve):
     ckpt = _drafter(kind).save_pretrained(tmp_path / "d")
     out = export(ckpt, fmt, tmp_path / "out")
     front, body = _card(out)
-    tag = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model"}[kind]
+    tag = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model", "dflash": "dflash"}[kind]
     assert front["library_name"] == library and "base_model" not in front  # no target recorded anywhere
     assert {"drafterkit", "speculative-decoding", tag} <= set(front["tags"])
     assert serve in body and str(out) in body
     if fmt == "sglang-eagle3":
         assert f"--speculative-draft-model-path {out}" in body and "--speculative-num-steps 5" in body
-    elif fmt == "medusa":
-        assert '"num_speculative_tokens": 3' in body and "--k 3" in body  # at most its 3 heads
+    elif fmt in ("medusa", "vllm-dflash"):  # at most its 3 heads / block_size - 1 = 3 tokens
+        assert '"num_speculative_tokens": 3' in body and "--k 3" in body
     else:
         assert '"num_speculative_tokens": 5' in body
     if fmt == "hf-assistant":

@@ -191,3 +191,32 @@ def test_exports_decode_and_draft_in_vllm_as_in_drafterkit(tmp_path, vllm_python
         assert steps["accept_per_position"] == pytest.approx(ours["accept_per_position"])
         assert counters["num_drafts"] == ours["target_forwards"]  # one vLLM draft per verification pass
         assert ours["accept_per_position"][1] > 0, serving.format_report(r)  # drafts accepted past position 0
+
+
+@pytest.mark.slow
+@pytest.mark.serving
+def test_a_dflash_export_drafts_in_vllm_as_in_drafterkit(tmp_path, vllm_python, one_thread, capsys):
+    """vllm-dflash next to the Llama target on vLLM's CPU backend (CPU_ATTN takes the non-causal block):
+    a DFlash drafter with a reduced vocabulary (d2t), trained 30 steps on the target's answers, drafts the
+    same chains of 5 (block_size 6) in vLLM as in drafterkit's decoder."""
+    from drafters.dflash import DFlashConfig, DFlashDrafter
+
+    target, tok = load_target("smollm2-135m")
+    batch, used = _answers_batch(target, tok)
+    vocab = used + [i for i in range(4096 + len(used)) if i not in set(used)][: 4096 - len(used)]
+    torch.manual_seed(0)
+    options = {"draft_vocab_size": 4096, "block_size": 6, "num_anchors": 64}
+    d = DFlashDrafter(DFlashConfig.from_target(target, draft_vocab_size=4096, block_size=6), target=target)
+    d.set_draft_vocab(torch.tensor(sorted(vocab)), target=target)
+    d = _few_steps("dflash", d, target, batch, options, steps=30, lr=3e-3)
+    ckpt = d.save_pretrained(tmp_path / "dflash")
+    exported = export(ckpt, "vllm-dflash", tmp_path / "dflash-export", target="smollm2-135m")
+    del target
+    (r,) = serving.check_exports([(exported, ckpt)], "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
+    with capsys.disabled():
+        print("\n" + serving.format_report(r))
+    c, ours, steps = r["comparison"], r["drafterkit"], r["vllm"]["steps"]
+    assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
+    assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+    assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
+    assert ours["accept_per_position"][0] > 0, serving.format_report(r)

@@ -90,13 +90,20 @@ def _head(kind, target):
     from drafters.medusa import MedusaConfig, MedusaDrafter
 
     torch.manual_seed(0)
-    options = {"medusa": {"num_heads": 3}, "eagle": {}, "eagle3": {"feature_layers": [0, 1, 2], "ttt_steps": 2}}[kind]
+    options = {"medusa": {"num_heads": 3}, "eagle": {}, "eagle3": {"feature_layers": [0, 1, 2], "ttt_steps": 2},
+               "dflash": {"feature_layers": [1, 2], "block_size": 4, "draft_vocab_size": 64}}[kind]
     recipe = recipe_from_dict({"output_dir": "unused", "loss": {"weights": {"fkl": 1.0, "ce": 0.2}},
                                "drafter": {"kind": kind, "options": options}})
     if kind == "medusa":
         d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
     elif kind == "eagle":
         d = EagleDrafter(EagleConfig.from_target(target), target=target)
+    elif kind == "dflash":
+        from drafters.dflash import DFlashConfig, DFlashDrafter
+
+        d = DFlashDrafter(DFlashConfig.from_target(target, draft_vocab_size=64, feature_layers=[1, 2], block_size=4),
+                          target=target)
+        d.set_draft_vocab(torch.arange(0, 128, 2), target=target)
     else:
         d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=64, feature_layers=[0, 1, 2], ttt_steps=2),
                           target=target)
@@ -109,7 +116,7 @@ def _head(kind, target):
     return d.train(), recipe
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "dflash"])
 def test_offline_loss_equals_online_loss_on_the_same_batch(kind, tmp_path):
     """The strategy's loss on a cached batch equals its loss on the same batch computed online with the
     features rounded to bf16 (the cache's storage), and the fully online fp32 loss to 1e-3 (measured:
@@ -118,18 +125,21 @@ def test_offline_loss_equals_online_loss_on_the_same_batch(kind, tmp_path):
     drafter, recipe = _head(kind, target)
     strategy = get_strategy(kind)
     layers = strategy.feature_layers(recipe, target)
-    assert layers == ([0, 1, 2, 3] if kind == "eagle3" else [3])
+    assert layers == {"eagle3": [0, 1, 2, 3], "dflash": [1, 2, 3]}.get(kind, [3])
     examples = _examples(12)
     spec, _ = _build(tmp_path, target, examples, layers, shards=3)
     cache = FeatureCache(spec.path, layers)
     offline_batch = _batch(cache, [0, 5, 7, 11])
     online_batch = {k: offline_batch[k] for k in ("input_ids", "attention_mask", "loss_mask")}
     forwards = Forwards(target)
+    torch.manual_seed(0)  # the same anchors for every call (dflash draws them)
     offline, _ = strategy.loss(drafter, target, offline_batch, recipe)
     assert forwards.n == 0
     rounded = target_features(target, online_batch["input_ids"], online_batch["attention_mask"], layers)
     fed = {**online_batch, "features": rounded.bfloat16().float(), "feature_layers": torch.tensor(layers)}
+    torch.manual_seed(0)
     fed_loss, _ = strategy.loss(drafter, target, fed, recipe)
+    torch.manual_seed(0)
     fp32, _ = strategy.loss(drafter, target, online_batch, recipe)  # one online target forward
     assert forwards.n == 2  # the two explicit feature computations above, none from the cached batch
     assert torch.isfinite(offline) and offline > 0

@@ -27,6 +27,7 @@ KINDS = {
     "eagle3": "{draft_vocab_size: 512, ttt_steps: 3}",
     "medusa": "{num_heads: 3, train_vocab_size: 512}",
     "eagle": "{train_vocab_size: 512}",
+    "dflash": "{draft_vocab_size: 512, block_size: 4, num_anchors: 64}",
 }
 
 

@@ -108,6 +108,8 @@ def test_a_file_given_as_data_source_names_data_path():
      ["loss.weights.accept_len", "'medusa'", "set drafter.options.num_heads: 3"]),
     ("eagle3", {"ttt_steps": 3}, {"name": "accept_len"},
      ["loss.name", "accept_len", "'eagle3'", "ttt_tokens: data", "set drafter.options.ttt_tokens: draft"]),
+    ("dflash", {"block_size": 2}, {"name": "accept_len", "draft_steps": 3},
+     ["loss.name", "accept_len", "'dflash'", "block_size: 2", "set drafter.options.block_size: 4"]),
 ])
 def test_a_loss_term_the_kind_cannot_apply_is_refused_naming_both(kind, options, loss, names):
     with pytest.raises(RecipeError) as err:
@@ -121,12 +123,13 @@ def test_a_loss_term_the_kind_cannot_apply_is_refused_naming_both(kind, options,
     ("medusa", {"num_heads": 2}, {"name": "accept_len"}),
     ("eagle3", {"ttt_tokens": "draft"}, {"weights": {"accept_len": 1.0, "fkl": 0.5}}),
     ("draft_lm", {}, {"name": "accept_len"}),
+    ("dflash", {"block_size": 8}, {"weights": {"accept_len": 1.0, "fkl": 0.5}, "draft_steps": 7}),
 ])
 def test_accept_len_on_a_chain_of_several_own_drafts_validates(kind, options, loss):
     recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind, "options": options}, "loss": loss})
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "dflash"])
 def test_on_policy_data_for_a_head_kind_is_refused_at_validation(kind):
     with pytest.raises(RecipeError, match=rf"data\.on_policy_fraction: drafter kind '{kind}'.*'draft_lm'.*"
                                           r"set data\.on_policy_fraction: 0"):
@@ -157,6 +160,21 @@ def test_an_eagle3_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path
     recipe_from_dict({**data, "target": {"name_or_path": "nobody/not-cached-here"}})
     with pytest.raises(ValueError, match=r"id 4 is the last layer's output after the final norm"):
         Eagle3Config.from_target(target, feature_layers=[1, 2, 4])
+
+
+def test_a_dflash_feature_layer_vllm_cannot_capture_is_refused(tmp_path):
+    """DFlash ids must be increasing in [1, L-1] (vLLM's target_layer_ids = id - 1 >= 0, id < L): refused when
+    the recipe is validated against a local target config."""
+    from conftest import tiny_llama
+
+    tiny_llama(0, layers=4).config.save_pretrained(tmp_path / "target")
+    data = {"output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(tmp_path / "target")},
+            "drafter": {"kind": "dflash", "options": {"feature_layers": [1, 2, 4]}}}
+    with pytest.raises(RecipeError, match=r"drafter\.options\.feature_layers: dflash feature_layers .*\[1, 3\]"):
+        recipe_from_dict(data)
+    with pytest.raises(RecipeError, match=r"distinct increasing"):
+        recipe_from_dict(data, ["drafter.options.feature_layers=[2, 1]"])
+    recipe_from_dict(data, ["drafter.options.feature_layers=[1, 3]"])
 
 
 def test_feature_cache_typo_is_refused_instead_of_becoming_a_folder(tmp_path):
@@ -193,5 +211,5 @@ def test_the_recipe_layer_and_the_strategies_list_the_same_kinds():
 
 def test_an_unknown_kind_lists_the_trainable_kinds():
     with pytest.raises(RecipeError, match=r"drafter: no training strategy for drafter kind 'nope'; trainable kinds: "
-                                          r"\['draft_lm', 'eagle', 'eagle3', 'medusa'\]"):
+                                          r"\['dflash', 'draft_lm', 'eagle', 'eagle3', 'medusa'\]"):
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "nope"}})

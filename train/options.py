@@ -14,7 +14,9 @@ Recipe checks (``KindRecipe.check``) take the validated :class:`train.recipe.Rec
   target's own features; DistillSpec-style on-policy batches are a draft-LM thing), and ``accept_len``
   over ``loss.draft_steps > 1`` when their chain is one step long (it would be plain alpha);
 * EAGLE-3 also refuses ``accept_len`` with ``ttt_tokens: data`` and explicit ``feature_layers`` that do
-  not fit the target, when the target's config is readable from local files.
+  not fit the target, when the target's config is readable from local files;
+* DFlash refuses on-policy data, ``accept_len`` over ``draft_steps > 1`` with ``block_size: 2`` (one draft
+  token per block) and explicit ``feature_layers`` outside ``[1, L-1]`` (what vLLM can capture).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
+from drafters.dflash import check_dflash_feature_layers
 from drafters.eagle3 import check_feature_layers
 
 # --- options, one model per kind ----------------------------------------------------------------
@@ -104,6 +107,35 @@ class Eagle3Options(BaseModel):
         return v
 
 
+class DFlashOptions(BaseModel):
+    """``drafter.options`` for ``kind: dflash`` (``drafters.dflash``; DFlash, arXiv 2602.06036)."""
+
+    model_config = ConfigDict(extra="forbid")
+    block_size: int = Field(8, ge=2, le=32)  # B: one pass drafts B-1 tokens (the block's masked positions)
+    num_layers: int = Field(1, ge=1, le=8)  # draft decoder layers (each reads the context as keys/values)
+    # hidden_states ids 1 <= i <= L-1, increasing (vLLM's target_layer_ids = i - 1); None: 3 spread over [2, L-2]
+    feature_layers: list[int] | None = None
+    # reduced draft vocabulary (own LM head, d2t/t2d as EAGLE-3) of the N most frequent supervised tokens;
+    # null or >= the target's vocabulary: the target's frozen LM head (nothing of it is saved)
+    draft_vocab_size: int | None = Field(None, ge=2)
+    mask_token_id: int = Field(0, ge=0)  # the target embedding row fed at the block's masked positions
+    num_anchors: int = Field(8, ge=1)  # blocks per training sequence (anchors drawn among supervised positions)
+    # loss weight of block position k (1-based) = exp(-(k - 1) / gamma) (DFlash: gamma 7 / 5 / 4 for B 16 / 10 / 8)
+    position_weight_gamma: float = Field(4.0, gt=0.0)
+    # start the draft layers from the target's last num_layers decoder layers (q/k norms from ones)
+    init_from_target_layer: bool = True
+    # fc (nF*H -> H) at start: "last_feature" passes the last feature layer through; "random": nn.Linear's
+    init_fc: Literal["random", "last_feature"] = "last_feature"
+
+    @field_validator("feature_layers")
+    @classmethod
+    def _increasing(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or v != sorted(set(v)) or min(v) < 1):
+            raise ValueError("give distinct increasing hidden_states ids 1 <= i <= L-1, or null for 3 spread over "
+                             f"[2, L-2]; got {v}")
+        return v
+
+
 # --- recipe checks -------------------------------------------------------------------------------
 
 
@@ -154,6 +186,31 @@ def check_eagle3_recipe(recipe: Any) -> None:
                 raise ValueError(f"drafter.options.feature_layers: {exc}") from None
 
 
+def check_dflash_recipe(recipe: Any) -> None:
+    """As :func:`check_head_recipe` (the chain is the block's ``block_size - 1`` positions), plus: explicit
+    ``feature_layers`` must fit the target when its config is readable locally.
+
+    Raises:
+        ValueError: naming the key, the kind and the fix.
+    """
+    if recipe.data.on_policy_fraction > 0:
+        check_head_recipe(recipe, "dflash", "block_size")
+    o: DFlashOptions = recipe.drafter.parsed_options()
+    steps = recipe.loss.draft_steps
+    if "accept_len" in recipe.loss.terms() and o.block_size == 2 and steps > 1:
+        raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
+                         "'dflash' with drafter.options.block_size: 2 (one draft token per block: accept_len over "
+                         f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: {steps + 1}, "
+                         "or loss.draft_steps: 1, or another loss")
+    if o.feature_layers is not None:
+        n = local_layer_count(recipe.target.name_or_path)
+        if n is not None:
+            try:
+                check_dflash_feature_layers(o.feature_layers, int(n))
+            except ValueError as exc:
+                raise ValueError(f"drafter.options.feature_layers: {exc}") from None
+
+
 def local_layer_count(name_or_path: str) -> int | None:
     """The target's ``num_hidden_layers`` when local files alone give its config (a folder, the default
     target once built, a Hub id in the local Hugging Face cache), else None: never downloads, converts or
@@ -193,6 +250,7 @@ KINDS: dict[str, KindRecipe] = {
     "medusa": KindRecipe(MedusaOptions, True, partial(check_head_recipe, kind="medusa", chain_option="num_heads")),
     "eagle": KindRecipe(EagleOptions, True, partial(check_head_recipe, kind="eagle", chain_option="ttt_steps")),
     "eagle3": KindRecipe(Eagle3Options, True, check_eagle3_recipe),
+    "dflash": KindRecipe(DFlashOptions, True, check_dflash_recipe),
 }
 
 

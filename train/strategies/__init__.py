@@ -38,6 +38,7 @@ Contract (what the loop guarantees and expects):
 from __future__ import annotations
 
 from train.strategies.base import Strategy, check_common_batch, unwrap
+from train.strategies.dflash import DFlashStrategy
 from train.strategies.draft_lm import DraftLMStrategy
 from train.strategies.eagle import EagleStrategy
 from train.strategies.eagle3 import Eagle3Strategy
@@ -48,6 +49,7 @@ STRATEGIES: dict[str, Strategy] = {
     "medusa": MedusaStrategy(),
     "eagle": EagleStrategy(),
     "eagle3": Eagle3Strategy(),
+    "dflash": DFlashStrategy(),
 }
 
 

@@ -1,0 +1,382 @@
+"""DFlash block drafter ("DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036), in
+the layout vLLM's ``qwen3_dflash`` loader reads (``DFlashDraftModel``).
+
+One drafter pass drafts a whole block. Features: the target's hidden states at ``feature_layers``
+(transformers ``hidden_states`` ids, as for EAGLE-3), concatenated and fused into the context
+``c_t = hidden_norm(fc([h_l1; h_l2; ...]_t))`` (``[nF*H] -> [H]``). The block is
+``[last committed token, mask x (B-1)]`` embedded with the target's FROZEN embedding (the mask is the
+target's row ``mask_token_id``), at RoPE positions ``n-1 .. n+B-2`` (``n`` = committed tokens). Each of
+the ``num_layers`` Qwen3-style decoder layers (q/k per-head RMSNorm, pre-norm residual stream) attends
+
+* the context keys/values ``k_norm(k_proj(c_t))`` (RoPE at ``t``) / ``v_proj(c_t)`` for every position
+  ``t < n-1`` the target has processed, injected into EVERY layer (its own k/v projections), and
+* the block's own keys/values, NON-causally (every block position sees the whole block).
+
+``norm`` then the LM head give logits at block positions ``1..B-1``: position ``j`` is the draft of
+token ``n-1+j``, so one pass proposes up to ``B-1`` draft tokens. The LM head is the target's (frozen,
+not saved) for a full vocabulary, or, with ``draft_vocab_size < vocab_size``, the drafter's own over the
+most frequent target ids with ``d2t`` / ``t2d`` as EAGLE-3 (``drafters.eagle3.mapping_from_ids``).
+
+Tensor names are vLLM's (``fc.weight``, ``hidden_norm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj``,
+``layers.{i}.self_attn.{q,k}_norm``, ``layers.{i}.mlp.{gate,up,down}_proj``, ``layers.{i}.input_layernorm``,
+``layers.{i}.post_attention_layernorm``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``), so the
+``vllm-dflash`` export (:mod:`drafters.export`) is the checkpoint's tensors as saved.
+
+Feature layer ids: id ``i`` is ``hidden_states[i]`` (the output of target layer ``i-1``); vLLM's
+``dflash_config.target_layer_ids`` names the same layer ``i - 1`` (it captures the input of layer
+``id + 1``), so valid ids are ``1 <= i <= L-1``.
+
+Decoding: each row keeps its context keys/values per layer (a cache re-synchronised with
+``num_stable``: the context of a committed token never changes); one block pass per round; draft
+position ``j`` is chosen from its own distribution ``q_j`` (the block's positions do not read each
+other's draft tokens), so rejection sampling stays exact; ``draft_threshold`` cuts the chain where the
+product of ``q_j`` of its tokens falls below it (``decode.cutoff.ChainCutoff``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decode.cutoff import ChainCutoff
+from decode.protocol import DecodeState, Proposal, SamplingParams
+from decode.sampling import select_tokens
+from drafters.base import Drafter
+from drafters.eagle import check_target_shape, target_shape_fields
+from drafters.eagle3 import mapping_from_ids
+from drafters.layers import DraftAttention, DraftMLP, RMSNorm
+
+
+def default_feature_layers(num_layers: int, count: int = 3) -> list[int]:
+    """``count`` ids spread evenly over ``[2, L-2]`` (DFlash's target layers 1..L-3, named as vLLM's
+    ``target_layer_ids`` + 1), clamped into ``[1, L-1]`` and de-duplicated (a small target gets fewer)."""
+    lo, hi = 2, num_layers - 2
+    raw = [lo] if count == 1 else [round(lo + j * (hi - lo) / (count - 1)) for j in range(count)]
+    return sorted({min(max(i, 1), max(num_layers - 1, 1)) for i in raw})
+
+
+def check_dflash_feature_layers(layers, num_layers: int) -> None:
+    """Raise ``ValueError`` unless ``layers`` are distinct increasing ids in ``[1, L-1]`` (what vLLM's
+    ``dflash_config.target_layer_ids`` can name: ``id - 1`` in ``[0, L-2]``)."""
+    layers = [int(i) for i in layers]
+    if not layers or layers != sorted(set(layers)) or layers[0] < 1 or layers[-1] > num_layers - 1:
+        raise ValueError(f"dflash feature_layers must be distinct increasing hidden_states ids in [1, {num_layers - 1}] "
+                         f"for a target of {num_layers} layers (vLLM's target_layer_ids = id - 1), got {layers}")
+
+
+@dataclass
+class DFlashConfig:
+    """DFlash drafter. Target sizes as :func:`drafters.eagle.target_shape_fields`; ``num_layers`` draft
+    layers; ``block_size`` B (B-1 draft tokens per pass); ``draft_vocab_size`` (0: the target's vocabulary
+    and its frozen LM head); ``mask_token_id``: the target embedding row fed at the B-1 masked positions."""
+
+    vocab_size: int
+    hidden_size: int
+    target_num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    num_layers: int = 1
+    block_size: int = 8
+    draft_vocab_size: int = 0
+    mask_token_id: int = 0
+    feature_layers: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.feature_layers:
+            self.feature_layers = default_feature_layers(self.target_num_layers)
+        self.feature_layers = [int(i) for i in self.feature_layers]
+        check_dflash_feature_layers(self.feature_layers, self.target_num_layers)
+        self.draft_vocab_size = int(self.draft_vocab_size) or self.vocab_size
+        if not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
+        if self.block_size < 2 or self.num_layers < 1:
+            raise ValueError(f"dflash needs block_size >= 2 and num_layers >= 1, got {self.block_size}, {self.num_layers}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id must be a target token id in [0, {self.vocab_size}), got {self.mask_token_id}")
+
+    @classmethod
+    def from_target(cls, target: nn.Module, **kw) -> DFlashConfig:
+        base = {**target_shape_fields(target), **kw}
+        base["draft_vocab_size"] = min(base.get("draft_vocab_size") or base["vocab_size"], base["vocab_size"])
+        return cls(**base)
+
+
+class DFlashAttention(DraftAttention):
+    """Qwen3 attention (per-head q/k RMSNorm, RoPE) over the context keys/values followed by the block's own.
+
+    ``forward(x [B, S, H], positions [B, S], ctx (k, v) [B, n_kv, C, d], mask [B, 1, S, C+S] bool or None)
+    -> [B, S, H]``."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, rope_theta: float, eps: float):
+        super().__init__(hidden, hidden, heads, kv_heads, head_dim, rope_theta)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return self._rope(k, positions), v
+
+    def forward(self, x, positions, ctx, mask=None):
+        b, s, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
+        q = self._rope(q, positions)
+        k, v = self.project_kv(x, positions)
+        k, v = torch.cat([ctx[0], k], 2), torch.cat([ctx[1], v], 2)
+        rep = self.heads // self.kv_heads
+        out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                             attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class DFlashLayer(nn.Module):
+    """One Qwen3 decoder layer of the drafter (pre-norm): ``x + attn(input_layernorm(x))`` then the MLP."""
+
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.self_attn = DFlashAttention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                         c.rope_theta, c.rms_norm_eps)
+        self.mlp = DraftMLP(c.hidden_size, c.intermediate_size)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, positions, ctx, mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(Drafter):
+    """DFlash block drafter: fc + hidden_norm over fused target features, ``num_layers`` Qwen3 layers with the
+    context injected as keys/values, non-causal within the block, norm, LM head (target's or reduced)."""
+
+    kind = "dflash"
+    config_class = DFlashConfig
+    supports_draft_threshold = True
+
+    def __init__(self, config: DFlashConfig, target: nn.Module | None = None):
+        super().__init__(config)
+        c = config
+        if target is None:
+            raise ValueError("dflash drafter borrows the target's embedding (and LM head): pass target=... "
+                             "(from_pretrained(path, target=target))")
+        self.embed_tokens = target.get_input_embeddings()
+        head = target.get_output_embeddings()
+        if tuple(head.weight.shape) != (c.vocab_size, c.hidden_size) or self.embed_tokens.weight.shape[1] != c.hidden_size:
+            raise ValueError(f"dflash config expects vocab {c.vocab_size} x hidden {c.hidden_size}, the target's LM head "
+                             f"is {list(head.weight.shape)}; train the drafter for this target")
+        self.full_vocab = c.draft_vocab_size == c.vocab_size
+        self.borrowed_prefixes = ("embed_tokens.", "lm_head.") if self.full_vocab else ("embed_tokens.",)
+        self.fc = nn.Linear(len(c.feature_layers) * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if self.full_vocab:
+            self.lm_head = head
+        else:
+            self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+            d2t, t2d = mapping_from_ids(torch.arange(c.draft_vocab_size), c.vocab_size)
+            self.register_buffer("d2t", d2t)
+            self.register_buffer("t2d", t2d)
+        self.feature_layers = tuple(c.feature_layers)
+
+    # --- vocabulary ----------------------------------------------------------------------------------
+    def draft_ids(self) -> torch.Tensor | None:
+        """Target id of each draft id ``[N]``, or None for the full vocabulary (draft id == target id)."""
+        if self.full_vocab:
+            return None
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, ids: torch.Tensor, target: nn.Module | None = None) -> None:
+        """Use the sorted target ids ``ids [N]`` as the draft vocabulary; with ``target``, start the LM head
+        rows and ``norm`` from the target's. Raises ``ValueError`` for a full-vocabulary drafter or a wrong count."""
+        if self.full_vocab or ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"set_draft_vocab needs a reduced-vocabulary dflash drafter and exactly "
+                             f"draft_vocab_size={self.config.draft_vocab_size} ids, got {ids.numel()}")
+        d2t, t2d = mapping_from_ids(ids, self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        if target is not None:
+            with torch.no_grad():
+                self.lm_head.weight.copy_(target.get_output_embeddings().weight[self.draft_ids().cpu()])
+        copy_final_norm(self, target)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Drafter output (pre-norm) ``[..., H]`` -> logits over the draft vocabulary ``[..., N]``."""
+        x = self.norm(hidden)
+        return self.lm_head(x.to(self.lm_head.weight.dtype))
+
+    # --- the block pass --------------------------------------------------------------------------------
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """Fused target features ``[B, C, nF*H]`` -> context states ``hidden_norm(fc(.)) [B, C, H]``."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's context keys/values ``[B, n_kv, C, d]`` from context states ``[B, C, H]`` at ``positions [B, C]``."""
+        return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
+
+    def block(self, ids: torch.Tensor, positions: torch.Tensor, kv, mask=None) -> torch.Tensor:
+        """Block tokens ``ids [B, S]`` at ``positions [B, S]`` through the layers, attending the context
+        ``kv`` (per layer) and each other under ``mask [B, 1, S, C+S]`` (None: everything) -> ``[B, S, H]`` pre-norm."""
+        x = self.embed_tokens(ids).to(self.fc.weight.dtype)
+        for layer, ctx in zip(self.layers, kv):
+            x = layer(x, positions, ctx, mask)
+        return x
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+                return_hidden: bool = False) -> torch.Tensor:
+        """Training pass: one block after each anchor, all blocks of a sequence in one pass.
+
+        Args:
+            input_ids: ``[B, T]``. features: ``[B, T, nF*H]`` (row ``t`` = the target's state at the position
+                that saw token ``t``, concatenated over ``feature_layers``).
+            anchors: LongTensor ``[B, A]``: block starts ``a`` (0 <= a < T; -1 = unused slot). Block ``a`` holds
+                ``[token a, mask x (B-1)]`` at positions ``a .. a+B-1``, attends the context of positions
+                ``< a`` and its own block (non-causally): exactly what :meth:`propose` runs after a prefix of
+                ``a + 1`` tokens.
+
+        Returns:
+            ``[B, A, B-1, N]`` draft logits (``[..., H]`` pre-norm outputs with ``return_hidden``): entry
+            ``[b, i, j-1]`` drafts token ``anchors[b, i] + j``.
+        """
+        bsz, t = input_ids.shape
+        a_n, blk, dev = anchors.shape[1], self.config.block_size, input_ids.device
+        off = torch.arange(blk, device=dev)
+        start = anchors.clamp(min=0)  # [B, A]
+        ids = torch.full((bsz, a_n, blk), self.config.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, :, 0] = input_ids.gather(1, start)
+        pos = (start[..., None] + off).reshape(bsz, a_n * blk)  # [B, A*Bs]
+        ctx_pos = torch.arange(t, device=dev)[None].expand(bsz, t)
+        kv = self.context_kv(self.context(features), ctx_pos)
+        see_ctx = ctx_pos[:, None, :] < anchors[..., None]  # [B, A, T]
+        see_ctx = see_ctx[:, :, None, :].expand(bsz, a_n, blk, t).reshape(bsz, a_n * blk, t)
+        blocks = torch.arange(a_n, device=dev).repeat_interleave(blk)
+        same = (blocks[:, None] == blocks[None, :])[None].expand(bsz, -1, -1)
+        mask = torch.cat([see_ctx, same], -1)[:, None]  # [B, 1, A*Bs, T + A*Bs]
+        out = self.block(ids.reshape(bsz, a_n * blk), pos, kv, mask).reshape(bsz, a_n, blk, -1)[:, :, 1:]
+        return out if return_hidden else self.draft_logits(out)
+
+    # --- decoding ----------------------------------------------------------------------------------
+    def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
+        super().check_compatible(target, vocab_size)
+        check_target_shape(self, target)
+
+    def reset(self, batch_size: int) -> None:
+        self._caches: list[dict | None] = [None] * batch_size
+
+    def _context_row(self, b: int, feats: torch.Tensor, stable: int):
+        """Row ``b``'s per-layer context keys/values over feature rows ``0..m-1`` (``feats [m, nF*H]``),
+        reusing the rows cached for a prefix still stable."""
+        dev, m = self.fc.weight.device, feats.shape[0]
+        cache = self._caches[b]
+        valid = 0 if cache is None else min(cache["rows"], stable, m)
+        if cache is not None and valid == cache["rows"] == m:
+            return cache["kv"]
+        new = self.context(feats[valid:m].to(dev)[None])  # [1, m - valid, H]
+        kv_new = self.context_kv(new, torch.arange(valid, m, device=dev)[None])
+        if valid > 0:
+            kv_new = [(torch.cat([k[:, :, :valid], nk], 2), torch.cat([v[:, :, :valid], nv], 2))
+                      for (k, v), (nk, nv) in zip(cache["kv"], kv_new)]
+        self._caches[b] = {"rows": m, "kv": kv_new}
+        return kv_new
+
+    def block_logits(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
+                     stable: list[int]) -> torch.Tensor:
+        """One block pass for the decoder rows ``rows`` together (``tokens[b]``: row b's committed tokens,
+        ``features[b] [len(tokens[b])-1, nF*H]``, ``stable[b]``: its ``num_stable``): logits ``[R, B-1, N]``
+        over the draft vocabulary; ``[r, j-1]`` drafts token ``len(tokens[rows[r]])-1+j``. Contexts of
+        different lengths are right-padded and masked."""
+        dev, blk = self.fc.weight.device, self.config.block_size
+        kvs = [self._context_row(b, features[b], stable[b]) for b in rows]
+        lens = [kv[0][0].shape[2] for kv in kvs]
+        cmax, r_n = max(lens), len(rows)
+        kv = []
+        for li in range(len(self.layers)):
+            k0 = kvs[0][li][0]
+            k = k0.new_zeros(r_n, k0.shape[1], cmax, k0.shape[3])
+            v = torch.zeros_like(k)
+            for r, row_kv in enumerate(kvs):
+                k[r, :, :lens[r]], v[r, :, :lens[r]] = row_kv[li][0][0], row_kv[li][1][0]
+            kv.append((k, v))
+        see = torch.arange(cmax + blk, device=dev)[None] < torch.tensor(lens, device=dev)[:, None]
+        see[:, cmax:] = True
+        ids = torch.full((r_n, blk), self.config.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = torch.tensor([tokens[b][-1] for b in rows], device=dev)
+        pos = torch.tensor([len(tokens[b]) - 1 for b in rows], device=dev)[:, None] + torch.arange(blk, device=dev)
+        mask = see[:, None, None, :].expand(r_n, 1, blk, cmax + blk)
+        return self.draft_logits(self.block(ids, pos, kv, mask)[:, 1:])
+
+    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        """Up to ``min(k, block_size - 1)`` draft tokens per row from ONE block pass over all rows (see the
+        module docstring); ``lengths`` caps the chain at ``block_size - 1`` and where ``draft_threshold``
+        cuts it. Rows without target context yet (one token) or inactive propose nothing.
+
+        Raises:
+            ValueError: the decoder passed no features (``feature_layers`` was ignored).
+        """
+        if state.features is None:
+            raise ValueError("dflash needs target features; the decoder must honour feature_layers")
+        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
+            self.reset(len(state.tokens))
+        v, b_all = self.config.vocab_size, len(state.tokens)
+        last = torch.tensor([t[-1] if t[-1] < state.vocab_size else 0 for t in state.tokens])
+        tokens = last[:, None].repeat(1, k)
+        probs = None if sampling.greedy else F.one_hot(tokens, v).float()
+        lengths = torch.zeros(b_all, dtype=torch.long)
+        rows = [b for b in range(b_all) if state.active[b] and len(state.tokens[b]) >= 2]
+        if rows:
+            with torch.no_grad():
+                logits = self.block_logits(rows, state.tokens, state.features, state.num_stable)  # [R, B-1, N]
+                t, q, n = self._select(logits, k, sampling, generator, state.vocab_size)
+            tokens[rows], lengths[rows] = t, n
+            if probs is not None:
+                probs[rows] = q
+        capped = self.draft_threshold > 0 or k > self.config.block_size - 1
+        return Proposal(tokens=tokens, probs=probs, lengths=lengths if capped else None)
+
+    def _select(self, logits, k, sampling, generator, vocab_size):
+        """Draft tokens from block logits ``[R, B-1, N]``: ``(tokens [R, k] target ids, q [R, k, V] or None,
+        lengths [R])``; past a row's length (the block's end, or the ``draft_threshold`` cut) tokens repeat."""
+        r_n, v = logits.shape[0], self.config.vocab_size
+        ids = self.draft_ids()
+        if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
+            logits = logits.masked_fill((ids >= vocab_size)[None, None], float("-inf"))
+        steps = min(k, logits.shape[1])
+        cut = ChainCutoff(self.draft_threshold, r_n, steps)
+        picked, qs = [], []
+        for i in range(steps):
+            tok, p = select_tokens(logits[:, i], sampling, vocab_size if ids is None else None, generator)
+            cut.update(i, tok, logits=logits[:, i], probs=p)
+            picked.append(tok if ids is None else ids[tok])
+            if p is not None:
+                q = p.float()
+                qs.append(q if ids is None else q.new_zeros(r_n, v).scatter_(1, ids[None].expand(r_n, -1), q))
+        n = cut.lengths if cut.lengths is not None else torch.full((r_n,), steps, dtype=torch.long)
+        tokens, q = torch.stack(picked, 1).cpu(), torch.stack(qs, 1).cpu() if qs else None
+        fill = torch.arange(k)[None] >= n[:, None]  # [R, k]: past the row's length
+        at = (n - 1).clamp(min=0)
+        rep = tokens.gather(1, at[:, None])  # the last proposed token (or the first when none)
+        tokens = torch.cat([tokens, rep.expand(r_n, k - steps)], 1) if k > steps else tokens
+        tokens = torch.where(fill, rep, tokens)
+        if q is not None:
+            if k > steps:
+                q = torch.cat([q, q.new_zeros(r_n, k - steps, v)], 1)
+            q = torch.where(fill[..., None], F.one_hot(tokens, v).float(), q)
+        return tokens, q, n
+
+
+def copy_final_norm(drafter: DFlashDrafter, target: nn.Module | None) -> None:
+    """Start the drafter's final ``norm`` from the target's (its LM head reads normed states of that scale)."""
+    norm = getattr(getattr(target, "model", None), "norm", None)
+    if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
+        with torch.no_grad():
+            drafter.norm.weight.copy_(norm.weight)

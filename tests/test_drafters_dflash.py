@@ -1,0 +1,156 @@
+"""DFlash block drafter: the training pass is the decoder's block, the context cache re-syncs, configs refuse
+what vLLM cannot serve, tensor names are vLLM's ``qwen3_dflash`` loader's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_drafters_conformance import build
+
+from decode.protocol import DecodeState, SamplingParams
+from drafters.dflash import DFlashConfig, DFlashDrafter, default_feature_layers
+
+
+def _features(target, ids, layers):
+    out = target(torch.tensor([ids]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in layers], -1)  # [T, nF*H]
+
+
+def _state(tokens, feats, stable=0, vocab=128):
+    return DecodeState(tokens=[list(tokens)], num_stable=[stable], features=[feats], active=[True], vocab_size=vocab)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash_reduced"])
+def test_first_proposed_block_equals_the_training_forward(kind):
+    """forward() with anchor a is the block propose() drafts after the prefix tokens[:a+1] (same logits)."""
+    target = tiny_llama(0)
+    d = build(kind, target)
+    ids = [5, 9, 17, 33, 2, 70, 71, 72, 90, 11, 12]
+    feats = _features(target, ids, d.feature_layers)
+    anchors = torch.tensor([[1, 4, 7, -1]])
+    with torch.no_grad():
+        logits = d(torch.tensor([ids]), feats[None], anchors)  # [1, 4, B-1, N]
+    assert logits.shape[:3] == (1, 4, d.config.block_size - 1)
+    for i, a in enumerate(anchors[0].tolist()[:3]):
+        d.reset(1)
+        with torch.no_grad():
+            block = d.block_logits([0], [ids[:a + 1]], [feats[:a]], [0])[0]
+        torch.testing.assert_close(block, logits[0, i], rtol=1e-4, atol=1e-4)
+        d.reset(1)
+        prop = d.propose(_state(ids[:a + 1], feats[:a]), d.config.block_size - 1, SamplingParams(), None)
+        best = logits[0, i].argmax(-1)
+        want = best if d.draft_ids() is None else d.draft_ids()[best]
+        assert prop.tokens[0].tolist() == want.tolist()
+
+
+def test_context_cache_resyncs_with_num_stable():
+    """Cached context rows past num_stable are recomputed: a reused drafter drafts as a fresh one."""
+    target = tiny_llama(0)
+    d = build("dflash", target)
+    a, b = [5, 9, 17, 33, 2, 70, 71], [5, 9, 17, 40, 41, 42, 43, 44]
+    fa, fb = _features(target, a, d.feature_layers), _features(target, b, d.feature_layers)
+    d.reset(1)
+    d.propose(_state(a, fa[:-1]), 3, SamplingParams(), None)
+    reused = d.propose(_state(b, fb[:-1], stable=3), 3, SamplingParams(), None).tokens
+    d.reset(1)
+    fresh = d.propose(_state(b, fb[:-1]), 3, SamplingParams(), None).tokens
+    assert torch.equal(reused, fresh)
+
+
+def test_rows_of_different_lengths_draft_together_as_alone():
+    """One block pass over rows with contexts of different lengths (padded, masked) gives each row the
+    logits of its own pass."""
+    target = tiny_llama(0)
+    d = build("dflash_reduced", target)
+    rows = [[5, 9, 17, 33, 2, 70, 71], [40, 41], [7, 8, 9, 10]]
+    feats = [_features(target, r, d.feature_layers)[:-1] for r in rows]
+    d.reset(3)
+    with torch.no_grad():
+        together = d.block_logits([0, 1, 2], rows, feats, [0, 0, 0])
+        for b in range(3):
+            d.reset(3)
+            torch.testing.assert_close(d.block_logits([b], rows, feats, [0, 0, 0])[0], together[b], rtol=1e-4, atol=1e-4)
+
+
+def test_chain_is_capped_at_block_size_minus_one():
+    target = tiny_llama(0)
+    d = build("dflash", target)  # block_size 4: 3 draft tokens per pass
+    ids = [5, 9, 17, 33, 2]
+    d.reset(1)
+    prop = d.propose(_state(ids, _features(target, ids, d.feature_layers)[:-1]), 6, SamplingParams(), None)
+    assert prop.tokens.shape == (1, 6) and prop.lengths.tolist() == [3]
+    prop = d.propose(_state(ids, _features(target, ids, d.feature_layers)[:-1]), 2, SamplingParams(), None)
+    assert prop.lengths is None
+
+
+def test_config_refuses_layers_and_sizes_vllm_cannot_serve():
+    assert default_feature_layers(30) == [2, 15, 28]
+    assert default_feature_layers(2) == [1]
+    base = dict(vocab_size=64, hidden_size=32, target_num_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=8, intermediate_size=64)
+    for bad in ([0, 1], [1, 4], [2, 1], [1, 1]):
+        with pytest.raises(ValueError, match=r"distinct increasing hidden_states ids in \[1, 3\]"):
+            DFlashConfig(**base, feature_layers=bad)
+    with pytest.raises(ValueError, match="block_size >= 2"):
+        DFlashConfig(**base, block_size=1)
+    with pytest.raises(ValueError, match="mask_token_id"):
+        DFlashConfig(**base, mask_token_id=64)
+    assert DFlashConfig(**base).draft_vocab_size == 64
+
+
+def test_tensor_names_are_the_vllm_loader_names():
+    """What vLLM's DFlashQwen3ForCausalLM.load_weights reads (model_executor/models/qwen3_dflash.py): names
+    without "model." (it adds it), q/k/v and gate/up unstacked, lm_head / d2t only for a reduced vocabulary."""
+    target = tiny_llama(0)
+    full, reduced = build("dflash", target), build("dflash_reduced", target)
+    layer = {f"layers.{{i}}.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
+    layer |= {f"layers.{{i}}.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+    layer |= {"layers.{i}.input_layernorm.weight", "layers.{i}.post_attention_layernorm.weight"}
+    top = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    want = top | {n.format(i=i) for n in layer for i in range(2)}
+    assert set(full.own_state_dict()) == want
+    assert set(reduced.own_state_dict()) == top | {n.format(i=0) for n in layer} | {"lm_head.weight", "d2t", "t2d"}
+
+
+def test_needs_the_target():
+    target = tiny_llama(0)
+    with pytest.raises(ValueError, match="borrows the target's embedding"):
+        DFlashDrafter(DFlashConfig.from_target(target))
+
+
+def test_anchors_are_supervised_positions_with_context():
+    from train.strategies.dflash import sample_anchors
+
+    labels = torch.full((3, 10), -100)
+    labels[0, 4:9] = 7  # 5 candidates, 3 drawn
+    labels[1, 0:3] = 7  # position 0 has no context: 2 candidates
+    anchors = sample_anchors(labels, 3, torch.Generator().manual_seed(0))
+    assert anchors.shape == (3, 3)
+    row0 = anchors[0].tolist()
+    assert row0 == sorted(row0) and len(set(row0)) == 3 and all(4 <= a <= 8 for a in row0)
+    assert anchors[1].tolist() == [1, 2, -1] and anchors[2].tolist() == [-1, -1, -1]
+
+
+def test_training_raises_measured_acceptance_on_what_it_trained_on():
+    """60 optimizer steps of the DFlash strategy's loss on the tiny target's greedy continuations raise the
+    acceptance decode.generate measures when continuing those prompts (well above the untrained drafter's):
+    the blocks the loss trains are the blocks the decoder drafts. The target is untouched and nothing
+    borrowed is saved."""
+    from conftest import acceptance_before_after, greedy_continuation_batch
+
+    from train.recipe import recipe_from_dict
+    from train.strategies.dflash import DFlashStrategy
+
+    target = tiny_llama(0)
+    before_t = {k: v.clone() for k, v in target.state_dict().items()}
+    batch, _ = greedy_continuation_batch(target)
+    prompts = batch["input_ids"][:8, :4].tolist()
+    recipe = recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"name": "fkl"}, "drafter": {
+        "kind": "dflash", "options": {"block_size": 4, "num_layers": 2, "num_anchors": 32}}})
+    torch.manual_seed(0)
+    d = DFlashDrafter(DFlashStrategy().config(recipe, target), target=target)
+    before, after = acceptance_before_after("dflash", d, target, batch, recipe, prompts, k=3, lr=1e-2, steps=60)
+    assert after > 0.2 and after > before + 0.15, (before, after)
+    assert all(torch.equal(before_t[k], v) for k, v in target.state_dict().items())
+    assert not any(k.startswith("embed_tokens.") for k in d.own_state_dict())

@@ -1,0 +1,147 @@
+"""Training strategy for the DFlash block drafter (``drafters.dflash``; "DFlash: Block Diffusion for Flash
+Speculative Decoding", arXiv 2602.06036).
+
+Anchors: in each sequence ``num_anchors`` block starts ``a`` are drawn uniformly without replacement among
+the positions ``a >= 1`` whose next token is supervised (an assistant token); a sequence with fewer such
+positions uses all of them. The block at ``a`` is ``[token a, mask x (B-1)]`` and reads the target's
+features at positions ``< a`` only (``DFlashDrafter.forward``), exactly what decoding runs after a prefix of
+``a + 1`` tokens; all blocks of a batch go through the drafter in one pass.
+
+Loss: block position ``k`` (1-based) drafts token ``a + k``; it is compared with the target's distribution at
+position ``a + k - 1`` (its LM head on the final-norm state there), restricted to the draft vocabulary for a
+reduced one (as EAGLE-3: a row whose target argmax lies outside it is dropped), assuming the accepted tokens
+equal the data tokens (exact on data the target generated greedily, ``data.regenerate: true``). Every term of
+``recipe.loss`` applies per position with weight ``exp(-(k - 1) / position_weight_gamma)`` (DFlash's decaying
+weights), each a sum over its rows divided by the number of blocks (``train.strategies.heads.chain_loss``);
+``accept_len`` chains the first ``min(B - 1, loss.draft_steps)`` positions: a block IS the chain the decoder
+verifies (its positions do not read each other's draft tokens, so no unroll is needed).
+
+Build: the draft layers start from the target's last ``num_layers`` decoder layers (``init_from_target_layer``;
+q/k norms start at ones), ``fc`` passes the last feature layer through (``init_fc: last_feature``); a reduced
+draft vocabulary is the ``draft_vocab_size`` most frequent supervised tokens of the training data, its LM head
+rows and the final norm started from the target's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from drafters.dflash import DFlashConfig, DFlashDrafter, copy_final_norm
+from drafters.eagle3 import select_draft_vocab
+from train.data import shift_for_next_token
+from train.features import batch_features, target_logits
+from train.options import DFlashOptions
+from train.strategies.base import unwrap
+from train.strategies.eagle3 import init_fc_last_feature
+from train.strategies.heads import (
+    FeatureHeadStrategy,
+    chain_loss,
+    count_data_tokens,
+    feature_store,
+    trainable_own,
+)
+
+
+def sample_anchors(labels: torch.Tensor, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Block starts per row: ``count`` positions ``a >= 1`` with ``labels[b, a] != -100`` (token ``a+1``
+    supervised), drawn uniformly without replacement, sorted; ``-1`` fills rows with fewer. ``[B, T] -> [B, count]``."""
+    ok = labels != -100
+    ok[:, 0] = False
+    score = torch.rand(labels.shape, generator=generator, device="cpu").to(labels.device)
+    score = torch.where(ok, score, torch.full_like(score, -1.0))
+    top = score.topk(min(count, labels.shape[1]), dim=1)
+    anchors = torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, -1))
+    anchors = torch.where(anchors < 0, torch.full_like(anchors, labels.shape[1]), anchors).sort(1).values
+    return anchors.masked_fill(anchors == labels.shape[1], -1)
+
+
+@torch.no_grad()
+def init_layers_from_target(drafter: DFlashDrafter, target: torch.nn.Module) -> None:
+    """Copy the target's last ``num_layers`` decoder layers into the draft layers where names and shapes match."""
+    src_layers = list(target.model.layers)[-len(drafter.layers):]
+    for mine, theirs in zip(drafter.layers, src_layers):
+        src = dict(theirs.named_parameters())
+        for name, p in mine.named_parameters():
+            if name in src and src[name].shape == p.shape:
+                p.copy_(src[name])
+
+
+class DFlashStrategy(FeatureHeadStrategy):
+    """Strategy (see ``train.strategies``) for ``kind: dflash``."""
+
+    kind = "dflash"
+    options_model = DFlashOptions
+    min_tokens = 3
+
+    def config(self, recipe: Any, target: torch.nn.Module) -> DFlashConfig:
+        o: DFlashOptions = recipe.drafter.parsed_options()
+        return DFlashConfig.from_target(target, num_layers=o.num_layers, block_size=o.block_size,
+                                        draft_vocab_size=o.draft_vocab_size or 0, mask_token_id=o.mask_token_id,
+                                        feature_layers=list(o.feature_layers or []))
+
+    def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
+        o: DFlashOptions = recipe.drafter.parsed_options()
+        cfg = self.config(recipe, target)
+        drafter = DFlashDrafter(cfg, target=target)
+        if drafter.full_vocab:
+            copy_final_norm(drafter, target)
+        else:
+            counts = count_data_tokens(recipe, target, tokenizer, cfg.vocab_size)
+            drafter.set_draft_vocab(select_draft_vocab(counts, cfg.draft_vocab_size), target=target)
+        if o.init_from_target_layer:
+            init_layers_from_target(drafter, target)
+        if o.init_fc == "last_feature":
+            init_fc_last_feature(drafter)
+        return trainable_own(drafter, target)
+
+    def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
+        """The fused layers and the last one (its LM head gives the target's logits): what :meth:`loss` reads."""
+        cfg = self.config(recipe, target)
+        return list(cfg.feature_layers) + [cfg.target_num_layers]
+
+    def loss(self, drafter, target, batch, recipe):
+        """``(loss, metrics)`` over the blocks after sampled anchors, see the module docstring."""
+        self.refuse_on_policy(batch)
+        d = unwrap(drafter)
+        o: DFlashOptions = recipe.drafter.parsed_options()
+        layers = list(d.feature_layers) + [d.config.target_num_layers]
+        feats = batch_features(target, batch, layers, feature_store(recipe))  # [B, T, (nF+1) H]
+        h = d.config.hidden_size
+        fused, last = feats[..., :-h], feats[..., -h:]
+        ids, labels = batch["input_ids"], shift_for_next_token(batch)  # [B, T]
+        anchors = sample_anchors(labels, o.num_anchors)  # [B, A]
+        hidden = drafter(ids, fused, anchors, return_hidden=True)  # [B, A, B-1, H]
+        rows = torch.nonzero(anchors >= 0, as_tuple=True)
+        b_idx, a_pos = rows[0], anchors[rows]  # [N]
+        hidden = hidden[rows]  # [N, B-1, H]
+        draft_ids = d.draft_ids()
+        label_draft = None if draft_ids is None else torch.cumsum(d.t2d.long(), 0) - 1  # target id -> draft id
+        draft_rows, target_rows, label_rows, covered = [], [], [], []
+        for k in range(1, d.config.block_size):
+            p = a_pos + k - 1  # the target's state there predicts token a + k
+            inside = p < ids.shape[1]
+            pc = p.clamp(max=ids.shape[1] - 1)
+            y = torch.where(inside, labels[b_idx, pc], torch.full_like(pc, -100))
+            t_full = target_logits(target, last[b_idx, pc]).float()  # [N, V]
+            ok = y != -100
+            if draft_ids is None:
+                t_k, y_k = t_full, y
+            else:
+                in_vocab = d.t2d[t_full.argmax(-1)]
+                covered.append(in_vocab[ok])
+                ok = ok & in_vocab
+                t_k = t_full[:, draft_ids]
+                yc = y.clamp(min=0)
+                y_k = torch.where(d.t2d[yc], label_draft[yc], t_k.argmax(-1))
+            draft_rows.append(d.draft_logits(hidden[:, k - 1]).float())
+            target_rows.append(t_k)
+            label_rows.append(torch.where(ok, y_k, torch.full_like(y_k, -100)))
+        weights = [math.exp(-(k - 1) / o.position_weight_gamma) for k in range(1, d.config.block_size)]
+        loss, metrics = chain_loss(draft_rows, target_rows, label_rows, weights, recipe.loss)
+        if covered:
+            cov = torch.cat(covered).float()
+            metrics["draft_vocab_coverage"] = float(cov.mean()) if cov.numel() else 0.0
+        return loss, metrics
