@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from decode.cutoff import ChainCutoff
 from decode.protocol import DecodeState, Proposal, SamplingParams
@@ -272,21 +273,32 @@ class DFlashDrafter(Drafter):
     def reset(self, batch_size: int) -> None:
         self._caches: list[dict | None] = [None] * batch_size
 
-    def _context_row(self, b: int, feats: torch.Tensor, stable: int):
-        """Row ``b``'s per-layer context keys/values over feature rows ``0..m-1`` (``feats [m, nF*H]``),
-        reusing the rows cached for a prefix still stable."""
-        dev, m = self.fc.weight.device, feats.shape[0]
-        cache = self._caches[b]
-        valid = 0 if cache is None else min(cache["rows"], stable, m)
-        if cache is not None and valid == cache["rows"] == m:
-            return cache["kv"]
-        new = self.context(feats[valid:m].to(dev)[None])  # [1, m - valid, H]
-        kv_new = self.context_kv(new, torch.arange(valid, m, device=dev)[None])
-        if valid > 0:
-            kv_new = [(torch.cat([k[:, :, :valid], nk], 2), torch.cat([v[:, :, :valid], nv], 2))
-                      for (k, v), (nk, nv) in zip(cache["kv"], kv_new)]
-        self._caches[b] = {"rows": m, "kv": kv_new}
-        return kv_new
+    def _context_rows(self, rows: list[int], features: list[torch.Tensor], stable: list[int]) -> list[list]:
+        """Per-layer context keys/values ``[(k [1, Hkv, m, D], v)]`` of each decoder row in ``rows``, over its
+        feature rows ``0..m-1`` (``features[b] [m, nF*H]``), reusing the rows cached for a prefix still stable
+        (``stable[b]``). Rows that need the same new range are computed in one batch."""
+        dev = self.fc.weight.device
+        done: dict[int, list] = {}
+        groups: dict[tuple[int, int], list[int]] = {}
+        for b in rows:
+            m, cache = features[b].shape[0], self._caches[b]
+            valid = 0 if cache is None else min(cache["rows"], stable[b], m)
+            if cache is not None and valid == cache["rows"] == m:
+                done[b] = cache["kv"]
+            else:
+                groups.setdefault((valid, m), []).append(b)
+        for (valid, m), group in groups.items():
+            feats = torch.stack([features[b][valid:m] for b in group]).to(dev)  # [G, m - valid, nF*H]
+            pos = torch.arange(valid, m, device=dev)[None].expand(len(group), -1)
+            kv_new = self.context_kv(self.context(feats), pos)
+            for g, b in enumerate(group):
+                kv = [(k[g:g + 1], v[g:g + 1]) for k, v in kv_new]
+                if valid > 0:
+                    kv = [(torch.cat([k[:, :, :valid], nk], 2), torch.cat([v[:, :, :valid], nv], 2))
+                          for (k, v), (nk, nv) in zip(self._caches[b]["kv"], kv)]
+                self._caches[b] = {"rows": m, "kv": kv}
+                done[b] = kv
+        return [done[b] for b in rows]
 
     def block_logits(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
                      stable: list[int]) -> torch.Tensor:
@@ -295,16 +307,13 @@ class DFlashDrafter(Drafter):
         over the draft vocabulary; ``[r, j-1]`` drafts token ``len(tokens[rows[r]])-1+j``. Contexts of
         different lengths are right-padded and masked."""
         dev, blk = self.fc.weight.device, self.config.block_size
-        kvs = [self._context_row(b, features[b], stable[b]) for b in rows]
+        kvs = self._context_rows(rows, features, stable)
         lens = [kv[0][0].shape[2] for kv in kvs]
         cmax, r_n = max(lens), len(rows)
         kv = []
-        for li in range(len(self.layers)):
-            k0 = kvs[0][li][0]
-            k = k0.new_zeros(r_n, k0.shape[1], cmax, k0.shape[3])
-            v = torch.zeros_like(k)
-            for r, row_kv in enumerate(kvs):
-                k[r, :, :lens[r]], v[r, :, :lens[r]] = row_kv[li][0][0], row_kv[li][1][0]
+        for li in range(len(self.layers)):  # right-pad every row's context to cmax: [R, Hkv, cmax, D]
+            k, v = (pad_sequence([row[li][j][0].transpose(0, 1) for row in kvs], batch_first=True).transpose(1, 2)
+                    for j in (0, 1))
             kv.append((k, v))
         see = torch.arange(cmax + blk, device=dev)[None] < torch.tensor(lens, device=dev)[:, None]
         see[:, cmax:] = True
