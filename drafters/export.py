@@ -16,36 +16,29 @@ Formats:
   SGLang's default capture ``[2, L//2, L-3]``. Ids an engine cannot express are refused (SGLang: id 0;
   both: id L, repeated ids); ids out of layer order are sorted, with fc's input blocks permuted to match
   (both engines capture in layer order). :func:`load_eagle3_export` loads either export back.
-* ``vllm-dflash`` (a ``dflash`` checkpoint): vLLM's ``DFlashDraftModel`` (``model_executor/models/
-  qwen3_dflash.py``): the checkpoint's tensors as saved (drafterkit uses the loader's names), a Qwen3
-  ``config.json`` with ``block_size`` and ``dflash_config`` (``mask_token_id``, ``target_layer_ids`` =
-  drafterkit ids - 1). :func:`load_dflash_export` loads it back.
-* ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight``
-  / ``.bias`` (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is
-  written once as ``lm_heads.0.weight`` with ``original_lm_head: true`` (needs ``--target``).
-  ``config.json`` also carries the FasterDecoding/Medusa keys ``medusa_num_heads`` /
-  ``medusa_num_layers``.
-* ``hf-assistant`` (a ``draft_lm`` checkpoint): a plain transformers folder, usable as
-  ``model.generate(..., assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``; with
-  ``--target`` the target's tokenizer is saved alongside.
+* ``vllm-dflash`` (a ``dflash`` checkpoint): vLLM's ``DFlashDraftModel`` (``models/qwen3_dflash.py``): the
+  tensors as saved (drafterkit uses the loader's names), a Qwen3 ``config.json`` with ``block_size`` and
+  ``dflash_config`` (``mask_token_id``, ``target_layer_ids`` = drafterkit ids - 1); :func:`load_dflash_export`.
+* ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight`` / ``.bias``
+  (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is written once as
+  ``lm_heads.0.weight`` with ``original_lm_head: true`` (needs ``--target``); ``config.json`` also carries the
+  FasterDecoding/Medusa keys ``medusa_num_heads`` / ``medusa_num_layers``.
+* ``hf-assistant`` (a ``draft_lm`` checkpoint): a plain transformers folder, usable as ``model.generate(...,
+  assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``; with ``--target`` its tokenizer is saved too.
 
-``CKPT`` is anything ``drafters.resolve_checkpoint`` accepts: the drafter folder itself, a training
-checkpoint holding ``drafter/`` (``OUTPUT_DIR/checkpoints/last``) or a run's ``OUTPUT_DIR`` (its
-``checkpoints/best``, else ``checkpoints/last``).
+``CKPT`` is anything ``drafters.resolve_checkpoint`` accepts: a drafter folder, a training checkpoint holding
+``drafter/`` (``OUTPUT_DIR/checkpoints/last``) or a run's ``OUTPUT_DIR`` (``checkpoints/best``, else ``last``).
 
-The ``vllm-eagle3``, ``sglang-eagle3`` and ``medusa`` exports record the drafterkit drafter folder they were
-written from in their ``config.json``, under the ``drafterkit`` block engines ignore:
-``"source": {"drafter": ABSOLUTE PATH, "model_sha256": sha256 of its model.safetensors}``
-(:func:`recorded_source` reads it back; ``drafterkit serve-check`` compares the export with that folder).
+Every export but ``hf-assistant`` records the drafter folder it was written from under the ``drafterkit`` block of
+``config.json`` (engines ignore it): ``"source": {"drafter": ABSOLUTE PATH, "model_sha256": ...}``, which
+:func:`recorded_source` reads back for ``drafterkit serve-check``.
 
 Every export also holds ``README.md``, a model card (Hub metadata, serve commands, training record,
 measured numbers or the command that measures them; see :mod:`drafters.model_card`).
 
-``--push-to-hub REPO`` uploads the export (card included) with ``huggingface_hub``. The repo id and the Hub's
-reachability are checked FIRST, within a few seconds, before anything is written: offline, the
-command says so at once and exits 2 (the local export is still written when ``--output`` was given,
-so the work is not lost; without ``--output`` nothing is written). ``--output`` may be omitted with
-``--push-to-hub`` (the export then goes through a temporary folder).
+``--push-to-hub REPO`` uploads the export (card included) with ``huggingface_hub``; the repo id and the Hub's
+reachability are checked first, in seconds: offline, it exits 2 at once (the export is still written when
+``--output`` was given; without ``--output``, which ``--push-to-hub`` allows, nothing is written).
 """
 
 from __future__ import annotations
@@ -65,13 +58,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from assets.device import resolve_dtype
 from assets.target import resolve_target_path
 from drafters import load_drafter, resolve_checkpoint
-from drafters.base import (
-    DrafterLoadError,
-    apply_umask,
-    read_config,
-    save_tensors,
-    weights_sha256,
-)
+from drafters.base import DrafterLoadError, apply_umask, read_config, save_tensors, weights_sha256
 from drafters.dflash import DFlashConfig, DFlashDrafter
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.model_card import write_model_card
