@@ -38,7 +38,7 @@ import yaml
 
 from assets.pinned import DEFAULT_TARGET_ALIAS
 from drafters.base import read_config, weights_sha256
-from drafters.tuned import DECODING_FILE, TUNED
+from drafters.tuned import DECODING_FILE, TUNED, beats_plain
 
 #: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
 #: SmolLM2-135M-Instruct), and the folder it is dequantized into under $DRAFTERKIT_HOME
@@ -417,7 +417,10 @@ def tuned_section(ckpt: Path) -> tuple[list[str], int | None]:
         w = winners[c]
         lines.append(f"| {c} | {w.get('tree')} | {w.get('k')} | {w.get('draft_threshold')} | "
                      f"{w.get('speedup', float('nan')):.2f}x | {w.get('tau', float('nan')):.2f} |")
-    k = int(winners["1"]["k"]) if "1" in winners else None
+    k = int(winners["1"]["k"]) if "1" in winners and beats_plain(winners["1"]) else None
+    if "1" in winners and k is None:
+        lines += ["", "No setting beat plain decoding at batch size 1 on that machine: the serve commands above do "
+                  "not take their K from this search."]
     if k is not None:
         lines += ["", f"The serve commands above use the batch-size-1 winner's K as `num_speculative_tokens` ({k}); "
                   "a tree's K is its depth."]

@@ -22,6 +22,12 @@ DECODING_FILE = "decoding.json"
 TUNED = "tuned"
 
 
+def beats_plain(winner: dict) -> bool:
+    """Whether a tuned winner measured faster than plain decoding (a record without ``speedup`` counts as yes):
+    the best of a search can still be a slowdown, and a slowdown is never used as the drafter's setting."""
+    return float(winner.get("speedup", 2.0)) > 1.0
+
+
 def tuned_winner(data: dict, current: dict, concurrency: int = 1) -> tuple[dict | None, str]:
     """``(winner, why)``: ``data["tuned"]``'s winner at ``concurrency`` (``{"tree", "k", "draft_threshold",
     "dtype", ...}``) when its machine matches ``current`` (``assets.device.host_info``), else ``None``;
@@ -34,6 +40,9 @@ def tuned_winner(data: dict, current: dict, concurrency: int = 1) -> tuple[dict 
     if differ:
         return None, f"its tuned setting was measured on another machine ({'; '.join(differ)}): not used"
     w = dict(winners[str(concurrency)], dtype=tuned.get("dtype", "fp32"))
+    if not beats_plain(w):
+        return None, (f"drafterkit tune found no setting faster than plain decoding on this machine (the best, "
+                      f"{w.get('tree')} K {w.get('k')}, measured {w['speedup']:.2f}x): not used")
     speed = f", {w['speedup']:.2f}x plain decoding on its tuning prompts" if "speedup" in w else ""
     return w, f"tuned by drafterkit tune on this machine ({tuned.get('created')}{speed})"
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ import decode
 from assets.target import load_target
 from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
+from drafters.tuned import beats_plain
 from speceval import report
 from speceval.harness import machine_info
 from speceval.methods import build_drafter
@@ -297,14 +299,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def check_settings(ks, trees, dynamic, max_new_tokens) -> None:
+    """Refuse bad search settings before anything loads.
+
+    Raises:
+        ValueError: a K below 1, a malformed static or dynamic tree, or ``max_new_tokens`` below 1.
+    """
+    bad_k = [k for k in ks or [] if isinstance(k, bool) or not isinstance(k, int) or k < 1]
+    if bad_k:
+        raise ValueError(f"--k {bad_k[0]!r}: draft chains need K >= 1")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: needs >= 1")
+    for t in list(trees or []) + list(dynamic or []):
+        if t != "chain":
+            parse_tree(t)  # ValueError naming the fix
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     trees = args.trees if args.trees else list(DEFAULT_TREES)
-    rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
-               benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-               concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic, thresholds=args.thresholds,
-               eta=args.eta, first=args.first, seed=args.seed, progress=not args.no_progress, write=not args.no_write)
+    try:
+        check_settings(args.k, trees, args.dynamic, args.max_new_tokens)
+        rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
+                   benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                   concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic,
+                   thresholds=args.thresholds, eta=args.eta, first=args.first, seed=args.seed,
+                   progress=not args.no_progress, write=not args.no_write)
+    except (ValueError, DrafterLoadError, FileNotFoundError) as exc:
+        print(f"drafterkit tune: error: {exc}", file=sys.stderr)
+        return 2
     console = report.make_console()
     cols = [("conc", "concurrency", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
             ("setting", "label", "{}"), ("tau", "tau", "{:.2f}"), ("tok/s", "tokens_per_s", "{:.2f}"),
@@ -314,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
                                     rec["table"], cols))
     for c, w in rec["winners"].items():
         print(f"concurrency {c}: {Candidate(w['tree'], w['k'], w['draft_threshold']).label}: "
-              f"{w['speedup']:.2f}x plain decoding, tau {w['tau']:.2f}")
+              f"{w['speedup']:.2f}x plain decoding, tau {w['tau']:.2f}"
+              + ("" if beats_plain(w) else ": no setting beat plain decoding, so eval and tree='auto' will not use it"))
     if "file" in rec:
         print(f"written to {rec['file']} (tuned); plot {rec['plot']}")
     elif "not_written" in rec:

@@ -134,3 +134,29 @@ def test_generate_auto_uses_the_tuned_setting_the_loaded_drafter_carries(tmp_pat
     res = generate(target, rows, drafter=d, tree="auto", max_new_tokens=8, eos_token_id=[])
     assert res.sequences == plain and seen and all(s == ("dynamic:4:2:2", 0.3) for s in seen[:1])
     assert d.draft_threshold == 0.0  # restored after the call
+
+
+def test_a_tuned_winner_slower_than_plain_decoding_is_never_used():
+    """The best of a search can still be a slowdown: tuned_winner (what eval and tree='auto' read) refuses it."""
+    from assets.device import host_info
+    from drafters.tuned import TUNED, tuned_winner
+
+    here = host_info("cpu")
+    data = {TUNED: {"machine": here, "dtype": "fp32", "winners": {
+        "1": {"tree": "dynamic:4:2:2", "k": 2, "draft_threshold": 0.0, "speedup": 0.63, "tau": 1.1}}}}
+    winner, why = tuned_winner(data, here)
+    assert winner is None and "no setting faster than plain decoding" in why and "0.63x" in why
+    data[TUNED]["winners"]["1"]["speedup"] = 1.2
+    winner, why = tuned_winner(data, here)
+    assert winner is not None and winner["k"] == 2 and "tuned by drafterkit tune" in why
+
+
+@pytest.mark.parametrize("args,needle", [(["--k", "0"], "--k 0"), (["--tree", "3,,2"], "tree '3,,2'"),
+                                         (["--dynamic", "dynamic:x"], "dynamic tree 'dynamic:x'"),
+                                         (["--eta", "1"], "--eta >= 2")])
+def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path, capsys, args, needle):
+    from train.cli import main
+
+    assert main(["tune", str(tmp_path / "no-such-drafter")] + args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit tune: error:") and needle in err and "Traceback" not in err
