@@ -53,7 +53,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     verb's). A verb module imports torch and transformers, several seconds on a busy CPU, so
     :func:`main` imports just the verb it runs, and nothing for ``drafterkit --help``. ``None``: every
     verb (the parser tests and tools inspect)."""
-    parser = argparse.ArgumentParser(prog="drafterkit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="drafterkit", description="train speculative-decoding drafters for a "
+                                     "frozen target LLM, measure them, tune and export them")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     parser.verb_parsers = {}
     for verb, (module, help_) in VERBS.items():
