@@ -61,6 +61,13 @@ def test_tune_writes_decoding_json_that_eval_then_uses(world, tmp_path, capsys):
     assert tuned["winners"]["1"]["tree"] == best["tree"] and tuned["winners"]["1"]["speedup"] == best["speedup"]
     assert all(r["speedup"] == pytest.approx(r["tokens_per_s"] / r["plain_tokens_per_s"]) for r in tuned["table"])
     assert "concurrency 1:" in capsys.readouterr().out
+    if tuned["winners"]["1"]["speedup"] <= 1.0:
+        # a tiny random drafter seldom beats plain decoding, and a slowdown is never used (tested below); to test
+        # that eval follows a winner, the recorded one is marked as a speedup
+        path = ckpt / "decoding.json"
+        data = json.loads(path.read_text())
+        data["tuned"]["winners"]["1"]["speedup"] = 1.5
+        path.write_text(json.dumps(data))
     out = tmp_path / "e.json"
     assert main(["eval", "--target", str(root / "target"), "--drafter", str(ckpt), "--benchmark", str(prompts),
                  "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine", "--no-progress",
@@ -93,8 +100,8 @@ def test_a_tuned_setting_from_another_machine_or_no_file_falls_back(tmp_path):
 
 def test_tune_refuses_the_evaluation_benchmarks(world, capsys):
     root, ckpt, _ = world
-    with pytest.raises(ValueError, match="MT-bench and HumanEval judge"):
-        main(["tune", str(ckpt), "--target", str(root / "target"), "--benchmark", "mt-bench"])
+    assert main(["tune", str(ckpt), "--target", str(root / "target"), "--benchmark", "mt-bench"]) == 2
+    assert "MT-bench and HumanEval judge" in capsys.readouterr().err
     assert Candidate("chain", 3, 0.0).label == "chain K=3"
 
 
