@@ -439,7 +439,8 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     target = _section(rec["recipe"], "target").get("name_or_path") or target
     k = shape["k"] if shape else int(_section(rec["recipe"], "eval").get("k") or 5)
     tuned_lines, tuned_k = tuned_section(ckpt)
-    k = tuned_k or k  # a setting drafterkit tune measured wins over the quickstart's measured shape
+    if tuned_k:  # a setting drafterkit tune measured wins over the quickstart's measured shape
+        k, shape = tuned_k, None
     if kind == "medusa":  # its heads propose at most num_heads tokens
         k = min(k, int(cfg["num_heads"]))
     if kind == "dflash":  # one block drafts at most block_size - 1 tokens
