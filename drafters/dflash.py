@@ -48,7 +48,7 @@ from decode.protocol import DecodeState, Proposal, SamplingParams
 from decode.sampling import select_tokens
 from drafters.base import Drafter
 from drafters.eagle import check_target_shape, target_shape_fields
-from drafters.eagle3 import mapping_from_ids
+from drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
 from drafters.layers import DraftAttention, DraftMLP, RMSNorm
 
 
@@ -202,13 +202,7 @@ class DFlashDrafter(Drafter):
         if self.full_vocab or ids.numel() != self.config.draft_vocab_size:
             raise ValueError(f"set_draft_vocab needs a reduced-vocabulary dflash drafter and exactly "
                              f"draft_vocab_size={self.config.draft_vocab_size} ids, got {ids.numel()}")
-        d2t, t2d = mapping_from_ids(ids, self.config.vocab_size)
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-        if target is not None:
-            with torch.no_grad():
-                self.lm_head.weight.copy_(target.get_output_embeddings().weight[self.draft_ids().cpu()])
-        copy_final_norm(self, target)
+        adopt_draft_vocab(self, ids, target)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Drafter output (pre-norm) ``[..., H]`` -> logits over the draft vocabulary ``[..., N]``."""
@@ -381,11 +375,3 @@ class DFlashDrafter(Drafter):
                 q = torch.cat([q, q.new_zeros(r_n, k - steps, v)], 1)
             q = torch.where(fill[..., None], F.one_hot(tokens, v).float(), q)
         return tokens, q, n
-
-
-def copy_final_norm(drafter: DFlashDrafter, target: nn.Module | None) -> None:
-    """Start the drafter's final ``norm`` from the target's (its LM head reads normed states of that scale)."""
-    norm = getattr(getattr(target, "model", None), "norm", None)
-    if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
-        with torch.no_grad():
-            drafter.norm.weight.copy_(norm.weight)

@@ -125,6 +125,28 @@ def mapping_from_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, 
     return ids - torch.arange(ids.numel()), t2d
 
 
+def copy_final_norm(drafter: nn.Module, target: nn.Module | None) -> None:
+    """Start ``drafter.norm`` from the target's final norm (its LM head reads normed states of that scale);
+    a no-op without ``target`` or where the shapes differ."""
+    norm = getattr(getattr(target, "model", None), "norm", None)
+    if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
+        with torch.no_grad():
+            drafter.norm.weight.copy_(norm.weight)
+
+
+def adopt_draft_vocab(drafter: nn.Module, ids: torch.Tensor, target: nn.Module | None) -> None:
+    """Set a reduced-vocabulary drafter's ``d2t`` / ``t2d`` from the sorted target ids ``ids [N]``; with
+    ``target``, start its ``lm_head`` rows from the target's LM head rows of those ids and its ``norm`` from the
+    target's (EAGLE-3 and DFlash heads share this layout)."""
+    d2t, t2d = mapping_from_ids(ids, drafter.config.vocab_size)
+    drafter.d2t.copy_(d2t)
+    drafter.t2d.copy_(t2d)
+    if target is not None:
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(target.get_output_embeddings().weight[drafter.draft_ids().cpu()])
+        copy_final_norm(drafter, target)
+
+
 class Eagle3Drafter(FeatureHeadDrafter):
     """EAGLE-3 head: fc(3H->H), one 2H-input decoder layer, norm, LM head over the draft vocabulary."""
 
@@ -163,15 +185,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
         LM head rows and the final norm from the target's head / norm (a good start for training)."""
         if ids.numel() != self.config.draft_vocab_size:
             raise ValueError(f"need exactly draft_vocab_size={self.config.draft_vocab_size} ids, got {ids.numel()}")
-        d2t, t2d = mapping_from_ids(ids, self.config.vocab_size)
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-        if target is not None:
-            with torch.no_grad():
-                self.lm_head.weight.copy_(target.get_output_embeddings().weight[self.draft_ids().cpu()])
-                norm = getattr(getattr(target, "model", None), "norm", None)
-                if norm is not None and norm.weight.shape == self.norm.weight.shape:
-                    self.norm.weight.copy_(norm.weight)
+        adopt_draft_vocab(self, ids, target)
 
     def load_own_state_dict(self, state: dict[str, torch.Tensor], source: str = "") -> None:
         """Strict load (see :meth:`drafters.base.Drafter.load_own_state_dict`), except that a

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from drafters.dflash import DFlashConfig, DFlashDrafter, copy_final_norm
-from drafters.eagle3 import select_draft_vocab
+from drafters.dflash import DFlashConfig, DFlashDrafter
+from drafters.eagle3 import copy_final_norm, select_draft_vocab
 from train.data import shift_for_next_token
 from train.features import batch_features, target_logits
 from train.options import DFlashOptions
