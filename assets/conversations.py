@@ -276,27 +276,42 @@ def heldout_prompts(path: str | Path, n: int, seed: int = 0, *, fraction: float 
                      f"asked for {n}; raise fraction or lower n")
 
 
-def _read_jsonl_objects(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line of a JSONL file (maybe .gz); strict."""
+def _read_jsonl_objects(path: Path, skip_bad: bool = False) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file (maybe .gz).
+
+    Strict by default (a line that is not a JSON object raises ``ValueError`` naming file:line). With
+    ``skip_bad`` such lines are skipped and named in one ``UserWarning`` at the end (a file cut mid-line
+    still yields every complete record); a file with no object at all still raises."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     opener = gzip.open if path.suffix == ".gz" else open
-    seen = False
-    with opener(path, "rt", encoding=ENCODING) as f:
+    seen, bad = False, []
+    with opener(path, "rt", encoding=ENCODING, errors="replace" if skip_bad else "strict") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
+                if skip_bad:
+                    bad.append(lineno)
+                    continue
                 raise ValueError(f"{path}:{lineno}: not JSON ({exc.msg}); expected one JSON object "
                                  "per line") from None
             if not isinstance(obj, dict):
+                if skip_bad:
+                    bad.append(lineno)
+                    continue
                 raise ValueError(f"{path}:{lineno}: a JSON {type(obj).__name__}; expected an object")
             seen = True
             yield lineno, obj
+    if bad and seen:
+        shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        warnings.warn(f"{path}: skipped line{'s' if len(bad) > 1 else ''} {shown}: not a JSON object (a file cut "
+                      "mid-line, or a damaged line; fix or delete it); every other line was read", UserWarning,
+                      stacklevel=3)
     if not seen:
-        raise ValueError(f"{path} is empty; expected JSONL (one JSON object per line)")
+        raise ValueError(f"{path} is empty or holds no JSON object; expected JSONL (one JSON object per line)")
 
 
 def _require(path: Path, lineno: int, obj: dict, key: str, kind: type | tuple) -> Any:
@@ -350,15 +365,16 @@ def load_prompts_jsonl(path: str | Path) -> list[list[Message]]:
     (normalised as above; trailing assistant turns are cut so the prompt ends with a user turn).
 
     Returns:
-        one message list per line.
+        one message list per line. A line that is not JSON (a file cut mid-line) is skipped with a
+        warning naming it, as the training data loaders do.
 
     Raises:
         ValueError: a line with neither key, an empty prompt, or messages that do not normalise
-            (the message names file:line and the reason).
+            (the message names file:line and the reason); a file with no JSON object.
     """
     path = Path(path)
     out = []
-    for lineno, obj in _read_jsonl_objects(path):
+    for lineno, obj in _read_jsonl_objects(path, skip_bad=True):
         if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             out.append([{"role": "user", "content": obj["prompt"]}])
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -115,6 +116,17 @@ def resolve_target_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float = 3.0) -> bool:
+    """True when a TCP connection to the Hub opens within ``timeout`` seconds (and HF_HUB_OFFLINE is unset)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.dtype = "float32",
                 device: str | torch.device = "cpu"):
     """Load the target model and tokenizer, frozen (``requires_grad=False``) and in eval mode.
@@ -140,9 +152,12 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
     local = _looks_local(path)
     if local and (problem := target_folder_problem(path)):
         raise TargetLoadError(f"target {path} {problem}; {_FOLDER_FIX}")
+    # A Hub id with the Hub unreachable: only the local Hugging Face cache can answer, so ask it alone
+    # instead of letting huggingface_hub retry the network for about a minute.
+    cached_only = not local and not hub_reachable()
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=cached_only)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=cached_only)
     except (OSError, ValueError) as exc:
         if local:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -150,9 +165,11 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
                                   f"{_FOLDER_FIX}") from exc
         if isinstance(exc, ValueError):  # the Hub answered: an architecture or config transformers refuses
             raise
+        why = ("the Hugging Face Hub is not reachable from here (no connection to huggingface.co within 3 s, or "
+               "HF_HUB_OFFLINE is set) and the local Hugging Face cache does not hold it") if cached_only else \
+            f"the Hugging Face Hub has no such repo or refused it ({exc.__class__.__name__})"
         raise TargetLoadError(
-            f"could not load target {name_or_path!r}: not a local folder and the Hugging Face Hub "
-            f"is not reachable or has no such repo ({exc.__class__.__name__}). Pass a local "
+            f"could not load target {name_or_path!r}: not a local folder, and {why}. Pass a local "
             f"transformers folder, or '{DEFAULT_TARGET_ALIAS}' for the pinned default target."
         ) from exc
     model.to(dev).eval()

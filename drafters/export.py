@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -56,9 +54,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from assets.device import resolve_dtype
-from assets.target import resolve_target_path
+from assets.target import hub_reachable, resolve_target_path
 from drafters import load_drafter, resolve_checkpoint
-from drafters.base import DrafterLoadError, apply_umask, read_config, save_tensors, weights_sha256
+from drafters.base import (
+    DrafterLoadError,
+    apply_umask,
+    read_config,
+    save_tensors,
+    weights_sha256,
+)
 from drafters.dflash import DFlashConfig, DFlashDrafter
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.model_card import write_model_card
@@ -372,17 +376,6 @@ def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype:
         AutoTokenizer.from_pretrained(resolve_target_path(target)).save_pretrained(out)
     apply_umask(out)  # transformers writes its safetensors owner-only
     return out
-
-
-def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float = 3.0) -> bool:
-    """True when a TCP connection to the Hub opens within ``timeout`` seconds (and HF_HUB_OFFLINE is unset)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        return False
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def check_repo_id(repo: str) -> None:

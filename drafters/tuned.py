@@ -4,7 +4,8 @@
 ``decoding.json`` (the format is described in ``speceval.recorded``): per concurrency the winning
 ``{"tree", "k", "draft_threshold", "speedup", ...}`` and the machine it was measured on. A setting
 measured on another machine is not a measurement of this one, so it applies only where the machine
-matches (``assets.device.machine_matches``: CPU model, cores, threads, device).
+matches (``assets.device.machine_matches``: CPU model, cores, threads, device), and only while the
+folder holds the weights it was measured with (the record's ``weights_sha256``).
 
 :func:`drafters.load_drafter` attaches the result to the drafter it loads as ``tuned_decoding`` (the
 batch-size-1 winner, or ``None``) and ``tuned_note`` (why, or why not), which is how
@@ -17,6 +18,7 @@ import json
 from pathlib import Path
 
 from assets.device import host_info, machine_matches
+from drafters.base import weights_sha256
 
 DECODING_FILE = "decoding.json"
 TUNED = "tuned"
@@ -28,15 +30,30 @@ def beats_plain(winner: dict) -> bool:
     return float(winner.get("speedup", 2.0)) > 1.0
 
 
-def tuned_winner(data: dict, current: dict, concurrency: int = 1) -> tuple[dict | None, str]:
+def tuned_winner(data: dict, current: dict, concurrency: int = 1,
+                 folder: str | Path | None = None) -> tuple[dict | None, str]:
     """``(winner, why)``: ``data["tuned"]``'s winner at ``concurrency`` (``{"tree", "k", "draft_threshold",
-    "dtype", ...}``) when its machine matches ``current`` (``assets.device.host_info``), else ``None``;
-    ``why`` says which and why."""
+    "dtype", ...}``) when its machine matches ``current`` (``assets.device.host_info``) and, given the
+    drafter ``folder``, its ``model.safetensors`` still holds the weights tune measured (``weights_sha256``
+    of the record), else ``None``; ``why`` says which and why."""
     tuned = data.get(TUNED) if isinstance(data, dict) else None
     winners = tuned.get("winners") if isinstance(tuned, dict) else None
     if not isinstance(winners, dict) or str(concurrency) not in winners:
         return None, "no tuned setting (run drafterkit tune on the drafter folder)"
-    differ = machine_matches(tuned.get("machine") or {}, current)
+    if folder is not None and tuned.get("weights_sha256"):
+        try:
+            same = weights_sha256(folder) == tuned["weights_sha256"]
+        except OSError:
+            same = False
+        if not same:
+            return None, (f"its tuned setting was measured on other weights ({folder}/model.safetensors changed "
+                          "since drafterkit tune ran, e.g. training resumed into this folder): not used; tune again")
+    recorded = tuned.get("machine") or {}
+    differ = machine_matches(recorded, current)
+    if differ and all(d.startswith("threads ") for d in differ):
+        return None, (f"its tuned setting was measured with {recorded.get('threads')} torch threads and this "
+                      f"process runs {current.get('threads')} (OMP_NUM_THREADS / torch.set_num_threads): the "
+                      "speedup depends on them, so it is not used; run with the same threads or tune again")
     if differ:
         return None, f"its tuned setting was measured on another machine ({'; '.join(differ)}): not used"
     w = dict(winners[str(concurrency)], dtype=tuned.get("dtype", "fp32"))
@@ -57,4 +74,4 @@ def read_tuned(folder: str | Path, device="auto") -> tuple[dict | None, str]:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         return None, f"{path} is not readable JSON ({exc})"
-    return tuned_winner(data, host_info(device))
+    return tuned_winner(data, host_info(device), folder=folder)

@@ -64,7 +64,7 @@ from speceval.methods import (
     distinct_trees,
     retrieval_info,
 )
-from speceval.prompts import load_prompts
+from speceval.prompts import check_benchmark, load_prompts
 from speceval.recorded import DECODING_FILE, RECORDED, apply_recorded
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "command_line", "evaluate", "print_record", "run",
@@ -153,6 +153,7 @@ class EvalConfig:
             raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
+        check_benchmark(self.benchmark)
         if self.datastore is not None and not any(d.endswith("+rest") for d in self.drafters):
             raise ValueError(f"--datastore {self.datastore} is unused: only +rest drafters read a datastore and no "
                              "--drafter ends in +rest; add --drafter PATH+rest (prompt lookup plus retrieval from it) "

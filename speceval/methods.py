@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import time
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ from drafters import (
     resolve_checkpoint,
 )
 from drafters.draft_lm import DraftLM
+from drafters.export import ExportError, recorded_source
 from drafters.hybrid import LookupHybrid
 from drafters.ngram import NGramDrafter
 
@@ -187,8 +189,24 @@ def _load_checkpoint(spec: str, target) -> DrafterSpec:
     if path.name == "drafter" and path.parent.parent.name == "checkpoints":  # <run>/checkpoints/best/drafter
         name = f"{path.parent.parent.parent.name}/{name}"
     label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
+    _say_export_source(spec, path)
     return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None,
                        short_name=name, folder=str(path.resolve()))
+
+
+def _say_export_source(spec: str, path: Path) -> None:
+    """Print which training checkpoint a ``drafterkit export`` folder came from (its ``config.json`` records
+    it), and whether that folder still holds the exported weights; nothing for other folders."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(config.get("drafterkit"), dict) or "source" not in config["drafterkit"]:
+        return
+    try:
+        print(f"--drafter {spec}: a drafterkit export of {recorded_source(path)} (the same weights)", flush=True)
+    except ExportError as exc:
+        print(f"--drafter {spec}: {exc}", flush=True)
 
 
 def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:

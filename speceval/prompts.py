@@ -70,6 +70,27 @@ def load_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: in
                           heldout_seed=heldout_seed).prompts
 
 
+def check_benchmark(benchmark: str) -> None:
+    """Refuse a ``--benchmark`` that :func:`select_prompts` cannot read, before anything loads: not one of
+    :data:`BENCHMARKS` nor a prompt file, a missing file, or a file with no usable prompt line (a file cut
+    mid-line keeps its complete lines, with a warning).
+
+    Raises:
+        ValueError: naming the value, what is wrong and the fix.
+    """
+    if benchmark in BENCHMARKS:
+        return
+    if benchmark.endswith((".jsonl", ".jsonl.gz")) or Path(benchmark).is_file():
+        if not Path(benchmark).is_file():
+            raise ValueError(f"--benchmark {benchmark}: no such file")
+        P.load_prompts_jsonl(benchmark)
+        return
+    close = [b for b in BENCHMARKS if b.replace("-", "") == benchmark.lower().replace("-", "").replace("_", "")]
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ValueError(f"unknown --benchmark {benchmark!r}{hint}; use one of {', '.join(BENCHMARKS)} or a .jsonl "
+                     "file of {\"prompt\": ...} / {\"messages\": [...]} lines")
+
+
 def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: int = 2048,
                    limit_name: str = "--max-prompt-tokens", heldout_seed: int = 0,
                    heldout_source: str | Path | None = None, heldout_fraction: float | None = None
@@ -117,8 +138,7 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
         items = [dict(id=f"{Path(benchmark).name}/{i}", category=Path(benchmark).stem, messages=m)
                  for i, m in enumerate(P.load_prompts_jsonl(benchmark))]
     else:
-        raise ValueError(f"unknown --benchmark {benchmark!r}; use one of {', '.join(BENCHMARKS)} or a .jsonl "
-                         "file of {\"prompt\": ...} / {\"messages\": [...]} lines")
+        check_benchmark(benchmark)
     out, skipped = [], []
     reason = f"longer than {max_prompt_tokens} tokens ({limit_name})"
     for it in _balanced(items, len(items)):

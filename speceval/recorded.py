@@ -18,14 +18,15 @@ flags given on the command line win.
 ``drafterkit tune`` (``speceval.tune``) adds a ``tuned`` entry (the rest of the file is kept)::
 
     "tuned": {"written_by": "drafterkit tune", "created": ..., "drafterkit": "0.1.0", "dtype": "fp32",
-              "machine": {...machine_info, with "cpu"...}, "prompts": {...}, "search": {...},
+              "machine": {...machine_info, with "cpu"...}, "weights_sha256": "...", "prompts": {...}, "search": {...},
               "winners": {"1": {"tree": "dynamic:24:5:4", "k": 5, "draft_threshold": 0.05, "speedup": 1.9,
                                 "tokens_per_s": ..., "tau": ...}, "4": {...}},
               "table": [{"concurrency", "rung", "batches", "label", "tree", "k", "draft_threshold",
                          "tokens_per_s", "plain_tokens_per_s", "speedup", "tau"}, ...], "plot": ".../tuning.png"}
 
 When its machine matches the one ``drafterkit eval`` runs on (``assets.device.machine_matches``: CPU model,
-core count, threads, device) its batch-size-1 winner is the recorded setting (``tree``, ``k``,
+core count, threads, device) and the folder still holds the weights of its ``weights_sha256``, its
+batch-size-1 winner is the recorded setting (``tree``, ``k``,
 ``draft_threshold``, ``dtype``); otherwise the top-level fields are, and the message says why.
 """
 
@@ -68,11 +69,11 @@ def drafterkit_version() -> str:
         return "unknown"
 
 
-def tuned_settings(data: dict, current: dict) -> tuple[dict | None, str]:
+def tuned_settings(data: dict, current: dict, folder: str | Path | None = None) -> tuple[dict | None, str]:
     """``(settings, why)``: the batch-size-1 winner of ``data["tuned"]`` as :data:`RECORDED` fields when its
-    machine matches ``current`` (``assets.device.host_info``), else ``None`` (``drafters.tuned.tuned_winner``);
-    ``why`` says which and why."""
-    w, why = tuned_winner(data, current)
+    machine matches ``current`` (``assets.device.host_info``) and ``folder`` still holds the weights it was
+    measured with, else ``None`` (``drafters.tuned.tuned_winner``); ``why`` says which and why."""
+    w, why = tuned_winner(data, current, folder=folder)
     if w is None:
         return None, why
     return dict(dtype=w["dtype"], trees=[w["tree"]], k=int(w["k"]), draft_thresholds=[float(w["draft_threshold"])]), why
@@ -161,7 +162,7 @@ def apply_recorded(cfg, given: set[str]) -> dict | None:
     here = host_info(getattr(cfg, "device", "cpu"))
     effective = {}
     for f, d in found.items():
-        tuned, why = tuned_settings(d, here)
+        tuned, why = tuned_settings(d, here, folder=f)
         effective[f] = (tuned or {k: d[k] for k in RECORDED if k in d}, why, tuned is not None)
     settings, tuned_why, use_tuned = effective[files[0]]
     first = found[files[0]][TUNED] if use_tuned else found[files[0]]

@@ -297,12 +297,20 @@ def factor_columns(rows: list[dict]) -> list[tuple[str, str, str]]:
     return ([("headline row", "group", "{}")] if several else []) + FACTOR_COLUMNS
 
 
+def factor_reference(rows: list[dict], markdown: bool = False) -> str:
+    """What the factor rows' headline is over: transformers ``generate`` when the run measured it (an ``end
+    to end`` row exists), else the engine's plain decoding (``--baselines engine``)."""
+    if any(r["factor"] == "end to end" for r in rows):
+        return "`generate`" if markdown else "generate"
+    return "the engine's plain decoding"
+
+
 def print_factors(rows: list[dict], console=None) -> None:
     """The factor table (``speceval.factors``) on the console."""
     heads = sorted({r["group"] for r in rows})
     (console or make_console()).print(rich_table(
-        f"where the speedup of {' / '.join(heads)} over generate comes from (ratios of tokens/s, same run)",
-        factor_cells(rows), factor_columns(rows)))
+        f"where the speedup of {' / '.join(heads)} over {factor_reference(rows)} comes from (ratios of tokens/s, "
+        "same run)", factor_cells(rows), factor_columns(rows)))
 
 
 def write_json(path: str | Path, record: dict) -> Path:
@@ -448,7 +456,8 @@ def render_markdown(record: dict) -> str:
     lines += [f"Exactness: {exactness_text(ex)}.", ""]
     if factors := record.get("factors"):
         heads = ", ".join(f"`{g}`" for g in dict.fromkeys(r["group"] for r in factors))
-        lines += [f"Where the speedup of {heads} over `generate` comes from: each row a ratio of two tokens/s "
+        lines += [f"Where the speedup of {heads} over {factor_reference(factors, markdown=True)} comes from: each "
+                  "row a ratio of two tokens/s "
                   "measured in this run; the factors multiply to the headline, and `drafterkit export` carries "
                   "only the drafter alone to a serving engine (the engine's kernels and prompt lookup + retrieval "
                   "stay here).", "", markdown_table(factor_cells(factors), factor_columns(factors))]

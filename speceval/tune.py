@@ -37,6 +37,7 @@ import decode
 from assets.target import load_target
 from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
+from drafters.base import weights_sha256
 from drafters.tuned import beats_plain
 from speceval import report
 from speceval.harness import machine_info
@@ -207,6 +208,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         record["not_written"] = (f"{checkpoint} measures the drafter behind prompt lookup; decoding.json's tuned "
                                  "setting is the drafter's own (tune PATH itself to record one)")
     elif write and folder is not None:
+        record["weights_sha256"] = weights_sha256(folder)  # eval / tree='auto' use the winner only for these weights
         record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT))
         record["file"] = str(write_tuned(folder, record))
     return record
@@ -276,13 +278,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "in front of it)")
     p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 | auto")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--benchmark", default="sharegpt",
                    help="tuning prompts: sharegpt (the held-out split, past the prompts eval and training's own "
                         "evaluation use) or a .jsonl file; never mt-bench / humaneval, which judge the result")
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--num-prompts", type=int, default=8, help="tuning prompts measured")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per answer at most")
     p.add_argument("--concurrency", type=int, default=4, help="the larger batch size tuned besides 1")
     p.add_argument("--k", type=_csv(int), default=list(DEFAULT_KS), help="chain lengths tried")
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
@@ -294,9 +296,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="confidence thresholds tried")
     p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
     p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="decoding seed (batch j uses seed + j; greedy tuning does not sample)")
     p.add_argument("--no-write", action="store_true", help="measure and print only; leave decoding.json as it is")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (weights loading included)")
 
 
 def check_settings(ks, trees, dynamic, max_new_tokens) -> None:
@@ -318,6 +320,8 @@ def check_settings(ks, trees, dynamic, max_new_tokens) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.no_progress:
+        report.disable_progress_bars()
     trees = args.trees if args.trees else list(DEFAULT_TREES)
     try:
         check_settings(args.k, trees, args.dynamic, args.max_new_tokens)

@@ -205,6 +205,10 @@ def test_prompts_jsonl(tmp_path):
     path.write_text("")
     with pytest.raises(ValueError, match="is empty"):
         prompts.load_prompts_jsonl(path)
+    path.write_text('{"prompt": "one"}\n{"prompt": "two"}\n{"prompt": "thr')  # cut mid-line, as train tolerates
+    with pytest.warns(UserWarning, match=r"p.jsonl: skipped line 3: not a JSON object"):
+        assert prompts.load_prompts_jsonl(path) == [[{"role": "user", "content": "one"}],
+                                                    [{"role": "user", "content": "two"}]]
 
 
 def test_mt_bench_and_humaneval_assets():

@@ -64,6 +64,16 @@ def test_a_broken_local_target_folder_names_what_is_wrong(tmp_path):
         load_target(str(tmp_path / "nowhere"))
 
 
+def test_a_hub_id_with_the_hub_unreachable_fails_fast_naming_the_cause(monkeypatch):
+    """Offline, a Hub id is looked up in the local cache only (no minute of network retries)."""
+    from assets import target as tg
+
+    monkeypatch.setattr(tg, "hub_reachable", lambda: False)
+    with pytest.raises(tg.TargetLoadError, match=r"'someorg/some-model'.*Hub is not reachable.*local Hugging Face "
+                                                r"cache does not hold it.*'smollm2-135m'"):
+        tg.load_target("someorg/some-model")  # local_files_only: answered by the cache, no network retries
+
+
 def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_units(monkeypatch):
     """``auto`` reads the CPU's flags: bf16 with avx512_bf16 or amx_bf16, fp32 on an AVX2-only CPU."""
     from assets import device

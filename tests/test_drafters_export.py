@@ -386,3 +386,17 @@ def test_dflash_export_is_the_checkpoint_under_vllms_config_and_loads_back(tmp_p
     assert torch.equal(props[0], props[1])
     with pytest.raises(ExportError, match="formats for 'dflash': \\['vllm-dflash'\\]"):
         export(ckpt, "vllm-eagle3", tmp_path / "x")
+
+
+def test_eval_names_the_checkpoint_an_export_came_from(tmp_path, capsys):
+    from speceval.methods import _say_export_source
+
+    _, e3 = _eagle3_ckpt(tmp_path)
+    out = export(e3, "vllm-eagle3", tmp_path / "v")
+    _say_export_source(str(out), out)
+    assert f"--drafter {out}: a drafterkit export of {e3.resolve()} (the same weights)" in capsys.readouterr().out
+    (e3 / "model.safetensors").write_bytes((e3 / "model.safetensors").read_bytes() + b" ")  # retrained since
+    _say_export_source(str(out), out)
+    assert "has changed since" in capsys.readouterr().out
+    _say_export_source(str(e3), e3)  # a training checkpoint records no source: nothing said
+    assert capsys.readouterr().out == ""

@@ -143,6 +143,22 @@ def test_bad_drafter_specs_are_refused_before_the_target_loads(tmp_path, capsys,
     assert rc == 2 and message in err and "no-target" not in err
 
 
+@pytest.mark.parametrize("bench, message", [
+    ("mtbench", "unknown --benchmark 'mtbench' (did you mean mt-bench?)"),
+    ("missing.jsonl", "--benchmark missing.jsonl: no such file"),
+    ("BAD", "expected a non-empty string 'prompt'"),
+])
+def test_bad_benchmarks_are_refused_before_the_target_loads(tmp_path, capsys, monkeypatch, bench, message):
+    monkeypatch.chdir(tmp_path)
+    if bench == "BAD":
+        bench = str(tmp_path / "bad.jsonl")
+        (tmp_path / "bad.jsonl").write_text('{"text": "no prompt key"}\n')
+    rc = main(["eval", "--target", str(tmp_path / "no-target"), "--drafter", "ngram", "--benchmark", bench,
+               "--num-prompts", "1", "--output", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "no-target" not in err
+
+
 def test_eval_takes_transformers_folders_and_run_dirs_as_drafters(tiny_dir, prompts_file, tmp_path, capsys):
     hf_dir = tmp_path / "small-lm"  # any causal LM sharing the tokenizer: an independent draft model
     tiny_llama(1, vocab_size=49152, hidden_size=32, layers=1).save_pretrained(hf_dir)

@@ -227,6 +227,9 @@ def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
     assert [r["factor"] for r in factors.headline_factors([r for r in summary if r["role"] != "hf"])][:3] == [
         "drafter", "lookup", "ngram"]
     assert factors.headline_factors([r for r in summary if r["role"] != "plain"]) == []
+    assert report.factor_reference(rows) == "generate"  # the title names what the headline is over
+    assert report.factor_reference(factors.headline_factors([r for r in summary if r["role"] != "hf"])) == \
+        "the engine's plain decoding"
 
 
 def test_an_eval_with_baselines_splits_each_drafter_s_speedup_over_generate(sweep_record):

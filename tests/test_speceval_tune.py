@@ -94,6 +94,15 @@ def test_a_tuned_setting_from_another_machine_or_no_file_falls_back(tmp_path):
     info = apply_recorded(cfg, given=set())
     assert "another machine" in info["tuned"] and "Some Other CPU" in info["tuned"]
     assert cfg.trees == ["3,2,1"] and cfg.k == 5  # the top-level fields
+    fewer = dict(here, threads=here["threads"] + 1)  # the same machine, other torch threads: said as such
+    settings, why = tuned_settings(dict(tuned=dict(machine=fewer, dtype="fp32", winners={"1": win})), here)
+    assert settings is None and "torch threads" in why and "another machine" not in why
+    from drafters.base import weights_sha256
+    mine = dict(machine=here, dtype="fp32", winners={"1": win}, weights_sha256=weights_sha256(folder))
+    assert tuned_settings(dict(tuned=mine), here, folder=folder)[0] is not None
+    stale = dict(mine, weights_sha256="0" * 64)  # training went on in this folder after tune measured it
+    settings, why = tuned_settings(dict(tuned=stale), here, folder=folder)
+    assert settings is None and "other weights" in why and "tune again" in why
     settings, why = tuned_settings(dict(tuned=dict(machine=here, dtype="fp32", winners={"1": win})), here)
     assert settings == dict(dtype="fp32", trees=["dynamic:4:2:2"], k=2, draft_thresholds=[0.1]) and "this machine" in why
 

@@ -74,3 +74,17 @@ with the shipped ``recipes/accelerate/fsdp.yaml``, two processes) before the tar
     assert len(rows["one"]["peak_memory_mb"]) == 1 and rows["one"]["peak_memory_mb"][0] > 0
     assert rows["fsdp"]["status"] == "refused" and "no CUDA device" in rows["fsdp"]["reason"]
     assert "| fsdp | refused: the launcher asked for FSDP" in capsys.readouterr().out
+
+
+def test_a_refused_launch_prints_its_error_once_not_once_per_process(tmp_path, monkeypatch, capsys):
+    from train.run import main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(_recipe(tmp_path).to_yaml())
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # refused on a CPU by every process of the launch
+    monkeypatch.setenv("RANK", "1")
+    assert main([str(recipe)]) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main([str(recipe)]) == 2
+    assert capsys.readouterr().err.count("asked for FSDP") == 1

@@ -120,6 +120,7 @@ def test_resume_equals_straight_run(world, tmp_path):
     over = {"train.grad_accum": 2, "train.max_steps": 4, "optim.warmup_steps": 0}
     straight = train(_recipe(world, tmp_path / "a", **over), target=target, tokenizer=tok)
     first = train(_recipe(world, tmp_path / "b", **{**over, "train.max_steps": 2}), target=target, tokenizer=tok)
+    half = json.loads((tmp_path / "b" / "checkpoints" / "last" / "trainer_state.json").read_text())
     second = train(_recipe(world, tmp_path / "b", **{**over, "train.resume": "auto"}), target=target, tokenizer=tok)
     assert len(second.losses) == 2 and second.global_step == 4
     got = first.losses + second.losses
@@ -129,6 +130,8 @@ def test_resume_equals_straight_run(world, tmp_path):
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     state = json.loads((tmp_path / "b" / "checkpoints" / "last" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
+    # the training clock (benchmarks/learning_curve.py's x axis) carries over the resume
+    assert 0 < half["train_seconds"] < state["train_seconds"]
 
 
 def test_unroll_alphas_match_explicit_chains():

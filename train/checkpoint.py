@@ -5,7 +5,8 @@ Layout of one checkpoint (``checkpoints/step-N``, ``checkpoints/last``, ``checkp
     drafter/             strategy.save(): config.json + model.safetensors, load with drafters.load_drafter
     state/               accelerator.save_state(): model, optimizer, scheduler, RNG states (python,
                          numpy, torch, cuda) of every process       (absent in best/)
-    trainer_state.json   global_step, epoch, batch_in_epoch (data position), best score, tokens seen
+    trainer_state.json   global_step, epoch, batch_in_epoch (data position), best score, tokens seen,
+                         train_seconds (the loop's wall seconds up to this step, over resumes)
     recipe.yaml          the resolved recipe
     eval.json            the measured evaluation that made this checkpoint best (best/ only)
 
@@ -43,6 +44,7 @@ class TrainerState:
     epoch: int = 0
     batch_in_epoch: int = 0
     tokens_seen: int = 0
+    train_seconds: float = 0.0  # wall seconds of the training loop up to this state, summed over resumes
     best_score: list[float] | None = None  # (tau, tokens/s) of best/, compared lexicographically
     best_step: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # one entry per evaluation

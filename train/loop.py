@@ -162,9 +162,11 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
     schedule = ctx["schedule"]
     bar = progress_bar(cfg, state.global_step, start, disable=not acc.is_local_main_process or progress_bars_off())
     window_tokens, window_start = 0.0, time.perf_counter()
+    seconds_before, loop_start = state.train_seconds, time.perf_counter()
     while state.global_step < cfg.max_steps:
         metrics = train_step(ctx, data, state)
         state.global_step += 1
+        state.train_seconds = seconds_before + time.perf_counter() - loop_start
         assert_frozen(ctx["target"])
         state.tokens_seen += int(metrics["seq_tokens"] * acc.num_processes)
         window_tokens += metrics["seq_tokens"] * acc.num_processes

@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-recipe", action="store_true", help="print the resolved recipe and exit")
 
 
+def _say_once(message: str) -> None:
+    """Print a user error on stderr from the first process only: every process of a launch validates the
+    same recipe and target, so the other ranks would print the same line (``RANK`` unset: one process)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(message, file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the recipe, train, print a one-line JSON summary (last line of stdout).
 
@@ -46,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
             return 0
         result = train(recipe)
     except (RecipeError, FileNotFoundError) as exc:
-        print(f"drafterkit train: error: {exc}", file=sys.stderr)
+        _say_once(f"drafterkit train: error: {exc}")
         return 2
     except TargetLoadError as exc:  # a broken target folder, or a Hub id that cannot be reached
-        print(f"drafterkit train: error: target.name_or_path: {exc}", file=sys.stderr)
+        _say_once(f"drafterkit train: error: target.name_or_path: {exc}")
         return 2
     except KeyboardInterrupt:
         print("drafterkit train: aborted; checkpoints hold the last complete save (resume with "
