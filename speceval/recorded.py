@@ -46,11 +46,18 @@ RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds
 
 def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **extra) -> Path:
     """Write ``folder/decoding.json``: the :data:`RECORDED` fields of ``settings`` (an ``EvalConfig``
-    as a dict), ``written_by``, the time, and ``extra`` (``machine``, ``report``, ``commands``...).
+    as a dict), ``written_by``, the time, and ``extra`` (``machine``, ``report``, ``commands``...). A
+    ``tuned`` entry already there (``drafterkit tune``'s, which checks its own weights) is kept.
     Returns its path."""
     data = dict(written_by=written_by, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 **{k: settings[k] for k in RECORDED}, **extra)
     path = Path(folder) / DECODING_FILE
+    try:
+        old = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        old = {}
+    if isinstance(old, dict) and isinstance(old.get(TUNED), dict):
+        data[TUNED] = old[TUNED]
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
 

@@ -220,8 +220,8 @@ def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys)
     from train.quickstart_plan import Stages
 
     args = parse(build_parser(), ["quickstart", "--dtype", "bf16"])
-    assert quickstart.stage_names(args) == ["fetch", "datastore", "train", "eval", "exactness", "report"]
-    args = parse(build_parser(), ["quickstart", "--dtype", "fp32", "--no-hybrid"])  # fp32 rows are checked themselves
+    assert quickstart.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]
+    args = parse(build_parser(), ["quickstart", "--dtype", "fp32", "--no-hybrid", "--no-tune"])  # fp32 rows: checked
     assert quickstart.stage_names(args) == ["fetch", "train", "eval", "report"]
     assert "prompt lookup alone" in quickstart.eval_words(args) and "retrieval" not in quickstart.eval_words(args)
     timings = {}
@@ -234,6 +234,46 @@ def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys)
     assert lines[0] == "[quickstart 2/4] train: eagle3 from recipes/eagle3.yaml (the --minutes budget: 14.5 min)"
     assert lines[1].startswith("[quickstart 2/4] train done in 0 s (") and "% of the " in lines[1]
     assert lines[3] == "[quickstart 4/4] report: report.md (seconds)" and list(timings) == ["train"]
+
+
+def test_the_eval_measures_tune_s_winner_only_when_it_beat_plain_decoding_and_no_flag_says_otherwise():
+    tuned = lambda speedup: {"winners": {"1": dict(tree="dynamic:12:4:3", k=4, draft_threshold=0.05,  # noqa: E731
+                                                   speedup=speedup)}}
+    args = parse(build_parser(), ["quickstart"])
+    k, note = quickstart.apply_tuned(args, 5, tuned(1.3))
+    assert (k, args.trees, args.draft_thresholds) == (4, ["dynamic:12:4:3"], "0.05")
+    assert note == "tune chose tree=dynamic:12:4:3 @0.05 (1.30x plain decoding on the tuning prompts): the eval measures it"
+    args = parse(build_parser(), ["quickstart"])
+    k, note = quickstart.apply_tuned(args, 5, tuned(0.9))  # a slowdown is never the measured setting
+    assert (k, args.trees, args.draft_thresholds) == (5, None, None) and "was not faster than plain decoding" in note
+    for given in (["--tree", "chain"], ["--draft-threshold", "0.2"]):  # explicit flags win
+        args = parse(build_parser(), ["quickstart", *given])
+        k, note = quickstart.apply_tuned(args, 5, tuned(1.3))
+        assert k == 5 and "given instead" in note and args.trees == (["chain"] if "--tree" in given else None)
+    assert quickstart.apply_tuned(parse(build_parser(), ["quickstart"]), 5, None)[0] == 5
+
+
+def test_the_tune_stage_records_its_winner_and_the_eval_measures_it(tiny_quickstart, tmp_path, prompts_file):
+    import copy
+    import shutil
+
+    root, ckpt, _, _, args, tok, store = tiny_quickstart
+    args = copy.deepcopy(args)  # apply_tuned sets the shape on it; the fixture's is shared
+    mine = tmp_path / "train" / "checkpoints" / "last"
+    shutil.copytree(ckpt, mine)  # the fixture's checkpoint is shared by the other tests
+    target, _ = load_target(str(root / "target"), dtype="fp32", device="cpu")
+    rec = quickstart.tune_stage(mine, args, target, tok, target_name=str(root / "target"), benchmark=str(prompts_file),
+                                num_prompts=1, max_new_tokens=4, ks=[2], dynamic=["dynamic:4:2:2"], thresholds=[0.0])
+    assert rec["file"] == str(mine / "drafter" / "decoding.json") and set(rec["winners"]) == {"1"}
+    assert rec["search"]["candidates"] == 3  # chain K=2, the fixed tree, one dynamic tree
+    k, note = quickstart.apply_tuned(args, 5, rec)
+    records = quickstart.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
+                                    datastore_source=str(root / "store.npz"))
+    shape = records["mt-bench"]["config"]["trees"]
+    assert shape == ([rec["winners"]["1"]["tree"]] if "the eval measures it" in note else ["3,2,1,1,1"]), note
+    quickstart.record_decoding(mine, records, tmp_path)  # the quickstart's own record keeps tune's entry
+    kept = json.loads((mine / "drafter" / "decoding.json").read_text())
+    assert kept["written_by"] == "drafterkit quickstart" and kept["tuned"]["winners"] == rec["winners"]
 
 
 def test_default_kind_follows_the_recipes_present():
@@ -249,7 +289,8 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
                "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress", "--baselines", "engine,hf",
                "--dtype", "bf16",  # measured in bf16 (the default where the CPU has bf16 units) ...
                "--exactness-prompts", "1",  # ... so a separate fp32 run checks exactness
-               "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2"])
+               "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2",
+               "--no-tune"])  # the tune stage: test_the_tune_stage_records_its_winner_and_the_eval_measures_it
     assert rc == 0
     said = capsys.readouterr().out
     for n, name in enumerate(["fetch", "datastore", "train", "eval", "exactness", "report"], 1):

@@ -19,16 +19,21 @@ prints a one-line header (what it does, its share of the time) and the seconds i
    (``train.quickstart_plan.feature_source``; docs/training.md has the measurement behind it). An
    output folder already holding training checkpoints is refused unless ``--resume`` (continue that
    training) or ``--overwrite`` (delete it) says what to do with them.
-4. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
+4. ``tune``: ``drafterkit tune`` on the trained drafter with a small search (:data:`QUICK_TUNE`: chains,
+   the fixed tree, EAGLE-2 dynamic trees, thresholds; held-out ShareGPT prompts, never the eval's),
+   recorded in the drafter's ``decoding.json``. The eval stage measures the winner when it beat plain
+   decoding and neither ``--tree`` nor ``--draft-threshold`` was given, else the fixed tree;
+   ``--no-tune`` skips the stage.
+5. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
    mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
    turns and HumanEval prompts through ``speceval.bench.evaluate``: speculative decoding with the
    drafter alone, prompt lookup alone (``ngram``) and the drafter behind prompt lookup plus retrieval
    from a ShareGPT datastore (``PATH+rest``, ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips
-   it), as the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain
+   it), with the tuned shape or the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain
    decoding through the same engine vs transformers ``generate`` (and its own assisted generation
    where the drafter is a draft LM), interleaved prompt by prompt. Each benchmark's report splits
    the speedup over ``generate`` into measured factors (``speceval.factors``).
-5. ``exactness``: unless the eval ran in fp32 (then its rows are checked), a short fp32 greedy run of
+6. ``exactness``: unless the eval ran in fp32 (then its rows are checked), a short fp32 greedy run of
    the drafter's rows on ``--exactness-prompts`` prompts per benchmark, whose outputs must equal plain
    decoding's token for token (``speceval.harness.check_exactness``).
 
@@ -55,9 +60,11 @@ from assets.target import load_target
 from drafters import resolve_checkpoint
 from drafters.base import weights_sha256
 from drafters.datastore import cached_datastore
+from drafters.tuned import beats_plain
 from speceval import report
 from speceval.bench import EvalConfig, command_line, evaluate, print_record
 from speceval.recorded import write_decoding
+from speceval.tune import Candidate, tune
 from train.loop import train
 from train.quickstart_plan import Stages, feature_source, needs_lines
 from train.quickstart_report import exactness_summary, print_summary, write_report
@@ -70,6 +77,14 @@ BENCHMARKS = ("mt-bench", "humaneval")
 #: the threshold prunes them). It beat the chain of 5 in every side-by-side run (BENCHMARKS.md, "Draft trees
 #: and confidence thresholds"); add ``--tree chain`` to measure the chain too.
 DEFAULT_TREES = ("3,2,1,1,1",)
+#: the confidence threshold the quickstart measures when neither ``--draft-threshold`` nor a tuned setting says
+DEFAULT_THRESHOLD = "0.1"
+#: The ``drafterkit tune`` search the quickstart runs after training (``speceval.tune.tune`` arguments): chains
+#: of 3 and 5, the fixed tree, two EAGLE-2 dynamic trees, three thresholds (15 candidates), successive halving
+#: at batch size 1 on 4 held-out ShareGPT prompts x 32 new tokens (never the MT-bench / HumanEval prompts the
+#: eval stage measures)
+QUICK_TUNE = dict(ks=[3, 5], dynamic=["dynamic:12:4:3", "dynamic:24:5:4"], thresholds=[0.05, 0.1, 0.2],
+                  benchmark="sharegpt", num_prompts=4, max_new_tokens=32, concurrency=1, eta=3, first=1)
 #: ``drafterkit eval``'s defaults, which the quickstart's eval flags share unless it sets its own (draft threshold,
 #: tree, dtype)
 EVAL_DEFAULTS = EvalConfig()
@@ -107,14 +122,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "length on this target, see BENCHMARKS.md)")
     p.add_argument("--baselines", default=",".join(EVAL_DEFAULTS.baselines),
                    help="comma-separated, as in drafterkit eval")
-    p.add_argument("--draft-threshold", default="0.1", dest="draft_thresholds",
+    p.add_argument("--draft-threshold", default=None, dest="draft_thresholds",
                    help="comma-separated confidence thresholds measured side by side (0: a chain of K / the full "
                         "tree; >0: draft tokens whose path probability under the drafter falls below it are not "
-                        "proposed, EAGLE-2 style; default 0.1)")
+                        f"proposed, EAGLE-2 style). Default: the tuned setting's, else {DEFAULT_THRESHOLD}")
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
                    help=f"draft shapes measured side by side, repeatable: chain (K tokens) or a static tree such as "
-                        f"3,2,1 (branching factors per depth; see drafterkit eval --tree). Default: "
-                        f"{' and '.join(DEFAULT_TREES)}")
+                        f"3,2,1 (branching factors per depth; see drafterkit eval --tree). Default: the tuned "
+                        f"setting's, else {' and '.join(DEFAULT_TREES)}")
+    p.add_argument("--no-tune", action="store_true",
+                   help="skip the tune stage (drafterkit tune's search for the drafter's chain / tree / threshold on "
+                        "held-out ShareGPT prompts, about 1-3 min on a 2-core CPU) and measure the fixed tree")
     p.add_argument("--no-hybrid", action="store_true",
                    help="do not also measure the drafter behind prompt lookup and retrieval (drafters.hybrid."
                         "LookupHybrid, eval spec PATH+rest: rows whose last 2+ tokens occurred before copy what "
@@ -205,13 +223,41 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     return ckpt, summary
 
 
+def tune_stage(ckpt: Path, args, target, tok, *, target_name: str = TARGET, **search) -> dict:
+    """``drafterkit tune`` on the trained drafter with :data:`QUICK_TUNE`'s search (``search`` overrides
+    entries of it), written into its folder's ``decoding.json`` (``speceval.tune.tune``); returns tune's
+    record (``winners``, ``table``, ``search``...)."""
+    return tune(str(ckpt), target_name=target_name, dtype=args.dtype, device=args.device,
+                trees=list(DEFAULT_TREES), target=target, tok=tok, progress=not args.no_progress, write=True,
+                **{**QUICK_TUNE, **search})
+
+
+def apply_tuned(args, k: int, tuned: dict | None) -> tuple[int, str]:
+    """Make the eval stage measure tune's batch-size-1 winner: set ``args.trees`` / ``args.draft_thresholds``
+    and return ``(K, what was done)``. Left as they are (and said why) when ``--tree`` or ``--draft-threshold``
+    was given (explicit flags win), when there is no tuned record, or when the winner was not faster than
+    plain decoding (``drafters.tuned.beats_plain``: the fixed tree is measured instead)."""
+    w = ((tuned or {}).get("winners") or {}).get("1")
+    if w is None:
+        return k, f"no tuned setting: the eval measures {' and '.join(args.trees or DEFAULT_TREES)}"
+    found = f"{Candidate(w['tree'], int(w['k']), float(w['draft_threshold'])).label} ({w['speedup']:.2f}x plain " \
+            f"decoding on the tuning prompts)"
+    if args.trees or args.draft_thresholds is not None:
+        return k, f"tune chose {found}; the eval measures the --tree / --draft-threshold given instead"
+    if not beats_plain(w):
+        return k, (f"tune's best, {found}, was not faster than plain decoding: the eval measures the fixed tree "
+                   f"{' and '.join(DEFAULT_TREES)} instead")
+    args.trees, args.draft_thresholds = [w["tree"]], str(w["draft_threshold"])
+    return int(w["k"]), f"tune chose {found}: the eval measures it"
+
+
 def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARGET,
                 datastore_source: str = DATASTORE):
     """The ``speceval.bench.EvalConfig`` of one benchmark, validated: the drafter alone, prompt lookup alone
     (``ngram``) and, unless ``--no-hybrid``, the drafter behind prompt lookup + retrieval from
     ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the bad flag."""
     try:
-        thresholds = [float(x) for x in str(args.draft_thresholds).split(",") if x.strip()]
+        thresholds = [float(x) for x in str(args.draft_thresholds or DEFAULT_THRESHOLD).split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--draft-threshold takes comma-separated numbers, got {args.draft_thresholds!r}") from None
     drafters = [str(ckpt), "ngram"] + ([] if args.no_hybrid else [f"{ckpt}+rest"])
@@ -274,11 +320,19 @@ def record_decoding(ckpt: Path, records: dict, out: Path, threads: int | None = 
     return dict(decoding_json=str(path), commands=commands)
 
 
+def _tuned_summary(tuned: dict | None, note: str) -> dict | None:
+    """What the report keeps of the tune stage: the winner, the search, the note on what the eval measured."""
+    if tuned is None:
+        return None
+    return dict(winner=tuned["winners"].get("1"), search=tuned["search"], prompts=tuned["prompts"], note=note,
+                file=tuned.get("file"), table=tuned["table"])
+
+
 def stage_names(args) -> list[str]:
     """The stages this run goes through, in order (``datastore`` unless ``--no-hybrid``; ``exactness``
     unless the eval runs in fp32, whose rows are checked themselves, or ``--exactness-prompts 0``)."""
     separate = resolve_dtype(args.dtype) != torch.float32 and args.exactness_prompts > 0
-    return ["fetch", *([] if args.no_hybrid else ["datastore"]), "train", "eval",
+    return ["fetch", *([] if args.no_hybrid else ["datastore"]), "train", *([] if args.no_tune else ["tune"]), "eval",
             *(["exactness"] if separate else []), "report"]
 
 
@@ -287,7 +341,7 @@ def eval_words(args) -> str:
     rows = ["the drafter alone", "prompt lookup alone"] + ([] if args.no_hybrid else ["the drafter + lookup + "
                                                                                      "retrieval"])
     shapes = ", ".join(args.trees or DEFAULT_TREES)
-    return (f"{', '.join(rows)} (draft shape {shapes}, threshold {args.draft_thresholds}) vs "
+    return (f"{', '.join(rows)} (draft shape {shapes}, threshold {args.draft_thresholds or DEFAULT_THRESHOLD}) vs "
             f"{args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, {args.num_prompts} prompts x up to "
             f"{args.max_new_tokens} new tokens each, {args.dtype}")
 
@@ -334,8 +388,17 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
+    k, tuned = recipe.eval.k, None
+    if not args.no_tune:
+        with stages.stage("tune", f"drafterkit tune's search over chains, trees and thresholds ("
+                          f"{QUICK_TUNE['num_prompts']} held-out ShareGPT prompts x {QUICK_TUNE['max_new_tokens']} "
+                          "new tokens, batch size 1), recorded in the drafter's decoding.json", outside):
+            tuned = tune_stage(ckpt, args, target, tok)
+    k, tuned_note = apply_tuned(args, k, tuned) if tuned is not None else (k, "")
+    if tuned_note:
+        print(f"drafterkit quickstart: {tuned_note}", flush=True)
     with stages.stage("eval", eval_words(args), f"{outside}; not time-bounded"):
-        evals = eval_stage(ckpt, args, target, tok, recipe.eval.k, datastore)
+        evals = eval_stage(ckpt, args, target, tok, k, datastore)
     del target  # the fp32 check loads its own
     check = "exactness" in stages.names
     with (stages.stage("exactness", f"fp32 greedy outputs of the drafter rows vs plain decoding, "
@@ -345,7 +408,7 @@ def run(args: argparse.Namespace) -> int:
     with stages.stage("report", f"report.json, report.md and plots in {out}", "seconds", record=False):
         reproduce = record_decoding(ckpt, evals, out, args.threads)
         report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness,
-                           reproduce=reproduce)
+                           reproduce=reproduce, tuned=_tuned_summary(tuned, tuned_note))
         paths = write_report(out, report_data)
     print_summary(report_data, paths)
     return 0

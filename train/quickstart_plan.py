@@ -2,7 +2,7 @@
 time, memory and disk needs up front, and a one-line header per stage with what the stage does and its
 share of the time, then the seconds it took.
 
-    drafterkit quickstart: plan: fetch, datastore, train, eval, exactness, report
+    drafterkit quickstart: plan: fetch, datastore, train, tune, eval, exactness, report
       time: ... ; memory: ... ; disk: ...
     [quickstart 3/6] train: eagle3 from recipes/eagle3.yaml (the --minutes budget: 14.5 min, ...)
     [quickstart 3/6] train done in 871 s (88% of the 990 s so far)
@@ -23,7 +23,8 @@ def needs_lines(args, out) -> list[str]:
     store = "" if args.no_hybrid else ", the datastore (built once)"
     return [f"  time: {args.minutes:g} min of training (--minutes, data preparation included; no feature cache is "
             "built: training reads a complete one if present, else computes the target's features online), plus "
-            f"fetch (a no-op once cached){store} and the evaluation, which is not time-bounded "
+            f"fetch (a no-op once cached){store}, {'' if args.no_tune else 'the tune stage (a 15-candidate search), '}"
+            "and the evaluation, which is not time-bounded "
             f"({args.num_prompts} prompts x up to {args.max_new_tokens} new tokens per row and benchmark)",
             "  memory: about 2 GB (the default EAGLE-3 training in fp32 peaked at 2.0 GB resident)"
             + ("" if args.no_hybrid else ", plus the ~0.3 GB ShareGPT datastore during the eval"),

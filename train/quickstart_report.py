@@ -91,6 +91,11 @@ def write_report(out: Path, report_data: dict) -> dict:
     lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
               f"{tr['stopped']}, final loss {report.fmt(tr['final_loss'], '{:.4f}')}; "
               f"evaluated `{tr['checkpoint']}`.", ""]
+    if tuned := report_data.get("tuned"):
+        lines += ["## Decoding shape", "", f"`drafterkit tune` ({tuned['search']['candidates']} candidates, "
+                  f"{tuned['prompts']['count']} {tuned['prompts']['benchmark']} prompts x "
+                  f"{tuned['prompts']['max_new_tokens']} new tokens, {tuned['search']['seconds']:.0f} s): "
+                  f"{tuned['note']}.", ""]
     if heads := headline_lines(report_data):
         lines += ["## Where the speedup comes from", "", *heads, "",
                   "Each factor is a ratio of two tokens/s measured in the same run (tables below).", ""]
@@ -122,6 +127,8 @@ def plot_losses(losses: list[float], path: Path) -> Path:
 def print_summary(report_data: dict, paths: dict) -> None:
     """The quickstart's closing lines: the headline factors, exactness, the commands that reproduce the
     eval rows, and where the report is."""
+    if tuned := report_data.get("tuned"):
+        print(f"\ndecoding shape: {tuned['note']}")
     print("\nwhere the speedup comes from (ratios of tokens/s measured side by side):")
     print("\n".join(line.replace("`", "") for line in headline_lines(report_data)) or "- (no headline row)")
     print("exactness:")
