@@ -1,4 +1,4 @@
-"""The decoder's CPU linear layers: merged projections and, in bf16, weights prepacked for oneDNN.
+"""The decoder's CPU linear layers: merged projections, bf16 weights prepacked for oneDNN, few-row fp32 GEMMs.
 
 At decoding batch sizes (one row, or the few nodes of a verification pass) a transformers decoder on a
 CPU spends its time in ``linear`` calls that are small and many: SmolLM2-135M makes 7 per layer, 211
@@ -15,8 +15,11 @@ per forward. Two things make them cheaper, both as inference engines do it:
 
 Measured on this project's 2-core CPU (``benchmarks/engine_kernels.py``; BENCHMARKS.md, "Engine vs
 transformers `generate`"): bf16 LM head 49152x576 3.2 -> 2.0 ms at 1 row and 4.7 -> 1.6 ms at 6; the
-merged gate/up projection 3072x576 101 -> 47 us at 1 row. In fp32 only the merging applies (prepacked
-fp32 GEMMs do not give the same bits as the stock path, so they are not used).
+merged gate/up projection 3072x576 101 -> 47 us at 1 row. In fp32 (prepacked fp32 GEMMs do not give the
+stock path's bits, so none is used) every linear layer of a pass of at most :data:`FEW_ROWS` rows (a
+decoding step, a verification pass) computes ``weight @ input^T`` (:func:`_few_rows`): the stock
+``input @ weight^T`` takes a small-M path that costs 2-3x the one-row product for 2-4 rows on an AVX2
+CPU. One row gives the stock bits; several rows the stock values up to fp32 rounding (~1e-6).
 
 :func:`fused_projections` holds them for one decode: ``decode.generate`` wraps the target (and the
 drafter's own modules) in it. The engine computes from its OWN copies of the weights (built once per
@@ -68,6 +71,23 @@ def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | Non
     return packed if same else None
 
 
+#: fp32 inputs of at most this many rows compute ``(W @ x^T)^T`` (:func:`_few_rows`)
+FEW_ROWS = 8
+
+
+def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``linear(x, weight, bias)`` for a few fp32 rows as ``weight @ x^T``: the weight is the GEMM's
+    left-hand side, which on an AVX2 CPU reads it once in a kernel made for that shape, where the
+    stock ``x @ weight^T`` takes a small-M path that costs 2-3x the one-row product for 2-4 rows
+    (SmolLM2-135M's linear layers, 2 threads: 2 rows 86 -> 42 ms, 4 rows 84 -> 39 ms; one row is
+    unchanged and gives the stock bits)."""
+    flat = x.reshape(-1, x.shape[-1])
+    y = torch.mm(weight, flat.t()).t()
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
 class _Group:
     """The engine's copy of one group of linear layers (merged; prepacked where it gives the same bits)
     and, per thread, the last input it was called on and its outputs."""
@@ -76,7 +96,8 @@ class _Group:
         self.layers = layers
         self.sizes = [lin.out_features for lin in layers]
         self.stamp = self._stamp()
-        weight = torch.cat([lin.weight.detach() for lin in layers])
+        # one layer: its own weight (no copy); several: their concatenation
+        weight = torch.cat([lin.weight.detach() for lin in layers]) if len(layers) > 1 else layers[0].weight.detach()
         bias = self.bias = torch.cat([lin.bias.detach() for lin in layers]) if layers[0].bias is not None else None
         self.packed = _pack(weight, bias)
         self.weight = None if self.packed is not None else weight  # the packed copy replaces the plain one
@@ -121,6 +142,8 @@ class _Group:
             local.input = x
             if self.packed is not None:
                 y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            elif self.weight.dtype == torch.float32 and x.numel() <= FEW_ROWS * x.shape[-1]:
+                y = _few_rows(x, self.weight, self.bias)
             else:
                 y = torch.nn.functional.linear(x, self.weight, self.bias)
             local.outputs = y.split(self.sizes, -1) if len(self.sizes) > 1 else (y,)
@@ -147,10 +170,10 @@ def _build(model: nn.Module) -> list[_Group]:
                    and lin.weight.device == w0.device and (lin.bias is None) == (b0 is None) for lin in layers):
                 groups.append(_Group(layers))
                 grouped.update(id(lin) for lin in layers)
-    for lin in model.modules():  # the other layers gain only from packing: bf16 only
-        if _plain(lin) and id(lin) not in grouped and lin.weight.dtype == torch.bfloat16:
+    for lin in model.modules():  # the other layers gain from packing (bf16) and from _few_rows (fp32)
+        if _plain(lin) and id(lin) not in grouped and lin.weight.dtype in (torch.bfloat16, torch.float32):
             g = _Group([lin])
-            if g.packed is not None:
+            if g.packed is not None or lin.weight.dtype == torch.float32:
                 groups.append(g)
                 grouped.add(id(lin))
     return groups

@@ -415,7 +415,8 @@ def print_record(record: dict, console=None) -> None:
 def recorded_message(info: dict) -> str:
     """What ``drafterkit eval`` prints about the settings it took from a drafter's ``decoding.json``
     (``speceval.recorded.apply_recorded``)."""
-    head = f"drafterkit eval: {info['file']} ({info['source']}; {info.get('tuned', 'no tuned setting')})"
+    said = "; ".join(x for x in (info["source"], info.get("tuned", "no tuned setting")) if x)
+    head = f"drafterkit eval: {info['file']} ({said})"
     if info["note"]:
         return f"{head}: not used: {info['note']}"
     given = f"; given on the command line, kept: {', '.join(RECORDED[k] for k in info['overridden'])}" \
