@@ -63,6 +63,7 @@ from speceval.methods import (
     check_drafter_spec,
     distinct_trees,
     retrieval_info,
+    say_export_source,
 )
 from speceval.prompts import check_benchmark, load_prompts
 from speceval.recorded import DECODING_FILE, RECORDED, apply_recorded
@@ -211,6 +212,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     cfg.validate()
     for spec in cfg.drafters:  # before loading the target: a typo costs no model load
         check_drafter_spec(spec)
+    for spec in dict.fromkeys(cfg.drafters):
+        say_export_source(spec)
     timings = {}
     t0 = time.perf_counter()
     if target is None:

@@ -189,17 +189,20 @@ def _load_checkpoint(spec: str, target) -> DrafterSpec:
     if path.name == "drafter" and path.parent.parent.name == "checkpoints":  # <run>/checkpoints/best/drafter
         name = f"{path.parent.parent.parent.name}/{name}"
     label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
-    _say_export_source(spec, path)
     return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None,
                        short_name=name, folder=str(path.resolve()))
 
 
-def _say_export_source(spec: str, path: Path) -> None:
-    """Print which training checkpoint a ``drafterkit export`` folder came from (its ``config.json`` records
-    it), and whether that folder still holds the exported weights; nothing for other folders."""
+def say_export_source(spec: str) -> None:
+    """Print which training checkpoint the ``drafterkit export`` folder of a ``--drafter`` spec came from (its
+    ``config.json`` records it), and whether that folder still holds the exported weights; nothing for other
+    specs. ``drafterkit eval`` calls it once per spec, after :func:`check_drafter_spec`."""
+    path = Path(spec.removesuffix("+ngram").removesuffix("+rest"))
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
+        return
+    if not isinstance(config, dict):
         return
     if not isinstance(config.get("drafterkit"), dict) or "source" not in config["drafterkit"]:
         return

@@ -83,7 +83,9 @@ def check_benchmark(benchmark: str) -> None:
     if benchmark.endswith((".jsonl", ".jsonl.gz")) or Path(benchmark).is_file():
         if not Path(benchmark).is_file():
             raise ValueError(f"--benchmark {benchmark}: no such file")
-        P.load_prompts_jsonl(benchmark)
+        with warnings.catch_warnings():  # a torn line is said once, when select_prompts reads the file
+            warnings.simplefilter("ignore", UserWarning)
+            P.load_prompts_jsonl(benchmark)
         return
     close = [b for b in BENCHMARKS if b.replace("-", "") == benchmark.lower().replace("-", "").replace("_", "")]
     hint = f" (did you mean {close[0]}?)" if close else ""

@@ -389,14 +389,14 @@ def test_dflash_export_is_the_checkpoint_under_vllms_config_and_loads_back(tmp_p
 
 
 def test_eval_names_the_checkpoint_an_export_came_from(tmp_path, capsys):
-    from speceval.methods import _say_export_source
+    from speceval.methods import say_export_source
 
     _, e3 = _eagle3_ckpt(tmp_path)
     out = export(e3, "vllm-eagle3", tmp_path / "v")
-    _say_export_source(str(out), out)
+    say_export_source(str(out))
     assert f"--drafter {out}: a drafterkit export of {e3.resolve()} (the same weights)" in capsys.readouterr().out
     (e3 / "model.safetensors").write_bytes((e3 / "model.safetensors").read_bytes() + b" ")  # retrained since
-    _say_export_source(str(out), out)
+    say_export_source(str(out))
     assert "has changed since" in capsys.readouterr().out
-    _say_export_source(str(e3), e3)  # a training checkpoint records no source: nothing said
+    say_export_source(str(e3))  # a training checkpoint records no source: nothing said
     assert capsys.readouterr().out == ""
