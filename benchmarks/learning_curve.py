@@ -19,8 +19,9 @@ Measurement: ONE ``drafterkit eval`` with every checkpoint as a drafter ALONE (n
 retrieval: what ``drafterkit export`` ships), the untrained prompt-lookup proposer ``ngram`` and the
 engine's plain decoding, on questions the quickstart never measures (MT-bench: the second question of
 each category, first turns; ``--benchmark humaneval``: problems 8-15), with the quickstart's decoding
-settings (tree ``3,2,1,1,1``, confidence threshold 0.1: ``--tree`` / ``--draft-threshold``). Printed and
-written to ``OUT/curve.md`` / ``OUT/curve.json`` / ``OUT/curve.png``: per checkpoint its minutes, steps,
+settings (tree ``3,2,1,1,1``, confidence threshold 0.1: ``--tree`` / ``--draft-threshold`` / ``--k``). Printed
+and written to ``OUT/curve-<benchmark>-<shape>@<threshold>-<dtype>.md`` / ``.json`` / ``.png`` (the eval
+record beside them, ``eval-...json``, is reused when present): per checkpoint its minutes, steps,
 tau and tokens/s over plain decoding, and the first minute at which the drafter alone beats ``ngram``
 in tokens/s (or that it never did within the curve).
 """
@@ -79,11 +80,13 @@ def checkpoints(out: Path) -> list[dict]:
 
 def measure(points: list[dict], prompts: Path, out: Path, args) -> dict:
     """One ``drafterkit eval`` of every checkpoint + ngram + plain; returns its JSON record."""
-    path = out / f"eval-{args.benchmark}.json"
+    shape = args.tree if args.tree != "chain" else f"chain{args.k}"
+    path = out / f"eval-{args.benchmark}-{shape}@{args.draft_threshold:g}-{args.dtype}.json"
     if not path.exists():
         cmd = [sys.executable, "-m", "train.cli", "eval", "--benchmark", str(prompts),
                "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
-               "--tree", args.tree, "--draft-threshold", str(args.draft_threshold), "--dtype", args.dtype,
+               "--tree", args.tree, "--k", str(args.k), "--draft-threshold", str(args.draft_threshold),
+               "--dtype", args.dtype,
                "--baselines", "engine", "--output", str(path), "--no-progress"]
         for p in points:
             cmd += ["--drafter", p["drafter"]]
@@ -164,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--benchmark", default="mt-bench", choices=["mt-bench", "humaneval"])
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree", default="3,2,1,1,1", help="the quickstart's draft tree (chain: a chain of --k 5)")
+    p.add_argument("--tree", default="3,2,1,1,1", help="the quickstart's draft tree (chain: a chain of --k)")
+    p.add_argument("--k", type=int, default=5, help="draft tokens of a chain (--tree chain)")
     p.add_argument("--draft-threshold", type=float, default=0.1)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--override", action="append", default=[], help="extra recipe override for every run")
@@ -189,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     ngram = attach(points, record)
     plain = next(r for r in record["summary"] if r["role"] == "plain")
     md = table(points, ngram, plain["tokens_per_s"]) + "\n\n" + crossing(points, ngram) + "\n"
-    (args.out / "curve.md").write_text(md)
-    (args.out / "curve.json").write_text(json.dumps({"points": points, "ngram": ngram, "plain": plain}, indent=1))
-    plot(points, ngram, args.out / "curve.png")
+    stem = path.stem.replace("eval-", "curve-", 1)
+    (args.out / f"{stem}.md").write_text(md)
+    (args.out / f"{stem}.json").write_text(json.dumps({"points": points, "ngram": ngram, "plain": plain,
+                                                       "eval": path.name}, indent=1))
+    plot(points, ngram, args.out / f"{stem}.png")
     print(md)
     return 0
 

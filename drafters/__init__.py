@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from assets.target import safetensors_problem, weights_problem
-from drafters.base import Drafter, DrafterLoadError, read_config
+from drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
 from drafters.draft_lm import DraftLM, check_vocab_match
 from drafters.tuned import read_tuned
 
@@ -82,11 +82,17 @@ def export_error(path: Path) -> DrafterLoadError:
     """The error for a folder written by ``drafterkit export`` (serving-engine layout): it names the
     format and points at the training checkpoint the export came from."""
     fmt = _export_format(_read_config_dict(path) or {"drafterkit": {}})
-    return DrafterLoadError(
-        f"{path} is a {fmt} export (written by `drafterkit export --format {fmt}` for serving engines such as "
-        "vLLM and SGLang, with their tensor names), not a drafter checkpoint drafterkit loads. Evaluate or load "
-        "the training checkpoint it was exported from instead, e.g. `drafterkit eval --drafter RUN/checkpoints/last` "
-        "(or RUN/checkpoints/best, or RUN itself)")
+    head = (f"{path} is a {fmt} export (written by `drafterkit export --format {fmt}` for serving engines such "
+            "as vLLM and SGLang, with their tensor names), not a drafter checkpoint drafterkit loads. ")
+    try:
+        source = recorded_source(path)
+        return DrafterLoadError(head + f"It was exported from {source} (same weights): evaluate or load that "
+                                f"folder instead, e.g. `drafterkit eval --drafter {source}`")
+    except (ExportError, OSError, ValueError) as exc:
+        why = f" ({exc})" if isinstance(exc, ExportError) else ""
+        return DrafterLoadError(
+            head + "Evaluate or load the training checkpoint it was exported from instead, e.g. `drafterkit eval "
+            f"--drafter RUN/checkpoints/last` (or RUN/checkpoints/best, or RUN itself){why}")
 
 
 def _describe(path: Path) -> str:

@@ -234,3 +234,34 @@ def read_config(path: str | Path) -> tuple[str, dict]:
     if "kind" not in data:
         raise DrafterLoadError(f"{path}/config.json has no 'kind'; it was not written by drafterkit")
     return data["kind"], data.get("config", {})
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be exported in the requested format; the message says why and the fix."""
+
+
+def recorded_source(export_dir: str | Path) -> Path:
+    """The drafter folder an export was written from (:func:`drafters.export.record_source`), checked to still hold the same
+    weights.
+
+    Raises:
+        ExportError: the export records no source (written by an older drafterkit, or an ``hf-assistant``
+            export), the recorded folder is gone, or its ``model.safetensors`` no longer has the recorded
+            sha256 (retrained or replaced since); each message names the folder and the fix.
+    """
+    config = json.loads((Path(export_dir) / "config.json").read_text())
+    source = (config.get("drafterkit") or {}).get("source") or {}
+    if not source.get("drafter") or not source.get("model_sha256"):
+        raise ExportError(f"{export_dir}/config.json records no source drafter folder (exported by an older "
+                          "drafterkit): export it again, or name the folder it was exported from")
+    folder = Path(source["drafter"])
+    try:
+        digest = weights_sha256(folder)
+    except OSError:
+        raise ExportError(f"{export_dir} was exported from {folder}, which is gone (no readable "
+                          "model.safetensors there): name the drafter folder it was exported from") from None
+    if digest != source["model_sha256"]:
+        raise ExportError(f"{export_dir} was exported from {folder}, whose model.safetensors has changed since "
+                          f"(sha256 {digest[:12]}..., recorded {source['model_sha256'][:12]}...): export it again "
+                          "from the current weights, or name the folder holding the exported ones")
+    return folder

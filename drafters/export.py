@@ -58,8 +58,10 @@ from assets.target import hub_reachable, resolve_target_path
 from drafters import load_drafter, resolve_checkpoint
 from drafters.base import (
     DrafterLoadError,
+    ExportError,
     apply_umask,
     read_config,
+    recorded_source,
     save_tensors,
     weights_sha256,
 )
@@ -69,10 +71,6 @@ from drafters.model_card import write_model_card
 
 FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm",
            "vllm-dflash": "dflash"}
-
-
-class ExportError(ValueError):
-    """The checkpoint cannot be exported in the requested format; the message says why and the fix."""
 
 
 def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
@@ -210,33 +208,6 @@ def record_source(out: Path, ckpt: Path) -> None:
     config = json.loads((out / "config.json").read_text())
     config["drafterkit"]["source"] = {"drafter": str(ckpt.resolve()), "model_sha256": weights_sha256(ckpt)}
     (out / "config.json").write_text(json.dumps(config, indent=2))
-
-
-def recorded_source(export_dir: str | Path) -> Path:
-    """The drafter folder an export was written from (:func:`record_source`), checked to still hold the same
-    weights.
-
-    Raises:
-        ExportError: the export records no source (written by an older drafterkit, or an ``hf-assistant``
-            export), the recorded folder is gone, or its ``model.safetensors`` no longer has the recorded
-            sha256 (retrained or replaced since); each message names the folder and the fix.
-    """
-    config = json.loads((Path(export_dir) / "config.json").read_text())
-    source = (config.get("drafterkit") or {}).get("source") or {}
-    if not source.get("drafter") or not source.get("model_sha256"):
-        raise ExportError(f"{export_dir}/config.json records no source drafter folder (exported by an older "
-                          "drafterkit): export it again, or name the folder it was exported from")
-    folder = Path(source["drafter"])
-    try:
-        digest = weights_sha256(folder)
-    except OSError:
-        raise ExportError(f"{export_dir} was exported from {folder}, which is gone (no readable "
-                          "model.safetensors there): name the drafter folder it was exported from") from None
-    if digest != source["model_sha256"]:
-        raise ExportError(f"{export_dir} was exported from {folder}, whose model.safetensors has changed since "
-                          f"(sha256 {digest[:12]}..., recorded {source['model_sha256'][:12]}...): export it again "
-                          "from the current weights, or name the folder holding the exported ones")
-    return folder
 
 
 def load_eagle3_export(path: str | Path, target: torch.nn.Module) -> Eagle3Drafter:

@@ -246,10 +246,16 @@ def test_an_export_loaded_back_is_a_clear_error_naming_its_format(tmp_path, fmt,
     else:
         ckpt = _eagle3_ckpt(tmp_path)[1]
     out = export(ckpt, fmt, tmp_path / "out")
-    with pytest.raises(DrafterLoadError, match=f"is a {fmt} export .*drafterkit eval --drafter RUN/checkpoints/last"):
+    with pytest.raises(DrafterLoadError, match=f"is a {fmt} export ") as err:
         load_drafter(out, target)
+    assert f"It was exported from {ckpt.resolve()} (same weights)" in str(err.value)
+    assert f"drafterkit eval --drafter {ckpt.resolve()}`" in str(err.value)
     assert cli(["export", str(out), "--format", fmt, "--output", str(tmp_path / "again")]) == 2
     assert f"is a {fmt} export" in capsys.readouterr().err and not (tmp_path / "again").exists()
+    ckpt.rename(tmp_path / "moved")  # the source is gone: the generic advice, with the reason
+    with pytest.raises(DrafterLoadError, match=f"is a {fmt} export .*drafterkit eval --drafter RUN/checkpoints/last"
+                       ".*which is gone"):
+        load_drafter(out, target)
 
 
 def test_wrong_kind_for_format_is_a_clear_error(tmp_path):

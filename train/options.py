@@ -177,13 +177,7 @@ def check_eagle3_recipe(recipe: Any) -> None:
                          "'eagle3' with drafter.options.ttt_tokens: data (its TTT steps read the data's tokens, so "
                          "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
                          "on its own drafts, what decoding runs) or use another loss")
-    if o.feature_layers is not None:
-        n = local_layer_count(recipe.target.name_or_path)
-        if n is not None:
-            try:
-                check_feature_layers(o.feature_layers, int(n))
-            except ValueError as exc:
-                raise ValueError(f"drafter.options.feature_layers: {exc}") from None
+    _check_local_feature_layers(recipe, o.feature_layers, check_feature_layers)
 
 
 def check_dflash_recipe(recipe: Any) -> None:
@@ -202,13 +196,20 @@ def check_dflash_recipe(recipe: Any) -> None:
                          "'dflash' with drafter.options.block_size: 2 (one draft token per block: accept_len over "
                          f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: {steps + 1}, "
                          "or loss.draft_steps: 1, or another loss")
-    if o.feature_layers is not None:
-        n = local_layer_count(recipe.target.name_or_path)
-        if n is not None:
-            try:
-                check_dflash_feature_layers(o.feature_layers, int(n))
-            except ValueError as exc:
-                raise ValueError(f"drafter.options.feature_layers: {exc}") from None
+    _check_local_feature_layers(recipe, o.feature_layers, check_dflash_feature_layers)
+
+
+def _check_local_feature_layers(recipe: Any, layers, check) -> None:
+    """Run ``check(layers, num_layers)`` when ``layers`` is set and the target's config is readable
+    locally; its ``ValueError`` is re-raised naming ``drafter.options.feature_layers``."""
+    if layers is None:
+        return
+    n = local_layer_count(recipe.target.name_or_path)
+    if n is not None:
+        try:
+            check(layers, int(n))
+        except ValueError as exc:
+            raise ValueError(f"drafter.options.feature_layers: {exc}") from None
 
 
 def local_layer_count(name_or_path: str) -> int | None:

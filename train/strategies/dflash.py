@@ -32,15 +32,13 @@ import torch
 from drafters.dflash import DFlashConfig, DFlashDrafter
 from drafters.eagle3 import copy_final_norm, select_draft_vocab
 from train.data import shift_for_next_token
-from train.features import batch_features, target_logits
+from train.features import target_logits
 from train.options import DFlashOptions
-from train.strategies.base import unwrap
 from train.strategies.eagle3 import init_fc_last_feature
 from train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
     count_data_tokens,
-    feature_store,
     trainable_own,
 )
 
@@ -104,13 +102,8 @@ class DFlashStrategy(FeatureHeadStrategy):
 
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` over the blocks after sampled anchors, see the module docstring."""
-        self.refuse_on_policy(batch)
-        d = unwrap(drafter)
+        d, fused, last = self.fused_features(drafter, target, batch, recipe)  # [B, T, nF H], [B, T, H]
         o: DFlashOptions = recipe.drafter.parsed_options()
-        layers = list(d.feature_layers) + [d.config.target_num_layers]
-        feats = batch_features(target, batch, layers, feature_store(recipe))  # [B, T, (nF+1) H]
-        h = d.config.hidden_size
-        fused, last = feats[..., :-h], feats[..., -h:]
         ids, labels = batch["input_ids"], shift_for_next_token(batch)  # [B, T]
         anchors = sample_anchors(labels, o.num_anchors)  # [B, A]
         hidden = drafter(ids, fused, anchors, return_hidden=True)  # [B, A, B-1, H]

@@ -39,14 +39,12 @@ import torch
 from drafters.eagle import init_layer_from_target
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
 from train.data import shift_for_next_token
-from train.features import batch_features, target_logits
+from train.features import target_logits
 from train.options import Eagle3Options
-from train.strategies.base import unwrap
 from train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
     count_data_tokens,
-    feature_store,
     shifted_rows,
     trainable_own,
 )
@@ -82,13 +80,8 @@ class Eagle3Strategy(FeatureHeadStrategy):
 
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` over the TTT unroll, see the module docstring."""
-        self.refuse_on_policy(batch)
-        d = unwrap(drafter)
+        d, fused, last = self.fused_features(drafter, target, batch, recipe)  # [B, T, nF H], [B, T, H]
         o: Eagle3Options = recipe.drafter.parsed_options()
-        layers = list(d.feature_layers) + [d.config.target_num_layers]
-        feats = batch_features(target, batch, layers, feature_store(recipe))  # [B, T, 4H]
-        h = d.config.hidden_size
-        fused, last = feats[..., : 3 * h], feats[..., 3 * h:]
         ids = batch["input_ids"]
         labels = shift_for_next_token(batch)  # [B, T]
         chain = torch.zeros_like(labels, dtype=torch.bool)

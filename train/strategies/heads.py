@@ -20,6 +20,7 @@ import torch
 
 from drafters.eagle3 import select_draft_vocab
 from train import losses
+from train.features import batch_features
 from train.recipe_data import load_data
 from train.strategies.base import check_common_batch, unwrap
 
@@ -45,6 +46,22 @@ class FeatureHeadStrategy:
 
     def save(self, drafter, path: str | Path) -> None:
         unwrap(drafter).save_pretrained(path)
+
+    def fused_features(self, drafter, target, batch: dict[str, Any], recipe: Any):
+        """For the kinds that fuse several target layers (EAGLE-3, DFlash): refuse an on-policy batch, then
+        read the drafter's ``feature_layers`` and the last layer (online or from the offline cache).
+
+        Returns:
+            ``(drafter, fused, last)``: the unwrapped drafter, ``fused`` ``[B, T, nF * H]`` (the layers in
+            the drafter's order, concatenated) and ``last`` ``[B, T, H]`` (the final-norm last layer, whose
+            LM head gives the target's logits).
+        """
+        self.refuse_on_policy(batch)
+        d = unwrap(drafter)
+        layers = list(d.feature_layers) + [d.config.target_num_layers]
+        feats = batch_features(target, batch, layers, feature_store(recipe))  # [B, T, (nF + 1) H]
+        h = d.config.hidden_size
+        return d, feats[..., :-h], feats[..., -h:]
 
     def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
         """The ``hidden_states`` indices the loss reads (``train.features.batch_features``), what the offline
