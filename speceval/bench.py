@@ -44,6 +44,7 @@ import torch
 from assets.device import resolve_dtype
 from assets.target import load_target, resolve_target_path
 from decode.dynamic_tree import parse_tree
+from decode.inputs import AUTO
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
 from speceval import plots, report
@@ -114,8 +115,9 @@ class EvalConfig:
                 "each measured side by side (the same tree given twice, however spelled, e.g. 1 and [[0]], is "
                 "measured once, under its first spelling); or an EAGLE-2 dynamic tree grown per row and round from the "
                 "drafter's cumulative log-probabilities: dynamic or dynamic:TOTAL[:DEPTH[:TOPK]] (TOTAL nodes "
-                "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4). Tree rows ignore --k (their K column is the tree's depth) "
-                "and the --sweep over K covers chain rows only"})
+                "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4); or auto: one row per checkpoint with the "
+                "chain / tree, K and threshold drafterkit tune recorded for it on this machine (as decode.generate(tree='auto')). "
+                "Tree rows ignore --k (their K column is the tree's depth) and the --sweep over K covers chain rows only"})
     dtype: str = field(default="fp32", metadata={"help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
     seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
@@ -165,7 +167,7 @@ class EvalConfig:
             raise ValueError("--tree needs at least one value: chain, branching factors such as 3,2,1, or a "
                              "JSON list of paths")
         for t in self.trees:
-            if t != "chain":
+            if t not in ("chain", AUTO):
                 try:
                     parse_tree(t)
                 except ValueError as e:

@@ -22,7 +22,9 @@ from typing import Any, Callable
 import torch
 
 import decode
+from assets.device import resolve_dtype
 from decode.dynamic_tree import parse_tree
+from decode.inputs import AUTO
 from drafters import (
     TRANSFORMERS_KIND,
     DrafterLoadError,
@@ -33,6 +35,7 @@ from drafters.draft_lm import DraftLM
 from drafters.export import ExportError, recorded_source
 from drafters.hybrid import LookupHybrid
 from drafters.ngram import NGramDrafter
+from drafters.tuned import read_tuned
 
 BASELINES = ("engine", "hf", "hf-assisted")
 
@@ -46,6 +49,7 @@ class DrafterSpec:
     drafter: Any
     hf_kwargs: dict | None
     tree: str | None = None  # a decode.tree.DraftTree spec: measured with tree drafts instead of chains
+    k: int | None = None  # this row's chain K (a ``--tree auto`` row: the tuned K); None: eval's --k
     # a checkpoint's short name in ``label`` (``run/best``) and its folder: drafters whose short names
     # collide (two quickstart runs are both ``train/best``) get longer path suffixes (:func:`build_drafters`)
     short_name: str | None = None
@@ -228,6 +232,8 @@ def stats_record(res) -> dict:
 def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos: list[int]) -> Method:
     """A ``decode.generate`` method: plain (``spec is None``) or speculative with ``spec``'s drafter."""
     drafter = spec.drafter if spec else None
+    if spec is not None and spec.k is not None:
+        k = spec.k
     k_call = max(k, 1)  # ignored by plain decoding, must still be a valid K
 
     def call(rows, seed, max_new):
@@ -323,17 +329,24 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
     (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
     the threshold is not 0, and one that can propose trees once per entry of ``trees`` (``"chain"`` or a
     ``decode.tree.DraftTree`` spec), labelled ``<label> tree=<spec>`` (one fresh load each, so the rows
-    are independent). A chain-only drafter is measured once as a chain. The same drafter given twice is
+    are independent). ``"auto"`` in ``trees`` adds one row per checkpoint with its tuned setting
+    (:func:`tuned_row`, not crossed with ``thresholds``); given alone, the specs that are no checkpoint
+    are measured as chains. A chain-only drafter is measured once as a chain. The same drafter given twice is
     numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``."""
     built: list[tuple] = []  # (spec labelled by its drafter name only, "@thr tree=..." suffix)
     trees = distinct_trees(trees or ["chain"])
+    tuned, trees = AUTO in trees, [t for t in trees if t != AUTO]
     for name in names:
-        for thr in thresholds:
+        row = tuned_row(name, target, datastore) if tuned else None
+        if row is not None:
+            built.append(row)
+        shapes = trees or ([] if row else ["chain"])  # `--tree auto` alone: the others as a chain of --k
+        for thr in thresholds if shapes else []:
             first = build_drafter(name, target, datastore)
             if first is None:
                 break
             can_tree = callable(getattr(first.drafter, "propose_tree", None))
-            variants = trees if can_tree else ["chain"]
+            variants = shapes if can_tree else ["chain"]
             for j, tree in enumerate(variants):
                 s, suffix = (first if j == 0 else build_drafter(name, target, datastore)), ""
                 if getattr(s.drafter, "supports_draft_threshold", False):
@@ -369,6 +382,39 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
     return specs
 
 
+def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | None:
+    """The ``--tree auto`` row of drafter spec ``name``: its checkpoint's ``drafterkit tune`` winner at
+    batch size 1 (``drafters.tuned.read_tuned``: chain or tree, K, confidence threshold), the setting
+    ``decode.generate(tree="auto")`` uses; a ``+ngram`` / ``+rest`` spec takes its drafter's. Returns
+    ``(spec, suffix)`` as :func:`build_drafters` collects them, the suffix ``"@<thr> (tuned) tree=<spec>"``
+    (no ``tree=`` for a chain, whose K the row carries); ``None`` for a spec that is no checkpoint
+    (``none``, ``ngram``, ``draft:N``: nothing was tuned).
+
+    Raises:
+        ValueError: the checkpoint has no tuned setting usable here (none recorded, another machine or
+            weights, no setting beat plain decoding), or one measured in another dtype than the target's;
+            the message says why and the fix.
+    """
+    s = build_drafter(name, target, datastore)
+    if s is None or not s.folder:
+        return None
+    p = next(target.parameters())
+    winner, why = read_tuned(s.folder, str(p.device))
+    if winner is None:
+        raise ValueError(f"--tree auto: --drafter {name}: {why}")
+    if resolve_dtype(winner.get("dtype", "fp32")) != p.dtype:
+        raise ValueError(f"--tree auto: --drafter {name}: its tuned setting was measured in {winner.get('dtype')} and "
+                         f"this eval runs the target in {str(p.dtype).removeprefix('torch.')}: give --dtype "
+                         f"{winner.get('dtype')}, or tune again in this dtype")
+    thr, tree = float(winner["draft_threshold"]), None if winner["tree"] == "chain" else winner["tree"]
+    suffix = ""
+    if getattr(s.drafter, "supports_draft_threshold", False):
+        s.drafter.draft_threshold = thr
+        suffix = f"@{thr:g}" if thr > 0 else ""
+    suffix += " (tuned)" + (f" tree={tree}" if tree else "")
+    return dataclasses.replace(s, hf_kwargs=None, tree=tree, k=int(winner["k"])), suffix
+
+
 def distinct_trees(trees: list[str]) -> list[str]:
     """``trees`` with repeats left out, compared as trees, not as text: ``"1"``, ``"[[0]]"`` and
     ``"[[0],[0]]"`` are one tree (:meth:`decode.tree.DraftTree.parse` sorts paths and drops duplicate
@@ -377,7 +423,7 @@ def distinct_trees(trees: list[str]) -> list[str]:
     seen, out = set(), []
     for t in trees:
         try:
-            tree = None if t == "chain" else parse_tree(t)
+            tree = None if t in ("chain", AUTO) else parse_tree(t)
             key = t if tree is None else getattr(tree, "paths", str(tree))
         except ValueError:
             key = t

@@ -176,3 +176,28 @@ def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path,
     assert main(["tune", str(tmp_path / "no-such-drafter")] + args) == 2
     err = capsys.readouterr().err
     assert err.startswith("drafterkit tune: error:") and needle in err and "Traceback" not in err
+
+
+def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tmp_path, capsys):
+    """``--tree auto``: one row per checkpoint with its tuned chain / tree, K and threshold, beside the other
+    ``--tree`` shapes in the same run; a checkpoint with no usable tuned setting is an exit 2 naming why."""
+    root, ckpt, prompts = world
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)  # the world's target
+    folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target).save_pretrained(tmp_path / "m")
+    base = ["eval", "--target", str(root / "target"), "--drafter", str(folder), "--benchmark", str(prompts),
+            "--num-prompts", "1", "--max-new-tokens", "6", "--baselines", "engine", "--no-progress"]
+    assert main([*base, "--tree", "auto", "--output", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--tree auto: --drafter" in err and "no decoding.json" in err
+    for win, label, k in ((dict(tree="chain", k=2, draft_threshold=0.3), "@0.3 (tuned)", 2),
+                          (dict(tree="2,1", k=5, draft_threshold=0.0), " (tuned) tree=2,1", 2)):
+        (folder / DECODING_FILE).write_text(json.dumps(dict(tuned=dict(
+            machine=host_info("cpu"), dtype="fp32", winners={"1": dict(win, speedup=1.3)}))))
+        out = tmp_path / "e.json"
+        assert main([*base, "--drafter", "ngram", "--tree", "auto", "--tree", "3", "--draft-threshold", "0,0.1",
+                     "--output", str(out)]) == 0
+        rows = {r["method"]: r for r in json.loads(out.read_text())["summary"] if r["role"] == "spec"}
+        tuned = [m for m in rows if "(tuned)" in m]
+        assert tuned == [f"medusa:m{label}"] and rows[tuned[0]]["k"] == k
+        # the other shapes, crossed with the thresholds, for the checkpoint and for ngram
+        assert {m for m in rows if m not in tuned} == {"medusa:m tree=3", "medusa:m@0.1 tree=3", "ngram tree=3"}
