@@ -199,7 +199,7 @@ def test_eval_of_an_export_is_a_clean_usage_error(tiny_dir, prompts_file, tmp_pa
                      "--output", str(tmp_path / "x.json")]) == 2
         captured = capsys.readouterr()
         assert captured.err.startswith("drafterkit eval: error: ") and f"is a {fmt} export" in captured.err
-        assert "RUN/checkpoints/last" in captured.err
+        assert f"--drafter {(run / 'checkpoints' / 'last' / 'drafter').resolve()}`" in captured.err  # its source
         assert "Traceback" not in captured.out + captured.err and "upgrade" not in captured.out + captured.err
 
 
