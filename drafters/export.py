@@ -418,18 +418,6 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     return output
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a drafter folder, a training checkpoint (OUTPUT_DIR/checkpoints/last) "
-                                           "or a run OUTPUT_DIR (its best, else last, checkpoint)")
-    parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="target layout")
-    parser.add_argument("--output", default=None, help="folder to write (created); optional with --push-to-hub")
-    parser.add_argument("--target", default=None,
-                        help="target name or folder: needed for Medusa heads sharing its LM head; for "
-                             "hf-assistant, its tokenizer is saved too")
-    parser.add_argument("--dtype", default=None, help="cast floating tensors (float32 | bfloat16 | float16)")
-    parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="also upload to this Hub repo id")
-
-
 def run(args: argparse.Namespace) -> int:
     """``drafterkit export``: 0 on success, 2 on a usage error or an unreachable Hub (message on stderr)."""
     if args.output is None and not args.push_to_hub:

@@ -35,19 +35,22 @@ import shlex
 import sys
 import time
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 
 from assets.device import resolve_dtype
 from assets.target import load_target, resolve_target_path
-from decode.dynamic_tree import parse_tree
-from decode.inputs import AUTO
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
 from speceval import plots, report
+from speceval.eval_args import (
+    DEFAULT_DATASTORE,
+    RECORDED,
+    EvalConfig,
+    field_flag,
+    flag_fields,
+)
 from speceval.factors import headline_factors
 from speceval.harness import (
     check_exactness,
@@ -58,7 +61,6 @@ from speceval.harness import (
     warm_up,
 )
 from speceval.methods import (
-    BASELINES,
     build_drafters,
     build_methods,
     check_drafter_spec,
@@ -66,126 +68,15 @@ from speceval.methods import (
     retrieval_info,
     say_export_source,
 )
-from speceval.prompts import check_benchmark, load_prompts
-from speceval.recorded import DECODING_FILE, RECORDED, apply_recorded
+from speceval.prompts import load_prompts
+from speceval.recorded import apply_recorded
 
-__all__ = ["DEFAULT_DATASTORE", "EvalConfig", "add_arguments", "command_line", "evaluate", "print_record", "run",
-           "write_outputs"]
-
-#: the corpus ``+rest`` drafters retrieve from when no datastore is given (``--datastore``)
-DEFAULT_DATASTORE = "sharegpt"
+__all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "write_outputs"]
 
 
 # ---------------------------------------------------------------------------------------------
-# The whole evaluation
+# The whole evaluation (its settings, :class:`EvalConfig`, and the flags: ``speceval.eval_args``)
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class EvalConfig:
-    """Everything ``drafterkit eval`` measures. Each field is one flag, ``--<field>`` with dashes unless
-    ``metadata["flag"]`` says otherwise, built by :func:`add_arguments` from the field's type, default and
-    ``metadata["help"]`` (lists are comma-separated values, ``metadata["action"] == "append"`` a repeatable
-    flag, a bool that defaults to True a ``--no-<field>`` switch)."""
-
-    target: str = field(default="smollm2-135m", metadata={"help": "smollm2-135m | local folder | Hub id"})
-    drafters: list[str] = field(default_factory=lambda: ["ngram"], metadata={
-        "flag": "--drafter", "action": "append", "metavar": "SPEC",
-        "help": "PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | SPEC+ngram (prompt lookup first, "
-                "SPEC's drafter where the row's last 2+ tokens never occurred before) | SPEC+rest (as +ngram, plus "
-                "retrieval from --datastore merged into SPEC's tree, or its majority continuation on chains) | none; "
-                "repeatable"})
-    benchmark: str = field(default="mt-bench", metadata={"help": "mt-bench | humaneval | sharegpt | FILE.jsonl"})
-    num_prompts: int = field(default=8, metadata={"help": "prompts measured"})
-    max_new_tokens: int = field(default=128, metadata={"help": "new tokens per answer at most"})
-    temperature: float = field(default=0.0, metadata={"help": "sampling temperature; 0: greedy"})
-    top_k: int = field(default=0, metadata={"help": "sample from the k likeliest tokens; 0: all"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
-    k: int = field(default=5, metadata={"help": "draft tokens per verification (K) of chain rows"})
-    draft_thresholds: list[float] = field(default_factory=lambda: [0.0], metadata={
-        "flag": "--draft-threshold",
-        "help": "confidence-based drafting: a chain stops, and tree nodes are pruned, once the drafter's path "
-                "probability falls below this (EAGLE-2 criterion); comma-separated values are measured side by side "
-                "(default 0: always K / the full tree). In +rest trees only the drafter's nodes that also clear the "
-                "corpus's bar (0.2) get children; the others are verified as leaves"})
-    trees: list[str] = field(default_factory=lambda: ["chain"], metadata={
-        "flag": "--tree", "action": "append", "metavar": "TREE",
-        "help": "draft shape: chain (K tokens, the default) or a static tree verified in one pass: branching factors "
-                "per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank paths such as '[[0],[1],[0,0]]' "
-                "(paths are sorted and a path given twice counts once, so [[0],[0]] is the tree [[0]]); repeatable, "
-                "each measured side by side (the same tree given twice, however spelled, e.g. 1 and [[0]], is "
-                "measured once, under its first spelling); or an EAGLE-2 dynamic tree grown per row and round from the "
-                "drafter's cumulative log-probabilities: dynamic or dynamic:TOTAL[:DEPTH[:TOPK]] (TOTAL nodes "
-                "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4); or auto: one row per checkpoint with the "
-                "chain / tree, K and threshold drafterkit tune recorded for it on this machine (as decode.generate(tree='auto')). "
-                "Tree rows ignore --k (their K column is the tree's depth) and the --sweep over K covers chain rows only"})
-    dtype: str = field(default="fp32", metadata={"help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
-    seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
-    baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
-        "help": f"comma-separated subset of {','.join(BASELINES)} (default: all)"})
-    sweep: bool = field(default=False, metadata={"help": "sweep K x temperature per category; Markdown + PNGs"})
-    sweep_k: list[int] = field(default_factory=lambda: list(range(1, 9)),
-                               metadata={"help": "comma-separated K values of the --sweep"})
-    sweep_temperature: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0],
-                                           metadata={"help": "comma-separated temperatures of the --sweep"})
-    concurrency: list[int] = field(default_factory=list, metadata={
-        "help": "e.g. 1,2,4,8: prompts decoded together, speculation on vs off"})
-    max_prompt_tokens: int = field(default=2048, metadata={"help": "skip longer prompts"})
-    #: the ``+rest`` drafters' corpus (``--datastore``); ``None``: not given, they use ``DEFAULT_DATASTORE``
-    datastore: str | None = field(default=None, metadata={
-        "help": "corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat JSON(L) "
-                "file (assistant turns outside the held-out split), or a saved .npz; built once and cached under "
-                f"$DRAFTERKIT_HOME/datastores (default: {DEFAULT_DATASTORE}; given without a +rest drafter, it is "
-                "refused as unused)"})
-    progress: bool = field(default=True, metadata={"help": "no tqdm bars"})
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad flag and the fix (also for a ``datastore`` given while
-        no drafter spec ends in ``+rest``: nothing would read it)."""
-        bad = [b for b in self.baselines if b not in BASELINES]
-        if bad:
-            raise ValueError(f"--baselines: unknown {bad}; choose from {','.join(BASELINES)}")
-        for name, value, low in (("--num-prompts", self.num_prompts, 1), ("--max-new-tokens", self.max_new_tokens, 1),
-                                 ("--k", self.k, 1), ("--top-k", self.top_k, 0)):
-            if value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {self.temperature}, {self.top_p}")
-        if any(k < 1 for k in self.sweep_k) or any(t < 0 for t in self.sweep_temperature) or \
-                any(c < 1 for c in self.concurrency):
-            raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
-        if not self.drafters:
-            raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
-        check_benchmark(self.benchmark)
-        if self.datastore is not None and not any(d.endswith("+rest") for d in self.drafters):
-            raise ValueError(f"--datastore {self.datastore} is unused: only +rest drafters read a datastore and no "
-                             "--drafter ends in +rest; add --drafter PATH+rest (prompt lookup plus retrieval from it) "
-                             "or drop --datastore")
-        if not self.draft_thresholds or any(not 0.0 <= t < 1.0 for t in self.draft_thresholds):
-            raise ValueError(f"--draft-threshold values must be in [0, 1), got {self.draft_thresholds}")
-        if not self.trees:
-            raise ValueError("--tree needs at least one value: chain, branching factors such as 3,2,1, or a "
-                             "JSON list of paths")
-        for t in self.trees:
-            if t not in ("chain", AUTO):
-                try:
-                    parse_tree(t)
-                except ValueError as e:
-                    raise ValueError(f"--tree {t!r}: {e} (or 'chain' for a chain of --k tokens)") from None
-
-
-@dataclass
-class RunOptions:
-    """What the ``drafterkit eval`` command adds to an :class:`EvalConfig`: how it runs and where it writes
-    (flags built like :class:`EvalConfig`'s; not part of the record's ``config``)."""
-
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
-    output: str = field(default="drafterkit-eval.json", metadata={
-        "help": "JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder"})
-    plots_dir: str | None = field(default=None, metadata={
-        "help": "PNG folder for the --sweep / --concurrency plots (default: <output stem>-plots); a plain eval "
-                "writes none"})
-
 
 def _eos_and_pad(target, tok) -> tuple[list[int], int]:
     eos = getattr(target.generation_config, "eos_token_id", None) or tok.eos_token_id
@@ -313,72 +204,8 @@ def write_outputs(record: dict, output: str | Path, plots_dir: str | Path | None
 # CLI
 # ---------------------------------------------------------------------------------------------
 
-def _csv(kind: type, name: str) -> Callable[[str], list]:
-    def parse(text: str) -> list:
-        try:
-            return [kind(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} takes comma-separated {kind.__name__}s, got {text!r}")
-    return parse
-
-
-#: the order ``drafterkit eval --help`` lists the flags in (fields of :class:`EvalConfig` and :class:`RunOptions`;
-#: a field left out of it comes last)
-HELP_ORDER = ("target", "drafters", "datastore", "benchmark", "num_prompts", "max_new_tokens", "max_prompt_tokens",
-              "temperature", "top_k", "top_p", "k", "draft_thresholds", "trees", "dtype", "device", "threads", "seed",
-              "output", "plots_dir", "baselines", "sweep", "sweep_k", "sweep_temperature", "concurrency", "progress")
-
-
-#: said in the ``--help`` of the flags a drafter's ``decoding.json`` may set (``speceval.recorded.RECORDED``)
-RECORDED_HELP = (f"; not given, the value the --drafter folder's {DECODING_FILE} records (drafterkit quickstart "
-                 "writes one) is used instead of the default")
-
-
-def _flag(f: dataclasses.Field, hint: Any) -> tuple[str, dict]:
-    """``(flag, argparse keyword arguments)`` of the field ``f`` whose resolved type is ``hint`` (see
-    :class:`EvalConfig`). A repeatable flag, and one a drafter's ``decoding.json`` may set
-    (``speceval.recorded.RECORDED``), gets argparse default ``None`` (so an explicit value is told from
-    none; argparse would append to a default list) and the field's default in its help; ``dest`` is the
-    field's name (``no_<name>`` for a ``--no-<name>`` switch)."""
-    meta = dict(f.metadata)
-    flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
-    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-    kwargs = dict(dest=f.name, **meta)
-    if hint is bool:
-        if default:
-            return "--no-" + flag[2:], dict(kwargs, dest=f"no_{f.name}", action="store_true")
-        return flag, dict(kwargs, action="store_true")
-    unset = kwargs.get("action") == "append" or f.name in RECORDED
-    if unset and "default" not in kwargs["help"]:
-        shown = ",".join(map(str, default)) if isinstance(default, list) else default
-        kwargs["help"] += f" (default: {shown})"
-    if f.name in RECORDED:
-        kwargs["help"] += RECORDED_HELP
-    if kwargs.get("action") == "append":
-        return flag, dict(kwargs, default=None)
-    default = None if unset else default
-    if typing.get_origin(hint) is list:
-        return flag, dict(kwargs, type=_csv(typing.get_args(hint)[0], flag), default=default)
-    kinds = [a for a in typing.get_args(hint) if a is not type(None)]  # `X | None` parses as X
-    return flag, dict(kwargs, type=kinds[0] if kinds else hint, default=default)
-
-
-def _flag_fields() -> list[tuple[dataclasses.Field, Any]]:
-    """``(field, resolved type)`` of every ``drafterkit eval`` flag, in :data:`HELP_ORDER`."""
-    out = [(f, typing.get_type_hints(cls)[f.name]) for cls in (EvalConfig, RunOptions) for f in dataclasses.fields(cls)]
-    rank = {name: i for i, name in enumerate(HELP_ORDER)}
-    return sorted(out, key=lambda pair: rank.get(pair[0].name, len(rank)))
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``drafterkit eval``: one per field of :class:`EvalConfig` and :class:`RunOptions`."""
-    for f, hint in _flag_fields():
-        flag, kwargs = _flag(f, hint)
-        p.add_argument(flag, **kwargs)
-
-
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """The :class:`EvalConfig` of parsed ``drafterkit eval`` flags (:func:`add_arguments`): a flag never
+    """The :class:`EvalConfig` of parsed ``drafterkit eval`` flags (``speceval.eval_args.add_arguments``): a flag never
     given whose parsed value is ``None`` (repeatable flags, those a ``decoding.json`` may set) takes the
     field's default (``drafterkit eval`` then applies a drafter's ``decoding.json``: :func:`run`),
     ``--no-<name>`` sets ``<name>`` to False, and a tree given twice is measured once
@@ -386,7 +213,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     hints = typing.get_type_hints(EvalConfig)
     values = {}
     for f in dataclasses.fields(EvalConfig):
-        _, kwargs = _flag(f, hints[f.name])
+        _, kwargs = field_flag(f, hints[f.name])
         value = getattr(args, kwargs["dest"])
         if kwargs["dest"] != f.name:  # --no-<name>
             value = not value
@@ -439,11 +266,11 @@ def command_line(config: dict, *, threads: int | None = None, output: str | Path
     flags (``progress`` left out), then ``--threads`` and ``--output`` when given; quoted for a shell."""
     defaults = dataclasses.asdict(EvalConfig())
     argv = ["drafterkit", "eval"]
-    for f, hint in _flag_fields():
+    for f, hint in flag_fields():
         if f.name not in config or f.name == "progress" or \
                 (f.name not in always and config[f.name] == defaults[f.name]):
             continue
-        flag, kwargs = _flag(f, hint)
+        flag, kwargs = field_flag(f, hint)
         value = config[f.name]
         if hint is bool:
             argv += [flag] if value != defaults[f.name] else []
@@ -459,7 +286,7 @@ def command_line(config: dict, *, threads: int | None = None, output: str | Path
 
 def run(args: argparse.Namespace) -> int:
     """``drafterkit eval``: 0 on success, 2 on a usage error (message on stderr). Flags of
-    ``speceval.recorded.RECORDED`` not given take the values the drafters' ``decoding.json`` records."""
+    ``speceval.eval_args.RECORDED`` not given take the values the drafters' ``decoding.json`` records."""
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_progress:

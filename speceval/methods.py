@@ -37,8 +37,6 @@ from drafters.hybrid import LookupHybrid
 from drafters.ngram import NGramDrafter
 from drafters.tuned import read_tuned
 
-BASELINES = ("engine", "hf", "hf-assisted")
-
 
 @dataclass
 class DrafterSpec:

@@ -39,9 +39,7 @@ from pathlib import Path
 from assets.device import host_info
 from drafters import DrafterLoadError, resolve_checkpoint
 from drafters.tuned import DECODING_FILE, TUNED, tuned_winner
-
-#: ``EvalConfig`` field -> its ``drafterkit eval`` flag: the settings a ``decoding.json`` records
-RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds": "--draft-threshold"}
+from speceval.eval_args import RECORDED
 
 
 def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **extra) -> Path:

@@ -53,7 +53,7 @@ def _card(folder):
 
 def _eval_argv(body: str) -> list[str]:
     """The `drafterkit eval ...` line of a card, checked to parse with drafterkit eval's own flags."""
-    from speceval.bench import add_arguments
+    from speceval.eval_args import add_arguments
 
     line = next(x for x in body.splitlines() if x.startswith("drafterkit eval "))
     argv = shlex.split(line)[2:]

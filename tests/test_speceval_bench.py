@@ -15,7 +15,7 @@ from drafters.datastore import Datastore
 from drafters.draft_lm import DraftLM
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.medusa import MedusaConfig, MedusaDrafter
-from speceval import bench, methods, report
+from speceval import bench, eval_args, methods, report
 from speceval.harness import check_exactness
 from speceval.methods import build_drafter, hf_method
 from speceval.report import differs_note, parse_markdown_table, render_markdown
@@ -270,7 +270,7 @@ def test_repeated_trees_are_found_on_the_parsed_tree_not_the_text():
     assert DraftTree.parse(one[0]) == DraftTree.parse(one[1]) == DraftTree.parse(one[2])
     assert DraftTree.parse(one[0]).num_nodes == 1
     parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
+    eval_args.add_arguments(parser)
     cfg = bench.config_from_args(parser.parse_args([a for t in one for a in ("--tree", t)]))
     assert cfg.trees == ["[[0],[0]]"]
     specs = methods.build_drafters(["ngram"], tiny_llama(0), [0.0], one)  # the Python API path too
@@ -344,7 +344,7 @@ def test_eval_flags_are_built_from_the_config_fields():
     parser = build_parser()
     eval_parser = parser.verb_parsers["eval"]
     dests = {a.dest for a in eval_parser._actions} - {"help"}
-    fields = {f.name for cls in (bench.EvalConfig, bench.RunOptions) for f in dataclasses.fields(cls)}
+    fields = {f.name for cls in (eval_args.EvalConfig, eval_args.RunOptions) for f in dataclasses.fields(cls)}
     assert dests == (fields - {"progress"}) | {"no_progress"}
     assert all(a.help for a in eval_parser._actions)
     assert bench.config_from_args(parse(parser, ["eval"])) == bench.EvalConfig()

@@ -1,6 +1,6 @@
-"""The ``drafterkit`` command's start: ``drafterkit --help``, a mistyped verb and the table-only ``assets`` verb
-answer without importing torch, transformers or datasets (seconds on a busy CPU); a verb imports only its own
-module."""
+"""The ``drafterkit`` command's start: ``drafterkit --help``, a mistyped verb, every verb's ``--help`` and usage
+errors answer without importing torch, transformers, datasets or the decoder and drafter code (seconds on a busy
+CPU); a verb's arguments come from its own arguments module, and its runner is imported only when it runs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from train.cli import VERBS, Verb, load_runner, main
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "datasets")
@@ -21,8 +23,8 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
         code = main(sys.argv[1:])
     except SystemExit as exc:
         code = exc.code
-print(json.dumps([code, sorted(m for m in {HEAVY} if m in sys.modules), sorted(m for m in sys.modules if m.startswith(
-    ("train.", "speceval.", "drafters.", "decode.")))]))
+ours = [m for m in sys.modules if m.split(".")[0] in ("train", "speceval", "drafters", "decode")]
+print(json.dumps([code, sorted(m for m in {HEAVY} if m in sys.modules), sorted(ours)]))
 """.replace("{HEAVY}", repr(HEAVY))
 
 
@@ -42,7 +44,36 @@ def test_help_and_usage_errors_import_no_heavy_library(argv, code):
     assert not any(m.startswith(("speceval.bench", "train.loop", "drafters.export")) for m in ours)
 
 
-def test_a_verb_imports_its_own_module_only():
+@pytest.mark.parametrize("verb", sorted(VERBS))
+@pytest.mark.parametrize("flag, code", [("--help", 0), ("--no-such-flag", 2)])
+def test_every_verbs_help_and_usage_errors_import_no_heavy_library(verb, flag, code):
+    """``drafterkit VERB --help`` and a usage error build the verb's parser from its arguments module alone:
+    no torch, transformers or datasets, no decoder or drafter code."""
+    got, heavy, ours = _start(verb, flag)
+    assert got == code and heavy == [], f"drafterkit {verb} {flag} imported {heavy}"
+    assert not [m for m in ours if m.split(".")[0] in ("decode", "drafters")], ours
+
+
+def test_a_verb_imports_its_own_arguments_module_only():
+    """Not the module that runs it (imported once the arguments parse), nor another verb's arguments."""
     code, _, ours = _start("export", "--help")
-    assert code == 0 and "drafters.export" in ours
-    assert not any(m in ours for m in ("speceval.bench", "train.quickstart", "speceval.serving", "train.run"))
+    assert code == 0 and "train.export_args" in ours
+    assert not any(m in ours for m in ("drafters.export", "speceval.eval_args", "train.quickstart_args",
+                                       "speceval.serve_check_args", "train.train_args"))
+
+
+def test_every_verbs_runner_is_a_function():
+    assert all(callable(load_runner(verb)) for verb in VERBS)
+
+
+def test_a_runner_missing_from_the_build_is_said(monkeypatch, capsys):
+    monkeypatch.setitem(VERBS, "tune", Verb("speceval.tune_args", "speceval.no_such_module:run", "tune"))
+    assert main(["tune", "ckpt"]) == 2
+    assert "drafterkit tune: not available in this build (speceval.no_such_module missing)" in capsys.readouterr().err
+
+
+def test_export_formats_match_the_exporter():
+    from drafters.export import FORMATS
+    from train.export_args import FORMATS as NAMES
+
+    assert NAMES == tuple(sorted(FORMATS))

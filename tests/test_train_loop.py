@@ -83,7 +83,8 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
     LM head), so the hint names it and the export CLI accepts the line as printed."""
     import shlex
 
-    from drafters.export import add_arguments, run
+    from drafters.export import run
+    from train.export_args import add_arguments
     from train.loop import train
 
     target, tok = _load(world)

@@ -1,11 +1,13 @@
 """The ``drafterkit`` command: ``train``, ``features``, ``eval``, ``export``, ``serve-check``, ``assets``,
 ``quickstart``, ``tune``.
 
-Each verb lives in the module that owns it; this file only wires argparse. Every verb module
-exposes ``add_arguments(parser)`` and ``run(args) -> int``. A verb's options may come anywhere
-among its positionals (``drafterkit train R.yaml --print-recipe output_dir=x``): argparse's
-subparsers stop at the first option, so what is left over is re-parsed by the verb's own parser
-with ``parse_intermixed_args``.
+This file only wires argparse. Each verb names two things in :data:`VERBS`: the module of its arguments,
+``add_arguments(parser)`` (argparse and torch-free constants only: ``drafterkit VERB --help`` and a usage
+error answer in a fraction of a second), and ``module:function``, its ``run(args) -> int``, imported only
+once the arguments parse (the verbs' own modules import torch and transformers, several seconds on a busy
+CPU). A verb's options may come anywhere among its positionals (``drafterkit train R.yaml --print-recipe
+output_dir=x``): argparse's subparsers stop at the first option, so what is left over is re-parsed by the
+verb's own parser with ``parse_intermixed_args``.
 """
 
 from __future__ import annotations
@@ -15,18 +17,36 @@ import contextlib
 import importlib
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-# verb -> (module, one-line help). Imported lazily so `drafterkit assets list` stays fast.
+
+class Verb(NamedTuple):
+    """A verb of ``drafterkit``: ``arguments``, the module whose ``add_arguments(parser)`` gives its flags (it
+    imports no torch, transformers or model code); ``runner``, ``"module:function"`` that runs it; ``help``."""
+
+    arguments: str
+    runner: str
+    help: str
+
+
 VERBS = {
-    "train": ("train.run", "train a drafter from a YAML recipe (same as `accelerate launch -m train`)"),
-    "features": ("train.feature_cache", "build the target-feature cache a recipe trains a head from (once, resumable)"),
-    "eval": ("speceval.bench", "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
-    "export": ("drafters.export", "export a trained drafter for vLLM / SGLang / transformers"),
-    "serve-check": ("speceval.serving", "run an export in vLLM and check it drafts and decodes as drafterkit does"),
-    "assets": ("train.assets_cli", "fetch / list the pinned target, data and eval prompts"),
-    "quickstart": ("train.quickstart", "fetch, train and evaluate a drafter for the default target"),
-    "tune": ("speceval.tune", "choose a drafter's chain / tree / threshold by measured tokens/s; record it with the drafter"),
+    "train": Verb("train.train_args", "train.run:run",
+                  "train a drafter from a YAML recipe (same as `accelerate launch -m train`)"),
+    "features": Verb("train.features_args", "train.feature_cache:run",
+                     "build the target-feature cache a recipe trains a head from (once, resumable)"),
+    "eval": Verb("speceval.eval_args", "speceval.bench:run",
+                 "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
+    "export": Verb("train.export_args", "drafters.export:run",
+                   "export a trained drafter for vLLM / SGLang / transformers"),
+    "serve-check": Verb("speceval.serve_check_args", "speceval.serving:run",
+                        "run an export in vLLM and check it drafts and decodes as drafterkit does"),
+    "assets": Verb("train.assets_cli", "train.assets_cli:run", "fetch / list the pinned target, data and eval prompts"),
+    "quickstart": Verb("train.quickstart_args", "train.quickstart:run",
+                       "fetch, train and evaluate a drafter for the default target"),
+    "tune": Verb("speceval.tune_args", "speceval.tune:run",
+                 "choose a drafter's chain / tree / threshold by measured tokens/s; record it with the drafter"),
 }
 
 
@@ -49,29 +69,39 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; ``parser.verb_parsers`` maps each verb to its subparser (whose ``--help``
     shows the options' defaults: :class:`DefaultsHelpFormatter`).
 
-    ``only``: import the module of that verb alone and give only its subparser arguments (``""``: no
-    verb's). A verb module imports torch and transformers, several seconds on a busy CPU, so
-    :func:`main` imports just the verb it runs, and nothing for ``drafterkit --help``. ``None``: every
-    verb (the parser tests and tools inspect)."""
+    ``only``: give only that verb's subparser its arguments, importing its arguments module alone (``""``:
+    no verb's, for ``drafterkit --help``). ``None``: every verb (the parser tests and tools inspect). No
+    verb's runner is imported here (:func:`load_runner`)."""
     parser = argparse.ArgumentParser(prog="drafterkit", description="train speculative-decoding drafters for a "
                                      "frozen target LLM, measure them, tune and export them")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     parser.verb_parsers = {}
-    for verb, (module, help_) in VERBS.items():
-        p = parser.verb_parsers[verb] = sub.add_parser(verb, help=help_, description=help_,
+    for name, verb in VERBS.items():
+        p = parser.verb_parsers[name] = sub.add_parser(name, help=verb.help, description=verb.help,
                                                        formatter_class=DefaultsHelpFormatter)
-        if only is not None and verb != only:
+        if only is not None and name != only:
             continue
         try:
-            mod = importlib.import_module(module)
+            module = importlib.import_module(verb.arguments)
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            if exc.name != verb.arguments:
                 raise
-            p.set_defaults(_missing=module)
+            p.set_defaults(_missing=verb.arguments)
             continue
-        mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        module.add_arguments(p)
     return parser
+
+
+def load_runner(verb: str) -> Callable[[argparse.Namespace], int] | None:
+    """The function that runs ``verb`` (:data:`VERBS`), its module imported now; ``None`` when that module
+    is not in this build."""
+    module, function = VERBS[verb].runner.split(":")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
@@ -121,11 +151,14 @@ def requested_verb(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(build_parser(only=requested_verb(argv)), argv)
-    if getattr(args, "_missing", None):
-        print(f"drafterkit {args.verb}: not available in this build ({args._missing} missing)", file=sys.stderr)
+    missing = getattr(args, "_missing", None)
+    run = None if missing else load_runner(args.verb)
+    if run is None:
+        missing = missing or VERBS[args.verb].runner.split(":")[0]
+        print(f"drafterkit {args.verb}: not available in this build ({missing} missing)", file=sys.stderr)
         return 2
     with user_warnings():
-        return int(args._run(args) or 0)
+        return int(run(args) or 0)
 
 
 if __name__ == "__main__":

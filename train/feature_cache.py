@@ -62,6 +62,7 @@ from assets.pinned import home
 from speceval.report import progress_bars_off
 from train.data import collate
 from train.features import target_features
+from train.features_args import SHARD_MB
 from train.options import feature_kinds, kind_recipe
 from train.recipe import RecipeError, load_recipe
 from train.recipe_data import load_data, recipe_data_file
@@ -69,7 +70,6 @@ from train.strategies import get_strategy
 
 VERSION = 1
 MANIFEST = "manifest.json"
-SHARD_MB = 512  # default shard size: resume granularity, and the RAM one shard needs while it is built
 
 
 class FeatureCacheError(ValueError):
@@ -406,15 +406,6 @@ def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache
     except OSError as exc:
         raise RecipeError(f"data.feature_cache: {exc}") from None
     return FeatureCache(spec.path, layers)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="YAML recipe (see recipes/): its target, data and drafter kind")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
-                        help="recipe overrides, e.g. data.num_examples=200 data.feature_cache=/big/disk/features")
-    parser.add_argument("--batch-size", type=int, default=8, help="examples per target forward")
-    parser.add_argument("--shard-mb", type=float, default=SHARD_MB,
-                        help="shard size in MB (an interrupted build resumes at the first unfinished shard)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,13 +25,7 @@ import sys
 from assets.target import TargetLoadError
 from train.loop import train
 from train.recipe import RecipeError, load_recipe
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="YAML recipe (see recipes/)")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
-                        help="recipe overrides, e.g. optim.lr=1e-3 train.max_steps=20 output_dir=runs/x")
-    parser.add_argument("--print-recipe", action="store_true", help="print the resolved recipe and exit")
+from train.train_args import add_arguments
 
 
 def _say_once(message: str) -> None:

@@ -1,0 +1,26 @@
+"""``drafterkit serve-check``'s flags, importable without torch: ``drafterkit serve-check --help`` and its usage
+errors answer before anything heavy loads (the verb itself runs in :mod:`speceval.serving`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from speceval.prompts import BENCHMARKS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("export", help="a folder written by `drafterkit export` (vllm-eagle3, vllm-dflash, medusa or "
+                                       "hf-assistant)")
+    parser.add_argument("--target", required=True, help="the target the drafter was trained for (name or folder)")
+    parser.add_argument("--drafter", default=None, metavar="CHECKPOINT",
+                        help="the drafterkit checkpoint to compare the export with (default: the drafter folder an "
+                             "EAGLE-3 or Medusa export records in its config.json, checked by the sha256 of its "
+                             "weights; an hf-assistant export runs in drafterkit as it is)")
+    parser.add_argument("--benchmark", default="mt-bench", help=f"{', '.join(BENCHMARKS)} or a .jsonl file")
+    parser.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by both engines")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
+    parser.add_argument("--k", type=int, default=5, help="draft tokens per step (Medusa: at most its heads)")
+    parser.add_argument("--venv", default=None, help="the vLLM venv (default: $DRAFTERKIT_VLLM_VENV, else "
+                                                     "$DRAFTERKIT_HOME/vllm-venv, made by scripts/vllm-venv.sh)")
+    parser.add_argument("--device", default="cpu", help="drafterkit's device (vLLM picks its own)")
+    parser.add_argument("--output", default=None, help="also write the report as JSON here")

@@ -1,0 +1,50 @@
+"""``drafterkit tune``'s flags and search defaults, importable without torch: ``drafterkit tune --help`` and its
+usage errors answer before anything heavy loads (the verb itself runs in :mod:`speceval.tune`)."""
+
+from __future__ import annotations
+
+import argparse
+
+#: the search ``drafterkit tune`` runs by default (``speceval.tune.tune``'s defaults too): chain lengths, static
+#: trees, EAGLE-2 dynamic trees and confidence thresholds tried
+DEFAULT_KS = (2, 3, 4, 5, 6)
+DEFAULT_TREES = ("3,2,1,1,1", "2,2,1,1")
+DEFAULT_DYNAMIC = ("dynamic:12:4:3", "dynamic:24:5:4", "dynamic:40:6:6")
+DEFAULT_THRESHOLDS = (0.0, 0.05, 0.15)
+
+
+def _csv(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="drafter folder, training checkpoint or run folder (PATH+ngram: prompt lookup "
+                                      "in front of it)")
+    p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
+    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 | auto")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--benchmark", default="sharegpt",
+                   help="tuning prompts: sharegpt (the held-out split, past the prompts eval and training's own "
+                        "evaluation use) or a .jsonl file; never mt-bench / humaneval, which judge the result")
+    p.add_argument("--num-prompts", type=int, default=8, help="tuning prompts measured")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per answer at most")
+    p.add_argument("--concurrency", type=int, default=4, help="the larger batch size tuned besides 1")
+    p.add_argument("--k", type=_csv(int), default=list(DEFAULT_KS), help="chain lengths tried")
+    p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
+                   help=f"a static tree tried (branching factors such as 3,2,1); repeatable "
+                        f"(default: {' and '.join(DEFAULT_TREES)})")
+    p.add_argument("--dynamic", type=_csv(str), default=list(DEFAULT_DYNAMIC),
+                   help="EAGLE-2 dynamic trees tried (dynamic:TOTAL:DEPTH:TOPK, comma-separated)")
+    p.add_argument("--draft-threshold", type=_csv(float), default=list(DEFAULT_THRESHOLDS), dest="thresholds",
+                   help="confidence thresholds tried")
+    p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
+    p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
+    p.add_argument("--seed", type=int, default=0, help="decoding seed (batch j uses seed + j; greedy tuning does not sample)")
+    p.add_argument("--no-write", action="store_true", help="measure and print only; leave decoding.json as it is")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (weights loading included)")

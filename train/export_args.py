@@ -1,0 +1,23 @@
+"""``drafterkit export``'s arguments, importable without torch: ``drafterkit export --help`` and its usage
+errors answer before anything heavy loads (the verb itself runs in :mod:`drafters.export`, whose package
+imports torch, so these live with the CLI)."""
+
+from __future__ import annotations
+
+import argparse
+
+#: the export formats, as ``drafters.export.FORMATS`` names them (its keys; ``tests/test_train_cli.py`` checks
+#: the two agree)
+FORMATS = ("hf-assistant", "medusa", "sglang-eagle3", "vllm-dflash", "vllm-eagle3")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a drafter folder, a training checkpoint (OUTPUT_DIR/checkpoints/last) "
+                                           "or a run OUTPUT_DIR (its best, else last, checkpoint)")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="target layout")
+    parser.add_argument("--output", default=None, help="folder to write (created); optional with --push-to-hub")
+    parser.add_argument("--target", default=None,
+                        help="target name or folder: needed for Medusa heads sharing its LM head; for "
+                             "hf-assistant, its tokenizer is saved too")
+    parser.add_argument("--dtype", default=None, help="cast floating tensors (float32 | bfloat16 | float16)")
+    parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="also upload to this Hub repo id")
