@@ -78,10 +78,15 @@ def checkpoints(out: Path) -> list[dict]:
     return [found[k] for k in sorted(found)]
 
 
+def eval_path(out: Path, args) -> Path:
+    """The eval record of one setting: ``OUT/eval-<benchmark>-<shape>@<threshold>-<dtype>.json``."""
+    shape = args.tree if args.tree != "chain" else f"chain{args.k}"
+    return out / f"eval-{args.benchmark}-{shape}@{args.draft_threshold:g}-{args.dtype}.json"
+
+
 def measure(points: list[dict], prompts: Path, out: Path, args) -> dict:
     """One ``drafterkit eval`` of every checkpoint + ngram + plain; returns its JSON record."""
-    shape = args.tree if args.tree != "chain" else f"chain{args.k}"
-    path = out / f"eval-{args.benchmark}-{shape}@{args.draft_threshold:g}-{args.dtype}.json"
+    path = eval_path(out, args)
     if not path.exists():
         cmd = [sys.executable, "-m", "train.cli", "eval", "--benchmark", str(prompts),
                "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
@@ -193,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ngram = attach(points, record)
     plain = next(r for r in record["summary"] if r["role"] == "plain")
     md = table(points, ngram, plain["tokens_per_s"]) + "\n\n" + crossing(points, ngram) + "\n"
+    path = eval_path(args.out, args)
     stem = path.stem.replace("eval-", "curve-", 1)
     (args.out / f"{stem}.md").write_text(md)
     (args.out / f"{stem}.json").write_text(json.dumps({"points": points, "ngram": ngram, "plain": plain,

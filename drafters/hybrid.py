@@ -268,8 +268,8 @@ class LookupHybrid:
             ValueError: the wrapped drafter cannot propose trees.
         """
         if not callable(getattr(self.drafter, "propose_tree", None)):
-            raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only; tree drafts need a drafter "
-                             "with propose_tree (every drafters/ kind has it)")
+            raise ValueError(f"{self.kind}: the wrapped drafter proposes chains only (as dflash does); decode it "
+                             "with chains (--tree chain)")
         conts = [continuations(row, tree.max_depth, self.max_ngram, self.min_match) if active else []
                  for row, active in zip(state.tokens, state.active)]
         stable, n_active, copied = self._count(state, conts)
@@ -336,3 +336,12 @@ class LookupHybrid:
                 if ds:
                     rows[b] = merge_scored([rows[b]], trie_paths(ds, self.datastore_share), spec.total)
         return pack_rows(rows)
+
+
+def drafts_trees(proposer, method: str = "propose_tree") -> bool:
+    """Whether ``proposer`` drafts trees through ``method`` (``propose_tree`` or ``propose_dynamic_tree``): it has
+    the method and, for a :class:`LookupHybrid`, so does the drafter it wraps (a chain-only drafter such as
+    DFlash behind prompt lookup still drafts chains only)."""
+    inner = proposer.drafter if isinstance(proposer, LookupHybrid) else proposer
+    return callable(getattr(proposer, method, None)) and callable(getattr(inner, method, None))
+

@@ -33,7 +33,7 @@ from drafters import (
 )
 from drafters.draft_lm import DraftLM
 from drafters.export import ExportError, recorded_source
-from drafters.hybrid import LookupHybrid
+from drafters.hybrid import LookupHybrid, drafts_trees
 from drafters.ngram import NGramDrafter
 from drafters.tuned import read_tuned
 
@@ -343,7 +343,7 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
             first = build_drafter(name, target, datastore)
             if first is None:
                 break
-            can_tree = callable(getattr(first.drafter, "propose_tree", None))
+            can_tree = drafts_trees(first.drafter)
             variants = shapes if can_tree else ["chain"]
             for j, tree in enumerate(variants):
                 s, suffix = (first if j == 0 else build_drafter(name, target, datastore)), ""

@@ -38,6 +38,7 @@ from assets.target import load_target
 from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
 from drafters.base import weights_sha256
+from drafters.hybrid import drafts_trees
 from drafters.tuned import beats_plain
 from speceval import report
 from speceval.harness import machine_info
@@ -47,6 +48,7 @@ from speceval.prompts import Prompt, select_prompts
 from speceval.recorded import TUNE_PLOT, drafterkit_version, write_tuned
 from speceval.tune_args import (
     DEFAULT_DYNAMIC,
+    DEFAULT_INCUMBENT,
     DEFAULT_KS,
     DEFAULT_THRESHOLDS,
     DEFAULT_TREES,
@@ -81,9 +83,9 @@ def candidates(drafter, ks, trees, dynamic, thresholds) -> list[Candidate]:
     trees only where it can propose them). Raises ``ValueError`` on a malformed tree spec."""
     thr = list(thresholds) if getattr(drafter, "supports_draft_threshold", False) else [0.0]
     shapes = [("chain", int(k)) for k in ks]
-    if callable(getattr(drafter, "propose_tree", None)):
+    if drafts_trees(drafter):
         shapes += [(t, parse_tree(t).max_depth) for t in trees]
-    if callable(getattr(drafter, "propose_dynamic_tree", None)):
+    if drafts_trees(drafter, "propose_dynamic_tree"):
         shapes += [(str(parse_tree(t)), parse_tree(t).max_depth) for t in dynamic]
     out = [Candidate(t, k, float(x)) for t, k in shapes for x in thr]
     if not out:
@@ -104,11 +106,13 @@ def _call(target, drafter, cand: Candidate | None, rows, seed: int, max_new: int
 
 
 def _rung(target, drafter, cands, batches, max_new, eos, seed, bar) -> list[dict]:
-    """Plain decoding and every candidate on every batch, interleaved; one row per candidate."""
+    """Plain decoding and every candidate on every batch, interleaved; one row per candidate, with its
+    tokens/s on each batch (``batch_tokens_per_s``, for the paired comparison with the incumbent)."""
     methods: list[Candidate | None] = [None] + list(cands)
     tok = {i: 0 for i in range(len(methods))}
     sec = {i: 0.0 for i in range(len(methods))}
     taus: dict[int, list[float]] = {i: [] for i in range(len(methods))}
+    per_batch: dict[int, list[float]] = {i: [] for i in range(len(methods))}
     for j, rows in enumerate(batches):
         order = list(range(len(methods)))
         order = order[j % len(order):] + order[: j % len(order)]
@@ -117,19 +121,46 @@ def _rung(target, drafter, cands, batches, max_new, eos, seed, bar) -> list[dict
             tok[i] += n
             sec[i] += s
             taus[i].append(tau)
+            per_batch[i].append(n / s)
             bar.update(1)
     plain = tok[0] / sec[0]
     return [dict(label=c.label, **c.setting(), tokens_per_s=tok[i] / sec[i], plain_tokens_per_s=plain,
-                 speedup=tok[i] / sec[i] / plain, tau=sum(taus[i]) / len(taus[i]))
+                 speedup=tok[i] / sec[i] / plain, tau=sum(taus[i]) / len(taus[i]), batch_tokens_per_s=per_batch[i])
             for i, c in enumerate(methods) if c is not None]
 
 
+def over_incumbent(challenger: dict, incumbent: dict) -> dict:
+    """The paired comparison of two rows of one rung (the same batches, interleaved): per batch the log of
+    the challenger's tokens/s over the incumbent's; ``{"ratio"`` (exp of their mean), ``"low"`` (exp of mean
+    - 2 standard errors: about a 95% lower bound), ``"batches"``, ``"beats"`` (``low > 1``)``}``. With one
+    batch there is no spread to judge, so it never beats."""
+    logs = [math.log(a / b) for a, b in zip(challenger["batch_tokens_per_s"], incumbent["batch_tokens_per_s"])]
+    n = len(logs)
+    mean = sum(logs) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1) / n) if n > 1 else math.inf
+    low = math.exp(mean - 2 * se) if n > 1 else 0.0
+    return dict(ratio=math.exp(mean), low=low, batches=n, beats=low > 1.0)
+
+
 def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], concurrency: int, *, eta: int,
-            first: int, max_new: int, eos, seed: int, progress: bool = True) -> tuple[dict, list[dict]]:
+            first: int, max_new: int, eos, seed: int, progress: bool = True,
+            incumbent: Candidate | None = None) -> tuple[dict, list[dict]]:
     """Successive halving at one concurrency: rung r measures the surviving candidates on ``first * 2**r``
     batches of ``concurrency`` prompts (cycled), keeps the best ``ceil(n / eta)`` by speedup, and stops
-    when one is left or a rung used every prompt. Returns ``(the winner's last row, every row)``."""
+    when one is left or a rung used every prompt.
+
+    ``incumbent`` (the shape used without tuning, e.g. the quickstart's fixed tree) runs in every rung and
+    is never eliminated; the last rung's best challenger replaces it only when it is faster on the same
+    batches beyond the noise (:func:`over_incumbent`: the ~95% lower bound of the paired tokens/s ratio is
+    above 1). Differences smaller than the measurement can resolve keep the incumbent, so a short search
+    does not trade a known shape for a lucky one. Returns ``(the winner's last row, every row)``; the
+    winner's row then carries ``"over_incumbent"`` and ``"chosen"`` (``"incumbent"`` or ``"challenger"``)."""
     from tqdm import tqdm
+
+    if incumbent is not None:
+        cands = [c for c in cands if c != incumbent]
+        if not cands:
+            cands, incumbent = [incumbent], None
 
     n_batches = max(1, len(prompts) // concurrency)
     plan, alive, size = [], len(cands), first
@@ -142,28 +173,36 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     alive_counts = [len(cands)]
     for _ in plan[1:]:
         alive_counts.append(max(1, math.ceil(alive_counts[-1] / eta)))
-    total = sum(b * (a + 1) for b, a in zip(plan, alive_counts))
+    fixed = [] if incumbent is None else [incumbent]
+    total = sum(b * (a + 1 + len(fixed)) for b, a in zip(plan, alive_counts))
     rows, alive_cands = [], list(cands)
     with tqdm(total=total, desc=f"tune concurrency {concurrency}", disable=not progress, leave=False) as bar:
         for r, b in enumerate(plan):
             batches = [[prompts[(j * concurrency + t) % len(prompts)].input_ids for t in range(concurrency)]
                        for j in range(b)]
-            got = _rung(target, drafter, alive_cands, batches, max_new, eos, seed, bar)
+            got = _rung(target, drafter, fixed + alive_cands, batches, max_new, eos, seed, bar)
             for row in got:
-                row.update(concurrency=concurrency, rung=r, batches=b)
+                row.update(concurrency=concurrency, rung=r, batches=b, incumbent=bool(fixed) and row is got[0])
             rows += got
+            inc_row, got = (got[0], got[1:]) if fixed else (None, got)
             got.sort(key=lambda x: -x["speedup"])
             keep = 1 if r == len(plan) - 1 else max(1, math.ceil(len(got) / eta))
             by_label = {c.label: c for c in alive_cands}
             alive_cands = [by_label[x["label"]] for x in got[:keep]]
-    return got[0], rows
+    if inc_row is None:
+        return got[0], rows
+    duel = over_incumbent(got[0], inc_row)
+    best = dict(got[0]) if duel["beats"] else dict(inc_row)
+    best.update(over_incumbent=dict(duel, challenger=got[0]["label"], incumbent=inc_row["label"]),
+                chosen="challenger" if duel["beats"] else "incumbent")
+    return best, rows
 
 
 def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp32", device: str = "cpu",
          benchmark: str = "sharegpt", num_prompts: int = 8, max_new_tokens: int = 48, concurrency: int = 4,
          ks=DEFAULT_KS, trees=DEFAULT_TREES, dynamic=DEFAULT_DYNAMIC, thresholds=DEFAULT_THRESHOLDS,
          eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,
-         write: bool = True) -> dict:
+         write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT) -> dict:
     """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes; ``PATH+ngram``
     / ``PATH+rest`` are measured but not written, their setting is not the drafter's own) and return the
     ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``).
@@ -173,6 +212,10 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
             prompts) or a ``.jsonl`` prompt file; never MT-bench or HumanEval, which measure it.
         concurrency: the larger batch size tuned besides 1 (1: batch size 1 only).
         eta, first: successive halving's reduction factor and first rung's batches.
+        incumbent: ``"TREE@THRESHOLD"`` (``chain:K@THRESHOLD`` for a chain), the shape kept unless a
+            challenger is measurably faster (:func:`halving`); ``None``: the fastest candidate wins outright.
+            Ignored, with the reason in the record, where the drafter cannot decode it (a chain-only drafter
+            and a tree incumbent).
 
     Raises:
         ValueError: an evaluation benchmark as ``benchmark``, a bad setting, or no drafter at ``checkpoint``.
@@ -190,20 +233,23 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if spec is None:
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
+    incumbent, incumbent_note = parse_incumbent(incumbent, spec.drafter)
     prompts = _prompts(benchmark, tok, num_prompts)
     eos = _eos(target, tok)
     t0 = time.perf_counter()
     winners, table = {}, []
     for c in sorted({1, concurrency}):
         best, rows = halving(target, spec.drafter, prompts, cands, c, eta=eta, first=first, max_new=max_new_tokens,
-                             eos=eos, seed=seed, progress=progress)
-        winners[str(c)] = {k: best[k] for k in ("tree", "k", "draft_threshold", "speedup", "tokens_per_s", "tau")}
+                             eos=eos, seed=seed, progress=progress, incumbent=incumbent)
+        winners[str(c)] = {k: best[k] for k in ("tree", "k", "draft_threshold", "speedup", "tokens_per_s", "tau",
+                                                "over_incumbent", "chosen") if k in best}
         table += rows
     record = dict(written_by="drafterkit tune", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   drafterkit=drafterkit_version(), drafter=spec.label, target=target_name, dtype=dtype,
                   machine=machine_info(target), prompts=dict(benchmark=benchmark, count=len(prompts),
                                                              max_new_tokens=max_new_tokens, ids=[p.id for p in prompts]),
                   search=dict(method="successive halving", eta=eta, first_batches=first, candidates=len(cands),
+                              incumbent=incumbent.label if incumbent else None, incumbent_note=incumbent_note,
                               seconds=round(time.perf_counter() - t0, 1)),
                   winners=winners, table=table)
     if write and folder is not None and checkpoint.endswith(("+ngram", "+rest")):
@@ -214,6 +260,38 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT))
         record["file"] = str(write_tuned(folder, record))
     return record
+
+
+def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
+    """``"3,2,1,1,1@0.1"`` / ``"chain:5@0.1"`` / ``"dynamic:24:5:4@0.05"`` (``@THRESHOLD`` optional: 0) ->
+    ``(Candidate, note)``; ``(None, why)`` for ``None`` / ``"none"`` or a shape the drafter cannot decode (a
+    tree for a chain-only drafter), its threshold 0 where the drafter has no confidence threshold.
+
+    Raises:
+        ValueError: a malformed spec, naming the forms it takes.
+    """
+    if spec is None or spec == "none":
+        return None, "no incumbent: the fastest candidate wins"
+    shape, _, thr = spec.partition("@")
+    try:
+        threshold = float(thr) if thr else 0.0
+        if shape.startswith("chain:"):
+            cand = Candidate("chain", int(shape.split(":", 1)[1]), threshold)
+        else:
+            tree = parse_tree(shape)
+            cand = Candidate(str(tree) if shape.startswith("dynamic") else shape, tree.max_depth, threshold)
+    except ValueError:
+        raise ValueError(f"--incumbent {spec!r}: expected TREE@THRESHOLD (3,2,1,1,1@0.1), chain:K@THRESHOLD "
+                         "(chain:5@0.1), dynamic:TOTAL:DEPTH:TOPK@THRESHOLD or none") from None
+    if cand.k < 1 or not 0.0 <= threshold < 1.0:
+        raise ValueError(f"--incumbent {spec!r}: K >= 1 and a threshold in [0, 1)")
+    needs = None if cand.tree == "chain" else ("propose_dynamic_tree" if cand.tree.startswith("dynamic")
+                                               else "propose_tree")
+    if needs and not drafts_trees(drafter, needs):
+        return None, f"incumbent {cand.label} not used: this drafter drafts chains only"
+    if not getattr(drafter, "supports_draft_threshold", False):
+        cand = Candidate(cand.tree, cand.k, 0.0)
+    return cand, f"incumbent {cand.label}: replaced only by a challenger faster beyond the noise"
 
 
 def _folder(checkpoint: str) -> Path | None:
@@ -294,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                    concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic,
                    thresholds=args.thresholds, eta=args.eta, first=args.first, seed=args.seed,
-                   progress=not args.no_progress, write=not args.no_write)
+                   progress=not args.no_progress, write=not args.no_write, incumbent=args.incumbent)
     except (ValueError, DrafterLoadError, FileNotFoundError) as exc:
         print(f"drafterkit tune: error: {exc}", file=sys.stderr)
         return 2
@@ -309,6 +387,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"concurrency {c}: {Candidate(w['tree'], w['k'], w['draft_threshold']).label}: "
               f"{w['speedup']:.2f}x plain decoding, tau {w['tau']:.2f}"
               + ("" if beats_plain(w) else ": no setting beat plain decoding, so eval and tree='auto' will not use it"))
+        duel = w.get("over_incumbent")
+        if duel:
+            print(f"  {duel['challenger']} vs the incumbent {duel['incumbent']} on the same {duel['batches']} "
+                  f"batches: {duel['ratio']:.3f}x (95% lower bound {duel['low']:.3f}x): the "
+                  + ("challenger wins" if w["chosen"] == "challenger" else "incumbent stays (not faster beyond the noise)"))
     if "file" in rec:
         print(f"written to {rec['file']} (tuned); plot {rec['plot']}")
     elif "not_written" in rec:

@@ -11,6 +11,8 @@ DEFAULT_KS = (2, 3, 4, 5, 6)
 DEFAULT_TREES = ("3,2,1,1,1", "2,2,1,1")
 DEFAULT_DYNAMIC = ("dynamic:12:4:3", "dynamic:24:5:4", "dynamic:40:6:6")
 DEFAULT_THRESHOLDS = (0.0, 0.05, 0.15)
+#: the shape tune keeps unless a challenger is faster beyond the noise: the quickstart's fixed tree
+DEFAULT_INCUMBENT = "3,2,1,1,1@0.1"
 
 
 def _csv(kind):
@@ -43,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="EAGLE-2 dynamic trees tried (dynamic:TOTAL:DEPTH:TOPK, comma-separated)")
     p.add_argument("--draft-threshold", type=_csv(float), default=list(DEFAULT_THRESHOLDS), dest="thresholds",
                    help="confidence thresholds tried")
+    p.add_argument("--incumbent", default=DEFAULT_INCUMBENT,
+                   help="the shape kept unless a candidate is faster on the same prompts beyond the noise (its paired "
+                        "tokens/s ratio's ~95%% lower bound above 1): TREE@THRESHOLD, chain:K@THRESHOLD, or none (the "
+                        "fastest candidate wins outright)")
     p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
     p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
     p.add_argument("--seed", type=int, default=0, help="decoding seed (batch j uses seed + j; greedy tuning does not sample)")

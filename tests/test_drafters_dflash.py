@@ -154,3 +154,17 @@ def test_training_raises_measured_acceptance_on_what_it_trained_on():
     assert after > 0.2 and after > before + 0.15, (before, after)
     assert all(torch.equal(before_t[k], v) for k, v in target.state_dict().items())
     assert not any(k.startswith("embed_tokens.") for k in d.own_state_dict())
+
+
+def test_dflash_behind_prompt_lookup_drafts_chains_and_eval_measures_it_so():
+    """A hybrid has propose_tree, but with a chain-only drafter inside it drafts chains: eval's tree rows and
+    tune's tree candidates skip it instead of failing at the first tree."""
+    from drafters.hybrid import LookupHybrid, drafts_trees
+    from speceval.tune import candidates
+
+    target = tiny_llama(0)
+    d = build("dflash", target)
+    hybrid = LookupHybrid(d)
+    assert not drafts_trees(d) and not drafts_trees(hybrid) and not drafts_trees(hybrid, "propose_dynamic_tree")
+    got = candidates(hybrid, [3], ["2,1"], ["dynamic:4:2:2"], [0.0])
+    assert [c.label for c in got] == ["chain K=3"]

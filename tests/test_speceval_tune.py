@@ -201,3 +201,39 @@ def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tm
         assert tuned == [f"medusa:m{label}"] and rows[tuned[0]]["k"] == k
         # the other shapes, crossed with the thresholds, for the checkpoint and for ngram
         assert {m for m in rows if m not in tuned} == {"medusa:m tree=3", "medusa:m@0.1 tree=3", "ngram tree=3"}
+
+
+def test_the_incumbent_stays_unless_a_challenger_is_faster_beyond_the_noise():
+    from speceval.tune import over_incumbent, parse_incumbent
+
+    inc = dict(batch_tokens_per_s=[10.0, 12.0, 8.0, 11.0])
+    steady = over_incumbent(dict(batch_tokens_per_s=[11.0, 13.2, 8.8, 12.1]), inc)  # +10% on every batch
+    assert steady["beats"] and steady["ratio"] == pytest.approx(1.1) and steady["low"] == pytest.approx(1.1)
+    lucky = over_incumbent(dict(batch_tokens_per_s=[14.0, 11.0, 8.5, 10.5]), inc)  # faster overall, not per batch
+    assert lucky["ratio"] > 1.0 and lucky["low"] < 1.0 and not lucky["beats"]
+    assert not over_incumbent(dict(batch_tokens_per_s=[20.0]), dict(batch_tokens_per_s=[10.0]))["beats"]  # no spread
+
+    target = tiny_llama(0)
+    medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
+    assert parse_incumbent("3,2,1@0.1", medusa)[0] == Candidate("3,2,1", 3, 0.1)
+    assert parse_incumbent("chain:2", medusa)[0] == Candidate("chain", 2, 0.0)
+    assert parse_incumbent("none", medusa)[0] is None
+    with pytest.raises(ValueError, match="TREE@THRESHOLD"):
+        parse_incumbent("3,,2@x", medusa)
+
+
+def test_tune_records_the_duel_with_the_incumbent(world):
+    from speceval.tune import tune
+
+    root, ckpt, prompts = world
+    rec = tune(str(ckpt), target_name=str(root / "target"), benchmark=str(prompts), num_prompts=4,
+               max_new_tokens=4, concurrency=1, ks=[2, 3], trees=["2,1"], dynamic=[], thresholds=[0.0],
+               eta=2, first=2, progress=False, write=False, incumbent="2,1")
+    w = rec["winners"]["1"]
+    duel = w["over_incumbent"]
+    assert rec["search"]["incumbent"] == "tree=2,1" and duel["incumbent"] == "tree=2,1"
+    assert duel["batches"] == 4 and w["chosen"] in ("incumbent", "challenger")
+    assert (w["tree"] == "2,1") == (w["chosen"] == "incumbent") == (not duel["beats"])
+    inc_rows = [r for r in rec["table"] if r["incumbent"]]
+    assert [r["rung"] for r in inc_rows] == [0, 1] and all(r["label"] == "tree=2,1" for r in inc_rows)
+    assert all(len(r["batch_tokens_per_s"]) == r["batches"] for r in rec["table"])

@@ -21,7 +21,8 @@ prints a one-line header (what it does, its share of the time) and the seconds i
    training) or ``--overwrite`` (delete it) says what to do with them.
 4. ``tune``: ``drafterkit tune`` on the trained drafter with a small search (:data:`QUICK_TUNE`: chains,
    the fixed tree, EAGLE-2 dynamic trees, thresholds; held-out ShareGPT prompts, never the eval's),
-   recorded in the drafter's ``decoding.json``. The eval stage measures the winner when it beat plain
+   recorded in the drafter's ``decoding.json``; the fixed tree is tune's incumbent, replaced only by a
+   candidate faster beyond the noise (``speceval.tune.halving``). The eval stage measures the winner when it beat plain
    decoding and neither ``--tree`` nor ``--draft-threshold`` was given, else the fixed tree;
    ``--no-tune`` skips the stage.
 5. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
