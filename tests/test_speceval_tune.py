@@ -47,7 +47,8 @@ def test_tune_writes_decoding_json_that_eval_then_uses(world, tmp_path, capsys):
     root, ckpt, prompts = world  # tune: 6 candidates, 2 rungs at batch size 1, one rung at concurrency 2
     assert main(["tune", str(ckpt), "--target", str(root / "target"), "--benchmark", str(prompts),
                  "--num-prompts", "2", "--max-new-tokens", "6", "--concurrency", "2", "--k", "2", "--tree", "2,1",
-                 "--dynamic", "dynamic:4:2:2", "--draft-threshold", "0,0.1", "--first", "1", "--no-progress"]) == 0
+                 "--dynamic", "dynamic:4:2:2", "--draft-threshold", "0,0.1", "--first", "1", "--incumbent", "none",
+                 "--no-progress"]) == 0
     data = json.loads((ckpt / DECODING_FILE).read_text())
     tuned = data["tuned"]
     assert set(tuned["winners"]) == {"1", "2"} and tuned["dtype"] == "fp32" and tuned["drafterkit"]
