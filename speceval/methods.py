@@ -35,7 +35,6 @@ from drafters.draft_lm import DraftLM
 from drafters.export import ExportError, recorded_source
 from drafters.hybrid import LookupHybrid, drafts_trees
 from drafters.ngram import NGramDrafter
-from drafters.tuned import read_tuned
 
 
 @dataclass
@@ -382,7 +381,7 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
 
 def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | None:
     """The ``--tree auto`` row of drafter spec ``name``: its checkpoint's ``drafterkit tune`` winner at
-    batch size 1 (``drafters.tuned.read_tuned``: chain or tree, K, confidence threshold), the setting
+    batch size 1 (``tuned_decoding``, which ``drafters.load_drafter`` attaches: chain or tree, K, confidence threshold), the setting
     ``decode.generate(tree="auto")`` uses; a ``+ngram`` / ``+rest`` spec takes its drafter's. Returns
     ``(spec, suffix)`` as :func:`build_drafters` collects them, the suffix ``"@<thr> (tuned) tree=<spec>"``
     (no ``tree=`` for a chain, whose K the row carries); ``None`` for a spec that is no checkpoint
@@ -397,7 +396,10 @@ def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | No
     if s is None or not s.folder:
         return None
     p = next(target.parameters())
-    winner, why = read_tuned(s.folder, str(p.device))
+    inner = s.drafter.drafter if isinstance(s.drafter, LookupHybrid) else s.drafter
+    # drafters.load_drafter attached the folder's tuned setting for the target's device (no second read)
+    winner = getattr(inner, "tuned_decoding", None)
+    why = getattr(inner, "tuned_note", None) or f"no tuned setting for {s.folder}"
     if winner is None:
         raise ValueError(f"--tree auto: --drafter {name}: {why}")
     if resolve_dtype(winner.get("dtype", "fp32")) != p.dtype:
