@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from assets.target import safetensors_problem, weights_problem
 from drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
 from drafters.draft_lm import DraftLM, check_vocab_match
-from drafters.tuned import read_tuned
+from drafters.tuned import has_tuned, read_tuned
 
 # kind -> "module:Class". Imported lazily so one kind's missing optional piece never breaks another.
 _KIND_PATHS = {
@@ -203,14 +203,29 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
 
 
 def _with_tuned(drafter, folder: Path, target):
-    """Attach ``tuned_decoding`` / ``tuned_note`` (:func:`drafters.tuned.read_tuned`) to ``drafter``."""
+    return attach_tuned(drafter, folder, target)
+
+
+def attach_tuned(proposer, folder: str | Path, target=None, behind: str = ""):
+    """Attach ``tuned_decoding`` / ``tuned_note`` (:func:`drafters.tuned.read_tuned` for this machine) to
+    ``proposer`` and return it: the drafter of ``folder`` alone (``behind=""``), or that drafter behind prompt
+    lookup (``"+ngram"``) or lookup + retrieval (``"+rest"``, a ``drafters.hybrid.LookupHybrid`` wrapping it).
+    A composite that ``drafterkit tune`` never measured takes its inner drafter's setting (and says so); one
+    it measured takes its own entry, usable or not (a composite whose best was slower than plain decoding
+    is not decoded in the drafter's shape instead)."""
     device = next(target.parameters()).device if target is not None else "auto"
-    drafter.tuned_decoding, drafter.tuned_note = read_tuned(folder, device)
-    return drafter
+    inner = getattr(proposer, "drafter", None)
+    if behind and not has_tuned(folder, behind) and inner is not None and hasattr(inner, "tuned_decoding"):
+        proposer.tuned_decoding = inner.tuned_decoding
+        proposer.tuned_note = f"the drafter's own tuned setting (PATH{behind} was not tuned: {inner.tuned_note})"
+        return proposer
+    proposer.tuned_decoding, proposer.tuned_note = read_tuned(folder, device, behind)
+    return proposer
 
 
 __all__ = [
     "KINDS",
+    "attach_tuned",
     "TRANSFORMERS_KIND",
     "Drafter",
     "DrafterLoadError",

@@ -10,6 +10,11 @@ folder holds the weights it was measured with (the record's ``weights_sha256``).
 :func:`drafters.load_drafter` attaches the result to the drafter it loads as ``tuned_decoding`` (the
 batch-size-1 winner, or ``None``) and ``tuned_note`` (why, or why not), which is how
 ``decode.generate(..., tree="auto")`` finds it without the decoder reading files.
+
+The same drafter behind prompt lookup (``PATH+ngram``) or lookup + retrieval (``PATH+rest``,
+``drafters.hybrid.LookupHybrid``) is another proposer with its own best shape (lookup proposes long
+single continuations, so a chain can beat the tree the head alone prefers): ``drafterkit tune PATH+rest``
+records it under its own key, ``tuned+rest`` (:func:`tuned_key`), beside the drafter's ``tuned``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,19 @@ from drafters.base import weights_sha256
 
 DECODING_FILE = "decoding.json"
 TUNED = "tuned"
+#: spec suffixes that put a drafter behind prompt lookup (``+ngram``) or lookup + retrieval (``+rest``)
+LOOKUP_SUFFIXES = ("+ngram", "+rest")
+
+
+def tuned_key(behind: str = "") -> str:
+    """The ``decoding.json`` key of a tuned entry: ``"tuned"`` for the drafter alone, ``"tuned+rest"`` /
+    ``"tuned+ngram"`` for it behind lookup (``behind``: ``""`` or one of :data:`LOOKUP_SUFFIXES`).
+
+    Raises:
+        ValueError: another ``behind``."""
+    if behind and behind not in LOOKUP_SUFFIXES:
+        raise ValueError(f"no tuned entry for {behind!r}: use '' or one of {', '.join(LOOKUP_SUFFIXES)}")
+    return TUNED + behind
 
 
 def beats_plain(winner: dict) -> bool:
@@ -31,15 +49,16 @@ def beats_plain(winner: dict) -> bool:
 
 
 def tuned_winner(data: dict, current: dict, concurrency: int = 1,
-                 folder: str | Path | None = None) -> tuple[dict | None, str]:
-    """``(winner, why)``: ``data["tuned"]``'s winner at ``concurrency`` (``{"tree", "k", "draft_threshold",
+                 folder: str | Path | None = None, key: str = TUNED) -> tuple[dict | None, str]:
+    """``(winner, why)``: ``data[key]``'s (default ``data["tuned"]``) winner at ``concurrency`` (``{"tree", "k", "draft_threshold",
     "dtype", ...}``) when its machine matches ``current`` (``assets.device.host_info``) and, given the
     drafter ``folder``, its ``model.safetensors`` still holds the weights tune measured (``weights_sha256``
     of the record), else ``None``; ``why`` says which and why."""
-    tuned = data.get(TUNED) if isinstance(data, dict) else None
+    tuned = data.get(key) if isinstance(data, dict) else None
     winners = tuned.get("winners") if isinstance(tuned, dict) else None
     if not isinstance(winners, dict) or str(concurrency) not in winners:
-        return None, "no tuned setting (run drafterkit tune on the drafter folder)"
+        spec = "the drafter folder" if key == TUNED else f"PATH{key.removeprefix(TUNED)}"
+        return None, f"no tuned setting (run drafterkit tune on {spec})"
     if folder is not None and tuned.get("weights_sha256"):
         try:
             same = weights_sha256(folder) == tuned["weights_sha256"]
@@ -64,14 +83,27 @@ def tuned_winner(data: dict, current: dict, concurrency: int = 1,
     return w, f"tuned by drafterkit tune on this machine ({tuned.get('created')}{speed})"
 
 
-def read_tuned(folder: str | Path, device="auto") -> tuple[dict | None, str]:
-    """:func:`tuned_winner` at batch size 1 of ``folder/decoding.json`` for this machine; a missing or
-    unreadable file gives ``(None, why)``, never an error."""
+def read_tuned(folder: str | Path, device="auto", behind: str = "") -> tuple[dict | None, str]:
+    """:func:`tuned_winner` at batch size 1 of ``folder/decoding.json`` for this machine, for the drafter alone
+    or (``behind``: ``"+rest"`` / ``"+ngram"``) behind lookup; a missing or unreadable file gives ``(None,
+    why)``, never an error."""
+    data, why = _decoding(folder)
+    if data is None:
+        return None, why
+    return tuned_winner(data, host_info(device), folder=folder, key=tuned_key(behind))
+
+
+def has_tuned(folder: str | Path, behind: str = "") -> bool:
+    """Whether ``folder/decoding.json`` holds a tuned entry for ``behind`` at all (usable here or not)."""
+    data, _ = _decoding(folder)
+    return isinstance(data, dict) and isinstance(data.get(tuned_key(behind)), dict)
+
+
+def _decoding(folder: str | Path) -> tuple[dict | None, str]:
     path = Path(folder) / DECODING_FILE
     if not path.is_file():
         return None, f"no {DECODING_FILE} in {folder} (run drafterkit tune on it)"
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text()), ""
     except (OSError, ValueError) as exc:
         return None, f"{path} is not readable JSON ({exc})"
-    return tuned_winner(data, host_info(device), folder=folder)

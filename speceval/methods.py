@@ -28,6 +28,7 @@ from decode.inputs import AUTO
 from drafters import (
     TRANSFORMERS_KIND,
     DrafterLoadError,
+    attach_tuned,
     load_drafter,
     resolve_checkpoint,
 )
@@ -142,6 +143,8 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
             raise ValueError(f"--drafter {spec}: '+rest' needs a datastore (drafterkit eval --datastore SOURCE)")
         base = build_drafter(spec[: -len(suffix)], target, datastore)
         hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
+        if base.folder:  # its own `drafterkit tune PATH+rest` setting, else the drafter's (tree="auto", --tree auto)
+            attach_tuned(hybrid, base.folder, target, behind=suffix)
         return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None)
     if spec == "ngram":
         d = NGramDrafter()
@@ -382,7 +385,8 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
 def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | None:
     """The ``--tree auto`` row of drafter spec ``name``: its checkpoint's ``drafterkit tune`` winner at
     batch size 1 (``tuned_decoding``, which ``drafters.load_drafter`` attaches: chain or tree, K, confidence threshold), the setting
-    ``decode.generate(tree="auto")`` uses; a ``+ngram`` / ``+rest`` spec takes its drafter's. Returns
+    ``decode.generate(tree="auto")`` uses; a ``+ngram`` / ``+rest`` spec takes the setting ``drafterkit tune
+    PATH+rest`` recorded for it, or its drafter's when none was (``drafters.attach_tuned``). Returns
     ``(spec, suffix)`` as :func:`build_drafters` collects them, the suffix ``"@<thr> (tuned) tree=<spec>"``
     (no ``tree=`` for a chain, whose K the row carries); ``None`` for a spec that is no checkpoint
     (``none``, ``ngram``, ``draft:N``: nothing was tuned).
@@ -396,10 +400,10 @@ def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | No
     if s is None or not s.folder:
         return None
     p = next(target.parameters())
-    inner = s.drafter.drafter if isinstance(s.drafter, LookupHybrid) else s.drafter
-    # drafters.load_drafter attached the folder's tuned setting for the target's device (no second read)
-    winner = getattr(inner, "tuned_decoding", None)
-    why = getattr(inner, "tuned_note", None) or f"no tuned setting for {s.folder}"
+    # drafters.load_drafter (the drafter) and build_drafter (PATH+rest, PATH+ngram) attached the setting tuned
+    # for the target's device
+    winner = getattr(s.drafter, "tuned_decoding", None)
+    why = getattr(s.drafter, "tuned_note", None) or f"no tuned setting for {s.folder}"
     if winner is None:
         raise ValueError(f"--tree auto: --drafter {name}: {why}")
     if resolve_dtype(winner.get("dtype", "fp32")) != p.dtype:

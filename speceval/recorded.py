@@ -28,6 +28,10 @@ When its machine matches the one ``drafterkit eval`` runs on (``assets.device.ma
 core count, threads, device) and the folder still holds the weights of its ``weights_sha256``, its
 batch-size-1 winner is the recorded setting (``tree``, ``k``,
 ``draft_threshold``, ``dtype``); otherwise the top-level fields are, and the message says why.
+
+``drafterkit tune PATH+rest`` (``PATH+ngram``) writes the same record for the drafter behind lookup
+(+ retrieval) under ``tuned+rest`` (``tuned+ngram``); ``drafterkit eval --tree auto`` and
+``decode.generate(tree="auto")`` use it for those specs (``drafters.attach_tuned``).
 """
 
 from __future__ import annotations
@@ -38,14 +42,15 @@ from pathlib import Path
 
 from assets.device import host_info
 from drafters import DrafterLoadError, resolve_checkpoint
-from drafters.tuned import DECODING_FILE, TUNED, tuned_winner
+from drafters.tuned import DECODING_FILE, LOOKUP_SUFFIXES, TUNED, tuned_key, tuned_winner
 from speceval.eval_args import RECORDED
 
 
 def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **extra) -> Path:
     """Write ``folder/decoding.json``: the :data:`RECORDED` fields of ``settings`` (an ``EvalConfig``
     as a dict), ``written_by``, the time, and ``extra`` (``machine``, ``report``, ``commands``...). A
-    ``tuned`` entry already there (``drafterkit tune``'s, which checks its own weights) is kept.
+    ``tuned`` / ``tuned+rest`` / ``tuned+ngram`` entry already there (``drafterkit tune``'s, which checks its
+    own weights) is kept.
     Returns its path."""
     data = dict(written_by=written_by, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 **{k: settings[k] for k in RECORDED}, **extra)
@@ -54,8 +59,9 @@ def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **ext
         old = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
         old = {}
-    if isinstance(old, dict) and isinstance(old.get(TUNED), dict):
-        data[TUNED] = old[TUNED]
+    for key in (TUNED, *(tuned_key(b) for b in LOOKUP_SUFFIXES)):
+        if isinstance(old, dict) and isinstance(old.get(key), dict):
+            data[key] = old[key]
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
 
@@ -84,16 +90,17 @@ def tuned_settings(data: dict, current: dict, folder: str | Path | None = None) 
     return dict(dtype=w["dtype"], trees=[w["tree"]], k=int(w["k"]), draft_thresholds=[float(w["draft_threshold"])]), why
 
 
-def write_tuned(folder: str | Path, tuned: dict) -> Path:
-    """Set the ``tuned`` entry of ``folder/decoding.json`` (created if missing; its other fields kept).
-    Returns its path.
+def write_tuned(folder: str | Path, tuned: dict, behind: str = "") -> Path:
+    """Set the ``tuned`` entry of ``folder/decoding.json`` (``tuned+rest`` / ``tuned+ngram`` for the drafter
+    behind lookup, ``behind``; ``drafters.tuned.tuned_key``) (the file created if missing; its other fields
+    kept). Returns its path.
 
     Raises:
         ValueError: an existing ``decoding.json`` that is not a valid one (:func:`read_decoding`).
     """
     path = Path(folder) / DECODING_FILE
     data = read_decoding(path) if path.is_file() else {}
-    data[TUNED] = tuned
+    data[tuned_key(behind)] = tuned
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
 

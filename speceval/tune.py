@@ -39,10 +39,12 @@ from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
 from drafters.base import weights_sha256
 from drafters.hybrid import drafts_trees
-from drafters.tuned import beats_plain
+from drafters.tuned import LOOKUP_SUFFIXES, beats_plain, tuned_key
 from speceval import report
 from speceval.harness import machine_info
-from speceval.methods import build_drafter
+from speceval.bench import datastore_loader
+from speceval.eval_args import DEFAULT_DATASTORE
+from speceval.methods import build_drafter, retrieval_info
 from speceval.plots import pyplot, save_figure
 from speceval.prompts import Prompt, select_prompts
 from speceval.recorded import TUNE_PLOT, drafterkit_version, write_tuned
@@ -202,10 +204,11 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
          benchmark: str = "sharegpt", num_prompts: int = 8, max_new_tokens: int = 48, concurrency: int = 4,
          ks=DEFAULT_KS, trees=DEFAULT_TREES, dynamic=DEFAULT_DYNAMIC, thresholds=DEFAULT_THRESHOLDS,
          eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,
-         write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT) -> dict:
-    """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes; ``PATH+ngram``
-    / ``PATH+rest`` are measured but not written, their setting is not the drafter's own) and return the
-    ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``).
+         write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT, datastore=None) -> dict:
+    """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes) and return the
+    ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``). ``PATH+rest`` /
+    ``PATH+ngram`` tune the drafter behind lookup (+ retrieval), another proposer with its own best shape:
+    its record goes under its own key (``tuned+rest``, ``drafters.tuned.tuned_key``) beside the drafter's.
 
     Args:
         benchmark: ``sharegpt`` (held-out split, past the first :data:`HELDOUT_SKIP` held-out
@@ -216,6 +219,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
             challenger is measurably faster (:func:`halving`); ``None``: the fastest candidate wins outright.
             Ignored, with the reason in the record, where the drafter cannot decode it (a chain-only drafter
             and a tree incumbent).
+        datastore: what ``PATH+rest`` retrieves from: a ``drafters.datastore.Datastore``, a source name or
+            file for ``drafters.datastore.cached_datastore`` (default ``sharegpt``, as ``drafterkit eval``).
 
     Raises:
         ValueError: an evaluation benchmark as ``benchmark``, a bad setting, or no drafter at ``checkpoint``.
@@ -226,10 +231,13 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if eta < 2 or first < 1 or num_prompts < 1 or concurrency < 1:
         raise ValueError(f"tune needs --eta >= 2, --first >= 1, --num-prompts >= 1 and --concurrency >= 1; got "
                          f"{eta}, {first}, {num_prompts}, {concurrency}")
+    if datastore is not None and not checkpoint.endswith("+rest"):
+        raise ValueError(f"--datastore is unused: only PATH+rest retrieves from a datastore (tune {checkpoint}+rest, "
+                         "or drop --datastore)")
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
-    folder = _folder(checkpoint)
-    spec = build_drafter(checkpoint, target)
+    folder, behind = _folder(checkpoint), _behind(checkpoint)
+    spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None)
     if spec is None:
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
@@ -252,14 +260,25 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                               incumbent=incumbent.label if incumbent else None, incumbent_note=incumbent_note,
                               seconds=round(time.perf_counter() - t0, 1)),
                   winners=winners, table=table)
-    if write and folder is not None and checkpoint.endswith(("+ngram", "+rest")):
-        record["not_written"] = (f"{checkpoint} measures the drafter behind prompt lookup; decoding.json's tuned "
-                                 "setting is the drafter's own (tune PATH itself to record one)")
-    elif write and folder is not None:
+    if behind == "+rest":
+        record["datastore"] = retrieval_info([spec])["datastore"]
+    if write and folder is not None:
         record["weights_sha256"] = weights_sha256(folder)  # eval / tree='auto' use the winner only for these weights
-        record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT))
-        record["file"] = str(write_tuned(folder, record))
+        record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT.replace(".png", f"{behind}.png")))
+        record["file"] = str(write_tuned(folder, record, behind))
     return record
+
+
+def _behind(checkpoint: str) -> str:
+    """``"+rest"`` / ``"+ngram"`` for a drafter behind lookup, else ``""``."""
+    return next((s for s in LOOKUP_SUFFIXES if checkpoint.endswith(s)), "")
+
+
+def _datastore(datastore, tok):
+    """The zero-argument callable ``build_drafter`` takes for ``+rest``, from a Datastore or a source name."""
+    if datastore is None or isinstance(datastore, str):
+        return datastore_loader(datastore or DEFAULT_DATASTORE, tok)
+    return lambda: datastore
 
 
 def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
@@ -295,7 +314,7 @@ def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
 
 
 def _folder(checkpoint: str) -> Path | None:
-    base = checkpoint.removesuffix("+ngram").removesuffix("+rest")
+    base = checkpoint.removesuffix(_behind(checkpoint)) if _behind(checkpoint) else checkpoint
     try:
         return resolve_checkpoint(base)[0]
     except DrafterLoadError:  # draft:N, ngram: no folder to write into
@@ -372,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                    concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic,
                    thresholds=args.thresholds, eta=args.eta, first=args.first, seed=args.seed,
-                   progress=not args.no_progress, write=not args.no_write, incumbent=args.incumbent)
+                   progress=not args.no_progress, write=not args.no_write, incumbent=args.incumbent,
+                   datastore=args.datastore)
     except (ValueError, DrafterLoadError, FileNotFoundError) as exc:
         print(f"drafterkit tune: error: {exc}", file=sys.stderr)
         return 2
@@ -393,9 +413,7 @@ def run(args: argparse.Namespace) -> int:
                   f"batches: {duel['ratio']:.3f}x (95% lower bound {duel['low']:.3f}x): the "
                   + ("challenger wins" if w["chosen"] == "challenger" else "incumbent stays (not faster beyond the noise)"))
     if "file" in rec:
-        print(f"written to {rec['file']} (tuned); plot {rec['plot']}")
-    elif "not_written" in rec:
-        print(f"not written: {rec['not_written']}")
+        print(f"written to {rec['file']} ({tuned_key(_behind(args.checkpoint))}); plot {rec['plot']}")
     return 0
 
 

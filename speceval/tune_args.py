@@ -26,7 +26,11 @@ def _csv(kind):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="drafter folder, training checkpoint or run folder (PATH+ngram: prompt lookup "
-                                      "in front of it)")
+                                      "in front of it; PATH+rest: lookup and retrieval; each recorded under its own "
+                                      "key, tuned+ngram / tuned+rest, beside the drafter's own)")
+    p.add_argument("--datastore", default=None,
+                   help="the corpus PATH+rest retrieves from: sharegpt or a ShareGPT / chat JSON(L) file (default: "
+                        "sharegpt, as drafterkit eval)")
     p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 | auto")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")

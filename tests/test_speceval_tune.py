@@ -238,3 +238,62 @@ def test_tune_records_the_duel_with_the_incumbent(world):
     inc_rows = [r for r in rec["table"] if r["incumbent"]]
     assert [r["rung"] for r in inc_rows] == [0, 1] and all(r["label"] == "tree=2,1" for r in inc_rows)
     assert all(len(r["batch_tokens_per_s"]) == r["batches"] for r in rec["table"])
+
+
+@pytest.mark.filterwarnings("ignore:.*the datastore holds only")  # a 40-line corpus, on purpose
+def test_tune_behind_lookup_records_its_own_entry_that_eval_tree_auto_uses(world, tmp_path, monkeypatch, capsys):
+    """``tune PATH+ngram`` / ``PATH+rest`` tune the drafter behind lookup (+ retrieval): the record goes under
+    ``tuned+ngram`` / ``tuned+rest``, the drafter's own ``tuned`` entry is kept, and ``eval --tree auto`` gives
+    each spec its own setting; a composite never tuned takes the drafter's, and says so."""
+    from drafters import load_drafter
+    from drafters.hybrid import LookupHybrid
+    from speceval.methods import build_drafter
+
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
+    root, _, prompts = world
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)  # the world's target
+    folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target).save_pretrained(tmp_path / "m")
+    own = dict(tree="2,1", k=2, draft_threshold=0.0, speedup=1.3)
+    (folder / DECODING_FILE).write_text(json.dumps(dict(tuned=dict(machine=host_info("cpu"), dtype="fp32",
+                                                                   winners={"1": own}))))
+    # never tuned behind lookup: the composite takes the drafter's setting and says so
+    hybrid = build_drafter(f"{folder}+ngram", target).drafter
+    assert isinstance(hybrid, LookupHybrid) and hybrid.tuned_decoding["tree"] == "2,1"
+    assert "PATH+ngram was not tuned" in hybrid.tuned_note
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"messages": [{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": f"Count from one to ten: one two three four, answer {i}."}]}) + "\n"
+        for i in range(40)))
+    common = ["--target", str(root / "target"), "--benchmark", str(prompts), "--num-prompts", "2",
+              "--max-new-tokens", "6", "--concurrency", "1", "--tree", "2,1", "--dynamic", "",
+              "--draft-threshold", "0", "--first", "1", "--incumbent", "none", "--no-progress"]
+    assert main(["tune", f"{folder}+rest", "--k", "3", "--datastore", str(corpus), *common]) == 0
+    assert "(tuned+rest)" in capsys.readouterr().out
+    data = json.loads((folder / DECODING_FILE).read_text())
+    assert data["tuned"]["winners"]["1"] == own  # the drafter's own entry is untouched
+    rest = data["tuned+rest"]
+    assert rest["drafter"].endswith("+rest") and rest["datastore"]["source"].endswith("corpus.jsonl")
+    assert {r["label"] for r in rest["table"]} == {"chain K=3", "tree=2,1"}
+    assert (folder / TUNE_PLOT.replace(".png", "+rest.png")).is_file()
+    assert main(["tune", f"{folder}", "--datastore", str(corpus), *common]) == 2
+    assert "--datastore is unused" in capsys.readouterr().err
+
+    # a composite's own winner (made a clear speedup so that it is used) decodes it, the drafter keeps its own
+    data["tuned+rest"]["winners"]["1"] = dict(tree="chain", k=3, draft_threshold=0.0, speedup=1.4)
+    (folder / DECODING_FILE).write_text(json.dumps(data))
+    assert load_drafter(folder, target).tuned_decoding["tree"] == "2,1"
+    out = tmp_path / "e.json"
+    assert main(["eval", "--target", str(root / "target"), "--drafter", str(folder), "--drafter", f"{folder}+rest",
+                 "--datastore", str(corpus), "--benchmark", str(prompts), "--num-prompts", "1", "--max-new-tokens",
+                 "4", "--baselines", "engine", "--no-progress", "--tree", "auto", "--output", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["summary"] if r["role"] == "spec"}
+    assert set(rows) == {"medusa:m (tuned) tree=2,1", "medusa:m+rest (tuned)"}
+    assert rows["medusa:m+rest (tuned)"]["k"] == 3
+    # an own entry that is not usable here is not replaced by the drafter's
+    data["tuned+rest"]["winners"]["1"]["speedup"] = 0.8
+    (folder / DECODING_FILE).write_text(json.dumps(data))
+    assert main(["eval", "--target", str(root / "target"), "--drafter", f"{folder}+rest", "--datastore", str(corpus),
+                 "--benchmark", str(prompts), "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine",
+                 "--no-progress", "--tree", "auto", "--output", str(out)]) == 2
+    assert "no setting faster than plain decoding" in capsys.readouterr().err
