@@ -200,7 +200,7 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     return best, rows
 
 
-def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp32", device: str = "cpu",
+def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp32", device: str = "auto",
          benchmark: str = "sharegpt", num_prompts: int = 8, max_new_tokens: int = 48, concurrency: int = 4,
          ks=DEFAULT_KS, trees=DEFAULT_TREES, dynamic=DEFAULT_DYNAMIC, thresholds=DEFAULT_THRESHOLDS,
          eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,

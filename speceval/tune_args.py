@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sharegpt, as drafterkit eval)")
     p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 | auto")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda where available, as drafterkit eval)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--benchmark", default="sharegpt",
                    help="tuning prompts: sharegpt (the held-out split, past the prompts eval and training's own "

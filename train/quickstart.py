@@ -51,6 +51,7 @@ import argparse
 import contextlib
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -144,14 +145,17 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     # evaluates nothing and the eval stage measures the annealed last step (--set eval.every=N brings
     # the in-loop picks back, and the stage then measures best/).
     light_eval = ["eval.num_prompts=4", "eval.max_new_tokens=32", "eval.every=0", "eval.at_end=false"]
-    settings = [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}", *light_eval, *overrides]
-    recipe = load_recipe(recipe_path, settings)
+    # one step-N checkpoint (an interrupted run resumes from it) beside last/: each holds the head, its
+    # optimizer state and the run state (~260 MB for the EAGLE-3 head)
+    settings = [f"output_dir={out / 'train'}", f"train.max_minutes={minutes}", "train.save_total_limit=1",
+                *light_eval, *overrides]
+    recipe = _load_again(recipe_path, settings)
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
         target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device)
     if online := feature_source(recipe, target, tok):  # never a feature cache build outside the budget
-        recipe = load_recipe(recipe_path, [*settings, online])
+        recipe = _load_again(recipe_path, [*settings, online])
     result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
     best, last = recipe.paths.best, recipe.paths.last
     saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
@@ -164,6 +168,14 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
                    final_loss=result.losses[-1] if result.losses else None, best_score=result.best_score,
                    in_loop_evals=result.evals)
     return ckpt, summary
+
+
+def _load_again(recipe_path: Path, settings: list[str]):
+    """``load_recipe`` of a recipe the quickstart already loaded (and checked) once: its warnings (``auto ->
+    float32 here``) were printed then, so they are not printed again."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return load_recipe(recipe_path, settings)
 
 
 def tune_stage(ckpt: Path, args, target, tok, *, target_name: str = TARGET, **search) -> dict:
