@@ -191,7 +191,7 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     """
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
     if kind == TRANSFORMERS_KIND:
-        return _with_tuned(load_transformers_drafter(folder, target), folder, target)
+        return attach_tuned(load_transformers_drafter(folder, target), folder, target)
     if problem := safetensors_problem(folder / "model.safetensors"):
         raise DrafterLoadError(f"{folder / 'model.safetensors'} {problem}; save the drafter again (or copy the "
                                "checkpoint again)")
@@ -199,10 +199,6 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     if target is not None:  # decode in the target's dtype: an fp32 head next to a bf16 target drafts ~2x slower
         p = next(target.parameters())
         drafter.to(device=p.device, dtype=p.dtype)
-    return _with_tuned(drafter, folder, target)
-
-
-def _with_tuned(drafter, folder: Path, target):
     return attach_tuned(drafter, folder, target)
 
 

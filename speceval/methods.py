@@ -36,6 +36,7 @@ from drafters.draft_lm import DraftLM
 from drafters.export import ExportError, recorded_source
 from drafters.hybrid import LookupHybrid, drafts_trees
 from drafters.ngram import NGramDrafter
+from drafters.tuned import LOOKUP_SUFFIXES
 
 
 @dataclass
@@ -80,11 +81,11 @@ def check_drafter_spec(spec: str) -> None:
     """
     if spec in ("none", "ngram"):
         return
-    for suffix in ("+ngram", "+rest"):
+    for suffix in LOOKUP_SUFFIXES:
         if not spec.endswith(suffix):
             continue
         inner = spec[: -len(suffix)]
-        if inner.endswith(("+ngram", "+rest")):
+        if inner.endswith(LOOKUP_SUFFIXES):
             raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
                              "lookup): PATH+ngram or PATH+rest")
         if inner in ("", "none", "ngram", "rest"):
@@ -136,7 +137,7 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
     check_drafter_spec(spec)
     if spec == "none":
         return None
-    for suffix in ("+ngram", "+rest"):
+    for suffix in LOOKUP_SUFFIXES:
         if not spec.endswith(suffix):
             continue
         if suffix == "+rest" and datastore is None:

@@ -125,7 +125,7 @@ def read_decoding(path: Path) -> dict:
 
 def _folder_of(spec: str) -> Path | None:
     """The drafter folder behind a ``--drafter`` spec (``PATH``, ``PATH+ngram``, ``PATH+rest``), or None."""
-    for suffix in ("+ngram", "+rest"):
+    for suffix in LOOKUP_SUFFIXES:
         spec = spec.removesuffix(suffix)
     if spec in ("none", "ngram") or spec.startswith("draft:"):
         return None

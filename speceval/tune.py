@@ -314,7 +314,7 @@ def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
 
 
 def _folder(checkpoint: str) -> Path | None:
-    base = checkpoint.removesuffix(_behind(checkpoint)) if _behind(checkpoint) else checkpoint
+    base = checkpoint.removesuffix(_behind(checkpoint))
     try:
         return resolve_checkpoint(base)[0]
     except DrafterLoadError:  # draft:N, ngram: no folder to write into
