@@ -26,8 +26,8 @@ def needs_lines(args, out) -> list[str]:
             f"fetch (a no-op once cached){store}, {'' if args.no_tune else 'the tune stage (a 15-candidate search), '}"
             "and the evaluation, which is not time-bounded "
             f"({args.num_prompts} prompts x up to {args.max_new_tokens} new tokens per row and benchmark)",
-            "  memory: about 2.5 GB (the default EAGLE-3 run in fp32 peaked at 2.5 GB resident, the ShareGPT "
-            "datastore of the eval included)",
+            "  memory: about 2.5 GB (the default EAGLE-3 run in fp32 peaked at 2.5 GB resident"
+            + (")" if args.no_hybrid else ", the ~0.3 GB ShareGPT datastore of the eval included)"),
             f"  disk: about 1 GB of pinned assets and datastore in $DRAFTERKIT_HOME (once), about 0.55 GB in {out} "
             "(last/ and one step checkpoint, ~260 MB each with optimizer state, and the report)"]
 
