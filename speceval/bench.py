@@ -251,11 +251,11 @@ def recorded_message(info: dict) -> str:
     head = f"drafterkit eval: {info['file']} ({said})"
     if info["note"]:
         return f"{head}: not used: {info['note']}"
-    given = f"; given on the command line, kept: {', '.join(RECORDED[k] for k in info['overridden'])}" \
-        if info["overridden"] else ""
+    given = ", ".join(RECORDED[k] for k in info["overridden"])
     if not info["applied"]:
-        return f"{head}: every setting it records was given on the command line{given}"
-    return f"{head}: decoding settings taken from it: {info['flags']}{given} (flags given explicitly win)"
+        return f"{head}: not used, since the command line gives every setting it records ({given})"
+    kept = f"; the command line's own {given} kept (flags given explicitly win)" if given else ""
+    return f"{head}: decoding settings taken from it: {info['flags']}{kept}"
 
 
 def command_line(config: dict, *, threads: int | None = None, output: str | Path | None = None,

@@ -37,11 +37,22 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, **extra) -> dict:
     return dict(group=group, factor=name, role=role, what=what, method=num["method"], over=den["method"],
                 tokens_per_s=num["tokens_per_s"], over_tokens_per_s=den["tokens_per_s"],
-                ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), export=name == "drafter", **extra)
+                ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), export=name == "drafter",
+                shape=draft_shape_words(num) if name == "drafter" else None, **extra)
 
 
 def _tree(method: str) -> str | None:
     return method.split(" tree=", 1)[1] if " tree=" in method else None
+
+
+def draft_shape_words(row: dict) -> str:
+    """The draft shape an eval row measured, in words: ``tree 3,2,1,1,1, confidence cutoff 0.1`` or
+    ``chain of 5`` (from its method label, ``LABEL[@THRESHOLD][ tree=SPEC]``, and its ``k``)."""
+    method = str(row["method"])
+    tree, label = _tree(method), method.split(" tree=", 1)[0]
+    cutoff = label.rsplit("@", 1)[1] if "@" in label else ""
+    shape = f"tree {tree}" if tree else f"chain of {row.get('k')}"
+    return f"{shape}, confidence cutoff {cutoff}" if cutoff else shape
 
 
 def _lookup(method: str) -> tuple[str, str] | None:
@@ -61,7 +72,8 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         rows ``{"group" (the headline row's method), "factor" ("engine" | "drafter" | "lookup" | "ngram" |
         "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method", "over" (the
         two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "export" (True on the drafter-alone
-        row: the one factor ``drafterkit export`` carries to a serving engine)}``; the ``end to end`` row
+        row: the one factor ``drafterkit export`` carries to a serving engine), "shape" (that row's draft
+        shape in words, :func:`draft_shape_words`; None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
         floating-point rounding). Empty without a plain (``engine``) row. ``engine`` and ``end to end``
         need the ``hf`` row, ``ngram`` an ``ngram`` spec row (the one with the headline's tree if any).
@@ -132,5 +144,6 @@ def factor_cells(rows: list[dict]) -> list[dict]:
             if any(x["group"] == r["group"] and x["factor"] == "lookup" for x in rows):
                 role += " x lookup"
             role += f" = {r['product']:.2f}x" if r.get("product") is not None else ""
-        out.append(dict(r, role=role, export="yes: the drafter alone" if r["export"] else ""))
+        out.append(dict(r, role=role, export=f"yes: the drafter alone, measured here as {r['shape']}" if r["export"]
+                        else ""))
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from speceval.report import eval_table_rows
+from speceval.report import FEW_PROPOSALS, eval_table_rows
 
 
 def pyplot():
@@ -22,8 +22,6 @@ def pyplot():
     return plt
 
 
-#: fewer proposals than this reaching a draft position and its acceptance is drawn hollow, with the count
-FEW_PROPOSALS = 20
 
 
 def plot_positions(ax, accept: list[float], reached: list[int] | None, label: str) -> int:

@@ -38,6 +38,9 @@ SWEEP_COLUMNS = [
     ("speedup vs HF", "speedup_vs_hf", "{:.3f}"),
     ("accepted/s of draft+verify", "accepted_per_dv_s", "{:.2f}"),
 ]
+#: fewer proposals than this reaching a draft position and its acceptance is shown with the count
+#: (``0.75 (n=4)`` in tables, a hollow marker in plots): a rate over a handful of proposals is mostly noise
+FEW_PROPOSALS = 20
 EVAL_COLUMNS = [
     ("method", "method", "{}"), ("drafter", "drafter", "{}"), ("drafts", "draft", "{}"), ("prompts", "prompts", "{}"),
     ("tau", "tau", "{:.3f}"), ("acceptance rate", "acceptance_rate", "{:.3f}"),
@@ -207,14 +210,16 @@ def draft_shape(row: dict) -> str:
 
 def cell(row: dict, key: str, spec: str = "{}") -> str:
     """One table cell of ``row[key]`` (:func:`fmt`); per-position acceptance shows ``-`` at positions no
-    proposal reached (0.0 in the record, as the decoder contract has it), so they are not read as 0%;
+    proposal reached (0.0 in the record, as the decoder contract has it), so they are not read as 0%, and
+    the count of proposals after a rate that fewer than :data:`FEW_PROPOSALS` reached (``1.00 (n=4)``);
     ``draft`` is :func:`draft_shape` of the row."""
     if key == "draft":
         return draft_shape(row)
     value = row.get(key)
     reached = row.get("reached_per_position")
     if key == "accept_per_position" and value and reached and len(reached) == len(value):
-        return " ".join(f"{v:.2f}" if r else "-" for v, r in zip(value, reached))
+        return " ".join("-" if not r else f"{v:.2f}" if r >= FEW_PROPOSALS else f"{v:.2f} (n={r:.0f})"
+                        for v, r in zip(value, reached))
     return fmt(value, spec)
 
 
@@ -348,8 +353,12 @@ def same_text_note(exactness: dict) -> str:
 def exactness_text(exactness: dict) -> str:
     """The exactness sentence of the console and Markdown reports (without its closing period)."""
     ex = exactness
-    return (f"{'mismatches ' + json.dumps(ex['mismatches']) if ex['checked'] else 'not checked'} "
-            f"({ex['reason']}){differs_note(ex)}{same_text_note(ex)}")
+    if ex["checked"]:
+        per_row = "; ".join(f"{method}: {n}" for method, n in ex["mismatches"].items())
+        head = f"outputs differing from plain decoding, per method: {per_row or 'no speculative row'}"
+    else:
+        head = "not checked"
+    return f"{head} ({ex['reason']}){differs_note(ex)}{same_text_note(ex)}"
 
 
 def small_sample_note(record: dict) -> str | None:
@@ -445,8 +454,12 @@ def render_markdown(record: dict) -> str:
              *([line] if (line := recorded_line(record)) else []),
              "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "
              "prompt by prompt; speedups are ratios of those measurements.",
+             "- tau (acceptance length): tokens committed per verification pass (target forward), the bonus token included (1.0 is "
+             "plain decoding); acceptance rate: accepted draft tokens / draft tokens proposed (every node of a "
+             "tree counts, so a tree's rate is lower than a chain's at the same tau).",
              "- per-position acceptance: at draft position (tree depth) i, accepted / proposals that reached it; "
-             "`-` where no proposal reached it.", ""]
+             f"`-` where no proposal reached it, `(n=...)` after a rate fewer than {FEW_PROPOSALS} proposals "
+             "reached.", ""]
     rows = eval_table_rows(record["summary"])
     cols = EVAL_COLUMNS[:6] + [("per-position acceptance", "accept_per_position", "{}")] + EVAL_COLUMNS[6:]
     if all(_method_names_drafter(r) for r in rows):  # the drafter column would repeat the method column
@@ -460,7 +473,8 @@ def render_markdown(record: dict) -> str:
                   "row a ratio of two tokens/s "
                   "measured in this run; the factors multiply to the headline, and `drafterkit export` carries "
                   "only the drafter alone to a serving engine (the engine's kernels and prompt lookup + retrieval "
-                  "stay here).", "", markdown_table(factor_cells(factors), factor_columns(factors))]
+                  "stay here), which drafts the shape it is configured with (vLLM: a chain of "
+                  "`num_speculative_tokens`).", "", markdown_table(factor_cells(factors), factor_columns(factors))]
     if note := small_sample_note(record):
         lines += [f"Note: {note}", ""]
     if record.get("sweep"):

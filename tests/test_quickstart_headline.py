@@ -1,11 +1,11 @@
 """The quickstart report's headline lines: the factor an export carries and the drafter against prompt lookup."""
 
-from train.quickstart_report import headline_lines
+from train.quickstart_report import LOSS_WINDOW, headline_lines, loss_words
 
 
 def _factor(factor, ratio, export=False):
     return dict(factor=factor, ratio=ratio, export=export, role="factor", group="g", method=factor, over="engine",
-                what=factor)
+                what=factor, shape="tree 3,2,1,1,1, confidence cutoff 0.1" if export else None)
 
 
 def test_the_report_says_whether_the_drafter_alone_beats_prompt_lookup():
@@ -17,3 +17,16 @@ def test_the_report_says_whether_the_drafter_alone_beats_prompt_lookup():
     assert len(ahead) == 1 and "the drafter alone is 1.10x: faster" in ahead[0]
     assert len(behind) == 1 and "0.88x: not faster" in behind[0] and "1.25x" in behind[0]
     assert lines(1.2, None) == []  # no lookup row measured: nothing to compare
+    carried = [x for x in headline_lines({"evals": {"mt-bench": {"factors": [_factor("drafter", 1.2, True)]}}})]
+    assert carried == ["- mt-bench: the drafter alone, the factor `drafterkit export` carries to a serving engine: "
+                       "1.20x the engine's plain decoding, drafting a tree 3,2,1,1,1, confidence cutoff 0.1 (a "
+                       "serving engine drafts the shape it is configured with: vLLM a chain of "
+                       "`num_speculative_tokens`)"]
+
+
+def test_the_report_s_loss_is_a_mean_over_steps_not_one_noisy_step():
+    assert loss_words([]) == "no optimizer step"
+    assert loss_words([4.0, 2.0]) == "loss 3.0000 (mean of the last 2 steps)"
+    losses = [10.0] * LOSS_WINDOW + [5.0] * (LOSS_WINDOW - 1) + [1.0]
+    assert loss_words(losses) == f"loss {(5.0 * (LOSS_WINDOW - 1) + 1.0) / LOSS_WINDOW:.4f} (mean of the last " \
+                                 f"{LOSS_WINDOW} steps; first {LOSS_WINDOW}: 10.0000)"

@@ -416,7 +416,7 @@ def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
     assert "decoding settings taken from it: --dtype bf16" in bench.recorded_message(info)
     cfg, info = applied("--drafter", str(a), "--dtype", "fp32", "--tree", "chain")  # explicit flags win
     assert (cfg.dtype, cfg.trees, cfg.k, cfg.draft_thresholds) == ("fp32", ["chain"], 3, [0.1])
-    assert info["overridden"] == ["dtype", "trees"] and "kept: --dtype, --tree" in bench.recorded_message(info)
+    assert info["overridden"] == ["dtype", "trees"] and "own --dtype, --tree kept" in bench.recorded_message(info)
     assert applied("--drafter", "ngram", "--drafter", str(b)) == (bench.EvalConfig(drafters=["ngram", str(b)]), None)
     write_decoding(b, dict(dtype="fp32", trees=["chain"], k=5, draft_thresholds=[0.0]), written_by="someone")
     cfg, info = applied("--drafter", str(a), "--drafter", str(b))  # two records that disagree: neither applies

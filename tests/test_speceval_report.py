@@ -125,9 +125,12 @@ def test_positions_no_proposal_reached_print_as_a_dash_not_zero():
                  verify_time_s=0.4, total_time_s=0.6, ttft_s=0.1, tokens_per_s=10.0, tpot_ms=100.0)
     row = dict(report.aggregate([dict(method="m", new_tokens=6, wall_s=0.6, stats=stats)]), method="m")
     assert row["accept_per_position"] == [0.25, 0.0, 0.0] and row["reached_per_position"] == [4, 2, 0]
-    assert report.cell(row, "accept_per_position") == "0.25 0.00 -"
-    md = report.markdown_table([row], [("method", "method", "{}"), ("per-position", "accept_per_position", "{}")])
-    assert "| m | 0.25 0.00 - |" in md
+    # a rate resting on fewer than FEW_PROPOSALS proposals carries its count
+    assert report.cell(row, "accept_per_position") == "0.25 (n=4) 0.00 (n=2) -"
+    many = dict(row, reached_per_position=[report.FEW_PROPOSALS, report.FEW_PROPOSALS - 1, 0])
+    assert report.cell(many, "accept_per_position") == f"0.25 0.00 (n={report.FEW_PROPOSALS - 1}) -"
+    md = report.markdown_table([many], [("method", "method", "{}"), ("per-position", "accept_per_position", "{}")])
+    assert f"| m | 0.25 0.00 (n={report.FEW_PROPOSALS - 1}) - |" in md
 
 
 def test_small_samples_carry_a_noise_note_in_the_markdown(sweep_record):
@@ -215,12 +218,17 @@ def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
     assert mine["end to end"]["ratio"] == pytest.approx(18.4 / 7.1) == mine["end to end"]["product"]
     assert mine["engine"]["ratio"] * mine["drafter"]["ratio"] * mine["lookup"]["ratio"] == pytest.approx(18.4 / 7.1)
     assert all(r["what"] for r in rows) and [r["factor"] for r in rows if r["export"]] == ["drafter", "drafter"]
+    # the exported factor names the shape it was measured in (a serving engine drafts its own configured shape)
+    assert mine["drafter"]["shape"] == "tree 3,2,1,1,1, confidence cutoff 0.1" and mine["lookup"]["shape"] is None
+    assert factors.draft_shape_words(dict(method="eagle3:train/last", k=5)) == "chain of 5"
     # one table: rows shared by both headlines (engine over generate, prompt lookup alone) shown once
     table = report.parse_markdown_table(report.markdown_table(factors.factor_cells(rows), report.factor_columns(rows)))
     assert [r["factor"] for r in table].count("engine") == 1 and [r["factor"] for r in table].count("ngram") == 1
     ends = [r for r in table if r["factor"] == "end to end"]
     assert [r["headline row"] for r in ends] == [head, "eagle3:train/last+rest@0.2 tree=3,2,1,1,1"]
     assert ends[0]["ratio"] == "2.59x" and ends[0]["in the headline"] == "= engine x drafter x lookup = 2.59x"
+    carried = [r["carried by `drafterkit export`"] for r in table if r["factor"] == "drafter"]
+    assert carried[0] == "yes: the drafter alone, measured here as tree 3,2,1,1,1, confidence cutoff 0.1"
     assert factors.factors_sentence(rows)[0] == f"{head}: 2.59x over `generate` = 1.41x (engine) x 1.27x (drafter) " \
                                                 "x 1.45x (lookup)"
     # without the generate baseline: no engine factor and no headline over generate; without plain: nothing

@@ -26,6 +26,7 @@ def test_missing_recipe_names_the_kind_and_the_fix(tmp_path, capsys):
     assert main(["quickstart", "--kind", "no_such_kind", "--output-dir", str(tmp_path / "qs")]) == 2
     err = capsys.readouterr().err
     assert "no_such_kind" in err and "--recipe" in err
+    assert "eagle3" in err and "smoke" not in err  # the drafter kinds with a recipe, not every recipe file
     assert not (tmp_path / "qs").exists()  # a refused run leaves no empty output folder behind
 
 

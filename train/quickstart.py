@@ -59,7 +59,7 @@ import torch
 from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
 from assets.target import load_target
-from drafters import resolve_checkpoint
+from drafters import KINDS, resolve_checkpoint
 from drafters.base import weights_sha256
 from drafters.datastore import cached_datastore
 from drafters.tuned import beats_plain
@@ -106,9 +106,9 @@ def resolve_recipe(kind: str | None, recipe: str | None) -> tuple[str, Path]:
     kind = kind or default_kind()
     path = Path(recipe) if recipe else RECIPES_DIR / f"{kind}.yaml"
     if not path.is_file():
-        have = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.exists() else []
+        have = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if p.stem in KINDS) if RECIPES_DIR.exists() else []
         raise ValueError(f"no recipe {path} for drafter kind {kind!r}; pass --recipe FILE.yaml or a --kind with a "
-                         f"recipe in {RECIPES_DIR} (found: {have or 'none'})")
+                         f"recipe in {RECIPES_DIR} (kinds with one: {', '.join(have) or 'none'})")
     return kind, path
 
 

@@ -17,6 +17,10 @@ DEFAULT_THRESHOLD = "0.1"
 #: ``drafterkit eval``'s defaults, which the quickstart's eval flags share unless it sets its own (draft threshold,
 #: tree, dtype)
 EVAL_DEFAULTS = EvalConfig()
+#: the reference rows the quickstart measures: the engine's plain decoding and transformers ``generate`` (the
+#: factors of its headline). Not ``hf-assisted``: transformers' assisted generation takes a draft LM drafting
+#: chains without a cutoff, and the quickstart's rows draft trees with one
+QUICK_BASELINES = ("engine", "hf")
 #: new tokens per answer of the fp32 exactness check (at most ``--max-new-tokens``)
 EXACTNESS_TOKENS = 64
 
@@ -42,8 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=EVAL_DEFAULTS.max_new_tokens,
                    help=f"new tokens per answer (default {EVAL_DEFAULTS.max_new_tokens}; speedups grow with the answer "
                         "length on this target, see BENCHMARKS.md)")
-    p.add_argument("--baselines", default=",".join(EVAL_DEFAULTS.baselines),
-                   help="comma-separated, as in drafterkit eval")
+    p.add_argument("--baselines", default=",".join(QUICK_BASELINES),
+                   help="comma-separated, as in drafterkit eval (default: engine,hf; hf-assisted adds transformers' "
+                        "assisted generation, which exists only for a draft LM measured as a chain without a "
+                        "confidence cutoff: --kind draft_lm --tree chain --draft-threshold 0)")
     p.add_argument("--draft-threshold", default=None, dest="draft_thresholds",
                    help="comma-separated confidence thresholds measured side by side (0: a chain of K / the full "
                         "tree; >0: draft tokens whose path probability under the drafter falls below it are not "

@@ -75,7 +75,8 @@ def headline_lines(report_data: dict) -> list[str]:
         factors = rec.get("factors") or []
         alone = [r for r in factors if r["export"] and r["ratio"] is not None][:1]
         lines += [f"- {bench}: the drafter alone, the factor `drafterkit export` carries to a serving engine: "
-                  f"{r['ratio']:.2f}x the engine's plain decoding" for r in alone]
+                  f"{r['ratio']:.2f}x the engine's plain decoding, drafting a {r['shape']} (a serving engine drafts "
+                  "the shape it is configured with: vLLM a chain of `num_speculative_tokens`)" for r in alone]
         lookup = [r for r in factors if r["factor"] == "ngram" and r["ratio"] is not None][:1]
         lines += [f"- {bench}: against prompt lookup alone (`ngram`, untrained, same shape: {n['ratio']:.2f}x the "
                   f"engine's plain decoding), the drafter alone is {a['ratio'] / n['ratio']:.2f}x: "
@@ -83,6 +84,22 @@ def headline_lines(report_data: dict) -> list[str]:
                      "yet paid for itself over lookup")
                   for a in alone for n in lookup]
     return lines
+
+
+#: steps the report's loss figures average over (one step's loss at batch 1 moves by tens of percent)
+LOSS_WINDOW = 50
+
+
+def loss_words(losses: list[float]) -> str:
+    """``"loss 9.81 (mean of the last 50 steps; first 50: 14.2)"``: means over :data:`LOSS_WINDOW` steps at each
+    end of the run (fewer when the run made fewer), or ``"no optimizer step"``."""
+    if not losses:
+        return "no optimizer step"
+    n = min(LOSS_WINDOW, len(losses))
+    last = sum(losses[-n:]) / n
+    if len(losses) < 2 * n:
+        return f"loss {last:.4f} (mean of the last {n} steps)"
+    return f"loss {last:.4f} (mean of the last {n} steps; first {n}: {sum(losses[:n]) / n:.4f})"
 
 
 def write_report(out: Path, report_data: dict) -> dict:
@@ -96,8 +113,7 @@ def write_report(out: Path, report_data: dict) -> dict:
     lines += [f"| {name} | {secs:.1f} |" for name, secs in report_data["timings"].items()]
     tr = report_data["train"]
     lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
-              f"{tr['stopped']}, final loss {report.fmt(tr['final_loss'], '{:.4f}')}; "
-              f"evaluated `{tr['checkpoint']}`.", ""]
+              f"{tr['stopped']}, {loss_words(tr['losses'])}; evaluated `{tr['checkpoint']}`.", ""]
     if tuned := report_data.get("tuned"):
         lines += ["## Decoding shape", "", f"`drafterkit tune` ({tuned['search']['candidates']} candidates, "
                   f"{tuned['prompts']['count']} {tuned['prompts']['benchmark']} prompts x "
