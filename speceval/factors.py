@@ -9,11 +9,18 @@ over ``generate``. That ratio is a product of ratios measured side by side in th
         x (lookup + retrieval + drafter) / drafter prompt lookup and retrieval in front of it
 
 Each factor is a ratio of two pooled tokens/s of the eval summary (``speceval.report.summarize_eval``),
-never a model of speculation. Prompt lookup alone (``ngram``) over plain decoding and the whole of
+never a model of speculation, with a 95% interval from a paired bootstrap over the prompts both rows
+decoded (:func:`ratio_interval`): how far the ratio moves with the prompts drawn and the timing noise
+of each prompt's pair of runs. Prompt lookup alone (``ngram``) over plain decoding and the whole of
 speculation over plain decoding are shown beside them as references (not part of the product).
 """
 
 from __future__ import annotations
+
+import random
+
+#: bootstrap draws of :func:`ratio_interval`, and the seed that makes an interval reproducible
+DRAWS, SEED = 2000, 0
 
 #: how a factor row enters the headline: a factor of the product, a reference beside it, the
 #: speculation part of the product (drafter x lookup), or the headline itself
@@ -34,10 +41,44 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def ratio_interval(num: dict, den: dict, level: float = 0.95) -> list[float] | None:
+    """The ``level`` interval of ``num``'s pooled tokens/s over ``den``'s, from a paired bootstrap over the
+    prompts both decoded: :data:`DRAWS` resamples (seeded, :data:`SEED`) of those prompts with replacement,
+    each giving (sum of num's tokens / its seconds) / (sum of den's tokens / its seconds) over the drawn
+    prompts; the percentiles at (1 - level) / 2 and (1 + level) / 2. ``num`` and ``den`` are summary rows
+    holding ``per_prompt`` (``speceval.report.per_prompt``). None with fewer than 2 shared prompts (or
+    rows without ``per_prompt``, as in records written before it existed)."""
+    a = {p: (t, s) for p, t, s in num.get("per_prompt") or []}
+    b = {p: (t, s) for p, t, s in den.get("per_prompt") or []}
+    keys = sorted(set(a) & set(b))
+    if len(keys) < 2:
+        return None
+    rng = random.Random(SEED)
+    ratios = []
+    for _ in range(DRAWS):
+        pick = [keys[rng.randrange(len(keys))] for _ in keys]
+        ta, sa = sum(a[k][0] for k in pick), sum(a[k][1] for k in pick)
+        tb, sb = sum(b[k][0] for k in pick), sum(b[k][1] for k in pick)
+        if sa > 0 and sb > 0 and tb > 0:
+            ratios.append((ta / sa) / (tb / sb))
+    if not ratios:
+        return None
+    ratios.sort()
+    lo = ratios[int(len(ratios) * (1 - level) / 2)]
+    hi = ratios[min(len(ratios) - 1, int(len(ratios) * (1 + level) / 2))]
+    return [lo, hi]
+
+
+def interval_words(interval: list[float] | None) -> str:
+    """``"0.98-1.25x"``, or ``"-"`` without an interval."""
+    return f"{interval[0]:.2f}-{interval[1]:.2f}x" if interval else "-"
+
+
 def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, **extra) -> dict:
     return dict(group=group, factor=name, role=role, what=what, method=num["method"], over=den["method"],
                 tokens_per_s=num["tokens_per_s"], over_tokens_per_s=den["tokens_per_s"],
-                ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), export=name == "drafter",
+                ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), interval=ratio_interval(num, den),
+                export=name == "drafter",
                 shape=draft_shape_words(num) if name == "drafter" else None, **extra)
 
 
@@ -71,11 +112,13 @@ def headline_factors(summary: list[dict]) -> list[dict]:
     Returns:
         rows ``{"group" (the headline row's method), "factor" ("engine" | "drafter" | "lookup" | "ngram" |
         "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method", "over" (the
-        two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "export" (True on the drafter-alone
+        two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
+        :func:`ratio_interval`, or None), "export" (True on the drafter-alone
         row: the one factor ``drafterkit export`` carries to a serving engine), "shape" (that row's draft
         shape in words, :func:`draft_shape_words`; None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
-        floating-point rounding). Empty without a plain (``engine``) row. ``engine`` and ``end to end``
+        floating-point rounding), the ``ngram`` row ``"drafter_over"`` (``{"ratio", "interval"}``: the drafter
+        alone over prompt lookup alone, paired on the same prompts). Empty without a plain (``engine``) row. ``engine`` and ``end to end``
         need the ``hf`` row, ``ngram`` an ``ngram`` spec row (the one with the headline's tree if any).
     """
     plain = next((r for r in summary if r["role"] == "plain"), None)
@@ -99,8 +142,9 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         if suffix:
             group_rows.append(_row(group, "lookup", "factor", head, base, _WHAT["lookup"].format(lookup=words)))
         ngram = next((r for r in ngrams if _tree(r["method"]) == _tree(group)), ngrams[0] if ngrams else None)
-        if ngram is not None:
-            group_rows.append(_row(group, "ngram", "reference", ngram, plain, _WHAT["ngram"]))
+        if ngram is not None:  # with the drafter alone over it, paired: does training beat the untrained lookup?
+            vs = dict(ratio=_ratio(base["tokens_per_s"], ngram["tokens_per_s"]), interval=ratio_interval(base, ngram))
+            group_rows.append(_row(group, "ngram", "reference", ngram, plain, _WHAT["ngram"], drafter_over=vs))
         if suffix:
             group_rows.append(_row(group, "speculation", "subtotal", head, plain,
                                    _WHAT["speculation"].format(lookup=words)))
@@ -144,6 +188,6 @@ def factor_cells(rows: list[dict]) -> list[dict]:
             if any(x["group"] == r["group"] and x["factor"] == "lookup" for x in rows):
                 role += " x lookup"
             role += f" = {r['product']:.2f}x" if r.get("product") is not None else ""
-        out.append(dict(r, role=role, export=f"yes: the drafter alone, measured here as {r['shape']}" if r["export"]
-                        else ""))
+        out.append(dict(r, role=role, interval=interval_words(r.get("interval")),
+                        export=f"yes: the drafter alone, measured here as {r['shape']}" if r["export"] else ""))
     return out

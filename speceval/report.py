@@ -51,8 +51,8 @@ EVAL_COLUMNS = [
 #: the factor table (``speceval.factors.headline_factors``): each row a ratio of two measured tokens/s
 FACTOR_COLUMNS = [
     ("factor", "factor", "{}"), ("what is measured", "what", "{}"), ("ratio", "ratio", "{:.2f}x"),
-    ("tokens/s", "tokens_per_s", "{:.2f}"), ("over tokens/s", "over_tokens_per_s", "{:.2f}"),
-    ("in the headline", "role", "{}"), ("carried by `drafterkit export`", "export", "{}"),
+    ("95% interval", "interval", "{}"), ("tokens/s", "tokens_per_s", "{:.2f}"),
+    ("over tokens/s", "over_tokens_per_s", "{:.2f}"), ("in the headline", "role", "{}"), ("carried by `drafterkit export`", "export", "{}"),
 ]
 CONCURRENCY_COLUMNS = [
     ("concurrency", "concurrency", "{}"), ("method", "method", "{}"), ("batches", "batches", "{}"),
@@ -108,6 +108,19 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
     return out
 
 
+def per_prompt(runs: list[dict]) -> list[list]:
+    """``[[prompt index, new tokens, wall seconds], ...]`` of one method's runs, summed per prompt (the
+    units a paired interval resamples, ``speceval.factors.ratio_interval``)."""
+    sums: dict[int, list] = {}
+    for r in runs:
+        if r.get("prompt") is None:
+            continue
+        acc = sums.setdefault(int(r["prompt"]), [int(r["prompt"]), 0, 0.0])
+        acc[1] += r["new_tokens"]
+        acc[2] += r["wall_s"]
+    return [sums[k] for k in sorted(sums)]
+
+
 def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
     """One row per method: :func:`aggregate` of its runs plus speedups over the same prompts.
 
@@ -118,7 +131,8 @@ def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
             method is filled by ``speceval.bench.evaluate`` afterwards.
 
     Returns:
-        rows with the aggregate fields and ``speedup_vs_engine``, ``speedup_vs_hf`` (ratios of
+        rows with the aggregate fields, ``per_prompt`` (:func:`per_prompt`, what the factor intervals
+        resample), ``speedup_vs_engine``, ``speedup_vs_hf`` (ratios of
         ``tokens_per_s``; ``None`` when that reference was not run) and, for spec rows,
         ``hf_native_tokens_per_s`` / ``hf_native_speedup_vs_hf`` of the matching HF-assisted method.
     """
@@ -127,7 +141,7 @@ def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
         by_method[r["method"]].append(r)
     rows = []
     for m in methods:
-        rows.append({**m, **aggregate(by_method[m["method"]])})
+        rows.append({**m, **aggregate(by_method[m["method"]]), "per_prompt": per_prompt(by_method[m["method"]])})
     ref = {row["role"]: row for row in rows if row["role"] in ("plain", "hf")}
     native = {row["drafter"]: row for row in rows if row["role"] == "hf-assisted"}
     for row in rows:

@@ -15,7 +15,16 @@ def test_the_report_says_whether_the_drafter_alone_beats_prompt_lookup():
 
     ahead, behind = lines(1.21, 1.10), lines(1.10, 1.25)
     assert len(ahead) == 1 and "the drafter alone is 1.10x: faster" in ahead[0]
-    assert len(behind) == 1 and "0.88x: not faster" in behind[0] and "1.25x" in behind[0]
+    assert len(behind) == 1 and "0.88x: slower, so at this budget" in behind[0] and "1.25x" in behind[0]
+
+    def judged(low, high):  # the paired ratio and its interval, as speceval.factors records them on the ngram row
+        ngram = dict(_factor("ngram", 1.1), drafter_over=dict(ratio=(low + high) / 2, interval=[low, high]))
+        rec = {"factors": [_factor("drafter", 1.2, export=True), ngram]}
+        return [x for x in headline_lines({"evals": {"mt-bench": rec}}) if "prompt lookup alone" in x][0]
+
+    assert judged(1.02, 1.10).endswith("1.06x (95% interval over the prompts 1.02-1.10x): faster, beyond the noise")
+    assert judged(0.95, 1.09).endswith(": level with it within the noise (the interval spans 1)")
+    assert "0.90x (95% interval over the prompts 0.85-0.95x): slower, so at this budget" in judged(0.85, 0.95)
     assert lines(1.2, None) == []  # no lookup row measured: nothing to compare
     carried = [x for x in headline_lines({"evals": {"mt-bench": {"factors": [_factor("drafter", 1.2, True)]}}})]
     assert carried == ["- mt-bench: the drafter alone, the factor `drafterkit export` carries to a serving engine: "

@@ -200,6 +200,28 @@ def _row(role, method, tps):
     return dict(role=role, method=method, drafter="none" if role in ("plain", "hf") else method, tokens_per_s=tps)
 
 
+def _prompts(*pairs):
+    return [[i, t, w] for i, (t, w) in enumerate(pairs)]
+
+
+def test_a_factor_s_interval_is_a_paired_bootstrap_over_the_prompts_both_rows_decoded():
+    den = dict(per_prompt=_prompts((10, 1.0), (20, 2.0), (30, 2.0), (40, 5.0)))
+    steady = dict(per_prompt=[[i, 2 * t, w] for i, t, w in den["per_prompt"]])  # twice as fast on every prompt
+    assert factors.ratio_interval(steady, den) == pytest.approx([2.0, 2.0])
+    uneven = dict(per_prompt=_prompts((10, 0.5), (20, 2.0), (60, 2.0), (40, 2.5)))
+    lo, hi = factors.ratio_interval(uneven, den)
+    pooled = (130 / 7.0) / (100 / 10.0)
+    assert lo < pooled < hi and lo > 1.0 and hi < 3.0
+    assert factors.ratio_interval(uneven, den) == [lo, hi]  # seeded: the same record gives the same interval
+    assert factors.ratio_interval(dict(per_prompt=_prompts((1, 1.0))), dict(per_prompt=_prompts((1, 1.0)))) is None
+    assert factors.ratio_interval({}, den) is None  # a record written before per_prompt existed
+    assert factors.interval_words([0.981, 1.254]) == "0.98-1.25x" and factors.interval_words(None) == "-"
+    # summarize_eval keeps what the interval resamples: per prompt, tokens and seconds summed over its runs
+    runs = [dict(method="m", prompt=1, new_tokens=5, wall_s=0.5), dict(method="m", prompt=0, new_tokens=3, wall_s=0.2),
+            dict(method="m", prompt=1, new_tokens=4, wall_s=0.25)]
+    assert report.per_prompt(runs) == [[0, 3, 0.2], [1, 9, 0.75]]
+
+
 def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
     """The headline over generate = engine x drafter x lookup, each a ratio of two measured tokens/s; prompt
     lookup alone and speculation over plain decoding are references; the drafter alone is what an export carries."""
@@ -250,6 +272,10 @@ def test_an_eval_with_baselines_splits_each_drafter_s_speedup_over_generate(swee
     assert rows[("draft:1", "engine")]["ratio"] * rows[("draft:1", "drafter")]["ratio"] == pytest.approx(
         summary["draft:1"]["speedup_vs_hf"])
     assert rows[("draft:1", "ngram")]["ratio"] == pytest.approx(summary["ngram"]["speedup_vs_engine"])
+    n = rec["config"]["num_prompts"]
+    assert len(summary["draft:1"]["per_prompt"]) == n and all(r["interval"] for r in rec["factors"]) == (n > 1)
+    if n > 1:  # every factor's 95% interval over the prompts holds its pooled ratio
+        assert all(r["interval"][0] <= r["ratio"] <= r["interval"][1] for r in rec["factors"])
     md = out.with_suffix(".md").read_text()
     assert "Where the speedup of `draft:1` over `generate` comes from" in md
     assert "| drafter | the drafter alone vs the engine's plain decoding |" in md

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speceval import plots, report
-from speceval.factors import factors_sentence
+from speceval.factors import factors_sentence, interval_words
 
 
 def exactness_summary(records: dict, source: str) -> dict:
@@ -67,23 +67,42 @@ def exactness_lines(report_data: dict) -> list[str]:
 
 
 def headline_lines(report_data: dict) -> list[str]:
-    """Per benchmark, the headline over ``generate`` as the product of its measured factors, and the one
-    factor an export carries."""
+    """Per benchmark, the headline over ``generate`` as the product of its measured factors, the one factor
+    an export carries (with its 95% interval over prompts), and the drafter alone against prompt lookup
+    alone, paired on the same prompts: faster or slower beyond the noise, or level within it."""
     lines = []
     for bench, rec in report_data["evals"].items():
         lines += [f"- {bench}: {s}" for s in factors_sentence(rec.get("factors") or [])]
         factors = rec.get("factors") or []
         alone = [r for r in factors if r["export"] and r["ratio"] is not None][:1]
         lines += [f"- {bench}: the drafter alone, the factor `drafterkit export` carries to a serving engine: "
-                  f"{r['ratio']:.2f}x the engine's plain decoding, drafting a {r['shape']} (a serving engine drafts "
-                  "the shape it is configured with: vLLM a chain of `num_speculative_tokens`)" for r in alone]
+                  f"{r['ratio']:.2f}x the engine's plain decoding{_interval(r.get('interval'))}"
+                  + (f", drafting a {r['shape']} (a serving engine drafts the shape it is configured with: vLLM a "
+                     "chain of `num_speculative_tokens`)" if r.get("shape") else "") for r in alone]
         lookup = [r for r in factors if r["factor"] == "ngram" and r["ratio"] is not None][:1]
-        lines += [f"- {bench}: against prompt lookup alone (`ngram`, untrained, same shape: {n['ratio']:.2f}x the "
-                  f"engine's plain decoding), the drafter alone is {a['ratio'] / n['ratio']:.2f}x: "
-                  + ("faster" if a["ratio"] > n["ratio"] else "not faster, so at this budget the training has not "
-                     "yet paid for itself over lookup")
-                  for a in alone for n in lookup]
+        for a in alone:
+            for n in lookup:
+                vs = n.get("drafter_over") or dict(ratio=a["ratio"] / n["ratio"], interval=None)
+                lines.append(f"- {bench}: against prompt lookup alone (`ngram`, untrained, same shape: "
+                             f"{n['ratio']:.2f}x the engine's plain decoding), the drafter alone is "
+                             f"{vs['ratio']:.2f}x{_interval(vs['interval'])}: {_verdict(vs)}")
     return lines
+
+
+def _interval(interval: list[float] | None) -> str:
+    return f" (95% interval over the prompts {interval_words(interval)})" if interval else ""
+
+
+def _verdict(vs: dict) -> str:
+    """Whether a drafter-over-lookup ratio says the training paid for itself, judged by its interval when it
+    has one (:func:`speceval.factors.ratio_interval`)."""
+    lo, hi = vs["interval"] or (vs["ratio"], vs["ratio"])
+    if lo > 1:
+        return "faster" + (", beyond the noise" if vs["interval"] else "")
+    if hi < 1 or not vs["interval"]:
+        return ("slower" if hi < 1 else "not faster") + ", so at this budget the training has not yet paid for " \
+            "itself over lookup"
+    return "level with it within the noise (the interval spans 1)"
 
 
 #: steps the report's loss figures average over (one step's loss at batch 1 moves by tens of percent)
