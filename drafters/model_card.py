@@ -317,6 +317,11 @@ def _fmt(value, spec: str = "{:.2f}") -> str:
     return spec.format(value) if isinstance(value, (int, float)) else "-"
 
 
+def _spread(interval) -> str:
+    # the 95% interval over the eval's prompts (speceval.factors.ratio_interval), where the report has one
+    return f"; 95% interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else ""
+
+
 def quickstart_section(qs: dict) -> list[str]:
     """Markdown lines: the ``drafterkit quickstart`` measurement (:func:`quickstart_record`): per benchmark the
     drafter alone (the factor an export carries: tau, acceptance, per-position acceptance, its speed over the
@@ -334,7 +339,7 @@ def quickstart_section(qs: dict) -> list[str]:
                     f"{_fmt(row.get('tau'), '{:.3f}')} | {_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
                     f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | {_fmt(alone['ratio'])}x "
                     f"({_fmt(alone['tokens_per_s'], '{:.1f}')} vs {_fmt(alone['over_tokens_per_s'], '{:.1f}')} "
-                    "tokens/s) |")
+                    f"tokens/s{_spread(alone.get('interval'))}) |")
         group = [f for f in factors if f.get("group") == alone.get("group")]
         spec = next((f for f in group if f["factor"] == "speculation"), None)
         e2e = next((f for f in group if f["factor"] == "end to end"), None)

@@ -41,12 +41,25 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def per_prompt(runs: list[dict]) -> list[list]:
+    """``[[prompt index, new tokens, wall seconds], ...]`` of one method's runs, summed per prompt (the
+    units a paired interval resamples, :func:`ratio_interval`)."""
+    sums: dict[int, list] = {}
+    for r in runs:
+        if r.get("prompt") is None:
+            continue
+        acc = sums.setdefault(int(r["prompt"]), [int(r["prompt"]), 0, 0.0])
+        acc[1] += r["new_tokens"]
+        acc[2] += r["wall_s"]
+    return [sums[k] for k in sorted(sums)]
+
+
 def ratio_interval(num: dict, den: dict, level: float = 0.95) -> list[float] | None:
     """The ``level`` interval of ``num``'s pooled tokens/s over ``den``'s, from a paired bootstrap over the
     prompts both decoded: :data:`DRAWS` resamples (seeded, :data:`SEED`) of those prompts with replacement,
     each giving (sum of num's tokens / its seconds) / (sum of den's tokens / its seconds) over the drawn
     prompts; the percentiles at (1 - level) / 2 and (1 + level) / 2. ``num`` and ``den`` are summary rows
-    holding ``per_prompt`` (``speceval.report.per_prompt``). None with fewer than 2 shared prompts (or
+    holding ``per_prompt`` (:func:`per_prompt`). None with fewer than 2 shared prompts (or
     rows without ``per_prompt``, as in records written before it existed)."""
     a = {p: (t, s) for p, t, s in num.get("per_prompt") or []}
     b = {p: (t, s) for p, t, s in den.get("per_prompt") or []}
@@ -118,7 +131,8 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         shape in words, :func:`draft_shape_words`; None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
         floating-point rounding), the ``ngram`` row ``"drafter_over"`` (``{"ratio", "interval"}``: the drafter
-        alone over prompt lookup alone, paired on the same prompts). Empty without a plain (``engine``) row. ``engine`` and ``end to end``
+        alone over prompt lookup alone, paired on the same prompts). Empty without a plain (``engine``) row.
+        ``engine`` and ``end to end``
         need the ``hf`` row, ``ngram`` an ``ngram`` spec row (the one with the headline's tree if any).
     """
     plain = next((r for r in summary if r["role"] == "plain"), None)
@@ -160,14 +174,16 @@ def headline_factors(summary: list[dict]) -> list[dict]:
 
 
 def factors_sentence(rows: list[dict]) -> list[str]:
-    """One line per group: ``"<headline> = 1.40x (engine) x 1.27x (drafter) x 1.45x (lookup) over generate"``
-    (``[]`` when no group has an ``end to end`` row)."""
+    """One line per group: ``"<headline>: 2.58x (95% interval 2.31-2.87x) over generate = 1.40x (engine) x 1.27x
+    (drafter) x 1.45x (lookup)"`` (the interval when the row has one; ``[]`` when no group has an ``end to
+    end`` row)."""
     out = []
     for head in (r for r in rows if r["factor"] == "end to end"):
         parts = [f"{r['ratio']:.2f}x ({r['factor']})" for r in rows
                  if r["group"] == head["group"] and r["role"] == "factor" and r["ratio"] is not None]
         if head["ratio"] is not None:
-            out.append(f"{head['group']}: {head['ratio']:.2f}x over `generate` = {' x '.join(parts)}")
+            spread = f" (95% interval {interval_words(head['interval'])})" if head.get("interval") else ""
+            out.append(f"{head['group']}: {head['ratio']:.2f}x{spread} over `generate` = {' x '.join(parts)}")
     return out
 
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from decode.metrics import pool_stats
 from speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
-from speceval.factors import factor_cells
+from speceval.factors import factor_cells, per_prompt
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
 SWEEP_COLUMNS = [
@@ -52,7 +52,8 @@ EVAL_COLUMNS = [
 FACTOR_COLUMNS = [
     ("factor", "factor", "{}"), ("what is measured", "what", "{}"), ("ratio", "ratio", "{:.2f}x"),
     ("95% interval", "interval", "{}"), ("tokens/s", "tokens_per_s", "{:.2f}"),
-    ("over tokens/s", "over_tokens_per_s", "{:.2f}"), ("in the headline", "role", "{}"), ("carried by `drafterkit export`", "export", "{}"),
+    ("over tokens/s", "over_tokens_per_s", "{:.2f}"), ("in the headline", "role", "{}"),
+    ("carried by `drafterkit export`", "export", "{}"),
 ]
 CONCURRENCY_COLUMNS = [
     ("concurrency", "concurrency", "{}"), ("method", "method", "{}"), ("batches", "batches", "{}"),
@@ -108,19 +109,6 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
     return out
 
 
-def per_prompt(runs: list[dict]) -> list[list]:
-    """``[[prompt index, new tokens, wall seconds], ...]`` of one method's runs, summed per prompt (the
-    units a paired interval resamples, ``speceval.factors.ratio_interval``)."""
-    sums: dict[int, list] = {}
-    for r in runs:
-        if r.get("prompt") is None:
-            continue
-        acc = sums.setdefault(int(r["prompt"]), [int(r["prompt"]), 0, 0.0])
-        acc[1] += r["new_tokens"]
-        acc[2] += r["wall_s"]
-    return [sums[k] for k in sorted(sums)]
-
-
 def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
     """One row per method: :func:`aggregate` of its runs plus speedups over the same prompts.
 
@@ -131,7 +119,7 @@ def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
             method is filled by ``speceval.bench.evaluate`` afterwards.
 
     Returns:
-        rows with the aggregate fields, ``per_prompt`` (:func:`per_prompt`, what the factor intervals
+        rows with the aggregate fields, ``per_prompt`` (``speceval.factors.per_prompt``, what the factor intervals
         resample), ``speedup_vs_engine``, ``speedup_vs_hf`` (ratios of
         ``tokens_per_s``; ``None`` when that reference was not run) and, for spec rows,
         ``hf_native_tokens_per_s`` / ``hf_native_speedup_vs_hf`` of the matching HF-assisted method.

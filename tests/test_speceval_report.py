@@ -219,7 +219,7 @@ def test_a_factor_s_interval_is_a_paired_bootstrap_over_the_prompts_both_rows_de
     # summarize_eval keeps what the interval resamples: per prompt, tokens and seconds summed over its runs
     runs = [dict(method="m", prompt=1, new_tokens=5, wall_s=0.5), dict(method="m", prompt=0, new_tokens=3, wall_s=0.2),
             dict(method="m", prompt=1, new_tokens=4, wall_s=0.25)]
-    assert report.per_prompt(runs) == [[0, 3, 0.2], [1, 9, 0.75]]
+    assert factors.per_prompt(runs) == [[0, 3, 0.2], [1, 9, 0.75]]
 
 
 def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
