@@ -130,7 +130,10 @@ def measure(runs: list[dict], bench: str, prompts: Path, temperature: float, out
 
 
 def table(runs: list[dict], evals: dict[str, dict]) -> str:
-    """Markdown: one row per objective (and ngram), tau and x plain per benchmark / temperature."""
+    """Markdown: one row per objective (and ngram), tau and x plain per benchmark / temperature (with its 95%
+    interval over the prompts, ``speceval.factors.ratio_interval``)."""
+    from speceval.factors import interval_words, ratio_interval
+
     cols = list(evals)
     head = "| objective | steps | train min | " + " | ".join(f"{c} tau | {c} x plain" for c in cols) + \
            " | MT-bench T=0 per-position acceptance |"
@@ -141,7 +144,10 @@ def table(runs: list[dict], evals: dict[str, dict]) -> str:
         pos = "-"
         for c in cols:
             row = [s for s in evals[c]["summary"] if s["role"] == "spec"][i]  # in --drafter order
-            cells += [f"{row['tau']:.3f}", f"{row['speedup_vs_engine']:.2f}x"]
+            plain = next(s for s in evals[c]["summary"] if s["role"] == "plain")
+            spread = ratio_interval(row, plain)  # 95%, paired bootstrap over the prompts
+            cells += [f"{row['tau']:.3f}", f"{row['speedup_vs_engine']:.2f}x"
+                      + (f" ({interval_words(spread)})" if spread else "")]
             if c.startswith("mt-bench") and c.endswith("T=0"):
                 reached = row.get("reached_per_position") or [1] * len(row["accept_per_position"])
                 pos = " ".join(f"{a:.2f}" if n else "-" for a, n in zip(row["accept_per_position"], reached))
