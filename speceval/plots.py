@@ -22,8 +22,6 @@ def pyplot():
     return plt
 
 
-
-
 def plot_positions(ax, accept: list[float], reached: list[int] | None, label: str) -> int:
     """One per-position acceptance line on ``ax``: positions no proposal reached are left out (the record's
     0.0 there is not a 0% rate), and those fewer than :data:`FEW_PROPOSALS` proposals reached are drawn

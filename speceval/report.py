@@ -456,9 +456,9 @@ def render_markdown(record: dict) -> str:
              *([line] if (line := recorded_line(record)) else []),
              "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "
              "prompt by prompt; speedups are ratios of those measurements.",
-             "- tau (acceptance length): tokens committed per verification pass (target forward), the bonus token included (1.0 is "
-             "plain decoding); acceptance rate: accepted draft tokens / draft tokens proposed (every node of a "
-             "tree counts, so a tree's rate is lower than a chain's at the same tau).",
+             "- tau (acceptance length): tokens committed per verification pass (target forward), the bonus "
+             "token included (1.0 is plain decoding); acceptance rate: accepted draft tokens / draft tokens "
+             "proposed (every node of a tree counts, so a tree's rate is lower than a chain's at the same tau).",
              "- per-position acceptance: at draft position (tree depth) i, accepted / proposals that reached it; "
              f"`-` where no proposal reached it, `(n=...)` after a rate fewer than {FEW_PROPOSALS} proposals "
              "reached.", ""]

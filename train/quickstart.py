@@ -106,7 +106,8 @@ def resolve_recipe(kind: str | None, recipe: str | None) -> tuple[str, Path]:
     kind = kind or default_kind()
     path = Path(recipe) if recipe else RECIPES_DIR / f"{kind}.yaml"
     if not path.is_file():
-        have = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if p.stem in KINDS) if RECIPES_DIR.exists() else []
+        have = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if p.stem in KINDS) if RECIPES_DIR.exists() \
+            else []
         raise ValueError(f"no recipe {path} for drafter kind {kind!r}; pass --recipe FILE.yaml or a --kind with a "
                          f"recipe in {RECIPES_DIR} (kinds with one: {', '.join(have) or 'none'})")
     return kind, path
