@@ -92,21 +92,29 @@ def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, **ex
                 tokens_per_s=num["tokens_per_s"], over_tokens_per_s=den["tokens_per_s"],
                 ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), interval=ratio_interval(num, den),
                 export=name == "drafter",
-                shape=draft_shape_words(num) if name == "drafter" else None, **extra)
+                shape=draft_shape(num, cutoff=True) if name == "drafter" else None, **extra)
 
 
 def _tree(method: str) -> str | None:
     return method.split(" tree=", 1)[1] if " tree=" in method else None
 
 
-def draft_shape_words(row: dict) -> str:
-    """The draft shape an eval row measured, in words: ``tree 3,2,1,1,1, confidence cutoff 0.1`` or
-    ``chain of 5`` (from its method label, ``LABEL[@THRESHOLD][ tree=SPEC]``, and its ``k``)."""
-    method = str(row["method"])
+def draft_shape(row: dict, cutoff: bool = False) -> str:
+    """The draft shape an eval row measured, from its method label (``LABEL[@THRESHOLD][ tree=SPEC]``) and
+    its ``k``: ``tree 3,2,1,1,1`` for a tree row (its ``k`` is only the tree's depth), ``chain of K`` for a
+    chain, ``-`` for a row drafting nothing (plain decoding, ``generate``). With ``cutoff``, the confidence
+    cutoff the label carries is added in words (``tree 3,2,1,1,1, confidence cutoff 0.1``)."""
+    method = str(row.get("method", ""))
     tree, label = _tree(method), method.split(" tree=", 1)[0]
-    cutoff = label.rsplit("@", 1)[1] if "@" in label else ""
-    shape = f"tree {tree}" if tree else f"chain of {row.get('k')}"
-    return f"{shape}, confidence cutoff {cutoff}" if cutoff else shape
+    if tree:
+        shape = f"tree {tree}"
+    elif row.get("role", "spec") in ("spec", "hf-assisted") and row.get("k"):
+        shape = f"chain of {row['k']}"
+    else:
+        return "-"
+    if cutoff and "@" in label:
+        return f"{shape}, confidence cutoff {label.rsplit('@', 1)[1]}"
+    return shape
 
 
 def _lookup(method: str) -> tuple[str, str] | None:
@@ -128,7 +136,7 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
         :func:`ratio_interval`, or None), "export" (True on the drafter-alone
         row: the one factor ``drafterkit export`` carries to a serving engine), "shape" (that row's draft
-        shape in words, :func:`draft_shape_words`; None on the others)}``; the ``end to end`` row
+        shape in words, :func:`draft_shape` with its cutoff; None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
         floating-point rounding), the ``ngram`` row ``"drafter_over"`` (``{"ratio", "interval"}``: the drafter
         alone over prompt lookup alone, paired on the same prompts). Empty without a plain (``engine``) row.

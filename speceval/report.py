@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from decode.metrics import pool_stats
 from speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
-from speceval.factors import factor_cells, per_prompt
+from speceval.factors import draft_shape, factor_cells, per_prompt  # noqa: F401  (draft_shape re-exported)
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
 SWEEP_COLUMNS = [
@@ -198,16 +198,6 @@ def fmt(value: Any, spec: str = "{}") -> str:
     if isinstance(value, (list, tuple)):
         return " ".join(f"{v:.2f}" for v in value) or "-"
     return spec.format(value)
-
-
-def draft_shape(row: dict) -> str:
-    """What an eval row drafted, for its table's ``drafts`` column: ``tree 3,2,1`` for a tree row (its method
-    label ends in `` tree=SPEC``; its ``k`` is only the tree's depth), ``chain of K`` for a chain, ``-`` for
-    a row drafting nothing (plain decoding, ``generate``)."""
-    method = str(row.get("method", ""))
-    if " tree=" in method:
-        return "tree " + method.split(" tree=", 1)[1]
-    return f"chain of {row['k']}" if row.get("role") in ("spec", "hf-assisted") and row.get("k") else "-"
 
 
 def cell(row: dict, key: str, spec: str = "{}") -> str:

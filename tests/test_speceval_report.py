@@ -242,7 +242,8 @@ def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
     assert all(r["what"] for r in rows) and [r["factor"] for r in rows if r["export"]] == ["drafter", "drafter"]
     # the exported factor names the shape it was measured in (a serving engine drafts its own configured shape)
     assert mine["drafter"]["shape"] == "tree 3,2,1,1,1, confidence cutoff 0.1" and mine["lookup"]["shape"] is None
-    assert factors.draft_shape_words(dict(method="eagle3:train/last", k=5)) == "chain of 5"
+    assert factors.draft_shape(dict(method="eagle3:train/last", k=5), cutoff=True) == "chain of 5"
+    assert factors.draft_shape(dict(method="engine", role="plain", k=0)) == "-"
     # one table: rows shared by both headlines (engine over generate, prompt lookup alone) shown once
     table = report.parse_markdown_table(report.markdown_table(factors.factor_cells(rows), report.factor_columns(rows)))
     assert [r["factor"] for r in table].count("engine") == 1 and [r["factor"] for r in table].count("ngram") == 1
