@@ -92,7 +92,7 @@ def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, **ex
                 tokens_per_s=num["tokens_per_s"], over_tokens_per_s=den["tokens_per_s"],
                 ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), interval=ratio_interval(num, den),
                 export=name == "drafter",
-                shape=draft_shape(num, cutoff=True) if name == "drafter" else None, **extra)
+                shape=draft_shape(num, cutoff=True) if name in ("drafter", "ngram") else None, **extra)
 
 
 def _tree(method: str) -> str | None:
@@ -125,18 +125,37 @@ def _lookup(method: str) -> tuple[str, str] | None:
     return None
 
 
+def _name(method: str) -> str:
+    """The drafter spec a row label starts with (``eagle3:train/last+rest`` of ``eagle3:train/last+rest@0.1
+    (tuned) tree=3,2,1``)."""
+    return method.split(" ", 1)[0].split("@", 1)[0]
+
+
+def _drafter_alone(combo: dict, trained: list[dict]) -> dict | None:
+    """The drafter-alone row a ``SPEC+rest`` / ``SPEC+ngram`` row is divided by: the row of ``SPEC`` in the
+    same shape and threshold, else (each in its own tuned shape, ``--tree auto``) the row of ``SPEC`` that is
+    tuned as the combination is, else None."""
+    suffix = _lookup(combo["method"])[0]
+    exact = combo["method"].replace(suffix, "", 1)
+    same = [r for r in trained if not _lookup(r["method"]) and _name(r["method"]) == _name(exact)]
+    tuned = "(tuned)" in combo["method"]
+    return next((r for r in same if r["method"] == exact), None) or next(
+        (r for r in same if tuned and "(tuned)" in r["method"]), None)
+
+
 def headline_factors(summary: list[dict]) -> list[dict]:
     """The factor rows of an eval summary, one group per headline row: every ``SPEC+rest`` /
-    ``SPEC+ngram`` spec row whose drafter-alone row ``SPEC`` was measured too (else every spec row of a
-    trained drafter, whose headline is engine x drafter).
+    ``SPEC+ngram`` spec row whose drafter-alone row ``SPEC`` was measured too, in the same shape or, both
+    ``(tuned)``, each in its own tuned shape (else every spec row of a trained drafter, whose headline is
+    engine x drafter).
 
     Returns:
         rows ``{"group" (the headline row's method), "factor" ("engine" | "drafter" | "lookup" | "ngram" |
         "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method", "over" (the
         two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
         :func:`ratio_interval`, or None), "export" (True on the drafter-alone
-        row: the one factor ``drafterkit export`` carries to a serving engine), "shape" (that row's draft
-        shape in words, :func:`draft_shape` with its cutoff; None on the others)}``; the ``end to end`` row
+        row: the one factor ``drafterkit export`` carries to a serving engine), "shape" (the draft shape
+        in words of the drafter-alone and ``ngram`` rows, :func:`draft_shape` with its cutoff; None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
         floating-point rounding), the ``ngram`` row ``"drafter_over"`` (``{"ratio", "interval"}``: the drafter
         alone over prompt lookup alone, paired on the same prompts). Empty without a plain (``engine``) row.
@@ -150,13 +169,13 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         return []
     ngrams = [r for m, r in specs.items() if r["drafter"].split("#")[0].split(" ")[0] == "ngram"]
     trained = [r for r in specs.values() if r not in ngrams]
-    combos = [r for r in trained if _lookup(r["method"]) and
-              r["method"].replace(_lookup(r["method"])[0], "", 1) in specs]
+    bases = {r["method"]: _drafter_alone(r, trained) for r in trained if _lookup(r["method"])}
+    combos = [r for r in trained if bases.get(r["method"]) is not None]
     rows: list[dict] = []
     for head in combos or [r for r in trained if not _lookup(r["method"])]:
         group, found = head["method"], _lookup(head["method"])
         suffix, words = found if found and head in combos else (None, "")
-        base = specs[group.replace(suffix, "", 1)] if suffix else head
+        base = bases[group] if suffix else head
         group_rows = []
         if hf is not None:
             group_rows.append(_row(group, "engine", "factor", plain, hf, _WHAT["engine"]))

@@ -425,6 +425,8 @@ def _shapes(cfg: dict) -> str:
     chain is measured too)."""
     trees = [t for t in cfg.get("trees") or ["chain"] if t != "chain"]
     chain = "chain" in (cfg.get("trees") or ["chain"])
+    if trees == ["auto"]:
+        return f"each checkpoint in its tuned shape (auto), the other drafters as chains of K: {cfg['k']}"
     if not trees:
         return f"K: {cfg['k']}"
     return "trees: " + ", ".join(trees) + (f", chains of K: {cfg['k']}" if chain else "")

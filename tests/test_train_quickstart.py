@@ -277,6 +277,46 @@ def test_the_tune_stage_records_its_winner_and_the_eval_measures_it(tiny_quickst
     assert kept["written_by"] == "drafterkit quickstart" and kept["tuned"]["winners"] == rec["winners"]
 
 
+def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_quickstart, tmp_path, prompts_file):
+    import copy
+    import shutil
+
+    root, ckpt, _, _, args, tok, store = tiny_quickstart
+    args = copy.deepcopy(args)
+    args.dtype = "bf16"  # measured in bf16, so the exactness check is the separate fp32 run, shape by shape
+    mine = tmp_path / "train" / "checkpoints" / "last"
+    shutil.copytree(ckpt, mine)
+    target, _ = load_target(str(root / "target"), dtype="bf16", device="cpu")
+    search = dict(target_name=str(root / "target"), benchmark=str(prompts_file), num_prompts=1, max_new_tokens=4,
+                  ks=[2], dynamic=[], thresholds=[0.0])
+    alone = quickstart.tune_stage(mine, args, target, tok, **search)
+    rest = quickstart.tune_stage(mine, args, target, tok, behind="+rest", datastore=store, **search)
+    assert rest["search"]["incumbent"] == "chain K=5 @0.1" and alone["search"]["incumbent"] == "tree=3,2,1,1,1 @0.1"
+    # an untrained tiny head is no faster than plain decoding; mark both winners faster, as a trained head's are
+    path = mine / "drafter" / "decoding.json"
+    saved = json.loads(path.read_text())
+    for key, rec in (("tuned", alone), ("tuned+rest", rest)):
+        saved[key]["winners"]["1"]["speedup"] = rec["winners"]["1"]["speedup"] = 1.3
+    path.write_text(json.dumps(saved))
+    k, note = quickstart.apply_tuned(args, 5, alone, rest)
+    assert args.trees == ["auto"] and "each in its own tuned shape" in note and k == 5
+    assert "prompt lookup alone as a chain of 5" in quickstart.eval_words(args, k)
+    records = quickstart.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
+                                    datastore_source=str(root / "store.npz"))
+    spec = [r["method"] for r in records["mt-bench"]["summary"] if r["role"] == "spec"]
+    assert sum("(tuned)" in m for m in spec) == 2 and "ngram" in spec, spec  # ngram: a chain of K, no tree
+    factors = records["mt-bench"]["factors"]
+    assert {f["factor"] for f in factors} >= {"drafter", "lookup", "ngram"}  # the tuned rows pair up
+    assert next(f for f in factors if f["factor"] == "ngram")["shape"] == "chain of 5"
+    shapes = quickstart.measured_shapes(alone, rest, mine)
+    check = quickstart.exactness_stage(records, args, tok, store, shapes)
+    assert check["source"] == quickstart.SEPARATE_CHECK and check["checked"] and len(check["methods"]) == 2
+    assert all(m["identical"] == m["compared"] for m in check["methods"].values()), check
+    quickstart.record_decoding(mine, records, tmp_path, shapes=shapes)  # the drafter's own shape, spelled out
+    kept = json.loads(path.read_text())
+    assert kept["trees"] == [alone["winners"]["1"]["tree"]] and kept["k"] == alone["winners"]["1"]["k"], kept
+
+
 def test_default_kind_follows_the_recipes_present():
     expected = "eagle3" if (quickstart.RECIPES_DIR / "eagle3.yaml").exists() else "draft_lm"
     assert quickstart.default_kind() == expected

@@ -59,6 +59,7 @@ import torch
 from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
 from assets.target import load_target
+from decode.inputs import AUTO
 from drafters import KINDS, resolve_checkpoint
 from drafters.base import weights_sha256
 from drafters.datastore import cached_datastore
@@ -75,7 +76,7 @@ from train.quickstart_args import (
     EXACTNESS_TOKENS,
 )
 from train.quickstart_plan import Stages, feature_source, needs_lines
-from train.quickstart_report import exactness_summary, print_summary, write_report
+from train.quickstart_report import exactness_summary, merge_checks, print_summary, write_report
 from train.recipe import RecipeError, load_recipe
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -86,6 +87,10 @@ BENCHMARKS = ("mt-bench", "humaneval")
 #: eval stage measures)
 QUICK_TUNE = dict(ks=[3, 5], dynamic=["dynamic:12:4:3", "dynamic:24:5:4"], thresholds=[0.05, 0.1, 0.2],
                   benchmark="sharegpt", num_prompts=4, max_new_tokens=32, concurrency=1, eta=3, first=1)
+#: the shape the drafter behind prompt lookup + retrieval keeps unless a challenger is faster beyond the noise:
+#: behind lookup a chain of 5 beat the fixed tree on unseen MT-bench (1.58x vs 1.47x and 1.60x vs 1.51x plain
+#: decoding, two runs; BENCHMARKS.md, "Tuning the head behind lookup + retrieval as its own proposer")
+REST_INCUMBENT = "chain:5@0.1"
 #: the target the quickstart trains for and the corpus its ``+rest`` rows retrieve from
 TARGET, DATASTORE = EVAL_DEFAULTS.target, "sharegpt"
 #: what the report calls the fp32 exactness check run apart from the eval (:data:`EXACTNESS_TOKENS` new tokens)
@@ -179,32 +184,60 @@ def _load_again(recipe_path: Path, settings: list[str]):
         return load_recipe(recipe_path, settings)
 
 
-def tune_stage(ckpt: Path, args, target, tok, *, target_name: str = TARGET, **search) -> dict:
-    """``drafterkit tune`` on the trained drafter with :data:`QUICK_TUNE`'s search (``search`` overrides
-    entries of it), written into its folder's ``decoding.json`` (``speceval.tune.tune``); returns tune's
-    record (``winners``, ``table``, ``search``...)."""
-    return tune(str(ckpt), target_name=target_name, dtype=args.dtype, device=args.device,
+def tune_stage(ckpt: Path, args, target, tok, *, target_name: str = TARGET, behind: str = "", datastore=None,
+               **search) -> dict:
+    """``drafterkit tune`` on the trained drafter (``behind="+rest"``: on the drafter behind prompt lookup +
+    retrieval from ``datastore``, a proposer with its own best shape, from the incumbent :data:`REST_INCUMBENT`)
+    with :data:`QUICK_TUNE`'s search (``search`` overrides entries of it), written into its folder's
+    ``decoding.json`` (``speceval.tune.tune``); returns tune's record (``winners``, ``table``, ``search``...)."""
+    own = dict(incumbent=REST_INCUMBENT, datastore=datastore) if behind == "+rest" else {}
+    return tune(f"{ckpt}{behind}", target_name=target_name, dtype=args.dtype, device=args.device,
                 trees=list(DEFAULT_TREES), target=target, tok=tok, progress=not args.no_progress, write=True,
-                **{**QUICK_TUNE, **search})
+                **{**QUICK_TUNE, **own, **search})
 
 
-def apply_tuned(args, k: int, tuned: dict | None) -> tuple[int, str]:
-    """Make the eval stage measure tune's batch-size-1 winner: set ``args.trees`` / ``args.draft_thresholds``
-    and return ``(K, what was done)``. Left as they are (and said why) when ``--tree`` or ``--draft-threshold``
-    was given (explicit flags win), when there is no tuned record, or when the winner was not faster than
-    plain decoding (``drafters.tuned.beats_plain``: the fixed tree is measured instead)."""
+def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None) -> tuple[int, str]:
+    """Make the eval stage measure tune's batch-size-1 winners: set ``args.trees`` / ``args.draft_thresholds``
+    and return ``(K, what was done)``. With a usable winner for the drafter behind lookup + retrieval too
+    (``tuned_rest``), every row is measured in its own tuned shape (``--tree auto``; prompt lookup alone,
+    which has none, as a chain of K); else every row in the drafter's winner. Left as they are (and said
+    why) when ``--tree`` or ``--draft-threshold`` was given (explicit flags win), when there is no tuned
+    record, or when the drafter's winner was not faster than plain decoding (``drafters.tuned.beats_plain``:
+    the fixed tree is measured instead)."""
     w = ((tuned or {}).get("winners") or {}).get("1")
     if w is None:
         return k, f"no tuned setting: the eval measures {' and '.join(args.trees or DEFAULT_TREES)}"
-    found = f"{Candidate(w['tree'], int(w['k']), float(w['draft_threshold'])).label} ({w['speedup']:.2f}x plain " \
-            f"decoding on the tuning prompts)"
+    found = _found(w)
     if args.trees or args.draft_thresholds is not None:
         return k, f"tune chose {found}; the eval measures the --tree / --draft-threshold given instead"
     if not beats_plain(w):
         return k, (f"tune's best, {found}, was not faster than plain decoding: the eval measures the fixed tree "
                    f"{' and '.join(DEFAULT_TREES)} instead")
+    rest = ((tuned_rest or {}).get("winners") or {}).get("1")
+    if rest is not None and beats_plain(rest):
+        args.trees = [AUTO]
+        return k, (f"tune chose {found} for the drafter alone and {_found(rest)} for it behind prompt lookup + "
+                   f"retrieval: the eval measures each in its own tuned shape, prompt lookup alone as a chain of {k}")
     args.trees, args.draft_thresholds = [w["tree"]], str(w["draft_threshold"])
-    return int(w["k"]), f"tune chose {found}: the eval measures it"
+    why = "" if rest is None else f" (behind prompt lookup + retrieval tune's best, {_found(rest)}, was not faster " \
+                                  "than plain decoding)"
+    return int(w["k"]), f"tune chose {found}: the eval measures it{why}"
+
+
+def _found(w: dict) -> str:
+    return (f"{Candidate(w['tree'], int(w['k']), float(w['draft_threshold'])).label} ({w['speedup']:.2f}x plain "
+            f"decoding on the tuning prompts)")
+
+
+def measured_shapes(tuned: dict | None, tuned_rest: dict | None, ckpt: Path) -> dict[str, dict]:
+    """``{drafter spec: tune's batch-size-1 winner}`` of the rows an ``--tree auto`` eval measured in their own
+    tuned shape (the drafter, and the drafter behind lookup + retrieval), for the fp32 exactness check."""
+    out = {}
+    for spec, rec in ((str(ckpt), tuned), (f"{ckpt}+rest", tuned_rest)):
+        w = ((rec or {}).get("winners") or {}).get("1")
+        if w is not None:
+            out[spec] = w
+    return out
 
 
 def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARGET,
@@ -239,11 +272,12 @@ def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None, **names) -
     return records
 
 
-def exactness_stage(records: dict, args, tok, datastore=None) -> dict:
+def exactness_stage(records: dict, args, tok, datastore=None, shapes: dict | None = None) -> dict:
     """The fp32 greedy check: the drafter's rows of each eval record (not ``ngram``'s) on its first
     ``--exactness-prompts`` prompts, :data:`EXACTNESS_TOKENS` new tokens at most, against plain decoding
     through the same engine, with a target loaded in fp32 (``speceval.harness.check_exactness`` via
-    ``speceval.bench.evaluate``). With ``--dtype fp32`` the eval rows themselves were checked and are
+    ``speceval.bench.evaluate``); rows an ``--tree auto`` eval measured in their own tuned shape are checked
+    in it (``shapes``: :func:`measured_shapes`). With ``--dtype fp32`` the eval rows themselves were checked and are
     summarized instead. Returns ``train.quickstart_report.exactness_summary``."""
     if resolve_dtype(args.dtype) == torch.float32:
         return exactness_summary(records, "the measured rows")
@@ -253,20 +287,34 @@ def exactness_stage(records: dict, args, tok, datastore=None) -> dict:
     target, _ = load_target(first["target"], dtype="fp32", device=args.device)
     checks = {}
     for bench, rec in records.items():
-        cfg = EvalConfig(**{**rec["config"], "dtype": "fp32", "num_prompts": args.exactness_prompts,
-                            "max_new_tokens": min(EXACTNESS_TOKENS, args.max_new_tokens), "baselines": ["engine"],
-                            "drafters": [d for d in rec["config"]["drafters"] if d != "ngram"]})
-        checks[bench] = evaluate(cfg, target=target, tok=tok, datastore=datastore)
+        base = {**rec["config"], "dtype": "fp32", "num_prompts": args.exactness_prompts,
+                "max_new_tokens": min(EXACTNESS_TOKENS, args.max_new_tokens), "baselines": ["engine"]}
+        drafters = [d for d in rec["config"]["drafters"] if d != "ngram"]
+        if rec["config"]["trees"] != [AUTO]:
+            configs = [EvalConfig(**{**base, "drafters": drafters})]
+        else:  # each row in the shape it was measured in: tune's setting, spelled out (it was tuned in another dtype)
+            configs = [EvalConfig(**{**base, "drafters": [d], "trees": [shapes[d]["tree"]], "k": int(shapes[d]["k"]),
+                                     "draft_thresholds": [float(shapes[d]["draft_threshold"])],
+                                     "datastore": base["datastore"] if d.endswith("+rest") else None})
+                       for d in drafters]
+        checks[bench] = merge_checks([evaluate(cfg, target=target, tok=tok, datastore=datastore) for cfg in configs])
     return exactness_summary(checks, SEPARATE_CHECK)
 
 
-def record_decoding(ckpt: Path, records: dict, out: Path, threads: int | None = None) -> dict:
+def record_decoding(ckpt: Path, records: dict, out: Path, threads: int | None = None,
+                    shapes: dict | None = None) -> dict:
     """Write the eval's decoding settings into the drafter's folder (``decoding.json``, which
-    ``drafterkit eval --drafter`` reads) with the ``drafterkit eval`` commands that reproduce each
-    benchmark's rows (output ``<out>/eval-<benchmark>.json``); returns ``{"decoding_json", "commands"}``."""
+    ``drafterkit eval --drafter`` reads; after an ``--tree auto`` eval, the drafter's own tuned shape spelled
+    out, ``shapes``: :func:`measured_shapes`, so that it holds on any machine) with the ``drafterkit eval``
+    commands that reproduce each benchmark's rows (output ``<out>/eval-<benchmark>.json``); returns
+    ``{"decoding_json", "commands"}``."""
     commands = [command_line(rec["config"], threads=threads, output=out / f"eval-{bench}.json")
                 for bench, rec in records.items()]
-    first = next(iter(records.values()))
+    first = dict(next(iter(records.values())))
+    own = (shapes or {}).get(str(ckpt))
+    if first["config"]["trees"] == [AUTO] and own is not None:
+        first["config"] = {**first["config"], "trees": [own["tree"]], "k": int(own["k"]),
+                           "draft_thresholds": [float(own["draft_threshold"])]}
     folder = resolve_checkpoint(ckpt)[0]
     # the report's absolute path and the hash of the weights measured: `drafterkit export` finds the measured
     # numbers for its model card through them, and ignores them once the folder holds other weights
@@ -292,12 +340,17 @@ def stage_names(args) -> list[str]:
             *(["exactness"] if separate else []), "report"]
 
 
-def eval_words(args) -> str:
-    """What the eval stage measures, in words, for its header."""
+def eval_words(args, k: int = 5) -> str:
+    """What the eval stage measures, in words, for its header (``k``: the chain prompt lookup alone drafts when
+    every other row is measured in its own tuned shape)."""
     rows = ["the drafter alone", "prompt lookup alone"] + ([] if args.no_hybrid else ["the drafter + lookup + "
                                                                                      "retrieval"])
-    shapes = ", ".join(args.trees or DEFAULT_TREES)
-    return (f"{', '.join(rows)} (draft shape {shapes}, threshold {args.draft_thresholds or DEFAULT_THRESHOLD}) vs "
+    if args.trees == [AUTO]:
+        shapes = f"each trained row in its own tuned shape, prompt lookup alone as a chain of {k}"
+    else:
+        shapes = f"draft shape {', '.join(args.trees or DEFAULT_TREES)}, threshold " \
+                 f"{args.draft_thresholds or DEFAULT_THRESHOLD}"
+    return (f"{', '.join(rows)} ({shapes}) vs "
             f"{args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, {args.num_prompts} prompts x up to "
             f"{args.max_new_tokens} new tokens each, {args.dtype}")
 
@@ -344,27 +397,31 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
-    k, tuned = recipe.eval.k, None
+    k, tuned, tuned_rest = recipe.eval.k, None, None
     if not args.no_tune:
-        with stages.stage("tune", f"drafterkit tune's search over chains, trees and thresholds ("
+        behind = "" if args.no_hybrid else ", alone and behind prompt lookup + retrieval"
+        with stages.stage("tune", f"drafterkit tune's search over chains, trees and thresholds{behind} ("
                           f"{QUICK_TUNE['num_prompts']} held-out ShareGPT prompts x {QUICK_TUNE['max_new_tokens']} "
                           "new tokens, batch size 1), recorded in the drafter's decoding.json", outside):
             tuned = tune_stage(ckpt, args, target, tok)
-    k, tuned_note = apply_tuned(args, k, tuned) if tuned is not None else (k, "")
+            if not args.no_hybrid:
+                tuned_rest = tune_stage(ckpt, args, target, tok, behind="+rest", datastore=datastore)
+    k, tuned_note = apply_tuned(args, k, tuned, tuned_rest) if tuned is not None else (k, "")
     if tuned_note:
         print(f"drafterkit quickstart: {tuned_note}", flush=True)
-    with stages.stage("eval", eval_words(args), f"{outside}; not time-bounded"):
+    with stages.stage("eval", eval_words(args, k), f"{outside}; not time-bounded"):
         evals = eval_stage(ckpt, args, target, tok, k, datastore)
     del target  # the fp32 check loads its own
     check = "exactness" in stages.names
     with (stages.stage("exactness", f"fp32 greedy outputs of the drafter rows vs plain decoding, "
                        f"{args.exactness_prompts} prompts per benchmark x up to {EXACTNESS_TOKENS} new tokens",
                        outside) if check else contextlib.nullcontext()):
-        exactness = exactness_stage(evals, args, tok, datastore)
+        exactness = exactness_stage(evals, args, tok, datastore, measured_shapes(tuned, tuned_rest, ckpt))
     with stages.stage("report", f"report.json, report.md and plots in {out}", "seconds", record=False):
-        reproduce = record_decoding(ckpt, evals, out, args.threads)
+        reproduce = record_decoding(ckpt, evals, out, args.threads, measured_shapes(tuned, tuned_rest, ckpt))
         report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness,
-                           reproduce=reproduce, tuned=_tuned_summary(tuned, tuned_note))
+                           reproduce=reproduce, tuned=_tuned_summary(tuned, tuned_note),
+                           tuned_rest=_tuned_summary(tuned_rest, tuned_note))
         paths = write_report(out, report_data)
     print_summary(report_data, paths)
     return 0

@@ -43,6 +43,19 @@ def exactness_summary(records: dict, source: str) -> dict:
     return out
 
 
+def merge_checks(records: list[dict]) -> dict:
+    """One eval record of a benchmark from the fp32 checks of its rows run apart (each drafter in its own tuned
+    shape, on the same prompts): the first record, with every record's rows, summary and mismatch counts."""
+    if len(records) == 1:
+        return records[0]
+    out = {**records[0], "summary": list({r["method"]: r for rec in records for r in rec["summary"]}.values())}
+    ex = out["exactness"] = {**records[0]["exactness"]}
+    for key in ("mismatches", "mismatched_prompts"):
+        ex[key] = {m: v for rec in records for m, v in (rec["exactness"].get(key) or {}).items()}
+    ex["checked"] = all(rec["exactness"]["checked"] for rec in records)
+    return out
+
+
 def exactness_lines(report_data: dict) -> list[str]:
     """The exactness lines of the report: the fp32 check's count of outputs identical to plain decoding per
     drafter row and, for evals in another dtype, how many measured outputs differ from plain decoding's and
@@ -83,7 +96,9 @@ def headline_lines(report_data: dict) -> list[str]:
         for a in alone:
             for n in lookup:
                 vs = n.get("drafter_over") or dict(ratio=a["ratio"] / n["ratio"], interval=None)
-                lines.append(f"- {bench}: against prompt lookup alone (`ngram`, untrained, same shape: "
+                same = n.get("shape") == (a.get("shape") or "").split(", confidence cutoff")[0]
+                shape = "same shape" if same or not n.get("shape") else f"drafting a {n['shape']}"
+                lines.append(f"- {bench}: against prompt lookup alone (`ngram`, untrained, {shape}: "
                              f"{n['ratio']:.2f}x the engine's plain decoding), the drafter alone is "
                              f"{vs['ratio']:.2f}x{_interval(vs['interval'])}: {_verdict(vs)}")
     return lines
@@ -134,10 +149,12 @@ def write_report(out: Path, report_data: dict) -> dict:
     lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
               f"{tr['stopped']}, {loss_words(tr['losses'])}; evaluated `{tr['checkpoint']}`.", ""]
     if tuned := report_data.get("tuned"):
-        lines += ["## Decoding shape", "", f"`drafterkit tune` ({tuned['search']['candidates']} candidates, "
+        rest = report_data.get("tuned_rest")
+        seconds = tuned["search"]["seconds"] + (rest["search"]["seconds"] if rest else 0)
+        runs = "two searches, the drafter alone and behind prompt lookup + retrieval, each of " if rest else ""
+        lines += ["## Decoding shape", "", f"`drafterkit tune` ({runs}{tuned['search']['candidates']} candidates, "
                   f"{tuned['prompts']['count']} {tuned['prompts']['benchmark']} prompts x "
-                  f"{tuned['prompts']['max_new_tokens']} new tokens, {tuned['search']['seconds']:.0f} s): "
-                  f"{tuned['note']}.", ""]
+                  f"{tuned['prompts']['max_new_tokens']} new tokens, {seconds:.0f} s): {tuned['note']}.", ""]
     if heads := headline_lines(report_data):
         lines += ["## Where the speedup comes from", "", *heads, "",
                   "Each factor is a ratio of two tokens/s measured in the same run (tables below).", ""]
