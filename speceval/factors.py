@@ -113,7 +113,7 @@ def draft_shape(row: dict, cutoff: bool = False) -> str:
     else:
         return "-"
     if cutoff and "@" in label:
-        return f"{shape}, confidence cutoff {label.rsplit('@', 1)[1]}"
+        return f"{shape}, confidence cutoff {label.rsplit('@', 1)[1].split(' ', 1)[0]}"
     return shape
 
 

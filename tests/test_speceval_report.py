@@ -244,6 +244,8 @@ def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
     assert mine["drafter"]["shape"] == "tree 3,2,1,1,1, confidence cutoff 0.1" and mine["lookup"]["shape"] is None
     assert factors.draft_shape(dict(method="eagle3:train/last", k=5), cutoff=True) == "chain of 5"
     assert factors.draft_shape(dict(method="engine", role="plain", k=0)) == "-"
+    tuned = dict(method="eagle3:train/last@0.1 (tuned) tree=3,2,1,1,1", k=5)  # an --tree auto row
+    assert factors.draft_shape(tuned, cutoff=True) == "tree 3,2,1,1,1, confidence cutoff 0.1"
     # one table: rows shared by both headlines (engine over generate, prompt lookup alone) shown once
     table = report.parse_markdown_table(report.markdown_table(factors.factor_cells(rows), report.factor_columns(rows)))
     assert [r["factor"] for r in table].count("engine") == 1 and [r["factor"] for r in table].count("ngram") == 1

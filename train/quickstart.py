@@ -1,6 +1,6 @@
 """``drafterkit quickstart``: fetch, train and evaluate a drafter for the default target, end to end.
 
-    drafterkit quickstart                                  # 14.5 min training; ~20 min in all on 2 cores with bf16 units, ~34 in fp32
+    drafterkit quickstart                                  # 14.5 min training; ~22 min in all on 2 cores with bf16 units, ~34 in fp32
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
 Before it starts, the quickstart states its plan and what it needs (time, memory, disk); each stage then
