@@ -421,7 +421,12 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
 def run(args: argparse.Namespace) -> int:
     """``drafterkit export``: 0 on success, 2 on a usage error or an unreachable Hub (message on stderr)."""
     if args.output is None and not args.push_to_hub:
-        print("drafterkit export: give --output DIR and/or --push-to-hub REPO", file=sys.stderr)
+        print("drafterkit export: error: give --output DIR and/or --push-to-hub REPO", file=sys.stderr)
+        return 2
+    try:
+        resolve_dtype(args.dtype)
+    except ValueError as exc:
+        print(f"drafterkit export: error: --dtype: {exc}", file=sys.stderr)
         return 2
     hub_error = None
     try:

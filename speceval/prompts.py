@@ -154,7 +154,8 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
     if not out:
         raise ValueError(f"{benchmark}: no prompt of at most {max_prompt_tokens} tokens among {len(items)}; "
                          f"raise {limit_name}")
-    warnings.warn(f"{benchmark}: using {len(out)} prompts, fewer than the {num_prompts} asked (--num-prompts): "
+    plural = "" if len(out) == 1 else "s"
+    warnings.warn(f"{benchmark}: using {len(out)} prompt{plural}, fewer than the {num_prompts} asked (--num-prompts): "
                   f"{len(items)} in the benchmark" + (f", {len(skipped)} {reason}" if skipped else ""),
                   stacklevel=3)
     return PromptSelection(out, skipped)

@@ -39,7 +39,7 @@ from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
 from drafters.base import weights_sha256
 from drafters.hybrid import drafts_trees
-from drafters.tuned import LOOKUP_SUFFIXES, beats_plain, tuned_key
+from drafters.tuned import DECODING_FILE, LOOKUP_SUFFIXES, beats_plain, tuned_key
 from speceval import report
 from speceval.harness import machine_info
 from speceval.bench import datastore_loader
@@ -47,7 +47,7 @@ from speceval.eval_args import DEFAULT_DATASTORE
 from speceval.methods import build_drafter, retrieval_info
 from speceval.plots import pyplot, save_figure
 from speceval.prompts import Prompt, select_prompts
-from speceval.recorded import TUNE_PLOT, drafterkit_version, write_tuned
+from speceval.recorded import TUNE_PLOT, drafterkit_version, read_decoding, write_tuned
 from speceval.tune_args import (
     DEFAULT_DYNAMIC,
     DEFAULT_INCUMBENT,
@@ -237,7 +237,10 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
     folder, behind = _folder(checkpoint), _behind(checkpoint)
-    spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None)
+    try:
+        spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None)
+    except ValueError as exc:  # eval's message names its --drafter flag; tune takes the checkpoint as an argument
+        raise ValueError(str(exc).replace(f"--drafter {checkpoint}", f"tune {checkpoint}", 1)) from None
     if spec is None:
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
@@ -267,6 +270,23 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT.replace(".png", f"{behind}.png")))
         record["file"] = str(write_tuned(folder, record, behind))
     return record
+
+
+def recorded_dtype(checkpoint: str) -> str:
+    """The dtype ``checkpoint``'s ``decoding.json`` records (what ``drafterkit eval --drafter`` measures it in,
+    so a tuned setting matches it), said on stdout; ``fp32`` where none is recorded.
+
+    Raises:
+        ValueError: an unreadable ``decoding.json`` (``speceval.recorded.read_decoding``).
+    """
+    folder = _folder(checkpoint)
+    path = folder / DECODING_FILE if folder is not None else None
+    dtype = read_decoding(path).get("dtype") if path is not None and path.is_file() else None
+    if dtype is None:
+        return "fp32"
+    print(f"drafterkit tune: --dtype {dtype}, as {path} records it (the dtype drafterkit eval measures this drafter "
+          "in); give --dtype to tune another")
+    return dtype
 
 
 def _behind(checkpoint: str) -> str:
@@ -386,6 +406,8 @@ def run(args: argparse.Namespace) -> int:
         report.disable_progress_bars()
     trees = args.trees if args.trees else list(DEFAULT_TREES)
     try:
+        if args.dtype is None:
+            args.dtype = recorded_dtype(args.checkpoint)
         check_settings(args.k, trees, args.dynamic, args.max_new_tokens)
         rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,

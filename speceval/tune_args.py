@@ -32,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the corpus PATH+rest retrieves from: sharegpt or a ShareGPT / chat JSON(L) file (default: "
                         "sharegpt, as drafterkit eval)")
     p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
-    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 | auto")
+    p.add_argument("--dtype", default=None,
+                   help="fp32 | bf16 | fp16 | auto (default: the dtype the drafter's decoding.json records, as "
+                        "drafterkit eval uses it, else fp32)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda where available, as drafterkit eval)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--benchmark", default="sharegpt",

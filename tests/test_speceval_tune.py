@@ -297,3 +297,16 @@ def test_tune_behind_lookup_records_its_own_entry_that_eval_tree_auto_uses(world
                  "--benchmark", str(prompts), "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine",
                  "--no-progress", "--tree", "auto", "--output", str(out)]) == 2
     assert "no setting faster than plain decoding" in capsys.readouterr().err
+
+
+def test_tune_takes_the_dtype_the_drafter_is_measured_in_unless_given(tmp_path, capsys):
+    from speceval.tune import recorded_dtype
+
+    target = tiny_llama(0)
+    folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
+        tmp_path / "m")
+    assert recorded_dtype(str(folder)) == "fp32"  # nothing recorded: fp32, silently
+    assert capsys.readouterr().out == ""
+    (folder / DECODING_FILE).write_text(json.dumps(dict(dtype="bf16", trees=["3,2,1"], k=5, draft_thresholds=[0.1])))
+    assert recorded_dtype(str(folder)) == "bf16" and recorded_dtype(f"{folder}+rest") == "bf16"
+    assert "--dtype bf16, as" in capsys.readouterr().out

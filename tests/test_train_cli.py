@@ -77,3 +77,15 @@ def test_export_formats_match_the_exporter():
     from train.export_args import FORMATS as NAMES
 
     assert NAMES == tuple(sorted(FORMATS))
+
+
+@pytest.mark.parametrize("argv", [["quickstart", "--dtype", "fp64", "--output-dir", "{tmp}/qs"],
+                                  ["export", "{tmp}/none", "--format", "vllm-eagle3", "--output", "{tmp}/x",
+                                   "--dtype", "fp64"]])
+def test_an_unknown_dtype_is_a_usage_error_naming_the_valid_ones(argv, tmp_path, capsys):
+    from train.cli import main
+
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "error: --dtype" in err and "fp64" in err and "Traceback" not in err
+    assert not (tmp_path / "qs").exists() and not (tmp_path / "x").exists()  # refused before anything is written

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import time
 import warnings
@@ -172,7 +173,7 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
                    checkpoint=str(ckpt),
                    global_step=result.global_step, stopped=result.stopped, losses=result.losses,
                    final_loss=result.losses[-1] if result.losses else None, best_score=result.best_score,
-                   in_loop_evals=result.evals)
+                   in_loop_evals=result.evals, signal=result.signal)
     return ckpt, summary
 
 
@@ -362,6 +363,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        resolve_dtype(args.dtype, args.device)
+    except ValueError as exc:
+        print(f"drafterkit quickstart: error: --dtype: {exc}", file=sys.stderr)
+        return 2
     if str(args.dtype).lower() == "auto":  # recorded and printed as what ran, so the printed commands reproduce it
         args.dtype = "bf16" if resolve_dtype("auto", args.device) == torch.bfloat16 else "fp32"
         print(f"drafterkit quickstart: --dtype auto -> {args.dtype} on this device")
@@ -397,6 +403,23 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2
+    if train_summary["stopped"] == "interrupted":  # SIGINT / SIGTERM: last/ is saved; stop here, as asked
+        sig = train_summary.get("signal") or signal.SIGINT
+        print(f"drafterkit quickstart: stopped by {signal.Signals(sig).name} during training; {ckpt} is saved "
+              f"(step {train_summary['global_step']}): `drafterkit quickstart --resume --output-dir {out}` continues "
+              "it", file=sys.stderr)
+        return 128 + int(sig)
+    try:
+        return _after_training(args, stages, recipe, ckpt, train_summary, target, tok, datastore, out, timings)
+    except KeyboardInterrupt:
+        print(f"\ndrafterkit quickstart: interrupted after training; the drafter is saved in {ckpt} (measure it with "
+              f"`drafterkit eval --drafter {ckpt}`)", file=sys.stderr)
+        return 130
+
+
+def _after_training(args, stages, recipe, ckpt, train_summary, target, tok, datastore, out, timings) -> int:
+    """The quickstart's stages after training: tune, eval, exactness, report."""
+    outside = "outside the --minutes budget"
     k, tuned, tuned_rest = recipe.eval.k, None, None
     if not args.no_tune:
         behind = "" if args.no_hybrid else ", alone and behind prompt lookup + retrieval"

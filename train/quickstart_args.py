@@ -27,7 +27,8 @@ EXACTNESS_TOKENS = 64
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=14.5,
-                   help="training budget in minutes (train.max_minutes); fetch + eval add ~4 min on a 2-core CPU")
+                   help="training budget in minutes (train.max_minutes); tune, eval and the exactness check add "
+                        "~7 min on a 2-core CPU with bf16 units, ~19 in fp32")
     p.add_argument("--output-dir", default="drafterkit-quickstart", help="report folder (training under train/)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
@@ -60,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"setting's, else {' and '.join(DEFAULT_TREES)}")
     p.add_argument("--no-tune", action="store_true",
                    help="skip the tune stage (drafterkit tune's search for the drafter's chain / tree / threshold on "
-                        "held-out ShareGPT prompts, about 1-3 min on a 2-core CPU) and measure the fixed tree")
+                        "held-out ShareGPT prompts, about 1.5 min with bf16 units, 3-6 in fp32, on a 2-core CPU) "
+                        "and measure the fixed tree")
     p.add_argument("--no-hybrid", action="store_true",
                    help="do not also measure the drafter behind prompt lookup and retrieval (drafters.hybrid."
                         "LookupHybrid, eval spec PATH+rest: rows whose last 2+ tokens occurred before copy what "
