@@ -155,7 +155,8 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
         :func:`ratio_interval`, or None), "export" (True on the drafter-alone
         row: the one factor ``drafterkit export`` carries to a serving engine), "shape" (the draft shape
-        in words of the drafter-alone and ``ngram`` rows, :func:`draft_shape` with its cutoff; None on the others)}``; the ``end to end`` row
+        in words of the drafter-alone and ``ngram`` rows, :func:`draft_shape` with its cutoff; None on the
+        others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
         floating-point rounding), the ``ngram`` row ``"drafter_over"`` (``{"ratio", "interval"}``: the drafter
         alone over prompt lookup alone, paired on the same prompts). Empty without a plain (``engine``) row.

@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from decode.inputs import AUTO
 from decode.metrics import pool_stats
 from speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
 from speceval.factors import draft_shape, factor_cells, per_prompt  # noqa: F401  (draft_shape re-exported)
@@ -425,7 +426,7 @@ def _shapes(cfg: dict) -> str:
     chain is measured too)."""
     trees = [t for t in cfg.get("trees") or ["chain"] if t != "chain"]
     chain = "chain" in (cfg.get("trees") or ["chain"])
-    if trees == ["auto"]:
+    if trees == [AUTO]:
         return f"each checkpoint in its tuned shape (auto), the other drafters as chains of K: {cfg['k']}"
     if not trees:
         return f"K: {cfg['k']}"
