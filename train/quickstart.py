@@ -96,6 +96,8 @@ REST_INCUMBENT = "chain:5@0.1"
 TARGET, DATASTORE = EVAL_DEFAULTS.target, "sharegpt"
 #: what the report calls the fp32 exactness check run apart from the eval (:data:`EXACTNESS_TOKENS` new tokens)
 SEPARATE_CHECK = "a separate fp32 run"
+#: how the stage headers mark a stage the --minutes budget does not count
+OUTSIDE = "outside the --minutes budget"
 
 
 def default_kind() -> str:
@@ -376,7 +378,6 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
     timings: dict[str, float] = {}
     stages = Stages(stage_names(args), timings)
-    outside = "outside the --minutes budget"
     try:
         kind, recipe_path = resolve_recipe(args.kind, args.recipe)
         recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", *args.overrides])
@@ -387,13 +388,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"drafterkit quickstart: plan: {', '.join(stages.names)}; needs:", *needs_lines(args, out), sep="\n",
               flush=True)
         with stages.stage("fetch", "the pinned target, ShareGPT, MT-bench and HumanEval, then load the target",
-                          f"{outside}; a no-op when cached"):
+                          f"{OUTSIDE}; a no-op when cached"):
             fetch_all()
             target, tok = load_target(TARGET, dtype=args.dtype, device=args.device)
         datastore = None
         if not args.no_hybrid:
             with stages.stage("datastore", "the ShareGPT n-gram datastore the +rest rows retrieve from",
-                              f"{outside}; built once, then read from the cache"):
+                              f"{OUTSIDE}; built once, then read from the cache"):
                 datastore = cached_datastore(DATASTORE, tok, log=print)
         features = "; target features from a complete offline cache if present, else online" \
             if recipe.data.feature_cache != "off" else ""
@@ -419,26 +420,25 @@ def run(args: argparse.Namespace) -> int:
 
 def _after_training(args, stages, recipe, ckpt, train_summary, target, tok, datastore, out, timings) -> int:
     """The quickstart's stages after training: tune, eval, exactness, report."""
-    outside = "outside the --minutes budget"
     k, tuned, tuned_rest = recipe.eval.k, None, None
     if not args.no_tune:
         behind = "" if args.no_hybrid else ", alone and behind prompt lookup + retrieval"
         with stages.stage("tune", f"drafterkit tune's search over chains, trees and thresholds{behind} ("
                           f"{QUICK_TUNE['num_prompts']} held-out ShareGPT prompts x {QUICK_TUNE['max_new_tokens']} "
-                          "new tokens, batch size 1), recorded in the drafter's decoding.json", outside):
+                          "new tokens, batch size 1), recorded in the drafter's decoding.json", OUTSIDE):
             tuned = tune_stage(ckpt, args, target, tok)
             if not args.no_hybrid:
                 tuned_rest = tune_stage(ckpt, args, target, tok, behind="+rest", datastore=datastore)
     k, tuned_note = apply_tuned(args, k, tuned, tuned_rest) if tuned is not None else (k, "")
     if tuned_note:
         print(f"drafterkit quickstart: {tuned_note}", flush=True)
-    with stages.stage("eval", eval_words(args, k), f"{outside}; not time-bounded"):
+    with stages.stage("eval", eval_words(args, k), f"{OUTSIDE}; not time-bounded"):
         evals = eval_stage(ckpt, args, target, tok, k, datastore)
     del target  # the fp32 check loads its own
     check = "exactness" in stages.names
     with (stages.stage("exactness", f"fp32 greedy outputs of the drafter rows vs plain decoding, "
                        f"{args.exactness_prompts} prompts per benchmark x up to {EXACTNESS_TOKENS} new tokens",
-                       outside) if check else contextlib.nullcontext()):
+                       OUTSIDE) if check else contextlib.nullcontext()):
         exactness = exactness_stage(evals, args, tok, datastore, measured_shapes(tuned, tuned_rest, ckpt))
     with stages.stage("report", f"report.json, report.md and plots in {out}", "seconds", record=False):
         reproduce = record_decoding(ckpt, evals, out, args.threads, measured_shapes(tuned, tuned_rest, ckpt))
