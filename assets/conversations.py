@@ -276,12 +276,14 @@ def heldout_prompts(path: str | Path, n: int, seed: int = 0, *, fraction: float 
                      f"asked for {n}; raise fraction or lower n")
 
 
-def _read_jsonl_objects(path: Path, skip_bad: bool = False) -> Iterator[tuple[int, dict]]:
+def _read_jsonl_objects(path: Path, skip_bad: bool = False, skipped: list[int] | None = None
+                        ) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file (maybe .gz).
 
     Strict by default (a line that is not a JSON object raises ``ValueError`` naming file:line). With
     ``skip_bad`` such lines are skipped and named in one ``UserWarning`` at the end (a file cut mid-line
-    still yields every complete record); a file with no object at all still raises."""
+    still yields every complete record), and their 1-based numbers appended to ``skipped`` when given; a
+    file with no object at all still raises."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     opener = gzip.open if path.suffix == ".gz" else open
@@ -305,6 +307,8 @@ def _read_jsonl_objects(path: Path, skip_bad: bool = False) -> Iterator[tuple[in
                 raise ValueError(f"{path}:{lineno}: a JSON {type(obj).__name__}; expected an object")
             seen = True
             yield lineno, obj
+    if skipped is not None:
+        skipped.extend(bad)
     if bad and seen:
         shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
         warnings.warn(f"{path}: skipped line{'s' if len(bad) > 1 else ''} {shown}: not a JSON object (a file cut "
@@ -360,13 +364,14 @@ def load_humaneval(path: str | Path | None = None) -> list[dict]:
             for n, obj in _read_jsonl_objects(path)]
 
 
-def load_prompts_jsonl(path: str | Path) -> list[list[Message]]:
+def load_prompts_jsonl(path: str | Path, skipped_lines: list[int] | None = None) -> list[list[Message]]:
     """A JSONL of prompts: ``{"prompt": str}`` (-> one user turn) or ``{"messages": [...]}``
     (normalised as above; trailing assistant turns are cut so the prompt ends with a user turn).
 
     Returns:
         one message list per line. A line that is not JSON (a file cut mid-line) is skipped with a
-        warning naming it, as the training data loaders do.
+        warning naming it, as the training data loaders do, and its 1-based number is appended to
+        ``skipped_lines`` when given.
 
     Raises:
         ValueError: a line with neither key, an empty prompt, or messages that do not normalise
@@ -374,7 +379,7 @@ def load_prompts_jsonl(path: str | Path) -> list[list[Message]]:
     """
     path = Path(path)
     out = []
-    for lineno, obj in _read_jsonl_objects(path, skip_bad=True):
+    for lineno, obj in _read_jsonl_objects(path, skip_bad=True, skipped=skipped_lines):
         if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             out.append([{"role": "user", "content": obj["prompt"]}])
             continue

@@ -71,7 +71,8 @@ class DraftTree:
         Paths are sorted by depth, then lexicographically; duplicates are removed.
 
         Raises:
-            ValueError: an empty tree, a negative rank or factor, or a path whose parent path is missing.
+            ValueError: an empty tree, a negative rank or factor, a path whose parent path is missing, or
+                a node of rank r > 0 without its sibling of rank r - 1.
         """
         if isinstance(spec, DraftTree):
             return spec
@@ -109,6 +110,11 @@ class DraftTree:
         if orphans:
             raise ValueError(f"tree paths {orphans[:3]} have no parent node: every prefix of a path must be a "
                              "node too (e.g. [0, 1] needs [0])")
+        gaps = [list(p) for p in paths if p[-1] > 0 and (*p[:-1], p[-1] - 1) not in have]
+        if gaps:
+            raise ValueError(f"tree paths {gaps[:3]} skip a better-ranked sibling: a node of rank r drafts the "
+                             "drafter's r-th best token there, so ranks 0..r-1 must be nodes too (e.g. [1] needs "
+                             "[0], [0, 2] needs [0, 1])")
         return cls._sized(tuple(paths))
 
     @classmethod

@@ -44,7 +44,9 @@ reachability are checked first, in seconds: offline, it exits 2 at once (the exp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -418,6 +420,42 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     return output
 
 
+def output_problem(output: Path, overwrite: bool) -> str | None:
+    """Why ``output`` cannot take an export, or None: a file, or a folder already holding files when
+    ``overwrite`` is off (an export never mixes its files with another's: an engine loading the folder
+    would read whichever weights and config it finds)."""
+    if output.exists() and not output.is_dir():
+        return f"--output {output} is a file; give a folder"
+    held = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
+    if held and not overwrite:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        return (f"--output {output} already holds files ({shown}); give --overwrite to replace them, or an "
+                "empty or new folder")
+    return None
+
+
+@contextlib.contextmanager
+def replacing(output: str | None):
+    """Around an export into ``output``: a folder already there (``--overwrite``) is moved aside first, so
+    that none of its files linger beside the new export's, then deleted when the export succeeded, or
+    put back when it failed (a failed export loses nothing)."""
+    folder = Path(output) if output else None
+    if folder is None or not folder.is_dir() or not any(folder.iterdir()):
+        yield
+        return
+    aside = folder.with_name(f".{folder.name}.replaced")
+    shutil.rmtree(aside, ignore_errors=True)  # left by a process killed mid-replace
+    folder.rename(aside)
+    try:
+        yield
+    except BaseException:
+        if folder.exists():
+            shutil.rmtree(folder)
+        aside.rename(folder)
+        raise
+    shutil.rmtree(aside)
+
+
 def run(args: argparse.Namespace) -> int:
     """``drafterkit export``: 0 on success, 2 on a usage error or an unreachable Hub (message on stderr)."""
     if args.output is None and not args.push_to_hub:
@@ -428,6 +466,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"drafterkit export: error: --dtype: {exc}", file=sys.stderr)
         return 2
+    if args.output is not None:
+        problem = output_problem(Path(args.output), args.overwrite)
+        if problem:
+            print(f"drafterkit export: error: {problem}", file=sys.stderr)
+            return 2
     hub_error = None
     try:
         if args.push_to_hub:
@@ -440,7 +483,7 @@ def run(args: argparse.Namespace) -> int:
                 hub_error = exc  # still write the local export the user asked for
                 print(f"drafterkit export: {exc}; writing the local export to {args.output} only",
                       file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix="drafterkit-export-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="drafterkit-export-") as tmp, replacing(args.output):
             out = export(args.checkpoint, args.format, args.output or tmp, target=args.target, dtype=args.dtype,
                          repo=args.push_to_hub)
             if args.output:
@@ -448,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
             if args.push_to_hub and hub_error is None:
                 print(f"pushed to {push_to_hub(out, args.push_to_hub)}")
     except (ExportError, DrafterLoadError) as exc:
-        print(f"drafterkit export: {exc}", file=sys.stderr)
+        print(f"drafterkit export: error: {exc}", file=sys.stderr)
         return 2
     if hub_error is not None:
         print(f"drafterkit export: not pushed to {args.push_to_hub} (Hub unreachable); the export is complete in "

@@ -54,6 +54,7 @@ from speceval.eval_args import (
 from speceval.factors import headline_factors
 from speceval.harness import (
     check_exactness,
+    check_quiet,
     machine_info,
     measure,
     run_concurrency,
@@ -68,7 +69,7 @@ from speceval.methods import (
     retrieval_info,
     say_export_source,
 )
-from speceval.prompts import load_prompts
+from speceval.prompts import select_prompts
 from speceval.recorded import apply_recorded
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "write_outputs"]
@@ -93,9 +94,10 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
             so may the ``+rest`` drafters' ``datastore`` (else ``cfg.datastore`` is loaded on first use).
 
     Returns:
-        ``{"config", "machine", "target", "prompts", "methods", "summary", "factors", "exactness", "runs",
-        "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (see ``speceval.report`` for the run and row
-        fields; ``factors``: the speedup over ``generate`` split into measured factors,
+        ``{"config", "machine", "target", "prompts", "prompts_skipped", "methods", "summary", "factors",
+        "exactness", "runs", "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (``prompts_skipped``: the
+        prompts passed over and why, ``speceval.prompts.PromptSelection.skipped``; see ``speceval.report`` for
+        the run and row fields; ``factors``: the speedup over ``generate`` split into measured factors,
         ``speceval.factors.headline_factors``; ``retrieval``, with ``+rest`` drafters only:
         ``speceval.methods.retrieval_info``).
 
@@ -111,7 +113,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     t0 = time.perf_counter()
     if target is None:
         target, tok = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
-    prompts = load_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
+    chosen = select_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
+    prompts = chosen.prompts
     specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds, cfg.trees,
                            datastore=(lambda: datastore) if datastore is not None
                            else datastore_loader(cfg.datastore or DEFAULT_DATASTORE, tok, quiet=not cfg.progress))
@@ -121,6 +124,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     if not methods:
         raise ValueError("nothing to measure: --drafter none with no --baselines")
     timings["load_s"] = time.perf_counter() - t0
+    machine = machine_info(target, busy=check_quiet(target))
     timings["warmup_s"] = warm_up(methods, prompts[0])
     t0 = time.perf_counter()
     runs = measure(prompts, methods, cfg.max_new_tokens, cfg.seed, desc=cfg.benchmark, progress=cfg.progress)
@@ -132,11 +136,12 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
             row["mismatches"] = exact["mismatches"].get(row["method"]) if exact["checked"] else None
     record = dict(
         tool="drafterkit eval", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        config=dataclasses.asdict(cfg), machine=machine_info(target),
+        config=dataclasses.asdict(cfg), machine=machine,
         target=dict(name=cfg.target, path=str(resolve_target_path(cfg.target)),
                     parameters=sum(p.numel() for p in target.parameters()), eos_token_id=eos),
         prompts=[dict(index=i, id=p.id, category=p.category, prompt_tokens=len(p.input_ids))
                  for i, p in enumerate(prompts)],
+        prompts_skipped=chosen.skipped,
         methods=[dict(m.meta(), hf_kwargs=_public_kwargs(s.hf_kwargs, cfg.k) if m.role == "hf-assisted" else None)
                  for m in methods for s in [next((x for x in specs if x.label == m.drafter), None)]],
         summary=summary, factors=headline_factors(summary), exactness=exact, runs=runs, timings=timings)

@@ -13,6 +13,8 @@ import os
 import platform
 import sys
 import time
+import warnings
+from pathlib import Path
 
 import torch
 
@@ -152,15 +154,63 @@ def run_concurrency(target, prompts, specs, levels, *, k, sampling, eos, max_new
     return runs
 
 
-def machine_info(target) -> dict:
-    """Versions, threads and device: what a reader needs to judge the figures."""
+def busy_cores(window_s: float = 0.5) -> float | None:
+    """How many CPU cores other processes keep busy now: the non-idle share of all cores over ``window_s``
+    seconds of ``/proc/stat`` (user, nice, system, irq, softirq and steal time) less this process's own
+    CPU time in that window, times the core count. None where ``/proc/stat`` does not exist (not Linux)."""
+    def sample() -> tuple[float, float]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        own = os.times()
+        return sum(fields) - idle - (own.user + own.system) * os.sysconf("SC_CLK_TCK"), sum(fields)
+    try:
+        busy0, total0 = sample()
+        time.sleep(window_s)
+        busy1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return round(max(0.0, busy1 - busy0) / (total1 - total0) * (os.cpu_count() or 1), 2)
+
+
+def busy_warning(busy: float | None, threads: int, cores: int | None = None) -> str | None:
+    """The warning for a measurement about to run ``threads`` torch threads while other processes keep
+    ``busy`` cores busy (:func:`busy_cores`), or None when they fit: torch's threads then wait on one
+    another behind the other work, and tokens/s come out low and noisy."""
+    cores = cores or os.cpu_count() or 1
+    if busy is None or busy < 0.5 or threads + busy <= cores + 0.25:
+        return None
+    free = max(1, int(cores - busy + 0.5))
+    fix = f"or give --threads {free}" if free < threads else "or stop the other work"
+    return (f"{busy:.1f} of {cores} CPU cores are busy with other processes while this measures with {threads} torch "
+            f"threads: tokens/s will be low and noisy (ratios inside one run stay paired, but speed figures from a "
+            f"busy machine do not compare with a quiet one's); measure on a quiet machine, {fix}")
+
+
+def machine_info(target, busy: float | None = None) -> dict:
+    """Versions, threads and device: what a reader needs to judge the figures. ``busy``: the cores other
+    processes kept busy when the measurement started (:func:`busy_cores`), recorded as ``busy_cores``."""
     import transformers
 
     p = next(target.parameters())
     info = dict(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
                 transformers=transformers.__version__, threads=torch.get_num_threads(),
                 cpu_count=os.cpu_count(), cpu=cpu_model(), device=str(p.device),
-                dtype=str(p.dtype).removeprefix("torch."))
+                dtype=str(p.dtype).removeprefix("torch."), busy_cores=busy)
     if p.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(p.device)
     return info
+
+
+def check_quiet(target) -> float | None:
+    """Before a CPU measurement: the cores other processes keep busy (:func:`busy_cores`), with a
+    ``UserWarning`` (:func:`busy_warning`) when they leave too few for torch's threads. None on a GPU
+    (its figures do not depend on the CPU's other work the same way) or where it cannot be read."""
+    if next(target.parameters()).device.type != "cpu":
+        return None
+    busy = busy_cores()
+    message = busy_warning(busy, torch.get_num_threads())
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return busy

@@ -70,10 +70,11 @@ class Method:
 
 
 
-def check_drafter_spec(spec: str) -> None:
+def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     """Check a ``--drafter`` spec (see :func:`build_drafter`) without loading anything: its syntax (``+ngram`` /
     ``+rest`` suffixes, ``draft:N``) and, for a path, that it holds a drafter (``drafters.resolve_checkpoint``
-    reads only its ``config.json``). ``drafterkit eval`` runs it before loading the target.
+    reads only its ``config.json``). ``drafterkit eval`` runs it before loading the target. ``flag``: how the
+    messages name where the spec came from (``--drafter`` for eval, ``tune`` for ``drafterkit tune PATH``).
 
     Raises:
         ValueError: the spec is malformed or its path holds no drafter (the message says what it holds and
@@ -86,38 +87,38 @@ def check_drafter_spec(spec: str) -> None:
             continue
         inner = spec[: -len(suffix)]
         if inner.endswith(LOOKUP_SUFFIXES):
-            raise ValueError(f"--drafter {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
+            raise ValueError(f"{flag} {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
                              "lookup): PATH+ngram or PATH+rest")
         if inner in ("", "none", "ngram", "rest"):
             what = "prompt lookup and retrieval" if suffix == "+rest" else "prompt lookup"
-            raise ValueError(f"--drafter {spec}: '{suffix}' puts {what} "
+            raise ValueError(f"{flag} {spec}: '{suffix}' puts {what} "
                              f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
                              "alone use --drafter ngram)")
-        return check_drafter_spec(inner)
+        return check_drafter_spec(inner, flag)
     for prefix in ("ngram+", "rest+"):
         if spec.startswith(prefix):
-            raise ValueError(f"--drafter {spec}: write the drafter first and the lookup second: "
+            raise ValueError(f"{flag} {spec}: write the drafter first and the lookup second: "
                              f"{spec[len(prefix):]}+{prefix[:-1]}")
     tail = spec.rsplit("+", 1)[-1] if "+" in spec else None
     if tail is not None and "/" not in tail and not Path(spec).exists():
         hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
                 if "@" in tail else "")
-        raise ValueError(f"--drafter {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
+        raise ValueError(f"{flag} {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
     if spec.startswith("draft:"):
         if not spec.split(":", 1)[1].isdigit() or int(spec.split(":", 1)[1]) < 1:
-            raise ValueError(f"--drafter {spec}: N must be an int >= 1 (layers of the target kept)")
+            raise ValueError(f"{flag} {spec}: N must be an int >= 1 (layers of the target kept)")
         return
     if spec == "rest":
-        raise ValueError("--drafter rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
+        raise ValueError(f"{flag} rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
                          "alone: --drafter ngram)")
     try:
         resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:
-        raise ValueError(f"--drafter {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder. "
+        raise ValueError(f"{flag} {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder. "
                          f"{exc}") from None
 
 
-def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
+def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") -> DrafterSpec | None:
     """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
     ``SPEC+ngram`` -> SPEC's drafter behind prompt lookup (``drafters.hybrid.LookupHybrid``: rows whose
     last 2+ tokens occurred before copy what followed, the rest use the drafter); ``SPEC+rest`` -> the
@@ -127,22 +128,23 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
     anything else -> a path resolved by ``drafters.resolve_checkpoint``: a drafter folder, a training
     checkpoint (``.../checkpoints/best``), a run ``output_dir``, or a plain transformers causal-LM
     folder (e.g. an ``hf-assistant`` export, any small LM sharing the target's tokenizer), loaded
-    frozen with the target's dtype and device as an independent draft model.
+    frozen with the target's dtype and device as an independent draft model. ``flag``: as in
+    :func:`check_drafter_spec`.
 
     Raises:
         ValueError: a malformed spec (:func:`check_drafter_spec`), ``draft:N`` with more layers than the
             target's, a draft model whose vocabulary does not match the target's (checked here, before any
             token is generated), or ``+rest`` without a ``datastore``.
     """
-    check_drafter_spec(spec)
+    check_drafter_spec(spec, flag)
     if spec == "none":
         return None
     for suffix in LOOKUP_SUFFIXES:
         if not spec.endswith(suffix):
             continue
         if suffix == "+rest" and datastore is None:
-            raise ValueError(f"--drafter {spec}: '+rest' needs a datastore (drafterkit eval --datastore SOURCE)")
-        base = build_drafter(spec[: -len(suffix)], target, datastore)
+            raise ValueError(f"{flag} {spec}: '+rest' needs a datastore (drafterkit eval --datastore SOURCE)")
+        base = build_drafter(spec[: -len(suffix)], target, datastore, flag)
         hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
         if base.folder:  # its own `drafterkit tune PATH+rest` setting, else the drafter's (tree="auto", --tree auto)
             attach_tuned(hybrid, base.folder, target, behind=suffix)
@@ -154,10 +156,10 @@ def build_drafter(spec: str, target, datastore=None) -> DrafterSpec | None:
     if spec.startswith("draft:"):
         n, layers = int(spec.split(":", 1)[1]), target.config.num_hidden_layers
         if not 1 <= n <= layers:
-            raise ValueError(f"--drafter {spec}: N must be an int in [1, {layers}] (layers of the target kept)")
+            raise ValueError(f"{flag} {spec}: N must be an int in [1, {layers}] (layers of the target kept)")
         d = DraftLM.from_target(target, n)
         return DrafterSpec(spec, d, _assistant_kwargs(d))
-    return _load_checkpoint(spec, target)
+    return _load_checkpoint(spec, target, flag)
 
 
 def retrieval_info(specs: list[DrafterSpec]) -> dict | None:
@@ -182,12 +184,12 @@ def _assistant_kwargs(d) -> dict:
             "assistant_confidence_threshold": 0.0}
 
 
-def _load_checkpoint(spec: str, target) -> DrafterSpec:
+def _load_checkpoint(spec: str, target, flag: str = "--drafter") -> DrafterSpec:
     path, kind = resolve_checkpoint(spec, allow_transformers=True)  # checked by check_drafter_spec
     try:
         d = load_drafter(path, target=target)  # a transformers folder: vocabulary checked against target
     except ValueError as exc:
-        raise ValueError(f"--drafter {spec}: {exc}") from None
+        raise ValueError(f"{flag} {spec}: {exc}") from None
     p = next(target.parameters())
     d.to(device=p.device, dtype=p.dtype)
     name = path.parent.name if path.name == "drafter" else path.name

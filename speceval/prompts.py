@@ -57,7 +57,8 @@ def chat_ids(tok, messages: list[dict]) -> list[int]:
 @dataclass
 class PromptSelection:
     """What :func:`select_prompts` chose: ``prompts`` (at most the number asked) and ``skipped``, one
-    ``{"id", "tokens", "reason"}`` per prompt passed over because it is too long (never cut)."""
+    ``{"id", "tokens", "reason"}`` per prompt passed over because it is too long (never cut), and per line
+    of a prompt file that could not be read (``id`` FILE:LINE, ``tokens`` None)."""
 
     prompts: list[Prompt]
     skipped: list[dict]
@@ -119,6 +120,7 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
     """
     if num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    torn: list[int] = []  # unreadable lines of a prompt file
     if benchmark == "mt-bench":
         items = [dict(id=f"mt-bench/{q['question_id']}", category=q["category"],
                       messages=[{"role": "user", "content": q["turns"][0]}]) for q in P.load_mt_bench()]
@@ -138,10 +140,12 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
         if not Path(benchmark).is_file():
             raise ValueError(f"--benchmark {benchmark}: no such file")
         items = [dict(id=f"{Path(benchmark).name}/{i}", category=Path(benchmark).stem, messages=m)
-                 for i, m in enumerate(P.load_prompts_jsonl(benchmark))]
+                 for i, m in enumerate(P.load_prompts_jsonl(benchmark, skipped_lines=torn))]
     else:
         check_benchmark(benchmark)
-    out, skipped = [], []
+    out = []
+    skipped = [dict(id=f"{Path(benchmark).name}:{n}", tokens=None,
+                    reason="not a JSON object (a file cut mid-line, or a damaged line)") for n in torn]
     reason = f"longer than {max_prompt_tokens} tokens ({limit_name})"
     for it in _balanced(items, len(items)):
         ids = chat_ids(tok, it["messages"])
@@ -155,7 +159,8 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
         raise ValueError(f"{benchmark}: no prompt of at most {max_prompt_tokens} tokens among {len(items)}; "
                          f"raise {limit_name}")
     plural = "" if len(out) == 1 else "s"
+    too_long = len(skipped) - len(torn)
     warnings.warn(f"{benchmark}: using {len(out)} prompt{plural}, fewer than the {num_prompts} asked (--num-prompts): "
-                  f"{len(items)} in the benchmark" + (f", {len(skipped)} {reason}" if skipped else ""),
+                  f"{len(items)} in the benchmark" + (f", {too_long} {reason}" if too_long else ""),
                   stacklevel=3)
     return PromptSelection(out, skipped)

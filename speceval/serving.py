@@ -332,17 +332,17 @@ def run(args: argparse.Namespace) -> int:
     """``drafterkit serve-check``: 0 when outputs and chains match, 1 when they differ, 2 on a usage error
     (message on stderr), 3 when vLLM itself failed (the end of its log on stderr)."""
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.k < 1:
-        print("drafterkit serve-check: --num-prompts, --max-new-tokens and --k must be >= 1", file=sys.stderr)
+        print("drafterkit serve-check: error: --num-prompts, --max-new-tokens and --k must be >= 1", file=sys.stderr)
         return 2
     try:
         (report,) = check_exports([(args.export, args.drafter)], args.target, benchmark=args.benchmark,
                                   num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
                                   venv=args.venv, device=args.device)
     except ServeCheckError as exc:
-        print(f"drafterkit serve-check: {exc}", file=sys.stderr)
+        print(f"drafterkit serve-check: error: {exc}", file=sys.stderr)
         return 2
     except VLLMRunError as exc:
-        print(f"drafterkit serve-check: {exc}", file=sys.stderr)
+        print(f"drafterkit serve-check: error: {exc}", file=sys.stderr)
         return 3
     print(format_report(report))
     if args.output:

@@ -41,7 +41,7 @@ from drafters.base import weights_sha256
 from drafters.hybrid import drafts_trees
 from drafters.tuned import DECODING_FILE, LOOKUP_SUFFIXES, beats_plain, tuned_key
 from speceval import report
-from speceval.harness import machine_info
+from speceval.harness import check_quiet, machine_info
 from speceval.bench import datastore_loader
 from speceval.eval_args import DEFAULT_DATASTORE
 from speceval.methods import build_drafter, retrieval_info
@@ -237,16 +237,14 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
     folder, behind = _folder(checkpoint), _behind(checkpoint)
-    try:
-        spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None)
-    except ValueError as exc:  # eval's message names its --drafter flag; tune takes the checkpoint as an argument
-        raise ValueError(str(exc).replace(f"--drafter {checkpoint}", f"tune {checkpoint}", 1)) from None
+    spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None, flag="tune")
     if spec is None:
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
     incumbent, incumbent_note = parse_incumbent(incumbent, spec.drafter)
     prompts = _prompts(benchmark, tok, num_prompts)
     eos = _eos(target, tok)
+    machine = machine_info(target, busy=check_quiet(target))
     t0 = time.perf_counter()
     winners, table = {}, []
     for c in sorted({1, concurrency}):
@@ -257,7 +255,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         table += rows
     record = dict(written_by="drafterkit tune", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   drafterkit=drafterkit_version(), drafter=spec.label, target=target_name, dtype=dtype,
-                  machine=machine_info(target), prompts=dict(benchmark=benchmark, count=len(prompts),
+                  machine=machine, prompts=dict(benchmark=benchmark, count=len(prompts),
                                                              max_new_tokens=max_new_tokens, ids=[p.id for p in prompts]),
                   search=dict(method="successive halving", eta=eta, first_batches=first, candidates=len(cands),
                               incumbent=incumbent.label if incumbent else None, incumbent_note=incumbent_note,

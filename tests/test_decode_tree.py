@@ -286,4 +286,12 @@ def test_a_rank_past_the_vocabulary_is_refused_before_generating(target):
     from test_drafters_conformance import build
 
     with pytest.raises(ValueError, match="more candidates than the vocabulary"):
-        generate(target, ROWS, drafter=build("medusa", target), tree=[[0], [200]], max_new_tokens=4)
+        # ranks 0..128 at depth 1: one past the tiny target's 128-token vocabulary
+        generate(target, ROWS, drafter=build("medusa", target), tree="129", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("spec", ["[[1]]", "[[0], [0, 1]]", [[0], [2]]])
+def test_a_tree_skipping_a_better_ranked_sibling_is_refused(spec):
+    """[1] without [0] would draft the second-best token and never the best: a typo, refused with the rule."""
+    with pytest.raises(ValueError, match="skip a better-ranked sibling"):
+        DraftTree.parse(spec)

@@ -406,3 +406,28 @@ def test_eval_names_the_checkpoint_an_export_came_from(tmp_path, capsys):
     assert "has changed since" in capsys.readouterr().out
     say_export_source(str(e3))  # a training checkpoint records no source: nothing said
     assert capsys.readouterr().out == ""
+
+
+def test_an_output_holding_files_is_refused_and_overwrite_replaces_it_whole(tmp_path, capsys):
+    """A second export into a used folder must not mix its files with the first's silently; --overwrite
+    replaces the folder whole (no stale file left), and an --overwrite that fails loses nothing."""
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    out = tmp_path / "o"
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(out)]) == 0
+    (out / "stale.safetensors").write_bytes(b"from an earlier export")
+    before = sorted(p.name for p in out.iterdir())
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit export: error: --output ") and "already holds files" in err
+    assert "--overwrite" in err and sorted(p.name for p in out.iterdir()) == before
+    (tmp_path / "broken").mkdir()
+    assert cli(["export", str(tmp_path / "broken"), "--format", "vllm-eagle3", "--output", str(out),
+                "--overwrite"]) == 2
+    assert "drafterkit export: error: " in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == before  # the failed export put the old folder back
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(out), "--overwrite"]) == 0
+    assert not (out / "stale.safetensors").exists() and (out / "config.json").exists()
+    assert not list(tmp_path.glob(".o.replaced*"))
+    (tmp_path / "f").write_text("a file")
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "f")]) == 2
+    assert "is a file" in capsys.readouterr().err

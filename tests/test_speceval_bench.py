@@ -47,6 +47,7 @@ def test_eval_cli_greedy_records_measured_speedups_and_exactness(tiny_dir, promp
     rec = json.loads(out.read_text())
     for key in ("config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs", "timings"):
         assert key in rec
+    assert rec["prompts_skipped"] == []
     assert rec["machine"]["torch"] and rec["machine"]["threads"] >= 1 and rec["machine"]["device"] == "cpu"
     assert [p["category"] for p in rec["prompts"]] == ["mine", "mine"]
     rows = {r["method"]: r for r in rec["summary"]}
@@ -72,6 +73,22 @@ def test_eval_cli_greedy_records_measured_speedups_and_exactness(tiny_dir, promp
 
     table = {r["method"]: r for r in parse_markdown_table(md)}
     assert float(table["ngram"]["tokens/s"]) == pytest.approx(ng["tokens_per_s"], abs=0.006)
+
+
+def test_a_torn_prompt_file_is_measured_on_its_complete_lines_and_the_loss_recorded(tiny_dir, prompts_file,
+                                                                                      tmp_path):
+    """A prompt file cut mid-line: every complete prompt is measured, and the record says which line was lost."""
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(prompts_file.read_text() + '{"prompt": "a line cut mi')
+    out = tmp_path / "e.json"
+    with pytest.warns(UserWarning, match="torn.jsonl: skipped line 3"):
+        assert main(["eval", "--target", str(tiny_dir), "--drafter", "ngram", "--benchmark", str(torn),
+                     "--num-prompts", "2", "--max-new-tokens", "4", "--device", "cpu", "--no-progress",
+                     "--baselines", "engine", "--output", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert len(rec["prompts"]) == 2
+    assert [(s["id"], s["tokens"]) for s in rec["prompts_skipped"]] == [("torn.jsonl:3", None)]
+    assert "cut mid-line" in rec["prompts_skipped"][0]["reason"]
 
 
 def test_eval_sampled_skips_exactness_and_seeds_reproduce(tiny_dir, prompts_file, tmp_path):

@@ -68,6 +68,14 @@ def test_an_output_dir_holding_an_earlier_training_is_refused_naming_the_ways_ou
         parse(build_parser(), ["quickstart", "--resume", "--overwrite"])
 
 
+def test_resume_with_nothing_to_resume_is_refused_before_training(tmp_path, capsys):
+    """`--resume` into a folder with no checkpoint would quietly train from step 0 for the whole budget."""
+    assert main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit quickstart: error: --resume: ") and "holds no training checkpoint" in err
+    assert "without --resume" in err and not (tmp_path / "qs").exists()
+
+
 @pytest.fixture(scope="module")
 def tiny_quickstart(tmp_path_factory):
     """The quickstart's eval stage on a tiny target (SmolLM2's tokenizer) with an untrained EAGLE-3 head where

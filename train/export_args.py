@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                            "or a run OUTPUT_DIR (its best, else last, checkpoint)")
     parser.add_argument("--format", required=True, choices=FORMATS, help="target layout")
     parser.add_argument("--output", default=None, help="folder to write (created); optional with --push-to-hub")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace what --output already holds (without it, a folder holding files is refused)")
     parser.add_argument("--target", default=None,
                         help="target name or folder: needed for Medusa heads sharing its LM head; for "
                              "hf-assistant, its tokenizer is saved too")

@@ -127,13 +127,17 @@ def resume_overrides(args, checkpoints: Path) -> list[str]:
 
     Raises:
         ValueError: ``checkpoints`` already holds checkpoints of an earlier run and neither flag was given
-            (names the folder and the ways out: ``--output-dir NEW``, ``--resume``, ``--overwrite``)."""
+            (names the folder and the ways out: ``--output-dir NEW``, ``--resume``, ``--overwrite``), or
+            ``--resume`` was given and it holds none."""
+    held = sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".tmp-")) \
+        if checkpoints.is_dir() else []
     if args.resume:
+        if not held:
+            raise ValueError(f"--resume: {checkpoints} holds no training checkpoint to continue; run without "
+                             "--resume to train from step 0 (or name the quickstart's folder with --output-dir)")
         return ["train.resume=auto"]
     if args.overwrite:
         return ["train.resume=never", "train.overwrite=true"]
-    held = sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".tmp-")) \
-        if checkpoints.is_dir() else []
     if held:
         raise ValueError(f"{checkpoints} already holds the training of an earlier quickstart ({', '.join(held)}). "
                          "Train into a new folder (--output-dir NEW), continue that training for another --minutes "

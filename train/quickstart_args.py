@@ -77,7 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"prompts per benchmark of the fp32 greedy check that the drafter's outputs equal plain "
                         f"decoding's token for token ({EXACTNESS_TOKENS} new tokens at most; 0 skips it; with --dtype "
                         "fp32 every measured row is checked instead)")
-    p.add_argument("--device", default=EVAL_DEFAULTS.device)
+    p.add_argument("--device", default=EVAL_DEFAULTS.device,
+                   help="auto | cpu | cuda | cuda:N: where the target and the drafter train and are measured "
+                        f"(auto: cuda where available) (default: {EVAL_DEFAULTS.device})")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for training and evaluation (default: torch's; 1 on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (training, evaluation, model loading)")

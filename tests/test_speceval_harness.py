@@ -1,0 +1,24 @@
+"""speceval.harness: the check that the CPU is quiet before a measurement (other processes' busy cores
+read from /proc/stat, and the warning naming the thread count that fits)."""
+
+from __future__ import annotations
+
+import os
+
+
+def test_a_busy_cpu_is_named_with_the_thread_count_that_fits():
+    """Other processes holding cores while torch runs as many threads as there are cores: warned, with a fix."""
+    from speceval.harness import busy_warning
+
+    assert busy_warning(None, 2, 2) is None and busy_warning(0.1, 2, 2) is None  # quiet (or unknown)
+    assert busy_warning(1.0, 1, 2) is None  # one core busy, one thread: they fit
+    msg = busy_warning(1.0, 2, 2)
+    assert "1.0 of 2 CPU cores are busy" in msg and "--threads 1" in msg
+    assert "--threads" not in busy_warning(2.0, 1, 2) and "stop the other work" in busy_warning(2.0, 1, 2)
+
+
+def test_busy_cores_reads_the_cpu_while_this_process_sleeps():
+    from speceval.harness import busy_cores
+
+    busy = busy_cores(0.2)
+    assert busy is None or 0.0 <= busy <= os.cpu_count()
