@@ -19,7 +19,8 @@ from drafters.export import export
 from speceval import report
 from train import quickstart
 from train.cli import build_parser, main, parse
-from train.quickstart_report import exactness_summary, write_report
+from train.quickstart_report import exactness_summary, loss_words, write_report
+from train.recipe import load_recipe
 
 
 def test_missing_recipe_names_the_kind_and_the_fix(tmp_path, capsys):
@@ -376,3 +377,38 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
     assert all(c in md for c in rep["reproduce"]["commands"])
     for p in rep["artifacts"]["plots"]:
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --no-train: the same drafter measured again (no training stage, the same checkpoint, a new report)
+    state = (out / "train" / "checkpoints" / "last" / "trainer_state.json").read_text()
+    rc = main(["quickstart", "--no-train", "--output-dir", str(out), "--num-prompts", "1", "--max-new-tokens", "8",
+               "--no-progress", "--baselines", "engine", "--dtype", "bf16", "--exactness-prompts", "0", "--no-tune",
+               "--no-hybrid"])
+    assert rc == 0
+    said = capsys.readouterr().out
+    assert "no training (--no-train" in said and "[quickstart 2/3] eval: " in said and " train: " not in said
+    again = json.loads((out / "report.json").read_text())
+    assert set(again["timings"]) == {"fetch", "eval"} and again["train"] == rep["train"]
+    assert (out / "train" / "checkpoints" / "last" / "trainer_state.json").read_text() == state
+
+
+def test_no_train_needs_an_earlier_training_and_rebuilds_its_summary_from_the_checkpoint(tmp_path, capsys):
+    """--no-train into a folder without a trained drafter is refused before anything loads; with one whose
+    report.json is gone, the training summary comes from the checkpoint (its losses said to be unrecorded)."""
+    assert main(["quickstart", "--no-train", "--output-dir", str(tmp_path / "qs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit quickstart: error: --no-train: ") and "holds no trained drafter" in err
+    with pytest.raises(SystemExit):
+        parse(build_parser(), ["quickstart", "--no-train", "--resume"])
+    last = tmp_path / "qs" / "train" / "checkpoints" / "last"
+    (last / "drafter").mkdir(parents=True)
+    (last / "drafter" / "config.json").write_text("{}")
+    (last / "recipe.yaml").write_text((quickstart.RECIPES_DIR / "eagle3.yaml").read_text())
+    (last / "trainer_state.json").write_text(json.dumps({"global_step": 7, "best_score": None}))
+    assert quickstart.trained_checkpoint(tmp_path / "qs") == last
+    recipe = load_recipe(last / "recipe.yaml", [f"output_dir={tmp_path / 'qs' / 'train'}"])
+    summary = quickstart.earlier_training(tmp_path / "qs", recipe)
+    assert summary["global_step"] == 7 and summary["losses"] is None and summary["checkpoint"] == str(last)
+    assert "losses not recorded" in loss_words(summary["losses"])
+    (tmp_path / "qs" / "report.json").write_text(json.dumps({"train": {"global_step": 7, "losses": [1.0]}}))
+    assert quickstart.earlier_training(tmp_path / "qs", recipe)["losses"] == [1.0]  # the report's, same step
+    args = parse(build_parser(), ["quickstart", "--no-train", "--no-hybrid", "--dtype", "fp32"])
+    assert quickstart.stage_names(args) == ["fetch", "tune", "eval", "report"]

@@ -18,7 +18,8 @@ prints a one-line header (what it does, its share of the time) and the seconds i
    complete one when present, else computes the target's features online
    (``train.quickstart_plan.feature_source``; docs/training.md has the measurement behind it). An
    output folder already holding training checkpoints is refused unless ``--resume`` (continue that
-   training) or ``--overwrite`` (delete it) says what to do with them.
+   training), ``--overwrite`` (delete it) or ``--no-train`` (skip this stage and measure its last checkpoint
+   again) says what to do with them.
 4. ``tune``: ``drafterkit tune`` on the trained drafter with a small search (:data:`QUICK_TUNE`: chains,
    the fixed tree, EAGLE-2 dynamic trees, thresholds; held-out ShareGPT prompts, never the eval's),
    recorded in the drafter's ``decoding.json``; the fixed tree is tune's incumbent, replaced only by a
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
 import sys
 import time
@@ -143,6 +145,35 @@ def resume_overrides(args, checkpoints: Path) -> list[str]:
                          "Train into a new folder (--output-dir NEW), continue that training for another --minutes "
                          "(--resume), or delete it and train from step 0 (--overwrite)")
     return ["train.resume=never"]
+
+
+def trained_checkpoint(out: Path) -> Path:
+    """``OUT/train/checkpoints/last``, the checkpoint ``--no-train`` measures again.
+
+    Raises:
+        ValueError: it holds no drafter (names the folder and the fix)."""
+    last = out / "train" / "checkpoints" / "last"
+    if not (last / "drafter" / "config.json").is_file() or not (last / "recipe.yaml").is_file():
+        raise ValueError(f"--no-train: {last} holds no trained drafter; run the quickstart without --no-train "
+                         "first (or name the folder of an earlier one with --output-dir)")
+    return last
+
+
+def earlier_training(out: Path, recipe) -> dict:
+    """The training summary of the quickstart that trained ``out``: its ``report.json``'s when that report
+    measured the same step, else rebuilt from the checkpoint's ``trainer_state.json`` (``losses`` None: a
+    checkpoint does not keep them)."""
+    state = json.loads((recipe.paths.last / "trainer_state.json").read_text())
+    try:
+        earlier = json.loads((out / "report.json").read_text()).get("train") or {}
+    except (OSError, ValueError):
+        earlier = {}
+    if earlier.get("global_step") == state["global_step"]:
+        return earlier
+    return dict(recipe=str(recipe.paths.last / "recipe.yaml"), kind=recipe.drafter.kind,
+                output_dir=str(recipe.output_dir), checkpoint=str(recipe.paths.last), global_step=state["global_step"],
+                stopped="the end of its earlier run", losses=None, final_loss=None, best_score=state.get("best_score"),
+                in_loop_evals=[], signal=None)
 
 
 def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrides: list[str], target, tok):
@@ -343,8 +374,8 @@ def stage_names(args) -> list[str]:
     """The stages this run goes through, in order (``datastore`` unless ``--no-hybrid``; ``exactness``
     unless the eval runs in fp32, whose rows are checked themselves, or ``--exactness-prompts 0``)."""
     separate = resolve_dtype(args.dtype) != torch.float32 and args.exactness_prompts > 0
-    return ["fetch", *([] if args.no_hybrid else ["datastore"]), "train", *([] if args.no_tune else ["tune"]), "eval",
-            *(["exactness"] if separate else []), "report"]
+    return ["fetch", *([] if args.no_hybrid else ["datastore"]), *([] if args.no_train else ["train"]),
+            *([] if args.no_tune else ["tune"]), "eval", *(["exactness"] if separate else []), "report"]
 
 
 def eval_words(args, k: int = 5) -> str:
@@ -384,10 +415,12 @@ def run(args: argparse.Namespace) -> int:
     stages = Stages(stage_names(args), timings)
     try:
         kind, recipe_path = resolve_recipe(args.kind, args.recipe)
+        if args.no_train:  # the recipe the earlier run trained with, as its last checkpoint saved it
+            recipe_path = trained_checkpoint(out) / "recipe.yaml"
         recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", *args.overrides])
         for bench in BENCHMARKS:  # the eval stage's settings, checked before a typo costs the training budget
             eval_config(out / "train", args, bench, recipe.eval.k)
-        overrides = [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
+        overrides = [] if args.no_train else [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
         print(f"drafterkit quickstart: plan: {', '.join(stages.names)}; needs:", *needs_lines(args, out), sep="\n",
               flush=True)
@@ -402,9 +435,12 @@ def run(args: argparse.Namespace) -> int:
                 datastore = cached_datastore(DATASTORE, tok, log=print)
         features = "; target features from a complete offline cache if present, else online" \
             if recipe.data.feature_cache != "off" else ""
-        with stages.stage("train", f"{recipe.drafter.kind} from {recipe_path}{features}",
-                          f"the --minutes budget: {args.minutes:g} min, data preparation included"):
-            ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
+        if args.no_train:
+            ckpt, train_summary = recipe.paths.last, earlier_training(out, recipe)
+        else:
+            with stages.stage("train", f"{recipe.drafter.kind} from {recipe_path}{features}",
+                              f"the --minutes budget: {args.minutes:g} min, data preparation included"):
+                ckpt, train_summary = train_stage(recipe_path, kind, args.minutes, out, overrides, target, tok)
     except (ValueError, RecipeError, AssetError, FileNotFoundError) as exc:
         print(f"drafterkit quickstart: error: {exc}", file=sys.stderr)
         return 2

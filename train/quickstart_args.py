@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     again.add_argument("--resume", action="store_true",
                        help="the output folder holds an earlier quickstart's training: continue it for another "
                             "--minutes (train.resume=auto) instead of refusing to start")
+    again.add_argument("--no-train", action="store_true",
+                       help="the output folder holds an earlier quickstart's training: measure its last checkpoint "
+                            "again (tune, eval, exactness check and a new report, under that run's recipe) without "
+                            "training")
     again.add_argument("--overwrite", action="store_true",
                        help="the output folder holds an earlier quickstart's training: delete its checkpoints, "
                             "logs and evals and train from step 0 (train.overwrite=true) instead of refusing to "

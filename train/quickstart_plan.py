@@ -21,9 +21,10 @@ def needs_lines(args, out) -> list[str]:
     """What the run needs, stated before it starts: memory, disk and time (the figures measured for the default
     EAGLE-3 run on a 2-core CPU, in fp32 and in bf16, docs/training.md "Features in the quickstart")."""
     store = "" if args.no_hybrid else ", the datastore (built once)"
-    return [f"  time: {args.minutes:g} min of training (--minutes, data preparation included; no feature cache is "
-            "built: training reads a complete one if present, else computes the target's features online), plus "
-            f"fetch (a no-op once cached){store}, {_tune_words(args)}"
+    train = (f"no training (--no-train: {out}/train/checkpoints/last is measured again); " if args.no_train else
+             f"{args.minutes:g} min of training (--minutes, data preparation included; no feature cache is built: "
+             "training reads a complete one if present, else computes the target's features online), plus ")
+    return [f"  time: {train}fetch (a no-op once cached){store}, {_tune_words(args)}"
             "and the evaluation, which is not time-bounded "
             f"({args.num_prompts} prompts x up to {args.max_new_tokens} new tokens per row and benchmark)",
             "  memory: about 2.5 GB in fp32, 7 GB in bf16 (the peak resident memory of the whole default run on a "

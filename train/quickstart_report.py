@@ -124,9 +124,11 @@ def _verdict(vs: dict) -> str:
 LOSS_WINDOW = 50
 
 
-def loss_words(losses: list[float]) -> str:
+def loss_words(losses: list[float] | None) -> str:
     """``"loss 9.81 (mean of the last 50 steps; first 50: 14.2)"``: means over :data:`LOSS_WINDOW` steps at each
-    end of the run (fewer when the run made fewer), or ``"no optimizer step"``."""
+    end of the run (fewer when the run made fewer), or ``"no optimizer step"``; ``None``: not recorded."""
+    if losses is None:
+        return "its losses not recorded (measured again with --no-train)"
     if not losses:
         return "no optimizer step"
     n = min(LOSS_WINDOW, len(losses))
