@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -172,9 +173,21 @@ class Drafter(nn.Module):
         except ValueError as exc:  # a config this version refuses (e.g. an EAGLE-3 layer id no engine serves)
             raise DrafterLoadError(f"{path}/config.json: {exc}") from None
         drafter = cls(config, target=target, **kw)
-        state = load_file(str(path / "model.safetensors"))
-        drafter.load_own_state_dict(state, source=str(path))
+        drafter.load_own_state_dict(read_weights(path), source=str(path))
         return drafter.eval()
+
+
+def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``folder/model.safetensors``.
+
+    Raises:
+        DrafterLoadError: the file cannot be read (damaged or cut short), naming it and the fix."""
+    file = Path(folder) / "model.safetensors"
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as exc:
+        raise DrafterLoadError(f"{file} cannot be read ({exc}): the file is damaged or cut short (an interrupted "
+                               "save or copy?); save or copy the checkpoint again") from None
 
 
 def umask_mode() -> int:

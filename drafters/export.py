@@ -52,7 +52,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from assets.device import resolve_dtype
@@ -63,6 +62,7 @@ from drafters.base import (
     ExportError,
     apply_umask,
     read_config,
+    read_weights,
     recorded_source,
     save_tensors,
     weights_sha256,
@@ -175,7 +175,7 @@ def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engin
         ExportError: not an eagle3 checkpoint, or feature layer ids ``engine`` cannot express.
     """
     _, cfg = read_config(ckpt)
-    state = load_file(str(ckpt / "model.safetensors"))
+    state = read_weights(ckpt)
     renamed = {("midlayer." + k[len("layer."):] if k.startswith("layer.") else k): v for k, v in state.items()}
     expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
                 "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"}
@@ -236,7 +236,7 @@ def load_eagle3_export(path: str | Path, target: torch.nn.Module) -> Eagle3Draft
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DrafterLoadError(f"{path} is not a drafterkit vllm-eagle3 / sglang-eagle3 export ({exc})") from None
     drafter = Eagle3Drafter(cfg, target=target)
-    state = load_file(str(path / "model.safetensors"))
+    state = read_weights(path)
     drafter.load_own_state_dict({("layer." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
                                  for k, v in state.items()}, source=str(path))
     return drafter.eval()
@@ -253,7 +253,7 @@ def export_dflash(ckpt: Path, out: Path, dtype: torch.dtype | None = None) -> Pa
         ExportError: not a dflash checkpoint.
     """
     _, cfg = read_config(ckpt)
-    state = load_file(str(ckpt / "model.safetensors"))
+    state = read_weights(ckpt)
     if not {"fc.weight", "hidden_norm.weight", "norm.weight"} <= state.keys():
         raise ExportError(f"{ckpt} lacks fc / hidden_norm / norm; is it a dflash checkpoint?")
     reduced = cfg["draft_vocab_size"] < cfg["vocab_size"]
@@ -300,7 +300,7 @@ def load_dflash_export(path: str | Path, target: torch.nn.Module) -> DFlashDraft
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DrafterLoadError(f"{path} is not a drafterkit vllm-dflash export ({exc})") from None
     drafter = DFlashDrafter(cfg, target=target)
-    drafter.load_own_state_dict(load_file(str(path / "model.safetensors")), source=str(path))
+    drafter.load_own_state_dict(read_weights(path), source=str(path))
     return drafter.eval()
 
 
@@ -311,7 +311,7 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
         ExportError: the heads share the target's LM head and ``target`` was not given.
     """
     _, cfg = read_config(ckpt)
-    state = load_file(str(ckpt / "model.safetensors"))
+    state = read_weights(ckpt)
     tensors: dict[str, torch.Tensor] = {}
     for k, v in state.items():  # blocks.{k}.{j}.linear.{weight,bias} -> blocks.{k}.layers.{j}.{weight,bias}
         parts = k.split(".")

@@ -181,11 +181,12 @@ def busy_warning(busy: float | None, threads: int, cores: int | None = None) -> 
     cores = cores or os.cpu_count() or 1
     if busy is None or busy < 0.5 or threads + busy <= cores + 0.25:
         return None
-    free = max(1, int(cores - busy + 0.5))
-    fix = f"or give --threads {free}" if free < threads else "or stop the other work"
+    fits = int(cores + 0.25 - busy)  # the most threads that fit beside the other work
+    fix = f"or give --threads {fits}" if 1 <= fits < threads else "or stop the other work"
     return (f"{busy:.1f} of {cores} CPU cores are busy with other processes while this measures with {threads} torch "
-            f"threads: tokens/s will be low and noisy (ratios inside one run stay paired, but speed figures from a "
-            f"busy machine do not compare with a quiet one's); measure on a quiet machine, {fix}")
+            f"thread{'s' if threads != 1 else ''}: tokens/s will be low and noisy (ratios inside one run stay "
+            f"paired, but speed figures from a busy machine do not compare with a quiet one's); measure on a quiet "
+            f"machine, {fix}")
 
 
 def machine_info(target, busy: float | None = None) -> dict:

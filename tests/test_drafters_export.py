@@ -431,3 +431,14 @@ def test_an_output_holding_files_is_refused_and_overwrite_replaces_it_whole(tmp_
     (tmp_path / "f").write_text("a file")
     assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "f")]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_a_damaged_weights_file_is_a_one_line_error_naming_it(tmp_path, capsys):
+    """A model.safetensors cut short (an interrupted copy) is named with the fix, never a safetensors traceback."""
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit export: error: ") and f"{weights} cannot be read" in err
+    assert "save or copy the checkpoint again" in err and not (tmp_path / "o").exists()

@@ -15,6 +15,8 @@ def test_a_busy_cpu_is_named_with_the_thread_count_that_fits():
     msg = busy_warning(1.0, 2, 2)
     assert "1.0 of 2 CPU cores are busy" in msg and "--threads 1" in msg
     assert "--threads" not in busy_warning(2.0, 1, 2) and "stop the other work" in busy_warning(2.0, 1, 2)
+    assert "stop the other work" in busy_warning(2.0, 2, 2)  # no thread count fits beside 2 busy cores of 2
+    assert "stop the other work" in busy_warning(1.9, 2, 2) and "1 torch thread:" in busy_warning(1.9, 1, 2)
 
 
 def test_busy_cores_reads_the_cpu_while_this_process_sleeps():

@@ -213,6 +213,9 @@ def test_the_incumbent_stays_unless_a_challenger_is_faster_beyond_the_noise():
     lucky = over_incumbent(dict(batch_tokens_per_s=[14.0, 11.0, 8.5, 10.5]), inc)  # faster overall, not per batch
     assert lucky["ratio"] > 1.0 and lucky["low"] < 1.0 and not lucky["beats"]
     assert not over_incumbent(dict(batch_tokens_per_s=[20.0]), dict(batch_tokens_per_s=[10.0]))["beats"]  # no spread
+    # two batches: 1.38x and 1.06x is not beyond the noise (Student's t, 1 degree of freedom: 12.7 standard errors)
+    two = over_incumbent(dict(batch_tokens_per_s=[13.8, 10.6]), dict(batch_tokens_per_s=[10.0, 10.0]))
+    assert two["ratio"] > 1.2 and two["low"] < 1.0 and not two["beats"]
 
     target = tiny_llama(0)
     medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)

@@ -19,7 +19,7 @@ from drafters.export import export
 from speceval import report
 from train import quickstart
 from train.cli import build_parser, main, parse
-from train.quickstart_report import exactness_summary, loss_words, write_report
+from train.quickstart_report import drop_report, earlier_training, exactness_summary, loss_words, write_report
 from train.recipe import load_recipe
 
 
@@ -405,10 +405,22 @@ def test_no_train_needs_an_earlier_training_and_rebuilds_its_summary_from_the_ch
     (last / "trainer_state.json").write_text(json.dumps({"global_step": 7, "best_score": None}))
     assert quickstart.trained_checkpoint(tmp_path / "qs") == last
     recipe = load_recipe(last / "recipe.yaml", [f"output_dir={tmp_path / 'qs' / 'train'}"])
-    summary = quickstart.earlier_training(tmp_path / "qs", recipe)
+    summary = earlier_training(tmp_path / "qs", recipe)
     assert summary["global_step"] == 7 and summary["losses"] is None and summary["checkpoint"] == str(last)
     assert "losses not recorded" in loss_words(summary["losses"])
     (tmp_path / "qs" / "report.json").write_text(json.dumps({"train": {"global_step": 7, "losses": [1.0]}}))
-    assert quickstart.earlier_training(tmp_path / "qs", recipe)["losses"] == [1.0]  # the report's, same step
+    assert earlier_training(tmp_path / "qs", recipe)["losses"] == [1.0]  # the report's, same step
     args = parse(build_parser(), ["quickstart", "--no-train", "--no-hybrid", "--dtype", "fp32"])
     assert quickstart.stage_names(args) == ["fetch", "tune", "eval", "report"]
+
+
+def test_overwrite_drops_the_earlier_report_with_its_plots(tmp_path):
+    """--overwrite deletes the training the report describes, so the report and the plots it lists go too."""
+    plot = tmp_path / "tau.png"
+    plot.write_bytes(b"png")
+    (tmp_path / "report.json").write_text(json.dumps({"artifacts": {"plots": [str(plot)]}}))
+    (tmp_path / "report.md").write_text("old")
+    (tmp_path / "mine.png").write_bytes(b"not the report's")
+    drop_report(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png"]
+    drop_report(tmp_path)  # nothing left to drop: no error

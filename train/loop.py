@@ -102,7 +102,8 @@ class StopOnSignal:
             signal.signal(sig, old)
 
 
-def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | None = None) -> TrainResult:
+def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | None = None,
+          resume_hint: str = "rerun the same command with train.resume=auto") -> TrainResult:
     """Train a drafter as ``recipe`` says; write checkpoints, logs and evals under ``recipe.output_dir``.
 
     SIGINT / SIGTERM stop training after the current optimizer step: ``last/`` is saved and the result
@@ -114,6 +115,8 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
         budget_start: ``time.perf_counter()`` value from which ``train.max_minutes`` counts (default: the
             first optimizer step, i.e. data preparation and regeneration are not counted; ``drafterkit
             quickstart`` passes its stage start so that its ``--minutes`` covers them).
+        resume_hint: how to continue a run a signal stopped, in the message printed then (``drafterkit
+            quickstart`` names its own ``--resume``).
 
     Returns:
         :class:`TrainResult`.
@@ -150,7 +153,7 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
     result.peak_memory_mb = peak_memory_per_process(acc)  # before end_training, which ends the process group
     acc.end_training()
     result.global_step, result.best_score, result.signal = state.global_step, state.best_score, stop.signum
-    result.drafter = str(_report_drafter(ctx, state, result))
+    result.drafter = str(_report_drafter(ctx, state, result, resume_hint))
     return result
 
 
@@ -289,7 +292,7 @@ def _save(ctx: dict, path: Path, state: TrainerState) -> None:
                     state=state, recipe=ctx["recipe"])
 
 
-def _report_drafter(ctx: dict, state: TrainerState, result: TrainResult) -> Path:
+def _report_drafter(ctx: dict, state: TrainerState, result: TrainResult, resume_hint: str) -> Path:
     """Print where the trained drafter is and the commands that evaluate / export it; return its folder."""
     recipe, acc = ctx["recipe"], ctx["accelerator"]
     paths = recipe.paths
@@ -303,7 +306,7 @@ def _report_drafter(ctx: dict, state: TrainerState, result: TrainResult) -> Path
     if result.stopped == "interrupted":
         name = signal.Signals(result.signal).name if result.signal else "a stop signal"
         lines.append(f"interrupted by {name} after step {state.global_step} of {recipe.train.max_steps}: saved "
-                     f"{paths.last}; to continue, rerun the same command with train.resume=auto")
+                     f"{paths.last}; to continue, {resume_hint}")
     lines += [f"drafter: {drafter} ({how})", f"  evaluate: drafterkit eval --drafter {drafter}"]
     formats = [f for f, kind in FORMATS.items() if kind == recipe.drafter.kind]
     if formats:

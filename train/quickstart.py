@@ -79,7 +79,8 @@ from train.quickstart_args import (
     EXACTNESS_TOKENS,
 )
 from train.quickstart_plan import Stages, feature_source, needs_lines
-from train.quickstart_report import exactness_summary, merge_checks, print_summary, write_report
+from train.quickstart_report import (drop_report, earlier_training, exactness_summary, merge_checks, print_summary,
+                                    write_report)
 from train.recipe import RecipeError, load_recipe
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -159,23 +160,6 @@ def trained_checkpoint(out: Path) -> Path:
     return last
 
 
-def earlier_training(out: Path, recipe) -> dict:
-    """The training summary of the quickstart that trained ``out``: its ``report.json``'s when that report
-    measured the same step, else rebuilt from the checkpoint's ``trainer_state.json`` (``losses`` None: a
-    checkpoint does not keep them)."""
-    state = json.loads((recipe.paths.last / "trainer_state.json").read_text())
-    try:
-        earlier = json.loads((out / "report.json").read_text()).get("train") or {}
-    except (OSError, ValueError):
-        earlier = {}
-    if earlier.get("global_step") == state["global_step"]:
-        return earlier
-    return dict(recipe=str(recipe.paths.last / "recipe.yaml"), kind=recipe.drafter.kind,
-                output_dir=str(recipe.output_dir), checkpoint=str(recipe.paths.last), global_step=state["global_step"],
-                stopped="the end of its earlier run", losses=None, final_loss=None, best_score=state.get("best_score"),
-                in_loop_evals=[], signal=None)
-
-
 def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrides: list[str], target, tok):
     """Train under the budget; return ``(checkpoint folder to evaluate, training summary dict)``.
 
@@ -200,7 +184,8 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
         target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device)
     if online := feature_source(recipe, target, tok):  # never a feature cache build outside the budget
         recipe = _load_again(recipe_path, [*settings, online])
-    result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start)
+    result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start,
+                   resume_hint=f"run `drafterkit quickstart --resume --output-dir {out}`")
     best, last = recipe.paths.best, recipe.paths.last
     saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
     # without mid-run picks the run's own last step is the one to measure (a run resumed in a used
@@ -422,6 +407,8 @@ def run(args: argparse.Namespace) -> int:
             eval_config(out / "train", args, bench, recipe.eval.k)
         overrides = [] if args.no_train else [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
+        if args.overwrite:
+            drop_report(out)
         print(f"drafterkit quickstart: plan: {', '.join(stages.names)}; needs:", *needs_lines(args, out), sep="\n",
               flush=True)
         with stages.stage("fetch", "the pinned target, ShareGPT, MT-bench and HumanEval, then load the target",

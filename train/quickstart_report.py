@@ -10,6 +10,7 @@ each benchmark's full eval report (``speceval.report.render_markdown``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from speceval import plots, report
@@ -199,3 +200,31 @@ def print_summary(report_data: dict, paths: dict) -> None:
     print("\n".join(f"  {c}" for c in rep["commands"]))
     timings = ", ".join(f"{n} {s:.0f}s" for n, s in report_data["timings"].items())
     print(f"quickstart report: {paths['markdown']} ({timings})")
+
+
+def drop_report(out: Path) -> None:
+    """Delete the report an earlier quickstart wrote in ``out`` (``report.json``, ``report.md`` and the plots
+    ``report.json`` lists): with ``--overwrite`` it would describe a training that no longer exists."""
+    try:
+        plots = json.loads((out / "report.json").read_text()).get("artifacts", {}).get("plots", [])
+    except (OSError, ValueError, AttributeError):
+        plots = []
+    for path in [out / "report.json", out / "report.md", *(Path(p) for p in plots)]:
+        path.unlink(missing_ok=True)
+
+
+def earlier_training(out: Path, recipe) -> dict:
+    """The training summary of the quickstart that trained ``out``: its ``report.json``'s when that report
+    measured the same step, else rebuilt from the checkpoint's ``trainer_state.json`` (``losses`` None: a
+    checkpoint does not keep them)."""
+    state = json.loads((recipe.paths.last / "trainer_state.json").read_text())
+    try:
+        earlier = json.loads((out / "report.json").read_text()).get("train") or {}
+    except (OSError, ValueError):
+        earlier = {}
+    if earlier.get("global_step") == state["global_step"]:
+        return earlier
+    return dict(recipe=str(recipe.paths.last / "recipe.yaml"), kind=recipe.drafter.kind,
+                output_dir=str(recipe.output_dir), checkpoint=str(recipe.paths.last), global_step=state["global_step"],
+                stopped="the end of its earlier run", losses=None, final_loss=None, best_score=state.get("best_score"),
+                in_loop_evals=[], signal=None)
