@@ -119,3 +119,13 @@ def machine_matches(recorded: dict, current: dict) -> list[str]:
         return str(v).split(":")[0] if k == "device" else str(v)
     return [f"{k} {recorded.get(k)!r} here {current.get(k)!r}" for k in MACHINE_KEYS
             if norm(k, recorded.get(k)) != norm(k, current.get(k))]
+
+
+def busy_note(machine: dict) -> str | None:
+    """The caveat a report prints beside speed figures measured while other processes kept at least half a
+    core busy (``machine["busy_cores"]``, recorded by ``speceval.harness.machine_info``), or None."""
+    busy = machine.get("busy_cores")
+    if busy is None or busy < 0.5:
+        return None
+    return (f"measured while other processes kept {busy:.1f} of {machine.get('cpu_count', '?')} CPU cores busy: "
+            "its tokens/s are low and noisy; measure again on a quiet machine before comparing them with others'")

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from assets.device import busy_note
 from assets.pinned import DEFAULT_TARGET_ALIAS
 from drafters.base import read_config, weights_sha256
 from drafters.tuned import DECODING_FILE, TUNED, beats_plain
@@ -363,6 +364,8 @@ def quickstart_section(qs: dict) -> list[str]:
              f"- Decoding: {drafted}, temperature {cfg.get('temperature', 0.0)}, dtype {dec.get('dtype', '?')}.",
              f"- Machine: {mach.get('device', '?')}, {mach.get('cpu_count', '?')} CPUs, {mach.get('threads', '?')} "
              f"threads, torch {mach.get('torch', '?')}, transformers {mach.get('transformers', '?')}."]
+    if note := busy_note(mach):
+        lines.append(f"- **Busy machine**: {note}.")
     if extra:
         lines += ["", "**Not carried by this export**: drafterkit's decoder also measured the drafter behind "
                   "prompt lookup and retrieval from ShareGPT (`+rest`), which serving engines do not run with it:",

@@ -424,3 +424,23 @@ def test_overwrite_drops_the_earlier_report_with_its_plots(tmp_path):
     drop_report(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png"]
     drop_report(tmp_path)  # nothing left to drop: no error
+
+
+def test_speed_measured_on_a_busy_machine_carries_the_caveat_into_report_and_model_card(tiny_quickstart, tmp_path):
+    """Figures timed while other processes held the cores are said to be so wherever they are shown."""
+    import copy
+
+    root, ckpt, records, reproduce, *_ = tiny_quickstart
+    train = dict(kind="eagle3", recipe="recipes/eagle3.yaml", global_step=1, stopped="max_minutes", final_loss=None,
+                 losses=[], checkpoint=str(ckpt))
+    for busy, said in ((1.9, True), (0.1, False)):
+        recs = copy.deepcopy(records)
+        for rec in recs.values():
+            rec["machine"]["busy_cores"] = busy
+        write_report(root / "qs", dict(timings={"eval": 1.0}, train=train, evals=recs, reproduce=reproduce,
+                                       exactness=exactness_summary(recs, "the measured rows")))
+        md = (root / "qs" / "report.md").read_text()
+        card = (export(ckpt, "vllm-eagle3", tmp_path / f"e{busy}") / "README.md").read_text()
+        note = "other processes kept 1.9 of"
+        assert (f"**Busy machine** (mt-bench): measured while {note}" in md) is said
+        assert (f"- **Busy machine**: measured while {note}" in card) is said

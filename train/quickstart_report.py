@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from assets.device import busy_note
 from speceval import plots, report
 from speceval.factors import factors_sentence, interval_words
 
@@ -151,6 +152,9 @@ def write_report(out: Path, report_data: dict) -> dict:
     tr = report_data["train"]
     lines += ["", f"Trained `{tr['kind']}` from `{tr['recipe']}`: {tr['global_step']} optimizer steps, stopped by "
               f"{tr['stopped']}, {loss_words(tr['losses'])}; evaluated `{tr['checkpoint']}`.", ""]
+    for bench, ev in report_data["evals"].items():
+        if note := busy_note(ev.get("machine") or {}):
+            lines += [f"**Busy machine** ({bench}): {note}.", ""]
     if tuned := report_data.get("tuned"):
         rest = report_data.get("tuned_rest")
         seconds = tuned["search"]["seconds"] + (rest["search"]["seconds"] if rest else 0)
