@@ -121,11 +121,17 @@ def machine_matches(recorded: dict, current: dict) -> list[str]:
             if norm(k, recorded.get(k)) != norm(k, current.get(k))]
 
 
+def crowded(busy: float | None, threads: int, cores: int) -> bool:
+    """Whether other processes keeping ``busy`` cores busy (at least half a core) and ``threads`` torch
+    threads overfill a CPU of ``cores`` cores: measured tokens/s are then low and noisy."""
+    return busy is not None and busy >= 0.5 and threads + busy > cores + 0.25
+
+
 def busy_note(machine: dict) -> str | None:
-    """The caveat a report prints beside speed figures measured while other processes kept at least half a
-    core busy (``machine["busy_cores"]``, recorded by ``speceval.harness.machine_info``), or None."""
+    """The caveat a report prints beside speed figures measured on a :func:`crowded` CPU (``machine``: the
+    record of ``speceval.harness.machine_info``, its ``busy_cores``, ``threads`` and ``cpu_count``), or None."""
     busy = machine.get("busy_cores")
-    if busy is None or busy < 0.5:
+    if not crowded(busy, machine.get("threads") or 1, machine.get("cpu_count") or 1):
         return None
     return (f"measured while other processes kept {busy:.1f} of {machine.get('cpu_count', '?')} CPU cores busy: "
             "its tokens/s are low and noisy; measure again on a quiet machine before comparing them with others'")

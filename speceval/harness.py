@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from assets.device import cpu_model
+from assets.device import cpu_model, crowded
 from speceval.methods import Method, engine_method, hf_method
 from speceval.prompts import Prompt
 
@@ -179,7 +179,7 @@ def busy_warning(busy: float | None, threads: int, cores: int | None = None) -> 
     ``busy`` cores busy (:func:`busy_cores`), or None when they fit: torch's threads then wait on one
     another behind the other work, and tokens/s come out low and noisy."""
     cores = cores or os.cpu_count() or 1
-    if busy is None or busy < 0.5 or threads + busy <= cores + 0.25:
+    if not crowded(busy, threads, cores):
         return None
     fits = int(cores + 0.25 - busy)  # the most threads that fit beside the other work
     fix = f"or give --threads {fits}" if 1 <= fits < threads else "or stop the other work"

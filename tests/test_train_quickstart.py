@@ -436,7 +436,7 @@ def test_speed_measured_on_a_busy_machine_carries_the_caveat_into_report_and_mod
     for busy, said in ((1.9, True), (0.1, False)):
         recs = copy.deepcopy(records)
         for rec in recs.values():
-            rec["machine"]["busy_cores"] = busy
+            rec["machine"].update(busy_cores=busy, threads=2, cpu_count=2)
         write_report(root / "qs", dict(timings={"eval": 1.0}, train=train, evals=recs, reproduce=reproduce,
                                        exactness=exactness_summary(recs, "the measured rows")))
         md = (root / "qs" / "report.md").read_text()
