@@ -233,7 +233,8 @@ def print_record(record: dict, console=None) -> None:
     """Print the eval table and, when present, the sweep (category ``all``) and concurrency tables."""
     console = console or report.make_console()
     cfg = record["config"]
-    title = (f"{cfg['benchmark']}: {len(record['prompts'])} prompts, {cfg['max_new_tokens']} new tokens, "
+    n = len(record["prompts"])
+    title = (f"{cfg['benchmark']}: {n} prompt{'s' if n != 1 else ''}, {cfg['max_new_tokens']} new tokens, "
              f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")
     report.print_eval(record["summary"], title, console)
     if record.get("factors"):

@@ -373,9 +373,9 @@ def eval_words(args, k: int = 5) -> str:
     else:
         shapes = f"draft shape {', '.join(args.trees or DEFAULT_TREES)}, threshold " \
                  f"{args.draft_thresholds or DEFAULT_THRESHOLD}"
-    return (f"{', '.join(rows)} ({shapes}) vs "
-            f"{args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, {args.num_prompts} prompts x up to "
-            f"{args.max_new_tokens} new tokens each, {args.dtype}")
+    plural = "s" if args.num_prompts != 1 else ""
+    return (f"{', '.join(rows)} ({shapes}) vs {args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, "
+            f"{args.num_prompts} prompt{plural} x up to {args.max_new_tokens} new tokens each, {args.dtype}")
 
 
 def run(args: argparse.Namespace) -> int:
