@@ -139,15 +139,16 @@ def unreadable_summary(path: Path, stats: LoaderStats, *, stopped: bool = False)
     if stats.torn_tail:
         what.append(f"the file is truncated: dropped 1 incomplete record at line {stats.torn_line}")
     if stopped:
-        return (f"{path}: dropped {_plural(len(lines), 'unreadable line')} ({_line_list(lines)}): "
+        return (f"{path}: dropped {plural(len(lines), 'unreadable line')} ({_line_list(lines)}): "
                 + "; ".join(what) + f". Kept the other {stats.records_read} complete records read, of which "
                 f"{stats.kept} conversations were used; reading then stopped, with as many as were needed, so the "
                 "rest of the file was not read or checked.")
-    return (f"{path}: skipped {_plural(len(lines), 'unreadable line')} ({_line_list(lines)}); kept the "
+    return (f"{path}: skipped {plural(len(lines), 'unreadable line')} ({_line_list(lines)}); kept the "
             f"{stats.records_read} complete records: " + "; ".join(what))
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """``"1 prompt"``, ``"2 prompts"``: ``n`` and ``word``, with an ``s`` unless ``n`` is 1."""
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 

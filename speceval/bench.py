@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from assets.device import resolve_dtype
+from assets.records import plural
 from assets.target import load_target, resolve_target_path
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
@@ -233,8 +234,7 @@ def print_record(record: dict, console=None) -> None:
     """Print the eval table and, when present, the sweep (category ``all``) and concurrency tables."""
     console = console or report.make_console()
     cfg = record["config"]
-    n = len(record["prompts"])
-    title = (f"{cfg['benchmark']}: {n} prompt{'s' if n != 1 else ''}, {cfg['max_new_tokens']} new tokens, "
+    title = (f"{cfg['benchmark']}: {plural(len(record['prompts']), 'prompt')}, {cfg['max_new_tokens']} new tokens, "
              f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")
     report.print_eval(record["summary"], title, console)
     if record.get("factors"):

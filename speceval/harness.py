@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from assets.device import cpu_model, crowded
+from assets.records import plural
 from speceval.methods import Method, engine_method, hf_method
 from speceval.prompts import Prompt
 
@@ -183,8 +184,8 @@ def busy_warning(busy: float | None, threads: int, cores: int | None = None) -> 
         return None
     fits = int(cores + 0.25 - busy)  # the most threads that fit beside the other work
     fix = f"or give --threads {fits}" if 1 <= fits < threads else "or stop the other work"
-    return (f"{busy:.1f} of {cores} CPU cores are busy with other processes while this measures with {threads} torch "
-            f"thread{'s' if threads != 1 else ''}: tokens/s will be low and noisy (ratios inside one run stay "
+    return (f"{busy:.1f} of {cores} CPU cores are busy with other processes while this measures with "
+            f"{plural(threads, 'torch thread')}: tokens/s will be low and noisy (ratios inside one run stay "
             f"paired, but speed figures from a busy machine do not compare with a quiet one's); measure on a quiet "
             f"machine, {fix}")
 

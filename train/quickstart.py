@@ -61,6 +61,7 @@ import torch
 
 from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
+from assets.records import plural
 from assets.target import load_target
 from decode.inputs import AUTO
 from drafters import KINDS, resolve_checkpoint
@@ -373,9 +374,8 @@ def eval_words(args, k: int = 5) -> str:
     else:
         shapes = f"draft shape {', '.join(args.trees or DEFAULT_TREES)}, threshold " \
                  f"{args.draft_thresholds or DEFAULT_THRESHOLD}"
-    plural = "s" if args.num_prompts != 1 else ""
     return (f"{', '.join(rows)} ({shapes}) vs {args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, "
-            f"{args.num_prompts} prompt{plural} x up to {args.max_new_tokens} new tokens each, {args.dtype}")
+            f"{plural(args.num_prompts, 'prompt')} x up to {args.max_new_tokens} new tokens each, {args.dtype}")
 
 
 def run(args: argparse.Namespace) -> int:

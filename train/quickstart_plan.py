@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from assets.records import plural
 from train.feature_cache import recipe_cache_state
 from train.recipe_data import load_data
 
@@ -26,8 +27,7 @@ def needs_lines(args, out) -> list[str]:
              "training reads a complete one if present, else computes the target's features online), plus ")
     return [f"  time: {train}fetch (a no-op once cached){store}, {_tune_words(args)}"
             "and the evaluation, which is not time-bounded "
-            f"({args.num_prompts} prompt{'s' if args.num_prompts != 1 else ''} x up to {args.max_new_tokens} new "
-            "tokens per row and benchmark)",
+            f"({plural(args.num_prompts, 'prompt')} x up to {args.max_new_tokens} new tokens per row and benchmark)",
             "  memory: about 2.5 GB in fp32, 7 GB in bf16 (the peak resident memory of the whole default run on a "
             "2-core CPU" + (")" if args.no_hybrid else ", the ~0.3 GB ShareGPT datastore of the eval included)"),
             f"  disk: about 1 GB of pinned assets and datastore in $DRAFTERKIT_HOME (once), about 0.55 GB in {out} "

@@ -16,6 +16,7 @@ from pathlib import Path
 from assets.device import busy_note
 from speceval import plots, report
 from speceval.factors import factors_sentence, interval_words
+from train.checkpoint import TrainerState
 
 
 def exactness_summary(records: dict, source: str) -> dict:
@@ -221,14 +222,14 @@ def earlier_training(out: Path, recipe) -> dict:
     """The training summary of the quickstart that trained ``out``: its ``report.json``'s when that report
     measured the same step, else rebuilt from the checkpoint's ``trainer_state.json`` (``losses`` None: a
     checkpoint does not keep them)."""
-    state = json.loads((recipe.paths.last / "trainer_state.json").read_text())
+    state = TrainerState.from_json((recipe.paths.last / "trainer_state.json").read_text())
     try:
         earlier = json.loads((out / "report.json").read_text()).get("train") or {}
     except (OSError, ValueError):
         earlier = {}
-    if earlier.get("global_step") == state["global_step"]:
+    if earlier.get("global_step") == state.global_step:
         return earlier
     return dict(recipe=str(recipe.paths.last / "recipe.yaml"), kind=recipe.drafter.kind,
-                output_dir=str(recipe.output_dir), checkpoint=str(recipe.paths.last), global_step=state["global_step"],
-                stopped="the end of its earlier run", losses=None, final_loss=None, best_score=state.get("best_score"),
+                output_dir=str(recipe.output_dir), checkpoint=str(recipe.paths.last), global_step=state.global_step,
+                stopped="the end of its earlier run", losses=None, final_loss=None, best_score=state.best_score,
                 in_loop_evals=[], signal=None)
