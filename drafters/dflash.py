@@ -35,7 +35,6 @@ product of ``q_j`` of its tokens falls below it (``decode.cutoff.ChainCutoff``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -121,21 +120,21 @@ class DFlashAttention(DraftAttention):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor,
+                   cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        return self._rope(k, positions), v
+        return self.apply_rope(k, cos_sin or self.rope(positions, k.dtype)), v
 
     def forward(self, x, positions, ctx, mask=None):
         b, s, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
-        q = self._rope(q, positions)
-        k, v = self.project_kv(x, positions)
+        cos_sin = self.rope(positions, q.dtype)
+        q = self.apply_rope(q, cos_sin)
+        k, v = self.project_kv(x, positions, cos_sin)
         k, v = torch.cat([ctx[0], k], 2), torch.cat([ctx[1], v], 2)
-        rep = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                             attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        out = self.attend(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 

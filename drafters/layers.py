@@ -53,33 +53,52 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
         self.rope_theta = rope_theta
+        self._inv_freq: torch.Tensor | None = None  # float32 [d/2], see rope()
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # the frequencies stay float32 whatever dtype the module is cast to (a bf16 buffer would round
-        # them by up to 0.4%, shifting the angle at position 1,000 by several radians)
-        d = self.head_dim
-        inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=positions.device) / d))
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE tables for ``positions [B, T]``: ``(cos, sin)``, each ``[B, 1, T, head_dim]`` in ``dtype``.
+
+        The angles are float32 whatever dtype the module is cast to (a bf16 frequency table would round
+        them by up to 0.4%, shifting the angle at position 1,000 by several radians); the inverse
+        frequencies are computed once per device and kept outside the state dict and ``.to()``."""
+        inv = self._inv_freq
+        if inv is None or inv.device != positions.device:
+            d = self.head_dim
+            inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=positions.device) / d))
+            self._inv_freq = inv
         ang = positions.to(torch.float32)[..., None] * inv  # [B, T, d/2]
         emb = torch.cat((ang, ang), dim=-1)[:, None]  # [B, 1, T, d]
-        return (x * emb.cos().to(x.dtype)) + (_rotate_half(x) * emb.sin().to(x.dtype))
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def apply_rope(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rotate ``x [B, n, T, d]`` by the tables of :meth:`rope` (rotate-half layout, as Llama)."""
+        cos, sin = cos_sin
+        return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor,
+                   cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [B, T, in_dim]`` -> RoPE'd keys and values, each ``[B, n_kv, T, d]``."""
         b, t, _ = x.shape
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        return self._rope(k, positions), v
+        return self.apply_rope(k, cos_sin or self.rope(positions, k.dtype)), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Scaled dot-product attention of ``q [B, heads, T, d]`` over ``k, v [B, n_kv, S, d]`` (grouped-query:
+        each key/value head serves ``heads / n_kv`` query heads, without copying them) -> ``[B, heads, T, d]``."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
+                                              enable_gqa=self.heads != self.kv_heads)
 
     def forward(self, x, positions, mask, past=None):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        q = self._rope(q, positions)
-        k, v = self.project_kv(x, positions)
+        cos_sin = self.rope(positions, q.dtype)
+        q = self.apply_rope(q, cos_sin)
+        k, v = self.project_kv(x, positions, cos_sin)
         if past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        rep = self.heads // self.kv_heads
-        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        m = mask if mask.dim() == 4 else mask[None, None]
-        out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=m, scale=1.0 / math.sqrt(self.head_dim))
+        out = self.attend(q, k, v, mask if mask.dim() == 4 else mask[None, None])
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
 
 

@@ -132,3 +132,45 @@ def test_training_raises_measured_acceptance():
     d = EagleDrafter(EagleConfig.from_target(target), target=target)
     before, after = acceptance_before_after("eagle", d, target, batch, recipe, held, k=3, lr=3e-3)
     assert after > 0.1 and after > before + 0.1, (before, after)
+
+
+def _reference_attention(attn, x, positions, mask):
+    """Llama attention spelled out: float64 RoPE angles, every query head over its key/value head."""
+    b, t, _ = x.shape
+    d, rep = attn.head_dim, attn.heads // attn.kv_heads
+    inv = 1.0 / (attn.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = positions.double()[..., None] * inv
+    cos, sin = torch.cat((ang, ang), -1).cos()[:, None], torch.cat((ang, ang), -1).sin()[:, None]
+
+    def rot(u):
+        u = u.double()
+        a, c = u.chunk(2, -1)
+        return u * cos + torch.cat((-c, a), -1) * sin
+
+    q = rot(attn.q_proj(x).view(b, t, attn.heads, d).transpose(1, 2))
+    k = rot(attn.k_proj(x).view(b, t, attn.kv_heads, d).transpose(1, 2))
+    v = attn.v_proj(x).view(b, t, attn.kv_heads, d).transpose(1, 2).double()
+    scores = q @ k.repeat_interleave(rep, 1).transpose(-1, -2) / d ** 0.5
+    w = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    out = (w @ v.repeat_interleave(rep, 1)).transpose(1, 2).reshape(b, t, -1)
+    return attn.o_proj(out.to(x.dtype))
+
+
+def test_head_attention_matches_llama_attention_with_grouped_heads_at_far_positions():
+    """Grouped-query attention without copying key/value heads, and RoPE angles computed in float32 even
+    after the module is cast to bf16: a query 1,000 positions past its cached keys (a bf16 frequency table
+    would turn their relative angle by radians)."""
+    from drafters.layers import DraftAttention, causal_mask
+
+    torch.manual_seed(0)
+    attn = DraftAttention(64, 64, heads=4, kv_heads=2, head_dim=16, rope_theta=10000.0).eval()
+    x = torch.randn(1, 6, 64) * 3
+    positions = torch.tensor([[0, 1, 2, 3, 4, 1000]])
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):  # a bf16 table: off by 0.24
+        attn.to(dtype)
+        with torch.no_grad():
+            _, past = attn(x[:, :5].to(dtype), positions[:, :5], causal_mask(5, 0))
+            assert past[0].shape == past[1].shape == (1, 2, 5, 16)  # the cache keeps the key/value heads only
+            got, _ = attn(x[:, 5:].to(dtype), positions[:, 5:], causal_mask(1, 5), past)
+            ref = _reference_attention(attn, x.to(dtype), positions, causal_mask(6, 0))[:, 5:]
+        torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=0)
