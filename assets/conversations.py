@@ -364,14 +364,16 @@ def load_humaneval(path: str | Path | None = None) -> list[dict]:
             for n, obj in _read_jsonl_objects(path)]
 
 
-def load_prompts_jsonl(path: str | Path, skipped_lines: list[int] | None = None) -> list[list[Message]]:
+def load_prompts_jsonl(path: str | Path, skipped_lines: list[int] | None = None,
+                       lines: list[int] | None = None) -> list[list[Message]]:
     """A JSONL of prompts: ``{"prompt": str}`` (-> one user turn) or ``{"messages": [...]}``
     (normalised as above; trailing assistant turns are cut so the prompt ends with a user turn).
 
     Returns:
         one message list per line. A line that is not JSON (a file cut mid-line) is skipped with a
         warning naming it, as the training data loaders do, and its 1-based number is appended to
-        ``skipped_lines`` when given.
+        ``skipped_lines`` when given; ``lines``, when given, receives each returned prompt's 1-based line
+        number (so a prompt and a skipped line are named alike, ``FILE:LINE``).
 
     Raises:
         ValueError: a line with neither key, an empty prompt, or messages that do not normalise
@@ -380,6 +382,8 @@ def load_prompts_jsonl(path: str | Path, skipped_lines: list[int] | None = None)
     path = Path(path)
     out = []
     for lineno, obj in _read_jsonl_objects(path, skip_bad=True, skipped=skipped_lines):
+        if lines is not None:
+            lines.append(lineno)
         if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             out.append([{"role": "user", "content": obj["prompt"]}])
             continue

@@ -109,7 +109,11 @@ def _describe(path: Path) -> str:
         return listing
     data = _read_config_dict(path)
     if data is None:
-        return listing + " (config.json is not a JSON object)"
+        try:
+            json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
+        except (OSError, ValueError) as exc:
+            return listing + f" (config.json is not valid JSON: {exc}; a damaged or half-written file)"
+        return listing + " (config.json is JSON but not an object)"
     if "kind" in data:
         return listing + f" (a {data['kind']!r} config.json but no model.safetensors)"
     if "model_type" in data:

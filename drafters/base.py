@@ -237,14 +237,19 @@ def read_config(path: str | Path) -> tuple[str, dict]:
     """Read ``(kind, config dict)`` from a drafter checkpoint folder.
 
     Raises:
-        DrafterLoadError: no ``config.json``/``model.safetensors`` there, or no ``kind`` in it.
+        DrafterLoadError: no ``config.json``/``model.safetensors`` there, a ``config.json`` that is not
+            JSON, or no ``kind`` in it.
     """
     path = Path(path)
     if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
         raise DrafterLoadError(f"{path} is not a drafter checkpoint (needs config.json and "
                                "model.safetensors, as written by save_pretrained)")
-    data = json.loads((path / "config.json").read_text())
-    if "kind" not in data:
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
+    except ValueError as exc:
+        raise DrafterLoadError(f"{path}/config.json is not valid JSON ({exc}): a damaged or half-written file; "
+                               "restore it, or save the drafter again") from None
+    if not isinstance(data, dict) or "kind" not in data:
         raise DrafterLoadError(f"{path}/config.json has no 'kind'; it was not written by drafterkit")
     return data["kind"], data.get("config", {})
 

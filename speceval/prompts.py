@@ -139,8 +139,10 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
     elif benchmark.endswith((".jsonl", ".jsonl.gz")) or Path(benchmark).is_file():
         if not Path(benchmark).is_file():
             raise ValueError(f"--benchmark {benchmark}: no such file")
-        items = [dict(id=f"{Path(benchmark).name}/{i}", category=Path(benchmark).stem, messages=m)
-                 for i, m in enumerate(P.load_prompts_jsonl(benchmark, skipped_lines=torn))]
+        lines: list[int] = []  # each prompt's line: prompts and skipped lines are both named FILE:LINE
+        msgs = P.load_prompts_jsonl(benchmark, skipped_lines=torn, lines=lines)
+        items = [dict(id=f"{Path(benchmark).name}:{n}", category=Path(benchmark).stem, messages=m)
+                 for n, m in zip(lines, msgs)]
     else:
         check_benchmark(benchmark)
     out = []

@@ -113,6 +113,19 @@ def test_loading_is_strict(kind, tmp_path):
         load_drafter(path, target=target)
 
 
+def test_a_damaged_config_json_is_named_as_such(tmp_path):
+    """A config.json cut short or holding a JSON list: one error saying which, never a JSON traceback."""
+    target = tiny_llama(0)
+    path = build("eagle", target).save_pretrained(tmp_path / "ckpt")
+    text = (path / "config.json").read_text()
+    (path / "config.json").write_text(text[: len(text) // 2])
+    with pytest.raises(DrafterLoadError, match="config.json is not valid JSON.*a damaged or half-written file"):
+        load_drafter(path, target=target)
+    (path / "config.json").write_text("[1, 2]")
+    with pytest.raises(DrafterLoadError, match="config.json is JSON but not an object"):
+        load_drafter(path, target=target)
+
+
 @pytest.mark.parametrize("kind", KIND_PARAMS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_proposals_are_valid_ids(kind, temperature):

@@ -86,7 +86,7 @@ def test_a_torn_prompt_file_is_measured_on_its_complete_lines_and_the_loss_recor
                      "--num-prompts", "2", "--max-new-tokens", "4", "--device", "cpu", "--no-progress",
                      "--baselines", "engine", "--output", str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert len(rec["prompts"]) == 2
+    assert [p["id"] for p in rec["prompts"]] == ["torn.jsonl:1", "torn.jsonl:2"]  # named like the lost line
     assert [(s["id"], s["tokens"]) for s in rec["prompts_skipped"]] == [("torn.jsonl:3", None)]
     assert "cut mid-line" in rec["prompts_skipped"][0]["reason"]
 
