@@ -420,10 +420,11 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     return output
 
 
-def output_problem(output: Path, overwrite: bool) -> str | None:
-    """Why ``output`` cannot take an export, or None: a file, or a folder already holding files when
-    ``overwrite`` is off (an export never mixes its files with another's: an engine loading the folder
-    would read whichever weights and config it finds)."""
+def output_problem(output: Path, overwrite: bool, source: Path | None = None) -> str | None:
+    """Why ``output`` cannot take an export, or None: a file, the folder holding the ``source`` checkpoint, or
+    one already holding files when ``overwrite`` is off (an export never mixes its files with another's)."""
+    if source is not None and source.resolve().is_relative_to(output.resolve()):
+        return f"--output {output} holds the checkpoint being exported ({source}); give another folder"
     if output.exists() and not output.is_dir():
         return f"--output {output} is a file; give a folder"
     held = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
@@ -436,9 +437,8 @@ def output_problem(output: Path, overwrite: bool) -> str | None:
 
 @contextlib.contextmanager
 def replacing(output: str | None):
-    """Around an export into ``output``: a folder already there (``--overwrite``) is moved aside first, so
-    that none of its files linger beside the new export's, then deleted when the export succeeded, or
-    put back when it failed (a failed export loses nothing)."""
+    """Around an export into ``output``: a folder already there (``--overwrite``) is moved aside first, then
+    deleted when the export succeeded, or put back when it failed (a failed export loses nothing)."""
     folder = Path(output) if output else None
     if folder is None or not folder.is_dir() or not any(folder.iterdir()):
         yield
@@ -467,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"drafterkit export: error: --dtype: {exc}", file=sys.stderr)
         return 2
     if args.output is not None:
-        problem = output_problem(Path(args.output), args.overwrite)
+        problem = output_problem(Path(args.output), args.overwrite, Path(args.checkpoint))
         if problem:
             print(f"drafterkit export: error: {problem}", file=sys.stderr)
             return 2

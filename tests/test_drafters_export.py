@@ -431,6 +431,10 @@ def test_an_output_holding_files_is_refused_and_overwrite_replaces_it_whole(tmp_
     (tmp_path / "f").write_text("a file")
     assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "f")]) == 2
     assert "is a file" in capsys.readouterr().err
+    for holder in (ckpt, ckpt.parent):  # the checkpoint's own folder, or one holding it: refused, nothing moved
+        assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(holder), "--overwrite"]) == 2
+        assert "holds the checkpoint being exported" in capsys.readouterr().err
+        assert (ckpt / "model.safetensors").is_file()
 
 
 def test_a_damaged_weights_file_is_a_one_line_error_naming_it(tmp_path, capsys):

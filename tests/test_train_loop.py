@@ -469,3 +469,16 @@ def test_a_time_bound_run_counts_its_progress_in_seconds_of_the_budget(capsys):
     bar = progress_bar(short, 0, time.perf_counter() - 30, disable=False)
     finish(bar, short, 3, "interrupted")  # a signal: the bar stays where the run stopped and says why
     assert bar.n < bar.total and "interrupted" in bar.postfix
+
+
+def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
+    """A rerun whose drafter options changed since the checkpoint was saved: one RecipeError naming the way out,
+    not torch's load_state_dict traceback."""
+    from train.loop import train
+
+    target, tok = _load(world)
+    train(_recipe(world, tmp_path / "run", **{"train.max_steps": 1}), target=target, tokenizer=tok)
+    grown = _recipe(world, tmp_path / "run", **{"train.max_steps": 2, "train.resume": "auto",
+                                                "drafter.options.num_layers": 2})
+    with pytest.raises(RecipeError, match="cannot resume from .*does not fit the one this recipe builds.*new output_dir"):
+        train(grown, target=target, tokenizer=tok)

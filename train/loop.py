@@ -47,7 +47,7 @@ from train.checkpoint import (
 from train.distributed import peak_memory_per_process
 from train.evaluate import evaluate
 from train.prepare import assert_frozen, make_accelerator, preflight, setup_run
-from train.recipe import Recipe
+from train.recipe import Recipe, RecipeError
 from train.recipe_data import load_data
 from train.step import BudgetSchedule, agreed_elapsed, batches, train_step
 
@@ -133,7 +133,16 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
     state = TrainerState()
     resume = find_resume(recipe)
     if resume is not None:
-        state = load_checkpoint(resume, acc)
+        try:
+            state = load_checkpoint(resume, acc)
+        except RuntimeError as exc:  # torch's load_state_dict: size mismatch / missing / unexpected keys
+            if "state_dict" not in str(exc):
+                raise
+            why = next((ln.strip() for ln in str(exc).splitlines()[1:] if ln.strip()), str(exc))
+            raise RecipeError(f"cannot resume from {resume}: the checkpoint's drafter does not fit the one this "
+                              f"recipe builds ({why}); the drafter's options changed since it was saved. Train "
+                              "into a new output_dir, restore the options it was trained with (its recipe.yaml), "
+                              "or start over with train.resume=never train.overwrite=true") from None
         acc.print(f"resumed from {resume} at step {state.global_step}")
     elif cfg.resume == "auto":
         acc.print(f"no checkpoint to resume in {paths.checkpoints}; starting at step 0")
