@@ -107,12 +107,11 @@ def _describe(path: Path) -> str:
     listing = f"{names[:12]}{' ...' if len(names) > 12 else ''}"
     if not (path / "config.json").is_file():
         return listing
-    data = _read_config_dict(path)
-    if data is None:
-        try:
-            json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
-        except (OSError, ValueError) as exc:
-            return listing + f" (config.json is not valid JSON: {exc}; a damaged or half-written file)"
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError) as exc:
+        return listing + f" (config.json is not valid JSON: {exc}; a damaged or half-written file)"
+    if not isinstance(data, dict):
         return listing + " (config.json is JSON but not an object)"
     if "kind" in data:
         return listing + f" (a {data['kind']!r} config.json but no model.safetensors)"
