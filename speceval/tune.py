@@ -389,12 +389,16 @@ def plot_tuning(table: list[dict], winners: dict, path: Path) -> Path:
 # CLI
 
 
-def check_settings(ks, trees, dynamic, max_new_tokens) -> None:
+def check_settings(ks, trees, dynamic, max_new_tokens, thresholds=None) -> None:
     """Refuse bad search settings before anything loads.
 
     Raises:
-        ValueError: a K below 1, a malformed static or dynamic tree, or ``max_new_tokens`` below 1.
+        ValueError: a K below 1, a malformed static or dynamic tree, ``max_new_tokens`` below 1, or a
+            confidence threshold outside [0, 1) (as ``drafterkit eval --draft-threshold``).
     """
+    bad_t = [t for t in thresholds or [] if not 0.0 <= t < 1.0]
+    if bad_t or thresholds == []:
+        raise ValueError(f"--draft-threshold values must be in [0, 1), got {thresholds}")
     bad_k = [k for k in ks or [] if isinstance(k, bool) or not isinstance(k, int) or k < 1]
     if bad_k:
         raise ValueError(f"--k {bad_k[0]!r}: draft chains need K >= 1")
@@ -414,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.dtype is None:
             args.dtype = recorded_dtype(args.checkpoint)
-        check_settings(args.k, trees, args.dynamic, args.max_new_tokens)
+        check_settings(args.k, trees, args.dynamic, args.max_new_tokens, args.thresholds)
         rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                    concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic,

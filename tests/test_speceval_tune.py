@@ -170,7 +170,8 @@ def test_a_tuned_winner_slower_than_plain_decoding_is_never_used():
 
 @pytest.mark.parametrize("args,needle", [(["--k", "0"], "--k 0"), (["--tree", "3,,2"], "tree '3,,2'"),
                                          (["--dynamic", "dynamic:x"], "dynamic tree 'dynamic:x'"),
-                                         (["--eta", "1"], "--eta >= 2")])
+                                         (["--eta", "1"], "--eta >= 2"),
+                                         (["--draft-threshold", "0.1,1.5"], "--draft-threshold values must be in [0, 1)")])
 def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path, capsys, args, needle):
     from train.cli import main
 
