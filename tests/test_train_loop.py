@@ -482,3 +482,23 @@ def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
                                                 "drafter.options.num_layers": 2})
     with pytest.raises(RecipeError, match="cannot resume from .*does not fit the one this recipe builds.*new output_dir"):
         train(grown, target=target, tokenizer=tok)
+
+
+def test_a_stop_signal_does_not_wait_for_the_evaluation_due_at_that_step(world, tmp_path, monkeypatch):
+    from train import loop
+
+    target, tok = _load(world)
+    one_step = loop.train_step
+
+    def step_then_ctrl_c(ctx, data, state):
+        metrics = one_step(ctx, data, state)
+        if state.global_step == 1:  # inside the 2nd optimizer step, whose evaluation (eval.every 2) is then due
+            os.kill(os.getpid(), signal.SIGINT)
+        return metrics
+
+    monkeypatch.setattr(loop, "train_step", step_then_ctrl_c)
+    recipe = _recipe(world, tmp_path / "run", **{"train.max_steps": 4, "eval.every": 2})
+    result = loop.train(recipe, target=target, tokenizer=tok)
+    assert result.stopped == "interrupted" and result.global_step == 2 and result.evals == []
+    assert not (tmp_path / "run" / "eval" / "step-2.json").exists()
+    assert (tmp_path / "run" / "checkpoints" / "last" / "drafter").is_dir()

@@ -189,16 +189,19 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
             metrics["tokens_per_s"] = window_tokens / max(now - window_start, 1e-9)
             window_tokens, window_start = 0.0, now
             acc.log({f"train/{k}": v for k, v in metrics.items() if math.isfinite(v)}, step=state.global_step)
-        ev = _maybe_evaluate(ctx, state, final=state.global_step == cfg.max_steps)
+        if stop.signum is not None:
+            acc.set_trigger()
+        # a stop signal reached some process: no evaluation now (a stop does not wait for one), step checkpoint
+        # as due, then out (train() saves last/)
+        stopping = acc.check_trigger() and state.global_step < cfg.max_steps
+        ev = None if stopping else _maybe_evaluate(ctx, state, final=state.global_step == cfg.max_steps)
         if ev is not None:
             result.evals.append(ev)
         if cfg.save_every and state.global_step % cfg.save_every == 0:  # after the eval: its score is in the state
             _save(ctx, paths.step(state.global_step), state)
             if cfg.save_total_limit and acc.is_main_process:
                 prune_step_checkpoints(paths.checkpoints, cfg.save_total_limit)
-        if stop.signum is not None:
-            acc.set_trigger()
-        if acc.check_trigger() and state.global_step < cfg.max_steps:  # a stop signal reached some process
+        if stopping:
             result.stopped = "interrupted"
             break
         if cfg.max_minutes is not None:
