@@ -20,11 +20,12 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -144,17 +145,53 @@ class Drafter(nn.Module):
         Raises:
             DrafterLoadError: listing missing and unexpected tensor names, or a shape mismatch.
         """
-        expected = {k for k in self.state_dict() if not k.startswith(self.borrowed_prefixes)}
-        missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
-        if missing or unexpected:
-            raise DrafterLoadError(f"{self.kind} checkpoint {source} does not match: missing tensors "
-                                   f"{missing[:8]}, unexpected tensors {unexpected[:8]}")
-        own = self.state_dict()
-        for k, v in state.items():
-            if own[k].shape != v.shape:
-                raise DrafterLoadError(f"{self.kind} checkpoint {source}: tensor {k} has shape "
-                                       f"{tuple(v.shape)}, expected {tuple(own[k].shape)}")
+        problem = tensor_mismatch(self.own_shapes(state.keys()), {k: tuple(v.shape) for k, v in state.items()})
+        if problem:
+            raise DrafterLoadError(f"{self.kind} checkpoint {source} does not match: {problem}")
         self.load_state_dict(state, strict=False)
+
+    def own_shapes(self, held: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every tensor a checkpoint of this drafter must hold (borrowed ones excluded);
+        ``held``: the names a checkpoint holds, for kinds with tensors a checkpoint may omit."""
+        return {k: tuple(v.shape) for k, v in self.state_dict().items() if not k.startswith(self.borrowed_prefixes)}
+
+    @classmethod
+    def config_at(cls, path: str | Path) -> Any:
+        """The config of the checkpoint folder ``path``, checked to be of this kind.
+
+        Raises:
+            DrafterLoadError: no checkpoint there, another kind, or a config this version refuses (the
+                message says why and the fix).
+        """
+        kind, cfg = read_config(path)
+        if kind != cls.kind:
+            raise DrafterLoadError(f"{path} holds a drafter of kind {kind!r}, not {cls.kind!r}")
+        try:
+            return cls.config_class(**cfg)
+        except (TypeError, ValueError) as exc:  # e.g. an EAGLE-3 layer id no engine serves, an unknown field
+            raise DrafterLoadError(f"{path}/config.json: {exc}") from None
+
+    @classmethod
+    def check_weights(cls, path: str | Path, config: Any = None) -> None:
+        """Check that ``path/model.safetensors`` holds exactly the tensors, of exactly the shapes, that
+        ``path/config.json`` implies, reading only the file's header (the drafter is built on the meta
+        device, beside a stand-in for the target's embedding and LM head of the config's ``vocab_size`` x
+        ``hidden_size``): a config edited, or copied from another save, is named as such here rather than
+        blamed on the target or found by the engine that serves an export.
+
+        Raises:
+            DrafterLoadError: the two files disagree (the first differences named), the weights file cannot
+                be read, or the config is refused (see :meth:`config_at`).
+        """
+        config = cls.config_at(path) if config is None else config
+        with torch.device("meta"):
+            skeleton = cls(config, target=_BorrowedShapes.of(config))
+        found = weight_shapes(path)
+        problem = tensor_mismatch(skeleton.own_shapes(found.keys()), found)
+        if problem:
+            raise DrafterLoadError(f"{Path(path) / 'model.safetensors'} does not match {Path(path) / 'config.json'}: "
+                                   f"{problem}. The two files come from different saves (or one was edited): copy "
+                                   "the checkpoint folder again as a whole, or save the drafter again")
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: nn.Module | None = None, **kw) -> "Drafter":
@@ -162,19 +199,61 @@ class Drafter(nn.Module):
 
         Raises:
             DrafterLoadError: another kind, a config this version refuses (the message says why and the
-                fix), missing / unexpected tensors or a shape mismatch.
+                fix), weights that do not match the config (:meth:`check_weights`), or a damaged file.
         """
         path = Path(path)
-        kind, cfg = read_config(path)
-        if kind != cls.kind:
-            raise DrafterLoadError(f"{path} holds a drafter of kind {kind!r}, not {cls.kind!r}")
-        try:
-            config = cls.config_class(**cfg)
-        except ValueError as exc:  # a config this version refuses (e.g. an EAGLE-3 layer id no engine serves)
-            raise DrafterLoadError(f"{path}/config.json: {exc}") from None
+        config = cls.config_at(path)
+        cls.check_weights(path, config)
         drafter = cls(config, target=target, **kw)
         drafter.load_own_state_dict(read_weights(path), source=str(path))
         return drafter.eval()
+
+
+class _BorrowedShapes(nn.Module):
+    """What a drafter borrows from its target (input embedding, LM head), shaped ``vocab_size`` x
+    ``hidden_size`` from a drafter config: with ``torch.device("meta")``, a drafter's skeleton is built
+    without the target and without memory."""
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
+        self.lm_head = nn.Linear(hidden_size, vocab_size, bias=False)
+
+    @classmethod
+    def of(cls, config: Any) -> "_BorrowedShapes | None":
+        vocab, hidden = getattr(config, "vocab_size", None), getattr(config, "hidden_size", None)
+        return cls(vocab, hidden) if isinstance(vocab, int) and isinstance(hidden, int) else None
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+
+def tensor_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> str | None:
+    """How the tensors ``found`` (name -> shape) differ from those ``expected``, in words, or None."""
+    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+    if missing or unexpected:
+        return f"missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}"
+    wrong = [f"{k} has shape {found[k]}, expected {expected[k]}" for k in sorted(expected) if found[k] != expected[k]]
+    if wrong:
+        return "tensor " + "; ".join(wrong[:4]) + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")
+    return None
+
+
+def weight_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each tensor in ``folder/model.safetensors``, from its header alone.
+
+    Raises:
+        DrafterLoadError: the file cannot be read (damaged or cut short), naming it and the fix."""
+    file = Path(folder) / "model.safetensors"
+    try:
+        with safe_open(str(file), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise DrafterLoadError(f"{file} cannot be read ({exc}): the file is damaged or cut short (an interrupted "
+                               "save or copy?); save or copy the checkpoint again") from None
 
 
 def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:

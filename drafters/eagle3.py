@@ -41,6 +41,7 @@ vocabulary (zeros elsewhere), so rejection sampling stays exact.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -115,7 +116,8 @@ def select_draft_vocab(counts: torch.Tensor, n: int) -> torch.Tensor:
 def mapping_from_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted unique target ids ``[N]`` -> ``(d2t [N] offsets, t2d [V] bool)``. Raises ``ValueError``."""
     ids = ids.long().flatten()
-    if ids.numel() == 0 or ids.unique().numel() != ids.numel() or ids.min() < 0 or ids.max() >= vocab_size:
+    if ids.device.type != "meta" and (  # a skeleton on the meta device has no values to check
+            ids.numel() == 0 or ids.unique().numel() != ids.numel() or ids.min() < 0 or ids.max() >= vocab_size):
         raise ValueError(f"draft vocabulary ids must be unique target ids in [0, {vocab_size}); got "
                          f"{ids.numel()} ids, range [{int(ids.min()) if ids.numel() else '-'}, "
                          f"{int(ids.max()) if ids.numel() else '-'}]")
@@ -187,21 +189,17 @@ class Eagle3Drafter(FeatureHeadDrafter):
             raise ValueError(f"need exactly draft_vocab_size={self.config.draft_vocab_size} ids, got {ids.numel()}")
         adopt_draft_vocab(self, ids, target)
 
-    def load_own_state_dict(self, state: dict[str, torch.Tensor], source: str = "") -> None:
-        """Strict load (see :meth:`drafters.base.Drafter.load_own_state_dict`), except that a
-        full-vocabulary head (``draft_vocab_size == vocab_size``) may come without ``d2t`` / ``t2d``: its
-        mapping is the identity, and vLLM loads such a head only without them (its EAGLE-3 model has
-        ``draft_id_to_target_id`` only when ``draft_vocab_size < vocab_size``).
-
-        Raises:
-            drafters.base.DrafterLoadError: missing / unexpected tensors (a reduced vocabulary needs both
-                ``d2t`` and ``t2d``) or a shape mismatch.
-        """
+    def own_shapes(self, held: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
+        """As :meth:`drafters.base.Drafter.own_shapes`, except that a full-vocabulary head
+        (``draft_vocab_size == vocab_size``) may come without ``d2t`` / ``t2d`` (``held`` has neither): its
+        mapping is the identity the head is built with, and vLLM loads such a head only without them (its
+        EAGLE-3 model has ``draft_id_to_target_id`` only when ``draft_vocab_size < vocab_size``). A reduced
+        vocabulary needs both."""
+        shapes = super().own_shapes()
         c = self.config
-        if c.draft_vocab_size == c.vocab_size and not {"d2t", "t2d"} & state.keys():
-            d2t, t2d = mapping_from_ids(torch.arange(c.vocab_size), c.vocab_size)
-            state = {**state, "d2t": d2t, "t2d": t2d}
-        super().load_own_state_dict(state, source)
+        if c.draft_vocab_size == c.vocab_size and not {"d2t", "t2d"} & set(held):
+            del shapes["d2t"], shapes["t2d"]
+        return shapes
 
     # --- FeatureHeadDrafter hooks ----------------------------------------------------------------------
     def real_input(self, feats: torch.Tensor) -> torch.Tensor:

@@ -56,17 +56,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from assets.device import resolve_dtype
 from assets.target import hub_reachable, resolve_target_path
-from drafters import load_drafter, resolve_checkpoint
-from drafters.base import (
-    DrafterLoadError,
-    ExportError,
-    apply_umask,
-    read_config,
-    read_weights,
-    recorded_source,
-    save_tensors,
-    weights_sha256,
-)
+from drafters import get_kind, load_drafter, resolve_checkpoint
+from drafters.base import (DrafterLoadError, ExportError, apply_umask, read_config, read_weights, recorded_source,
+                           save_tensors, weights_sha256)
 from drafters.dflash import DFlashConfig, DFlashDrafter
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.model_card import write_model_card
@@ -395,7 +387,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     Raises:
         ExportError: unknown format, the checkpoint's kind does not fit the format, or (EAGLE-3) feature
             layer ids the format's engine cannot express.
-        drafters.DrafterLoadError: ``ckpt`` holds no drafter checkpoint (the message says what it holds).
+        drafters.DrafterLoadError: no drafter checkpoint at ``ckpt`` (the message says what is), or its weights
+            do not match its config (``Drafter.check_weights``).
     """
     output = Path(output)
     if fmt not in FORMATS:
@@ -405,6 +398,12 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         fits = sorted(f for f, k in FORMATS.items() if k == kind) or "none"
         raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a drafter of kind "
                           f"{kind!r}; formats for {kind!r}: {fits}")
+    try:
+        config = get_kind(kind).config_at(ckpt)
+    except DrafterLoadError:
+        config = None  # refused by this version (an EAGLE-3 layer id no engine reads): the format below says why
+    if config is not None:
+        get_kind(kind).check_weights(ckpt, config)  # the weights of the shapes config.json says, before any rewrite
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
         export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])

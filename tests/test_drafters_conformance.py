@@ -113,6 +113,41 @@ def test_loading_is_strict(kind, tmp_path):
         load_drafter(path, target=target)
 
 
+#: Per kind, a config.json edit that changes the shapes of the drafter's own tensors.
+_RESHAPE = {"draft_lm": lambda c: c["hf_config"].update(intermediate_size=40), "medusa": lambda c: c.update(num_heads=2),
+            "eagle": lambda c: c.update(intermediate_size=40), "eagle3": lambda c: c.update(draft_vocab_size=40),
+            "dflash": lambda c: c.update(num_layers=1), "dflash_reduced": lambda c: c.update(draft_vocab_size=40)}
+
+
+@pytest.mark.parametrize("kind", sorted(_RESHAPE))
+def test_a_config_json_that_disagrees_with_its_weights_is_named_before_the_target_is_blamed(kind, tmp_path, capsys):
+    """config.json from another save (or edited): loading and export name both files and the first tensor
+    that differs, reading the weights file's header only, instead of a shape error blamed on the target or
+    an export that the serving engine then refuses."""
+    import json
+
+    from drafters.base import Drafter
+    from train.cli import main as cli
+
+    target = tiny_llama(0)
+    path = build(kind, target).save_pretrained(tmp_path / "ckpt")
+    data = json.loads((path / "config.json").read_text())
+    _RESHAPE[kind](data["config"])
+    (path / "config.json").write_text(json.dumps(data))
+    kind_cls = get_kind(data["kind"])
+    assert issubclass(kind_cls, Drafter)
+    with pytest.raises(DrafterLoadError, match=r"model.safetensors does not match .*config.json: (tensor|missing)"):
+        kind_cls.check_weights(path)
+    with pytest.raises(DrafterLoadError, match="come from different saves"):
+        load_drafter(path, target=target)
+    fmt = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle3"}.get(kind, "vllm-dflash")
+    if kind == "eagle":
+        return  # no export format takes EAGLE-1
+    assert cli(["export", str(path), "--format", fmt, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "come from different saves" in err and not (tmp_path / "out").exists()
+
+
 def test_a_damaged_config_json_is_named_as_such(tmp_path):
     """A config.json cut short or holding a JSON list: one error saying which, never a JSON traceback."""
     target = tiny_llama(0)
