@@ -29,6 +29,28 @@ DEFAULT_DATASTORE = "sharegpt"
 RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds": "--draft-threshold"}
 
 
+def tree_spec(text: str) -> str:
+    """argparse type of every ``--tree``: the spec without whitespace (no tree spec has meaningful spaces), so
+    that ``' 3, 2 ,1'`` measures and labels as ``3,2,1``."""
+    return "".join(text.split())
+
+
+def thread_count(text: str) -> int:
+    """argparse type of every ``--threads``: a count of torch CPU threads, >= 1 (0 or less used to be taken
+    silently as torch's default).
+
+    Raises:
+        argparse.ArgumentTypeError: not an int >= 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"takes a count of CPU threads >= 1, got {text!r}; leave --threads out for "
+                                         "torch's default")
+    return count
+
+
 @dataclass
 class EvalConfig:
     """Everything ``drafterkit eval`` measures. Each field is one flag, ``--<field>`` with dashes unless
@@ -57,7 +79,7 @@ class EvalConfig:
                 "(default 0: always K / the full tree). In +rest trees only the drafter's nodes that also clear the "
                 "corpus's bar (0.2) get children; the others are verified as leaves"})
     trees: list[str] = field(default_factory=lambda: ["chain"], metadata={
-        "flag": "--tree", "action": "append", "metavar": "TREE",
+        "flag": "--tree", "action": "append", "metavar": "TREE", "type": tree_spec,
         "help": "draft shape: chain (K tokens, the default) or a static tree verified in one pass: branching factors "
                 "per depth such as 3,2,1 (3 + 6 + 6 nodes) or a JSON list of rank paths such as '[[0],[1],[0,0]]' "
                 "(paths are sorted and a path given twice counts once, so [[0],[0]] is the tree [[0]]); repeatable, "
@@ -128,7 +150,8 @@ class RunOptions:
     """What the ``drafterkit eval`` command adds to an :class:`EvalConfig`: how it runs and where it writes
     (flags built like :class:`EvalConfig`'s; not part of the record's ``config``)."""
 
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)",
+                                                        "type": thread_count})
     output: str = field(default="drafterkit-eval.json", metadata={
         "help": "JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder"})
     plots_dir: str | None = field(default=None, metadata={
@@ -200,7 +223,7 @@ def field_flag(f: dataclasses.Field, hint: Any) -> tuple[str, dict]:
     if typing.get_origin(hint) is list:
         return flag, dict(kwargs, type=_csv(typing.get_args(hint)[0], flag), default=default)
     kinds = [a for a in typing.get_args(hint) if a is not type(None)]  # `X | None` parses as X
-    return flag, dict(kwargs, type=kinds[0] if kinds else hint, default=default)
+    return flag, dict(kwargs, type=kwargs.pop("type", kinds[0] if kinds else hint), default=default)
 
 
 def flag_fields() -> list[tuple[dataclasses.Field, Any]]:

@@ -44,7 +44,7 @@ from speceval import report
 from speceval.harness import check_quiet, machine_info
 from speceval.bench import datastore_loader
 from speceval.eval_args import DEFAULT_DATASTORE
-from speceval.methods import build_drafter, retrieval_info
+from speceval.methods import build_drafter, check_drafter_spec, retrieval_info
 from speceval.plots import pyplot, save_figure
 from speceval.prompts import Prompt, select_prompts
 from speceval.recorded import TUNE_PLOT, drafterkit_version, read_decoding, write_tuned
@@ -231,7 +231,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
             file for ``drafters.datastore.cached_datastore`` (default ``sharegpt``, as ``drafterkit eval``).
 
     Raises:
-        ValueError: an evaluation benchmark as ``benchmark``, a bad setting, or no drafter at ``checkpoint``.
+        ValueError: an evaluation benchmark as ``benchmark``, a bad setting, no drafter at ``checkpoint``, or
+            ``write`` for a spec with no folder to write into (``ngram``, ``draft:N``): all before anything loads.
     """
     if benchmark in ("mt-bench", "humaneval"):
         raise ValueError(f"--benchmark {benchmark}: tune on prompts the evaluation never uses (sharegpt, the "
@@ -242,12 +243,17 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if datastore is not None and not checkpoint.endswith("+rest"):
         raise ValueError(f"--datastore is unused: only PATH+rest retrieves from a datastore (tune {checkpoint}+rest, "
                          "or drop --datastore)")
+    if checkpoint == "none":
+        raise ValueError("tune needs a drafter checkpoint, not 'none'")
+    parse_incumbent(incumbent, None)  # before anything loads: a malformed --incumbent, a path holding no drafter
+    check_drafter_spec(checkpoint, flag="tune")
+    folder, behind = _folder(checkpoint), _behind(checkpoint)
+    if folder is None and write:
+        raise ValueError(f"tune {checkpoint}: has no checkpoint folder for the tuned setting (decoding.json) to go "
+                         "in; give --no-write to measure and print the best shape only, or tune a drafter folder")
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
-    folder, behind = _folder(checkpoint), _behind(checkpoint)
     spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None, flag="tune")
-    if spec is None:
-        raise ValueError("tune needs a drafter checkpoint, not 'none'")
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
     incumbent, incumbent_note = parse_incumbent(incumbent, spec.drafter)
     prompts = _prompts(benchmark, tok, num_prompts)
@@ -311,6 +317,7 @@ def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
     """``"3,2,1,1,1@0.1"`` / ``"chain:5@0.1"`` / ``"dynamic:24:5:4@0.05"`` (``@THRESHOLD`` optional: 0) ->
     ``(Candidate, note)``; ``(None, why)`` for ``None`` / ``"none"`` or a shape the drafter cannot decode (a
     tree for a chain-only drafter), its threshold 0 where the drafter has no confidence threshold.
+    ``drafter=None`` checks the spec's syntax only (before anything loads).
 
     Raises:
         ValueError: a malformed spec, naming the forms it takes.
@@ -330,6 +337,8 @@ def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
                          "(chain:5@0.1), dynamic:TOTAL:DEPTH:TOPK@THRESHOLD or none") from None
     if cand.k < 1 or not 0.0 <= threshold < 1.0:
         raise ValueError(f"--incumbent {spec!r}: K >= 1 and a threshold in [0, 1)")
+    if drafter is None:
+        return cand, ""
     needs = None if cand.tree == "chain" else ("propose_dynamic_tree" if cand.tree.startswith("dynamic")
                                                else "propose_tree")
     if needs and not drafts_trees(drafter, needs):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from speceval.eval_args import thread_count, tree_spec
+
 #: the search ``drafterkit tune`` runs by default (``speceval.tune.tune``'s defaults too): chain lengths, static
 #: trees, EAGLE-2 dynamic trees and confidence thresholds tried
 DEFAULT_KS = (2, 3, 4, 5, 6)
@@ -36,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fp32 | bf16 | fp16 | auto (default: the dtype the drafter's decoding.json records, as "
                         "drafterkit eval uses it, else fp32)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda where available, as drafterkit eval)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--benchmark", default="sharegpt",
                    help="tuning prompts: sharegpt (the held-out split, past the prompts eval and training's own "
                         "evaluation use) or a .jsonl file; never mt-bench / humaneval, which judge the result")
@@ -44,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per answer at most")
     p.add_argument("--concurrency", type=int, default=4, help="the larger batch size tuned besides 1")
     p.add_argument("--k", type=_csv(int), default=list(DEFAULT_KS), help="chain lengths tried")
-    p.add_argument("--tree", action="append", dest="trees", metavar="TREE",
+    p.add_argument("--tree", action="append", dest="trees", metavar="TREE", type=tree_spec,
                    help=f"a static tree tried (branching factors such as 3,2,1); repeatable "
                         f"(default: {' and '.join(DEFAULT_TREES)})")
     p.add_argument("--dynamic", type=_csv(str), default=list(DEFAULT_DYNAMIC),

@@ -89,3 +89,28 @@ def test_an_unknown_dtype_is_a_usage_error_naming_the_valid_ones(argv, tmp_path,
     err = capsys.readouterr().err
     assert "error: --dtype" in err and "fp64" in err and "Traceback" not in err
     assert not (tmp_path / "qs").exists() and not (tmp_path / "x").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("verb", ["eval", "tune", "quickstart"])
+@pytest.mark.parametrize("count", ["0", "-2", "two"])
+def test_threads_below_one_is_a_usage_error(verb, count, capsys):
+    """``--threads 0`` used to be taken silently as torch's default; every verb with --threads refuses it."""
+    argv = {"eval": ["eval", "--drafter", "ngram"], "tune": ["tune", "ckpt"], "quickstart": ["quickstart"]}[verb]
+    try:
+        code = main(argv + ["--threads", count])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "--threads" in err and "count of CPU threads >= 1" in err and repr(count) in err
+
+
+def test_tree_specs_lose_their_spaces_in_eval_and_tune():
+    """``--tree ' 3, 2 ,1'`` is measured and labelled as ``3,2,1`` (it used to keep the spaces in its labels)."""
+    import argparse
+
+    from speceval import eval_args, tune_args
+
+    for module, argv in ((eval_args, ["--drafter", "ngram"]), (tune_args, ["ckpt"])):
+        p = argparse.ArgumentParser()
+        module.add_arguments(p)
+        assert p.parse_args(argv + ["--tree", " 3, 2 ,1", "--tree", "[[0], [1]]"]).trees == ["3,2,1", "[[0],[1]]"]

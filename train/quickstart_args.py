@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from speceval.eval_args import EvalConfig
+from speceval.eval_args import EvalConfig, thread_count
 
 #: Draft shapes the quickstart measures: a static tree (the 3 best first tokens, 2 after each, then one per
 #: depth to depth 5, so prompt lookup's chains keep K = 5 tokens behind it: 3 + 6 + 6 + 6 + 6 nodes before
@@ -84,6 +84,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=EVAL_DEFAULTS.device,
                    help="auto | cpu | cuda | cuda:N: where the target and the drafter train and are measured "
                         f"(auto: cuda where available) (default: {EVAL_DEFAULTS.device})")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=thread_count, default=None,
                    help="torch CPU threads for training and evaluation (default: torch's; 1 on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (training, evaluation, model loading)")
