@@ -97,14 +97,22 @@ def inspect_export(export_dir: str | Path) -> dict:
     heads, DFlash's block_size - 1) or None}`` for an export folder.
 
     Raises:
-        ServeCheckError: no readable ``config.json`` there.
+        ServeCheckError: no readable ``config.json`` there, or an ``sglang-eagle3`` export (vLLM would read its
+            layer ids one layer off).
     """
     try:
         config = json.loads((Path(export_dir) / "config.json").read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
         raise ServeCheckError(f"{export_dir} is not an export folder (no readable config.json: {exc}); give a "
                               "folder written by `drafterkit export`") from None
     arch = (config.get("architectures") or [None])[0]
+    engine = (config.get("drafterkit") or {}).get("engine", "vllm")
+    if engine != "vllm":  # an sglang-eagle3 export: its layer ids follow SGLang's convention, one off vLLM's
+        raise ServeCheckError(f"{export_dir} is an {engine}-eagle3 export (its feature layer ids follow {engine}'s "
+                              "convention, which vLLM reads one layer off); serve-check runs vLLM: export the same "
+                              "checkpoint with --format vllm-eagle3 and check that")
     if arch in VLLM_METHODS:
         most = config.get("num_heads") or (config["block_size"] - 1 if "block_size" in config else None)
         return {"method": VLLM_METHODS[arch], "num_heads": most}

@@ -69,6 +69,10 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
     assert "--drafter CHECKPOINT" in capsys.readouterr().err
     assert cli(["serve-check", str(tmp_path), "--target", "smollm2-135m"]) == 2
     assert "not an export folder" in capsys.readouterr().err
+    (target_like / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
+                                                         "drafterkit": {"kind": "eagle3", "engine": "sglang"}}))
+    assert cli(["serve-check", str(target_like), "--target", "smollm2-135m"]) == 2  # vLLM would read its ids one off
+    assert "is an sglang-eagle3 export" in (err := capsys.readouterr().err) and "--format vllm-eagle3" in err
     draft = tmp_path / "draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({"model_type": "llama"}))
