@@ -256,6 +256,10 @@ def test_the_eval_measures_tune_s_winner_only_when_it_beat_plain_decoding_and_no
     args = parse(build_parser(), ["quickstart"])
     k, note = quickstart.apply_tuned(args, 5, tuned(0.9))  # a slowdown is never the measured setting
     assert (k, args.trees, args.draft_thresholds) == (5, None, None) and "was not faster than plain decoding" in note
+    assert note.endswith("the fixed tree 3,2,1,1,1 instead")
+    slow_fixed = {"winners": {"1": dict(tree="3,2,1,1,1", k=5, draft_threshold=0.1, speedup=0.9)}}
+    note = quickstart.apply_tuned(parse(build_parser(), ["quickstart"]), 5, slow_fixed)[1]
+    assert note.endswith("the fixed tree 3,2,1,1,1 all the same")  # not "the fixed tree ... instead" of itself
     for given in (["--tree", "chain"], ["--draft-threshold", "0.2"]):  # explicit flags win
         args = parse(build_parser(), ["quickstart", *given])
         k, note = quickstart.apply_tuned(args, 5, tuned(1.3))

@@ -235,8 +235,9 @@ def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None
     if args.trees or args.draft_thresholds is not None:
         return k, f"tune chose {found}; the eval measures the --tree / --draft-threshold given instead"
     if not beats_plain(w):
+        fixed = " and ".join(DEFAULT_TREES)
         return k, (f"tune's best, {found}, was not faster than plain decoding: the eval measures the fixed tree "
-                   f"{' and '.join(DEFAULT_TREES)} instead")
+                   + (f"{fixed} all the same" if w["tree"] in DEFAULT_TREES else f"{fixed} instead"))
     rest = ((tuned_rest or {}).get("winners") or {}).get("1")
     if rest is not None and beats_plain(rest):
         args.trees = [AUTO]
