@@ -248,7 +248,7 @@ def test_recipe_refuses_a_cache_for_a_kind_without_features():
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "eagle3", "options": {"feature_cache": True}}})
 
 
-def test_only_the_main_process_writes(tmp_path):
+def test_only_the_main_process_writes(tmp_path, capsys):
     target = tiny_llama(0, layers=3)
     recipe = recipe_from_dict({"output_dir": "x", "drafter": {"kind": "eagle"},
                                "data": {"feature_cache": str(tmp_path / "fc")}})
@@ -257,6 +257,8 @@ def test_only_the_main_process_writes(tmp_path):
     assert not (tmp_path / "fc").exists() or not any((tmp_path / "fc").rglob("*.safetensors"))
     cache = open_recipe_cache(recipe, target, _examples(), write=True)
     assert len(cache) == 20 and cache.path.parent == tmp_path / "fc"
+    said = capsys.readouterr().out  # a build before the first step says it runs outside the time budget
+    assert "building the feature cache before the first step" in said and "outside train.max_minutes" in said
     assert len(open_recipe_cache(recipe, target, _examples(), write=False)) == 20
 
 

@@ -401,6 +401,9 @@ def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache
     except (FileNotFoundError, FeatureCacheError) as exc:
         if not write:
             raise FeatureCacheError(f"{exc} (only the main process builds a feature cache)") from None
+    print(f"building the feature cache before the first step: one target pass over {spec.tokens:,} tokens, outside "
+          "train.max_minutes (the features bar shows its time left); data.feature_cache=off trains without it, and "
+          "`drafterkit features RECIPE` builds it ahead", flush=True)
     try:
         build_feature_cache(spec, target, ds)
     except OSError as exc:
