@@ -39,7 +39,7 @@ from assets import pinned
 from assets.target import TargetLoadError, load_target, resolve_target_path
 from decode import generate
 from decode.engine import watch_rounds
-from decode.inputs import resolve_eos
+from decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafters.export import ExportError, recorded_source
@@ -107,6 +107,9 @@ def inspect_export(export_dir: str | Path) -> dict:
     except (OSError, ValueError) as exc:
         raise ServeCheckError(f"{export_dir} is not an export folder (no readable config.json: {exc}); give a "
                               "folder written by `drafterkit export`") from None
+    if "kind" in config and "architectures" not in config:  # drafterkit's own checkpoint (save_pretrained)
+        raise ServeCheckError(f"{export_dir} is a drafterkit {config['kind']} checkpoint, not an export: write the export "
+                              "first (drafterkit export CHECKPOINT --format FORMAT --output DIR) and serve-check DIR")
     arch = (config.get("architectures") or [None])[0]
     engine = (config.get("drafterkit") or {}).get("engine", "vllm")
     if engine != "vllm":  # an sglang-eagle3 export: its layer ids follow SGLang's convention, one off vLLM's
@@ -145,8 +148,8 @@ def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | No
     was written from) when given; a draft LM export (a plain transformers folder) is itself loadable.
 
     Raises:
-        ServeCheckError: an EAGLE-3 or Medusa export without ``checkpoint`` (exports do not record it), or
-            a ``checkpoint`` drafterkit cannot load.
+        ServeCheckError: an EAGLE-3 or Medusa export without ``checkpoint`` (exports do not record it), a
+            ``checkpoint`` drafterkit cannot load, or one that does not fit ``target`` (``check_compatible``).
     """
     checkpoint = source_checkpoint(export_dir, method, checkpoint)
     try:
@@ -158,6 +161,10 @@ def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | No
         raise ServeCheckError(f"--drafter {checkpoint}: a {getattr(drafter, 'kind', type(drafter).__name__)} "
                               f"drafter, but {export_dir} is a {method} export: give the "
                               f"{DRAFTER_KINDS[method]} checkpoint it was exported from")
+    try:  # what drafterkit's decoder checks at its first call, checked before the vLLM pass rather than after it
+        drafter.check_compatible(target, shared_vocab_size(target, as_proposer(drafter)))
+    except ValueError as exc:
+        raise ServeCheckError(f"--drafter {checkpoint or export_dir}: {exc}") from None
     if getattr(drafter, "supports_draft_threshold", False):
         drafter.draft_threshold = 0.0  # vLLM always drafts K tokens
     return drafter

@@ -73,12 +73,29 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
                                                          "drafterkit": {"kind": "eagle3", "engine": "sglang"}}))
     assert cli(["serve-check", str(target_like), "--target", "smollm2-135m"]) == 2  # vLLM would read its ids one off
     assert "is an sglang-eagle3 export" in (err := capsys.readouterr().err) and "--format vllm-eagle3" in err
+    (target_like / "config.json").write_text(json.dumps({"kind": "eagle3", "config": {}}))  # a checkpoint, not an export
+    assert cli(["serve-check", str(target_like), "--target", "smollm2-135m"]) == 2
+    assert "is a drafterkit eagle3 checkpoint, not an export" in capsys.readouterr().err
     draft = tmp_path / "draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert cli(["serve-check", str(draft), "--target", "smollm2-135m", "--venv", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert f"no vLLM venv at {tmp_path / 'none'}" in err and "vllm-venv.sh" in err
+
+
+def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_vllm_pass(tmp_path):
+    """serve-check loads drafterkit's side first and checks it as the decoder will (a head trained for another
+    target's layer count): one ServeCheckError, not a traceback after minutes of vLLM."""
+    from conftest import tiny_llama
+
+    target = tiny_llama(0, layers=4)
+    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40, feature_layers=[1, 2, 3]), target=target)
+    head.set_draft_vocab(torch.arange(40) * 3, target=target)
+    ckpt = head.save_pretrained(tmp_path / "e3")
+    out = export(ckpt, "vllm-eagle3", tmp_path / "e3-export")
+    with pytest.raises(serving.ServeCheckError, match=r"--drafter .*e3"):
+        serving.load_check_drafter(out, "eagle3", None, tiny_llama(0, layers=2))  # a target of 2 layers, not 4
 
 
 def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, capsys):
