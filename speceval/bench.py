@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import functools
+import os
 import shlex
 import sys
 import time
@@ -187,6 +188,23 @@ def _public_kwargs(kwargs: dict | None, k: int) -> dict | None:
             for key, v in kwargs.items()}
 
 
+def output_problem(output: str | Path) -> str | None:
+    """Why ``drafterkit eval`` could not write its record to ``output`` (JSON, and the Markdown beside it), or
+    None: checked before anything is measured, so a bad ``--output`` never throws a finished evaluation away.
+    The parent folder is created here when missing."""
+    output = Path(output)
+    for path in (output, output.with_suffix(".md")):
+        if path.is_dir():
+            return f"--output {output}: {path} is a folder; give a file name such as {path / 'eval.json'}"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--output {output}: its folder cannot be made ({exc.strerror or exc}); give a path in a writable folder"
+    if not os.access(output.parent, os.W_OK):
+        return f"--output {output}: {output.parent} is not writable; give a path in a writable folder"
+    return None
+
+
 def write_outputs(record: dict, output: str | Path, plots_dir: str | Path | None = None) -> dict:
     """Write ``output`` (JSON), ``output`` with ``.md`` (Markdown report) and, when the record has a
     sweep or a concurrency sweep, PNG plots into ``plots_dir`` (default: ``<output stem>-plots``
@@ -298,6 +316,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         report.disable_progress_bars()
     try:
+        if problem := output_problem(args.output):
+            raise ValueError(problem)
         cfg = config_from_args(args)
         recorded = apply_recorded(cfg, given={name for name in RECORDED if getattr(args, name) is not None})
         if recorded:

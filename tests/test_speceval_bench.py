@@ -160,6 +160,22 @@ def test_bad_drafter_specs_are_refused_before_the_target_loads(tmp_path, capsys,
     assert rc == 2 and message in err and "no-target" not in err
 
 
+@pytest.mark.parametrize("output, message", [
+    ("FOLDER", "is a folder; give a file name"),
+    ("report.json", "report.md is a folder; give a file name"),  # the Markdown written beside the JSON
+    ("AFILE/x.json", "its folder cannot be made"),
+])
+def test_a_bad_output_is_refused_before_anything_is_measured(tmp_path, capsys, output, message):
+    """--output is checked first (the target here does not exist), not after the evaluation it would lose."""
+    (tmp_path / "FOLDER").mkdir()
+    (tmp_path / "report.md").mkdir()
+    (tmp_path / "AFILE").write_text("a file, not a folder")
+    rc = main(["eval", "--target", str(tmp_path / "no-target"), "--drafter", "ngram", "--num-prompts", "1",
+               "--output", str(tmp_path / output)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "no-target" not in err and not (tmp_path / "report.json").exists()
+
+
 @pytest.mark.parametrize("bench, message", [
     ("mtbench", "unknown --benchmark 'mtbench' (did you mean mt-bench?)"),
     ("missing.jsonl", "--benchmark missing.jsonl: no such file"),
