@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import torch
 from torch import nn
@@ -92,7 +93,11 @@ class Eagle3Config(EagleConfig):
     def __post_init__(self):
         if not self.feature_layers:
             self.feature_layers = list(default_feature_layers(self.target_num_layers))
-        self.feature_layers = [int(i) for i in self.feature_layers]
+        given = self.feature_layers  # integers only: int() would read 2.7 as layer 2, and "2,15,27" char by char
+        if not isinstance(given, (list, tuple)) or not all(isinstance(i, Integral) and not isinstance(i, bool)
+                                                           for i in given):
+            raise ValueError(f"feature_layers must be a list of integer layer ids such as [2, 15, 27], got {given!r}")
+        self.feature_layers = [int(i) for i in given]
         check_feature_layers(self.feature_layers, self.target_num_layers)
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got "

@@ -398,12 +398,10 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         fits = sorted(f for f, k in FORMATS.items() if k == kind) or "none"
         raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a drafter of kind "
                           f"{kind!r}; formats for {kind!r}: {fits}")
-    try:
-        config = get_kind(kind).config_at(ckpt)
-    except DrafterLoadError:
-        config = None  # refused by this version (an EAGLE-3 layer id no engine reads): the format below says why
-    if config is not None:
-        get_kind(kind).check_weights(ckpt, config)  # the weights of the shapes config.json says, before any rewrite
+    layers, n = (raw := read_config(ckpt)[1]).get("feature_layers"), raw.get("target_num_layers")
+    if fmt.endswith("eagle3") and isinstance(layers, list) and all(type(i) is int for i in layers + [n]):
+        engine_layer_ids(layers, n, fmt.split("-")[0])  # the engine's own refusal of a layer id, before the config's
+    get_kind(kind).check_weights(ckpt)  # a config this version refuses; weights of other shapes than it says
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
         export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])

@@ -129,7 +129,7 @@ def test_a_config_json_that_disagrees_with_its_weights_is_named_before_the_targe
     from drafters.base import Drafter
     from train.cli import main as cli
 
-    target = tiny_llama(0)
+    target = tiny_llama(0, layers=8)  # EAGLE-3's default ids (2, 4, 5), which engines express ((1, 1, 1) on 2 layers)
     path = build(kind, target).save_pretrained(tmp_path / "ckpt")
     data = json.loads((path / "config.json").read_text())
     _RESHAPE[kind](data["config"])

@@ -137,6 +137,27 @@ def test_a_layer_id_the_engine_cannot_express_is_refused_at_export(tmp_path, cap
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("edit, message", [
+    ({"foo": 1}, "unexpected keyword argument 'foo'"),
+    ({"feature_layers": "1,2,3"}, "feature_layers"),
+    ({"feature_layers": None, "target_num_layers": None}, "config.json"),
+])
+def test_export_refuses_a_config_eval_would_refuse_in_one_line(tmp_path, capsys, edit, message):
+    """export reads the config as every loader does (it used to copy an unknown key through, or stop on a
+    KeyError / ValueError traceback for a malformed feature_layers)."""
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["config"].update({k: v for k, v in edit.items() if v is not None})
+    for k in [k for k, v in edit.items() if v is None]:
+        del cfg["config"][k]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    for fmt in ("vllm-eagle3", "sglang-eagle3"):
+        assert cli(["export", str(ckpt), "--format", fmt, "--output", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("drafterkit export: error:") and message in err and "Traceback" not in err
+        assert not (tmp_path / "out").exists()
+
+
 # drafterkit ids, L -> what the sglang-eagle3 export's eagle_config holds. SGLang (python/sglang/srt/models/
 # llama.py, LlamaForCausalLM.set_eagle3_layers_to_capture and LlamaModel.forward) captures the input of layer j
 # for j in layers_to_capture; explicit ids give layers_to_capture = [id + 1 ...], no ids [2, L//2, L-3].
