@@ -422,8 +422,8 @@ def output_problem(output: Path, overwrite: bool, source: Path | None = None) ->
     one already holding files when ``overwrite`` is off (an export never mixes its files with another's)."""
     if source is not None and source.resolve().is_relative_to(output.resolve()):
         return f"--output {output} holds the checkpoint being exported ({source}); give another folder"
-    if output.exists() and not output.is_dir():
-        return f"--output {output} is a file; give a folder"
+    if file := next((f for f in (output, *output.parents) if f.exists() and not f.is_dir()), None):
+        return f"--output {output}: {file} is a file; give a folder"
     held = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     if held and not overwrite:
         shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 import decode
-from assets.target import load_target
+from assets.target import TargetLoadError, load_target
 from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
 from drafters.base import weights_sha256
@@ -434,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
                    thresholds=args.thresholds, eta=args.eta, first=args.first, seed=args.seed,
                    progress=not args.no_progress, write=not args.no_write, incumbent=args.incumbent,
                    datastore=args.datastore)
-    except (ValueError, DrafterLoadError, FileNotFoundError) as exc:
+    except (ValueError, DrafterLoadError, TargetLoadError, FileNotFoundError) as exc:
         print(f"drafterkit tune: error: {exc}", file=sys.stderr)
         return 2
     console = report.make_console()

@@ -450,8 +450,9 @@ def test_an_output_holding_files_is_refused_and_overwrite_replaces_it_whole(tmp_
     assert not (out / "stale.safetensors").exists() and (out / "config.json").exists()
     assert not list(tmp_path.glob(".o.replaced*"))
     (tmp_path / "f").write_text("a file")
-    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "f")]) == 2
-    assert "is a file" in capsys.readouterr().err
+    for inside in ("f", "f/sub"):  # a file, or a folder under a file (a NotADirectoryError traceback before)
+        assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / inside)]) == 2
+        assert f"{tmp_path / 'f'} is a file; give a folder" in capsys.readouterr().err
     for holder in (ckpt, ckpt.parent):  # the checkpoint's own folder, or one holding it: refused, nothing moved
         assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(holder), "--overwrite"]) == 2
         assert "holds the checkpoint being exported" in capsys.readouterr().err

@@ -185,7 +185,7 @@ def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path,
     ("MISSING", ["--incumbent", "3,2@x"], "--incumbent '3,2@x': expected TREE@THRESHOLD"),
     ("none", [], "tune needs a drafter checkpoint, not 'none'"),
     ("ngram", [], "no checkpoint folder for the tuned setting (decoding.json) to go in; give --no-write"),
-    ("draft:1", [], "give --no-write")])
+    ("draft:1", [], "give --no-write"), ("ngram", ["--no-write"], "no-such-target")])
 def test_tune_refuses_what_it_cannot_tune_before_the_target_loads(tmp_path, capsys, spec, args, needle):
     """A missing drafter, a malformed incumbent, or a spec with nowhere to write its result is one error line
     before the target loads (the target named here does not exist, so loading it would fail otherwise)."""
@@ -194,7 +194,8 @@ def test_tune_refuses_what_it_cannot_tune_before_the_target_loads(tmp_path, caps
     spec = str(tmp_path / "no-such-drafter") if spec == "MISSING" else spec
     assert main(["tune", spec, "--target", str(tmp_path / "no-such-target")] + args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("drafterkit tune: error:") and needle in err and "no-such-target" not in err
+    assert err.startswith("drafterkit tune: error:") and needle in err and "Traceback" not in err
+    assert ("no-such-target" in err) == (needle == "no-such-target")  # the target is the last thing loaded
 
 
 def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tmp_path, capsys):
