@@ -235,7 +235,8 @@ def tensor_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tuple
     """How the tensors ``found`` (name -> shape) differ from those ``expected``, in words, or None."""
     missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
     if missing or unexpected:
-        return f"missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}"
+        more = lambda names: f" (and {len(names) - 8} more)" if len(names) > 8 else ""  # noqa: E731
+        return f"missing tensors {missing[:8]}{more(missing)}, unexpected tensors {unexpected[:8]}{more(unexpected)}"
     wrong = [f"{k} has shape {found[k]}, expected {expected[k]}" for k in sorted(expected) if found[k] != expected[k]]
     if wrong:
         return "tensor " + "; ".join(wrong[:4]) + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")

@@ -263,3 +263,13 @@ def test_real_target_greedy_equivalence(kind, real_target):
     plain = engine.generate(target, [prompt], max_new_tokens=16)
     spec = engine.generate(target, [prompt], drafter=d.eval(), max_new_tokens=16, num_draft_tokens=3)
     assert spec.sequences == plain.sequences
+
+
+def test_tensor_differences_are_counted_past_the_names_shown():
+    from drafters.base import tensor_mismatch
+
+    said = tensor_mismatch({f"t{i:02d}": (1,) for i in range(12)}, {"x": (2,)})
+    assert said == ("missing tensors ['t00', 't01', 't02', 't03', 't04', 't05', 't06', 't07'] (and 4 more), "
+                    "unexpected tensors ['x']")
+    assert tensor_mismatch({"a": (1, 2)}, {"a": (2, 1)}) == "tensor a has shape (2, 1), expected (1, 2)"
+    assert tensor_mismatch({"a": (1,)}, {"a": (1,)}) is None
