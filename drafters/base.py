@@ -253,8 +253,7 @@ def weight_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(file), "pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError) as exc:
-        raise DrafterLoadError(f"{file} cannot be read ({exc}): the file is damaged or cut short (an interrupted "
-                               "save or copy?); save or copy the checkpoint again") from None
+        raise unreadable(file, exc) from None
 
 
 def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
@@ -266,8 +265,13 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(file))
     except (SafetensorError, OSError) as exc:
-        raise DrafterLoadError(f"{file} cannot be read ({exc}): the file is damaged or cut short (an interrupted "
-                               "save or copy?); save or copy the checkpoint again") from None
+        raise unreadable(file, exc) from None
+
+
+def unreadable(file: Path, exc: Exception) -> DrafterLoadError:
+    """The one-line error for a weights file safetensors cannot read, naming it and the fix."""
+    return DrafterLoadError(f"{file} cannot be read ({exc}): the file is damaged or cut short (an interrupted save "
+                            "or copy?); save or copy the checkpoint again")
 
 
 def umask_mode() -> int:
