@@ -235,12 +235,17 @@ def tensor_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tuple
     """How the tensors ``found`` (name -> shape) differ from those ``expected``, in words, or None."""
     missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
     if missing or unexpected:
-        more = lambda names: f" (and {len(names) - 8} more)" if len(names) > 8 else ""  # noqa: E731
-        return f"missing tensors {missing[:8]}{more(missing)}, unexpected tensors {unexpected[:8]}{more(unexpected)}"
+        return (f"missing tensors {missing[:8]}{_left_out(missing, 8)}, "
+                f"unexpected tensors {unexpected[:8]}{_left_out(unexpected, 8)}")
     wrong = [f"{k} has shape {found[k]}, expected {expected[k]}" for k in sorted(expected) if found[k] != expected[k]]
     if wrong:
-        return "tensor " + "; ".join(wrong[:4]) + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")
+        return "tensor " + "; ".join(wrong[:4]) + _left_out(wrong, 4)
     return None
+
+
+def _left_out(items: list, shown: int) -> str:
+    """``" (and N more)"`` for the ``items`` past the first ``shown``, else ``""``."""
+    return f" (and {len(items) - shown} more)" if len(items) > shown else ""
 
 
 def weight_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
