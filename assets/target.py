@@ -77,10 +77,11 @@ def weights_problem(folder: str | Path) -> str | None:
     return None
 
 
-def target_folder_problem(path: str | Path) -> str | None:
+def target_folder_problem(path: str | Path, *, weights: bool = True, tokenizer: bool = True) -> str | None:
     """What makes the local folder ``path`` unusable as a target (``None``: it looks like a whole
     transformers model folder): missing, not a folder, no ``config.json`` or not JSON, a drafterkit drafter
-    checkpoint, no weights or torn ones (:func:`weights_problem`), no tokenizer."""
+    checkpoint, no weights or torn ones (:func:`weights_problem`; unless ``weights=False``), no tokenizer
+    (unless ``tokenizer=False``)."""
     path = Path(path)
     if not path.exists():
         return "does not exist"
@@ -95,9 +96,9 @@ def target_folder_problem(path: str | Path) -> str | None:
     if isinstance(config, dict) and "kind" in config:
         return (f"is a drafterkit {config['kind']} drafter checkpoint, not a target model (the drafter is what "
                 "training writes; the target is the LM it drafts for)")
-    if problem := weights_problem(path):
+    if weights and (problem := weights_problem(path)):
         return problem
-    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+    if tokenizer and not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return f"holds no tokenizer ({' / '.join(_TOKENIZER_FILES)}); save the tokenizer there too"
     return None
 
@@ -147,17 +148,54 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve_target_path(name_or_path)
     dt, dev = resolve_dtype(dtype, device), resolve_device(device)
+    tok, model = from_target_source(name_or_path, lambda path, cached_only: (
+        AutoTokenizer.from_pretrained(path, local_files_only=cached_only),
+        AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=cached_only)))
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET_ALIAS):
+    """The target's tokenizer alone (pad token = EOS where it has none; the folder need not hold weights).
+    Raises ``TargetLoadError`` as :func:`load_target` does."""
+    from transformers import AutoTokenizer
+
+    tok = from_target_source(name_or_path, lambda path, cached_only: AutoTokenizer.from_pretrained(
+        path, local_files_only=cached_only), weights=False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_target_model(name_or_path: str = DEFAULT_TARGET_ALIAS, dtype: str | torch.dtype = "float32"):
+    """The target model alone, on the CPU in ``dtype`` (the folder need not hold a tokenizer), e.g. to copy
+    its LM head into an export. Raises ``TargetLoadError`` as :func:`load_target` does."""
+    from transformers import AutoModelForCausalLM
+
+    dt = resolve_dtype(dtype, "cpu")
+    return from_target_source(name_or_path, lambda path, cached_only: AutoModelForCausalLM.from_pretrained(
+        path, dtype=dt, local_files_only=cached_only), tokenizer=False)
+
+
+def from_target_source(name_or_path: str, load, *, weights: bool = True, tokenizer: bool = True):
+    """``load(path, cached_only)`` for a target named as the default alias, a local folder or a Hub id, with
+    one error for every way it can fail: a broken local folder (:func:`target_folder_problem`) is refused
+    before anything loads, a folder transformers cannot read and an unreachable or unknown Hub id are one
+    ``TargetLoadError`` naming it and the fix. ``cached_only`` is True for a Hub id while the Hub is
+    unreachable: only the local Hugging Face cache can answer then (instead of huggingface_hub retrying the
+    network for about a minute). A ``ValueError`` from the Hub (an architecture transformers refuses) is
+    raised as it is. ``weights`` / ``tokenizer``: whether a local folder must hold them."""
+    path = resolve_target_path(name_or_path)
     local = _looks_local(path)
-    if local and (problem := target_folder_problem(path)):
+    if local and (problem := target_folder_problem(path, weights=weights, tokenizer=tokenizer)):
         raise TargetLoadError(f"target {path} {problem}; {_FOLDER_FIX}")
-    # A Hub id with the Hub unreachable: only the local Hugging Face cache can answer, so ask it alone
-    # instead of letting huggingface_hub retry the network for about a minute.
     cached_only = not local and not hub_reachable()
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=cached_only)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=cached_only)
+        return load(path, cached_only)
     except (OSError, ValueError) as exc:
         if local:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -172,8 +210,3 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
             f"could not load target {name_or_path!r}: not a local folder, and {why}. Pass a local "
             f"transformers folder, or '{DEFAULT_TARGET_ALIAS}' for the pinned default target."
         ) from exc
-    model.to(dev).eval()
-    model.requires_grad_(False)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return model, tok

@@ -235,15 +235,15 @@ def tensor_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tuple
     """How the tensors ``found`` (name -> shape) differ from those ``expected``, in words, or None."""
     missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
     if missing or unexpected:
-        return (f"missing tensors {missing[:8]}{_left_out(missing, 8)}, "
-                f"unexpected tensors {unexpected[:8]}{_left_out(unexpected, 8)}")
+        return (f"missing tensors {missing[:8]}{left_out(missing, 8)}, "
+                f"unexpected tensors {unexpected[:8]}{left_out(unexpected, 8)}")
     wrong = [f"{k} has shape {found[k]}, expected {expected[k]}" for k in sorted(expected) if found[k] != expected[k]]
     if wrong:
-        return "tensor " + "; ".join(wrong[:4]) + _left_out(wrong, 4)
+        return "tensor " + "; ".join(wrong[:4]) + left_out(wrong, 4)
     return None
 
 
-def _left_out(items: list, shown: int) -> str:
+def left_out(items: list, shown: int) -> str:
     """``" (and N more)"`` for the ``items`` past the first ``shown``, else ``""``."""
     return f" (and {len(items) - shown} more)" if len(items) > shown else ""
 
@@ -271,6 +271,12 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
         return load_file(str(file))
     except (SafetensorError, OSError) as exc:
         raise unreadable(file, exc) from None
+
+
+def nonfinite_tensors(folder: str | Path) -> list[str]:
+    """Names of the floating-point tensors of ``folder/model.safetensors`` holding a NaN or an infinity (a
+    diverged run saves such weights). Raises ``DrafterLoadError`` as :func:`read_weights`."""
+    return [k for k, v in read_weights(folder).items() if v.is_floating_point() and not torch.isfinite(v).all()]
 
 
 def unreadable(file: Path, exc: Exception) -> DrafterLoadError:
@@ -357,8 +363,10 @@ def recorded_source(export_dir: str | Path) -> Path:
             sha256 (retrained or replaced since); each message names the folder and the fix.
     """
     config = json.loads((Path(export_dir) / "config.json").read_text())
-    source = (config.get("drafterkit") or {}).get("source") or {}
-    if not source.get("drafter") or not source.get("model_sha256"):
+    block = config.get("drafterkit")
+    source = block.get("source") if isinstance(block, dict) else None  # a hand-edited config may hold anything
+    if not isinstance(source, dict) or not isinstance(source.get("drafter"), str) \
+            or not isinstance(source.get("model_sha256"), str):
         raise ExportError(f"{export_dir}/config.json records no source drafter folder (exported by an older "
                           "drafterkit): export it again, or name the folder it was exported from")
     folder = Path(source["drafter"])

@@ -52,13 +52,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from assets.device import resolve_dtype
-from assets.target import hub_reachable, resolve_target_path
+from assets.target import TargetLoadError, hub_reachable, load_target_model, load_target_tokenizer
 from drafters import get_kind, load_drafter, resolve_checkpoint
-from drafters.base import (DrafterLoadError, ExportError, apply_umask, read_config, read_weights, recorded_source,
-                           save_tensors, weights_sha256)
+from drafters.base import (DrafterLoadError, ExportError, apply_umask, left_out, nonfinite_tensors, read_config,
+                           read_weights, recorded_source, save_tensors, weights_sha256)
 from drafters.dflash import DFlashConfig, DFlashDrafter
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafters.model_card import write_model_card
@@ -315,7 +313,7 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
         if target is None:
             raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold; "
                               "pass --target NAME_OR_PATH so it can be written as lm_heads.0.weight")
-        model = AutoModelForCausalLM.from_pretrained(resolve_target_path(target), dtype=torch.float32)
+        model = load_target_model(target)
         tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
     config = {
         "architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": cfg["hidden_size"],
@@ -334,11 +332,12 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
 
 def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
     """Write the ``draft_lm`` checkpoint's transformers model as a plain folder (``assistant_model``)."""
+    tok = load_target_tokenizer(target) if target is not None else None  # a bad --target before anything is written
     drafter = load_drafter(ckpt)
     lm = drafter.lm if dtype is None else drafter.lm.to(dtype)
     lm.save_pretrained(out)
-    if target is not None:
-        AutoTokenizer.from_pretrained(resolve_target_path(target)).save_pretrained(out)
+    if tok is not None:
+        tok.save_pretrained(out)
     apply_umask(out)  # transformers writes its safetensors owner-only
     return out
 
@@ -402,6 +401,9 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     if fmt.endswith("eagle3") and isinstance(layers, list) and all(type(i) is int for i in layers + [n]):
         engine_layer_ids(layers, n, fmt.split("-")[0])  # the engine's own refusal of a layer id, before the config's
     get_kind(kind).check_weights(ckpt)  # a config this version refuses; weights of other shapes than it says
+    if bad := nonfinite_tensors(ckpt):
+        raise ExportError(f"{ckpt} holds NaN or inf values in {', '.join(bad[:3])}{left_out(bad, 3)}: its training "
+                          "diverged; export an earlier checkpoint (a step-N one) or retrain with a lower optim.lr")
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
         export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
@@ -487,7 +489,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"exported {args.checkpoint} as {args.format} -> {out}")
             if args.push_to_hub and hub_error is None:
                 print(f"pushed to {push_to_hub(out, args.push_to_hub)}")
-    except (ExportError, DrafterLoadError) as exc:
+    except (ExportError, DrafterLoadError, TargetLoadError) as exc:
         print(f"drafterkit export: error: {exc}", file=sys.stderr)
         return 2
     if hub_error is not None:

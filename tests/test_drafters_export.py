@@ -468,3 +468,36 @@ def test_a_damaged_weights_file_is_a_one_line_error_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("drafterkit export: error: ") and f"{weights} cannot be read" in err
     assert "save or copy the checkpoint again" in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("fmt", ["medusa", "hf-assistant"])
+def test_a_target_export_cannot_load_is_one_line_naming_it(tmp_path, capsys, fmt):
+    """--target is read for Medusa's shared LM head and the assistant's tokenizer: a missing folder is named as
+    such (transformers' own error called the path a malformed Hub repo id), and nothing is written."""
+    from drafters.draft_lm import DraftLM
+
+    target = tiny_llama(0)
+    d = (MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target) if fmt == "medusa"
+         else DraftLM.from_target(target, 1))
+    ckpt = d.save_pretrained(tmp_path / "ck")
+    missing = tmp_path / "nope"
+    assert cli(["export", str(ckpt), "--format", fmt, "--output", str(tmp_path / "o"), "--target", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit export: error: target ") and f"{missing} does not exist" in err
+    assert "repo" not in err.lower() and "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+def test_a_checkpoint_holding_nan_is_refused_at_export(tmp_path, capsys):
+    """Weights a diverged run saved (NaN or inf) are refused, naming the tensors, instead of exported for an engine
+    to draft garbage with."""
+    from safetensors.torch import save_file
+
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    w = load_file(str(ckpt / "model.safetensors"))
+    w["fc.weight"][0, 0] = float("nan")
+    w["lm_head.weight"][1, 1] = float("inf")
+    save_file(w, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit export: error: ") and "NaN or inf values in fc.weight, lm_head.weight" in err
+    assert "diverged" in err and not (tmp_path / "o").exists()

@@ -57,7 +57,7 @@ from assets.conversations import (
     iter_conversations,
 )
 from assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
-from assets.target import resolve_target_path
+from assets.target import load_target_tokenizer
 
 IGNORE_INDEX = -100
 DATA_VERSION = 1  # bump when tokenization or filtering changes: it keys the Arrow cache
@@ -453,10 +453,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stats_runs(args) -> list[DataStats]:
     """Build the dataset twice (fresh, then from the cache); returns both runs' stats."""
-    from transformers import AutoTokenizer
-
     resolve_source(args.source)  # a missing file fails before the tokenizer loads
-    tokenizer = AutoTokenizer.from_pretrained(resolve_target_path(args.target))
+    tokenizer = load_target_tokenizer(args.target)
     kw = dict(max_length=args.max_length, num_examples=args.num_examples, split=args.split,
               heldout_fraction=args.heldout_fraction, seed=args.seed, cache_dir=args.cache_dir)
     runs = []
