@@ -78,15 +78,23 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     ``"auto"`` and ``None`` pick CUDA when available, else CPU.
 
     Raises:
-        ValueError: when the device is named but not available here (e.g. ``cuda`` on a CPU machine).
+        ValueError: a device string torch does not know (``"tpu"``), or a device named but not available
+            here (e.g. ``cuda`` on a CPU machine).
     """
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:  # torch's "Expected one of cpu, cuda, ... device type at start of device string"
+        raise ValueError(f"unknown device {str(device)!r}; use auto, cpu, cuda, cuda:N or mps") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use --device cpu")
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} requested but MPS is not available; use --device cpu")
+    backend = getattr(torch, dev.type, None)
+    if dev.type not in ("cpu", "cuda", "mps") and not getattr(backend, "is_available", lambda: False)():
+        raise ValueError(f"device {device!r} requested but this PyTorch build has no {dev.type} device available; "
+                         "use --device cpu (or cuda / mps where present)")
     return dev
 
 

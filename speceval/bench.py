@@ -40,9 +40,10 @@ from pathlib import Path
 
 import torch
 
-from assets.device import resolve_dtype
+from assets.device import resolve_device, resolve_dtype
 from assets.records import plural
 from assets.target import load_target, resolve_target_path
+from decode.inputs import AUTO
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
 from speceval import plots, report
@@ -316,12 +317,17 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         report.disable_progress_bars()
     try:
+        resolve_device(args.device)  # an unknown or absent device, before anything loads
         if problem := output_problem(args.output):
             raise ValueError(problem)
         cfg = config_from_args(args)
         recorded = apply_recorded(cfg, given={name for name in RECORDED if getattr(args, name) is not None})
         if recorded:
             print(recorded_message(recorded), flush=True)
+        if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and (d == "ngram" or d.startswith("draft:"))]:
+            print(f"drafterkit eval: --tree auto: {', '.join(untuned)} {'is' if len(untuned) == 1 else 'are'} no "
+                  f"checkpoint, so nothing was tuned: measured as a chain of K={cfg.k} (add --tree chain or --tree "
+                  "TREE for other shapes)", flush=True)
         shaped = [f for f, used in (("--tree", cfg.trees != ["chain"]),
                                     ("--draft-threshold", any(t != 0 for t in cfg.draft_thresholds))) if used]
         if shaped and all(d == "none" for d in cfg.drafters):

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from assets import pinned
+from assets.device import resolve_device
 from assets.target import TargetLoadError, load_target, resolve_target_path
 from decode import generate
 from decode.engine import watch_rounds
@@ -110,14 +111,16 @@ def inspect_export(export_dir: str | Path) -> dict:
     if "kind" in config and "architectures" not in config:  # drafterkit's own checkpoint (save_pretrained)
         raise ServeCheckError(f"{export_dir} is a drafterkit {config['kind']} checkpoint, not an export: write the export "
                               "first (drafterkit export CHECKPOINT --format FORMAT --output DIR) and serve-check DIR")
-    arch = (config.get("architectures") or [None])[0]
-    engine = (config.get("drafterkit") or {}).get("engine", "vllm")
+    archs, block = config.get("architectures"), config.get("drafterkit")  # as written, or hand-edited
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    engine = block.get("engine", "vllm") if isinstance(block, dict) else "vllm"
     if engine != "vllm":  # an sglang-eagle3 export: its layer ids follow SGLang's convention, one off vLLM's
         raise ServeCheckError(f"{export_dir} is an {engine}-eagle3 export (its feature layer ids follow {engine}'s "
                               "convention, which vLLM reads one layer off); serve-check runs vLLM: export the same "
                               "checkpoint with --format vllm-eagle3 and check that")
     if arch in VLLM_METHODS:
-        most = config.get("num_heads") or (config["block_size"] - 1 if "block_size" in config else None)
+        heads, block_size = config.get("num_heads"), config.get("block_size")
+        most = heads if type(heads) is int else block_size - 1 if type(block_size) is int else None
         return {"method": VLLM_METHODS[arch], "num_heads": most}
     if "model_type" not in config:
         raise ServeCheckError(f"{export_dir}: config.json names no architecture vLLM drafts with (expected "
@@ -348,6 +351,11 @@ def run(args: argparse.Namespace) -> int:
     (message on stderr), 3 when vLLM itself failed (the end of its log on stderr)."""
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.k < 1:
         print("drafterkit serve-check: error: --num-prompts, --max-new-tokens and --k must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        resolve_device(args.device)  # an unknown or absent device, before vLLM or the target loads
+    except ValueError as exc:
+        print(f"drafterkit serve-check: error: {exc}", file=sys.stderr)
         return 2
     try:
         (report,) = check_exports([(args.export, args.drafter)], args.target, benchmark=args.benchmark,

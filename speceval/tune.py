@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 import decode
+from assets.device import resolve_device
 from assets.target import TargetLoadError, load_target
 from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
@@ -324,9 +325,11 @@ def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
     """
     if spec is None or spec == "none":
         return None, "no incumbent: the fastest candidate wins"
-    shape, _, thr = spec.partition("@")
+    shape, at, thr = spec.partition("@")
     try:
-        threshold = float(thr) if thr else 0.0
+        if at and not thr.strip():
+            raise ValueError("'@' without a threshold")  # 3,2,1@ is a typo, not threshold 0
+        threshold = float(thr) if at else 0.0
         if shape.startswith("chain:"):
             cand = Candidate("chain", int(shape.split(":", 1)[1]), threshold)
         else:
@@ -413,6 +416,10 @@ def check_settings(ks, trees, dynamic, max_new_tokens, thresholds=None) -> None:
         raise ValueError(f"--k {bad_k[0]!r}: draft chains need K >= 1")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {max_new_tokens}: needs >= 1")
+    for t in dynamic or []:
+        if not str(t).startswith("dynamic:"):
+            raise ValueError(f"--dynamic {t!r}: dynamic trees are written dynamic:TOTAL:DEPTH:TOPK (e.g. "
+                             f"{DEFAULT_DYNAMIC[1]}); static trees and chains go to --tree and --k")
     for t in list(trees or []) + list(dynamic or []):
         if t != "chain":
             parse_tree(t)  # ValueError naming the fix
@@ -425,6 +432,7 @@ def run(args: argparse.Namespace) -> int:
         report.disable_progress_bars()
     trees = args.trees if args.trees else list(DEFAULT_TREES)
     try:
+        resolve_device(args.device)  # an unknown or absent device, before anything loads
         if args.dtype is None:
             args.dtype = recorded_dtype(args.checkpoint)
         check_settings(args.k, trees, args.dynamic, args.max_new_tokens, args.thresholds)

@@ -11,6 +11,11 @@ def test_dtype_and_device_strings():
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("fp12")
     assert resolve_device("cpu").type == "cpu"
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; use auto, cpu, cuda, cuda:N or mps"):
+        resolve_device("tpu")  # torch's own RuntimeError named no fix
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_dtype("auto", "tpu")
+
 
 
 @pytest.mark.slow

@@ -82,6 +82,13 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
     assert cli(["serve-check", str(draft), "--target", "smollm2-135m", "--venv", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert f"no vLLM venv at {tmp_path / 'none'}" in err and "vllm-venv.sh" in err
+    assert cli(["serve-check", str(draft), "--target", "smollm2-135m", "--device", "tpu"]) == 2
+    assert "error: unknown device 'tpu'" in (err := capsys.readouterr().err) and "Traceback" not in err
+    for edited, needle in (({"architectures": "MedusaModel", "model_type": "medusa"}, "no vLLM venv"),  # not a list
+                           ({"architectures": ["MedusaModel"], "drafterkit": "medusa"}, "records no source drafter")):
+        (draft / "config.json").write_text(json.dumps(edited))  # hand-edited: read as far as it goes, no traceback
+        assert cli(["serve-check", str(draft), "--target", "smollm2-135m", "--venv", str(tmp_path / "none")]) == 2
+        assert needle in (err := capsys.readouterr().err), err
 
 
 def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_vllm_pass(tmp_path):
