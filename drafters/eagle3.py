@@ -54,9 +54,13 @@ from drafters.layers import DraftDecoderLayer, RMSNorm
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3 / SpecForge default ``(2, L//2, L-3)``, clamped into ``[1, L-1]`` for small targets
-    (``[0, 0]`` for a one-layer target): ids serving engines can read, see :func:`check_feature_layers`."""
+    (``[0, 0]`` for a one-layer target): ids serving engines can read, see :func:`check_feature_layers`.
+    Where that repeats an id (L of 4 to 6) it is ``(1, L//2, L-1)``: an engine captures each layer once, so
+    a repeated id would hand the head two features instead of three (below 4 layers three distinct ids
+    do not exist and the clamped ids stand)."""
     lo, hi = min(1, num_layers - 1), num_layers - 1
-    return tuple(min(max(i, lo), hi) for i in (2, num_layers // 2, num_layers - 3))
+    ids = tuple(min(max(i, lo), hi) for i in (2, num_layers // 2, num_layers - 3))
+    return ids if len(set(ids)) == 3 or num_layers < 4 else (1, num_layers // 2, num_layers - 1)
 
 
 def check_feature_layers(layers, num_layers: int) -> None:

@@ -175,13 +175,26 @@ def _check_tree(spec: str) -> None:
 # Flags
 # ---------------------------------------------------------------------------------------------
 
-def _csv(kind: type, name: str) -> Callable[[str], list]:
+def csv_values(kind: type, name: str) -> Callable[[str], list]:
+    """An argparse ``type`` for ``name``'s comma-separated values of ``kind`` (``0.05,0.1``). An empty entry
+    (``0.1,,0.2``, a trailing comma) is refused, not dropped: it is a typo for a value left out. An empty
+    text is the empty list (``--baselines ""``: none)."""
     def parse(text: str) -> list:
+        if not text.strip():
+            return []
+        parts = [x.strip() for x in text.split(",")]
+        if "" in parts:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} has an empty entry (two commas in a row, or one at an "
+                                             f"end): give comma-separated {EXAMPLES.get(kind, 'values')}")
         try:
-            return [kind(x) for x in text.split(",") if x.strip()]
+            return [kind(x) for x in parts]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} takes comma-separated {kind.__name__}s, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{name} takes comma-separated {kind.__name__}s, got {text!r}") from None
     return parse
+
+
+#: what :func:`csv_values`' errors show as an example of each kind
+EXAMPLES = {int: "ints such as 2,3,5", float: "floats such as 0.05,0.1"}
 
 
 #: the order ``drafterkit eval --help`` lists the flags in (fields of :class:`EvalConfig` and :class:`RunOptions`;
@@ -221,7 +234,7 @@ def field_flag(f: dataclasses.Field, hint: Any) -> tuple[str, dict]:
         return flag, dict(kwargs, default=None)
     default = None if unset else default
     if typing.get_origin(hint) is list:
-        return flag, dict(kwargs, type=_csv(typing.get_args(hint)[0], flag), default=default)
+        return flag, dict(kwargs, type=csv_values(typing.get_args(hint)[0], flag), default=default)
     kinds = [a for a in typing.get_args(hint) if a is not type(None)]  # `X | None` parses as X
     return flag, dict(kwargs, type=kwargs.pop("type", kinds[0] if kinds else hint), default=default)
 

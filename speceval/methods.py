@@ -82,6 +82,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     """
     if spec in ("none", "ngram"):
         return
+    alone = "--drafter ngram" if flag.startswith("--") else f"drafterkit {flag} ngram --no-write"  # lookup alone
     for suffix in LOOKUP_SUFFIXES:
         if not spec.endswith(suffix):
             continue
@@ -93,7 +94,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
             what = "prompt lookup and retrieval" if suffix == "+rest" else "prompt lookup"
             raise ValueError(f"{flag} {spec}: '{suffix}' puts {what} "
                              f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
-                             "alone use --drafter ngram)")
+                             f"alone use {alone})")
         return check_drafter_spec(inner, flag)
     for prefix in ("ngram+", "rest+"):
         if spec.startswith(prefix):
@@ -110,7 +111,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
         return
     if spec == "rest":
         raise ValueError(f"{flag} rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
-                         "alone: --drafter ngram)")
+                         f"alone: {alone})")
     try:
         resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from speceval.eval_args import thread_count, tree_spec
+from speceval.eval_args import csv_values, thread_count, tree_spec
 
 #: the search ``drafterkit tune`` runs by default (``speceval.tune.tune``'s defaults too): chain lengths, static
 #: trees, EAGLE-2 dynamic trees and confidence thresholds tried
@@ -15,15 +15,6 @@ DEFAULT_DYNAMIC = ("dynamic:12:4:3", "dynamic:24:5:4", "dynamic:40:6:6")
 DEFAULT_THRESHOLDS = (0.0, 0.05, 0.15)
 #: the shape tune keeps unless a challenger is faster beyond the noise: the quickstart's fixed tree
 DEFAULT_INCUMBENT = "3,2,1,1,1@0.1"
-
-
-def _csv(kind):
-    def parse(text: str) -> list:
-        try:
-            return [kind(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
-    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,18 +36,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="tuning prompts measured")
     p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per answer at most")
     p.add_argument("--concurrency", type=int, default=4, help="the larger batch size tuned besides 1")
-    p.add_argument("--k", type=_csv(int), default=list(DEFAULT_KS), help="chain lengths tried")
+    p.add_argument("--k", type=csv_values(int, "--k"), default=list(DEFAULT_KS), help="chain lengths tried")
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE", type=tree_spec,
                    help=f"a static tree tried (branching factors such as 3,2,1); repeatable "
                         f"(default: {' and '.join(DEFAULT_TREES)})")
-    p.add_argument("--dynamic", type=_csv(str), default=list(DEFAULT_DYNAMIC),
+    p.add_argument("--dynamic", type=csv_values(str, "--dynamic"), default=list(DEFAULT_DYNAMIC),
                    help="EAGLE-2 dynamic trees tried (dynamic:TOTAL:DEPTH:TOPK, comma-separated)")
-    p.add_argument("--draft-threshold", type=_csv(float), default=list(DEFAULT_THRESHOLDS), dest="thresholds",
-                   help="confidence thresholds tried")
+    p.add_argument("--draft-threshold", type=csv_values(float, "--draft-threshold"), default=list(DEFAULT_THRESHOLDS),
+                   dest="thresholds", help="confidence thresholds tried")
     p.add_argument("--incumbent", default=DEFAULT_INCUMBENT,
                    help="the shape kept unless a candidate is faster on the same prompts beyond the noise (its paired "
                         "tokens/s ratio's ~95%% lower bound above 1): TREE@THRESHOLD, chain:K@THRESHOLD, or none (the "
-                        "fastest candidate wins outright)")
+                        "fastest candidate wins outright); without @THRESHOLD the threshold is 0")
     p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
     p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
     p.add_argument("--seed", type=int, default=0, help="decoding seed (batch j uses seed + j; greedy tuning does not sample)")

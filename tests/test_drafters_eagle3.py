@@ -69,6 +69,9 @@ def test_default_feature_layers_follow_eagle3_and_stay_below_the_layer_count():
     assert default_feature_layers(1) == (0, 0, 0)
     for n in range(1, 12):
         assert all(0 <= i < n for i in default_feature_layers(n))
+    # from 4 layers on, three distinct ids (an engine captures each layer once): (2, 2, 1) was the default for 4
+    assert [default_feature_layers(n) for n in (4, 5, 6, 7)] == [(1, 2, 3), (1, 2, 4), (1, 3, 5), (2, 3, 4)]
+    assert all(len(set(default_feature_layers(n))) == 3 for n in range(4, 40))
 
 
 def test_a_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path):

@@ -137,6 +137,7 @@ def test_eval_measures_each_tree_side_by_side(tiny_dir, prompts_file, tmp_path):
     (["--drafter", "none", "--baselines", ""], "nothing to measure"),
     (["--drafter", "none", "--tree", "2,1"], "--tree shapes a drafter's drafts, but --drafter none"),
     (["--drafter", "none", "--draft-threshold", "0.1"], "--draft-threshold shapes a drafter's drafts"),
+    (["--device", "tpu"], "error: unknown device 'tpu'; use auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_eval_bad_input_names_problem(tiny_dir, tmp_path, capsys, argv, message):
     rc = main(["eval", "--target", str(tiny_dir), "--device", "cpu", "--benchmark", "humaneval",
@@ -144,6 +145,22 @@ def test_eval_bad_input_names_problem(tiny_dir, tmp_path, capsys, argv, message)
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("argv", [["eval", "--draft-threshold", "0.1,,0.2"], ["tune", "X", "--k", "2,,4"],
+                                  ["tune", "X", "--draft-threshold", "0.05,"], ["eval", "--baselines", "engine,,hf"]])
+def test_an_empty_entry_in_a_comma_separated_flag_is_a_usage_error(capsys, argv):
+    """``0.1,,0.2`` is a value left out, not two values: refused naming the flag (it was dropped silently)."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{argv[-2]} '{argv[-1]}' has an empty entry" in err
+
+
+def test_an_empty_baselines_flag_still_means_none():
+    from speceval.eval_args import csv_values
+
+    assert csv_values(str, "--baselines")("") == [] and csv_values(float, "--x")(" 0.1, 0.2") == [0.1, 0.2]
 
 
 @pytest.mark.parametrize("drafter, message", [

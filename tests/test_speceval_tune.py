@@ -171,7 +171,11 @@ def test_a_tuned_winner_slower_than_plain_decoding_is_never_used():
 @pytest.mark.parametrize("args,needle", [(["--k", "0"], "--k 0"), (["--tree", "3,,2"], "tree '3,,2'"),
                                          (["--dynamic", "dynamic:x"], "dynamic tree 'dynamic:x'"),
                                          (["--eta", "1"], "--eta >= 2"),
-                                         (["--draft-threshold", "0.1,1.5"], "--draft-threshold values must be in [0, 1)")])
+                                         (["--draft-threshold", "0.1,1.5"], "--draft-threshold values must be in [0, 1)"),
+                                         (["--dynamic", "bogus"], "--dynamic 'bogus': dynamic trees are written "
+                                                                  "dynamic:TOTAL:DEPTH:TOPK"),
+                                         (["--incumbent", "3,2,1@"], "--incumbent '3,2,1@': expected TREE@THRESHOLD"),
+                                         (["--device", "tpu"], "unknown device 'tpu'")])
 def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path, capsys, args, needle):
     from train.cli import main
 
@@ -185,7 +189,8 @@ def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path,
     ("MISSING", ["--incumbent", "3,2@x"], "--incumbent '3,2@x': expected TREE@THRESHOLD"),
     ("none", [], "tune needs a drafter checkpoint, not 'none'"),
     ("ngram", [], "no checkpoint folder for the tuned setting (decoding.json) to go in; give --no-write"),
-    ("draft:1", [], "give --no-write"), ("ngram", ["--no-write"], "no-such-target")])
+    ("draft:1", [], "give --no-write"), ("ngram", ["--no-write"], "no-such-target"),
+    ("ngram+rest", [], "(for prompt lookup alone use drafterkit tune ngram --no-write)")])
 def test_tune_refuses_what_it_cannot_tune_before_the_target_loads(tmp_path, capsys, spec, args, needle):
     """A missing drafter, a malformed incumbent, or a spec with nowhere to write its result is one error line
     before the target loads (the target named here does not exist, so loading it would fail otherwise)."""
@@ -221,6 +226,13 @@ def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tm
         assert tuned == [f"medusa:m{label}"] and rows[tuned[0]]["k"] == k
         # the other shapes, crossed with the thresholds, for the checkpoint and for ngram
         assert {m for m in rows if m not in tuned} == {"medusa:m tree=3", "medusa:m@0.1 tree=3", "ngram tree=3"}
+    # `--tree auto` alone: ngram has nothing tuned, so its row is a chain of --k, and the run says so
+    assert "nothing was tuned" not in capsys.readouterr().out
+    assert main([*base, "--drafter", "ngram", "--tree", "auto", "--output", str(out)]) == 0
+    assert "--tree auto: ngram is no checkpoint, so nothing was tuned: measured as a chain of K=5" in \
+        capsys.readouterr().out
+    assert {r["method"] for r in json.loads(out.read_text())["summary"] if r["role"] == "spec"} == \
+        {"medusa:m (tuned) tree=2,1", "ngram"}
 
 
 def test_the_incumbent_stays_unless_a_challenger_is_faster_beyond_the_noise():
