@@ -417,8 +417,8 @@ def check_settings(ks, trees, dynamic, max_new_tokens, thresholds=None) -> None:
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {max_new_tokens}: needs >= 1")
     for t in dynamic or []:
-        if not str(t).startswith("dynamic:"):
-            raise ValueError(f"--dynamic {t!r}: dynamic trees are written dynamic:TOTAL:DEPTH:TOPK (e.g. "
+        if t != "dynamic" and not str(t).startswith("dynamic:"):
+            raise ValueError(f"--dynamic {t!r}: dynamic trees are written dynamic:TOTAL[:DEPTH[:TOPK]] (e.g. "
                              f"{DEFAULT_DYNAMIC[1]}); static trees and chains go to --tree and --k")
     for t in list(trees or []) + list(dynamic or []):
         if t != "chain":

@@ -173,7 +173,7 @@ def test_a_tuned_winner_slower_than_plain_decoding_is_never_used():
                                          (["--eta", "1"], "--eta >= 2"),
                                          (["--draft-threshold", "0.1,1.5"], "--draft-threshold values must be in [0, 1)"),
                                          (["--dynamic", "bogus"], "--dynamic 'bogus': dynamic trees are written "
-                                                                  "dynamic:TOTAL:DEPTH:TOPK"),
+                                                                  "dynamic:TOTAL[:DEPTH[:TOPK]]"),
                                          (["--incumbent", "3,2,1@"], "--incumbent '3,2,1@': expected TREE@THRESHOLD"),
                                          (["--device", "tpu"], "unknown device 'tpu'")])
 def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path, capsys, args, needle):
