@@ -13,6 +13,7 @@ import gzip
 import itertools
 import json
 import logging
+import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -145,6 +146,22 @@ def unreadable_summary(path: Path, stats: LoaderStats, *, stopped: bool = False)
                 "rest of the file was not read or checked.")
     return (f"{path}: skipped {plural(len(lines), 'unreadable line')} ({_line_list(lines)}); kept the "
             f"{stats.records_read} complete records: " + "; ".join(what))
+
+
+def unwritable_folder(folder: str | Path) -> str | None:
+    """Why files cannot be written in ``folder`` (made later, with its parents, by the caller), or None: a
+    file on its path, or the nearest folder on its path that exists refusing a new file (read-only, no
+    permission, ``/proc``), found by creating and removing a temporary file there. Nothing is left behind."""
+    folder = Path(folder).absolute()
+    existing = next(f for f in (folder, *folder.parents) if f.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"{existing} does not take new files ({exc.strerror or exc})"
+    return None
 
 
 def plural(n: int, word: str) -> str:

@@ -168,7 +168,13 @@ class Drafter(nn.Module):
             raise DrafterLoadError(f"{path} holds a drafter of kind {kind!r}, not {cls.kind!r}")
         try:
             return cls.config_class(**cfg)
-        except (TypeError, ValueError) as exc:  # e.g. an EAGLE-3 layer id no engine serves, an unknown field
+        except TypeError as exc:  # a field this kind does not have, or one it needs missing: not this kind's config
+            why = str(exc).split("() ", 1)[-1]  # "got an unexpected keyword argument 'x'", "missing 1 required ..."
+            raise DrafterLoadError(f"{path}/config.json does not describe a {cls.kind!r} drafter, though its \"kind\" "
+                                   f"says so ({why}): the kind or a field was edited, or the file comes from another "
+                                   "drafter's save; copy the checkpoint folder again as a whole, or save the drafter "
+                                   "again") from None
+        except ValueError as exc:  # e.g. an EAGLE-3 layer id no engine serves
             raise DrafterLoadError(f"{path}/config.json: {exc}") from None
 
     @classmethod

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import torch
 from assets.device import resolve_dtype
+from assets.records import unwritable_folder
 from assets.target import TargetLoadError, hub_reachable, load_target_model, load_target_tokenizer
 from drafters import get_kind, load_drafter, resolve_checkpoint
 from drafters.base import (DrafterLoadError, ExportError, apply_umask, left_out, nonfinite_tensors, read_config,
@@ -424,8 +425,8 @@ def output_problem(output: Path, overwrite: bool, source: Path | None = None) ->
     one already holding files when ``overwrite`` is off (an export never mixes its files with another's)."""
     if source is not None and source.resolve().is_relative_to(output.resolve()):
         return f"--output {output} holds the checkpoint being exported ({source}); give another folder"
-    if file := next((f for f in (output, *output.parents) if f.exists() and not f.is_dir()), None):
-        return f"--output {output}: {file} is a file; give a folder"
+    if why := unwritable_folder(output):
+        return f"--output {output}: {why}; give a folder you can write"
     held = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     if held and not overwrite:
         shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")

@@ -452,7 +452,7 @@ def test_an_output_holding_files_is_refused_and_overwrite_replaces_it_whole(tmp_
     (tmp_path / "f").write_text("a file")
     for inside in ("f", "f/sub"):  # a file, or a folder under a file (a NotADirectoryError traceback before)
         assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(tmp_path / inside)]) == 2
-        assert f"{tmp_path / 'f'} is a file; give a folder" in capsys.readouterr().err
+        assert f"{tmp_path / 'f'} is a file, not a folder; give a folder you can write" in capsys.readouterr().err
     for holder in (ckpt, ckpt.parent):  # the checkpoint's own folder, or one holding it: refused, nothing moved
         assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(holder), "--overwrite"]) == 2
         assert "holds the checkpoint being exported" in capsys.readouterr().err
@@ -501,3 +501,16 @@ def test_a_checkpoint_holding_nan_is_refused_at_export(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("drafterkit export: error: ") and "NaN or inf values in fc.weight, lm_head.weight" in err
     assert "diverged" in err and not (tmp_path / "o").exists()
+
+
+def test_an_export_output_that_cannot_be_written_and_an_edited_kind_are_one_line(tmp_path, capsys):
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", "/proc/e3"]) == 2
+    assert "--output /proc/e3: /proc does not take new files" in (err := capsys.readouterr().err)
+    assert "Traceback" not in err
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(dict(cfg, kind="medusa")))  # the kind edited by hand
+    assert cli(["export", str(ckpt), "--format", "medusa", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json does not describe a 'medusa' drafter, though its \"kind\" says so (got an unexpected " \
+           "keyword argument" in err and "copy the checkpoint folder again" in err and "MedusaConfig" not in err

@@ -114,3 +114,24 @@ def test_tree_specs_lose_their_spaces_in_eval_and_tune():
         p = argparse.ArgumentParser()
         module.add_arguments(p)
         assert p.parse_args(argv + ["--tree", " 3, 2 ,1", "--tree", "[[0], [1]]"]).trees == ["3,2,1", "[[0],[1]]"]
+
+
+def test_ctrl_c_in_a_verb_without_its_own_handler_is_one_line_and_exit_130(monkeypatch, capsys):
+    """eval, tune and serve-check keep no signal handler (train and features save and stop on their own): Ctrl-C
+    there was a KeyboardInterrupt traceback and exit -2."""
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("train.cli.load_runner", lambda verb: interrupted)
+    assert main(["eval", "--drafter", "ngram"]) == 130
+    err = capsys.readouterr().err
+    assert "drafterkit eval: interrupted (Ctrl-C)" in err and "Traceback" not in err
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_before_the_target_loads(tmp_path, capsys):
+    (tmp_path / "f").write_text("a file")
+    for out, why in ((tmp_path / "f" / "run", f"{tmp_path / 'f'} is a file, not a folder"),
+                     (Path("/proc/run"), "/proc does not take new files")):
+        assert main(["train", "recipes/smoke.yaml", f"output_dir={out}", f"target.name_or_path={tmp_path / 'none'}"]) == 2
+        err = capsys.readouterr().err
+        assert f"output_dir {out}: {why}" in err and "none" not in err.split("output_dir")[0]  # before the target

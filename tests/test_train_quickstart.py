@@ -49,6 +49,14 @@ def test_eval_options_are_checked_before_any_training(tmp_path, capsys, argv, me
     assert not (tmp_path / "qs").exists()
 
 
+def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
+    (tmp_path / "f").write_text("a file")
+    assert main(["quickstart", "--output-dir", str(tmp_path / "f" / "qs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--output-dir {tmp_path / 'f' / 'qs'}: {tmp_path / 'f'} is a file, not a folder" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("held", ["last", "step-100"])
 def test_an_output_dir_holding_an_earlier_training_is_refused_naming_the_ways_out(tmp_path, capsys, held):
     """A second quickstart into the same folder must not silently continue the first one's training."""

@@ -65,6 +65,8 @@ def test_overrides_parse_yaml_values_and_create_sections():
     assert r.optim.lr == 1e-3 and r.drafter.parsed_options().num_layers == 3
     with pytest.raises(RecipeError, match="key.sub=value"):
         apply_overrides({}, ["optim.lr"])
+    with pytest.raises(RecipeError, match=r"override 'optim.lr=\[1': its value is not valid YAML"):
+        apply_overrides({}, ["optim.lr=[1"])  # yaml's ParserError traceback before
 
 
 def test_paths_derive_from_output_dir_and_resolved_recipe_round_trips(tmp_path):

@@ -158,7 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"drafterkit {args.verb}: not available in this build ({missing} missing)", file=sys.stderr)
         return 2
     with user_warnings():
-        return int(run(args) or 0)
+        try:
+            return int(run(args) or 0)
+        except KeyboardInterrupt:  # Ctrl-C in a verb that keeps no signal handler of its own (train, features do)
+            print(f"\ndrafterkit {args.verb}: interrupted (Ctrl-C); what it had measured or written so far is not "
+                  "recorded: run it again", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

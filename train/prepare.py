@@ -16,6 +16,7 @@ import shutil
 import torch
 
 import assets.target  # load_target looked up at call time: one place to replace it
+from assets.records import unwritable_folder
 from train.checkpoint import find_resume
 from train.distributed import (
     check_distributed_request,
@@ -68,13 +69,16 @@ def preflight(recipe: Recipe) -> None:
     """Checks that need no model: run before anything heavy loads.
 
     Raises:
-        RecipeError: ``data.path`` is not a file; ``output_dir`` already holds checkpoints of another
+        RecipeError: ``data.path`` is not a file; ``output_dir`` cannot be written
+            (:func:`assets.records.unwritable_folder`); ``output_dir`` already holds checkpoints of another
             run and this one would start at step 0 (``train.resume: never``, or ``auto`` with nothing
             resumable) without ``train.overwrite``; a sharded engine the launcher asked for cannot run here
             (:func:`check_distributed_request`).
     """
     check_distributed_request(recipe)
     recipe_data_file(recipe.data)
+    if why := unwritable_folder(recipe.paths.root):
+        raise RecipeError(f"output_dir {recipe.output_dir}: {why}; give a folder you can write (output_dir=DIR)")
     cfg, ckpts = recipe.train, recipe.paths.checkpoints
     if cfg.overwrite or not ckpts.is_dir() or find_resume(recipe) is not None:
         return

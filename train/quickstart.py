@@ -61,7 +61,7 @@ import torch
 
 from assets.device import resolve_dtype
 from assets.pinned import AssetError, fetch_all
-from assets.records import plural
+from assets.records import plural, unwritable_folder
 from assets.target import load_target
 from decode.inputs import AUTO
 from drafters import KINDS, resolve_checkpoint
@@ -407,6 +407,8 @@ def run(args: argparse.Namespace) -> int:
         for bench in BENCHMARKS:  # the eval stage's settings, checked before a typo costs the training budget
             eval_config(out / "train", args, bench, recipe.eval.k)
         overrides = [] if args.no_train else [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
+        if why := unwritable_folder(out):
+            raise ValueError(f"--output-dir {out}: {why}; give a folder you can write")
         out.mkdir(parents=True, exist_ok=True)  # only once every option is known good
         if args.overwrite:
             drop_report(out)

@@ -364,8 +364,8 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
     """Apply ``key.sub=value`` strings to a nested dict (values parsed with ``yaml.safe_load``).
 
     Raises:
-        RecipeError: an override without ``=`` or with an empty key, or one that descends into a
-            non-mapping value.
+        RecipeError: an override without ``=`` or with an empty key, one whose value is not valid YAML, or
+            one that descends into a non-mapping value.
     """
     data = dict(data)
     for item in overrides or []:
@@ -382,7 +382,12 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
                 raise RecipeError(f"override {item!r}: {'.'.join(parts[:i + 1])} is not a section")
             node[part] = child = dict(child)
             node = child
-        node[parts[-1]] = _parse_value(raw)
+        try:
+            node[parts[-1]] = _parse_value(raw)
+        except yaml.YAMLError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise RecipeError(f"override {item!r}: its value is not valid YAML ({first}); quote it, or close the "
+                              "bracket (e.g. logging.trackers=[tensorboard])") from None
     return data
 
 
