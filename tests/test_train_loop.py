@@ -471,6 +471,37 @@ def test_a_time_bound_run_counts_its_progress_in_seconds_of_the_budget(capsys):
     assert bar.n < bar.total and "interrupted" in bar.postfix
 
 
+def test_a_resumed_time_bound_run_continues_its_budget_and_schedule(world, tmp_path):
+    """max_minutes counts every run of the output_dir (the checkpoint's train_seconds): "rerun the same command"
+    after Ctrl-C finishes the interrupted run, on the learning rate where it stopped. It used to start a fresh
+    budget, and the cosine schedule jumped back up (1.18e-3 -> 1.50e-3 across a resume)."""
+    from train.loop import train
+    from train.step import BudgetSchedule
+
+    target, tok = _load(world)
+    over = {"optim.schedule": "cosine", "optim.warmup_steps": 0, "train.max_steps": 100000}
+    first = train(_recipe(world, tmp_path / "r", **{**over, "train.max_steps": 3}), target=target, tokenizer=tok)
+    spent = json.loads((tmp_path / "r" / "checkpoints" / "last" / "trainer_state.json").read_text())["train_seconds"]
+    assert first.global_step == 3 and spent > 0
+    # a budget the first run already used up: nothing left, the run stops where it was
+    done = train(_recipe(world, tmp_path / "r", **over, **{"train.resume": "auto", "train.max_minutes": spent / 120}),
+                 target=target, tokenizer=tok)
+    assert done.stopped == "max_minutes" and done.global_step == 3 and done.losses == []
+    # a budget with time left: the schedule's clock starts from the seconds already trained, not from 0
+    seen = []
+    real_progress = BudgetSchedule.progress
+    BudgetSchedule.progress = lambda self, step: seen.append(self.elapsed_s) or real_progress(self, step)
+    try:
+        more = train(_recipe(world, tmp_path / "r", **over, **{"train.resume": "auto", "train.max_minutes": 0.05}),
+                     target=target, tokenizer=tok)
+    finally:
+        BudgetSchedule.progress = real_progress
+    assert more.stopped == "max_minutes" and more.global_step > 3
+    # every learning rate of the resumed run counts the first run's seconds (0.0: the scheduler's own call when it
+    # is built, before the checkpoint's state replaces it)
+    assert [e for e in seen if e > 0] and min(e for e in seen if e > 0) >= spent
+
+
 def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
     """A rerun whose drafter options changed since the checkpoint was saved: one RecipeError naming the way out,
     not torch's load_state_dict traceback."""

@@ -114,7 +114,8 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
         target, tokenizer: an already loaded frozen target (else ``recipe.target`` is loaded).
         budget_start: ``time.perf_counter()`` value from which ``train.max_minutes`` counts (default: the
             first optimizer step, i.e. data preparation and regeneration are not counted; ``drafterkit
-            quickstart`` passes its stage start so that its ``--minutes`` covers them).
+            quickstart`` passes its stage start so that its ``--minutes`` covers them). A resumed run adds the
+            checkpoint's ``train_seconds``: the budget and the schedule continue the interrupted run's.
         resume_hint: how to continue a run a signal stopped, in the message printed then (``drafterkit
             quickstart`` names its own ``--resume``).
 
@@ -170,12 +171,18 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
                stop: StopOnSignal, budget_start: float | None = None) -> None:
     """Optimizer steps until max_steps, the max_minutes budget, or a stop signal (on any process)."""
     acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
-    start = time.perf_counter() if budget_start is None else budget_start
+    # the budget clock continues a resumed run's: max_minutes counts every run of this output_dir (the
+    # checkpoint's train_seconds), so "rerun the same command" finishes the interrupted run, schedule included
+    start = (time.perf_counter() if budget_start is None else budget_start) - state.train_seconds
     schedule = ctx["schedule"]
     bar = progress_bar(cfg, state.global_step, start, disable=not acc.is_local_main_process or progress_bars_off())
     window_tokens, window_start = 0.0, time.perf_counter()
     seconds_before, loop_start = state.train_seconds, time.perf_counter()
-    while state.global_step < cfg.max_steps:
+    if cfg.max_minutes is not None:
+        schedule.elapsed_s = agreed_elapsed(acc, start)  # the first step of a resumed run at its learning rate
+        if state.global_step and schedule.elapsed_s / 60.0 >= cfg.max_minutes:
+            result.stopped = "max_minutes"  # a resumed run whose budget is spent: nothing left to train
+    while state.global_step < cfg.max_steps and result.stopped != "max_minutes":
         metrics = train_step(ctx, data, state)
         state.global_step += 1
         state.train_seconds = seconds_before + time.perf_counter() - loop_start
