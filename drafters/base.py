@@ -71,8 +71,16 @@ def _probability_bar(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
 
-#: what a drafter's ``draft_threshold`` / ``expand_threshold`` takes
+#: what a drafter's ``expand_threshold`` takes
 _BAR = "{name} must be a finite number >= 0 (a probability bar; 0 disables it), got {value!r}"
+
+
+def _confidence_bar(value: Any) -> bool:
+    return _probability_bar(value) and value < 1
+
+
+#: what a drafter's ``draft_threshold`` takes
+_CONFIDENCE = "{name} must be in [0, 1) (a path-probability bar; 0 disables it; at 1 nothing is drafted), got {value!r}"
 
 
 class Drafter(nn.Module):
@@ -90,9 +98,10 @@ class Drafter(nn.Module):
     #: Confidence-based draft length (see :class:`ChainCutoff`): a chain stops once the product of the
     #: drafter's own probabilities of its tokens falls below this, and a tree node whose path
     #: probability does is not proposed (``propose_tree``). 0.0 (default): always ``k`` tokens / the
-    #: full tree; above 1: nothing is drafted. A decode-time setting, not saved in checkpoints; set it on
-    #: the loaded drafter (a value that is not a finite number >= 0 raises ValueError).
-    draft_threshold = Checked(_probability_bar, _BAR, convert=float, default=0.0)
+    #: full tree. A decode-time setting, not saved in checkpoints; set it on the loaded drafter (a value
+    #: outside [0, 1) raises ValueError: at 1 or above nothing would ever be drafted, as ``drafterkit eval``
+    #: refuses it too).
+    draft_threshold = Checked(_confidence_bar, _CONFIDENCE, convert=float, default=0.0)
     #: In trees drafted level by level (draft LM, EAGLE, EAGLE-3), a node gets children only when its
     #: path probability is also >= this; a node between ``draft_threshold`` and it is verified as a leaf,
     #: costing verification but no further drafter pass (Medusa, whose heads draft every depth at once,

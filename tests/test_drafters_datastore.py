@@ -261,7 +261,7 @@ def test_corpus_branches_stop_at_datastore_depth(depth):
     target = tiny_llama(0)
     store = _store_from([[1, 2, 3, 4, 5, 6, 7]] * 4)
     hybrid = LookupHybrid(DraftLM.from_target(target, 1), datastore=store, datastore_depth=depth)
-    hybrid.draft_threshold = 1.0  # the drafter proposes nothing: every node comes from the corpus
+    hybrid.draft_threshold = 0.999  # the random draft LM proposes nothing: every node comes from the corpus
     hybrid.reset(1)
     state = DecodeState(tokens=[[40, 1, 2]], num_stable=[0], features=None, active=[True], vocab_size=128)
     tree = DraftTree.parse("1,1,1,1,1")
@@ -285,6 +285,10 @@ def test_thresholds_and_retrieval_settings_are_checked():
                 setattr(hybrid, name, bad)  # passed on to the wrapped drafter
     hybrid.expand_threshold = 0.5
     assert head.expand_threshold == 0.5 and hybrid.expand_threshold == 0.5
+    for bad in (1.0, 2.0):  # a confidence bar of 1 or more drafts nothing, silently: refused as eval refuses it
+        with pytest.raises(ValueError, match=r"draft_threshold must be in \[0, 1\)"):
+            head.draft_threshold = bad
+    hybrid.expand_threshold = 1.0  # no node gets children: a setting of its own, still taken
     for kw, bad in (("datastore_depth", 2.5), ("datastore_depth", "3"), ("datastore_depth", True),
                     ("datastore_matches", 0), ("datastore_share", float("nan"))):
         with pytest.raises(ValueError, match=kw):

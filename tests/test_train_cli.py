@@ -135,3 +135,11 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_the_target_loads
         assert main(["train", "recipes/smoke.yaml", f"output_dir={out}", f"target.name_or_path={tmp_path / 'none'}"]) == 2
         err = capsys.readouterr().err
         assert f"output_dir {out}: {why}" in err and "none" not in err.split("output_dir")[0]  # before the target
+
+
+def test_version_and_the_assets_error_prefix(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("drafterkit ")
+    assert main(["assets", "fetch", "bogus"]) != 0
+    assert capsys.readouterr().err.startswith("drafterkit assets: error: ")

@@ -44,13 +44,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         assets.check_names(args.names)
     except assets.AssetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"drafterkit assets: error: {exc}", file=sys.stderr)
         return 2
     try:
         if args.action == "fetch":
             assets.fetch_all(args.names or None, force=args.force)
         _print(assets.list_assets(args.names or None))
     except assets.AssetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"drafterkit assets: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -74,6 +74,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     verb's runner is imported here (:func:`load_runner`)."""
     parser = argparse.ArgumentParser(prog="drafterkit", description="train speculative-decoding drafters for a "
                                      "frozen target LLM, measure them, tune and export them")
+    parser.add_argument("--version", action="version", version=f"drafterkit {_version()}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     parser.verb_parsers = {}
     for name, verb in VERBS.items():
@@ -90,6 +91,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             continue
         module.add_arguments(p)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``), or ``"unknown"`` for a tree not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("drafterkit")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def load_runner(verb: str) -> Callable[[argparse.Namespace], int] | None:
