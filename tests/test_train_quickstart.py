@@ -64,7 +64,7 @@ def test_an_output_dir_holding_an_earlier_training_is_refused_naming_the_ways_ou
     assert main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("drafterkit quickstart: error: ") and str(tmp_path / "qs" / "train" / "checkpoints") in err
-    assert "--output-dir NEW" in err and "--resume" in err and "--overwrite" in err
+    assert "--output-dir NEW" in err and "--resume" in err and "--overwrite" in err and "(--no-train)" in err
     assert not (tmp_path / "qs" / "report.json").exists()
     args = parse(build_parser(), ["quickstart", "--resume"])
     assert quickstart.resume_overrides(args, tmp_path / "qs" / "train" / "checkpoints") == ["train.resume=auto"]

@@ -144,8 +144,9 @@ def resume_overrides(args, checkpoints: Path) -> list[str]:
         return ["train.resume=never", "train.overwrite=true"]
     if held:
         raise ValueError(f"{checkpoints} already holds the training of an earlier quickstart ({', '.join(held)}). "
-                         "Train into a new folder (--output-dir NEW), continue that training for another --minutes "
-                         "(--resume), or delete it and train from step 0 (--overwrite)")
+                         "Train into a new folder (--output-dir NEW), continue that training until it has trained "
+                         "--minutes in all (--resume), measure it again without training (--no-train), or delete "
+                         "it and train from step 0 (--overwrite)")
     return ["train.resume=never"]
 
 
@@ -467,7 +468,8 @@ def _after_training(args, stages, recipe, ckpt, train_summary, target, tok, data
     del target  # the fp32 check loads its own
     check = "exactness" in stages.names
     with (stages.stage("exactness", f"fp32 greedy outputs of the drafter rows vs plain decoding, "
-                       f"{args.exactness_prompts} prompts per benchmark x up to {EXACTNESS_TOKENS} new tokens",
+                       f"{args.exactness_prompts} prompts per benchmark x up to "
+                       f"{min(EXACTNESS_TOKENS, args.max_new_tokens)} new tokens",
                        OUTSIDE) if check else contextlib.nullcontext()):
         exactness = exactness_stage(evals, args, tok, datastore, measured_shapes(tuned, tuned_rest, ckpt))
     with stages.stage("report", f"report.json, report.md and plots in {out}", "seconds", record=False):

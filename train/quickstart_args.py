@@ -32,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", default="drafterkit-quickstart", help="report folder (training under train/)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
-                       help="the output folder holds an earlier quickstart's training: continue it for another "
-                            "--minutes (train.resume=auto) instead of refusing to start")
+                       help="the output folder holds an earlier quickstart's training: continue it until it has "
+                            "trained --minutes in all (train.resume=auto; a larger --minutes trains a finished run "
+                            "longer) instead of refusing to start")
     again.add_argument("--no-train", action="store_true",
                        help="the output folder holds an earlier quickstart's training: measure its last checkpoint "
                             "again (tune, eval, exactness check and a new report, under that run's recipe) without "
@@ -72,9 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "LookupHybrid, eval spec PATH+rest: rows whose last 2+ tokens occurred before copy what "
                         "followed; the others add what followed their last n-gram in ShareGPT to the drafter's tree)")
     p.add_argument("--dtype", default="auto",
-                   help="auto | bf16 | fp32, the evaluation's target and drafter (auto: bf16 where the device has bf16 "
-                        "units, where a pass verifying 5 draft tokens costs ~1.1x a one-token step in bf16 but 1.4-2x "
-                        "in fp32, see BENCHMARKS.md; fp32 where bf16 would be emulated, several times slower; "
+                   help="auto | bf16 | fp32 (or fp16), the evaluation's target and drafter (auto: bf16 where the "
+                        "device has bf16 units, where a pass verifying 5 draft tokens costs ~1.1x a one-token step "
+                        "in bf16 but 1.4-2x in fp32, see BENCHMARKS.md; fp32 where bf16 would be emulated, several times slower; "
                         "token-for-token exactness vs plain decoding is checked in fp32: the measured rows with "
                         "fp32, else a short separate fp32 run, see --exactness-prompts)")
     p.add_argument("--exactness-prompts", type=int, default=2,
