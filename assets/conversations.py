@@ -15,9 +15,12 @@ a time; the whole file is never held in one string. A file truncated mid-record 
 ShareGPT V3 file is: 17,671 complete conversations, then a torn one) keeps every complete record,
 drops the torn tail and never raises on it. A JSONL line that is not valid JSON is skipped and
 reading goes on; in a JSON array a damaged record ends the reading (an array cannot be resynchronised).
-Whatever was skipped is named in ONE ``UserWarning`` per file, given when the file has been read
-through: line numbers, how many, how many records were kept (:func:`unreadable_summary`). A file with
-no usable record at all is an error instead.
+A record that is JSON but not a conversation of the format read (not an object, no ``messages`` /
+``conversations`` list, a turn of another shape or role) is skipped too. Whatever was skipped is named
+in ONE ``UserWarning`` per file, given when the file has been read through (or the reader stopped):
+line numbers, how many, how many records were kept (:func:`dropped_summary`). A file with no usable
+record at all is an error instead. Records that are well formed but carry nothing to train on
+(``empty_conversation``, ``no_assistant_reply``: 281 of ShareGPT's 17,671) are counted, not warned.
 
 Normalisation, applied to every record (each decision is counted in :class:`LoaderStats`):
 
@@ -51,7 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from assets import pinned
-from assets.records import ENCODING, LoaderStats, iter_records, unreadable_summary
+from assets.records import (
+    ENCODING,
+    LoaderStats,
+    iter_records,
+    plural,
+    unreadable_summary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +73,8 @@ ROLE_MAP = {
     "system": "system",
 }
 HELDOUT_FRACTION = 0.02  # default share of ShareGPT conversation groups held out for evaluation
+# skip reasons of records that are well formed but carry no supervision: counted, not warned (ShareGPT has 281)
+UNUSABLE = ("empty_conversation", "no_assistant_reply")
 _PART_SUFFIX = re.compile(r"^(.*)_(\d+)$")
 
 
@@ -154,10 +165,67 @@ def normalize_turns(turns: Any, *, role_key: str, content_key: str, stats: Loade
 
 
 _FORMATS = {"sharegpt": ("conversations", "from", "value"), "chat": ("messages", "role", "content")}
+_SHAPES = {"sharegpt": "{\"conversations\": [{\"from\", \"value\"}, ...]}",
+           "chat": "{\"messages\": [{\"role\", \"content\"}, ...]}"}
 
 
-def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderStats | None = None
-                       ) -> Iterator[Conversation]:
+def _record_lines(path: Path, indices: list[int], stats: LoaderStats) -> list[int] | None:
+    """1-based lines of the records at ``indices`` (0-based, ascending) of a JSONL file: its non-blank lines
+    less those that are not JSON (``stats.bad_lines``), read again up to the last one asked; ``None`` for a
+    JSON array (records there are not lines)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    bad, want, lines, index = set(stats.bad_lines), set(indices), [], -1
+    with opener(path, "rt", encoding=ENCODING, errors="replace", newline="\n") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip() or lineno in bad:
+                continue
+            if index < 0 and line.lstrip()[0] == "[":
+                return None
+            index += 1
+            if index in want:
+                lines.append(lineno)
+                if len(lines) == len(want):
+                    break
+    return lines
+
+
+def dropped_summary(path: Path, stats: LoaderStats, malformed: list[int], format: str = "auto", *,
+                    stopped: bool = False, most: int = 10) -> str | None:
+    """The ONE warning a pass over ``path`` gives, or ``None`` when it dropped nothing: the unreadable lines
+    (:func:`assets.records.unreadable_summary`), then the records skipped for not being conversations
+    (``malformed``: their 0-based indices; named by line for JSONL, by record number for a JSON array, the
+    first ``most`` of them, with the count of each skip reason)."""
+    unreadable = unreadable_summary(path, stats, stopped=stopped)
+    if not malformed:
+        return unreadable
+    reasons = {r: n for r, n in stats.skipped.items() if r not in UNUSABLE and r != "invalid_json_line"}
+    shown = malformed[:most]
+    lines = _record_lines(path, shown, stats)
+    where = (f"line{'s' if len(malformed) > 1 else ''} " if lines is not None else
+             f"record{'s' if len(malformed) > 1 else ''} ") + ", ".join(map(str, lines or [i + 1 for i in shown]))
+    where += f" and {len(malformed) - len(shown)} more" if len(malformed) > len(shown) else ""
+    shape = " or ".join(_SHAPES.values()) if format == "auto" else _SHAPES[format]
+    it = "it" if len(malformed) == 1 else "them"
+    said = (f"skipped {plural(len(malformed), 'record')} that {'is' if len(malformed) == 1 else 'are'} JSON but not a "
+            f"conversation ({where}; {', '.join(f'{n} {r}' for r, n in reasons.items())}): each record must be "
+            f"{shape} with string contents and known roles; fix or delete {it}")
+    if unreadable:
+        return f"{unreadable.rstrip('.')}; also {said}"
+    if stopped:
+        return (f"{path}: {said}; kept {plural(stats.kept, 'conversation')}, then stopped reading with as many as "
+                "were needed (the rest of the file was not read or checked)")
+    return f"{path}: {said}; read every other record ({plural(stats.kept, 'conversation')} kept)"
+
+
+def _tell(message: str | None, report: list[str] | None) -> None:
+    if message and report is not None:
+        report.append(message)
+    elif message:
+        warnings.warn(message, UserWarning, stacklevel=3)  # the reader's consumer (-> iter_conversations -> _tell)
+
+
+def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderStats | None = None,
+                       report: list[str] | None = None) -> Iterator[Conversation]:
     """Stream normalised conversations from a ShareGPT or chat file (JSON array or JSONL, maybe .gz).
 
     Args:
@@ -165,6 +233,8 @@ def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderS
         format: ``"sharegpt"`` (``conversations`` of ``from``/``value``), ``"chat"`` (``messages``
             of ``role``/``content``) or ``"auto"`` (per record, whichever key it has).
         stats: a :class:`LoaderStats` filled in place (kept / skipped by reason / torn tail).
+        report: when given, the file's one warning (:func:`dropped_summary`) is appended here instead of
+            being given, for the caller to give (``train.data.build_dataset`` gives it again on a cache hit).
 
     Yields:
         :class:`Conversation` in file order.
@@ -181,6 +251,7 @@ def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderS
         raise FileNotFoundError(f"{path}: no such file (pass a ShareGPT / chat JSON or JSONL file)")
     stats = stats if stats is not None else LoaderStats()
     kinds = list(_FORMATS.values()) if format == "auto" else [_FORMATS[format]]
+    malformed: list[int] = []  # indices of the records skipped for not being conversations
     for index, record in enumerate(iter_records(path, stats)):
         try:
             if not isinstance(record, dict):
@@ -191,15 +262,15 @@ def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderS
             messages = normalize_turns(record[kind[0]], role_key=kind[1], content_key=kind[2], stats=stats)
         except _Skip as skip:
             stats.skipped[skip.reason] += 1
+            if skip.reason not in UNUSABLE:
+                malformed.append(index)
             continue
         rid = record.get("id")
         stats.kept += 1
         try:
             yield Conversation(id=str(rid) if rid is not None else f"#{index}", index=index, messages=messages)
         except GeneratorExit:  # the caller stopped early (enough examples): still name what was skipped
-            unreadable = unreadable_summary(path, stats, stopped=True)
-            if unreadable:
-                warnings.warn(unreadable, UserWarning, stacklevel=2)
+            _tell(dropped_summary(path, stats, malformed, format, stopped=True), report)
             raise
     if stats.skipped:
         logger.info("%s: kept %d conversations, skipped %s", path, stats.kept, dict(stats.skipped))
@@ -209,8 +280,7 @@ def iter_conversations(path: str | Path, *, format: str = "auto", stats: LoaderS
                          f"{dict(stats.skipped)}{'; ' + unreadable if unreadable else ''}); expected records "
                          "with 'conversations' (ShareGPT) or 'messages' (chat) holding a user turn followed "
                          "by an assistant turn")
-    if unreadable:
-        warnings.warn(unreadable, UserWarning, stacklevel=2)
+    _tell(dropped_summary(path, stats, malformed, format), report)
 
 
 def iter_sharegpt(path: str | Path, *, stats: LoaderStats | None = None) -> Iterator[Conversation]:

@@ -294,6 +294,40 @@ def test_a_bad_jsonl_line_mid_file_is_skipped_with_one_warning_naming_it(tmp_pat
         "needed, so the rest of the file was not read or checked."]
 
 
+
+def test_a_record_that_is_json_but_not_a_conversation_is_named_in_the_one_warning(tmp_path):
+    """A line that parses but holds no conversation is dropped with the file's ONE warning naming its line
+    (blank lines and unreadable lines counted as lines), alone or beside a torn last line."""
+    lines = [_chat_line(i) for i in range(8)]
+    lines[3] = '{"foo": 1}'
+    lines[5] = ""  # a blank line: not a record, still a line
+    lines[6] = "[1, 2]"
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    convs, stats, warns = _read(path, iter_chat_jsonl)
+    assert len(convs) == 5 and stats.skipped == {"missing_messages": 1, "not_an_object": 1}
+    assert warns == [(f"{path}: skipped 2 records that are JSON but not a conversation (lines 4, 7; 1 missing_messages, "
+                      '1 not_an_object): each record must be {"messages": [{"role", "content"}, ...]} with string '
+                      "contents and known roles; fix or delete them; read every other record (5 conversations kept)")]
+    lines[1] = "{not json"
+    path.write_text("\n".join(lines) + "\n" + _chat_line(9)[:25])  # ... plus a torn last line
+    convs, stats, warns = _read(path, iter_chat_jsonl)
+    assert len(convs) == 4 and len(warns) == 1, warns
+    assert warns[0].startswith(f"{path}: skipped 2 unreadable lines (2, 9); kept the 6 complete records: ")
+    assert "truncated: dropped 1 incomplete record at line 9" in warns[0]
+    assert "; also skipped 2 records that are JSON but not a conversation (lines 4, 7; " in warns[0]
+    # a JSON array names the record; a reader that stops early names what it read; ShareGPT's empty or
+    # reply-less records are counted, not warned
+    array = tmp_path / "data.json"
+    array.write_text(json.dumps([_record(0), {"foo": 1}, _record(1), {"conversations": []}]))
+    convs, stats, warns = _read(array)
+    assert len(convs) == 2 and stats.skipped == {"missing_conversations": 1, "empty_conversation": 1}
+    assert len(warns) == 1 and "skipped 1 record that is JSON but not a conversation (record 2; " in warns[0]
+    first_2 = iter_sharegpt(array)
+    assert len(list(itertools.islice(first_2, 2))) == 2
+    with pytest.warns(UserWarning, match=r"\(record 2; 1 missing_conversations\).*kept 2 conversations, then stopped"):
+        first_2.close()
+
 def test_a_damaged_array_record_is_named_in_the_warning(tmp_path):
     records = [_record(i) for i in range(4)]
     blob = _array_file(tmp_path, records)[0].decode()

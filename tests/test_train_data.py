@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 
 import pytest
 import torch
@@ -210,6 +211,33 @@ def test_build_dataset_caches_and_splits_disjointly(tok, tmp_path):
     fewer = DataStats()
     assert len(build_dataset(src, tok, num_examples=5, stats=fewer, **kw)) == 5 and not fewer.cache_hit
 
+
+
+def test_build_dataset_warns_of_every_dropped_line_and_a_short_dataset_on_every_call(tok, tmp_path):
+    """A torn last line and a record without ``messages`` are named (the file's one warning), and a file
+    smaller than ``num_examples`` says so with both numbers, on a fresh build AND on a cache hit."""
+    chat = lambda i: json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                              {"role": "assistant", "content": f"answer {i}"}]})
+    src = tmp_path / "chat.jsonl"
+    src.write_text("\n".join([chat(0), '{"foo": 1}', chat(1), chat(2)]) + "\n" + chat(3)[:30])
+    kw = {"max_length": 64, "num_examples": 1200, "heldout_fraction": 0.0, "cache_dir": tmp_path / "cache",
+          "format": "chat"}
+    for hit in (False, True):
+        stats = DataStats()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = build_dataset(src, tok, stats=stats, **kw)
+        said = [str(w.message) for w in caught if issubclass(w.category, UserWarning) and str(src) in str(w.message)]
+        assert len(ds) == 3 and stats.cache_hit is hit and len(said) == 2, said
+        assert said[0].startswith(f"{src}: skipped 1 unreadable line (5); kept the 4 complete records: the file is "
+                                  "truncated: dropped 1 incomplete record at line 5; also skipped 1 record that is "
+                                  "JSON but not a conversation (line 2; 1 missing_messages)")
+        assert said[1] == (f"{src}: 3 train examples, fewer than the 1200 asked (data.num_examples); training uses "
+                           "the 3: add data to the file, or lower data.num_examples")
+    src.write_text(chat(0) + "\n")  # one example of 1200, nothing dropped: the shortfall alone
+    with pytest.warns(UserWarning, match=r"chat.jsonl: 1 train example, fewer than the 1200 asked") as caught:
+        build_dataset(src, tok, **kw)
+    assert sum("chat.jsonl" in str(w.message) for w in caught) == 1
 
 def test_build_dataset_argument_errors(tok, tmp_path):
     src = _sharegpt_file(tmp_path / "sg.json", n=4)

@@ -206,13 +206,13 @@ def test_a_torn_shard_is_detected_and_rebuilt(tmp_path):
     with pytest.warns(UserWarning, match="torn or partial shards rebuilt: shard-00001"):
         _, report = _build(tmp_path, target, examples, [3])
     assert report["built"] == 1 and forwards.n > 0 and _shard_hashes(spec.path) == good
-    # same size, other bytes: found by the sha256 check of a build (opening for training checks sizes only)
+    # same size, other bytes: found by the sha256 check (opening for training hashes; hash_check=False does not)
     flipped = bytearray(shard.read_bytes())
     flipped[-1] ^= 0xFF
     shard.write_bytes(bytes(flipped))
-    FeatureCache(spec.path)
+    FeatureCache(spec.path, hash_check=False)
     with pytest.raises(FeatureCacheError, match="sha256"):
-        FeatureCache(spec.path, hash_check=True)
+        FeatureCache(spec.path)
     with pytest.warns(UserWarning, match="shard-00001.safetensors: sha256"):
         _, report = _build(tmp_path, target, examples, [3])
     assert report["built"] == 1 and FeatureCache(spec.path, hash_check=True)[0]["features"].shape[-1] == 32
@@ -221,6 +221,44 @@ def test_a_torn_shard_is_detected_and_rebuilt(tmp_path):
     with pytest.warns(UserWarning, match="manifest missing"):
         _, report = _build(tmp_path, target, examples, [3])
     assert report["kept"] == 0 and _shard_hashes(spec.path) == good
+
+
+
+def test_a_shard_damaged_in_place_is_found_when_training_opens_the_cache(tmp_path, monkeypatch):
+    """16 bytes overwritten mid-shard, same size: training's open hashes every shard (once per process), so
+    the main process rebuilds the shard and the others refuse it, naming it and the fix, as for a torn one."""
+    import train.feature_cache as fc
+
+    target = tiny_llama(0, layers=3)
+    recipe = recipe_from_dict({"output_dir": "x", "drafter": {"kind": "eagle"},
+                               "data": {"feature_cache": str(tmp_path / "fc")}})
+    examples = _examples()
+    spec = cache_spec(tmp_path / "fc", target, examples, [3], target_name=recipe.target.name_or_path)
+    build_feature_cache(spec, target, examples, batch_size=3, shard_mb=spec.tokens * spec.bytes_per_token / 4 / 2**20,
+                        progress=False)  # the cache the recipe reads, in 4 shards
+    good = _shard_hashes(spec.path)
+    shard = spec.path / "shard-00002.safetensors"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.seek(size // 2)
+        f.write(bytes(range(16)))
+    assert shard.stat().st_size == size
+    with pytest.raises(FeatureCacheError, match=r"torn shards \(shard-00002.safetensors: sha256 differs from the "
+                                                 r"manifest's\); `drafterkit features RECIPE` rebuilds them"):
+        FeatureCache(spec.path)
+    with pytest.raises(FeatureCacheError, match="shard-00002.safetensors: sha256.*only the main process builds"):
+        open_recipe_cache(recipe, target, examples, write=False)
+    forwards = Forwards(target)
+    with pytest.warns(UserWarning, match="torn or partial shards rebuilt: shard-00002.safetensors: sha256"):
+        repaired = open_recipe_cache(recipe, target, examples, write=True)
+    assert forwards.n > 0 and _shard_hashes(spec.path) == good and len(repaired) == 20
+    hashed = []
+    sha256 = fc._sha256
+    monkeypatch.setattr(fc, "_sha256", lambda file: hashed.append(file.name) or sha256(file))
+    FeatureCache(spec.path)
+    assert hashed == ["shard-00002.safetensors"]  # only the rebuilt shard: the others were hashed at the open above
+    FeatureCache(spec.path)
+    assert hashed == ["shard-00002.safetensors"]  # once per process: an unchanged cache is not read again
 
 
 def test_cache_folder_is_keyed_by_target_data_layers_and_dtype(tmp_path):

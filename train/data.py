@@ -40,6 +40,7 @@ import hashlib
 import json
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,8 @@ from assets.conversations import (
     Message,
     is_heldout,
     iter_conversations,
+    plural,
+    unreadable_summary,
 )
 from assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
 from assets.target import load_target_tokenizer
@@ -232,6 +235,8 @@ class DataStats:
         truncated: examples longer than ``max_length`` before truncation.
         skipped: reason -> conversations that gave no example (see :func:`tokenize_conversation`).
         wall_s: seconds this call took. cache_hit: whether the Arrow files were reused.
+        dropped: the data file's warning (:func:`assets.conversations.dropped_summary`: unreadable lines,
+            records that are not conversations), kept so that a cache hit gives it again.
     """
 
     loader: dict = field(default_factory=dict)
@@ -244,6 +249,7 @@ class DataStats:
     wall_s: float = 0.0
     cache_hit: bool = False
     cache_key: str = ""
+    dropped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "skipped": dict(self.skipped)}
@@ -253,7 +259,7 @@ def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, 
     loader = LoaderStats()
     want_heldout = split == "heldout"
     try:
-        for conv in iter_conversations(path, format=format, stats=loader):
+        for conv in iter_conversations(path, format=format, stats=loader, report=stats.dropped):
             if is_heldout(conv.split_key, fraction, seed) != want_heldout:
                 stats.other_split += 1
                 continue
@@ -287,6 +293,10 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
     ``Dataset.from_generator`` in this process (num_proc 1) under a fingerprint hashing the
     tokenizer, the source file's sha256, every argument and ``DATA_VERSION``, so a second call
     memory-maps the same Arrow files instead of re-tokenizing.
+
+    Warns (``UserWarning``, on every call, a cache hit too): once for what the file dropped (unreadable
+    lines, records that are not conversations, named by line), and once when the split holds fewer
+    examples than ``num_examples`` asks (both numbers, and where the others went).
 
     Args:
         source: a file (JSON array or JSONL, maybe .gz) or a pinned asset name (``"sharegpt"``).
@@ -351,7 +361,26 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
     vars(stats).update(vars(built))
     stats.cache_hit, stats.cache_key = not ran, key
     stats.wall_s = time.perf_counter() - start
+    _warn_dropped(path, built, len(ds), num_examples, split)
     return ds
+
+
+def _warn_dropped(path: Path, built: DataStats, examples: int, num_examples: int | None, split: str) -> None:
+    """Give the file's warning (kept in ``built``; for a cache written before ``dropped`` was kept, rebuilt
+    from its loader counts), then the shortfall against ``num_examples``, if any."""
+    dropped = built.dropped
+    if not dropped and built.loader:
+        loader = LoaderStats(**{**built.loader, "skipped": Counter(built.loader.get("skipped", {}))})
+        dropped = [m for m in [unreadable_summary(path, loader)] if m]
+    for message in dropped:
+        warnings.warn(message, UserWarning, stacklevel=3)
+    if num_examples is not None and examples < num_examples:
+        where = [f"{plural(built.other_split, 'conversation')} in the other split"] if built.other_split else []
+        if built.skipped:
+            where.append(f"{sum(built.skipped.values())} gave no example {dict(built.skipped)}")
+        warnings.warn(f"{path}: {plural(examples, split + ' example')}, fewer than the {num_examples} asked "
+                      f"(data.num_examples{'; ' if where else ''}{', '.join(where)}); training uses the {examples}: "
+                      "add data to the file, or lower data.num_examples", UserWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------------------------
