@@ -1,4 +1,4 @@
-"""The decoding setting ``drafterkit tune`` measured best for a drafter, read back from its folder.
+"""The decoding setting ``drafterkit tune`` chose for a drafter, read back from its folder.
 
 ``drafterkit tune`` (``speceval.tune``) writes a ``tuned`` entry into the drafter folder's
 ``decoding.json`` (the format is described in ``speceval.recorded``): per concurrency the winning
@@ -42,10 +42,55 @@ def tuned_key(behind: str = "") -> str:
     return TUNED + behind
 
 
+#: the start of :func:`tuned_winner`'s reason when the tuned setting is used, and of the one when there is none
+TUNED_HERE = "tuned by drafterkit tune on this machine"
+NO_TUNED = "no tuned setting"
+#: why a setting ``drafterkit tune`` kept but measured slower than plain decoding is left unused
+SLOWER_NOT_USED = "a setting slower than plain decoding is not used by eval or tree='auto'"
+
+
 def beats_plain(winner: dict) -> bool:
     """Whether a tuned winner measured faster than plain decoding (a record without ``speedup`` counts as yes):
-    the best of a search can still be a slowdown, and a slowdown is never used as the drafter's setting."""
+    the setting a search keeps can still be a slowdown, and a slowdown is never used as the drafter's setting."""
     return float(winner.get("speedup", 2.0)) > 1.0
+
+
+def setting_label(setting: dict) -> str:
+    """``chain K=3 @0.1`` / ``tree=3,2,1 @0.1`` / ``tree=dynamic:24:5:4``: the name ``drafterkit tune`` gives a
+    ``{"tree", "k", "draft_threshold"}`` setting (threshold 0 left out)."""
+    shape = f"chain K={setting['k']}" if setting["tree"] == "chain" else f"tree={setting['tree']}"
+    threshold = float(setting.get("draft_threshold") or 0.0)
+    return f"{shape} @{threshold:g}" if threshold else shape
+
+
+def search_outcome(winner: dict) -> str:
+    """What ``drafterkit tune``'s search at one concurrency kept, in words, from its ``winners`` entry: the
+    setting, its speedup over plain decoding (and tau), and, against an incumbent (``over_incumbent``), the
+    last rung's fastest challenger, its speedup and whether it beat the incumbent beyond the noise. No setting
+    is called the best: a kept incumbent can be slower than a challenger that did not clear the noise."""
+    speed = f"{float(winner['speedup']):.2f}x plain decoding" if "speedup" in winner else "speedup not recorded"
+    speed += f", tau {float(winner['tau']):.2f}" if "tau" in winner else ""
+    duel = winner.get("over_incumbent")
+    if not isinstance(duel, dict):
+        slow = "" if beats_plain(winner) else ": no setting faster than plain decoding there"
+        return f"{setting_label(winner)} is chosen ({speed}), the fastest in the last rung{slow}"
+    n = int(duel.get("batches", 0))
+    low = duel.get("low")
+    noise = f"{float(duel['ratio']):.2f}x its tokens/s" + (f", 95% lower bound {low:.2f}x" if low is not None
+                                                           else "; one batch is too few to tell")
+    on = f"on {n} batch{'' if n == 1 else 'es'} ({noise})"
+    challenger, theirs = duel["challenger"], duel.get("challenger_speedup")
+    if winner.get("chosen") == "challenger":
+        mine = duel.get("incumbent_speedup")
+        against = f" ({mine:.2f}x)" if mine is not None else ""
+        return (f"{challenger} ({speed}) replaces the incumbent {duel['incumbent']}{against}: faster than it "
+                f"beyond the noise {on}")
+    if theirs is None:
+        measured = f"{challenger} was"
+    else:
+        faster = "speedup" in winner and float(theirs) > float(winner["speedup"])
+        measured = f"{challenger} measured {float(theirs):.2f}x {'but' if faster else 'and'} was"
+    return f"the incumbent {duel['incumbent']} is kept ({speed}): {measured} not faster than it beyond the noise {on}"
 
 
 def tuned_winner(data: dict, current: dict, concurrency: int = 1,
@@ -58,7 +103,7 @@ def tuned_winner(data: dict, current: dict, concurrency: int = 1,
     winners = tuned.get("winners") if isinstance(tuned, dict) else None
     if not isinstance(winners, dict) or str(concurrency) not in winners:
         spec = "the drafter folder" if key == TUNED else f"PATH{key.removeprefix(TUNED)}"
-        return None, f"no tuned setting (run drafterkit tune on {spec})"
+        return None, f"{NO_TUNED} (run drafterkit tune on {spec})"
     if folder is not None and tuned.get("weights_sha256"):
         try:
             same = weights_sha256(folder) == tuned["weights_sha256"]
@@ -77,10 +122,10 @@ def tuned_winner(data: dict, current: dict, concurrency: int = 1,
         return None, f"its tuned setting was measured on another machine ({'; '.join(differ)}): not used"
     w = dict(winners[str(concurrency)], dtype=tuned.get("dtype", "fp32"))
     if not beats_plain(w):
-        return None, (f"drafterkit tune found no setting faster than plain decoding on this machine (the best, "
-                      f"{w.get('tree')} K {w.get('k')}, measured {w['speedup']:.2f}x): not used")
+        return None, (f"its tuned setting is not used, being slower than plain decoding on this machine; from "
+                      f"drafterkit tune: {search_outcome(w)}")
     speed = f", {w['speedup']:.2f}x plain decoding on its tuning prompts" if "speedup" in w else ""
-    return w, f"tuned by drafterkit tune on this machine ({tuned.get('created')}{speed})"
+    return w, f"{TUNED_HERE} ({tuned.get('created')}{speed})"
 
 
 def read_tuned(folder: str | Path, device="auto", behind: str = "") -> tuple[dict | None, str]:

@@ -31,7 +31,6 @@ import argparse
 import dataclasses
 import datetime as _dt
 import functools
-import os
 import shlex
 import sys
 import time
@@ -41,16 +40,18 @@ from pathlib import Path
 import torch
 
 from assets.device import resolve_device, resolve_dtype
-from assets.records import plural
+from assets.records import plural, unwritable_folder
 from assets.target import load_target, resolve_target_path
 from decode.inputs import AUTO
 from drafters.base import DrafterLoadError
 from drafters.datastore import cached_datastore
+from drafters.tuned import NO_TUNED, TUNED_HERE
 from speceval import plots, report
 from speceval.eval_args import (
     DEFAULT_DATASTORE,
     RECORDED,
     EvalConfig,
+    check_plots_dir,
     field_flag,
     flag_fields,
 )
@@ -191,18 +192,14 @@ def _public_kwargs(kwargs: dict | None, k: int) -> dict | None:
 
 def output_problem(output: str | Path) -> str | None:
     """Why ``drafterkit eval`` could not write its record to ``output`` (JSON, and the Markdown beside it), or
-    None: checked before anything is measured, so a bad ``--output`` never throws a finished evaluation away.
-    The parent folder is created here when missing."""
+    None: checked before anything is measured, so a bad ``--output`` never throws a finished evaluation away
+    (:func:`assets.records.unwritable_folder`; the folder is made when the record is written)."""
     output = Path(output)
     for path in (output, output.with_suffix(".md")):
         if path.is_dir():
             return f"--output {output}: {path} is a folder; give a file name such as {path / 'eval.json'}"
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"--output {output}: its folder cannot be made ({exc.strerror or exc}); give a path in a writable folder"
-    if not os.access(output.parent, os.W_OK):
-        return f"--output {output}: {output.parent} is not writable; give a path in a writable folder"
+    if why := unwritable_folder(output.parent):
+        return f"--output {output}: {why}; give a path in a writable folder"
     return None
 
 
@@ -270,17 +267,27 @@ def print_record(record: dict, console=None) -> None:
 
 
 def recorded_message(info: dict) -> str:
-    """What ``drafterkit eval`` prints about the settings it took from a drafter's ``decoding.json``
-    (``speceval.recorded.apply_recorded``)."""
-    said = "; ".join(x for x in (info["source"], info.get("tuned", "no tuned setting")) if x)
-    head = f"drafterkit eval: {info['file']} ({said})"
+    """What ``drafterkit eval`` prints about a drafter's ``decoding.json``
+    (``speceval.recorded.apply_recorded``), as one sentence: the settings found (its top-level fields, or its
+    ``drafterkit tune`` setting where that is used), whether they are used, and why not: the command line gave
+    every one of them (naming those flags), the drafters' files disagree, or the file holds no setting but a
+    tuned one this eval cannot use (slower than plain decoding, another machine ...: ``info["tuned"]``)."""
+    why = info.get("tuned") or ""
+    tuned_used = why.startswith(TUNED_HERE)
+    tuned_unused = f"; {why}" if why and not tuned_used and not why.startswith(NO_TUNED) else ""
+    said = "; ".join(x for x in (info["source"], why if tuned_used else "") if x)
+    head = f"drafterkit eval: {info['file']}" + (f" ({said})" if said else "")
+    found = "its drafterkit tune setting" if tuned_used else "its decoding settings"
     if info["note"]:
-        return f"{head}: not used: {info['note']}"
+        return f"{head}: {found} not used, since {info['note']}{tuned_unused}"
     given = ", ".join(RECORDED[k] for k in info["overridden"])
+    if not info["applied"] and not given:  # nothing at the top level, and the tuned setting (if any) unusable
+        what = f"only a drafterkit tune setting, and {why}" if tuned_unused else "no decoding setting"
+        return f"{head}: nothing taken from it, eval's defaults apply: it records {what}"
     if not info["applied"]:
-        return f"{head}: not used, since the command line gives every setting it records ({given})"
+        return f"{head}: {found} not used, since the command line gives every one it records ({given}){tuned_unused}"
     kept = f"; the command line's own {given} kept (flags given explicitly win)" if given else ""
-    return f"{head}: decoding settings taken from it: {info['flags']}{kept}"
+    return f"{head}: decoding settings taken from it: {info['flags']}{kept}{tuned_unused}"
 
 
 def command_line(config: dict, *, threads: int | None = None, output: str | Path | None = None,
@@ -321,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         if problem := output_problem(args.output):
             raise ValueError(problem)
         cfg = config_from_args(args)
+        check_plots_dir(args.plots_dir, cfg)
         recorded = apply_recorded(cfg, given={name for name in RECORDED if getattr(args, name) is not None})
         if recorded:
             print(recorded_message(recorded), flush=True)

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 from speceval.prompts import check_benchmark
 
-__all__ = ["BASELINES", "DEFAULT_DATASTORE", "RECORDED", "EvalConfig", "RunOptions", "add_arguments", "field_flag",
-           "flag_fields"]
+__all__ = ["BASELINES", "DEFAULT_DATASTORE", "RECORDED", "EvalConfig", "RunOptions", "add_arguments", "check_plots_dir",
+           "field_flag", "flag_fields"]
 
 #: the baselines ``drafterkit eval`` can measure next to the drafters (``speceval.methods``)
 BASELINES = ("engine", "hf", "hf-assisted")
@@ -112,7 +112,8 @@ class EvalConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad flag and the fix (also for a ``datastore`` given while
-        no drafter spec ends in ``+rest``: nothing would read it)."""
+        no drafter spec ends in ``+rest``, and ``sweep_k`` / ``sweep_temperature`` other than their defaults
+        without ``sweep``: nothing would read them)."""
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad:
             raise ValueError(f"--baselines: unknown {bad}; choose from {','.join(BASELINES)}")
@@ -125,6 +126,11 @@ class EvalConfig:
         if any(k < 1 for k in self.sweep_k) or any(t < 0 for t in self.sweep_temperature) or \
                 any(c < 1 for c in self.concurrency):
             raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
+        defaults = {f.name: f for f in dataclasses.fields(EvalConfig)}
+        for name in ("sweep_k", "sweep_temperature"):  # the default's value given again changes nothing either
+            if not self.sweep and getattr(self, name) != defaults[name].default_factory():
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} applies to --sweep only: add --sweep or drop {flag}")
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
         check_benchmark(self.benchmark)
@@ -155,8 +161,20 @@ class RunOptions:
     output: str = field(default="drafterkit-eval.json", metadata={
         "help": "JSON record, Markdown next to it (.md); default: drafterkit-eval.json in the current folder"})
     plots_dir: str | None = field(default=None, metadata={
-        "help": "PNG folder for the --sweep / --concurrency plots (default: <output stem>-plots); a plain eval "
-                "writes none"})
+        "help": "PNG folder for the --sweep / --concurrency plots (default: <output stem>-plots); refused "
+                "without --sweep or --concurrency (a plain eval writes none)"})
+
+
+def check_plots_dir(plots_dir: str | None, cfg: EvalConfig) -> None:
+    """Refuse a ``--plots-dir`` (:class:`RunOptions`) that nothing would write into: only a ``--sweep`` or a
+    ``--concurrency`` run makes plots (``speceval.bench.write_outputs``).
+
+    Raises:
+        ValueError: ``plots_dir`` given for an eval with neither, naming the fix.
+    """
+    if plots_dir is not None and not (cfg.sweep or cfg.concurrency):
+        raise ValueError(f"--plots-dir {plots_dir} applies to --sweep and --concurrency only (a plain eval writes no "
+                         "plots): add --sweep or --concurrency, or drop --plots-dir")
 
 
 def _check_tree(spec: str) -> None:

@@ -40,7 +40,15 @@ from decode.dynamic_tree import parse_tree
 from drafters import DrafterLoadError, resolve_checkpoint
 from drafters.base import weights_sha256
 from drafters.hybrid import drafts_trees
-from drafters.tuned import DECODING_FILE, LOOKUP_SUFFIXES, beats_plain, tuned_key
+from drafters.tuned import (
+    DECODING_FILE,
+    LOOKUP_SUFFIXES,
+    SLOWER_NOT_USED,
+    beats_plain,
+    search_outcome,
+    setting_label,
+    tuned_key,
+)
 from speceval import report
 from speceval.harness import check_quiet, machine_info
 from speceval.bench import datastore_loader
@@ -73,8 +81,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        shape = f"chain K={self.k}" if self.tree == "chain" else f"tree={self.tree}"
-        return f"{shape} @{self.draft_threshold:g}" if self.draft_threshold else shape
+        """``chain K=3 @0.1`` / ``tree=3,2,1 @0.1`` (``drafters.tuned.setting_label``)."""
+        return setting_label(self.setting())
 
     def setting(self) -> dict:
         """The ``decoding.json`` form: ``{"tree", "k", "draft_threshold"}``."""
@@ -165,7 +173,8 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     batches beyond the noise (:func:`over_incumbent`: the ~95% lower bound of the paired tokens/s ratio is
     above 1). Differences smaller than the measurement can resolve keep the incumbent, so a short search
     does not trade a known shape for a lucky one. Returns ``(the winner's last row, every row)``; the
-    winner's row then carries ``"over_incumbent"`` and ``"chosen"`` (``"incumbent"`` or ``"challenger"``)."""
+    winner's row then carries ``"over_incumbent"`` (with the two rows' ``"challenger_speedup"`` and
+    ``"incumbent_speedup"`` over plain decoding) and ``"chosen"`` (``"incumbent"`` or ``"challenger"``)."""
     from tqdm import tqdm
 
     if incumbent is not None:
@@ -203,10 +212,11 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     if inc_row is None:
         return got[0], rows
     duel = over_incumbent(got[0], inc_row)
-    best = dict(got[0]) if duel["beats"] else dict(inc_row)
-    best.update(over_incumbent=dict(duel, challenger=got[0]["label"], incumbent=inc_row["label"]),
+    kept = dict(got[0]) if duel["beats"] else dict(inc_row)
+    kept.update(over_incumbent=dict(duel, challenger=got[0]["label"], incumbent=inc_row["label"],
+                                    challenger_speedup=got[0]["speedup"], incumbent_speedup=inc_row["speedup"]),
                 chosen="challenger" if duel["beats"] else "incumbent")
-    return best, rows
+    return kept, rows
 
 
 def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp32", device: str = "auto",
@@ -251,7 +261,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     folder, behind = _folder(checkpoint), _behind(checkpoint)
     if folder is None and write:
         raise ValueError(f"tune {checkpoint}: has no checkpoint folder for the tuned setting (decoding.json) to go "
-                         "in; give --no-write to measure and print the best shape only, or tune a drafter folder")
+                         "in; give --no-write to measure and print the chosen shape only, or tune a drafter folder")
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
     spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None, flag="tune")
@@ -452,16 +462,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(report.rich_table(f"drafterkit tune {rec['drafter']} ({rec['dtype']}, {rec['prompts']['count']} "
                                     f"{rec['prompts']['benchmark']} prompts, {rec['search']['seconds']:.0f} s)",
                                     rec["table"], cols))
-    for c, w in rec["winners"].items():
-        print(f"concurrency {c}: {Candidate(w['tree'], w['k'], w['draft_threshold']).label}: "
-              f"{w['speedup']:.2f}x plain decoding, tau {w['tau']:.2f}"
-              + ("" if beats_plain(w) else ": no setting beat plain decoding, so eval and tree='auto' will not use it"))
-        duel = w.get("over_incumbent")
-        if duel:
-            print(f"  {duel['challenger']} vs the incumbent {duel['incumbent']} on the same {duel['batches']} "
-                  f"batches: {duel['ratio']:.3f}x (" + (f"95% lower bound {duel['low']:.3f}x" if duel["low"]
-                                                        else "one batch: too few to tell") + "): the "
-                  + ("challenger wins" if w["chosen"] == "challenger" else "incumbent stays (not faster beyond the noise)"))
+    for c, w in rec["winners"].items():  # what was kept and why, never "the best" (a kept incumbent can be slower)
+        print(f"concurrency {c}: {search_outcome(w)}" + ("" if beats_plain(w) else f"; {SLOWER_NOT_USED}"))
     if "file" in rec:
         print(f"written to {rec['file']} ({tuned_key(_behind(args.checkpoint))}); plot {rec['plot']}")
     return 0

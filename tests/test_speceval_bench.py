@@ -180,7 +180,8 @@ def test_bad_drafter_specs_are_refused_before_the_target_loads(tmp_path, capsys,
 @pytest.mark.parametrize("output, message", [
     ("FOLDER", "is a folder; give a file name"),
     ("report.json", "report.md is a folder; give a file name"),  # the Markdown written beside the JSON
-    ("AFILE/x.json", "its folder cannot be made"),
+    ("AFILE/x.json", "AFILE is a file, not a folder"),
+    ("/proc/x.json", "/proc does not take new files"),  # exists and looks writable to root, takes no file
 ])
 def test_a_bad_output_is_refused_before_anything_is_measured(tmp_path, capsys, output, message):
     """--output is checked first (the target here does not exist), not after the evaluation it would lose."""
@@ -476,3 +477,70 @@ def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
         applied("--drafter", str(b))
     assert main(["eval", "--drafter", str(b), "--output", str(tmp_path / "x.json")]) == 2  # a usage error, no trace
     assert "decoding.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep-k", "1,2"], "--sweep-k applies to --sweep only: add --sweep or drop --sweep-k"),
+    (["--sweep-temperature", "0"], "--sweep-temperature applies to --sweep only: add --sweep or drop "
+                                   "--sweep-temperature"),
+    (["--plots-dir", "PLOTS"], "--plots-dir PLOTS applies to --sweep and --concurrency only (a plain eval writes no "
+                               "plots): add --sweep or --concurrency, or drop --plots-dir"),
+])
+def test_an_option_that_cannot_apply_is_refused_before_the_target_loads(tmp_path, capsys, argv, message):
+    """--sweep-k / --sweep-temperature without --sweep, and --plots-dir on an eval that makes no plots, were
+    silently ignored: one usage error naming the flag and the fix (the target here does not exist)."""
+    rc = main(["eval", "--target", str(tmp_path / "no-target"), "--drafter", "ngram", "--num-prompts", "1",
+               "--output", str(tmp_path / "x.json"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and message in err and "no-target" not in err
+
+
+def test_sweep_and_plot_options_are_taken_where_they_apply():
+    def cfg(*argv):
+        args = parse(build_parser(), ["eval", *argv])
+        return bench.config_from_args(args), args
+
+    for argv in (["--sweep", "--sweep-k", "1,2", "--sweep-temperature", "0"], ["--sweep", "--plots-dir", "p"],
+                 ["--concurrency", "1,2", "--plots-dir", "p"], ["--sweep-k", "1,2,3,4,5,6,7,8"]):  # the default's value
+        c, args = cfg(*argv)
+        c.validate()
+        eval_args.check_plots_dir(args.plots_dir, c)
+    with pytest.raises(ValueError, match="--sweep-k applies to --sweep only"):  # the library refuses it too
+        bench.EvalConfig(sweep_k=[2]).validate()
+
+
+def test_recorded_message_says_which_setting_is_used_and_why_not(tmp_path):
+    """After a tune that kept an incumbent slower than plain decoding (and no other setting recorded), eval says
+    so in one sentence: no "()" of flags never given, no "not used" twice, no setting called the best."""
+    from assets.device import host_info
+    from speceval.recorded import apply_recorded
+
+    target = tiny_llama(0, vocab_size=49152, hidden_size=32)
+    folder = DraftLM.from_target(target, 1).save_pretrained(tmp_path / "d")
+    kept = dict(tree="3,2,1,1,1", k=5, draft_threshold=0.1, speedup=0.82, tau=1.4, chosen="incumbent",
+                over_incumbent=dict(ratio=1.05, low=0.61, batches=2, beats=False, challenger="tree=3,2,1 @0.1",
+                                    incumbent="tree=3,2,1,1,1 @0.1", challenger_speedup=0.86, incumbent_speedup=0.82))
+    tuned = dict(written_by="drafterkit tune", machine=host_info("cpu"), dtype="fp32", winners={"1": kept})
+    (folder / "decoding.json").write_text(json.dumps(dict(tuned=tuned)))
+
+    def message(given=(), **flags):
+        cfg = bench.EvalConfig(drafters=[str(folder)], device="cpu", **flags)
+        return bench.recorded_message(apply_recorded(cfg, set(given)))
+
+    for msg in (message(), message(("trees", "k"), trees=["2,1"], k=2)):
+        assert msg.startswith(f"drafterkit eval: {folder / 'decoding.json'}: nothing taken from it, eval's defaults "
+                              "apply: it records only a drafterkit tune setting, and its tuned setting is not used, "
+                              "being slower than plain decoding")
+        assert "the incumbent tree=3,2,1,1,1 @0.1 is kept (0.82x plain decoding" in msg
+        assert "tree=3,2,1 @0.1 measured 0.86x but was not faster than it beyond the noise on 2 batches" in msg
+        assert "()" not in msg and msg.count("not used") == 1 and "the best" not in msg and "\n" not in msg
+    # a usable tuned setting, every one of its settings given on the command line: those flags are named
+    tuned["winners"]["1"] = dict(kept, speedup=1.3)
+    (folder / "decoding.json").write_text(json.dumps(dict(tuned=tuned)))
+    msg = message(("dtype", "trees", "k", "draft_thresholds"), trees=["2,1"])
+    assert "(drafterkit tune" in msg and "tuned by drafterkit tune on this machine" in msg
+    assert msg.endswith(": its drafterkit tune setting not used, since the command line gives every one it records "
+                        "(--draft-threshold, --dtype, --k, --tree)")
+    assert message(("trees",), trees=["2,1"]).endswith(
+        "decoding settings taken from it: --dtype fp32 --k 5 --draft-threshold 0.1; the command line's own --tree "
+        "kept (flags given explicitly win)")

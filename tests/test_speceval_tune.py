@@ -268,6 +268,9 @@ def test_tune_records_the_duel_with_the_incumbent(world):
     duel = w["over_incumbent"]
     assert rec["search"]["incumbent"] == "tree=2,1" and duel["incumbent"] == "tree=2,1"
     assert duel["batches"] == 4 and w["chosen"] in ("incumbent", "challenger")
+    last = [r for r in rec["table"] if r["rung"] == 1]
+    assert duel["incumbent_speedup"] == next(r["speedup"] for r in last if r["incumbent"])
+    assert duel["challenger_speedup"] == max(r["speedup"] for r in last if not r["incumbent"])
     assert (w["tree"] == "2,1") == (w["chosen"] == "incumbent") == (not duel["beats"])
     inc_rows = [r for r in rec["table"] if r["incumbent"]]
     assert [r["rung"] for r in inc_rows] == [0, 1] and all(r["label"] == "tree=2,1" for r in inc_rows)
@@ -344,3 +347,37 @@ def test_tune_takes_the_dtype_the_drafter_is_measured_in_unless_given(tmp_path, 
     (folder / DECODING_FILE).write_text(json.dumps(dict(dtype="bf16", trees=["3,2,1"], k=5, draft_thresholds=[0.1])))
     assert recorded_dtype(str(folder)) == "bf16" and recorded_dtype(f"{folder}+rest") == "bf16"
     assert "--dtype bf16, as" in capsys.readouterr().out
+
+
+def test_tune_says_what_was_kept_and_never_calls_a_slower_setting_the_best(tmp_path, monkeypatch, capsys):
+    """The incumbent stays unless a challenger beats it beyond the noise, and can stay slower than plain decoding
+    while a challenger measured faster: the lines say so (it said "no setting beat plain decoding", and eval then
+    called the kept 0.82x incumbent "the best" though a challenger measured 0.86x)."""
+    import speceval.tune as tune_mod
+    from drafters.tuned import tuned_winner
+
+    def kept(challenger, theirs, batches, low):
+        return dict(tree="3,2,1,1,1", k=5, draft_threshold=0.1, speedup=0.82, tau=1.4, chosen="incumbent",
+                    over_incumbent=dict(ratio=theirs / 0.82, low=low, batches=batches, beats=False,
+                                        challenger=challenger, incumbent="tree=3,2,1,1,1 @0.1",
+                                        challenger_speedup=theirs, incumbent_speedup=0.82))
+
+    row = dict(concurrency=2, rung=0, batches=1, label="chain K=3 @0.1", tau=1.5, tokens_per_s=10.7,
+               plain_tokens_per_s=10.0, speedup=1.07)
+    rec = dict(drafter="m", dtype="fp32", prompts=dict(count=2, benchmark="sharegpt"), search=dict(seconds=1.0),
+               table=[row], winners={"1": kept("tree=3,2,1 @0.1", 0.86, 2, 0.61),
+                                     "2": kept("chain K=3 @0.1", 1.07, 1, None)})
+    monkeypatch.setattr(tune_mod, "tune", lambda *a, **k: rec)
+    assert main(["tune", str(tmp_path / "m"), "--no-write", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert ("concurrency 2: the incumbent tree=3,2,1,1,1 @0.1 is kept (0.82x plain decoding, tau 1.40): chain K=3 "
+            "@0.1 measured 1.07x but was not faster than it beyond the noise on 1 batch (1.30x its tokens/s; one "
+            "batch is too few to tell); a setting slower than plain decoding is not used by eval or tree='auto'") in out
+    assert "concurrency 1: the incumbent tree=3,2,1,1,1 @0.1 is kept" in out and "tree=3,2,1 @0.1 measured 0.86x" in out
+    assert "no setting beat plain decoding" not in out and "the best" not in out
+
+    here = host_info("cpu")  # what eval and tree='auto' read back: the same story, not "the best"
+    winner, why = tuned_winner(dict(tuned=dict(machine=here, winners=rec["winners"])), here)
+    assert winner is None and "the best" not in why
+    assert why.startswith("its tuned setting is not used, being slower than plain decoding on this machine")
+    assert "tree=3,2,1 @0.1 measured 0.86x but was not faster than it beyond the noise on 2 batches" in why
