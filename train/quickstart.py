@@ -237,7 +237,7 @@ def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None
         return k, f"tune chose {found}; the eval measures the --tree / --draft-threshold given instead"
     if not beats_plain(w):
         fixed = " and ".join(DEFAULT_TREES)
-        return k, (f"tune's best, {found}, was not faster than plain decoding: the eval measures the fixed tree "
+        return k, (f"tune's choice, {found}, was not faster than plain decoding: the eval measures the fixed tree "
                    + (f"{fixed} all the same" if w["tree"] in DEFAULT_TREES else f"{fixed} instead"))
     rest = ((tuned_rest or {}).get("winners") or {}).get("1")
     if rest is not None and beats_plain(rest):
@@ -245,7 +245,7 @@ def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None
         return k, (f"tune chose {found} for the drafter alone and {_found(rest)} for it behind prompt lookup + "
                    f"retrieval: the eval measures each in its own tuned shape, prompt lookup alone as a chain of {k}")
     args.trees, args.draft_thresholds = [w["tree"]], str(w["draft_threshold"])
-    why = "" if rest is None else f" (behind prompt lookup + retrieval tune's best, {_found(rest)}, was not faster " \
+    why = "" if rest is None else f" (behind prompt lookup + retrieval tune's choice, {_found(rest)}, was not faster " \
                                   "than plain decoding)"
     return int(w["k"]), f"tune chose {found}: the eval measures it{why}"
 
