@@ -200,8 +200,8 @@ TRAINED_KINDS = [k for k in KIND_PARAMS if k.values[0] != "ngram"]
 @pytest.mark.parametrize("kind", TRAINED_KINDS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_draft_threshold_shortens_chains_and_keeps_output(kind, temperature):
-    """``draft_threshold`` (ChainCutoff): fewer draft tokens, the same greedy output; above 1.0 nothing
-    is drafted at all (every round is a plain step)."""
+    """``draft_threshold`` (ChainCutoff): fewer draft tokens, the same greedy output; near 1 (a tiny random
+    drafter is never that sure) nothing is drafted at all (every round is a plain step)."""
     from decode import engine
 
     target = tiny_llama(0)
@@ -210,14 +210,14 @@ def test_draft_threshold_shortens_chains_and_keeps_output(kind, temperature):
     kw = dict(max_new_tokens=24, temperature=temperature, seed=3)
     plain = engine.generate(target, prompts, **kw)
     runs = {}
-    for thr in (0.0, 0.02, 1.5):
+    for thr in (0.0, 0.02, 0.9999):
         d.draft_threshold = thr
         runs[thr] = engine.generate(target, prompts, drafter=d, num_draft_tokens=3, **kw)
         assert all(len(s) == 24 or r == "stop" for s, r in zip(runs[thr].sequences, runs[thr].finish_reasons))
         if temperature == 0.0:
             assert runs[thr].sequences == plain.sequences, thr
-    assert runs[1.5].stats.drafted == 0 and runs[1.5].stats.accepted == 0
-    assert runs[1.5].stats.tau == 1.0
+    assert runs[0.9999].stats.drafted == 0 and runs[0.9999].stats.accepted == 0
+    assert runs[0.9999].stats.tau == 1.0
     assert 0 < runs[0.02].stats.drafted, "a tiny threshold should still draft"
     per_round = {t: r.stats.drafted / max(r.stats.target_forwards, 1) for t, r in runs.items()}
     assert per_round[0.02] < per_round[0.0], per_round
