@@ -13,6 +13,7 @@ import gzip
 import itertools
 import json
 import logging
+import os
 import tempfile
 import warnings
 from collections import Counter
@@ -150,9 +151,12 @@ def unreadable_summary(path: Path, stats: LoaderStats, *, stopped: bool = False)
 
 def unwritable_folder(folder: str | Path) -> str | None:
     """Why files cannot be written in ``folder`` (made later, with its parents, by the caller), or None: a
-    file on its path, or the nearest folder on its path that exists refusing a new file (read-only, no
-    permission, ``/proc``), found by creating and removing a temporary file there. Nothing is left behind."""
+    file or a link to nowhere on its path, or the nearest folder on its path that exists refusing a new file
+    (read-only, no permission, ``/proc``), found by creating and removing a temporary file there. Nothing is
+    left behind."""
     folder = Path(folder).absolute()
+    if dangling := next((f for f in (folder, *folder.parents) if f.is_symlink() and not f.exists()), None):
+        return f"{dangling} is a symbolic link to {os.readlink(dangling)}, which does not exist"
     existing = next(f for f in (folder, *folder.parents) if f.exists())
     if not existing.is_dir():
         return f"{existing} is a file, not a folder"

@@ -179,10 +179,10 @@ class Drafter(nn.Module):
             return cls.config_class(**cfg)
         except TypeError as exc:  # a field this kind does not have, or one it needs missing: not this kind's config
             why = str(exc).split("() ", 1)[-1]  # "got an unexpected keyword argument 'x'", "missing 1 required ..."
-            raise DrafterLoadError(f"{path}/config.json does not describe a {cls.kind!r} drafter, though its \"kind\" "
-                                   f"says so ({why}): the kind or a field was edited, or the file comes from another "
-                                   "drafter's save; copy the checkpoint folder again as a whole, or save the drafter "
-                                   "again") from None
+            raise DrafterLoadError(f"{path}/config.json does not describe a drafter of kind {cls.kind!r}, though its "
+                                   f"\"kind\" says so ({why}): the kind or a field was edited, or the file comes from "
+                                   "another drafter's save; copy the checkpoint folder again as a whole, or save the "
+                                   "drafter again") from None
         except ValueError as exc:  # e.g. an EAGLE-3 layer id no engine serves
             raise DrafterLoadError(f"{path}/config.json: {exc}") from None
 

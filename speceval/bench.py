@@ -194,11 +194,14 @@ def output_problem(output: str | Path) -> str | None:
     """Why ``drafterkit eval`` could not write its record to ``output`` (JSON, and the Markdown beside it), or
     None: checked before anything is measured, so a bad ``--output`` never throws a finished evaluation away
     (:func:`assets.records.unwritable_folder`; the folder is made when the record is written)."""
+    if str(output).endswith(("/", "\\")):  # Path() would drop the slash and write a file of the folder's name
+        return f"--output {output} names a folder; give a file name such as {Path(output) / 'eval.json'}"
     output = Path(output)
     for path in (output, output.with_suffix(".md")):
         if path.is_dir():
             return f"--output {output}: {path} is a folder; give a file name such as {path / 'eval.json'}"
-    if why := unwritable_folder(output.parent):
+    if why := unwritable_folder(output.parent) or next((f"{path} is a symbolic link to nowhere" for path in (
+            output, output.with_suffix(".md")) if path.is_symlink() and not path.exists()), None):
         return f"--output {output}: {why}; give a path in a writable folder"
     return None
 

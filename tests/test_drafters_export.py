@@ -512,5 +512,5 @@ def test_an_export_output_that_cannot_be_written_and_an_edited_kind_are_one_line
     (ckpt / "config.json").write_text(json.dumps(dict(cfg, kind="medusa")))  # the kind edited by hand
     assert cli(["export", str(ckpt), "--format", "medusa", "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "config.json does not describe a 'medusa' drafter, though its \"kind\" says so (got an unexpected " \
+    assert "config.json does not describe a drafter of kind 'medusa', though its \"kind\" says so (got an unexpected " \
            "keyword argument" in err and "copy the checkpoint folder again" in err and "MedusaConfig" not in err

@@ -182,16 +182,21 @@ def test_bad_drafter_specs_are_refused_before_the_target_loads(tmp_path, capsys,
     ("report.json", "report.md is a folder; give a file name"),  # the Markdown written beside the JSON
     ("AFILE/x.json", "AFILE is a file, not a folder"),
     ("/proc/x.json", "/proc does not take new files"),  # exists and looks writable to root, takes no file
+    ("LINK", "LINK is a symbolic link to nowhere"),  # written after the run before: a FileNotFoundError traceback
+    ("LINK/x.json", "which does not exist"),
+    ("newdir/", "names a folder; give a file name such as"),  # a file named newdir was written
 ])
 def test_a_bad_output_is_refused_before_anything_is_measured(tmp_path, capsys, output, message):
     """--output is checked first (the target here does not exist), not after the evaluation it would lose."""
     (tmp_path / "FOLDER").mkdir()
     (tmp_path / "report.md").mkdir()
     (tmp_path / "AFILE").write_text("a file, not a folder")
+    (tmp_path / "LINK").symlink_to(tmp_path / "nowhere" / "deep")
     rc = main(["eval", "--target", str(tmp_path / "no-target"), "--drafter", "ngram", "--num-prompts", "1",
-               "--output", str(tmp_path / output)])
+               "--output", str(tmp_path / output) + ("/" if output.endswith("/") else "")])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "no-target" not in err and not (tmp_path / "report.json").exists()
+    assert not (tmp_path / "newdir").exists()
 
 
 @pytest.mark.parametrize("bench, message", [

@@ -126,12 +126,17 @@ def test_ctrl_c_in_a_verb_without_its_own_handler_is_one_line_and_exit_130(monke
     assert main(["eval", "--drafter", "ngram"]) == 130
     err = capsys.readouterr().err
     assert "drafterkit eval: interrupted (Ctrl-C)" in err and "Traceback" not in err
+    monkeypatch.setattr("train.cli.load_runner", lambda verb: interrupted(None))  # while the verb's modules import
+    assert main(["tune", "ckpt"]) == 130 and "drafterkit tune: interrupted (Ctrl-C)" in capsys.readouterr().err
 
 
 def test_an_output_dir_that_cannot_be_written_is_refused_before_the_target_loads(tmp_path, capsys):
     (tmp_path / "f").write_text("a file")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
     for out, why in ((tmp_path / "f" / "run", f"{tmp_path / 'f'} is a file, not a folder"),
-                     (Path("/proc/run"), "/proc does not take new files")):
+                     (Path("/proc/run"), "/proc does not take new files"),
+                     (tmp_path / "link", f"{tmp_path / 'link'} is a symbolic link to {tmp_path / 'nowhere'}, which "
+                                         "does not exist")):
         assert main(["train", "recipes/smoke.yaml", f"output_dir={out}", f"target.name_or_path={tmp_path / 'none'}"]) == 2
         err = capsys.readouterr().err
         assert f"output_dir {out}: {why}" in err and "none" not in err.split("output_dir")[0]  # before the target

@@ -161,20 +161,21 @@ def requested_verb(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse(build_parser(only=requested_verb(argv)), argv)
-    missing = getattr(args, "_missing", None)
-    run = None if missing else load_runner(args.verb)
-    if run is None:
-        missing = missing or VERBS[args.verb].runner.split(":")[0]
-        print(f"drafterkit {args.verb}: not available in this build ({missing} missing)", file=sys.stderr)
-        return 2
-    with user_warnings():
-        try:
+    verb = requested_verb(argv)
+    try:
+        args = parse(build_parser(only=verb), argv)
+        missing = getattr(args, "_missing", None)
+        run = None if missing else load_runner(args.verb)  # imports torch and the verb's modules: seconds
+        if run is None:
+            missing = missing or VERBS[args.verb].runner.split(":")[0]
+            print(f"drafterkit {args.verb}: not available in this build ({missing} missing)", file=sys.stderr)
+            return 2
+        with user_warnings():
             return int(run(args) or 0)
-        except KeyboardInterrupt:  # Ctrl-C in a verb that keeps no signal handler of its own (train, features do)
-            print(f"\ndrafterkit {args.verb}: interrupted (Ctrl-C); what it had measured or written so far is not "
-                  "recorded: run it again", file=sys.stderr)
-            return 130
+    except KeyboardInterrupt:  # Ctrl-C while the verb loads, or in one that keeps no handler (train, features do)
+        print(f"\ndrafterkit{' ' + verb if verb else ''}: interrupted (Ctrl-C); what it had measured or written so "
+              "far is not recorded: run it again", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
