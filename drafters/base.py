@@ -369,8 +369,8 @@ class ExportError(ValueError):
 
 
 def recorded_source(export_dir: str | Path) -> Path:
-    """The drafter folder an export was written from (:func:`drafters.export.record_source`), checked to still hold the same
-    weights.
+    """The drafter folder an export was written from (:func:`drafters.export.record_source`), checked to still
+    hold the same weights.
 
     Raises:
         ExportError: the export records no source (written by an older drafterkit, or an ``hf-assistant``
