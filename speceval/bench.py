@@ -74,7 +74,7 @@ from speceval.methods import (
     say_export_source,
 )
 from speceval.prompts import select_prompts
-from speceval.recorded import apply_recorded
+from speceval.recorded import apply_recorded, no_checkpoint
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "write_outputs"]
 
@@ -335,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
         recorded = apply_recorded(cfg, given={name for name in RECORDED if getattr(args, name) is not None})
         if recorded:
             print(recorded_message(recorded), flush=True)
-        if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and (d == "ngram" or d.startswith("draft:"))]:
+        if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and d != "none" and no_checkpoint(d)]:
             print(f"drafterkit eval: --tree auto: {', '.join(untuned)} {'is' if len(untuned) == 1 else 'are'} no "
                   f"checkpoint, so nothing was tuned: measured as a chain of K={cfg.k} (add --tree chain or --tree "
                   "TREE for other shapes)", flush=True)

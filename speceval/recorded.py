@@ -123,12 +123,20 @@ def read_decoding(path: Path) -> dict:
     return data
 
 
-def _folder_of(spec: str) -> Path | None:
-    """The drafter folder behind a ``--drafter`` spec (``PATH``, ``PATH+ngram``, ``PATH+rest``), or None."""
+def no_checkpoint(spec: str) -> bool:
+    """Whether a ``--drafter`` spec names no checkpoint folder (``none``, ``ngram``, ``draft:N``, also behind
+    ``+ngram`` / ``+rest``): nothing was saved, tuned or recorded for it."""
     for suffix in LOOKUP_SUFFIXES:
         spec = spec.removesuffix(suffix)
-    if spec in ("none", "ngram") or spec.startswith("draft:"):
+    return spec in ("none", "ngram") or spec.startswith("draft:")
+
+
+def _folder_of(spec: str) -> Path | None:
+    """The drafter folder behind a ``--drafter`` spec (``PATH``, ``PATH+ngram``, ``PATH+rest``), or None."""
+    if no_checkpoint(spec):
         return None
+    for suffix in LOOKUP_SUFFIXES:
+        spec = spec.removesuffix(suffix)
     try:
         return resolve_checkpoint(spec)[0]
     except DrafterLoadError:
