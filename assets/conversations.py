@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assets import pinned
-from assets.records import (
+from drafterkit.assets import pinned
+from drafterkit.assets.records import (
     ENCODING,
     LoaderStats,
     iter_records,

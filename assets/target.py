@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from assets.device import resolve_device, resolve_dtype
-from assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
+from drafterkit.assets.device import resolve_device, resolve_dtype
+from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 
 
 class TargetLoadError(OSError):

@@ -31,7 +31,7 @@ def _time(fn, iters: int) -> float:
 
 
 def gemms(target, iters: int) -> None:
-    from decode.fused import _pack
+    from drafterkit.decode.fused import _pack
 
     cfg = target.config
     h, kv = cfg.hidden_size, cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
@@ -69,12 +69,12 @@ def main() -> None:
     p.add_argument("--skip-gemms", action="store_true")
     a = p.parse_args()
 
-    import decode
-    from decode import fused
-    from speceval.bench import datastore_loader
-    from speceval.methods import build_drafter
-    from speceval.prompts import load_prompts
-    from assets.target import load_target
+    from drafterkit import decode
+    from drafterkit.decode import fused
+    from drafterkit.speceval.bench import datastore_loader
+    from drafterkit.speceval.methods import build_drafter
+    from drafterkit.speceval.prompts import load_prompts
+    from drafterkit.assets.target import load_target
 
     target, tok = load_target(a.target, dtype=a.dtype)
     if not a.skip_gemms:

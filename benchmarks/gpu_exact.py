@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from decode import generate
-from decode.protocol import SamplingParams
-from decode.sampling import logits_to_probs
-from drafters.draft_lm import DraftLM
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.decode import generate
+from drafterkit.decode.protocol import SamplingParams
+from drafterkit.decode.sampling import logits_to_probs
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 
 V, PROMPT, RUNS, MIN_P = 16, [1, 5, 9], 3000, 1e-3
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from decode import generate
-from decode.cache import RaggedCache
-from decode.fused import fused_projections
-from decode.tree import DraftTree
+from drafterkit.decode import generate
+from drafterkit.decode.cache import RaggedCache
+from drafterkit.decode.fused import fused_projections
+from drafterkit.decode.tree import DraftTree
 
 TREE = "4,2,2,1"  # 4 + 8 + 16 + 16 = 44 nodes: a tree of the size EAGLE-2 / SpecForge verify
 

@@ -17,7 +17,7 @@ from contextlib import nullcontext
 import torch
 from gpu_timing import timed
 
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 
 CARRY = ("the train section needs pydantic (train's recipe schema), which this machine lacks ({error}); datasets "
          "and gguf are not needed here. On a machine with the network: `pip download pydantic --only-binary :all: "
@@ -41,9 +41,9 @@ def train_rows(name: str, target, batch: int, seq_len: int, steps: int, draft_vo
     row = {"section": "train", "case": f"{name} eagle3 step b{batch}x{seq_len}", "model": name, "batch": batch,
            "seq_len": seq_len, "ttt_steps": ttt_steps, "draft_vocab_size": draft_vocab}
     try:
-        from train.recipe import recipe_from_dict
-        from train.strategies import get_strategy
-        from train.strategies.heads import trainable_own
+        from drafterkit.train.recipe import recipe_from_dict
+        from drafterkit.train.strategies import get_strategy
+        from drafterkit.train.strategies.heads import trainable_own
     except ImportError as e:
         py, arch = f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine()
         return [{**row, "status": "failed", "error": CARRY.format(error=f"{type(e).__name__}: {e}", py=py, arch=arch)}]

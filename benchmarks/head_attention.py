@@ -57,11 +57,11 @@ def main() -> None:
     p.add_argument("--draft-threshold", type=float, default=0.1)
     a = p.parse_args()
 
-    import decode
-    from assets.target import load_target
-    from drafters import load_drafter
-    from drafters.layers import DraftAttention
-    from speceval.prompts import load_prompts
+    from drafterkit import decode
+    from drafterkit.assets.target import load_target
+    from drafterkit.drafters import load_drafter
+    from drafterkit.drafters.layers import DraftAttention
+    from drafterkit.speceval.prompts import load_prompts
 
     target, tok = load_target(a.target, dtype=a.dtype)
     prompts = [q.input_ids for q in load_prompts(a.benchmark, tok, a.num_prompts)]

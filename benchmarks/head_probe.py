@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-import decode
-from assets.conversations import heldout_prompts
-from assets.target import load_target
-from drafters import load_drafter
-from drafters.base import DrafterLoadError
-from speceval.prompts import chat_ids, load_prompts
-from train.data import resolve_source
-from train.features import target_features
+from drafterkit import decode
+from drafterkit.assets.conversations import heldout_prompts
+from drafterkit.assets.target import load_target
+from drafterkit.drafters import load_drafter
+from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.speceval.prompts import chat_ids, load_prompts
+from drafterkit.train.data import resolve_source
+from drafterkit.train.features import target_features
 
 
 def continuations(target, tok, n: int, new: int, cache: Path | None, benchmark: str = "sharegpt") -> list[dict]:

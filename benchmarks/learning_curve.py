@@ -3,7 +3,7 @@
     python benchmarks/learning_curve.py recipes/eagle3.yaml --minutes 60 --every-steps 120 \\
         --budget 14.5 --out runs/curve-eagle3
 
-Training (``python -m train RECIPE``, no evaluation inside training, ``data.feature_cache=off`` as the
+Training (``python -m drafterkit.train RECIPE``, no evaluation inside training, ``data.feature_cache=off`` as the
 quickstart trains where no complete cache exists, plus any ``--override``):
 
 * the curve: one run of ``--minutes`` with a step checkpoint every ``--every-steps`` optimizer steps
@@ -51,7 +51,7 @@ def train_run(recipe: Path, out: Path, minutes: float, every_steps: int, overrid
     if done.exists() and json.loads(done.read_text()).get("overrides") == over:
         return json.loads(done.read_text())
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "train", str(recipe), *over], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "drafterkit.train", str(recipe), *over], cwd=ROOT, text=True,
                           stdout=subprocess.PIPE)
     if proc.returncode != 0:
         raise SystemExit(f"training {out} failed ({proc.returncode}); its output is above")
@@ -88,7 +88,7 @@ def measure(points: list[dict], prompts: Path, out: Path, args) -> dict:
     """One ``drafterkit eval`` of every checkpoint + ngram + plain; returns its JSON record."""
     path = eval_path(out, args)
     if not path.exists():
-        cmd = [sys.executable, "-m", "train.cli", "eval", "--benchmark", str(prompts),
+        cmd = [sys.executable, "-m", "drafterkit.cli", "eval", "--benchmark", str(prompts),
                "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
                "--tree", args.tree, "--k", str(args.k), "--draft-threshold", str(args.draft_threshold),
                "--dtype", args.dtype,

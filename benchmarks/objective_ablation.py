@@ -70,8 +70,8 @@ def objective_overrides(name: str, kind: str, draft_steps: int) -> list[str]:
 def unseen_prompt_files(out: Path) -> dict[str, Path]:
     """JSONL prompt files of questions the quickstart never measures: MT-bench's second question of each
     category (first turns) and HumanEval problems 8-15 (with the eval's own code request)."""
-    from speceval.prompts import HUMANEVAL_REQUEST
-    from assets.conversations import load_humaneval, load_mt_bench
+    from drafterkit.speceval.prompts import HUMANEVAL_REQUEST
+    from drafterkit.assets.conversations import load_humaneval, load_mt_bench
 
     by_cat: dict[str, list[dict]] = {}
     for q in load_mt_bench():
@@ -99,7 +99,7 @@ def train_one(recipe: Path, name: str, out: Path, args, kind: str) -> dict:
         if rec.get("overrides") == over:
             return rec
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "train", str(recipe), *over], cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "drafterkit.train", str(recipe), *over], cwd=ROOT, text=True,
                           capture_output=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -115,7 +115,7 @@ def measure(runs: list[dict], bench: str, prompts: Path, temperature: float, out
     """One ``drafterkit eval`` of every drafter + ngram + plain on ``prompts``; returns its JSON record."""
     path = out / f"eval-{bench}-T{temperature:g}.json"
     if not path.exists():
-        cmd = [sys.executable, "-m", "train.cli", "eval", "--benchmark", str(prompts),
+        cmd = [sys.executable, "-m", "drafterkit.cli", "eval", "--benchmark", str(prompts),
                "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
                "--temperature", str(temperature), "--k", str(args.k), "--dtype", args.dtype,
                "--baselines", "engine", "--output", str(path), "--no-progress"]
@@ -132,7 +132,7 @@ def measure(runs: list[dict], bench: str, prompts: Path, temperature: float, out
 def table(runs: list[dict], evals: dict[str, dict]) -> str:
     """Markdown: one row per objective (and ngram), tau and x plain per benchmark / temperature (with its 95%
     interval over the prompts, ``speceval.factors.ratio_interval``)."""
-    from speceval.factors import interval_words, ratio_interval
+    from drafterkit.speceval.factors import interval_words, ratio_interval
 
     cols = list(evals)
     head = "| objective | steps | train min | " + " | ".join(f"{c} tau | {c} x plain" for c in cols) + \

@@ -35,12 +35,12 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     from head_probe import continuations  # benchmarks/ is on sys.path when run as a script
-    from assets.target import load_target
-    from drafters import load_drafter
-    from drafters.datastore import cached_datastore
-    from drafters.hybrid import CHAIN_SHARE, majority_chain
-    from drafters.ngram import lookup
-    from train.features import target_features
+    from drafterkit.assets.target import load_target
+    from drafterkit.drafters import load_drafter
+    from drafterkit.drafters.datastore import cached_datastore
+    from drafterkit.drafters.hybrid import CHAIN_SHARE, majority_chain
+    from drafterkit.drafters.ngram import lookup
+    from drafterkit.train.features import target_features
 
     k = 5
     target, tok = load_target("smollm2-135m", dtype="bf16")

@@ -47,12 +47,12 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    import decode
-    from speceval.prompts import load_prompts
-    from assets.target import load_target
-    from drafters import load_drafter
-    from drafters.datastore import cached_datastore
-    from drafters.hybrid import LookupHybrid
+    from drafterkit import decode
+    from drafterkit.speceval.prompts import load_prompts
+    from drafterkit.assets.target import load_target
+    from drafterkit.drafters import load_drafter
+    from drafterkit.drafters.datastore import cached_datastore
+    from drafterkit.drafters.hybrid import LookupHybrid
 
     target, tok = load_target(a.target, dtype=a.dtype)
     prompts = [q.input_ids for q in load_prompts(a.benchmark, tok, a.num_prompts)]

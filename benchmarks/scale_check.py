@@ -8,7 +8,7 @@ ZeRO-2 / ZeRO-3 gives the same drafter, and what each process holds in memory.
 Each engine trains the same seeded random target (a 2-layer Llama with SmolLM2's vocabulary and tokenizer,
 hidden 64; no network needed once the default target's tokenizer is cached, or pass ``--tokenizer DIR``) on
 the same 32 synthetic chats for ``--steps`` optimizer steps at the same global batch, in fp32, through the
-real launchers (``python -m train``, ``torchrun`` for DDP on a CPU, ``accelerate launch`` with the configs in
+real launchers (``python -m drafterkit.train``, ``torchrun`` for DDP on a CPU, ``accelerate launch`` with the configs in
 ``recipes/accelerate/`` otherwise). It prints one table: the final logged loss, the largest parameter
 difference of the saved drafter against the one-process run as a fraction of the largest update the
 one-process run made (``diff/update``; <= ``--tol`` passes), each process's peak memory (CUDA: the caching
@@ -44,7 +44,7 @@ def make_world(root: Path, tokenizer: str | None) -> Path:
     """``root/target`` (seeded random 2-layer Llama, SmolLM2 vocabulary and tokenizer) and ``root/chat.jsonl``."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from assets.pinned import default_target_dir
+    from drafterkit.assets.pinned import default_target_dir
 
     tok = AutoTokenizer.from_pretrained(tokenizer or default_target_dir())
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -64,7 +64,7 @@ def make_world(root: Path, tokenizer: str | None) -> Path:
 
 
 def write_recipe(root: Path, kind: str, steps: int, batch: int) -> Path:
-    from train.recipe import recipe_from_dict
+    from drafterkit.train.recipe import recipe_from_dict
 
     data = {"output_dir": str(root / "unused"), "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
             "drafter": {"kind": kind},
@@ -82,7 +82,7 @@ def write_recipe(root: Path, kind: str, steps: int, batch: int) -> Path:
 
 def command(engine: str, recipe: Path, out: Path, batch: int, nproc: int, cuda: bool) -> list[str]:
     """The launch command of ``engine`` for a global batch of ``batch`` sequences per optimizer step."""
-    args = ["-m", "train", str(recipe), f"output_dir={out}"]
+    args = ["-m", "drafterkit.train", str(recipe), f"output_dir={out}"]
     if engine == "one":
         return [sys.executable] + args + [f"train.batch_size={batch}"]
     per = [f"train.batch_size={batch // nproc}"]
@@ -114,9 +114,9 @@ def compare(rows: list[dict], root: Path, kind: str, tol: float) -> None:
     """Add ``diff_over_update`` and ``agrees`` to every row that ran, against the one-process run."""
     from accelerate.utils import set_seed
 
-    from assets.target import load_target
-    from train.recipe import load_recipe
-    from train.strategies import get_strategy
+    from drafterkit.assets.target import load_target
+    from drafterkit.train.recipe import load_recipe
+    from drafterkit.train.strategies import get_strategy
 
     def params(engine: str) -> dict[str, torch.Tensor]:
         return load_file(str(root / engine / "checkpoints" / "last" / "drafter" / "model.safetensors"))

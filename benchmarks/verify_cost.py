@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from assets.target import load_target
-from decode.cache import RaggedCache
+from drafterkit.assets.target import load_target
+from drafterkit.decode.cache import RaggedCache
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ stop handling and metrics. It imports no other package of drafterkit.
 
 from __future__ import annotations
 
-from decode.engine import GenerateResult, generate
-from decode.metrics import DecodeStats
-from decode.tree import DraftTree
+from drafterkit.decode.engine import GenerateResult, generate
+from drafterkit.decode.metrics import DecodeStats
+from drafterkit.decode.tree import DraftTree
 
 __all__ = ["DecodeStats", "DraftTree", "GenerateResult", "generate"]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from decode.attention import verification_attention
+from drafterkit.decode.attention import verification_attention
 
 
 class RaggedCache:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from decode.sampling import sanitize_logits
+from drafterkit.decode.sampling import sanitize_logits
 
 
 class ChainCutoff:

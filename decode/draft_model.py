@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from decode.cache import RaggedCache
-from decode.cutoff import ChainCutoff
-from decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import select_tokens
-from decode.tree import level_mask
+from drafterkit.decode.cache import RaggedCache
+from drafterkit.decode.cutoff import ChainCutoff
+from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.decode.sampling import select_tokens
+from drafterkit.decode.tree import level_mask
 
 
 def lm_head_rows(model: nn.Module) -> int:

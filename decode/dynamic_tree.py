@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from decode.protocol import Proposal
-from decode.tree import MAX_NODES, DraftTree
+from drafterkit.decode.protocol import Proposal
+from drafterkit.decode.tree import MAX_NODES, DraftTree
 
 #: ``"dynamic"`` alone: sized for verification on a CPU, where every verified node costs target
 #: compute (the quickstart's static tree ``3,2,1,1,1`` has 27 nodes and depth 5); EAGLE-2's GPU

@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from decode.cache import RaggedCache
-from decode.dynamic_tree import DynamicTree, parse_tree
-from decode.fused import fused_projections
-from decode.inputs import (
+from drafterkit.decode.cache import RaggedCache
+from drafterkit.decode.dynamic_tree import DynamicTree, parse_tree
+from drafterkit.decode.fused import fused_projections
+from drafterkit.decode.inputs import (
     AUTO,
     as_proposer,
     as_rows,
@@ -47,16 +47,16 @@ from decode.inputs import (
     resolve_eos,
     shared_vocab_size,
 )
-from decode.metrics import DecodeCounts, DecodeStats, compute_stats
-from decode.protocol import DecodeState, SamplingParams
-from decode.sampling import (
+from drafterkit.decode.metrics import DecodeCounts, DecodeStats, compute_stats
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.decode.sampling import (
     check_sampling_params,
     greedy_logits,
     logits_to_probs,
     select_tokens,
 )
-from decode.tree_round import TreeRounds, sync
-from decode.verify import verify_greedy, verify_sampling
+from drafterkit.decode.tree_round import TreeRounds, sync
+from drafterkit.decode.verify import verify_greedy, verify_sampling
 
 _ROUND_HOOKS: list[Callable[[RoundInfo], None]] = []
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from decode.draft_model import DraftModel, lm_head_rows
-from decode.protocol import Proposer
+from drafterkit.decode.draft_model import DraftModel, lm_head_rows
+from drafterkit.decode.protocol import Proposer
 
 
 def as_rows(input_ids: Any) -> list[list[int]]:

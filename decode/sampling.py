@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from decode.protocol import SamplingParams
+from drafterkit.decode.protocol import SamplingParams
 
 
 def check_sampling_params(params: SamplingParams) -> None:

@@ -17,10 +17,10 @@ import warnings
 
 import torch
 
-from decode.dynamic_tree import DynamicTree
-from decode.sampling import greedy_logits, logits_to_probs, select_tokens
-from decode.tree import DraftTree, close_under_parents
-from decode.verify import verify_tree_greedy, verify_tree_sampling
+from drafterkit.decode.dynamic_tree import DynamicTree
+from drafterkit.decode.sampling import greedy_logits, logits_to_probs, select_tokens
+from drafterkit.decode.tree import DraftTree, close_under_parents
+from drafterkit.decode.verify import verify_tree_greedy, verify_tree_sampling
 
 
 def sync(device: torch.device) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from decode.sampling import sample
+from drafterkit.decode.sampling import sample
 
 
 def _check_shapes(scores: torch.Tensor, draft_tokens: torch.Tensor, name: str) -> tuple[int, int]:

@@ -15,19 +15,19 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from assets.target import safetensors_problem, weights_problem
-from drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
-from drafters.draft_lm import DraftLM, check_vocab_match
-from drafters.tuned import has_tuned, read_tuned
+from drafterkit.assets.target import safetensors_problem, weights_problem
+from drafterkit.drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
+from drafterkit.drafters.draft_lm import DraftLM, check_vocab_match
+from drafterkit.drafters.tuned import has_tuned, read_tuned
 
 # kind -> "module:Class". Imported lazily so one kind's missing optional piece never breaks another.
 _KIND_PATHS = {
-    "draft_lm": "drafters.draft_lm:DraftLM",
-    "ngram": "drafters.ngram:NGramDrafter",
-    "medusa": "drafters.medusa:MedusaDrafter",
-    "eagle": "drafters.eagle:EagleDrafter",
-    "eagle3": "drafters.eagle3:Eagle3Drafter",
-    "dflash": "drafters.dflash:DFlashDrafter",
+    "draft_lm": "drafterkit.drafters.draft_lm:DraftLM",
+    "ngram": "drafterkit.drafters.ngram:NGramDrafter",
+    "medusa": "drafterkit.drafters.medusa:MedusaDrafter",
+    "eagle": "drafterkit.drafters.eagle:EagleDrafter",
+    "eagle3": "drafterkit.drafters.eagle3:Eagle3Drafter",
+    "dflash": "drafterkit.drafters.dflash:DFlashDrafter",
 }
 TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
 EXPORT_KIND = "export"  # _folder_kind's answer for a serving-engine export (config.json with a "drafterkit" block)

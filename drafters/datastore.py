@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from assets.conversations import HELDOUT_FRACTION, is_heldout, iter_conversations
-from assets.pinned import home, resolve_source, tokenizer_fingerprint
+from drafterkit.assets.conversations import HELDOUT_FRACTION, is_heldout, iter_conversations
+from drafterkit.assets.pinned import home, resolve_source, tokenizer_fingerprint
 
 SEPARATOR = -1  # between documents: no n-gram or continuation crosses it
 FORMAT_VERSION = 1

@@ -42,13 +42,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from decode.cutoff import ChainCutoff
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import select_tokens
-from drafters.base import Drafter
-from drafters.eagle import check_target_shape, target_shape_fields
-from drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
-from drafters.layers import DraftAttention, DraftMLP, RMSNorm
+from drafterkit.decode.cutoff import ChainCutoff
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.decode.sampling import select_tokens
+from drafterkit.drafters.base import Drafter
+from drafterkit.drafters.eagle import check_target_shape, target_shape_fields
+from drafterkit.drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
+from drafterkit.drafters.layers import DraftAttention, DraftMLP, RMSNorm
 
 
 def default_feature_layers(num_layers: int, count: int = 3) -> list[int]:

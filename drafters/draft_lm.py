@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from decode.draft_model import DraftModel, check_vocab_match, lm_head_rows
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from drafters.base import Drafter
+from drafterkit.decode.draft_model import DraftModel, check_vocab_match, lm_head_rows
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.drafters.base import Drafter
 
 __all__ = ["DraftLM", "DraftLMConfig", "check_vocab_match", "lm_head_rows"]
 

@@ -33,13 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decode.cutoff import ChainCutoff
-from decode.dynamic_tree import DynamicTree, RowTree, TreeBuilder, pack_rows
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import select_tokens
-from decode.tree import level_mask
-from drafters.base import Drafter
-from drafters.layers import (
+from drafterkit.decode.cutoff import ChainCutoff
+from drafterkit.decode.dynamic_tree import DynamicTree, RowTree, TreeBuilder, pack_rows
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.decode.sampling import select_tokens
+from drafterkit.decode.tree import level_mask
+from drafterkit.drafters.base import Drafter
+from drafterkit.drafters.layers import (
     DraftDecoderLayer,
     causal_mask,
     rope_theta_of,

@@ -48,8 +48,8 @@ from numbers import Integral
 import torch
 from torch import nn
 
-from drafters.eagle import EagleConfig, FeatureHeadDrafter, target_shape_fields
-from drafters.layers import DraftDecoderLayer, RMSNorm
+from drafterkit.drafters.eagle import EagleConfig, FeatureHeadDrafter, target_shape_fields
+from drafterkit.drafters.layers import DraftDecoderLayer, RMSNorm
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:

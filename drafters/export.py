@@ -52,15 +52,15 @@ import tempfile
 from pathlib import Path
 
 import torch
-from assets.device import resolve_dtype
-from assets.records import unwritable_folder
-from assets.target import TargetLoadError, hub_reachable, load_target_model, load_target_tokenizer
-from drafters import get_kind, load_drafter, resolve_checkpoint
-from drafters.base import (DrafterLoadError, ExportError, apply_umask, left_out, nonfinite_tensors, read_config,
+from drafterkit.assets.device import resolve_dtype
+from drafterkit.assets.records import unwritable_folder
+from drafterkit.assets.target import TargetLoadError, hub_reachable, load_target_model, load_target_tokenizer
+from drafterkit.drafters import get_kind, load_drafter, resolve_checkpoint
+from drafterkit.drafters.base import (DrafterLoadError, ExportError, apply_umask, left_out, nonfinite_tensors, read_config,
                            read_weights, recorded_source, save_tensors, weights_sha256)
-from drafters.dflash import DFlashConfig, DFlashDrafter
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafters.model_card import write_model_card
+from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.model_card import write_model_card
 
 FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm",
            "vllm-dflash": "dflash"}

@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-from decode.dynamic_tree import DynamicTree, merge_scored, pack_rows, row_tree_of
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from drafters.base import Checked
-from drafters.ngram import continuations, fill_tree, lookup, overlay_tree, trie_paths
+from drafterkit.decode.dynamic_tree import DynamicTree, merge_scored, pack_rows, row_tree_of
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.drafters.base import Checked
+from drafterkit.drafters.ngram import continuations, fill_tree, lookup, overlay_tree, trie_paths
 
 #: a chain row copies the datastore's majority continuation when at least this share of the corpus
 #: matches agree on its first token (chosen on MT-bench continuations of the target: 0.5-0.85 alike)

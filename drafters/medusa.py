@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from decode.cutoff import ChainCutoff
-from decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.sampling import select_tokens
-from drafters.base import Drafter
-from drafters.eagle import check_target_shape
+from drafterkit.decode.cutoff import ChainCutoff
+from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.decode.sampling import select_tokens
+from drafterkit.drafters.base import Drafter
+from drafterkit.drafters.eagle import check_target_shape
 
 
 @dataclass

@@ -36,10 +36,10 @@ from typing import Any
 
 import yaml
 
-from assets.device import busy_note
-from assets.pinned import DEFAULT_TARGET_ALIAS
-from drafters.base import read_config, weights_sha256
-from drafters.tuned import DECODING_FILE, TUNED, beats_plain
+from drafterkit.assets.device import busy_note
+from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
+from drafterkit.drafters.base import read_config, weights_sha256
+from drafterkit.drafters.tuned import DECODING_FILE, TUNED, beats_plain
 
 #: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
 #: SmolLM2-135M-Instruct), and the folder it is dequantized into under $DRAFTERKIT_HOME

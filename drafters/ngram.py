@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from decode.dynamic_tree import DynamicTree, merge_scored, pack_rows
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from drafters.base import Drafter
+from drafterkit.decode.dynamic_tree import DynamicTree, merge_scored, pack_rows
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.drafters.base import Drafter
 
 
 @dataclass

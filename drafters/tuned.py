@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from assets.device import host_info, machine_matches
-from drafters.base import weights_sha256
+from drafterkit.assets.device import host_info, machine_matches
+from drafterkit.drafters.base import weights_sha256
 
 DECODING_FILE = "decoding.json"
 TUNED = "tuned"

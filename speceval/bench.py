@@ -39,15 +39,15 @@ from pathlib import Path
 
 import torch
 
-from assets.device import resolve_device, resolve_dtype
-from assets.records import plural, unwritable_folder
-from assets.target import load_target, resolve_target_path
-from decode.inputs import AUTO
-from drafters.base import DrafterLoadError
-from drafters.datastore import cached_datastore
-from drafters.tuned import NO_TUNED, TUNED_HERE
-from speceval import plots, report
-from speceval.eval_args import (
+from drafterkit.assets.device import resolve_device, resolve_dtype
+from drafterkit.assets.records import plural, unwritable_folder
+from drafterkit.assets.target import load_target, resolve_target_path
+from drafterkit.decode.inputs import AUTO
+from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.datastore import cached_datastore
+from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
+from drafterkit.speceval import plots, report
+from drafterkit.speceval.eval_args import (
     DEFAULT_DATASTORE,
     RECORDED,
     EvalConfig,
@@ -55,8 +55,8 @@ from speceval.eval_args import (
     field_flag,
     flag_fields,
 )
-from speceval.factors import headline_factors
-from speceval.harness import (
+from drafterkit.speceval.factors import headline_factors
+from drafterkit.speceval.harness import (
     check_exactness,
     check_quiet,
     machine_info,
@@ -65,7 +65,7 @@ from speceval.harness import (
     run_sweep,
     warm_up,
 )
-from speceval.methods import (
+from drafterkit.speceval.methods import (
     build_drafters,
     build_methods,
     check_drafter_spec,
@@ -73,8 +73,8 @@ from speceval.methods import (
     retrieval_info,
     say_export_source,
 )
-from speceval.prompts import select_prompts
-from speceval.recorded import apply_recorded, no_checkpoint
+from drafterkit.speceval.prompts import select_prompts
+from drafterkit.speceval.recorded import apply_recorded, no_checkpoint
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "write_outputs"]
 

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from speceval.prompts import check_benchmark
+from drafterkit.speceval.prompts import check_benchmark
 
 __all__ = ["BASELINES", "DEFAULT_DATASTORE", "RECORDED", "EvalConfig", "RunOptions", "add_arguments", "check_plots_dir",
            "field_flag", "flag_fields"]
@@ -185,8 +185,8 @@ def _check_tree(spec: str) -> None:
     Raises:
         ValueError: a malformed static or dynamic tree spec.
     """
-    if spec != importlib.import_module("decode.inputs").AUTO:
-        importlib.import_module("decode.dynamic_tree").parse_tree(spec)
+    if spec != importlib.import_module("drafterkit.decode.inputs").AUTO:
+        importlib.import_module("drafterkit.decode.dynamic_tree").parse_tree(spec)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from assets.device import cpu_model, crowded
-from assets.records import plural
-from speceval.methods import Method, engine_method, hf_method
-from speceval.prompts import Prompt
+from drafterkit.assets.device import cpu_model, crowded
+from drafterkit.assets.records import plural
+from drafterkit.speceval.methods import Method, engine_method, hf_method
+from drafterkit.speceval.prompts import Prompt
 
 WARMUP_TOKENS = 4
 

@@ -21,22 +21,22 @@ from typing import Any, Callable
 
 import torch
 
-import decode
-from assets.device import resolve_dtype
-from decode.dynamic_tree import parse_tree
-from decode.inputs import AUTO
-from drafters import (
+from drafterkit import decode
+from drafterkit.assets.device import resolve_dtype
+from drafterkit.decode.dynamic_tree import parse_tree
+from drafterkit.decode.inputs import AUTO
+from drafterkit.drafters import (
     TRANSFORMERS_KIND,
     DrafterLoadError,
     attach_tuned,
     load_drafter,
     resolve_checkpoint,
 )
-from drafters.draft_lm import DraftLM
-from drafters.export import ExportError, recorded_source
-from drafters.hybrid import LookupHybrid, drafts_trees
-from drafters.ngram import NGramDrafter
-from drafters.tuned import LOOKUP_SUFFIXES
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.export import ExportError, recorded_source
+from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
+from drafterkit.drafters.ngram import NGramDrafter
+from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
 
 
 @dataclass

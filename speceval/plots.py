@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from speceval.report import FEW_PROPOSALS, eval_table_rows
+from drafterkit.speceval.report import FEW_PROPOSALS, eval_table_rows
 
 
 def pyplot():

@@ -9,8 +9,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from assets import conversations as P
-from assets import pinned
+from drafterkit.assets import conversations as P
+from drafterkit.assets import pinned
 
 BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
 HUMANEVAL_REQUEST = ("Complete the following Python function. Reply with the completed code only.\n\n"

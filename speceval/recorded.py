@@ -40,10 +40,10 @@ import datetime as _dt
 import json
 from pathlib import Path
 
-from assets.device import host_info
-from drafters import DrafterLoadError, resolve_checkpoint
-from drafters.tuned import DECODING_FILE, LOOKUP_SUFFIXES, TUNED, tuned_key, tuned_winner
-from speceval.eval_args import RECORDED
+from drafterkit.assets.device import host_info
+from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
+from drafterkit.drafters.tuned import DECODING_FILE, LOOKUP_SUFFIXES, TUNED, tuned_key, tuned_winner
+from drafterkit.speceval.eval_args import RECORDED
 
 
 def write_decoding(folder: str | Path, settings: dict, *, written_by: str, **extra) -> Path:

@@ -25,10 +25,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from decode.inputs import AUTO
-from decode.metrics import pool_stats
-from speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
-from speceval.factors import draft_shape, factor_cells, per_prompt  # noqa: F401  (draft_shape re-exported)
+from drafterkit.decode.inputs import AUTO
+from drafterkit.decode.metrics import pool_stats
+from drafterkit.speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
+from drafterkit.speceval.factors import draft_shape, factor_cells, per_prompt  # noqa: F401  (draft_shape re-exported)
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
 SWEEP_COLUMNS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from speceval.prompts import BENCHMARKS
+from drafterkit.speceval.prompts import BENCHMARKS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

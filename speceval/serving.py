@@ -35,17 +35,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from assets import pinned
-from assets.device import resolve_device
-from assets.target import TargetLoadError, load_target, resolve_target_path
-from decode import generate
-from decode.engine import watch_rounds
-from decode.inputs import as_proposer, resolve_eos, shared_vocab_size
-from decode.metrics import DecodeCounts, compute_stats, pool_stats
-from drafters import DrafterLoadError, load_drafter, load_transformers_drafter
-from drafters.export import ExportError, recorded_source
-from speceval.methods import stats_record
-from speceval.prompts import select_prompts
+from drafterkit.assets import pinned
+from drafterkit.assets.device import resolve_device
+from drafterkit.assets.target import TargetLoadError, load_target, resolve_target_path
+from drafterkit.decode import generate
+from drafterkit.decode.engine import watch_rounds
+from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
+from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
+from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
+from drafterkit.drafters.export import ExportError, recorded_source
+from drafterkit.speceval.methods import stats_record
+from drafterkit.speceval.prompts import select_prompts
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"

@@ -33,14 +33,14 @@ from pathlib import Path
 
 import torch
 
-import decode
-from assets.device import resolve_device
-from assets.target import TargetLoadError, load_target
-from decode.dynamic_tree import parse_tree
-from drafters import DrafterLoadError, resolve_checkpoint
-from drafters.base import weights_sha256
-from drafters.hybrid import drafts_trees
-from drafters.tuned import (
+from drafterkit import decode
+from drafterkit.assets.device import resolve_device
+from drafterkit.assets.target import TargetLoadError, load_target
+from drafterkit.decode.dynamic_tree import parse_tree
+from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
+from drafterkit.drafters.base import weights_sha256
+from drafterkit.drafters.hybrid import drafts_trees
+from drafterkit.drafters.tuned import (
     DECODING_FILE,
     LOOKUP_SUFFIXES,
     SLOWER_NOT_USED,
@@ -49,15 +49,15 @@ from drafters.tuned import (
     setting_label,
     tuned_key,
 )
-from speceval import report
-from speceval.harness import check_quiet, machine_info
-from speceval.bench import datastore_loader
-from speceval.eval_args import DEFAULT_DATASTORE
-from speceval.methods import build_drafter, check_drafter_spec, retrieval_info
-from speceval.plots import pyplot, save_figure
-from speceval.prompts import Prompt, select_prompts
-from speceval.recorded import TUNE_PLOT, drafterkit_version, read_decoding, write_tuned
-from speceval.tune_args import (
+from drafterkit.speceval import report
+from drafterkit.speceval.harness import check_quiet, machine_info
+from drafterkit.speceval.bench import datastore_loader
+from drafterkit.speceval.eval_args import DEFAULT_DATASTORE
+from drafterkit.speceval.methods import build_drafter, check_drafter_spec, retrieval_info
+from drafterkit.speceval.plots import pyplot, save_figure
+from drafterkit.speceval.prompts import Prompt, select_prompts
+from drafterkit.speceval.recorded import TUNE_PLOT, drafterkit_version, read_decoding, write_tuned
+from drafterkit.speceval.tune_args import (
     DEFAULT_DYNAMIC,
     DEFAULT_INCUMBENT,
     DEFAULT_KS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from speceval.eval_args import csv_values, thread_count, tree_spec
+from drafterkit.speceval.eval_args import csv_values, thread_count, tree_spec
 
 #: the search ``drafterkit tune`` runs by default (``speceval.tune.tune``'s defaults too): chain lengths, static
 #: trees, EAGLE-2 dynamic trees and confidence thresholds tried

@@ -45,7 +45,7 @@ def tiny_draft():
 @pytest.fixture(scope="session")
 def real_target():
     """The real default target (SmolLM2-135M-Instruct, fp32, CPU), fetched once into DRAFTERKIT_HOME."""
-    from assets.target import load_target
+    from drafterkit.assets.target import load_target
 
     return load_target("smollm2-135m", dtype="float32", device="cpu")
 
@@ -57,7 +57,7 @@ def pytest_configure(config):
 def greedy_continuation_batch(target, n_prompts: int = 24, prompt_len: int = 4, new_tokens: int = 20, seed: int = 0):
     """A training batch of the target's own greedy continuations of random prompts (loss on the
     continuation only), plus the generator for drawing more prompts: ``(batch, generator)``."""
-    from decode import engine
+    from drafterkit.decode import engine
 
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 128, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
@@ -72,8 +72,8 @@ def acceptance_before_after(kind: str, drafter, target, batch, recipe, prompts, 
                             steps: int = 40) -> tuple[float, float]:
     """Measured acceptance rate (decode.generate on ``prompts``, 16 new tokens, K=``k``) of ``drafter``
     before and after ``steps`` Adam steps of ``kind``'s training loss on ``batch``."""
-    from decode import engine
-    from train.strategies import get_strategy
+    from drafterkit.decode import engine
+    from drafterkit.train.strategies import get_strategy
 
     def rate():
         drafter.eval()
@@ -101,7 +101,7 @@ def save_tiny_target(folder: Path, *, layers: int = 2):
     saved to ``folder`` as a target folder (weights, config, tokenizer): ``(model, tokenizer)``."""
     from transformers import AutoTokenizer
 
-    from assets.pinned import default_target_dir
+    from drafterkit.assets.pinned import default_target_dir
 
     tok = AutoTokenizer.from_pretrained(default_target_dir())
     model = tiny_llama(0, vocab_size=SMOLLM2_VOCAB, hidden_size=32, layers=layers)

@@ -4,7 +4,7 @@ import zipfile
 
 import pytest
 
-from assets import pinned as assets
+from drafterkit.assets import pinned as assets
 def test_unknown_asset_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path))
     with pytest.raises(assets.AssetError, match="known assets"):
@@ -120,8 +120,8 @@ def test_converted_target_needs_a_matching_completeness_marker(tmp_path, monkeyp
 
 
 def test_assets_cli_names_sizes_and_the_target_alias(tmp_path, monkeypatch, capsys):
-    from train import assets_cli
-    from train.cli import main
+    from drafterkit.train import assets_cli
+    from drafterkit.cli import main
 
     monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("COLUMNS", "200")

@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-from assets import conversations as prompts
-from assets.conversations import (
+from drafterkit.assets import conversations as prompts
+from drafterkit.assets.conversations import (
     LoaderStats,
     heldout_prompts,
     is_heldout,
@@ -231,7 +231,7 @@ def test_mt_bench_bad_line_names_file_and_line(tmp_path):
 
 @pytest.mark.slow
 def test_real_sharegpt_torn_tail():
-    from assets.pinned import fetch
+    from drafterkit.assets.pinned import fetch
 
     stats = LoaderStats()
     with pytest.warns(UserWarning, match="dropped 1 incomplete record"):
@@ -354,8 +354,8 @@ def test_cli_prints_drafterkit_warnings_as_one_plain_line():
     `path:line: UserWarning:` plus a line of drafterkit's source; other packages' warnings are unchanged."""
     import warnings
 
-    from assets import conversations as prompts
-    from train.cli import user_warnings
+    from drafterkit.assets import conversations as prompts
+    from drafterkit.cli import user_warnings
 
     with user_warnings():
         ours = warnings.formatwarning("x.jsonl: skipped 1 unreadable line (6)", UserWarning, prompts.__file__, 10)

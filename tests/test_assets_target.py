@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from assets.device import resolve_device, resolve_dtype
+from drafterkit.assets.device import resolve_device, resolve_dtype
 
 
 def test_dtype_and_device_strings():
@@ -34,7 +34,7 @@ def test_real_target_is_frozen_and_answers(real_target):
 def test_every_cut_of_a_safetensors_file_is_caught_and_the_whole_file_passes(tmp_path):
     from safetensors.torch import save_file
 
-    from assets.target import safetensors_problem
+    from drafterkit.assets.target import safetensors_problem
 
     whole = tmp_path / "whole.safetensors"
     save_file({"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(5, dtype=torch.int64)}, str(whole))
@@ -51,7 +51,7 @@ def test_a_broken_local_target_folder_names_what_is_wrong(tmp_path):
 
     from conftest import tiny_llama
 
-    from assets.target import TargetLoadError, load_target, target_folder_problem
+    from drafterkit.assets.target import TargetLoadError, load_target, target_folder_problem
 
     model = tiny_llama(0)
     model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
@@ -71,7 +71,7 @@ def test_a_broken_local_target_folder_names_what_is_wrong(tmp_path):
 
 def test_a_hub_id_with_the_hub_unreachable_fails_fast_naming_the_cause(monkeypatch):
     """Offline, a Hub id is looked up in the local cache only (no minute of network retries)."""
-    from assets import target as tg
+    from drafterkit.assets import target as tg
 
     monkeypatch.setattr(tg, "hub_reachable", lambda: False)
     with pytest.raises(tg.TargetLoadError, match=r"'someorg/some-model'.*Hub is not reachable.*local Hugging Face "
@@ -81,7 +81,7 @@ def test_a_hub_id_with_the_hub_unreachable_fails_fast_naming_the_cause(monkeypat
 
 def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_units(monkeypatch):
     """``auto`` reads the CPU's flags: bf16 with avx512_bf16 or amx_bf16, fp32 on an AVX2-only CPU."""
-    from assets import device
+    from drafterkit.assets import device
 
     for flags, want in ((frozenset({"avx2", "avx512f"}), torch.float32), (frozenset({"avx512_bf16"}), torch.bfloat16),
                         (frozenset({"amx_bf16", "avx2"}), torch.bfloat16)):
@@ -91,7 +91,7 @@ def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_units(monkeypatch):
 
 
 def test_recipe_auto_precision_resolves_at_validation(monkeypatch, recwarn):
-    import train.recipe as R
+    import drafterkit.train.recipe as R
 
     data = {"output_dir": "x", "target": {"dtype": "auto"}, "train": {"mixed_precision": "auto"}}
     monkeypatch.setattr(R, "native_bf16", lambda device=None: True)

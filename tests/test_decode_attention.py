@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-import decode
-from decode.attention import NAME, packed_gqa_sdpa, verification_attention
-from decode.tree import DraftTree
-from drafters.ngram import NGramDrafter
+from drafterkit import decode
+from drafterkit.decode.attention import NAME, packed_gqa_sdpa, verification_attention
+from drafterkit.decode.tree import DraftTree
+from drafterkit.drafters.ngram import NGramDrafter
 from tests.conftest import tiny_llama
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from conftest import tiny_llama
-from decode.cache import RaggedCache
+from drafterkit.decode.cache import RaggedCache
 
 
 def test_ragged_cache_masks_and_crops():

@@ -11,10 +11,10 @@ import torch
 from scipy import stats
 
 from conftest import tiny_llama
-from decode import generate
-from decode.protocol import SamplingParams
-from decode.sampling import logits_to_probs
-from drafters.ngram import NGramDrafter
+from drafterkit.decode import generate
+from drafterkit.decode.protocol import SamplingParams
+from drafterkit.decode.sampling import logits_to_probs
+from drafterkit.drafters.ngram import NGramDrafter
 
 V, PROMPT, RUNS = 16, [1, 5, 9], 3000
 
@@ -57,8 +57,8 @@ def test_first_tokens_follow_target_distribution(params, kind):
         drafter = build("dflash", target)
     if kind == "hybrid":  # the prompt's last 2-gram occurred before: the first round copies, later ones
         # depend on the sampled tokens (copy where the new 2-gram occurred, the draft LM's q elsewhere)
-        from drafters.draft_lm import DraftLM
-        from drafters.hybrid import LookupHybrid
+        from drafterkit.drafters.draft_lm import DraftLM
+        from drafterkit.drafters.hybrid import LookupHybrid
 
         drafter = LookupHybrid(DraftLM.from_model(tiny_llama(3, vocab_size=V, layers=1)))
         prompt = PROMPT + list(range(V)) + PROMPT
@@ -88,7 +88,7 @@ def test_tree_first_tokens_follow_target_distribution(kind):
     if kind == "ngram":  # every id follows the prompt's last token somewhere: a wide lookup trie
         prompt = [t for a in range(V) for t in (PROMPT[-1], a)] + PROMPT
     if kind.endswith("+ngram"):  # a lookup match on the first round, drafter trees later
-        from drafters.hybrid import LookupHybrid
+        from drafterkit.drafters.hybrid import LookupHybrid
 
         drafter = LookupHybrid(drafter)
         prompt = PROMPT + list(range(V)) + PROMPT

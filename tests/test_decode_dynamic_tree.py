@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode import generate
-from decode.dynamic_tree import DynamicTree, TreeBuilder, merge_scored, parse_tree
-from decode.protocol import SamplingParams
-from decode.tree import DraftTree
+from drafterkit.decode import generate
+from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, merge_scored, parse_tree
+from drafterkit.decode.protocol import SamplingParams
+from drafterkit.decode.tree import DraftTree
 
 ROWS = [[5, 6, 7, 8, 9, 5, 6], [10, 11], [3, 4, 5, 3, 4, 5, 3, 4, 5, 6, 7], [9]]
 N = 24
@@ -120,7 +120,7 @@ class _Recording:
 def _build(kind, target):
     from test_drafters_conformance import build
 
-    from drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.hybrid import LookupHybrid
 
     if kind == "eagle3+ngram":
         return LookupHybrid(build("eagle3", target))
@@ -147,7 +147,7 @@ def test_the_target_as_its_own_draft_model_has_every_depth_accepted(target, gree
     """A draft LM equal to the target: its best path is the target's greedy continuation and always kept
     (it scores highest at every depth), so every verified depth is accepted: this checks the draft
     model's per-row tree masks and positions over a ragged batch."""
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     res = generate(target, ROWS, drafter=DraftLM.from_model(target), tree="dynamic:8:3:2", max_new_tokens=N,
                    eos_token_id=[])
@@ -171,7 +171,7 @@ def test_dynamic_tree_tokens_follow_target_distribution(params, kind):
     from test_decode_distribution import PROMPT, RUNS, V, _chi2, _exact_joint
     from test_drafters_conformance import build
 
-    from drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.hybrid import LookupHybrid
 
     target = tiny_llama(0, vocab_size=V)
     drafter = build(kind.split("+")[0], target)

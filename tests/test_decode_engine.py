@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode import generate
-from decode.engine import watch_rounds
-from decode.protocol import Proposal
-from drafters.draft_lm import DraftLM
-from drafters.ngram import NGramDrafter
+from drafterkit.decode import generate
+from drafterkit.decode.engine import watch_rounds
+from drafterkit.decode.protocol import Proposal
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.ngram import NGramDrafter
 
 ROWS = [[5, 6, 7, 8, 9, 5, 6], [10, 11], [3, 4, 5, 3, 4, 5, 3, 4, 5, 6, 7], [9]]
 N = 24

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-import decode
-from decode.fused import engine_groups, fused_projections
-from decode.tree import DraftTree
-from drafters.ngram import NGramDrafter
+from drafterkit import decode
+from drafterkit.decode.fused import engine_groups, fused_projections
+from drafterkit.decode.tree import DraftTree
+from drafterkit.drafters.ngram import NGramDrafter
 from tests.conftest import tiny_llama
 
 
@@ -38,7 +38,7 @@ def test_merged_forward_is_bit_identical_and_uses_one_gemm_per_group(monkeypatch
 
 
 def test_a_few_fp32_rows_compute_weight_times_input_with_the_stock_results():
-    from decode.fused import FEW_ROWS, _few_rows
+    from drafterkit.decode.fused import FEW_ROWS, _few_rows
 
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 40, generator=g), torch.randn(96, generator=g)
@@ -105,7 +105,7 @@ def test_speculative_greedy_output_still_equals_plain_and_transformers():
 
 
 def test_large_inputs_and_the_switch_run_the_stock_layers(monkeypatch):
-    from decode import fused
+    from drafterkit.decode import fused
 
     model = tiny_llama(6)
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(6))
@@ -127,7 +127,7 @@ def test_large_inputs_and_the_switch_run_the_stock_layers(monkeypatch):
 
 
 def test_generate_runs_the_drafter_on_engine_copies_too_and_shared_layers_once():
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     target = tiny_llama(7)
     draft_model = tiny_llama(8, layers=1)
@@ -144,7 +144,7 @@ def test_generate_runs_the_drafter_on_engine_copies_too_and_shared_layers_once()
 
 
 def test_edits_that_bypass_the_version_counter_are_noticed():
-    from decode.fused import refresh
+    from drafterkit.decode.fused import refresh
 
     model = tiny_llama(9)
     prompt = [4, 9, 2, 7, 7, 1]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from decode import DecodeStats
-from decode.metrics import DecodeCounts, compute_stats, pool_stats, pooled_positions
+from drafterkit.decode import DecodeStats
+from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats, pooled_positions
 
 
 def test_scripted_trace_gives_exact_values():

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from decode import generate
-from drafters.draft_lm import DraftLM
-from drafters.ngram import NGramDrafter
+from drafterkit.decode import generate
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.ngram import NGramDrafter
 
 pytestmark = pytest.mark.slow
 N = 16
@@ -41,8 +41,8 @@ def test_real_target_tree_drafts_are_exact(chat, kind):
     accepted path's cache columns are moved and reused)."""
     from test_decode_tree import ScriptedTree
 
-    from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-    from drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafterkit.drafters.hybrid import LookupHybrid
 
     model, ids, ref = chat
     if kind == "scripted":

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from decode.protocol import SamplingParams
-from decode.sampling import logits_to_probs, sample, sanitize_logits, select_tokens
+from drafterkit.decode.protocol import SamplingParams
+from drafterkit.decode.sampling import logits_to_probs, sample, sanitize_logits, select_tokens
 
 
 def _hf_probs(logits, t, k, p):

@@ -6,11 +6,11 @@ import torch
 from conftest import tiny_llama
 from scipy import stats
 
-from decode import generate
-from decode.engine import watch_rounds
-from decode.protocol import DecodeState, Proposal, SamplingParams
-from decode.tree import DraftTree, close_under_parents
-from decode.verify import verify_tree_greedy, verify_tree_sampling
+from drafterkit.decode import generate
+from drafterkit.decode.engine import watch_rounds
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.decode.tree import DraftTree, close_under_parents
+from drafterkit.decode.verify import verify_tree_greedy, verify_tree_sampling
 
 ROWS = [[5, 6, 7, 8, 9, 5, 6], [10, 11], [3, 4, 5, 3, 4, 5, 3, 4, 5, 6, 7], [9]]
 N = 24
@@ -189,7 +189,7 @@ def test_drafter_trees_are_exact_in_a_ragged_batch(target, greedy_ref, kind, spe
 def test_hybrid_tree_is_exact_in_a_batch_and_alone(target, greedy_ref):
     from test_drafters_conformance import build
 
-    from drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.hybrid import LookupHybrid
 
     hyb = LookupHybrid(build("eagle3", target))
     res = generate(target, ROWS, drafter=hyb, tree="3,2,1", max_new_tokens=N, eos_token_id=[])
@@ -272,7 +272,7 @@ def test_the_target_as_its_own_draft_model_has_every_rank0_path_accepted(target,
     """A draft LM identical to the target drafts the tree in its own cache under tree attention: its
     rank-0 path is the target's greedy continuation, so every depth is accepted (cache bookkeeping of
     the draft side checked by the outcome)."""
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     res = generate(target, ROWS, drafter=DraftLM.from_model(target), tree=spec, max_new_tokens=N, eos_token_id=[])
     assert res.sequences == greedy_ref

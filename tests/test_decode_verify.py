@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy import stats
 
-from decode.verify import verify_greedy, verify_sampling
+from drafterkit.decode.verify import verify_greedy, verify_sampling
 
 
 def _logits_with_argmax(argmax_rows, vocab=10):

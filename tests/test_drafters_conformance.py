@@ -9,8 +9,8 @@ import torch
 from conftest import tiny_llama
 from safetensors.torch import load_file, save_file
 
-from decode.protocol import DecodeState, SamplingParams
-from drafters import KINDS, DrafterLoadError, get_kind, load_drafter
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters import KINDS, DrafterLoadError, get_kind, load_drafter
 
 
 def _module_exists(kind: str) -> bool:
@@ -33,25 +33,25 @@ def _perturb(drafter, seed: int = 0) -> None:
 
 def build(kind: str, target):
     if kind == "draft_lm":
-        from drafters.draft_lm import DraftLM
+        from drafterkit.drafters.draft_lm import DraftLM
         return DraftLM.from_target(target, 1)
     if kind == "ngram":
         return get_kind("ngram")()
     if kind == "medusa":
-        from drafters.medusa import MedusaConfig, MedusaDrafter
+        from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
         d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
     elif kind == "eagle":
-        from drafters.eagle import EagleConfig, EagleDrafter
+        from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
         d = EagleDrafter(EagleConfig.from_target(target), target=target)
     elif kind == "dflash":
-        from drafters.dflash import DFlashConfig, DFlashDrafter
+        from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
         d = DFlashDrafter(DFlashConfig.from_target(target, num_layers=2, block_size=4), target=target)
     elif kind == "dflash_reduced":  # a reduced draft vocabulary (own LM head, d2t / t2d)
-        from drafters.dflash import DFlashConfig, DFlashDrafter
+        from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
         d = DFlashDrafter(DFlashConfig.from_target(target, block_size=4, draft_vocab_size=48), target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
     else:
-        from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+        from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
         d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48), target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
     _perturb(d)
@@ -126,8 +126,8 @@ def test_a_config_json_that_disagrees_with_its_weights_is_named_before_the_targe
     an export that the serving engine then refuses."""
     import json
 
-    from drafters.base import Drafter
-    from train.cli import main as cli
+    from drafterkit.drafters.base import Drafter
+    from drafterkit.cli import main as cli
 
     target = tiny_llama(0, layers=8)  # EAGLE-3's default ids (2, 4, 5), which engines express ((1, 1, 1) on 2 layers)
     path = build(kind, target).save_pretrained(tmp_path / "ckpt")
@@ -183,7 +183,7 @@ def test_proposals_are_valid_ids(kind, temperature):
 
 @pytest.mark.parametrize("kind", KIND_PARAMS)
 def test_greedy_generate_equals_plain_greedy(kind):
-    from decode import engine
+    from drafterkit.decode import engine
 
     target = tiny_llama(0)
     d = build(kind, target)
@@ -202,7 +202,7 @@ TRAINED_KINDS = [k for k in KIND_PARAMS if k.values[0] != "ngram"]
 def test_draft_threshold_shortens_chains_and_keeps_output(kind, temperature):
     """``draft_threshold`` (ChainCutoff): fewer draft tokens, the same greedy output; near 1 (a tiny random
     drafter is never that sure) nothing is drafted at all (every round is a plain step)."""
-    from decode import engine
+    from drafterkit.decode import engine
 
     target = tiny_llama(0)
     d = build(kind, target)
@@ -224,7 +224,7 @@ def test_draft_threshold_shortens_chains_and_keeps_output(kind, temperature):
 
 
 def test_chain_cutoff_by_path_probability():
-    from decode.cutoff import ChainCutoff
+    from drafterkit.decode.cutoff import ChainCutoff
 
     cut = ChainCutoff(0.44, batch_size=2, k=3)
     probs = [torch.tensor([[0.9, 0.1], [0.3, 0.7]]), torch.tensor([[0.5, 0.5], [0.9, 0.1]]),
@@ -245,18 +245,18 @@ def test_chain_cutoff_by_path_probability():
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
 def test_real_target_greedy_equivalence(kind, real_target):
     """Untrained heads on SmolLM2-135M: speculative greedy output equals plain greedy output."""
-    from decode import engine
+    from drafterkit.decode import engine
 
     target, tok = real_target
     torch.manual_seed(0)
     if kind == "medusa":
-        from drafters.medusa import MedusaConfig, MedusaDrafter
+        from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
         d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
     elif kind == "eagle":
-        from drafters.eagle import EagleConfig, EagleDrafter
+        from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
         d = EagleDrafter(EagleConfig.from_target(target), target=target, init_from_target=True)
     else:
-        from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+        from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
         d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=4096), target=target)
         d.set_draft_vocab(torch.arange(4096), target=target)
     prompt = tok("def fibonacci(n):")["input_ids"]
@@ -266,7 +266,7 @@ def test_real_target_greedy_equivalence(kind, real_target):
 
 
 def test_tensor_differences_are_counted_past_the_names_shown():
-    from drafters.base import tensor_mismatch
+    from drafterkit.drafters.base import tensor_mismatch
 
     said = tensor_mismatch({f"t{i:02d}": (1,) for i in range(12)}, {"x": (2,)})
     assert said == ("missing tensors ['t00', 't01', 't02', 't03', 't04', 't05', 't06', 't07'] (and 4 more), "

@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode import generate
-from speceval.methods import build_drafter
-from decode.protocol import DecodeState, SamplingParams
-from decode.tree import DraftTree
-from drafters import datastore as datastore_module
-from drafters.datastore import Datastore, build_datastore, cached_datastore
-from drafters.draft_lm import DraftLM
-from drafters.hybrid import LookupHybrid
-from drafters.ngram import fill_tree, overlay_tree
+from drafterkit.decode import generate
+from drafterkit.speceval.methods import build_drafter
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.decode.tree import DraftTree
+from drafterkit.drafters import datastore as datastore_module
+from drafterkit.drafters.datastore import Datastore, build_datastore, cached_datastore
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.hybrid import LookupHybrid
+from drafterkit.drafters.ngram import fill_tree, overlay_tree
 
 
 def _brute(docs, row, depth, lo=2, hi=4):
@@ -78,7 +78,7 @@ def test_save_load_roundtrip_and_clear_errors(tmp_path):
 def tok():
     from transformers import AutoTokenizer
 
-    from assets.pinned import default_target_dir
+    from drafterkit.assets.pinned import default_target_dir
 
     return AutoTokenizer.from_pretrained(default_target_dir())
 
@@ -92,7 +92,7 @@ def test_build_from_conversations_skips_heldout_and_user_turns(tmp_path, tok):
     path.write_text(json.dumps(recs))
     per = {i: len(tok(f"The answer is {i}.", add_special_tokens=False)["input_ids"]) for i in range(400)}
     store = build_datastore(path, tok, heldout_fraction=0.25)
-    from assets.conversations import is_heldout
+    from drafterkit.assets.conversations import is_heldout
 
     kept = [i for i in range(400) if not is_heldout(f"c{i}", 0.25)]
     assert 200 <= len(kept) < 400 and len(store) == sum(per[i] for i in kept)
@@ -248,7 +248,7 @@ def test_bad_datastores_and_specs_name_the_fix(tmp_path):
     wide = LookupHybrid(DraftLM.from_target(target, 1), datastore=_store_from([[1, 2]], vocab=1000))
     with pytest.raises(ValueError, match="build it with the target's tokenizer"):
         generate(target, [[1, 2, 3]], drafter=wide, max_new_tokens=4)
-    from speceval.bench import EvalConfig, datastore_loader
+    from drafterkit.speceval.bench import EvalConfig, datastore_loader
 
     with pytest.raises(ValueError, match=r"x.jsonl is unused: only \+rest drafters read a datastore"):
         EvalConfig(drafters=["ngram"], datastore=str(tmp_path / "x.jsonl")).validate()

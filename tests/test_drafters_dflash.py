@@ -8,8 +8,8 @@ import torch
 from conftest import tiny_llama
 from test_drafters_conformance import build
 
-from decode.protocol import DecodeState, SamplingParams
-from drafters.dflash import DFlashConfig, DFlashDrafter, default_feature_layers
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter, default_feature_layers
 
 
 def _features(target, ids, layers):
@@ -120,7 +120,7 @@ def test_needs_the_target():
 
 
 def test_anchors_are_supervised_positions_with_context():
-    from train.strategies.dflash import sample_anchors
+    from drafterkit.train.strategies.dflash import sample_anchors
 
     labels = torch.full((3, 10), -100)
     labels[0, 4:9] = 7  # 5 candidates, 3 drawn
@@ -139,8 +139,8 @@ def test_training_raises_measured_acceptance_on_what_it_trained_on():
     borrowed is saved."""
     from conftest import acceptance_before_after, greedy_continuation_batch
 
-    from train.recipe import recipe_from_dict
-    from train.strategies.dflash import DFlashStrategy
+    from drafterkit.train.recipe import recipe_from_dict
+    from drafterkit.train.strategies.dflash import DFlashStrategy
 
     target = tiny_llama(0)
     before_t = {k: v.clone() for k, v in target.state_dict().items()}
@@ -159,8 +159,8 @@ def test_training_raises_measured_acceptance_on_what_it_trained_on():
 def test_dflash_behind_prompt_lookup_drafts_chains_and_eval_measures_it_so():
     """A hybrid has propose_tree, but with a chain-only drafter inside it drafts chains: eval's tree rows and
     tune's tree candidates skip it instead of failing at the first tree."""
-    from drafters.hybrid import LookupHybrid, drafts_trees
-    from speceval.tune import candidates
+    from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
+    from drafterkit.speceval.tune import candidates
 
     target = tiny_llama(0)
     d = build("dflash", target)

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import tiny_llama
-from decode.protocol import DecodeState, SamplingParams
-from drafters import DrafterLoadError, load_drafter
-from drafters.draft_lm import DraftLM, DraftLMConfig
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters import DrafterLoadError, load_drafter
+from drafterkit.drafters.draft_lm import DraftLM, DraftLMConfig
 
 
 def test_from_target_copies_first_layers():

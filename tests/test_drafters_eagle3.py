@@ -8,18 +8,18 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode import engine
-from decode.protocol import DecodeState, SamplingParams
-from drafters.eagle3 import (
+from drafterkit.decode import engine
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters.eagle3 import (
     Eagle3Config,
     Eagle3Drafter,
     default_feature_layers,
     mapping_from_ids,
     select_draft_vocab,
 )
-from drafters.layers import ttt_attention_mask
-from train.recipe import recipe_from_dict
-from train.strategies import get_strategy
+from drafterkit.drafters.layers import ttt_attention_mask
+from drafterkit.train.recipe import recipe_from_dict
+from drafterkit.train.strategies import get_strategy
 
 
 def _drafter(target, n=48, seed=0, noise=0.3, **kw):
@@ -77,7 +77,7 @@ def test_default_feature_layers_follow_eagle3_and_stay_below_the_layer_count():
 def test_a_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path):
     """Id L is the output after the final norm, which serving engines cannot read: a new head with it is
     refused, and so is an old checkpoint whose config holds it (retrain), naming the convention."""
-    from drafters import DrafterLoadError, load_drafter
+    from drafterkit.drafters import DrafterLoadError, load_drafter
 
     target = tiny_llama(0, layers=4)
     with pytest.raises(ValueError, match=r"id 4 is the last layer's output after the final norm.*retrain"):
@@ -171,7 +171,7 @@ def test_frequency_mapping_beats_identity_when_frequent_tokens_have_high_ids():
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
 def test_a_head_for_another_target_is_refused_before_generating(kind):
-    from drafters import get_kind
+    from drafterkit.drafters import get_kind
 
     trained_for = tiny_llama(0, layers=4)
     other = tiny_llama(0, layers=2)
@@ -183,7 +183,7 @@ def test_a_head_for_another_target_is_refused_before_generating(kind):
 
 
 def test_last_feature_fc_init_passes_the_top_feature_layer_through():
-    from train.strategies.eagle3 import init_fc_last_feature
+    from drafterkit.train.strategies.eagle3 import init_fc_last_feature
 
     target = tiny_llama(0, layers=4)
     d = _drafter(target)
@@ -196,8 +196,8 @@ def test_last_feature_fc_init_passes_the_top_feature_layer_through():
 def test_split_attention_init_sees_embedding_plus_hidden_as_the_target_layer_would():
     """Both halves of the head's 2H-wide q/k/v get the target's last-layer weights: the projection of
     [e; x] equals the target's projection of e + x; the two input norms start as the target's."""
-    from drafters.eagle import init_layer_from_target
-    from train.strategies.eagle3 import init_split_attention_from_target
+    from drafterkit.drafters.eagle import init_layer_from_target
+    from drafterkit.train.strategies.eagle3 import init_split_attention_from_target
 
     target = tiny_llama(0, layers=4)
     d = _drafter(target)

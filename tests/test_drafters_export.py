@@ -10,10 +10,10 @@ import torch
 from conftest import tiny_llama
 from safetensors.torch import load_file
 
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafters.export import ExportError, export, push_to_hub
-from drafters.medusa import MedusaConfig, MedusaDrafter
-from train.cli import main as cli
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.export import ExportError, export, push_to_hub
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.cli import main as cli
 
 
 def _eagle3_ckpt(tmp_path, n=40, layers=(1, 2, 3), num_layers=4, seed=0):
@@ -69,7 +69,7 @@ def test_eagle3_export_reloads_for_reduced_and_full_vocabularies(tmp_path, fmt, 
     """export -> load_eagle3_export gives the same head: the same tensors (fc's input blocks in layer order),
     the same draft ids, the same logits on the target's features; a full vocabulary carries no d2t / t2d
     (vLLM creates draft_id_to_target_id only for draft_vocab_size < vocab_size and loads strictly)."""
-    from drafters.export import load_eagle3_export
+    from drafterkit.drafters.export import load_eagle3_export
 
     d, ckpt = _eagle3_ckpt(tmp_path, n=n, layers=layers)
     target = tiny_llama(0, layers=4)
@@ -93,7 +93,7 @@ def test_a_full_vocabulary_checkpoint_loads_with_or_without_d2t(tmp_path):
     vocabulary still needs both."""
     from safetensors.torch import save_file
 
-    from drafters import DrafterLoadError, load_drafter
+    from drafterkit.drafters import DrafterLoadError, load_drafter
 
     target = tiny_llama(0, layers=4)
     for n in (128, 40):
@@ -219,7 +219,7 @@ def test_medusa_export_own_heads(tmp_path):
 def test_hf_assistant_export_loads_with_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     target = tiny_llama(0)
     d = DraftLM.from_target(target, 1)
@@ -238,7 +238,7 @@ def _open_mode(tmp_path) -> int:
 
 
 def test_weight_files_get_the_umask_mode_not_owner_only(tmp_path):
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     mode = _open_mode(tmp_path)
     _, e3 = _eagle3_ckpt(tmp_path)
@@ -258,7 +258,7 @@ def test_weight_files_get_the_umask_mode_not_owner_only(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["vllm-eagle3", "sglang-eagle3", "medusa"])
 def test_an_export_loaded_back_is_a_clear_error_naming_its_format(tmp_path, fmt, capsys):
-    from drafters import DrafterLoadError, load_drafter
+    from drafterkit.drafters import DrafterLoadError, load_drafter
 
     target = tiny_llama(0, layers=4)
     if fmt == "medusa":
@@ -301,7 +301,7 @@ def test_push_to_hub_fails_fast_offline(tmp_path, monkeypatch, capsys):
 
 def _run_dir(tmp_path, *, best: bool):
     """A fake training run: OUTPUT_DIR/checkpoints/{last,best}/drafter (+ the training state beside it)."""
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     target = tiny_llama(0)
     run = tmp_path / "run"
@@ -315,7 +315,7 @@ def _run_dir(tmp_path, *, best: bool):
 
 
 def test_one_resolver_for_drafter_folders_training_checkpoints_and_run_dirs(tmp_path):
-    from drafters import DrafterLoadError, load_drafter, resolve_checkpoint
+    from drafterkit.drafters import DrafterLoadError, load_drafter, resolve_checkpoint
 
     run, _, _ = _run_dir(tmp_path, best=False)
     last = run / "checkpoints" / "last"
@@ -355,7 +355,7 @@ def test_export_error_names_what_was_found(tmp_path, capsys):
 
 
 def test_push_to_hub_checks_the_hub_before_writing(tmp_path, monkeypatch, capsys):
-    import drafters.export as ex
+    import drafterkit.drafters.export as ex
 
     _, ckpt = _eagle3_ckpt(tmp_path)
     order = []
@@ -385,8 +385,8 @@ def test_dflash_export_is_the_checkpoint_under_vllms_config_and_loads_back(tmp_p
     from conftest import tiny_llama
     from test_drafters_conformance import build
 
-    from decode.protocol import DecodeState, SamplingParams
-    from drafters.export import load_dflash_export
+    from drafterkit.decode.protocol import DecodeState, SamplingParams
+    from drafterkit.drafters.export import load_dflash_export
 
     target = tiny_llama(0, layers=4)
     d = build(kind, target)
@@ -416,7 +416,7 @@ def test_dflash_export_is_the_checkpoint_under_vllms_config_and_loads_back(tmp_p
 
 
 def test_eval_names_the_checkpoint_an_export_came_from(tmp_path, capsys):
-    from speceval.methods import say_export_source
+    from drafterkit.speceval.methods import say_export_source
 
     _, e3 = _eagle3_ckpt(tmp_path)
     out = export(e3, "vllm-eagle3", tmp_path / "v")
@@ -474,7 +474,7 @@ def test_a_damaged_weights_file_is_a_one_line_error_naming_it(tmp_path, capsys):
 def test_a_target_export_cannot_load_is_one_line_naming_it(tmp_path, capsys, fmt):
     """--target is read for Medusa's shared LM head and the assistant's tokenizer: a missing folder is named as
     such (transformers' own error called the path a malformed Hub repo id), and nothing is written."""
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     target = tiny_llama(0)
     d = (MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target) if fmt == "medusa"

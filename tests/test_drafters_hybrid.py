@@ -4,11 +4,11 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode import generate
-from speceval.methods import build_drafter
-from decode.protocol import DecodeState, SamplingParams
-from drafters.draft_lm import DraftLM
-from drafters.hybrid import LookupHybrid
+from drafterkit.decode import generate
+from drafterkit.speceval.methods import build_drafter
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.hybrid import LookupHybrid
 
 
 def _state(rows, vocab=128):

@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from conftest import acceptance_before_after, greedy_continuation_batch, tiny_llama
 
-from decode.protocol import DecodeState, SamplingParams
-from drafters.medusa import MedusaConfig, MedusaDrafter
-from train.recipe import recipe_from_dict
-from train.strategies import get_strategy
-from train.strategies.medusa import head_labels
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.train.recipe import recipe_from_dict
+from drafterkit.train.strategies import get_strategy
+from drafterkit.train.strategies.medusa import head_labels
 
 K = 3
 
@@ -94,7 +94,7 @@ def test_propose_uses_the_state_that_predicted_the_last_token():
 
 def test_more_draft_tokens_than_heads_proposes_one_per_head():
     """K > num_heads: the drafter proposes num_heads tokens (Proposal.lengths) and decoding stays exact."""
-    from decode import generate
+    from drafterkit.decode import generate
 
     target = tiny_llama(0)
     d = _drafter(target)
@@ -111,7 +111,7 @@ def test_more_draft_tokens_than_heads_proposes_one_per_head():
 
 
 def test_own_lm_heads_start_from_the_target_and_are_saved(tmp_path):
-    from drafters import load_drafter
+    from drafterkit.drafters import load_drafter
 
     target = tiny_llama(0)
     d = _drafter(target, share_lm_head=False)

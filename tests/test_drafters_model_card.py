@@ -13,14 +13,14 @@ import torch
 import yaml
 from conftest import tiny_llama
 
-from drafters.draft_lm import DraftLM
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafters.export import export
-from drafters.medusa import MedusaConfig, MedusaDrafter
-from drafters.model_card import hub_base_model
-from train.checkpoint import TrainerState
-from train.cli import main as cli
-from train.recipe import recipe_from_dict
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.export import export
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.drafters.model_card import hub_base_model
+from drafterkit.train.checkpoint import TrainerState
+from drafterkit.cli import main as cli
+from drafterkit.train.recipe import recipe_from_dict
 
 EVAL = {"tau": 1.8125, "acceptance_rate": 0.2031, "accept_per_position": [0.5, 0.25, 0.125, 0.0625],
         "tokens_per_s": 42.5, "committed": 116, "target_forwards": 64, "drafted": 256, "wall_s": 2.7,
@@ -36,7 +36,7 @@ def _drafter(kind: str):
         d.set_draft_vocab(torch.arange(40) * 3, target=target)
         return d
     if kind == "dflash":
-        from drafters.dflash import DFlashConfig, DFlashDrafter
+        from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
         return DFlashDrafter(DFlashConfig.from_target(target, block_size=4), target=target)
     if kind == "medusa":
         return MedusaDrafter(MedusaConfig.from_target(target, num_heads=3, share_lm_head=False), target=target)
@@ -53,7 +53,7 @@ def _card(folder):
 
 def _eval_argv(body: str) -> list[str]:
     """The `drafterkit eval ...` line of a card, checked to parse with drafterkit eval's own flags."""
-    from speceval.eval_args import add_arguments
+    from drafterkit.speceval.eval_args import add_arguments
 
     line = next(x for x in body.splitlines() if x.startswith("drafterkit eval "))
     argv = shlex.split(line)[2:]
@@ -158,7 +158,7 @@ def test_base_model_is_a_hub_id_or_left_out(tmp_path):
 def test_push_to_hub_uploads_the_export_with_its_card(tmp_path, monkeypatch, capsys):
     import huggingface_hub
 
-    import drafters.export as ex
+    import drafterkit.drafters.export as ex
 
     calls = []
 

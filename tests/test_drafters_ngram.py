@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from decode.protocol import DecodeState, SamplingParams
-from drafters import DrafterLoadError, load_drafter
-from drafters.ngram import NGramConfig, NGramDrafter, lookup
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters import DrafterLoadError, load_drafter
+from drafterkit.drafters.ngram import NGramConfig, NGramDrafter, lookup
 
 
 def test_lookup_prefers_longest_most_recent_match():
@@ -43,8 +43,7 @@ def test_save_load_roundtrip_and_strict(tmp_path):
 
 def test_no_match_round_costs_one_plain_step(tiny_target):
     """Without any n-gram match the engine verifies no draft token: a plain step, exact output."""
-    import decode
-
+    from drafterkit import decode
     prompt = [[5, 9, 17, 33, 60]]  # no repeated token: nothing to look up at first
     plain = decode.generate(tiny_target, prompt, max_new_tokens=12)
     spec = decode.generate(tiny_target, prompt, drafter=NGramDrafter(), max_new_tokens=12, num_draft_tokens=4)
@@ -55,8 +54,8 @@ def test_no_match_round_costs_one_plain_step(tiny_target):
 
 
 def test_continuations_trie_fills_the_tree_by_frequency_then_recency():
-    from decode.tree import DraftTree
-    from drafters.ngram import continuations, fill_tree
+    from drafterkit.decode.tree import DraftTree
+    from drafterkit.drafters.ngram import continuations, fill_tree
 
     #        5 6 -> 1 2 | 5 6 -> 3 4 | 5 6 -> 1 9 | now: ... 5 6
     row = [5, 6, 1, 2, 5, 6, 3, 4, 5, 6, 1, 9, 5, 6]

@@ -7,18 +7,27 @@ Rank order (each package imports only packages of lower rank, and itself):
     1 decode    the decoder core: engine, cache, verification, sampling, trees, metrics, proposer protocol
     2 drafters  drafter kinds, save / load, export (imports assets and decode)
     3 speceval  evaluation: benchmark prompts, methods, measurement, reports, plots, sweeps
-    4 train     data, features, losses, the training loop, recipes, quickstart and the CLI
+    4 train     data, features, losses, the training loop, recipes, the quickstart
+    5 drafterkit the namespace root (``drafterkit/``): the ``drafterkit`` command (``cli.py``)
+
+Installed, every package lives under the ``drafterkit`` namespace (``drafterkit.decode``, ...), each from
+the repository folder of its name (pyproject.toml's package-dir).
 
 The decoder core imports no other package of ours, not even assets.
 """
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RANKS = {"assets": 0, "decode": 1, "drafters": 2, "speceval": 3, "train": 4}
+NAMESPACE = "drafterkit"  # every package installs under it (pyproject.toml's package-dir)
+RANKS = {"assets": 0, "decode": 1, "drafters": 2, "speceval": 3, "train": 4, NAMESPACE: 5}
 ALLOWED = {pkg: {p for p, r in RANKS.items() if r < rank} | {pkg} for pkg, rank in RANKS.items()}
 ALLOWED["decode"] = {"decode"}  # the decoder core stands alone
 MAX_MODULE_LINES = 500
@@ -28,7 +37,7 @@ MAX_FUNCTION_LINES = 80  # body lines, docstring excluded
 def _modules() -> dict[str, Path]:
     out = {}
     for pkg in RANKS:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
+        for path in sorted((ROOT / pkg).rglob("*.py")) if pkg != NAMESPACE else sorted((ROOT / pkg).glob("*.py")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -39,18 +48,26 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _installed(name: str) -> str:
+    """``decode.x`` for the installed name ``drafterkit.decode.x`` (the namespace root itself is ``drafterkit``)."""
+    return name.removeprefix(f"{NAMESPACE}.")
+
+
 def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -> list[str]:
     """The modules of ours an import statement loads (a ``from pkg import sub`` names ``pkg.sub``)."""
     if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
+        names = [_installed(a.name) for a in node.names]
     else:
         if node.level:
             base = module.split(".")
             base = base[: len(base) - node.level + (1 if is_package else 0)]
             origin = ".".join(base + ([node.module] if node.module else []))
         else:
-            origin = node.module or ""
-        names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in MODULES else origin for a in node.names]
+            origin = _installed(node.module or "")
+        if origin == NAMESPACE:  # from drafterkit import decode
+            names = [a.name for a in node.names]
+        else:
+            names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in MODULES else origin for a in node.names]
     return [n for n in names if n.split(".")[0] in RANKS]
 
 
@@ -145,7 +162,27 @@ def test_tests_mirror_the_packages(pkg):
 
 
 def test_cli_lists_all_verbs():
-    from train.cli import VERBS
+    from drafterkit.cli import VERBS
 
     assert set(VERBS) == {"train", "features", "eval", "export", "serve-check", "assets",
                           "quickstart", "tune"}
+
+
+def test_installed_names_live_under_one_namespace(tmp_path):
+    """Outside the checkout, the packages import as ``drafterkit.*`` and nothing generic is importable."""
+    probe = ("import importlib, json\n"
+             "ok = [importlib.import_module(f'drafterkit.{p}').__name__ for p in ('assets', 'decode', 'drafters',"
+             " 'speceval', 'train', 'cli')]\n"
+             "bare = []\n"
+             "for p in ('assets', 'decode', 'drafters', 'speceval', 'train'):\n"
+             "    try:\n"
+             "        importlib.import_module(p)\n"
+             "        bare.append(p)\n"
+             "    except ModuleNotFoundError:\n"
+             "        pass\n"
+             "print(json.dumps([ok, bare]))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr
+    ok, bare = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(ok) == 6 and bare == [], f"importable without the namespace: {bare}"

@@ -9,17 +9,17 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from assets.pinned import default_target_dir
-from decode.tree import DraftTree
-from drafters.datastore import Datastore
-from drafters.draft_lm import DraftLM
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafters.medusa import MedusaConfig, MedusaDrafter
-from speceval import bench, eval_args, methods, report
-from speceval.harness import check_exactness
-from speceval.methods import build_drafter, hf_method
-from speceval.report import differs_note, parse_markdown_table, render_markdown
-from train.cli import build_parser, main, parse
+from drafterkit.assets.pinned import default_target_dir
+from drafterkit.decode.tree import DraftTree
+from drafterkit.drafters.datastore import Datastore
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.speceval import bench, eval_args, methods, report
+from drafterkit.speceval.harness import check_exactness
+from drafterkit.speceval.methods import build_drafter, hf_method
+from drafterkit.speceval.report import differs_note, parse_markdown_table, render_markdown
+from drafterkit.cli import build_parser, main, parse
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_an_empty_entry_in_a_comma_separated_flag_is_a_usage_error(capsys, argv)
 
 
 def test_an_empty_baselines_flag_still_means_none():
-    from speceval.eval_args import csv_values
+    from drafterkit.speceval.eval_args import csv_values
 
     assert csv_values(str, "--baselines")("") == [] and csv_values(float, "--x")(" 0.1, 0.2") == [0.1, 0.2]
 
@@ -450,7 +450,7 @@ def test_the_command_line_of_a_config_parses_back_to_it():
 
 
 def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
-    from speceval.recorded import RECORDED, apply_recorded, write_decoding
+    from drafterkit.speceval.recorded import RECORDED, apply_recorded, write_decoding
 
     target = tiny_llama(0, vocab_size=49152, hidden_size=32)
     a, b = tmp_path / "a" / "drafter", tmp_path / "b" / "drafter"
@@ -517,8 +517,8 @@ def test_sweep_and_plot_options_are_taken_where_they_apply():
 def test_recorded_message_says_which_setting_is_used_and_why_not(tmp_path):
     """After a tune that kept an incumbent slower than plain decoding (and no other setting recorded), eval says
     so in one sentence: no "()" of flags never given, no "not used" twice, no setting called the best."""
-    from assets.device import host_info
-    from speceval.recorded import apply_recorded
+    from drafterkit.assets.device import host_info
+    from drafterkit.speceval.recorded import apply_recorded
 
     target = tiny_llama(0, vocab_size=49152, hidden_size=32)
     folder = DraftLM.from_target(target, 1).save_pretrained(tmp_path / "d")

@@ -8,7 +8,7 @@ import os
 
 def test_a_busy_cpu_is_named_with_the_thread_count_that_fits():
     """Other processes holding cores while torch runs as many threads as there are cores: warned, with a fix."""
-    from speceval.harness import busy_warning
+    from drafterkit.speceval.harness import busy_warning
 
     assert busy_warning(None, 2, 2) is None and busy_warning(0.1, 2, 2) is None  # quiet (or unknown)
     assert busy_warning(1.0, 1, 2) is None  # one core busy, one thread: they fit
@@ -20,7 +20,7 @@ def test_a_busy_cpu_is_named_with_the_thread_count_that_fits():
 
 
 def test_busy_cores_reads_the_cpu_while_this_process_sleeps():
-    from speceval.harness import busy_cores
+    from drafterkit.speceval.harness import busy_cores
 
     busy = busy_cores(0.2)
     assert busy is None or 0.0 <= busy <= os.cpu_count()

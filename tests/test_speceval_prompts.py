@@ -8,8 +8,8 @@ import copy
 import pytest
 from transformers import AutoTokenizer
 
-from assets.pinned import default_target_dir
-from speceval.prompts import chat_ids, load_prompts, select_prompts
+from drafterkit.assets.pinned import default_target_dir
+from drafterkit.speceval.prompts import chat_ids, load_prompts, select_prompts
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from assets.pinned import default_target_dir
-from speceval import factors, plots, report
-from speceval.harness import check_exactness
-from train.cli import main
+from drafterkit.assets.pinned import default_target_dir
+from drafterkit.speceval import factors, plots, report
+from drafterkit.speceval.harness import check_exactness
+from drafterkit.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -13,17 +13,17 @@ import os
 import pytest
 import torch
 
-from assets.target import load_target
-from decode import generate
-from drafters.draft_lm import DraftLM
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafters.export import export
-from drafters.medusa import MedusaConfig, MedusaDrafter
-from speceval import serving
-from speceval.prompts import select_prompts
-from train.cli import main as cli
-from train.recipe import recipe_from_dict
-from train.strategies import get_strategy
+from drafterkit.assets.target import load_target
+from drafterkit.decode import generate
+from drafterkit.drafters.draft_lm import DraftLM
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.export import export
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.speceval import serving
+from drafterkit.speceval.prompts import select_prompts
+from drafterkit.cli import main as cli
+from drafterkit.train.recipe import recipe_from_dict
+from drafterkit.train.strategies import get_strategy
 
 
 def test_counters_convert_to_our_per_position_convention():
@@ -108,7 +108,7 @@ def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_vllm_pass(
 def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, capsys):
     from conftest import tiny_llama
 
-    from drafters.export import recorded_source
+    from drafterkit.drafters.export import recorded_source
 
     target = tiny_llama(0, layers=4)
     head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40, feature_layers=[1, 2, 3]), target=target)
@@ -232,7 +232,7 @@ def test_a_dflash_export_drafts_in_vllm_as_in_drafterkit(tmp_path, vllm_python, 
     """vllm-dflash next to the Llama target on vLLM's CPU backend (CPU_ATTN takes the non-causal block):
     a DFlash drafter with a reduced vocabulary (d2t), trained 30 steps on the target's answers, drafts the
     same chains of 5 (block_size 6) in vLLM as in drafterkit's decoder."""
-    from drafters.dflash import DFlashConfig, DFlashDrafter
+    from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 
     target, tok = load_target("smollm2-135m")
     batch, used = _answers_batch(target, tok)

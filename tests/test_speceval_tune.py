@@ -7,13 +7,13 @@ import json
 import pytest
 from conftest import tiny_llama
 
-from assets.device import host_info
-from assets.pinned import default_target_dir
-from drafters.medusa import MedusaConfig, MedusaDrafter
-from speceval.bench import EvalConfig
-from speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, tuned_settings
-from speceval.tune import Candidate, candidates
-from train.cli import main
+from drafterkit.assets.device import host_info
+from drafterkit.assets.pinned import default_target_dir
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.speceval.bench import EvalConfig
+from drafterkit.speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, tuned_settings
+from drafterkit.speceval.tune import Candidate, candidates
+from drafterkit.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_a_tuned_setting_from_another_machine_or_no_file_falls_back(tmp_path):
     fewer = dict(here, threads=here["threads"] + 1)  # the same machine, other torch threads: said as such
     settings, why = tuned_settings(dict(tuned=dict(machine=fewer, dtype="fp32", winners={"1": win})), here)
     assert settings is None and "torch threads" in why and "another machine" not in why
-    from drafters.base import weights_sha256
+    from drafterkit.drafters.base import weights_sha256
     mine = dict(machine=here, dtype="fp32", winners={"1": win}, weights_sha256=weights_sha256(folder))
     assert tuned_settings(dict(tuned=mine), here, folder=folder)[0] is not None
     stale = dict(mine, weights_sha256="0" * 64)  # training went on in this folder after tune measured it
@@ -122,8 +122,8 @@ def test_eval_validates_dynamic_tree_specs():
 
 
 def test_generate_auto_uses_the_tuned_setting_the_loaded_drafter_carries(tmp_path):
-    from decode import generate
-    from drafters import load_drafter
+    from drafterkit.decode import generate
+    from drafterkit.drafters import load_drafter
 
     target = tiny_llama(0)
     folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
@@ -155,8 +155,8 @@ def test_generate_auto_uses_the_tuned_setting_the_loaded_drafter_carries(tmp_pat
 
 def test_a_tuned_winner_slower_than_plain_decoding_is_never_used():
     """The best of a search can still be a slowdown: tuned_winner (what eval and tree='auto' read) refuses it."""
-    from assets.device import host_info
-    from drafters.tuned import TUNED, tuned_winner
+    from drafterkit.assets.device import host_info
+    from drafterkit.drafters.tuned import TUNED, tuned_winner
 
     here = host_info("cpu")
     data = {TUNED: {"machine": here, "dtype": "fp32", "winners": {
@@ -177,7 +177,7 @@ def test_a_tuned_winner_slower_than_plain_decoding_is_never_used():
                                          (["--incumbent", "3,2,1@"], "--incumbent '3,2,1@': expected TREE@THRESHOLD"),
                                          (["--device", "tpu"], "unknown device 'tpu'")])
 def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path, capsys, args, needle):
-    from train.cli import main
+    from drafterkit.cli import main
 
     assert main(["tune", str(tmp_path / "no-such-drafter")] + args) == 2
     err = capsys.readouterr().err
@@ -194,7 +194,7 @@ def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path,
 def test_tune_refuses_what_it_cannot_tune_before_the_target_loads(tmp_path, capsys, spec, args, needle):
     """A missing drafter, a malformed incumbent, or a spec with nowhere to write its result is one error line
     before the target loads (the target named here does not exist, so loading it would fail otherwise)."""
-    from train.cli import main
+    from drafterkit.cli import main
 
     spec = str(tmp_path / "no-such-drafter") if spec == "MISSING" else spec
     assert main(["tune", spec, "--target", str(tmp_path / "no-such-target")] + args) == 2
@@ -236,7 +236,7 @@ def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tm
 
 
 def test_the_incumbent_stays_unless_a_challenger_is_faster_beyond_the_noise():
-    from speceval.tune import over_incumbent, parse_incumbent
+    from drafterkit.speceval.tune import over_incumbent, parse_incumbent
 
     inc = dict(batch_tokens_per_s=[10.0, 12.0, 8.0, 11.0])
     steady = over_incumbent(dict(batch_tokens_per_s=[11.0, 13.2, 8.8, 12.1]), inc)  # +10% on every batch
@@ -258,7 +258,7 @@ def test_the_incumbent_stays_unless_a_challenger_is_faster_beyond_the_noise():
 
 
 def test_tune_records_the_duel_with_the_incumbent(world):
-    from speceval.tune import tune
+    from drafterkit.speceval.tune import tune
 
     root, ckpt, prompts = world
     rec = tune(str(ckpt), target_name=str(root / "target"), benchmark=str(prompts), num_prompts=4,
@@ -282,9 +282,9 @@ def test_tune_behind_lookup_records_its_own_entry_that_eval_tree_auto_uses(world
     """``tune PATH+ngram`` / ``PATH+rest`` tune the drafter behind lookup (+ retrieval): the record goes under
     ``tuned+ngram`` / ``tuned+rest``, the drafter's own ``tuned`` entry is kept, and ``eval --tree auto`` gives
     each spec its own setting; a composite never tuned takes the drafter's, and says so."""
-    from drafters import load_drafter
-    from drafters.hybrid import LookupHybrid
-    from speceval.methods import build_drafter
+    from drafterkit.drafters import load_drafter
+    from drafterkit.drafters.hybrid import LookupHybrid
+    from drafterkit.speceval.methods import build_drafter
 
     monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
     root, _, prompts = world
@@ -337,7 +337,7 @@ def test_tune_behind_lookup_records_its_own_entry_that_eval_tree_auto_uses(world
 
 
 def test_tune_takes_the_dtype_the_drafter_is_measured_in_unless_given(tmp_path, capsys):
-    from speceval.tune import recorded_dtype
+    from drafterkit.speceval.tune import recorded_dtype
 
     target = tiny_llama(0)
     folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
@@ -353,8 +353,8 @@ def test_tune_says_what_was_kept_and_never_calls_a_slower_setting_the_best(tmp_p
     """The incumbent stays unless a challenger beats it beyond the noise, and can stay slower than plain decoding
     while a challenger measured faster: the lines say so (it said "no setting beat plain decoding", and eval then
     called the kept 0.82x incumbent "the best" though a challenger measured 0.86x)."""
-    import speceval.tune as tune_mod
-    from drafters.tuned import tuned_winner
+    import drafterkit.speceval.tune as tune_mod
+    from drafterkit.drafters.tuned import tuned_winner
 
     def kept(challenger, theirs, batches, low):
         return dict(tree="3,2,1,1,1", k=5, draft_threshold=0.1, speedup=0.82, tau=1.4, chosen="incumbent",

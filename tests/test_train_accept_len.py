@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode.protocol import DecodeState, SamplingParams
-from train import losses
-from train.recipe import recipe_from_dict
-from train.strategies import get_strategy
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.train import losses
+from drafterkit.train.recipe import recipe_from_dict
+from drafterkit.train.strategies import get_strategy
 
 K = 3
 TOKENS = [7, 3, 99, 42, 42, 5, 18, 61, 23, 8]
@@ -30,8 +30,8 @@ def _perturbed(d, seed=0, scale=0.3):
 
 
 def _head(kind, target):
-    from drafters.eagle import EagleConfig, EagleDrafter
-    from drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
+    from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 
     torch.manual_seed(0)
     if kind == "eagle":
@@ -141,7 +141,7 @@ def test_eagle3_data_tokens_are_not_the_decoders_chain(monkeypatch):
 
 
 def test_draft_lm_chains_k_steps():
-    from drafters.draft_lm import DraftLM
+    from drafterkit.drafters.draft_lm import DraftLM
 
     target = tiny_llama(0)
     d = DraftLM.from_target(target, 1).train()
@@ -151,7 +151,7 @@ def test_draft_lm_chains_k_steps():
 
 @pytest.mark.parametrize("heads,steps", [(3, 2), (3, 5), (2, 2)])
 def test_medusa_chains_min_of_heads_and_draft_steps(heads, steps):
-    from drafters.medusa import MedusaConfig, MedusaDrafter
+    from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 
     target = tiny_llama(0)
     d = _perturbed(MedusaDrafter(MedusaConfig.from_target(target, num_heads=heads), target=target), scale=0.05)

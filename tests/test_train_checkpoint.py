@@ -7,14 +7,14 @@ from types import SimpleNamespace
 import torch
 
 from conftest import tiny_llama
-from train.checkpoint import (
+from drafterkit.train.checkpoint import (
     TrainerState,
     find_resume,
     load_checkpoint,
     resumable_checkpoints,
     save_checkpoint,
 )
-from train.recipe import recipe_from_dict
+from drafterkit.train.recipe import recipe_from_dict
 
 
 def _fake_ckpt(folder, step, state=True):
@@ -76,7 +76,7 @@ def test_tied_weights_save_without_shared_tensor_notice_and_resume(tmp_path, cap
 def test_checkpoint_files_get_the_umask_mode_not_owner_only(tmp_path):
     from accelerate import Accelerator
 
-    from drafters.medusa import MedusaConfig, MedusaDrafter
+    from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 
     probe = tmp_path / "probe.txt"
     probe.write_text("x")

@@ -9,9 +9,9 @@ import warnings
 import pytest
 import torch
 
-from assets.conversations import LoaderStats, heldout_prompts, is_heldout, iter_sharegpt
-from train import data
-from train.data import (
+from drafterkit.assets.conversations import LoaderStats, heldout_prompts, is_heldout, iter_sharegpt
+from drafterkit.train import data
+from drafterkit.train.data import (
     IGNORE_INDEX,
     DataStats,
     SkipExample,
@@ -34,7 +34,7 @@ CONV = [
 def tok():
     from transformers import AutoTokenizer
 
-    from assets.pinned import default_target_dir
+    from drafterkit.assets.pinned import default_target_dir
 
     return AutoTokenizer.from_pretrained(default_target_dir())
 
@@ -78,7 +78,7 @@ def test_default_system_prompt_is_unsupervised(tok):
 
 @pytest.mark.slow
 def test_offsets_method_matches_prefix_token_reference_on_real_sharegpt(tok):
-    from assets.pinned import fetch
+    from drafterkit.assets.pinned import fetch
 
     convs = []
     for conv in iter_sharegpt(fetch("sharegpt"), stats=LoaderStats()):
@@ -273,8 +273,8 @@ def test_labels_follow_the_mask_for_a_real_causal_lm_loss(tiny_target):
 
 
 def test_recipe_data_file_is_data_path_for_either_source_and_format_is_enforced(tok, tmp_path):
-    from train.recipe import RecipeError, recipe_from_dict
-    from train.recipe_data import recipe_data_file
+    from drafterkit.train.recipe import RecipeError, recipe_from_dict
+    from drafterkit.train.recipe_data import recipe_data_file
 
     src = _sharegpt_file(tmp_path / "sg.json", n=8)
     sharegpt = recipe_from_dict({"output_dir": "x", "data": {"source": "sharegpt", "path": str(src)}})
@@ -298,7 +298,7 @@ def test_stats_entry_point_bad_source_is_a_clean_error(tmp_path, capsys, content
         src.write_text(content)
     assert data.main(["--stats", "--source", str(src), "--cache-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
-    assert "python -m train.data: error: " in err and message in err and "Traceback" not in err
+    assert "python -m drafterkit.train.data: error: " in err and message in err and "Traceback" not in err
 
 
 def test_regenerate_replaces_responses_with_the_targets_greedy_continuations(tmp_path):
@@ -308,8 +308,8 @@ def test_regenerate_replaces_responses_with_the_targets_greedy_continuations(tmp
     import datasets
     from conftest import tiny_llama
 
-    from decode import engine
-    from train.regenerate import regenerate_dataset
+    from drafterkit.decode import engine
+    from drafterkit.train.regenerate import regenerate_dataset
 
     target = tiny_llama(0)
     g = torch.Generator().manual_seed(0)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the refusals 
 
 
 def _recipe(tmp_path: Path):
-    from train.recipe import recipe_from_dict
+    from drafterkit.train.recipe import recipe_from_dict
 
     data = tmp_path / "chat.jsonl"
     data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
@@ -27,8 +27,8 @@ def _recipe(tmp_path: Path):
 
 @pytest.mark.parametrize("var,engine", [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")])
 def test_a_sharded_engine_without_cuda_is_refused_naming_request_reason_and_remedy(tmp_path, monkeypatch, var, engine):
-    from train.prepare import check_distributed_request, preflight
-    from train.recipe import RecipeError
+    from drafterkit.train.prepare import check_distributed_request, preflight
+    from drafterkit.train.recipe import RecipeError
 
     recipe = _recipe(tmp_path)
     assert check_distributed_request(recipe) is None
@@ -43,8 +43,8 @@ def test_a_sharded_engine_without_cuda_is_refused_naming_request_reason_and_reme
 def test_an_accelerator_counting_fewer_processes_than_launched_is_refused(tmp_path, monkeypatch):
     from accelerate import Accelerator
 
-    from train.prepare import check_distributed_result
-    from train.recipe import RecipeError
+    from drafterkit.train.prepare import check_distributed_result
+    from drafterkit.train.recipe import RecipeError
 
     acc = Accelerator(cpu=True)  # one process: what accelerate builds for DeepSpeed on a CPU on every rank
     check_distributed_result(acc, None)
@@ -77,7 +77,7 @@ with the shipped ``recipes/accelerate/fsdp.yaml``, two processes) before the tar
 
 
 def test_a_refused_launch_prints_its_error_once_not_once_per_process(tmp_path, monkeypatch, capsys):
-    from train.run import main
+    from drafterkit.train.run import main
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(_recipe(tmp_path).to_yaml())

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from conftest import tiny_llama
 
-import decode
-from speceval.prompts import load_prompts
-from train.evaluate import eval_prompt_ids
-from train.recipe import recipe_from_dict
+from drafterkit import decode
+from drafterkit.speceval.prompts import load_prompts
+from drafterkit.train.evaluate import eval_prompt_ids
+from drafterkit.train.recipe import recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml")) + sorted((ROOT / "recipes" / "gpu").glob("*.yaml"))
@@ -29,7 +29,7 @@ LONG_QUESTIONS = ("mt-bench/133", "mt-bench/136", "mt-bench/138", "mt-bench/140"
 def tok():
     from transformers import AutoTokenizer
 
-    from assets.pinned import default_target_dir
+    from drafterkit.assets.pinned import default_target_dir
 
     return AutoTokenizer.from_pretrained(default_target_dir())
 
@@ -65,7 +65,7 @@ def _spy_generate(monkeypatch) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def cli_ids(target_dir, tmp_path_factory):
     """The ids ``drafterkit eval --benchmark mt-bench --num-prompts 80`` feeds the decoder, by question id."""
-    from train.cli import main
+    from drafterkit.cli import main
 
     out = tmp_path_factory.mktemp("eval") / "e.json"
     with pytest.MonkeyPatch.context() as mp:
@@ -112,8 +112,8 @@ def test_sharegpt_heldout_equals_drafterkit_eval_sharegpt(tok, tmp_path, monkeyp
         {"from": "gpt", "value": "ok"}]} for i in range(600)]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(data))
-    import assets.pinned
-
+    import drafterkit.assets.pinned
+    from drafterkit import assets
     monkeypatch.setattr(assets.pinned, "fetch", lambda name, **kw: path if name == "sharegpt" else None)
     recipe = recipe_from_dict({"output_dir": str(tmp_path / "run"), "data": {"path": str(path), "max_length": 64},
                                "eval": {"num_prompts": 3, "max_new_tokens": 8}})
@@ -155,8 +155,8 @@ def test_a_prompt_too_long_for_the_context_is_skipped_and_counted_never_truncate
 def test_the_eval_result_json_counts_the_skipped_prompts(tok, tmp_path, monkeypatch):
     # End to end through the training loop: the decoder is fed the whole prompts that fit, and
     # eval/step-N.json and checkpoints/best/eval.json say how many were skipped and why.
-    from assets.pinned import home
-    from train.loop import train
+    from drafterkit.assets.pinned import home
+    from drafterkit.train.loop import train
 
     (tmp_path / "home").mkdir()  # the dataset cache stays in tmp; the pinned MT-bench file is the real one
     (tmp_path / "home" / "mt-bench").symlink_to(home() / "mt-bench")

@@ -13,16 +13,16 @@ import torch
 import yaml
 from conftest import tiny_llama, training_world
 
-from train.feature_cache import (
+from drafterkit.train.feature_cache import (
     FeatureCache,
     FeatureCacheError,
     build_feature_cache,
     cache_spec,
     open_recipe_cache,
 )
-from train.features import target_features
-from train.recipe import RecipeError, recipe_from_dict
-from train.strategies import get_strategy
+from drafterkit.train.features import target_features
+from drafterkit.train.recipe import RecipeError, recipe_from_dict
+from drafterkit.train.strategies import get_strategy
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "to", "big", "red", "house", "dog"]
 
@@ -85,9 +85,9 @@ def test_cached_features_equal_online_features_rounded_to_bf16(tmp_path, capsys)
 
 def _head(kind, target):
     """A drafter of ``kind`` on the tiny target (random, seeded) and its recipe."""
-    from drafters.eagle import EagleConfig, EagleDrafter
-    from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-    from drafters.medusa import MedusaConfig, MedusaDrafter
+    from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
+    from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 
     torch.manual_seed(0)
     options = {"medusa": {"num_heads": 3}, "eagle": {}, "eagle3": {"feature_layers": [0, 1, 2], "ttt_steps": 2},
@@ -99,7 +99,7 @@ def _head(kind, target):
     elif kind == "eagle":
         d = EagleDrafter(EagleConfig.from_target(target), target=target)
     elif kind == "dflash":
-        from drafters.dflash import DFlashConfig, DFlashDrafter
+        from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 
         d = DFlashDrafter(DFlashConfig.from_target(target, draft_vocab_size=64, feature_layers=[1, 2], block_size=4),
                           target=target)
@@ -159,7 +159,7 @@ def _shard_hashes(path: Path) -> dict[str, str]:
 
 
 def test_an_interrupted_build_resumes_at_the_first_unfinished_shard(tmp_path, monkeypatch):
-    import train.feature_cache as fc
+    import drafterkit.train.feature_cache as fc
 
     target = tiny_llama(0, layers=3)
     examples = _examples()
@@ -227,7 +227,7 @@ def test_a_torn_shard_is_detected_and_rebuilt(tmp_path):
 def test_a_shard_damaged_in_place_is_found_when_training_opens_the_cache(tmp_path, monkeypatch):
     """16 bytes overwritten mid-shard, same size: training's open hashes every shard (once per process), so
     the main process rebuilds the shard and the others refuse it, naming it and the fix, as for a torn one."""
-    import train.feature_cache as fc
+    import drafterkit.train.feature_cache as fc
 
     target = tiny_llama(0, layers=3)
     recipe = recipe_from_dict({"output_dir": "x", "drafter": {"kind": "eagle"},
@@ -331,8 +331,9 @@ def _last_json(out: str) -> dict:
 
 
 def test_cli_builds_the_cache_and_training_reads_it_with_no_target_forward(world, tmp_path, capsys, monkeypatch):
-    import assets.target
-    from train.cli import main
+    import drafterkit.assets.target
+    from drafterkit import assets
+    from drafterkit.cli import main
 
     forwards = []
     load = assets.target.load_target
@@ -367,7 +368,7 @@ def test_cli_builds_the_cache_and_training_reads_it_with_no_target_forward(world
 
 
 def test_training_builds_a_missing_cache_first_and_refuses_draft_lm(world, tmp_path, capsys):
-    from train.cli import main
+    from drafterkit.cli import main
 
     recipe, fc = str(world / "recipe.yaml"), f"data.feature_cache={tmp_path / 'fc'}"
     assert main(["train", recipe, fc, f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]) == 0
@@ -379,10 +380,10 @@ def test_training_builds_a_missing_cache_first_and_refuses_draft_lm(world, tmp_p
 
 
 def test_the_quickstart_reads_a_complete_cache_and_never_builds_one(world, tmp_path, capsys):
-    from assets.target import load_target
-    from train.cli import main
-    from train.quickstart_plan import feature_source
-    from train.recipe import load_recipe
+    from drafterkit.assets.target import load_target
+    from drafterkit.cli import main
+    from drafterkit.train.quickstart_plan import feature_source
+    from drafterkit.train.recipe import load_recipe
 
     recipe_file, fc = str(world / "recipe.yaml"), f"data.feature_cache={tmp_path / 'fc'}"
     recipe = load_recipe(recipe_file, [fc])

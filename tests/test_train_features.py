@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from decode.protocol import Proposal
-from train.features import target_features, target_hidden
+from drafterkit.decode.protocol import Proposal
+from drafterkit.train.features import target_features, target_hidden
 
 ROWS = [[5, 9, 33, 2, 17, 80, 81], [40, 41, 42], [7, 7, 7, 7, 100]]
 
@@ -51,7 +51,7 @@ def test_hooks_keep_only_requested_layers_in_order():
 
 def test_decoder_features_equal_training_features():
     """What decode.generate shows a proposer is exactly what training computes."""
-    from decode import engine
+    from drafterkit.decode import engine
 
     target = tiny_llama(0, layers=3)
     seen = []

@@ -43,7 +43,7 @@ def world(tmp_path_factory):
 
 
 def _recipe_file(world: Path, tmp: Path, kind: str) -> Path:
-    from train.recipe import recipe_from_dict
+    from drafterkit.train.recipe import recipe_from_dict
 
     data = {
         "output_dir": str(tmp / "unused"),
@@ -64,7 +64,7 @@ def _recipe_file(world: Path, tmp: Path, kind: str) -> Path:
 
 
 def _train_cli(recipe: Path, out: Path, batch: int, accum: int, capsys) -> dict:
-    from train.cli import main
+    from drafterkit.cli import main
 
     code = main(["train", str(recipe), f"output_dir={out}", f"train.batch_size={batch}", f"train.grad_accum={accum}"])
     assert code == 0
@@ -88,9 +88,9 @@ def _initial_params(world: Path, recipe: Path) -> dict[str, torch.Tensor]:
     """The drafter as the strategy builds it before any step (seeded as in training)."""
     from accelerate.utils import set_seed
 
-    from assets.target import load_target
-    from train.recipe import load_recipe
-    from train.strategies import get_strategy
+    from drafterkit.assets.target import load_target
+    from drafterkit.train.recipe import load_recipe
+    from drafterkit.train.strategies import get_strategy
 
     r = load_recipe(recipe)
     target, tok = load_target(str(world / "target"))
@@ -114,15 +114,15 @@ def test_batch_times_accumulation_splits_give_one_update(world, tmp_path, capsys
 
 def test_logged_loss_is_the_mean_over_every_supervised_token_of_the_step(world, tmp_path, capsys):
     """One step of 2 x 4 logs sum(per-token losses) / (supervised tokens), computed here per example."""
-    from assets.target import load_target
-    from train.recipe_data import load_data
-    from train.recipe import load_recipe
-    from train.data import collate
-    from train.strategies import get_strategy
+    from drafterkit.assets.target import load_target
+    from drafterkit.train.recipe_data import load_data
+    from drafterkit.train.recipe import load_recipe
+    from drafterkit.train.data import collate
+    from drafterkit.train.strategies import get_strategy
 
     recipe = _recipe_file(world, tmp_path, "draft_lm")
     out = tmp_path / "one"
-    from train.cli import main
+    from drafterkit.cli import main
 
     assert main(["train", str(recipe), f"output_dir={out}", "train.max_steps=1", "train.batch_size=2",
                  "train.grad_accum=4"]) == 0
@@ -152,7 +152,7 @@ def test_two_gloo_processes_give_the_one_process_update(world, tmp_path, capsys)
     one = _train_cli(recipe, tmp_path / "one", 8, 1, capsys)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "train",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "drafterkit.train",
                            str(recipe), f"output_dir={tmp_path / 'two'}", "train.batch_size=2", "train.grad_accum=2"],
                           cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

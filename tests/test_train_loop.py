@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import tiny_llama, training_world
 
-from train.recipe import RecipeError, load_recipe, recipe_from_dict
+from drafterkit.train.recipe import RecipeError, load_recipe, recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
@@ -42,15 +42,15 @@ def _recipe(world, out, **over):
 
 
 def _load(world):
-    from assets.target import load_target
+    from drafterkit.assets.target import load_target
 
     return load_target(str(world / "target"))
 
 
 def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path, capsys):
-    from drafters import load_drafter
-    from drafters.draft_lm import DraftLM
-    from train.loop import train
+    from drafterkit.drafters import load_drafter
+    from drafterkit.drafters.draft_lm import DraftLM
+    from drafterkit.train.loop import train
 
     target, tok = _load(world)
     before = {k: v.clone() for k, v in target.state_dict().items()}
@@ -83,9 +83,9 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
     LM head), so the hint names it and the export CLI accepts the line as printed."""
     import shlex
 
-    from drafters.export import run
-    from train.export_args import add_arguments
-    from train.loop import train
+    from drafterkit.drafters.export import run
+    from drafterkit.train.export_args import add_arguments
+    from drafterkit.train.loop import train
 
     target, tok = _load(world)
     recipe = _recipe(world, tmp_path / "run", **{"drafter.kind": "medusa", "drafter.options": "{num_heads: 3}"})
@@ -100,8 +100,8 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
 
 
 def test_save_total_limit_keeps_the_newest_step_checkpoints_and_resume_still_works(world, tmp_path):
-    from train.checkpoint import find_resume
-    from train.loop import train
+    from drafterkit.train.checkpoint import find_resume
+    from drafterkit.train.loop import train
 
     target, tok = _load(world)
     recipe = _recipe(world, tmp_path / "run", **{"train.max_steps": 4, "train.save_every": 1,
@@ -115,7 +115,7 @@ def test_save_total_limit_keeps_the_newest_step_checkpoints_and_resume_still_wor
 def test_resume_equals_straight_run(world, tmp_path):
     from safetensors.torch import load_file
 
-    from train.loop import train
+    from drafterkit.train.loop import train
 
     target, tok = _load(world)
     over = {"train.grad_accum": 2, "train.max_steps": 4, "optim.warmup_steps": 0}
@@ -136,8 +136,8 @@ def test_resume_equals_straight_run(world, tmp_path):
 
 
 def test_unroll_alphas_match_explicit_chains():
-    from train.losses import acceptance_probability
-    from train.strategies.draft_lm import unroll_alphas
+    from drafterkit.train.losses import acceptance_probability
+    from drafterkit.train.strategies.draft_lm import unroll_alphas
 
     lm, target = tiny_llama(3, layers=1), tiny_llama(4)
     lm.requires_grad_(True)
@@ -171,8 +171,8 @@ def test_unroll_alphas_match_explicit_chains():
 
 
 def test_strategy_loss_terms_and_on_policy_batch(world):
-    from train.data import collate
-    from train.strategies import get_strategy
+    from drafterkit.train.data import collate
+    from drafterkit.train.strategies import get_strategy
 
     target, tok = _load(world)
     strategy = get_strategy("draft_lm")
@@ -194,8 +194,8 @@ def test_strategy_loss_terms_and_on_policy_batch(world):
 
 
 def test_lora_checkpoint_holds_merged_weights(world, tmp_path):
-    from drafters import load_drafter
-    from train.strategies import get_strategy
+    from drafterkit.drafters import load_drafter
+    from drafterkit.train.strategies import get_strategy
 
     target, tok = _load(world)
     strategy = get_strategy("draft_lm")
@@ -217,7 +217,7 @@ def test_lora_checkpoint_holds_merged_weights(world, tmp_path):
 def test_wandb_missing_gives_install_hint(world, tmp_path):
     import importlib.util
 
-    from train.loop import make_accelerator
+    from drafterkit.train.loop import make_accelerator
 
     if importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")
@@ -226,7 +226,7 @@ def test_wandb_missing_gives_install_hint(world, tmp_path):
 
 
 def test_cli_train_verb_runs_and_rejects_bad_key(world, tmp_path, capsys):
-    from train.cli import main
+    from drafterkit.cli import main
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(_recipe(world, tmp_path / "cli").to_yaml())
@@ -239,7 +239,7 @@ def test_cli_train_verb_runs_and_rejects_bad_key(world, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_smoke_recipe_on_real_target(tmp_path):
-    from train.run import main
+    from drafterkit.train.run import main
 
     over = [f"output_dir={tmp_path / 'smoke'}", "train.max_steps=1", "data.num_examples=4",
             "data.max_length=64", "drafter.options.num_layers=1", "eval.num_prompts=1",
@@ -256,8 +256,8 @@ def _recipe_file(world, tmp_path, out, **over) -> Path:
 
 
 def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(world, tmp_path, capsys, monkeypatch):
-    from train import loop
-    from train.cli import main
+    from drafterkit.train import loop
+    from drafterkit.cli import main
 
     out, ck = tmp_path / "run", tmp_path / "run" / "checkpoints"
     recipe = _recipe_file(world, tmp_path, out, **{"train.max_steps": 4, "train.save_every": 1})
@@ -292,7 +292,7 @@ def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(worl
 
 
 def test_rerun_into_used_output_dir_is_refused_before_the_target_loads_unless_overwrite(world, tmp_path):
-    from train.loop import train
+    from drafterkit.train.loop import train
 
     target, tok = _load(world)
     out = tmp_path / "run"
@@ -311,12 +311,12 @@ def test_rerun_into_used_output_dir_is_refused_before_the_target_loads_unless_ov
 
 
 def test_data_path_is_read_for_sharegpt_source_and_a_missing_one_fails_first(world, tmp_path, monkeypatch):
-    from train.loop import train
+    from drafterkit.train.loop import train
 
     def no_asset(name):
         raise AssertionError(f"fetched the pinned asset {name!r} although data.path is set")
 
-    monkeypatch.setattr("assets.pinned.fetch", no_asset)
+    monkeypatch.setattr("drafterkit.assets.pinned.fetch", no_asset)
     rnd = random.Random(1)
     records = [{"id": f"s{i}", "conversations": [{"from": "human", "value": " ".join(rnd.choices(WORDS, k=5))},
                                                   {"from": "gpt", "value": " ".join(rnd.choices(WORDS, k=9))}]}
@@ -333,8 +333,8 @@ def test_data_path_is_read_for_sharegpt_source_and_a_missing_one_fails_first(wor
 
 
 def test_drafter_option_unfit_for_target_is_a_clean_error_before_data(world, tmp_path, capsys, monkeypatch):
-    from train import prepare
-    from train.cli import main
+    from drafterkit.train import prepare
+    from drafterkit.cli import main
 
     monkeypatch.setattr(prepare, "load_data", lambda *a: pytest.fail("data loaded before the drafter was built"))
     recipe = _recipe_file(world, tmp_path, tmp_path / "run")
@@ -344,10 +344,10 @@ def test_drafter_option_unfit_for_target_is_a_clean_error_before_data(world, tmp
     assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("entry", ["drafterkit", "python -m train"])
+@pytest.mark.parametrize("entry", ["drafterkit", "python -m drafterkit.train"])
 def test_options_may_come_after_positional_overrides(world, tmp_path, capsys, entry):
-    from train.cli import main as drafterkit
-    from train.run import main as python_m_train
+    from drafterkit.cli import main as drafterkit
+    from drafterkit.train.run import main as python_m_train
 
     recipe = _recipe_file(world, tmp_path, tmp_path / "run")
     argv = [str(recipe), "optim.lr=2e-3", "--print-recipe", f"output_dir={tmp_path / 'x'}"]
@@ -363,7 +363,7 @@ def test_budget_schedule_is_transformers_shape_by_steps_and_follows_the_clock(ki
     progress is the larger of the step and wall-clock fractions (a run stopped by time ends annealed)."""
     from transformers import get_scheduler
 
-    from train.loop import BudgetSchedule
+    from drafterkit.train.loop import BudgetSchedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     ref = get_scheduler(kind, opt, num_warmup_steps=5, num_training_steps=40)
@@ -386,7 +386,7 @@ def test_max_minutes_stops_the_run_and_ends_the_cosine_schedule(world, tmp_path)
     and saves last/."""
     import time
 
-    from train.loop import train
+    from drafterkit.train.loop import train
 
     recipe = _recipe(world, tmp_path / "timed", **{"optim.schedule": "cosine", "optim.warmup_steps": 0,
                                                    "train.max_steps": 100000, "train.max_minutes": 0.05})
@@ -423,7 +423,7 @@ def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world
                                                               "train.max_minutes": 0.1})
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "train",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "drafterkit.train",
                            str(path)], cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(line.startswith('{"output_dir"') for line in proc.stdout.splitlines()) == 1  # one summary line
@@ -440,7 +440,7 @@ def test_a_time_bound_run_counts_its_progress_in_seconds_of_the_budget(capsys):
     import time
     from types import SimpleNamespace
 
-    from train.loop import advance, finish, progress_bar
+    from drafterkit.train.loop import advance, finish, progress_bar
 
     timed = SimpleNamespace(max_minutes=14.5, max_steps=2000)
     start = time.perf_counter() - 60  # the quickstart's budget counts from before data preparation
@@ -475,8 +475,8 @@ def test_a_resumed_time_bound_run_continues_its_budget_and_schedule(world, tmp_p
     """max_minutes counts every run of the output_dir (the checkpoint's train_seconds): "rerun the same command"
     after Ctrl-C finishes the interrupted run, on the learning rate where it stopped. It used to start a fresh
     budget, and the cosine schedule jumped back up (1.18e-3 -> 1.50e-3 across a resume)."""
-    from train.loop import train
-    from train.step import BudgetSchedule
+    from drafterkit.train.loop import train
+    from drafterkit.train.step import BudgetSchedule
 
     target, tok = _load(world)
     over = {"optim.schedule": "cosine", "optim.warmup_steps": 0, "train.max_steps": 100000}
@@ -505,7 +505,7 @@ def test_a_resumed_time_bound_run_continues_its_budget_and_schedule(world, tmp_p
 def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
     """A rerun whose drafter options changed since the checkpoint was saved: one RecipeError naming the way out,
     not torch's load_state_dict traceback."""
-    from train.loop import train
+    from drafterkit.train.loop import train
 
     target, tok = _load(world)
     train(_recipe(world, tmp_path / "run", **{"train.max_steps": 1}), target=target, tokenizer=tok)
@@ -516,7 +516,7 @@ def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
 
 
 def test_a_stop_signal_does_not_wait_for_the_evaluation_due_at_that_step(world, tmp_path, monkeypatch):
-    from train import loop
+    from drafterkit.train import loop
 
     target, tok = _load(world)
     one_step = loop.train_step

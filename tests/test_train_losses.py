@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from train import losses
+from drafterkit.train import losses
 
 V = 11
 

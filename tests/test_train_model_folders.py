@@ -18,7 +18,7 @@ import torch
 import yaml
 from conftest import tiny_llama, training_world
 
-from train.cli import main
+from drafterkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 49152  # SmolLM2's
@@ -44,10 +44,10 @@ def world(tmp_path_factory):
 
 def _write_broken_folders(root: Path, target, tok) -> None:
     """The draft_lm recipe file and one folder per broken case, beside ``root/target``."""
-    from drafters.draft_lm import DraftLM
-    from drafters.eagle import EagleConfig, EagleDrafter
-    from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-    from drafters.medusa import MedusaConfig, MedusaDrafter
+    from drafterkit.drafters.draft_lm import DraftLM
+    from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
+    from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 
     recipe = {
         "output_dir": str(root / "run"),
@@ -151,7 +151,7 @@ def test_a_broken_target_folder_is_a_one_line_cli_error(world, tmp_path, capsys,
 
 def test_the_lora_base_without_weights_through_the_console_script(world, tmp_path):
     # The issue's case, as a user meets it: `drafterkit train` in its own process, stderr as printed.
-    cmd = [sys.executable, "-m", "train", str(world / "recipe.yaml"), f"output_dir={tmp_path / 'run'}",
+    cmd = [sys.executable, "-m", "drafterkit.train", str(world / "recipe.yaml"), f"output_dir={tmp_path / 'run'}",
            *_checkpoint(world / "config-only", lora=True)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -166,9 +166,9 @@ def test_whole_checkpoints_still_start_the_draft_lm(world, case):
     # in fp32 with the weights as saved.
     from safetensors.torch import load_file
 
-    from assets.target import load_target
-    from train.recipe import load_recipe
-    from train.strategies import get_strategy
+    from drafterkit.assets.target import load_target
+    from drafterkit.train.recipe import load_recipe
+    from drafterkit.train.strategies import get_strategy
 
     target, tok = load_target(str(world / "target"))
     recipe = load_recipe(world / "recipe.yaml", _checkpoint(world / case, lora=False))

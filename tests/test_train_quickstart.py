@@ -12,15 +12,15 @@ import pytest
 import torch
 from conftest import save_tiny_target
 
-from assets.target import load_target
-from drafters.datastore import Datastore, cached_datastore
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafters.export import export
-from speceval import report
-from train import quickstart
-from train.cli import build_parser, main, parse
-from train.quickstart_report import drop_report, earlier_training, exactness_summary, loss_words, write_report
-from train.recipe import load_recipe
+from drafterkit.assets.target import load_target
+from drafterkit.drafters.datastore import Datastore, cached_datastore
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.export import export
+from drafterkit.speceval import report
+from drafterkit.train import quickstart
+from drafterkit.cli import build_parser, main, parse
+from drafterkit.train.quickstart_report import drop_report, earlier_training, exactness_summary, loss_words, write_report
+from drafterkit.train.recipe import load_recipe
 
 
 def test_missing_recipe_names_the_kind_and_the_fix(tmp_path, capsys):
@@ -235,7 +235,7 @@ def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickst
 
 
 def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys):
-    from train.quickstart_plan import Stages
+    from drafterkit.train.quickstart_plan import Stages
 
     args = parse(build_parser(), ["quickstart", "--dtype", "bf16"])
     assert quickstart.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]

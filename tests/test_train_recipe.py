@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from train.recipe import RecipeError, apply_overrides, load_recipe, recipe_from_dict
+from drafterkit.train.recipe import RecipeError, apply_overrides, load_recipe, recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.y*ml"))
@@ -144,8 +144,8 @@ def test_an_eagle3_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path
     with exit 2 before any model loads, when the target's config is local; else when the head is built."""
     from conftest import tiny_llama
 
-    from drafters.eagle3 import Eagle3Config
-    from train.cli import main
+    from drafterkit.drafters.eagle3 import Eagle3Config
+    from drafterkit.cli import main
 
     target = tiny_llama(0, layers=4)
     target.config.save_pretrained(tmp_path / "target")  # the config alone: no weights are read
@@ -201,8 +201,8 @@ def test_the_recipe_layer_and_the_strategies_list_the_same_kinds():
     """train.options.KINDS (what a recipe validates against, before any model loads) and the training
     strategies agree: the same kinds, the same options models, and feature_layers exactly on the kinds that
     read target features."""
-    from train.options import KINDS
-    from train.strategies import STRATEGIES
+    from drafterkit.train.options import KINDS
+    from drafterkit.train.strategies import STRATEGIES
 
     assert set(KINDS) == set(STRATEGIES)
     for kind, spec in KINDS.items():

@@ -1,8 +1,8 @@
-"""``python -m train RECIPE.yaml key.sub=value`` and ``accelerate launch -m train RECIPE.yaml``."""
+"""``python -m drafterkit.train RECIPE.yaml key.sub=value`` and ``accelerate launch -m drafterkit.train RECIPE.yaml``."""
 
 import sys
 
-from train.run import main
+from drafterkit.train.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,8 +7,8 @@ import sys
 
 from rich.table import Table
 
-from assets import pinned as assets
-from speceval.console import make_console
+from drafterkit.assets import pinned as assets
+from drafterkit.speceval.console import make_console
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

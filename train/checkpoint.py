@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from drafters.base import apply_umask
+from drafterkit.drafters.base import apply_umask
 
 
 @dataclass

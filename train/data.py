@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from assets.conversations import (
+from drafterkit.assets.conversations import (
     HELDOUT_FRACTION,
     LoaderStats,
     Message,
@@ -59,8 +59,8 @@ from assets.conversations import (
     plural,
     unreadable_summary,
 )
-from assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
-from assets.target import load_target_tokenizer
+from drafterkit.assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
+from drafterkit.assets.target import load_target_tokenizer
 
 IGNORE_INDEX = -100
 DATA_VERSION = 1  # bump when tokenization or filtering changes: it keys the Arrow cache
@@ -447,11 +447,11 @@ def shift_for_next_token(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# python -m train.data --stats ...
+# python -m drafterkit.train.data --stats ...
 # ---------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.data",
+    parser = argparse.ArgumentParser(prog="python -m drafterkit.train.data",
                                      description="Run a chat file through the data pipeline and print its stats.")
     parser.add_argument("--stats", action="store_true", help="build the dataset (twice: fresh, then cached) "
                         "and print loader / tokenization counts and wall times as JSON")

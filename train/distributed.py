@@ -15,12 +15,12 @@ import resource
 
 import torch
 
-from train.recipe import Recipe, RecipeError
+from drafterkit.train.recipe import Recipe, RecipeError
 
 #: what ``accelerate launch`` sets from an accelerate config's ``distributed_type`` -> the engine's name
 _ENGINES = {"ACCELERATE_USE_DEEPSPEED": "DEEPSPEED", "ACCELERATE_USE_FSDP": "FSDP"}
 _NAMES = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}
-_CPU_DDP = "for data parallelism on CPU run: torchrun --nproc_per_node N -m train RECIPE.yaml train.cpu=true"
+_CPU_DDP = "for data parallelism on CPU run: torchrun --nproc_per_node N -m drafterkit.train RECIPE.yaml train.cpu=true"
 
 
 def check_distributed_request(recipe: Recipe) -> str | None:

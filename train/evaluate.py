@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-import decode
-from assets.pinned import resolve_source
-from assets.target import resolve_target_path
-from decode.metrics import pool_stats
-from speceval.methods import stats_record
-from speceval.prompts import select_prompts
-from train.recipe_data import recipe_data_file
+from drafterkit import decode
+from drafterkit.assets.pinned import resolve_source
+from drafterkit.assets.target import resolve_target_path
+from drafterkit.decode.metrics import pool_stats
+from drafterkit.speceval.methods import stats_record
+from drafterkit.speceval.prompts import select_prompts
+from drafterkit.train.recipe_data import recipe_data_file
 
 #: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
 BENCHMARKS = {"mt_bench": "mt-bench", "sharegpt_heldout": "sharegpt"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-#: the export formats, as ``drafters.export.FORMATS`` names them (its keys; ``tests/test_train_cli.py`` checks
+#: the export formats, as ``drafters.export.FORMATS`` names them (its keys; ``tests/test_drafterkit_cli.py`` checks
 #: the two agree)
 FORMATS = ("hf-assistant", "medusa", "sglang-eagle3", "vllm-dflash", "vllm-eagle3")
 

@@ -57,17 +57,19 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-import assets.target  # load_target looked up at call time: one place to replace it
-from assets.device import resolve_device, resolve_dtype
-from assets.pinned import home
-from speceval.report import progress_bars_off
-from train.data import collate
-from train.features import target_features
-from train.features_args import SHARD_MB
-from train.options import feature_kinds, kind_recipe
-from train.recipe import RecipeError, load_recipe
-from train.recipe_data import load_data, recipe_data_file
-from train.strategies import get_strategy
+import drafterkit.assets.target  # load_target looked up at call time: one place to replace it
+
+from drafterkit import assets
+from drafterkit.assets.device import resolve_device, resolve_dtype
+from drafterkit.assets.pinned import home
+from drafterkit.speceval.report import progress_bars_off
+from drafterkit.train.data import collate
+from drafterkit.train.features import target_features
+from drafterkit.train.features_args import SHARD_MB
+from drafterkit.train.options import feature_kinds, kind_recipe
+from drafterkit.train.recipe import RecipeError, load_recipe
+from drafterkit.train.recipe_data import load_data, recipe_data_file
+from drafterkit.train.strategies import get_strategy
 
 VERSION = 1
 MANIFEST = "manifest.json"

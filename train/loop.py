@@ -11,7 +11,7 @@ The run's setup (everything before step 0) is ``train.prepare``; one optimizer s
 and the learning-rate schedule are ``train.step``.
 
 Mixed precision, gradient accumulation and multi-process data parallelism come from accelerate
-(``accelerate launch -m train RECIPE.yaml``, or ``torchrun`` for multi-CPU). Data order is a seeded
+(``accelerate launch -m drafterkit.train RECIPE.yaml``, or ``torchrun`` for multi-CPU). Data order is a seeded
 permutation per epoch, sharded across processes by global batch index, so resuming skips exactly
 the consumed batches. The target stays frozen: the loop checks ``requires_grad`` is False on every
 target parameter at the start and after every optimizer step.
@@ -35,21 +35,21 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from drafters.export import FORMATS
-from speceval.report import progress_bars_off
-from train.checkpoint import (
+from drafterkit.drafters.export import FORMATS
+from drafterkit.speceval.report import progress_bars_off
+from drafterkit.train.checkpoint import (
     TrainerState,
     find_resume,
     load_checkpoint,
     prune_step_checkpoints,
     save_checkpoint,
 )
-from train.distributed import peak_memory_per_process
-from train.evaluate import evaluate
-from train.prepare import assert_frozen, make_accelerator, preflight, setup_run
-from train.recipe import Recipe, RecipeError
-from train.recipe_data import load_data
-from train.step import BudgetSchedule, agreed_elapsed, batches, train_step
+from drafterkit.train.distributed import peak_memory_per_process
+from drafterkit.train.evaluate import evaluate
+from drafterkit.train.prepare import assert_frozen, make_accelerator, preflight, setup_run
+from drafterkit.train.recipe import Recipe, RecipeError
+from drafterkit.train.recipe_data import load_data
+from drafterkit.train.step import BudgetSchedule, agreed_elapsed, batches, train_step
 
 __all__ = ["BudgetSchedule", "StopOnSignal", "TrainResult", "advance", "assert_frozen", "batches", "load_data",
            "finish", "make_accelerator", "preflight", "progress_bar", "train", "train_step"]

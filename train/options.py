@@ -28,9 +28,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
-from drafters.dflash import check_dflash_feature_layers
-from drafters.eagle3 import check_feature_layers
+from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
+from drafterkit.drafters.dflash import check_dflash_feature_layers
+from drafterkit.drafters.eagle3 import check_feature_layers
 
 # --- options, one model per kind ----------------------------------------------------------------
 

@@ -15,20 +15,22 @@ import shutil
 
 import torch
 
-import assets.target  # load_target looked up at call time: one place to replace it
-from assets.records import unwritable_folder
-from train.checkpoint import find_resume
-from train.distributed import (
+import drafterkit.assets.target  # load_target looked up at call time: one place to replace it
+
+from drafterkit import assets
+from drafterkit.assets.records import unwritable_folder
+from drafterkit.train.checkpoint import find_resume
+from drafterkit.train.distributed import (
     check_distributed_request,
     check_distributed_result,
     fsdp_ignore_borrowed,
 )
-from train.evaluate import EvalPrompts, eval_prompt_ids
-from train.feature_cache import FeatureCacheError, open_recipe_cache
-from train.recipe import Recipe, RecipeError
-from train.recipe_data import load_data, recipe_data_file
-from train.step import BudgetSchedule
-from train.strategies import get_strategy
+from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
+from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache
+from drafterkit.train.recipe import Recipe, RecipeError
+from drafterkit.train.recipe_data import load_data, recipe_data_file
+from drafterkit.train.step import BudgetSchedule
+from drafterkit.train.strategies import get_strategy
 
 
 def assert_frozen(target: torch.nn.Module) -> None:

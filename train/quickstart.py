@@ -59,30 +59,30 @@ from pathlib import Path
 
 import torch
 
-from assets.device import resolve_dtype
-from assets.pinned import AssetError, fetch_all
-from assets.records import plural, unwritable_folder
-from assets.target import load_target
-from decode.inputs import AUTO
-from drafters import KINDS, resolve_checkpoint
-from drafters.base import weights_sha256
-from drafters.datastore import cached_datastore
-from drafters.tuned import beats_plain
-from speceval import report
-from speceval.bench import EvalConfig, command_line, evaluate, print_record
-from speceval.recorded import write_decoding
-from speceval.tune import Candidate, tune
-from train.loop import train
-from train.quickstart_args import (
+from drafterkit.assets.device import resolve_dtype
+from drafterkit.assets.pinned import AssetError, fetch_all
+from drafterkit.assets.records import plural, unwritable_folder
+from drafterkit.assets.target import load_target
+from drafterkit.decode.inputs import AUTO
+from drafterkit.drafters import KINDS, resolve_checkpoint
+from drafterkit.drafters.base import weights_sha256
+from drafterkit.drafters.datastore import cached_datastore
+from drafterkit.drafters.tuned import beats_plain
+from drafterkit.speceval import report
+from drafterkit.speceval.bench import EvalConfig, command_line, evaluate, print_record
+from drafterkit.speceval.recorded import write_decoding
+from drafterkit.speceval.tune import Candidate, tune
+from drafterkit.train.loop import train
+from drafterkit.train.quickstart_args import (
     DEFAULT_THRESHOLD,
     DEFAULT_TREES,
     EVAL_DEFAULTS,
     EXACTNESS_TOKENS,
 )
-from train.quickstart_plan import Stages, feature_source, needs_lines
-from train.quickstart_report import (drop_report, earlier_training, exactness_summary, merge_checks, print_summary,
+from drafterkit.train.quickstart_plan import Stages, feature_source, needs_lines
+from drafterkit.train.quickstart_report import (drop_report, earlier_training, exactness_summary, merge_checks, print_summary,
                                     write_report)
-from train.recipe import RecipeError, load_recipe
+from drafterkit.train.recipe import RecipeError, load_recipe
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 BENCHMARKS = ("mt-bench", "humaneval")

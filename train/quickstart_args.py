@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from speceval.eval_args import EvalConfig, thread_count
+from drafterkit.speceval.eval_args import EvalConfig, thread_count
 
 #: Draft shapes the quickstart measures: a static tree (the 3 best first tokens, 2 after each, then one per
 #: depth to depth 5, so prompt lookup's chains keep K = 5 tokens behind it: 3 + 6 + 6 + 6 + 6 nodes before

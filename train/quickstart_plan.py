@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import time
 
-from assets.records import plural
-from train.feature_cache import recipe_cache_state
-from train.recipe_data import load_data
+from drafterkit.assets.records import plural
+from drafterkit.train.feature_cache import recipe_cache_state
+from drafterkit.train.recipe_data import load_data
 
 
 def needs_lines(args, out) -> list[str]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from assets.device import busy_note
-from speceval import plots, report
-from speceval.factors import factors_sentence, interval_words
-from train.checkpoint import TrainerState
+from drafterkit.assets.device import busy_note
+from drafterkit.speceval import plots, report
+from drafterkit.speceval.factors import factors_sentence, interval_words
+from drafterkit.train.checkpoint import TrainerState
 
 
 def exactness_summary(records: dict, source: str) -> dict:

@@ -33,9 +33,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from assets.device import native_bf16
-from train.checkpoint import is_resumable
-from train.options import feature_kinds, kind_recipe
+from drafterkit.assets.device import native_bf16
+from drafterkit.train.checkpoint import is_resumable
+from drafterkit.train.options import feature_kinds, kind_recipe
 
 
 class RecipeError(ValueError):

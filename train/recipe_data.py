@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.data import build_dataset
-from train.recipe import Recipe, RecipeError
-from train.regenerate import regenerate_dataset
+from drafterkit.train.data import build_dataset
+from drafterkit.train.recipe import Recipe, RecipeError
+from drafterkit.train.regenerate import regenerate_dataset
 
 
 def recipe_data_file(data) -> tuple[str | Path, str]:

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-import decode
-from assets.pinned import home
-from speceval.report import progress_bars_off
+from drafterkit import decode
+from drafterkit.assets.pinned import home
+from drafterkit.speceval.report import progress_bars_off
 
 
 def _target_fingerprint(target: torch.nn.Module) -> str:

@@ -1,8 +1,8 @@
-"""The ``drafterkit train`` verb and ``python -m train`` / ``accelerate launch -m train``.
+"""The ``drafterkit train`` verb and ``python -m drafterkit.train`` / ``accelerate launch -m drafterkit.train``.
 
     drafterkit train recipes/smoke.yaml output_dir=runs/smoke optim.lr=1e-3
-    accelerate launch --config_file recipes/accelerate/single_gpu.yaml -m train recipes/draft_lm.yaml
-    torchrun --nproc_per_node 2 -m train recipes/draft_lm.yaml train.cpu=true   # multi-process CPU
+    accelerate launch --config_file recipes/accelerate/single_gpu.yaml -m drafterkit.train recipes/draft_lm.yaml
+    torchrun --nproc_per_node 2 -m drafterkit.train recipes/draft_lm.yaml train.cpu=true   # multi-process CPU
 
 Positional ``key.sub=value`` overrides are applied to the YAML before validation (values parsed
 with ``yaml.safe_load``). ``--print-recipe`` validates and prints the resolved recipe without training.
@@ -22,10 +22,10 @@ import os
 import signal
 import sys
 
-from assets.target import TargetLoadError
-from train.loop import train
-from train.recipe import RecipeError, load_recipe
-from train.train_args import add_arguments
+from drafterkit.assets.target import TargetLoadError
+from drafterkit.train.loop import train
+from drafterkit.train.recipe import RecipeError, load_recipe
+from drafterkit.train.train_args import add_arguments
 
 
 def _say_once(message: str) -> None:
@@ -67,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m drafterkit.train", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_intermixed_args(argv))

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import torch
 
-from train.checkpoint import TrainerState
-from train.data import collate
-from train.feature_cache import FeatureCache
-from train.recipe import Recipe, RecipeError
+from drafterkit.train.checkpoint import TrainerState
+from drafterkit.train.data import collate
+from drafterkit.train.feature_cache import FeatureCache
+from drafterkit.train.recipe import Recipe, RecipeError
 
 
 def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_id: int) -> Iterator[dict]:

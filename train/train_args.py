@@ -1,4 +1,4 @@
-"""``drafterkit train``'s arguments (and ``python -m train``'s), importable without torch: ``drafterkit train
+"""``drafterkit train``'s arguments (and ``python -m drafterkit.train``'s), importable without torch: ``drafterkit train
 --help`` and its usage errors answer before anything heavy loads (the verb itself runs in :mod:`train.run`)."""
 
 from __future__ import annotations

@@ -37,12 +37,12 @@ Contract (what the loop guarantees and expects):
 
 from __future__ import annotations
 
-from train.strategies.base import Strategy, check_common_batch, unwrap
-from train.strategies.dflash import DFlashStrategy
-from train.strategies.draft_lm import DraftLMStrategy
-from train.strategies.eagle import EagleStrategy
-from train.strategies.eagle3 import Eagle3Strategy
-from train.strategies.medusa import MedusaStrategy
+from drafterkit.train.strategies.base import Strategy, check_common_batch, unwrap
+from drafterkit.train.strategies.dflash import DFlashStrategy
+from drafterkit.train.strategies.draft_lm import DraftLMStrategy
+from drafterkit.train.strategies.eagle import EagleStrategy
+from drafterkit.train.strategies.eagle3 import Eagle3Strategy
+from drafterkit.train.strategies.medusa import MedusaStrategy
 
 STRATEGIES: dict[str, Strategy] = {
     "draft_lm": DraftLMStrategy(),

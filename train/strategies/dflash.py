@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
-from drafters.dflash import DFlashConfig, DFlashDrafter
-from drafters.eagle3 import copy_final_norm, select_draft_vocab
-from train.data import shift_for_next_token
-from train.features import target_logits
-from train.options import DFlashOptions
-from train.strategies.eagle3 import init_fc_last_feature
-from train.strategies.heads import (
+from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
+from drafterkit.drafters.eagle3 import copy_final_norm, select_draft_vocab
+from drafterkit.train.data import shift_for_next_token
+from drafterkit.train.features import target_logits
+from drafterkit.train.options import DFlashOptions
+from drafterkit.train.strategies.eagle3 import init_fc_last_feature
+from drafterkit.train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
     count_data_tokens,

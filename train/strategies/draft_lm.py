@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-import decode
-from drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
-from drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
-from train import losses
-from train.data import collate, shift_for_next_token
-from train.options import DraftLMOptions, LoraOptions
-from train.strategies.base import check_common_batch, unwrap
+from drafterkit import decode
+from drafterkit.drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
+from drafterkit.drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
+from drafterkit.train import losses
+from drafterkit.train.data import collate, shift_for_next_token
+from drafterkit.train.options import DraftLMOptions, LoraOptions
+from drafterkit.train.strategies.base import check_common_batch, unwrap
 
 
 def _cache_kwargs(lm: torch.nn.Module, cache: Any) -> dict[str, Any]:

@@ -34,12 +34,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from drafters.eagle import EagleConfig, EagleDrafter
-from train.data import shift_for_next_token
-from train.features import batch_features
-from train.options import EagleOptions
-from train.strategies.base import unwrap
-from train.strategies.heads import (
+from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
+from drafterkit.train.data import shift_for_next_token
+from drafterkit.train.features import batch_features
+from drafterkit.train.options import EagleOptions
+from drafterkit.train.strategies.base import unwrap
+from drafterkit.train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
     feature_store,

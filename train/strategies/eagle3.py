@@ -36,12 +36,12 @@ from typing import Any
 
 import torch
 
-from drafters.eagle import init_layer_from_target
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
-from train.data import shift_for_next_token
-from train.features import target_logits
-from train.options import Eagle3Options
-from train.strategies.heads import (
+from drafterkit.drafters.eagle import init_layer_from_target
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
+from drafterkit.train.data import shift_for_next_token
+from drafterkit.train.features import target_logits
+from drafterkit.train.options import Eagle3Options
+from drafterkit.train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
     count_data_tokens,

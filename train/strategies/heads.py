@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from drafters.eagle3 import select_draft_vocab
-from train import losses
-from train.features import batch_features
-from train.recipe_data import load_data
-from train.strategies.base import check_common_batch, unwrap
+from drafterkit.drafters.eagle3 import select_draft_vocab
+from drafterkit.train import losses
+from drafterkit.train.features import batch_features
+from drafterkit.train.recipe_data import load_data
+from drafterkit.train.strategies.base import check_common_batch, unwrap
 
 
 class FeatureHeadStrategy:

@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from drafters.medusa import MedusaConfig, MedusaDrafter
-from train.data import shift_for_next_token
-from train.features import batch_features
-from train.options import MedusaOptions
-from train.strategies.base import unwrap
-from train.strategies.heads import (
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.train.data import shift_for_next_token
+from drafterkit.train.features import batch_features
+from drafterkit.train.options import MedusaOptions
+from drafterkit.train.strategies.base import unwrap
+from drafterkit.train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
     feature_store,

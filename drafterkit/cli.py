@@ -32,20 +32,20 @@ class Verb(NamedTuple):
 
 
 VERBS = {
-    "train": Verb("train.train_args", "train.run:run",
-                  "train a drafter from a YAML recipe (same as `accelerate launch -m train`)"),
-    "features": Verb("train.features_args", "train.feature_cache:run",
+    "train": Verb("drafterkit.train.train_args", "drafterkit.train.run:run",
+                  "train a drafter from a YAML recipe (same as `accelerate launch -m drafterkit.train`)"),
+    "features": Verb("drafterkit.train.features_args", "drafterkit.train.feature_cache:run",
                      "build the target-feature cache a recipe trains a head from (once, resumable)"),
-    "eval": Verb("speceval.eval_args", "speceval.bench:run",
+    "eval": Verb("drafterkit.speceval.eval_args", "drafterkit.speceval.bench:run",
                  "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
-    "export": Verb("train.export_args", "drafters.export:run",
+    "export": Verb("drafterkit.train.export_args", "drafterkit.drafters.export:run",
                    "export a trained drafter for vLLM / SGLang / transformers"),
-    "serve-check": Verb("speceval.serve_check_args", "speceval.serving:run",
+    "serve-check": Verb("drafterkit.speceval.serve_check_args", "drafterkit.speceval.serving:run",
                         "run an export in vLLM and check it drafts and decodes as drafterkit does"),
-    "assets": Verb("train.assets_cli", "train.assets_cli:run", "fetch / list the pinned target, data and eval prompts"),
-    "quickstart": Verb("train.quickstart_args", "train.quickstart:run",
+    "assets": Verb("drafterkit.train.assets_cli", "drafterkit.train.assets_cli:run", "fetch / list the pinned target, data and eval prompts"),
+    "quickstart": Verb("drafterkit.train.quickstart_args", "drafterkit.train.quickstart:run",
                        "fetch, train and evaluate a drafter for the default target"),
-    "tune": Verb("speceval.tune_args", "speceval.tune:run",
+    "tune": Verb("drafterkit.speceval.tune_args", "drafterkit.speceval.tune:run",
                  "choose a drafter's chain / tree / threshold by measured tokens/s; record it with the drafter"),
 }
 

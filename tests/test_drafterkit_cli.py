@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from train.cli import VERBS, Verb, load_runner, main
+from drafterkit.cli import VERBS, Verb, load_runner, main
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "datasets")
 PROBE = """
 import contextlib, io, json, sys
-from train.cli import main
+from drafterkit.cli import main
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     try:
         code = main(sys.argv[1:])
     except SystemExit as exc:
         code = exc.code
-ours = [m for m in sys.modules if m.split(".")[0] in ("train", "speceval", "drafters", "decode")]
+ours = [m for m in sys.modules if m.split(".")[:2] in (["drafterkit", p] for p in ("train", "speceval", "drafters", "decode"))]
 print(json.dumps([code, sorted(m for m in {HEAVY} if m in sys.modules), sorted(ours)]))
 """.replace("{HEAVY}", repr(HEAVY))
 
@@ -41,7 +41,7 @@ def _start(*argv: str) -> tuple[int, list[str], list[str]]:
 def test_help_and_usage_errors_import_no_heavy_library(argv, code):
     got, heavy, ours = _start(*argv)
     assert got == code and heavy == [], f"drafterkit {' '.join(argv)} imported {heavy}"
-    assert not any(m.startswith(("speceval.bench", "train.loop", "drafters.export")) for m in ours)
+    assert not any(m.startswith(("drafterkit.speceval.bench", "drafterkit.train.loop", "drafterkit.drafters.export")) for m in ours)
 
 
 @pytest.mark.parametrize("verb", sorted(VERBS))
@@ -57,9 +57,9 @@ def test_every_verbs_help_and_usage_errors_import_no_heavy_library(verb, flag, c
 def test_a_verb_imports_its_own_arguments_module_only():
     """Not the module that runs it (imported once the arguments parse), nor another verb's arguments."""
     code, _, ours = _start("export", "--help")
-    assert code == 0 and "train.export_args" in ours
-    assert not any(m in ours for m in ("drafters.export", "speceval.eval_args", "train.quickstart_args",
-                                       "speceval.serve_check_args", "train.train_args"))
+    assert code == 0 and "drafterkit.train.export_args" in ours
+    assert not any(m in ours for m in ("drafterkit.drafters.export", "drafterkit.speceval.eval_args", "drafterkit.train.quickstart_args",
+                                       "drafterkit.speceval.serve_check_args", "drafterkit.train.train_args"))
 
 
 def test_every_verbs_runner_is_a_function():
@@ -67,14 +67,14 @@ def test_every_verbs_runner_is_a_function():
 
 
 def test_a_runner_missing_from_the_build_is_said(monkeypatch, capsys):
-    monkeypatch.setitem(VERBS, "tune", Verb("speceval.tune_args", "speceval.no_such_module:run", "tune"))
+    monkeypatch.setitem(VERBS, "tune", Verb("drafterkit.speceval.tune_args", "drafterkit.speceval.no_such_module:run", "tune"))
     assert main(["tune", "ckpt"]) == 2
-    assert "drafterkit tune: not available in this build (speceval.no_such_module missing)" in capsys.readouterr().err
+    assert "drafterkit tune: not available in this build (drafterkit.speceval.no_such_module missing)" in capsys.readouterr().err
 
 
 def test_export_formats_match_the_exporter():
-    from drafters.export import FORMATS
-    from train.export_args import FORMATS as NAMES
+    from drafterkit.drafters.export import FORMATS
+    from drafterkit.train.export_args import FORMATS as NAMES
 
     assert NAMES == tuple(sorted(FORMATS))
 
@@ -83,7 +83,7 @@ def test_export_formats_match_the_exporter():
                                   ["export", "{tmp}/none", "--format", "vllm-eagle3", "--output", "{tmp}/x",
                                    "--dtype", "fp64"]])
 def test_an_unknown_dtype_is_a_usage_error_naming_the_valid_ones(argv, tmp_path, capsys):
-    from train.cli import main
+    from drafterkit.cli import main
 
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
@@ -108,7 +108,7 @@ def test_tree_specs_lose_their_spaces_in_eval_and_tune():
     """``--tree ' 3, 2 ,1'`` is measured and labelled as ``3,2,1`` (it used to keep the spaces in its labels)."""
     import argparse
 
-    from speceval import eval_args, tune_args
+    from drafterkit.speceval import eval_args, tune_args
 
     for module, argv in ((eval_args, ["--drafter", "ngram"]), (tune_args, ["ckpt"])):
         p = argparse.ArgumentParser()
@@ -122,11 +122,11 @@ def test_ctrl_c_in_a_verb_without_its_own_handler_is_one_line_and_exit_130(monke
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("train.cli.load_runner", lambda verb: interrupted)
+    monkeypatch.setattr("drafterkit.cli.load_runner", lambda verb: interrupted)
     assert main(["eval", "--drafter", "ngram"]) == 130
     err = capsys.readouterr().err
     assert "drafterkit eval: interrupted (Ctrl-C)" in err and "Traceback" not in err
-    monkeypatch.setattr("train.cli.load_runner", lambda verb: interrupted(None))  # while the verb's modules import
+    monkeypatch.setattr("drafterkit.cli.load_runner", lambda verb: interrupted(None))  # while the verb's modules import
     assert main(["tune", "ckpt"]) == 130 and "drafterkit tune: interrupted (Ctrl-C)" in capsys.readouterr().err
 
 
