@@ -1,6 +1,7 @@
 """Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, DFlash, n-gram): modules, save/load, export.
 
-``KINDS`` maps each kind name to its class; modules register themselves here by import below.
+``KINDS`` (:mod:`drafters.kinds`) declares each kind once: its module, drafter and config classes, whether
+it trains, its export formats; ``get_kind(kind)`` gives the class.
 ``resolve_checkpoint(path)`` turns what a user points at (a drafter folder, a training checkpoint,
 a run's ``output_dir``) into the drafter folder; ``load_drafter(path, target)`` resolves, reads the
 kind from ``config.json`` and loads strictly. ``eval`` and ``export`` use the same resolver.
@@ -8,7 +9,6 @@ kind from ``config.json`` and loads strictly. ``eval`` and ``export`` use the sa
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -18,30 +18,19 @@ from transformers import AutoModelForCausalLM
 from drafterkit.assets.target import safetensors_problem, weights_problem
 from drafterkit.drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
 from drafterkit.drafters.draft_lm import DraftLM, check_vocab_match
+from drafterkit.drafters.kinds import KINDS, Kind
 from drafterkit.drafters.tuned import has_tuned, read_tuned
 
-# kind -> "module:Class". Imported lazily so one kind's missing optional piece never breaks another.
-_KIND_PATHS = {
-    "draft_lm": "drafterkit.drafters.draft_lm:DraftLM",
-    "ngram": "drafterkit.drafters.ngram:NGramDrafter",
-    "medusa": "drafterkit.drafters.medusa:MedusaDrafter",
-    "eagle": "drafterkit.drafters.eagle:EagleDrafter",
-    "eagle3": "drafterkit.drafters.eagle3:Eagle3Drafter",
-    "dflash": "drafterkit.drafters.dflash:DFlashDrafter",
-}
 TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
 EXPORT_KIND = "export"  # _folder_kind's answer for a serving-engine export (config.json with a "drafterkit" block)
 
 
 def get_kind(kind: str) -> type[Drafter]:
-    """The drafter class for ``kind``. Raises ``ValueError`` naming the valid kinds."""
-    if kind not in _KIND_PATHS:
-        raise ValueError(f"unknown drafter kind {kind!r}; valid kinds: {sorted(_KIND_PATHS)}")
-    module, cls = _KIND_PATHS[kind].split(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-KINDS = _KIND_PATHS  # names only; use get_kind() for the class
+    """The drafter class for ``kind`` (its :data:`drafters.kinds.KINDS` entry). Raises ``ValueError``
+    naming the valid kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown drafter kind {kind!r}; valid kinds: {sorted(KINDS)}")
+    return KINDS[kind].drafter_class()
 
 
 def _read_config_dict(path: Path) -> dict | None:
@@ -224,6 +213,7 @@ def attach_tuned(proposer, folder: str | Path, target=None, behind: str = ""):
 
 __all__ = [
     "KINDS",
+    "Kind",
     "attach_tuned",
     "TRANSFORMERS_KIND",
     "Drafter",

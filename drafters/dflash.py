@@ -46,7 +46,7 @@ from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.decode.sampling import select_tokens
 from drafterkit.drafters.base import Drafter
-from drafterkit.drafters.eagle import check_target_shape, target_shape_fields
+from drafterkit.drafters.feature_head import check_target_shape, target_shape_fields
 from drafterkit.drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
 from drafterkit.drafters.layers import DraftAttention, DraftMLP, RMSNorm
 
@@ -70,7 +70,7 @@ def check_dflash_feature_layers(layers, num_layers: int) -> None:
 
 @dataclass
 class DFlashConfig:
-    """DFlash drafter. Target sizes as :func:`drafters.eagle.target_shape_fields`; ``num_layers`` draft
+    """DFlash drafter. Target sizes as :func:`drafters.feature_head.target_shape_fields`; ``num_layers`` draft
     layers; ``block_size`` B (B-1 draft tokens per pass); ``draft_vocab_size`` (0: the target's vocabulary
     and its frozen LM head); ``mask_token_id``: the target embedding row fed at the B-1 masked positions."""
 

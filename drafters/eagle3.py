@@ -25,7 +25,7 @@ it); the defaults are clamped into ``[1, L-1]`` for small targets (see :func:`ch
 SGLang names the same layer ``i - 1`` (it captures ``hidden_states[id+1]``); the ``sglang-eagle3`` export
 writes its ids and refuses what an engine cannot express (``drafters.export.engine_layer_ids``).
 
-Training-time test (TTT, :meth:`drafters.eagle.FeatureHeadDrafter.unroll`): the head is unrolled for
+Training-time test (TTT, :meth:`drafters.feature_head.FeatureHeadDrafter.unroll`): the head is unrolled for
 ``steps`` steps on its own outputs. At step ``j`` position ``t`` consumes a token and the head's own
 step ``j-1`` output at ``t`` (step 0: token ``t+1`` and the fused target feature), sits at RoPE position
 ``t+j`` and predicts token ``t+2+j``. It attends the step-0 keys at positions ``<= t`` (the real prefix)
@@ -48,7 +48,8 @@ from numbers import Integral
 import torch
 from torch import nn
 
-from drafterkit.drafters.eagle import EagleConfig, FeatureHeadDrafter, target_shape_fields
+from drafterkit.drafters.eagle import EagleConfig
+from drafterkit.drafters.feature_head import FeatureHeadDrafter, target_shape_fields
 from drafterkit.drafters.layers import DraftDecoderLayer, RMSNorm
 
 
@@ -225,7 +226,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
                 return_hidden: bool = False, feed: str = "data", keep: torch.Tensor | None = None) -> list[torch.Tensor]:
         """TTT unroll. ``input_ids [B, T]``, ``features [B, T, 3H]`` (concat over ``feature_layers``);
         ``steps`` (default ``config.ttt_steps``), ``feed`` and ``keep``: see
-        :meth:`drafters.eagle.FeatureHeadDrafter.unroll` (``feed="draft"``: step ``j >= 1`` reads the head's
+        :meth:`drafters.feature_head.FeatureHeadDrafter.unroll` (``feed="draft"``: step ``j >= 1`` reads the head's
         own greedy draft of step ``j-1``, mapped to a target id through ``d2t``, as decoding does).
 
         Returns ``steps`` draft-vocabulary logits ``[B, T, N]``: ``out[j][:, t]`` predicts token

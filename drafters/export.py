@@ -60,10 +60,10 @@ from drafterkit.drafters.base import (DrafterLoadError, ExportError, apply_umask
                            read_weights, recorded_source, save_tensors, weights_sha256)
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.kinds import export_formats
 from drafterkit.drafters.model_card import write_model_card
 
-FORMATS = {"vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_lm",
-           "vllm-dflash": "dflash"}
+FORMATS = export_formats()  # --format -> the kind it exports, from each kind's exports in drafters.kinds.KINDS
 
 
 def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:

@@ -197,18 +197,21 @@ def test_feature_cache_typo_is_refused_instead_of_becoming_a_folder(tmp_path):
         os.chdir(cwd)
 
 
-def test_the_recipe_layer_and_the_strategies_list_the_same_kinds():
-    """train.options.KINDS (what a recipe validates against, before any model loads) and the training
-    strategies agree: the same kinds, the same options models, and feature_layers exactly on the kinds that
-    read target features."""
+def test_the_training_table_lists_the_registrys_trainable_kinds():
+    """train.options.KINDS (training's one line per kind) lists exactly the kinds drafters.kinds.KINDS marks
+    trainable; each names a strategy class that exists in train/strategies/<kind>.py, is for that kind, uses
+    the options model named beside it, and has feature_layers exactly when the kind reads target features."""
+    from drafterkit.drafters.kinds import trainable_kinds
     from drafterkit.train.options import KINDS
-    from drafterkit.train.strategies import STRATEGIES
+    from drafterkit.train.strategies import get_strategy
 
-    assert set(KINDS) == set(STRATEGIES)
+    assert sorted(KINDS) == trainable_kinds()
     for kind, spec in KINDS.items():
-        strategy = STRATEGIES[kind]
+        strategy = get_strategy(kind)
+        assert type(strategy).__name__ == spec.strategy and type(strategy).__module__.endswith(f"strategies.{kind}")
         assert strategy.kind == kind and strategy.options_model is spec.options_model
         assert hasattr(strategy, "feature_layers") == spec.reads_features
+        assert get_strategy(kind) is strategy  # one instance per kind
 
 
 def test_an_unknown_kind_lists_the_trainable_kinds():

@@ -3,9 +3,10 @@ features, and the checks of a whole recipe the kind cannot train. Read by the re
 (``train.recipe``) before any model loads; the training strategies (``train.strategies``) import their
 options from here.
 
-Adding a kind: its options model and one line in :data:`KINDS` here, its strategy in
-``train/strategies/<kind>.py`` and one line in ``train.strategies.STRATEGIES`` (the two dicts list the
-same kinds; ``tests/test_train_recipe.py`` checks it).
+Adding a trainable kind: its entry in ``drafters.kinds.KINDS`` (``trainable=True``), its options model and
+one line in :data:`KINDS` here, its strategy class in ``train/strategies/<kind>.py``
+(``tests/test_train_recipe.py`` checks that this table and the drafters' registry list the same kinds, and
+that every strategy named here exists and uses the options model named here).
 
 Recipe checks (``KindRecipe.check``) take the validated :class:`train.recipe.Recipe` and raise
 ``ValueError`` whose message starts with the recipe key (``loss.name: ...``) and names the kind and the fix:
@@ -237,21 +238,28 @@ def local_layer_count(name_or_path: str) -> int | None:
 
 @dataclass(frozen=True)
 class KindRecipe:
-    """What the recipe layer knows of a drafter kind: ``options_model`` validates ``drafter.options``;
-    ``reads_features``: it trains from target features (so the offline feature cache can serve it, and
-    its strategy has ``feature_layers``); ``check(recipe)``: refuses what the kind cannot train."""
+    """What training knows of a drafter kind, one line per trainable kind of :data:`drafters.kinds.KINDS`:
+    ``options_model`` validates ``drafter.options``; ``strategy``: the name of its training strategy class in
+    ``drafterkit.train.strategies.<kind>`` (imported on first use by ``train.strategies.get_strategy``, so
+    validating a recipe loads no strategy); ``reads_features``: it trains from target features (so the
+    offline feature cache can serve it, and its strategy has ``feature_layers``); ``check(recipe)``: refuses
+    what the kind cannot train."""
 
     options_model: type[BaseModel]
+    strategy: str
     reads_features: bool = False
     check: Callable[[Any], None] | None = None
 
 
+_medusa_check = partial(check_head_recipe, kind="medusa", chain_option="num_heads")
+_eagle_check = partial(check_head_recipe, kind="eagle", chain_option="ttt_steps")
+
 KINDS: dict[str, KindRecipe] = {
-    "draft_lm": KindRecipe(DraftLMOptions),
-    "medusa": KindRecipe(MedusaOptions, True, partial(check_head_recipe, kind="medusa", chain_option="num_heads")),
-    "eagle": KindRecipe(EagleOptions, True, partial(check_head_recipe, kind="eagle", chain_option="ttt_steps")),
-    "eagle3": KindRecipe(Eagle3Options, True, check_eagle3_recipe),
-    "dflash": KindRecipe(DFlashOptions, True, check_dflash_recipe),
+    "draft_lm": KindRecipe(DraftLMOptions, "DraftLMStrategy"),
+    "medusa": KindRecipe(MedusaOptions, "MedusaStrategy", True, _medusa_check),
+    "eagle": KindRecipe(EagleOptions, "EagleStrategy", True, _eagle_check),
+    "eagle3": KindRecipe(Eagle3Options, "Eagle3Strategy", True, check_eagle3_recipe),
+    "dflash": KindRecipe(DFlashOptions, "DFlashStrategy", True, check_dflash_recipe),
 }
 
 

@@ -3,9 +3,9 @@
 A strategy tells the generic loop (``train/loop.py``) four things about its drafter kind: how to
 build the trainable module, how to check a batch, how to compute the loss, and how to save. Add a
 kind by writing ``train/strategies/<kind>.py`` with a class following :class:`Strategy`
-(``train/strategies/base.py``) and one line in :data:`STRATEGIES`, and its options model and recipe
-check in ``train.options.KINDS`` (the recipe layer: it validates ``drafter.options`` before any model
-loads, so it does not import the strategies). The loop never looks inside a drafter.
+(``train/strategies/base.py``) and naming it, with the kind's options model and recipe check, in the
+kind's one line of ``train.options.KINDS`` (the recipe layer: it validates ``drafter.options`` before any
+model loads; :func:`get_strategy` imports the strategy's module on first use). The loop never looks inside a drafter.
 
 Contract (what the loop guarantees and expects):
 
@@ -37,27 +37,20 @@ Contract (what the loop guarantees and expects):
 
 from __future__ import annotations
 
+import importlib
+from functools import cache
+
+from drafterkit.train.options import KINDS
 from drafterkit.train.strategies.base import Strategy, check_common_batch, unwrap
-from drafterkit.train.strategies.dflash import DFlashStrategy
-from drafterkit.train.strategies.draft_lm import DraftLMStrategy
-from drafterkit.train.strategies.eagle import EagleStrategy
-from drafterkit.train.strategies.eagle3 import Eagle3Strategy
-from drafterkit.train.strategies.medusa import MedusaStrategy
-
-STRATEGIES: dict[str, Strategy] = {
-    "draft_lm": DraftLMStrategy(),
-    "medusa": MedusaStrategy(),
-    "eagle": EagleStrategy(),
-    "eagle3": Eagle3Strategy(),
-    "dflash": DFlashStrategy(),
-}
 
 
+@cache
 def get_strategy(kind: str) -> Strategy:
-    """The strategy for drafter ``kind``. Raises ``ValueError`` listing the trainable kinds."""
-    if kind not in STRATEGIES:
-        raise ValueError(f"no training strategy for drafter kind {kind!r}; trainable kinds: {sorted(STRATEGIES)}")
-    return STRATEGIES[kind]
+    """The strategy for drafter ``kind`` (one instance per kind): the class ``train.options.KINDS[kind]``
+    names in ``drafterkit.train.strategies.<kind>``. Raises ``ValueError`` listing the trainable kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"no training strategy for drafter kind {kind!r}; trainable kinds: {sorted(KINDS)}")
+    return getattr(importlib.import_module(f"drafterkit.train.strategies.{kind}"), KINDS[kind].strategy)()
 
 
-__all__ = ["STRATEGIES", "Strategy", "check_common_batch", "get_strategy", "unwrap"]
+__all__ = ["Strategy", "check_common_batch", "get_strategy", "unwrap"]

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from drafterkit.drafters.eagle import init_layer_from_target
+from drafterkit.drafters.feature_head import init_layer_from_target
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
@@ -122,7 +122,7 @@ def init_fc_last_feature(drafter) -> None:
 def init_split_attention_from_target(layer, target) -> None:
     """Copy the target's last-layer q/k/v ``[out, H]`` into both ``H``-wide halves of the head's 2H-input
     projections, and its input norm into ``hidden_norm`` (``input_layernorm`` shares the target layer's
-    name, so :func:`drafters.eagle.init_layer_from_target` has already copied it)."""
+    name, so :func:`drafters.feature_head.init_layer_from_target` has already copied it)."""
     src = target.model.layers[-1]
     for name in ("q_proj", "k_proj", "v_proj"):
         mine, theirs = getattr(layer.self_attn, name, None), getattr(src.self_attn, name)

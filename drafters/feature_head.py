@@ -1,0 +1,394 @@
+"""The feature-level head's decoding, shared by EAGLE (:mod:`drafters.eagle`) and EAGLE-3
+(:mod:`drafters.eagle3`): :class:`FeatureHeadDrafter` runs a one-layer head autoregressively over its own
+predicted features with one KV cache per row (RoPE positions = token positions), re-synchronising with the
+target's real features of accepted tokens each round through ``state.num_stable``, and proposes chains,
+static trees and dynamic trees (EAGLE-2, Li et al. 2024) from it; its training-time-test unroll
+(:meth:`FeatureHeadDrafter.unroll`, EAGLE-3, Li et al. 2025) runs the same chain at every position at once.
+
+Why here and not in each kind's module: EAGLE-3 decodes exactly as EAGLE does (the EAGLE-3 paper keeps
+EAGLE-2's drafting); the kinds differ only in what the head reads and writes, which each kind's module
+supplies through two hooks (``real_input``: target features -> the head's input; ``logits_and_ids``: head
+output -> logits over the draft vocabulary and the target id of each draft id). Written twice, the
+decoding would drift apart; so each kind's module holds its config, its layers and those hooks, and this
+module the one decoding both run.
+
+Also here: the target-shape helpers both kinds (and Medusa, DFlash) use.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from drafterkit.decode.cutoff import ChainCutoff
+from drafterkit.decode.dynamic_tree import DynamicTree, RowTree, TreeBuilder, pack_rows
+from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.decode.sampling import select_tokens
+from drafterkit.decode.tree import level_mask
+from drafterkit.drafters.base import Drafter
+from drafterkit.drafters.layers import (
+    DraftDecoderLayer,
+    causal_mask,
+    rope_theta_of,
+    ttt_attention_mask,
+)
+
+
+def check_target_shape(drafter: Drafter, target: nn.Module) -> None:
+    """Raise ``ValueError`` unless ``target`` has the hidden size and layer count the feature-level
+    ``drafter`` was built for (checked by ``decode.generate`` before any token is generated)."""
+    c, tc = drafter.config, target.config
+    got = (getattr(tc, "hidden_size", None), getattr(tc, "num_hidden_layers", None))
+    if got != (c.hidden_size, c.target_num_layers):
+        raise ValueError(f"this {drafter.kind} drafter reads features of a target with hidden size {c.hidden_size} "
+                         f"and {c.target_num_layers} layers, but the target has hidden size {got[0]} and {got[1]} "
+                         "layers; train the drafter for this target")
+
+
+# --------------------------------------------------------------------------------------------------
+# per-row autoregressive runner shared by EAGLE and EAGLE-3
+
+
+class FeatureHeadDrafter(Drafter):
+    """A one-layer head run autoregressively at decode time with one KV cache per row.
+
+    Subclasses provide ``embed``, ``layer``, ``real_input(features [1, m, F]) -> [1, m, H]`` and
+    ``logits_and_ids(out [B, H]) -> (logits [B, V'], ids [V'] or None)``. Head position ``t`` consumes
+    ``(tokens[t+1], features[t])`` and its output predicts ``tokens[t+2]``.
+    """
+
+    supports_draft_threshold = True
+
+    def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
+        super().check_compatible(target, vocab_size)
+        check_target_shape(self, target)
+
+    def reset(self, batch_size: int) -> None:
+        self._caches: list[dict | None] = [None] * batch_size
+
+    def _layer(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past):
+        """The head over new positions: ``ids [B, m]`` (the token each consumes), ``hidden [B, m, H]`` (the
+        feature each consumes), ``positions [B, m]``, ``mask [m, S]`` bool -> ``(out [B, m, H], (k, v))``."""
+        return self.layer(hidden, positions, mask, past, embeds=self.embed(ids).to(hidden.dtype))
+
+    def _run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, past):
+        """Layer over ``m`` new positions ``start..start+m-1`` (causal). ``ids [B, m]``, ``hidden [B, m, H]``."""
+        m = ids.shape[1]
+        pos = torch.arange(start, start + m, device=ids.device)[None].expand(ids.shape[0], m)
+        plen = 0 if past is None else past[0].shape[2]
+        return self._layer(ids, hidden, pos, causal_mask(m, plen, ids.device), past)
+
+    def _catch_up(self, b: int, tokens: list[int], feats: torch.Tensor, stable: int) -> torch.Tensor:
+        """Bring row ``b``'s cache to the real prefix; return the head output at position ``n-2`` ``[1, H]``."""
+        dev, dt = self.embed.weight.device, self._dtype()
+        n = len(tokens)
+        cache = self._caches[b]
+        valid = 0 if cache is None else max(0, min(cache["real"], stable - 1))
+        past = None
+        if valid > 0:
+            past = (cache["k"][:, :, :valid], cache["v"][:, :, :valid])
+        if valid == n - 1 and cache is not None and cache["real"] == valid:
+            return cache["last"]
+        ids = torch.tensor(tokens[valid + 1:n], device=dev)[None]
+        hid = self.real_input(feats[valid:n - 1].to(dev, dt)[None])
+        out, (k, v) = self._run(ids, hid, valid, past)
+        self._caches[b] = {"k": k, "v": v, "real": n - 1, "last": out[:, -1]}
+        return out[:, -1]
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.layer.parameters()).dtype
+
+    # --- training: the training-time-test unroll ---------------------------------------------------
+    def unroll(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int, feed: str = "data",
+               keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The head unrolled ``steps`` steps at every position at once (training-time test, EAGLE-3,
+        Li et al. 2025): what :meth:`propose` runs after a real prefix ending at each position.
+
+        Step 0 at position ``t`` consumes ``(token t+1, features[t])`` (through :meth:`real_input`) at
+        RoPE position ``t``. Step ``j >= 1`` at ``t`` consumes the head's own step ``j-1`` output at ``t``
+        and a token (``feed``), sits at RoPE position ``t+j`` and attends the step-0 keys at positions
+        ``<= t`` (the real prefix) and its own steps ``1..j`` at the same ``t`` (:func:`ttt_attention_mask`),
+        as the decoder's KV cache holds them. Output ``j`` at ``t`` predicts token ``t+2+j``.
+
+        Args:
+            input_ids: ``[B, T]``. features: ``[B, T, F]`` the target features the kind reads.
+            steps: unroll length (>= 1).
+            feed: the token of step ``j >= 1``: ``"data"`` = the data token ``t+1+j`` (teacher-forced),
+                ``"draft"`` = the head's own greedy draft of step ``j-1`` (a target id, detached), which
+                is what decoding feeds.
+            keep: optional bool ``[B, T]``: positions whose chains are used; greedy drafts elsewhere are
+                not computed (token 0), which only saves the LM head there (each chain reads its own
+                position's steps only).
+
+        Returns:
+            ``steps`` pre-norm head outputs ``[B, T, H]`` (entries whose tokens run past the sequence
+            are garbage; mask them).
+
+        Raises:
+            ValueError: ``steps < 1`` or an unknown ``feed``.
+        """
+        if steps < 1 or feed not in ("data", "draft"):
+            raise ValueError(f"unroll needs steps >= 1 and feed 'data' or 'draft', got {steps}, {feed!r}")
+        b, t = input_ids.shape
+        hidden = self.real_input(features)  # [B, T, H]
+        ids_ext = torch.cat([input_ids, input_ids.new_zeros(b, steps)], 1)  # padding past the end
+        ar = torch.arange(t, device=input_ids.device)
+        past, outs = None, []
+        for j in range(steps):
+            if j == 0 or feed == "data":
+                ids_j = ids_ext[:, 1 + j: 1 + j + t]  # token t+1+j at position t
+            else:
+                ids_j = self.greedy_drafts(outs[-1], keep)  # the draft step j-1 proposed at t
+            mask = ttt_attention_mask(t, j, input_ids.device)
+            out, past = self._layer(ids_j, hidden, (ar + j)[None].expand(b, t), mask, past)
+            outs.append(out)
+            hidden = out
+        return outs
+
+    @torch.no_grad()
+    def greedy_drafts(self, out: torch.Tensor, keep: torch.Tensor | None = None, chunk: int = 256) -> torch.Tensor:
+        """The greedy draft token (a target id) of head outputs ``out [B, T, H]`` -> ``[B, T]`` long, as
+        :meth:`propose` picks it (argmax of :meth:`logits_and_ids`, mapped to target ids); 0 where
+        ``keep [B, T]`` is False. Rows go through the LM head ``chunk`` at a time (bounded memory)."""
+        tokens = torch.zeros(out.shape[:-1], dtype=torch.long, device=out.device)
+        sel = keep.bool() if keep is not None else torch.ones_like(tokens, dtype=torch.bool)
+        rows = out[sel]  # [M, H]
+        picked = []
+        for part in rows.split(chunk):
+            logits, ids = self.logits_and_ids(part)
+            a = logits.float().argmax(-1)
+            picked.append(a if ids is None else ids[a])
+        if picked:
+            tokens[sel] = torch.cat(picked)
+        return tokens
+
+    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        """``k`` draft tokens per row by running the head over its own features (see module docstring).
+
+        Raises:
+            ValueError: the decoder passed no features (``feature_layers`` was ignored).
+        """
+        if state.features is None:
+            raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
+        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
+            self.reset(len(state.tokens))
+        rows_t, rows_p, lengths = [], [], []
+        with torch.no_grad():
+            for b, toks in enumerate(state.tokens):
+                t, p, n = self._propose_row(b, toks, state.features[b], state.num_stable[b], k, sampling,
+                                            generator, state.vocab_size, state.active[b])
+                rows_t.append(t)
+                rows_p.append(p)
+                lengths.append(n)
+        tokens = torch.stack(rows_t)
+        return Proposal(tokens=tokens, probs=None if sampling.greedy else torch.stack(rows_p),
+                        lengths=torch.tensor(lengths) if self.draft_threshold > 0 else None)
+
+    def _propose_row(self, b, toks, feats, stable, k, sampling, generator, vocab_size, active):
+        """Row ``b``'s chain: ``(tokens [k], q [k, V] or None, proposed length)``; past the length
+        (``draft_threshold`` cut, see ``drafters.base.ChainCutoff``) tokens repeat the last one."""
+        v_out = self.target_vocab_size()
+        if len(toks) < 2 or not active:  # nothing to condition on yet: repeat the last token (valid id)
+            t = torch.full((k,), toks[-1] if toks[-1] < vocab_size else 0, dtype=torch.long)
+            return t, F.one_hot(t, v_out).float(), k if len(toks) < 2 else 0
+        n = len(toks)
+        out = self._catch_up(b, toks, feats, stable)  # [1, H], predicts tokens[n]
+        c = self._caches[b]
+        past, hid = (c["k"], c["v"]), out
+        drafted, probs = [], []
+        cut = ChainCutoff(self.draft_threshold, 1, k)
+        for i in range(k):
+            logits, ids = self.logits_and_ids(hid)  # [1, V']
+            if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
+                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+            tok, p = select_tokens(logits, sampling, vocab_size if ids is None else None, generator)
+            cut.update(i, tok, logits=logits, probs=p)
+            if cut.done:
+                break
+            tgt = tok if ids is None else ids[tok]
+            drafted.append(int(tgt))
+            if not sampling.greedy:
+                probs.append(self._to_target_probs(p[0], ids, v_out))
+            if i + 1 < k:  # next position (n-2)+i+1 consumes (draft token, own output feature)
+                hid, past = self._run(tgt.view(1, 1), hid[:, None], n - 1 + i, past)
+                hid = hid[:, -1]
+        length = len(drafted)
+        fill = drafted[-1] if drafted else (toks[-1] if toks[-1] < vocab_size else 0)
+        t = torch.tensor(drafted + [fill] * (k - length), dtype=torch.long)
+        if not sampling.greedy:
+            probs += [F.one_hot(torch.tensor(fill), v_out).float().to(probs[0].device if probs else "cpu")] * (k - length)
+        return t, (torch.stack(probs).cpu() if probs else None), length
+
+    def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Proposal:
+        """One token per node of ``tree`` (a ``decode.tree.DraftTree``) per row: the head's rank-r
+        candidate after the node's ancestors, drafted level by level (EAGLE-1/EAGLE-2 tree drafting,
+        Li et al. 2024): each level is ONE head pass over the level's nodes under tree attention (each
+        node sees the row's real prefix, its ancestors and itself; position = its depth). With
+        ``draft_threshold > 0`` a node whose path probability under the head (product of its tokens'
+        softmax probabilities) falls below it is masked out, with its subtree (EAGLE-2's confidence as
+        an acceptance estimate); one below ``expand_threshold`` is proposed as a leaf (no head pass
+        drafts its children). Deterministic (top-k): ``probs=None``.
+
+        Returns:
+            ``Proposal(tokens [B, N], mask [B, N])``; rows with nothing to condition on, or inactive, are
+            all False.
+
+        Raises:
+            ValueError: the decoder passed no features.
+        """
+        if state.features is None:
+            raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
+        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
+            self.reset(len(state.tokens))
+        b_all, n_nodes = len(state.tokens), tree.num_nodes
+        tokens = torch.zeros(b_all, n_nodes, dtype=torch.long)
+        mask = torch.zeros(b_all, n_nodes, dtype=torch.bool)
+        with torch.no_grad():
+            for b, toks in enumerate(state.tokens):
+                if state.active[b] and len(toks) >= 2:
+                    tokens[b], mask[b] = self._tree_row(b, toks, state.features[b], state.num_stable[b], tree,
+                                                        state.vocab_size)
+        return Proposal(tokens=tokens, probs=None, mask=mask)
+
+    def _tree_row(self, b, toks, feats, stable, tree, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(toks)
+        root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
+        c = self._caches[b]
+        past, plen = (c["k"], c["v"]), c["k"].shape[2]
+        dev = root.device
+        out_tok, ok, path_p = [0] * tree.num_nodes, [False] * tree.num_nodes, {-1: 1.0}
+        bar = self.expand_bar  # nodes below it stay leaves
+        outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
+        col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
+        levels: dict[int, list[int]] = {}
+        for i, d in enumerate(tree.depths):
+            levels.setdefault(d, []).append(i)
+        for d in range(1, tree.max_depth + 1):
+            level = [i for i in levels.get(d, []) if tree.parents[i] in outs]
+            if not level:
+                break
+            parents = sorted({tree.parents[i] for i in level})
+            logits, ids = self.logits_and_ids(torch.cat([outs[p] for p in parents]))  # [P, V']
+            if ids is not None:
+                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+            else:
+                logits = logits[:, :vocab_size]
+            probs = torch.softmax(logits.float(), -1)
+            top = probs.topk(min(max(tree.ranks[i] for i in level) + 1, probs.shape[-1]), -1)
+            vals, idx = top.values.tolist(), top.indices
+            tgt = idx if ids is None else ids[idx]
+            tgt = tgt.tolist()
+            for i in level:
+                pi, r = parents.index(tree.parents[i]), tree.ranks[i]
+                if r >= len(vals[pi]):
+                    continue
+                out_tok[i] = tgt[pi][r]
+                path_p[i] = path_p[tree.parents[i]] * vals[pi][r]
+                ok[i] = path_p[i] >= self.draft_threshold and vals[pi][r] > 0
+            grow = [i for i in level if ok[i] and path_p[i] >= bar and tree.children[i]]
+            if not grow or d == tree.max_depth:
+                continue
+            m, ntree = len(grow), len(col)
+            ids_in = torch.tensor([out_tok[i] for i in grow], device=dev)[None]
+            hid_in = torch.cat([outs[tree.parents[i]] for i in grow])[None]  # [1, m, H]
+            pos = torch.full((1, m), n - 2 + d, device=dev)
+            attn = torch.cat([torch.ones(m, plen, dtype=torch.bool), level_mask(tree, grow, col)], 1).to(dev)
+            out, past = self._layer(ids_in, hid_in, pos, attn, past)
+            for j, i in enumerate(grow):
+                outs[i], col[i] = out[:, j], ntree + j
+        return torch.tensor(out_tok, dtype=torch.long), torch.tensor(ok, dtype=torch.bool)
+
+    def propose_dynamic_tree(self, state: DecodeState, spec: DynamicTree, sampling: SamplingParams,
+                             generator: torch.Generator | None) -> Proposal:
+        """Per row, an EAGLE-2 dynamic tree (Li et al. 2024; :class:`decode.dynamic_tree.TreeBuilder`): the
+        head's ``spec.topk`` best children of the ``spec.topk`` best nodes of each level, by cumulative
+        log-probability, one head pass per level under tree attention as in :meth:`propose_tree`; the best
+        ``spec.total`` nodes are verified. ``draft_threshold`` / ``expand_threshold`` bar nodes and their
+        expansion as in static trees. Deterministic: ``probs=None``.
+
+        Returns:
+            :func:`decode.dynamic_tree.pack_rows`: ``tokens``, ``mask``, ``scores [B, N]`` and ``trees``.
+
+        Raises:
+            ValueError: the decoder passed no features.
+        """
+        if state.features is None:
+            raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
+        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
+            self.reset(len(state.tokens))
+        rows = []
+        with torch.no_grad():
+            for b, toks in enumerate(state.tokens):
+                ready = state.active[b] and len(toks) >= 2
+                rows.append(self._dynamic_row(b, toks, state.features[b], state.num_stable[b], spec,
+                                              state.vocab_size) if ready else None)
+        return pack_rows(rows)
+
+    def _dynamic_row(self, b, toks, feats, stable, spec, vocab_size) -> RowTree:
+        n = len(toks)
+        root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
+        c = self._caches[b]
+        past, plen = (c["k"], c["v"]), c["k"].shape[2]
+        builder = TreeBuilder(spec, self.draft_threshold, self.expand_bar)
+        outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
+        col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
+        frontier = [-1]
+        while frontier:
+            logits, ids = self.logits_and_ids(torch.cat([outs[p] for p in frontier]))  # [P, V']
+            if ids is not None:
+                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+            else:
+                logits = logits[:, :vocab_size]
+            frontier = builder.add_children(torch.log_softmax(logits.float(), -1), ids)
+            if not frontier:
+                break
+            m, ntree = len(frontier), len(col)
+            ids_in = torch.tensor([builder.tokens[i] for i in frontier], device=root.device)[None]
+            hid_in = torch.cat([outs[builder.parents[i]] for i in frontier])[None]  # [1, m, H]
+            pos = torch.full((1, m), n - 2 + builder.level, device=root.device)
+            attn = torch.cat([torch.ones(m, plen, dtype=torch.bool), level_mask(builder.parents, frontier, col)], 1)
+            out, past = self._layer(ids_in, hid_in, pos, attn.to(root.device), past)
+            for j, i in enumerate(frontier):
+                outs[i], col[i] = out[:, j], ntree + j
+        return builder.result()
+
+    @staticmethod
+    def _to_target_probs(p: torch.Tensor, ids: torch.Tensor | None, v: int) -> torch.Tensor:
+        if ids is None:
+            return p.float()
+        return torch.zeros(v, device=p.device).scatter_(0, ids, p.float())
+
+
+def target_shape_fields(target: nn.Module) -> dict:
+    """The target's sizes a feature-level head copies (vocab, hidden, heads, head_dim, MLP, norm, RoPE)."""
+    c = target.config
+    return {"vocab_size": target.get_output_embeddings().weight.shape[0], "hidden_size": c.hidden_size,
+            "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": rope_theta_of(c)}
+
+
+def borrow(target: nn.Module | None, config, kind: str) -> tuple[nn.Module, nn.Module]:
+    """The target's (input embedding, LM head), checked against ``config``. Raises ``ValueError``."""
+    if target is None:
+        raise ValueError(f"{kind} drafter borrows the target's embedding and LM head: pass target=... "
+                         "(from_pretrained(path, target=target))")
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    if tuple(head.weight.shape) != (config.vocab_size, config.hidden_size) or emb.weight.shape[1] != config.hidden_size:
+        raise ValueError(f"{kind} config expects vocab {config.vocab_size} x hidden {config.hidden_size} but the "
+                         f"target's LM head is {list(head.weight.shape)}; train the head for this target")
+    return emb, head
+
+
+def init_layer_from_target(layer: DraftDecoderLayer, target: nn.Module) -> None:
+    """Copy the target's LAST decoder layer into ``layer`` where shapes match (EAGLE-1 practice)."""
+    src = dict(target.model.layers[-1].named_parameters())
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name in src and src[name].shape == p.shape:
+                p.copy_(src[name])
