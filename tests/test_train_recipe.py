@@ -218,3 +218,40 @@ def test_an_unknown_kind_lists_the_trainable_kinds():
     with pytest.raises(RecipeError, match=r"drafter: no training strategy for drafter kind 'nope'; trainable kinds: "
                                           r"\['dflash', 'draft_lm', 'eagle', 'eagle3', 'medusa'\]"):
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "nope"}})
+
+
+@pytest.mark.parametrize("override, key, value", [
+    ("train.mixed_precision=no", "train.mixed_precision", "no"),  # a Literal of strings: the word itself
+    ("logging.run_name=off", "logging.run_name", "off"),  # a free string field keeps the word as written
+    ("logging.project=true", "logging.project", "true"),
+    ("logging.project=Yes", "logging.project", "Yes"),
+    ("data.feature_cache=on", "data.feature_cache", "off"),  # the recipe's drafter reads no features: refused
+    ("train.cpu=yes", "train.cpu", True), ("train.cpu=off", "train.cpu", False),  # boolean fields: booleans
+    ("train.cpu=TRUE", "train.cpu", True), ("eval.at_end=no", "eval.at_end", False),
+    ("data.regenerate=On", "data.regenerate", True),
+])
+def test_yaml_1_1_booleans_are_read_as_the_field_takes_them(override, key, value):
+    if key == "data.feature_cache":
+        with pytest.raises(RecipeError, match="data.feature_cache: drafter kind 'draft_lm' reads no target features"):
+            recipe_from_dict({"output_dir": "x"}, [override])  # 'on' read as auto (an error before: a bool)
+        r = recipe_from_dict({"output_dir": "x", "drafter": {"kind": "medusa"}}, [override])
+        assert r.data.feature_cache == "auto"
+        assert recipe_from_dict({"output_dir": "x", "drafter": {"kind": "medusa"}},
+                                ["data.feature_cache=no"]).data.feature_cache == "off"
+        return
+    section, field = key.split(".")
+    got = getattr(getattr(recipe_from_dict({"output_dir": "x"}, [override]), section), field)
+    assert got == value and type(got) is type(value)
+
+
+def test_yaml_1_1_booleans_in_a_recipe_file_and_a_word_no_field_takes(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("output_dir: x\ntrain:\n  mixed_precision: no\n  cpu: yes\n  overwrite: off\n"
+                    "logging:\n  run_name: on\n")
+    r = load_recipe(path)
+    assert (r.train.mixed_precision, r.train.cpu, r.train.overwrite, r.logging.run_name) == ("no", True, False, "on")
+    assert yaml.safe_load(r.to_yaml())["train"]["cpu"] is True  # the resolved recipe holds real booleans
+    with pytest.raises(RecipeError, match=r"train\.mixed_precision: Input should be 'no', 'bf16' or 'fp16'"):
+        recipe_from_dict({"output_dir": "x"}, ["train.mixed_precision=yes"])  # a word the field does not take
+    with pytest.raises(RecipeError, match=r"loss\.name: Input should be 'ce'"):
+        recipe_from_dict({"output_dir": "x"}, ["loss.name=off"])

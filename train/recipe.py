@@ -17,7 +17,13 @@ earlier run's ``checkpoints/``, ``eval/``, ``logs/`` and ``recipe.yaml`` first.
 ``drafter.options`` is validated by its kind's own pydantic model (``train.options.KINDS``), and
 replaced by its resolved form (defaults filled in); the kind's recipe check (``train.options``) refuses,
 before any model loads, what it cannot train. Command-line overrides are ``key.sub=value``
-strings whose value is parsed with ``yaml.safe_load`` (``optim.lr=1e-3``, ``logging.trackers=[wandb]``).
+strings whose value is parsed as YAML (``optim.lr=1e-3``, ``logging.trackers=[wandb]``).
+
+YAML 1.1 booleans. Recipe files and override values are read by :func:`load_yaml`, a safe loader that keeps
+``yes`` / ``no`` / ``on`` / ``off`` / ``true`` / ``false`` as the words written; the schema then types
+them: a boolean field reads them as booleans (pydantic's lax bool, any case), a field that takes strings
+gets the word itself (``train.mixed_precision=no`` is ``'no'``, ``logging.run_name=off`` is ``'off'``),
+where plain ``yaml.safe_load`` would hand it a bool and the field would refuse it.
 
 Errors: :class:`RecipeError` (a ``ValueError``) whose message names each bad key by its dotted path
 and, for an unknown key, lists the valid keys at that level.
@@ -36,6 +42,34 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from drafterkit.assets.device import native_bf16
 from drafterkit.train.checkpoint import is_resumable
 from drafterkit.train.options import feature_kinds, kind_recipe
+
+
+TRUE_WORDS = frozenset({"true", "yes", "on", "y", "1"})  # what a boolean field reads as true (pydantic's lax bool)
+YAML_BOOLS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}  # YAML 1.1, any case
+
+
+class RecipeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without the YAML 1.1 boolean resolver: ``no``, ``off``, ``yes``, ``on``, ``true``
+    and ``false`` load as the strings written, for the recipe's schema to type (see the module docstring)."""
+
+
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+def load_yaml(text: str) -> Any:
+    """Parse recipe YAML (a file's text or an override's value) with :class:`RecipeLoader`.
+
+    Raises:
+        yaml.YAMLError: the text is not valid YAML.
+    """
+    return yaml.load(text, Loader=RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def is_true(value: Any) -> bool:
+    """Whether a raw recipe value (before validation: a bool, or a word kept by :func:`load_yaml`) reads as true."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in TRUE_WORDS)
 
 
 class RecipeError(ValueError):
@@ -93,18 +127,19 @@ class DataSection(Section):
     # Target features of the head kinds (medusa, eagle, eagle3): "off" computes them with one target forward
     # per batch; "auto" reads the offline cache under $DRAFTERKIT_HOME/features, a folder reads the cache
     # under that folder. A missing, incomplete or torn cache is built first (see train/feature_cache.py;
-    # `drafterkit features RECIPE` builds it ahead). true / false mean auto / off.
+    # `drafterkit features RECIPE` builds it ahead). on / yes / true mean auto, no / false mean off.
     feature_cache: str = "off"
 
     @field_validator("feature_cache", mode="before")
     @classmethod
     def _feature_cache(cls, v):
-        if isinstance(v, bool):  # YAML reads a bare off / on as a bool
+        if isinstance(v, bool):  # true / false from a recipe built in Python
             return "auto" if v else "off"
         if not isinstance(v, str) or not v.strip():
             raise ValueError(f"use auto, off or a folder, got {v!r}")
-        if v.lower() in ("auto", "off"):
-            return v.lower()
+        word = v.strip().lower()
+        if word == "auto" or word in YAML_BOOLS:  # on / yes / true mean auto, off / no / false off
+            return "auto" if word == "auto" or YAML_BOOLS[word] else "off"
         # a folder must read as one (a path separator, or an existing folder): a typo such as 'atuo' would
         # otherwise build a cache of hundreds of MB under ./atuo
         if "/" not in v and "\\" not in v and not Path(v).is_dir():
@@ -276,7 +311,7 @@ class Recipe(Section):
         auto_mixed = isinstance(train, dict) and str(train.get("mixed_precision", "")).lower() == "auto"
         if not (auto_dtype or auto_mixed):
             return data
-        native = native_bf16("cpu" if isinstance(train, dict) and train.get("cpu") is True else None)
+        native = native_bf16("cpu" if isinstance(train, dict) and is_true(train.get("cpu")) else None)
         data = dict(data)
         if auto_dtype:
             data["target"] = {**target, "dtype": "bfloat16" if native else "float32"}
@@ -361,7 +396,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], prefix
 # --- loading ---------------------------------------------------------------------------------------
 
 def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
-    """Apply ``key.sub=value`` strings to a nested dict (values parsed with ``yaml.safe_load``).
+    """Apply ``key.sub=value`` strings to a nested dict (values parsed with :func:`load_yaml`: ``no`` / ``off`` /
+    ``yes`` / ``on`` / ``true`` / ``false`` stay words, for the schema to type).
 
     Raises:
         RecipeError: an override without ``=`` or with an empty key, one whose value is not valid YAML, or
@@ -395,10 +431,10 @@ _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$")
 
 
 def _parse_value(raw: str) -> Any:
-    """``yaml.safe_load``, plus ``1e-3``-style floats (YAML 1.1 reads those as strings)."""
+    """:func:`load_yaml`, plus ``1e-3``-style floats (YAML 1.1 reads those as strings)."""
     if not raw.strip():
         return None
-    value = yaml.safe_load(raw)
+    value = load_yaml(raw)
     if isinstance(value, str) and _FLOAT.match(value.strip()):
         return float(value)
     return value
@@ -421,7 +457,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     if not path.is_file():
         raise FileNotFoundError(f"recipe {path} not found; see recipes/ for examples (recipes/smoke.yaml)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path} is not valid YAML: {exc}") from None
     try:
