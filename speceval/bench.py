@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.records import plural, unwritable_folder
 from drafterkit.assets.target import load_target, resolve_target_path
@@ -251,7 +252,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 
 def print_record(record: dict, console=None) -> None:
     """Print the eval table and, when present, the sweep (category ``all``) and concurrency tables."""
-    console = console or report.make_console()
+    console = console or make_console()
     cfg = record["config"]
     title = (f"{cfg['benchmark']}: {plural(len(record['prompts']), 'prompt')}, {cfg['max_new_tokens']} new tokens, "
              f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")
@@ -325,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_progress:
-        report.disable_progress_bars()
+        disable_progress_bars()
     try:
         resolve_device(args.device)  # an unknown or absent device, before anything loads
         if problem := output_problem(args.output):

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from drafterkit.decode.inputs import AUTO
 from drafterkit.decode.metrics import pool_stats
-from drafterkit.speceval.console import MIN_TABLE_WIDTH, make_console  # noqa: F401  (re-exported)
+from drafterkit.assets.console import make_console
 from drafterkit.speceval.factors import draft_shape, factor_cells, per_prompt  # noqa: F401  (draft_shape re-exported)
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
@@ -363,23 +363,6 @@ def small_sample_note(record: dict) -> str | None:
     return (f"only {min(counts)} new tokens measured per method: tokens/s and speedups from a sample this small "
             f"are dominated by timing noise; use more --num-prompts / --max-new-tokens (>= {SMALL_SAMPLE_TOKENS} "
             "tokens per method)")
-
-
-def disable_progress_bars() -> None:
-    """Silence every progress bar of this process (``--no-progress``): tqdm's default (``TQDM_DISABLE=1``,
-    which drafterkit's own bars also honour, see :func:`progress_bars_off`), transformers' (weight
-    loading) and datasets' (dataset building)."""
-    os.environ["TQDM_DISABLE"] = "1"
-    import datasets
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-
-
-def progress_bars_off() -> bool:
-    """True when ``TQDM_DISABLE`` asks for no progress bars (set by :func:`disable_progress_bars`)."""
-    return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
 # --------------------------------------------------------------------------------------------

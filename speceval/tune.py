@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from drafterkit import decode
+from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import resolve_device
 from drafterkit.assets.target import TargetLoadError, load_target
 from drafterkit.decode.dynamic_tree import parse_tree
@@ -439,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_progress:
-        report.disable_progress_bars()
+        disable_progress_bars()
     trees = args.trees if args.trees else list(DEFAULT_TREES)
     try:
         resolve_device(args.device)  # an unknown or absent device, before anything loads
@@ -455,7 +456,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, DrafterLoadError, TargetLoadError, FileNotFoundError) as exc:
         print(f"drafterkit tune: error: {exc}", file=sys.stderr)
         return 2
-    console = report.make_console()
+    console = make_console()
     cols = [("conc", "concurrency", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
             ("setting", "label", "{}"), ("tau", "tau", "{:.2f}"), ("tok/s", "tokens_per_s", "{:.2f}"),
             ("plain tok/s", "plain_tokens_per_s", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
+from drafterkit.assets.console import make_console
 from drafterkit.assets.pinned import default_target_dir
 from drafterkit.decode.tree import DraftTree
 from drafterkit.drafters.datastore import Datastore
@@ -278,7 +279,7 @@ def test_tables_keep_legible_headers_when_not_a_terminal():
     import io
 
     buf = io.StringIO()
-    console = report.make_console(file=buf)
+    console = make_console(file=buf)
     assert console.width >= 160
     report.print_eval([dict(role="spec", method="ngram", k=5, tau=2.0, acceptance_rate=0.5,
                             accept_per_position=[0.5, 0.4], tokens_per_s=10.0)], "t", console)

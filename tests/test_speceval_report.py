@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
+from drafterkit.assets.console import make_console
 from drafterkit.assets.pinned import default_target_dir
 from drafterkit.speceval import factors, plots, report
 from drafterkit.speceval.harness import check_exactness
@@ -176,7 +177,7 @@ def test_tree_rows_show_their_tree_not_a_k_that_did_not_apply(sweep_record):
     assert table["ngram"]["drafts"] == f"chain of {ngram['k']}" and table["engine"]["drafts"] == "-"
     assert "trees: 3,2,1,1,1, chains of K: " in report.render_markdown(record)
     buf = io.StringIO()
-    report.print_eval(record["summary"], "eval", console=report.make_console(file=buf))
+    report.print_eval(record["summary"], "eval", console=make_console(file=buf))
     line = next(ln for ln in buf.getvalue().splitlines() if "tree=3,2,1,1,1" in ln)
     assert "tree 3,2,1,1,1" in line and " 5 " not in line.split("tree 3,2,1,1,1")[1][:12]
 

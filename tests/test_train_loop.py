@@ -217,7 +217,7 @@ def test_lora_checkpoint_holds_merged_weights(world, tmp_path):
 def test_wandb_missing_gives_install_hint(world, tmp_path):
     import importlib.util
 
-    from drafterkit.train.loop import make_accelerator
+    from drafterkit.train.prepare import make_accelerator
 
     if importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")
@@ -363,7 +363,7 @@ def test_budget_schedule_is_transformers_shape_by_steps_and_follows_the_clock(ki
     progress is the larger of the step and wall-clock fractions (a run stopped by time ends annealed)."""
     from transformers import get_scheduler
 
-    from drafterkit.train.loop import BudgetSchedule
+    from drafterkit.train.step import BudgetSchedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     ref = get_scheduler(kind, opt, num_warmup_steps=5, num_training_steps=40)

@@ -8,7 +8,7 @@ import sys
 from rich.table import Table
 
 from drafterkit.assets import pinned as assets
-from drafterkit.speceval.console import make_console
+from drafterkit.assets.console import make_console
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -59,7 +59,7 @@ from drafterkit.assets.conversations import (
     plural,
     unreadable_summary,
 )
-from drafterkit.assets.pinned import ASSETS, fetch, home, resolve_source, sha256_file, tokenizer_fingerprint  # noqa: F401 (re-exported)
+from drafterkit.assets.pinned import home, resolve_source, sha256_file, tokenizer_fingerprint
 from drafterkit.assets.target import load_target_tokenizer
 
 IGNORE_INDEX = -100

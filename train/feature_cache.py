@@ -62,7 +62,7 @@ import drafterkit.assets.target  # load_target looked up at call time: one place
 from drafterkit import assets
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.pinned import home
-from drafterkit.speceval.report import progress_bars_off
+from drafterkit.assets.console import progress_bars_off
 from drafterkit.train.data import collate
 from drafterkit.train.features import target_features
 from drafterkit.train.features_args import SHARD_MB

@@ -35,8 +35,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from drafterkit.assets.console import progress_bars_off
 from drafterkit.drafters.export import FORMATS
-from drafterkit.speceval.report import progress_bars_off
 from drafterkit.train.checkpoint import (
     TrainerState,
     find_resume,
@@ -46,13 +46,11 @@ from drafterkit.train.checkpoint import (
 )
 from drafterkit.train.distributed import peak_memory_per_process
 from drafterkit.train.evaluate import evaluate
-from drafterkit.train.prepare import assert_frozen, make_accelerator, preflight, setup_run
+from drafterkit.train.prepare import assert_frozen, preflight, setup_run
 from drafterkit.train.recipe import Recipe, RecipeError
-from drafterkit.train.recipe_data import load_data
-from drafterkit.train.step import BudgetSchedule, agreed_elapsed, batches, train_step
+from drafterkit.train.step import RunContext, agreed_elapsed, batches, train_step
 
-__all__ = ["BudgetSchedule", "StopOnSignal", "TrainResult", "advance", "assert_frozen", "batches", "load_data",
-           "finish", "make_accelerator", "preflight", "progress_bar", "train", "train_step"]
+__all__ = ["StopOnSignal", "TrainResult", "advance", "finish", "progress_bar", "train"]
 
 
 @dataclass
@@ -130,7 +128,7 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
     """
     preflight(recipe)
     ctx = setup_run(recipe, target, tokenizer)
-    acc, paths, cfg = ctx["accelerator"], recipe.paths, recipe.train
+    acc, paths, cfg = ctx.accelerator, recipe.paths, recipe.train
     state = TrainerState()
     resume = find_resume(recipe)
     if resume is not None:
@@ -151,7 +149,7 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
         recipe.save(paths.recipe)
     acc.init_trackers(recipe.logging.project, config=_flat_config(recipe),
                       init_kwargs={"wandb": {"name": recipe.logging.run_name, "dir": str(paths.logs)}})
-    data = batches(ctx["ds"], recipe, state, acc.process_index, acc.num_processes, ctx["pad_id"])
+    data = batches(ctx.data, recipe, state, acc.process_index, acc.num_processes, ctx.pad_id)
     result = TrainResult(global_step=state.global_step, stopped="max_steps", output_dir=str(paths.root))
     with StopOnSignal() as stop:
         _run_steps(ctx, data, state, result, stop, budget_start)
@@ -167,14 +165,14 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
     return result
 
 
-def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: TrainResult,
+def _run_steps(ctx: RunContext, data: Iterator[dict], state: TrainerState, result: TrainResult,
                stop: StopOnSignal, budget_start: float | None = None) -> None:
     """Optimizer steps until max_steps, the max_minutes budget, or a stop signal (on any process)."""
-    acc, paths, cfg = ctx["accelerator"], ctx["recipe"].paths, ctx["recipe"].train
+    acc, paths, cfg = ctx.accelerator, ctx.recipe.paths, ctx.recipe.train
     # the budget clock continues a resumed run's: max_minutes counts every run of this output_dir (the
     # checkpoint's train_seconds), so "rerun the same command" finishes the interrupted run, schedule included
     start = (time.perf_counter() if budget_start is None else budget_start) - state.train_seconds
-    schedule = ctx["schedule"]
+    schedule = ctx.schedule
     bar = progress_bar(cfg, state.global_step, start, disable=not acc.is_local_main_process or progress_bars_off())
     window_tokens, window_start = 0.0, time.perf_counter()
     seconds_before, loop_start = state.train_seconds, time.perf_counter()
@@ -186,7 +184,7 @@ def _run_steps(ctx: dict, data: Iterator[dict], state: TrainerState, result: Tra
         metrics = train_step(ctx, data, state)
         state.global_step += 1
         state.train_seconds = seconds_before + time.perf_counter() - loop_start
-        assert_frozen(ctx["target"])
+        assert_frozen(ctx.target)
         state.tokens_seen += int(metrics["seq_tokens"] * acc.num_processes)
         window_tokens += metrics["seq_tokens"] * acc.num_processes
         result.losses.append(metrics["loss"])
@@ -271,17 +269,17 @@ def _flat_config(recipe: Recipe) -> dict[str, Any]:
     return out
 
 
-def _maybe_evaluate(ctx: dict, state: TrainerState, final: bool) -> dict | None:
+def _maybe_evaluate(ctx: RunContext, state: TrainerState, final: bool) -> dict | None:
     """Evaluate at ``eval.every`` steps and at the end; keep best/ by measured (tau, tokens/s)."""
-    recipe, acc = ctx["recipe"], ctx["accelerator"]
+    recipe, acc = ctx.recipe, ctx.accelerator
     every, step = recipe.eval.every, state.global_step
     due = (every > 0 and step % every == 0) or (final and recipe.eval.at_end)
-    if not due or ctx.get("last_eval_step") == step:
+    if not due or ctx.last_eval_step == step:
         return None
-    ctx["last_eval_step"] = step
+    ctx.last_eval_step = step
     result = None
     if acc.is_main_process:
-        result = evaluate(acc.unwrap_model(ctx["drafter"]), ctx["target"], ctx["prompts"], recipe)
+        result = evaluate(acc.unwrap_model(ctx.drafter), ctx.target, ctx.prompts, recipe)
         result["step"] = step
         recipe.paths.eval.mkdir(parents=True, exist_ok=True)
         (recipe.paths.eval / f"step-{step}.json").write_text(json.dumps(result, indent=1))
@@ -293,7 +291,7 @@ def _maybe_evaluate(ctx: dict, state: TrainerState, final: bool) -> dict | None:
     score = (result["tau"], result["tokens_per_s"])
     if state.improves(score):
         state.best_score, state.best_step = list(score), step
-        save_checkpoint(recipe.paths.best, accelerator=acc, strategy=ctx["strategy"], drafter=ctx["drafter"],
+        save_checkpoint(recipe.paths.best, accelerator=acc, strategy=ctx.strategy, drafter=ctx.drafter,
                         state=state, recipe=recipe, with_state=False, extra={"eval.json": result})
     return result
 
@@ -306,14 +304,14 @@ def _broadcast(acc, obj):
     return broadcast_object_list([obj])[0]
 
 
-def _save(ctx: dict, path: Path, state: TrainerState) -> None:
-    save_checkpoint(path, accelerator=ctx["accelerator"], strategy=ctx["strategy"], drafter=ctx["drafter"],
-                    state=state, recipe=ctx["recipe"])
+def _save(ctx: RunContext, path: Path, state: TrainerState) -> None:
+    save_checkpoint(path, accelerator=ctx.accelerator, strategy=ctx.strategy, drafter=ctx.drafter,
+                    state=state, recipe=ctx.recipe)
 
 
-def _report_drafter(ctx: dict, state: TrainerState, result: TrainResult, resume_hint: str) -> Path:
+def _report_drafter(ctx: RunContext, state: TrainerState, result: TrainResult, resume_hint: str) -> Path:
     """Print where the trained drafter is and the commands that evaluate / export it; return its folder."""
-    recipe, acc = ctx["recipe"], ctx["accelerator"]
+    recipe, acc = ctx.recipe, ctx.accelerator
     paths = recipe.paths
     if state.best_score is not None and (paths.best / "drafter").is_dir():
         drafter = paths.best / "drafter"

@@ -29,7 +29,7 @@ from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
 from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
-from drafterkit.train.step import BudgetSchedule
+from drafterkit.train.step import BudgetSchedule, RunContext
 from drafterkit.train.strategies import get_strategy
 
 
@@ -104,7 +104,7 @@ def _clear_output_dir(recipe: Recipe, acc) -> None:
     acc.wait_for_everyone()
 
 
-def setup_run(recipe: Recipe, target=None, tokenizer=None) -> dict:
+def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     """Accelerator, frozen target, drafter, data, optimizer and schedule, all prepared.
 
     The drafter is built right after the target loads (before data), so a drafter option that does
@@ -150,14 +150,13 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> dict:
     drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
     params = [p for p in drafter.parameters() if p.requires_grad]  # FSDP2 replaces them by sharded ones
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ctx = dict(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, ds=ds, strategy=strategy,
-               drafter=drafter, optimizer=optimizer, scheduler=scheduler, schedule=schedule, params=params,
-               pad_id=pad)
     try:
-        ctx["prompts"] = _eval_prompts(recipe, tokenizer)
+        prompts = _eval_prompts(recipe, tokenizer)
     except ValueError as exc:
         raise RecipeError(f"eval prompts: {exc}") from None
-    return ctx
+    return RunContext(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, data=ds, strategy=strategy,
+                      drafter=drafter, params=params, optimizer=optimizer, scheduler=scheduler, schedule=schedule,
+                      pad_id=pad, prompts=prompts)
 
 
 def _eval_prompts(recipe: Recipe, tokenizer) -> EvalPrompts | list[list[int]]:

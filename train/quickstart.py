@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import signal
 import sys
 import time
@@ -59,6 +58,7 @@ from pathlib import Path
 
 import torch
 
+from drafterkit.assets.console import disable_progress_bars
 from drafterkit.assets.device import resolve_dtype
 from drafterkit.assets.pinned import AssetError, fetch_all
 from drafterkit.assets.records import plural, unwritable_folder
@@ -68,7 +68,6 @@ from drafterkit.drafters import KINDS, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
 from drafterkit.drafters.datastore import cached_datastore
 from drafterkit.drafters.tuned import beats_plain
-from drafterkit.speceval import report
 from drafterkit.speceval.bench import EvalConfig, command_line, evaluate, print_record
 from drafterkit.speceval.recorded import write_decoding
 from drafterkit.speceval.tune import Candidate, tune
@@ -396,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
         args.dtype = "bf16" if resolve_dtype("auto", args.device) == torch.bfloat16 else "fp32"
         print(f"drafterkit quickstart: --dtype auto -> {args.dtype} on this device")
     if args.no_progress:
-        report.disable_progress_bars()
+        disable_progress_bars()
     out = Path(args.output_dir)
     timings: dict[str, float] = {}
     stages = Stages(stage_names(args), timings)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from drafterkit import decode
 from drafterkit.assets.pinned import home
-from drafterkit.speceval.report import progress_bars_off
+from drafterkit.assets.console import progress_bars_off
 
 
 def _target_fingerprint(target: torch.nn.Module) -> str:

@@ -1,5 +1,7 @@
-"""One optimizer step of the training loop, and what feeds and paces it.
+"""One optimizer step of the training loop, the run context it reads, and what feeds and paces it.
 
+* :class:`RunContext`: what a run holds once set up (``train.prepare.setup_run``): recipe, accelerator,
+  frozen target, strategy, prepared drafter, optimizer, schedule, data, eval prompts.
 * :func:`batches`: endless micro-batches, a seeded permutation per epoch sharded across processes by
   global batch index (so resuming skips exactly the consumed batches).
 * :func:`train_step`: ``train.grad_accum`` micro-batches (``strategy.loss``, backward), the step's
@@ -13,6 +15,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,6 +24,43 @@ from drafterkit.train.checkpoint import TrainerState
 from drafterkit.train.data import collate
 from drafterkit.train.feature_cache import FeatureCache
 from drafterkit.train.recipe import Recipe, RecipeError
+from drafterkit.train.strategies import Strategy
+
+
+@dataclass
+class RunContext:
+    """What one training run holds once :func:`train.prepare.setup_run` has set it up.
+
+    Attributes:
+        recipe: the validated recipe.
+        accelerator: the ``accelerate.Accelerator``.
+        target: the frozen target (``requires_grad`` False everywhere, eval mode).
+        tokenizer: the target's tokenizer; ``pad_id`` its pad id (its EOS id when it has none).
+        data: the training examples (a list-like of examples, or the offline ``FeatureCache``).
+        strategy: the kind's training strategy (``train.strategies.get_strategy``).
+        drafter: the drafter as ``accelerator.prepare`` returned it (wrapped under DDP / FSDP).
+        params: its trainable parameters (after prepare: FSDP2 replaces them by sharded ones).
+        optimizer, scheduler: the prepared optimizer and ``LambdaLR`` over ``schedule``.
+        schedule: the learning-rate factor, whose ``elapsed_s`` the loop sets before every step.
+        prompts: the eval prompts (token ids; empty when the recipe never evaluates).
+        last_eval_step: the step last evaluated (None before any), so the final evaluation is not run twice;
+            the one field the loop changes.
+    """
+
+    recipe: Recipe
+    accelerator: Any
+    target: torch.nn.Module
+    tokenizer: Any
+    data: Any
+    strategy: Strategy
+    drafter: torch.nn.Module
+    params: list[torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    schedule: BudgetSchedule
+    pad_id: int
+    prompts: Any = ()
+    last_eval_step: int | None = None
 
 
 def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_id: int) -> Iterator[dict]:
@@ -56,7 +97,7 @@ def _on_policy(recipe: Recipe, micro_index: int) -> bool:
     return bool(torch.rand((), generator=gen) < frac)
 
 
-def train_step(ctx: dict, data: Iterator[dict], state: TrainerState) -> dict[str, float]:
+def train_step(ctx: RunContext, data: Iterator[dict], state: TrainerState) -> dict[str, float]:
     """One optimizer step over ``grad_accum`` micro-batches on every process.
 
     Normalisation (transformers' / TRL's ``num_items_in_batch``): each micro-batch contributes the SUM of
@@ -69,7 +110,7 @@ def train_step(ctx: dict, data: Iterator[dict], state: TrainerState) -> dict[str
     plus ``tokens`` (the step's supervised units), ``seq_tokens`` (this process's sequence tokens),
     ``lr`` and ``grad_norm``.
     """
-    recipe, acc, strategy = ctx["recipe"], ctx["accelerator"], ctx["strategy"]
+    recipe, acc, strategy = ctx.recipe, ctx.accelerator, ctx.strategy
     sums: dict[str, float] = {}  # metric name -> sum over micro-batches of (value * tokens)
     units, seq_tokens = 0.0, 0.0
     grad_norm = float("nan")
@@ -79,8 +120,8 @@ def train_step(ctx: dict, data: Iterator[dict], state: TrainerState) -> dict[str
         if _on_policy(recipe, index):
             batch.update(on_policy=True, on_policy_seed=recipe.train.seed * 7_919 + index)
         strategy.check_batch(batch)
-        with acc.accumulate(ctx["drafter"]), acc.autocast():
-            loss, metrics = strategy.loss(ctx["drafter"], ctx["target"], batch, recipe)
+        with acc.accumulate(ctx.drafter), acc.autocast():
+            loss, metrics = strategy.loss(ctx.drafter, ctx.target, batch, recipe)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss {float(loss)} at step {state.global_step}; lower "
                                          "optim.lr or use mixed_precision: 'no'")
@@ -92,14 +133,14 @@ def train_step(ctx: dict, data: Iterator[dict], state: TrainerState) -> dict[str
             seq_tokens += float(batch["attention_mask"].sum())
             if acc.sync_gradients:
                 sums, units = _reduce_step(acc, sums, units)
-                _normalise_gradients(acc, ctx["params"], units)
+                _normalise_gradients(acc, ctx.params, units)
                 if recipe.optim.grad_clip:
-                    grad_norm = float(acc.clip_grad_norm_(ctx["params"], recipe.optim.grad_clip))
-            ctx["optimizer"].step()
-            ctx["scheduler"].step()
-            ctx["optimizer"].zero_grad(set_to_none=True)
+                    grad_norm = float(acc.clip_grad_norm_(ctx.params, recipe.optim.grad_clip))
+            ctx.optimizer.step()
+            ctx.scheduler.step()
+            ctx.optimizer.zero_grad(set_to_none=True)
     out = {k: v / units if units else 0.0 for k, v in sums.items()}
-    out.update(tokens=units, seq_tokens=seq_tokens, lr=ctx["scheduler"].get_last_lr()[0], grad_norm=grad_norm)
+    out.update(tokens=units, seq_tokens=seq_tokens, lr=ctx.scheduler.get_last_lr()[0], grad_norm=grad_norm)
     return out
 
 
