@@ -51,6 +51,7 @@ from torch import nn
 from drafterkit.drafters.eagle import EagleConfig
 from drafterkit.drafters.feature_head import FeatureHeadDrafter, target_shape_fields
 from drafterkit.drafters.layers import DraftDecoderLayer, RMSNorm
+from drafterkit.drafters.target_layers import norm_scale
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -138,12 +139,13 @@ def mapping_from_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, 
 
 
 def copy_final_norm(drafter: nn.Module, target: nn.Module | None) -> None:
-    """Start ``drafter.norm`` from the target's final norm (its LM head reads normed states of that scale);
-    a no-op without ``target`` or where the shapes differ."""
-    norm = getattr(getattr(target, "model", None), "norm", None)
-    if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
+    """Start ``drafter.norm`` from the target's final norm (its LM head reads normed states of that scale),
+    by its effective scale (``drafters.target_layers.norm_scale``: Gemma's ``1 + weight``); a no-op without
+    ``target`` or where the shapes differ."""
+    scale = norm_scale(getattr(getattr(target, "model", None), "norm", None))
+    if scale is not None and scale.shape == drafter.norm.weight.shape:
         with torch.no_grad():
-            drafter.norm.weight.copy_(norm.weight)
+            drafter.norm.weight.copy_(scale)
 
 
 def adopt_draft_vocab(drafter: nn.Module, ids: torch.Tensor, target: nn.Module | None) -> None:

@@ -33,6 +33,7 @@ from drafterkit.drafters.layers import (
     rope_theta_of,
     ttt_attention_mask,
 )
+from drafterkit.drafters.target_layers import copy_matching, decoder_layers, init_refusal, llama_layer_tensors
 
 
 def check_target_shape(drafter: Drafter, target: nn.Module) -> None:
@@ -369,7 +370,8 @@ def target_shape_fields(target: nn.Module) -> dict:
             "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
             "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
+            "intermediate_size": c.intermediate_size,
+            "rms_norm_eps": getattr(c, "rms_norm_eps", None) or getattr(c, "layer_norm_eps", None) or 1e-6,
             "rope_theta": rope_theta_of(c)}
 
 
@@ -385,10 +387,16 @@ def borrow(target: nn.Module | None, config, kind: str) -> tuple[nn.Module, nn.M
     return emb, head
 
 
-def init_layer_from_target(layer: DraftDecoderLayer, target: nn.Module) -> None:
-    """Copy the target's LAST decoder layer into ``layer`` where shapes match (EAGLE-1 practice)."""
-    src = dict(target.model.layers[-1].named_parameters())
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if name in src and src[name].shape == p.shape:
-                p.copy_(src[name])
+def init_layer_from_target(layer: DraftDecoderLayer, target: nn.Module) -> list[str]:
+    """Copy the target's LAST decoder layer into ``layer`` where it maps (EAGLE-1 practice), any family:
+    fused projections split, norms by their effective scale, post-norms and MoE MLPs left at their default
+    init (``drafters.target_layers``). Returns the parameter names copied.
+
+    Raises:
+        ValueError: the target's layers cannot start a head (``drafters.target_layers.init_refusal``).
+    """
+    why = init_refusal(target, "drafter.options.init_from_target_layer")
+    if why:
+        raise ValueError(why)
+    last = decoder_layers(target)[-1]
+    return copy_matching(layer, llama_layer_tensors(last, target.config))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -32,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
 from drafterkit.drafters.dflash import check_dflash_feature_layers
 from drafterkit.drafters.eagle3 import check_feature_layers
+from drafterkit.drafters.target_layers import decoder_layers, feature_refusal, init_refusal
 
 # --- options, one model per kind ----------------------------------------------------------------
 
@@ -164,6 +164,26 @@ def check_head_recipe(recipe: Any, kind: str, chain_option: str) -> None:
                          f"{steps} (the chain the loss needs), or loss.draft_steps: 1, or another loss")
 
 
+def check_medusa_recipe(recipe: Any) -> None:
+    """As :func:`check_head_recipe` (the chain is ``num_heads`` long), plus :func:`check_init_from_target`.
+
+    Raises:
+        ValueError: naming the key, the kind and the fix.
+    """
+    check_head_recipe(recipe, "medusa", "num_heads")
+    check_init_from_target(recipe)
+
+
+def check_eagle_recipe(recipe: Any) -> None:
+    """As :func:`check_head_recipe` (the chain is ``ttt_steps`` long), plus :func:`check_init_from_target`.
+
+    Raises:
+        ValueError: naming the key, the kind and the fix.
+    """
+    check_head_recipe(recipe, "eagle", "ttt_steps")
+    check_init_from_target(recipe)
+
+
 def check_eagle3_recipe(recipe: Any) -> None:
     """As :func:`check_head_recipe`, plus: ``accept_len`` needs ``ttt_tokens: draft``; explicit
     ``feature_layers`` must be valid ids for the target when its config is readable locally.
@@ -179,6 +199,7 @@ def check_eagle3_recipe(recipe: Any) -> None:
                          "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
                          "on its own drafts, what decoding runs) or use another loss")
     _check_local_feature_layers(recipe, o.feature_layers, check_feature_layers)
+    check_init_from_target(recipe)
 
 
 def check_dflash_recipe(recipe: Any) -> None:
@@ -198,6 +219,7 @@ def check_dflash_recipe(recipe: Any) -> None:
                          f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: {steps + 1}, "
                          "or loss.draft_steps: 1, or another loss")
     _check_local_feature_layers(recipe, o.feature_layers, check_dflash_feature_layers)
+    check_init_from_target(recipe)
 
 
 def _check_local_feature_layers(recipe: Any, layers, check) -> None:
@@ -217,6 +239,13 @@ def local_layer_count(name_or_path: str) -> int | None:
     """The target's ``num_hidden_layers`` when local files alone give its config (a folder, the default
     target once built, a Hub id in the local Hugging Face cache), else None: never downloads, converts or
     loads weights, so a recipe can be checked before any model loads."""
+    config = local_config(name_or_path)
+    n = getattr(config, "num_hidden_layers", None) if config is not None else None
+    return int(n) if n is not None else None
+
+
+def local_config(name_or_path: str):
+    """The target's transformers config when local files alone give it (see :func:`local_layer_count`), else None."""
     from transformers import AutoConfig
 
     path = name_or_path
@@ -226,11 +255,69 @@ def local_layer_count(name_or_path: str) -> int | None:
             return None
         path = str(built)
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        return AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError):
         return None
-    n = getattr(config, "num_hidden_layers", None)
-    return int(n) if n is not None else None
+
+
+def meta_target(name_or_path: str):
+    """The target's causal LM built from its local config on the meta device (modules and shapes, no
+    weights, no memory), or None when the config is not readable locally or names no causal-LM class."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = local_config(name_or_path)
+    if config is None:
+        return None
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, TypeError, ImportError):
+        return None
+
+
+def check_init_from_target(recipe: Any) -> None:
+    """A feature kind needs a target whose hidden states it can read (``drafters.target_layers.feature_refusal``);
+    with ``init_from_target_layer`` its layers must map onto the drafter's (``init_refusal``); a ``draft_lm`` with ``init: truncated`` needs a decoder-only
+    target whose first ``num_layers`` layers form a model of the same family. Checked on the target built on
+    the meta device from its local config; skipped when the config is not readable locally (the build
+    raises the same line).
+
+    Raises:
+        ValueError: one line naming the family and the option to change.
+    """
+    o, kind = recipe.drafter.parsed_options(), recipe.drafter.kind
+    truncated = kind == "draft_lm" and o.init == "truncated"
+    if kind == "draft_lm" and not truncated:
+        return
+    target = meta_target(recipe.target.name_or_path)
+    if target is None:
+        return
+    why = None if kind == "draft_lm" else feature_refusal(target, kind)
+    if why:
+        raise ValueError(why)
+    if not getattr(o, "init_from_target_layer", False) and not truncated:
+        return
+    if truncated:
+        why = truncation_refusal(target, o.num_layers)
+    else:
+        why = init_refusal(target, "drafter.options.init_from_target_layer")
+    if why:
+        raise ValueError(why)
+
+
+def truncation_refusal(target: Any, num_layers: int) -> str | None:
+    """Why the draft LM cannot be the target's first ``num_layers`` layers (one line naming the family and the
+    option), or None. ``target`` may live on the meta device."""
+    family = getattr(target.config, "model_type", type(target).__name__)
+    total = getattr(target.config, "num_hidden_layers", None)
+    if total is None or decoder_layers(target) is None:
+        return (f"drafter.options.init: truncating the target is not defined for model type {family!r} (no "
+                "num_hidden_layers / model.layers); set drafter.options.init=scratch or init=checkpoint")
+    if not 1 <= num_layers <= total:
+        return (f"drafter.options.num_layers: {num_layers} is not in [1, {total}] for this {family} target; "
+                f"set drafter.options.num_layers to at most {total}")
+    return None
 
 
 # --- the kinds -----------------------------------------------------------------------------------
@@ -251,13 +338,10 @@ class KindRecipe:
     check: Callable[[Any], None] | None = None
 
 
-_medusa_check = partial(check_head_recipe, kind="medusa", chain_option="num_heads")
-_eagle_check = partial(check_head_recipe, kind="eagle", chain_option="ttt_steps")
-
 KINDS: dict[str, KindRecipe] = {
-    "draft_lm": KindRecipe(DraftLMOptions, "DraftLMStrategy"),
-    "medusa": KindRecipe(MedusaOptions, "MedusaStrategy", True, _medusa_check),
-    "eagle": KindRecipe(EagleOptions, "EagleStrategy", True, _eagle_check),
+    "draft_lm": KindRecipe(DraftLMOptions, "DraftLMStrategy", False, check_init_from_target),
+    "medusa": KindRecipe(MedusaOptions, "MedusaStrategy", True, check_medusa_recipe),
+    "eagle": KindRecipe(EagleOptions, "EagleStrategy", True, check_eagle_recipe),
     "eagle3": KindRecipe(Eagle3Options, "Eagle3Strategy", True, check_eagle3_recipe),
     "dflash": KindRecipe(DFlashOptions, "DFlashStrategy", True, check_dflash_recipe),
 }

@@ -31,6 +31,7 @@ import torch
 
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle3 import copy_final_norm, select_draft_vocab
+from drafterkit.drafters.target_layers import copy_matching, decoder_layers, init_refusal, llama_layer_tensors
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
 from drafterkit.train.options import DFlashOptions
@@ -58,13 +59,19 @@ def sample_anchors(labels: torch.Tensor, count: int, generator: torch.Generator 
 
 @torch.no_grad()
 def init_layers_from_target(drafter: DFlashDrafter, target: torch.nn.Module) -> None:
-    """Copy the target's last ``num_layers`` decoder layers into the draft layers where names and shapes match."""
-    src_layers = list(target.model.layers)[-len(drafter.layers):]
+    """Copy the target's last ``num_layers`` decoder layers into the draft layers where they map, any family
+    (``drafters.target_layers``: fused projections split, norms by effective scale, per-head q/k norms where
+    the target has them; post-norms, MoE MLPs and whole-width q/k norms (OLMo-2) keep the default init).
+
+    Raises:
+        ValueError: the target's layers cannot start the drafter (named by ``init_refusal``).
+    """
+    why = init_refusal(target, "drafter.options.init_from_target_layer")
+    if why:
+        raise ValueError(why)
+    src_layers = decoder_layers(target)[-len(drafter.layers):]
     for mine, theirs in zip(drafter.layers, src_layers):
-        src = dict(theirs.named_parameters())
-        for name, p in mine.named_parameters():
-            if name in src and src[name].shape == p.shape:
-                p.copy_(src[name])
+        copy_matching(mine, llama_layer_tensors(theirs, target.config))
 
 
 class DFlashStrategy(FeatureHeadStrategy):

@@ -38,6 +38,7 @@ import torch
 
 from drafterkit.drafters.feature_head import init_layer_from_target
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
+from drafterkit.drafters.target_layers import decoder_layers, llama_layer_tensors
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
 from drafterkit.train.options import Eagle3Options
@@ -120,20 +121,22 @@ def init_fc_last_feature(drafter) -> None:
 
 @torch.no_grad()
 def init_split_attention_from_target(layer, target) -> None:
-    """Copy the target's last-layer q/k/v ``[out, H]`` into both ``H``-wide halves of the head's 2H-input
-    projections, and its input norm into ``hidden_norm`` (``input_layernorm`` shares the target layer's
-    name, so :func:`drafters.feature_head.init_layer_from_target` has already copied it)."""
-    src = target.model.layers[-1]
+    """Copy the target's last-layer q/k/v ``[out, H]`` (split from a fused ``qkv_proj``) into both ``H``-wide
+    halves of the head's 2H-input projections, and its pre-attention norm scale into ``hidden_norm``
+    (``input_layernorm`` shares the Llama name, so :func:`drafters.feature_head.init_layer_from_target` has already
+    copied it); a post-norm target (OLMo-2) has no such norm and ``hidden_norm`` stays at ones
+    (``drafters.target_layers``)."""
+    src = llama_layer_tensors(decoder_layers(target)[-1], target.config)
     for name in ("q_proj", "k_proj", "v_proj"):
-        mine, theirs = getattr(layer.self_attn, name, None), getattr(src.self_attn, name)
-        if mine is None or mine.weight.shape != (theirs.weight.shape[0], 2 * theirs.weight.shape[1]):
+        mine, theirs = getattr(layer.self_attn, name, None), src.get(f"self_attn.{name}.weight")
+        if mine is None or theirs is None or mine.weight.shape != (theirs.shape[0], 2 * theirs.shape[1]):
             continue
-        h = theirs.weight.shape[1]
-        mine.weight[:, :h] = theirs.weight
-        mine.weight[:, h:] = theirs.weight
-    norm = getattr(layer, "hidden_norm", None)
-    if norm is not None and norm.weight.shape == src.input_layernorm.weight.shape:
-        norm.weight.copy_(src.input_layernorm.weight)
+        h = theirs.shape[1]
+        mine.weight[:, :h] = theirs
+        mine.weight[:, h:] = theirs
+    norm, scale = getattr(layer, "hidden_norm", None), src.get("input_layernorm.weight")
+    if norm is not None and scale is not None and norm.weight.shape == scale.shape:
+        norm.weight.copy_(scale)
 
 
 @torch.no_grad()

@@ -1,0 +1,137 @@
+"""Tiny seeded random targets of every model family drafterkit claims, built from transformers configs.
+
+Each family is a config dict of the real architecture shrunk to hidden 32-64, 2-4 layers and a 320-token
+vocabulary (the family's own quirks kept: Llama-3's ``llama3`` RoPE scaling, Qwen3's q/k norms, Qwen3-MoE's
+experts, Gemma-2's logit soft-capping and sliding window, Phi-3's fused ``qkv_proj`` / ``gate_up_proj``,
+OLMo-2's post-norms, Granite's multipliers, gpt-oss's experts and attention sinks), with a small local
+byte-level BPE tokenizer (built with the ``tokenizers`` library, no Hub access) whose vocabulary matches
+the config, and a ChatML chat template. Used by the per-family tests (``tests/test_*_families*.py``) and
+reusable by any test::
+
+    from families import FAMILIES, build_family, save_family
+
+    model, tok = build_family("phi3")            # fp32, eval mode, frozen
+    save_family("qwen3", tmp_path / "target")    # a target folder (weights, config, tokenizer)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 320  # the config's vocabulary; the tokenizer holds exactly these many tokens
+SPECIALS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>"]  # ids 0..3: pad, bos, eos, turn start
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# the shared shape of every family: hidden 64, 4 query heads of 16, 2 KV heads, 3 layers
+_BASE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+         "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+# family -> (model_type, causal-LM class name, config overrides)
+FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "llama3": ("llama", "LlamaForCausalLM", {
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM", {}),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", {
+        "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+        "decoder_sparse_step": 1, "norm_topk_prob": True}),
+    "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": 128, "head_dim": 16}),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM", {
+        "head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+        "query_pre_attn_scalar": 16}),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM", {
+        "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}),
+    "phi3": ("phi3", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "olmo2": ("olmo2", "Olmo2ForCausalLM", {}),
+    "granite": ("granite", "GraniteForCausalLM", {
+        "embedding_multiplier": 2.0, "residual_multiplier": 0.5, "logits_scaling": 2.0, "attention_multiplier": 0.25}),
+    "gpt_oss": ("gpt_oss", "GptOssForCausalLM", {
+        "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+}
+
+_CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b\n",
+           "List the days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.",
+           "question answer user assistant system hello world 0123456789 ( ) [ ] { } , . ; : ! ?"]
+
+
+def family_config(family: str):
+    """The transformers config of ``family`` (tiny, see the module docstring)."""
+    from transformers import AutoConfig
+
+    model_type, _, overrides = FAMILIES[family]
+    return AutoConfig.for_model(model_type, **{**_BASE, **overrides})
+
+
+def build_family(family: str, seed: int = 0):
+    """``(model, tokenizer)``: a seeded random causal LM of ``family`` (fp32, eval mode, frozen; same seed ->
+    same weights) and the shared tiny tokenizer. The LM head is scaled up so that greedy decoding is not a
+    tie-break between near-uniform logits."""
+    import transformers
+
+    cfg = family_config(family)
+    torch.manual_seed(seed)
+    model = getattr(transformers, FAMILIES[family][1])(cfg).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    model.requires_grad_(False)
+    model.generation_config.eos_token_id = cfg.eos_token_id
+    return model, tiny_tokenizer()
+
+
+def save_family(family: str, folder: Path, seed: int = 0):
+    """Save :func:`build_family`'s model and tokenizer to ``folder`` (a target folder a recipe can name).
+    Returns ``(model, tokenizer)``."""
+    model, tok = build_family(family, seed)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model, tok
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    # pad with unused tokens so the tokenizer holds exactly VOCAB entries, as the config's vocabulary
+    missing = VOCAB - tok.get_vocab_size()
+    tok.add_tokens([f"<unused{i}>" for i in range(missing)])
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    return tok.to_str()
+
+
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer of exactly :data:`VOCAB` tokens (pad 0, bos 1, eos ``<|im_end|>`` 2) with a
+    ChatML chat template."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json()), pad_token="<pad>",
+                                  bos_token="<s>", eos_token="<|im_end|>")
+    tok.chat_template = CHATML
+    return tok
+
+
+def family_prompts(n: int = 2, length: int = 6, seed: int = 0) -> list[list[int]]:
+    """``n`` seeded random prompts of ``length`` ordinary token ids (no specials)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(len(SPECIALS), VOCAB, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def describe(family: str) -> str:
+    """One line: the family's model type, class and the config fields that set it apart."""
+    model_type, cls, overrides = FAMILIES[family]
+    return f"{family}: {cls} ({model_type}) {json.dumps(overrides, sort_keys=True)}"
