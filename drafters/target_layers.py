@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["copy_matching", "decoder_layers", "feature_refusal", "init_refusal", "llama_layer_tensors", "norm_scale"]
+__all__ = ["copy_matching", "decoder_layers", "feature_refusal", "init_refusal", "llama_layer_tensors",
+           "norm_scale"]
 
 
 def decoder_layers(target: nn.Module) -> list[nn.Module] | None:
@@ -95,8 +96,9 @@ def _mlp(layer: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def norm_scale(norm: nn.Module | None) -> torch.Tensor | None:
-    """The effective per-channel scale of an RMSNorm, ``norm(ones)`` (``weight`` for Llama's, ``1 + weight``
-    for Gemma's), or None when ``norm`` is not a 1-D-weighted norm. On the meta device (a recipe check) the
+    """The effective per-channel scale of an RMSNorm, ``norm(c * ones)`` (``weight`` for Llama's, ``1 + weight``
+    for Gemma's; ``c = 1e3`` makes ``eps`` vanish below fp32 rounding), or None when ``norm`` is not a
+    1-D-weighted norm. On the meta device (a recipe check) the
     result is a meta tensor: its shape is what counts there."""
     w = getattr(norm, "weight", None)
     if not isinstance(norm, nn.Module) or not isinstance(w, torch.Tensor) or w.dim() != 1:
@@ -104,7 +106,8 @@ def norm_scale(norm: nn.Module | None) -> torch.Tensor | None:
     if getattr(norm, "bias", None) is not None:  # LayerNorm: norm(ones) is its bias, not a scale
         return None
     with torch.no_grad():
-        return norm(torch.ones(1, w.shape[0], device=w.device, dtype=torch.float32)).reshape(-1).to(w.dtype)
+        x = torch.full((1, w.shape[0]), 1e3, device=w.device, dtype=torch.float32)
+        return norm(x).reshape(-1).to(w.dtype)
 
 
 def _norms(layer: nn.Module, attn: nn.Module | None) -> dict[str, torch.Tensor]:

@@ -278,8 +278,9 @@ def meta_target(name_or_path: str):
 
 def check_init_from_target(recipe: Any) -> None:
     """A feature kind needs a target whose hidden states it can read (``drafters.target_layers.feature_refusal``);
-    with ``init_from_target_layer`` its layers must map onto the drafter's (``init_refusal``); a ``draft_lm`` with ``init: truncated`` needs a decoder-only
-    target whose first ``num_layers`` layers form a model of the same family. Checked on the target built on
+    with ``init_from_target_layer`` its layers must map onto the drafter's (``init_refusal``); a ``draft_lm``
+    with ``init: truncated`` needs a decoder-only target whose first ``num_layers`` layers form a model of the
+    same family. Checked on the target built on
     the meta device from its local config; skipped when the config is not readable locally (the build
     raises the same line).
 
