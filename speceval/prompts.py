@@ -11,6 +11,7 @@ from pathlib import Path
 
 from drafterkit.assets import conversations as P
 from drafterkit.assets import pinned
+from drafterkit.assets.chat import ChatTemplateError, render_chat
 
 BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
 HUMANEVAL_REQUEST = ("Complete the following Python function. Reply with the completed code only.\n\n"
@@ -47,9 +48,14 @@ def _balanced(items: list[dict], n: int) -> list[dict]:
 def chat_ids(tok, messages: list[dict]) -> list[int]:
     """Token ids (``list[int]``) of ``messages`` through the tokenizer's chat template, ending at the
     generation prompt (where the assistant's answer starts); a tokenizer without a template gets the
-    contents joined by blank lines. Every eval prompt is templated here (:func:`select_prompts`)."""
+    contents joined by blank lines. Every eval prompt is templated here (:func:`select_prompts`). A system
+    turn the template refuses or leaves out (Gemma-2 has no system role) is merged into the first user turn,
+    as training does (:func:`assets.chat.render_chat`).
+
+    Raises:
+        assets.chat.ChatTemplateError: the template refuses the conversation even so (its own message)."""
     if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text, _ = render_chat(tok, messages, generation_prompt=True)
         return list(tok(text, add_special_tokens=False)["input_ids"])
     return list(tok("\n\n".join(m["content"] for m in messages))["input_ids"])
 
@@ -103,8 +109,9 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
     by ``assets.conversations.load_prompts_jsonl``), chat-templated with ``tok`` (:func:`chat_ids`).
 
     The ONE function that turns a benchmark into token ids, for ``drafterkit eval`` and for training's
-    own evaluation (``train.evaluate.eval_prompt_ids``). A prompt longer than ``max_prompt_tokens`` is
-    skipped whole (never truncated), recorded in ``skipped`` with its reason, and the next one is taken.
+    own evaluation (``train.evaluate.eval_prompt_ids``). A prompt longer than ``max_prompt_tokens``, or one
+    the target's chat template refuses, is skipped whole (never truncated), recorded in ``skipped`` with its
+    reason, and the next one is taken.
     Fewer usable prompts than ``num_prompts`` (a short JSONL file) is not an error: all of them are
     used, with a ``UserWarning`` saying how many.
 
@@ -150,7 +157,11 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
                     reason="not a JSON object (a file cut mid-line, or a damaged line)") for n in torn]
     reason = f"longer than {max_prompt_tokens} tokens ({limit_name})"
     for it in _balanced(items, len(items)):
-        ids = chat_ids(tok, it["messages"])
+        try:
+            ids = chat_ids(tok, it["messages"])
+        except ChatTemplateError as exc:  # e.g. roles that do not alternate, under a template that checks
+            skipped.append(dict(id=it["id"], tokens=None, reason=f"the target's chat template refuses it: {exc}"))
+            continue
         if len(ids) <= max_prompt_tokens:
             out.append(Prompt(it["id"], it["category"], it["messages"], ids))
         else:

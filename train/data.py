@@ -1,15 +1,10 @@
 """Chat data -> token ids + assistant-only loss mask, cached ``datasets`` tables, padded batches.
 
 Pipeline: :func:`assets.conversations.iter_conversations` (stream, normalise) -> :func:`tokenize_conversation`
-(the TARGET's chat template, assistant-only mask) -> :func:`build_dataset` (a ``datasets.Dataset``
-cached as Arrow files, train / held-out split) -> :func:`collate` (right-padded tensors) ->
+(the TARGET's chat template, assistant-only mask: ``train.loss_mask``, which documents exactly what is
+supervised under each family's template) -> :func:`build_dataset` (a ``datasets.Dataset`` cached as Arrow
+files, train / held-out split; skips counted per reason) -> :func:`collate` (right-padded tensors) ->
 :func:`shift_for_next_token` (labels for next-token losses).
-
-Loss mask. ``loss_mask[t] == 1`` exactly on the tokens the TARGET would emit as assistant: every
-assistant turn's content tokens and its end-of-turn token (``<|im_end|>`` for SmolLM2), never the
-role header (``<|im_start|>assistant\\n``), nor the newline the template writes after
-``<|im_end|>``, nor system / user tokens, nor padding. This is the supervision Vicuna / FastChat,
-Medusa and EAGLE train on.
 
 Label alignment (one definition for every drafter kind). Position ``t``'s output predicts token
 ``t + 1``. The pair (input position ``t`` -> label token ``input_ids[t + 1]``) is supervised iff
@@ -19,18 +14,11 @@ header ``<|im_start|>assistant\\n``, A = assistant tokens, E = ``<|im_end|>``) w
 made from the last header token, the last predicts the end-of-turn token from the last assistant
 token. :func:`shift_for_next_token` returns exactly these as ``labels[t]`` (``-100`` elsewhere).
 
-How the mask is derived. SmolLM2's template has no ``{% generation %}`` markers, so the mask comes
-from rendering the conversation prefix by prefix: for assistant turn ``i``, the render of turns
-``< i`` with the generation prompt (ends with the header) and the render of turns ``<= i`` must both
-be prefixes of the full render (else the example is skipped, ``template_not_prefix``); the
-characters between them, up to and including the last end-of-turn string, are the turn's span.
-The full render is tokenized ONCE with character offsets (fast tokenizers) and a token is
-supervised iff it lies inside a span; a token straddling a span edge skips the example
-(``token_crosses_turn_boundary``). Slow tokenizers (no offsets) use the reference method,
-``method="prefix_tokens"``: tokenize every prefix render and diff token ids (O(turns) tokenizer
-calls); the tests check both methods agree on real ShareGPT conversations. Templates that
-insert text of their own (SmolLM2 adds a default system prompt when the conversation has none)
-are handled the same way: that text is rendered, tokenized and left unsupervised.
+Skips. A conversation that gives no example is counted under its reason (``train.loss_mask.SkipExample``);
+:func:`build_dataset` warns with the counts per reason (and how many system turns were merged into the first
+user turn) on every call, and refuses the data when more than ``max_skipped_fraction`` of the split's
+conversations were lost (those whose first reply lies past ``max_length`` are counted apart: ``max_length``
+decides them).
 """
 
 from __future__ import annotations
@@ -47,13 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from drafterkit.assets.chat import end_of_turn_tokens
 from drafterkit.assets.conversations import (
     HELDOUT_FRACTION,
     LoaderStats,
-    Message,
     is_heldout,
     iter_conversations,
     plural,
@@ -61,163 +48,10 @@ from drafterkit.assets.conversations import (
 )
 from drafterkit.assets.pinned import home, resolve_source, sha256_file, tokenizer_fingerprint
 from drafterkit.assets.target import load_target_tokenizer
+from drafterkit.train.loss_mask import SkipExample, tokenize_chat, tokenize_conversation  # noqa: F401 (re-exported)
 
 IGNORE_INDEX = -100
 DATA_VERSION = 1  # bump when tokenization or filtering changes: it keys the Arrow cache
-
-
-class SkipExample(ValueError):
-    """A conversation that yields no valid training example; ``.reason`` is a short counted key."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-
-
-# ---------------------------------------------------------------------------------------------
-# One conversation -> input_ids + loss_mask
-# ---------------------------------------------------------------------------------------------
-
-def _render(tokenizer, messages: list[Message], generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-
-
-def _prepare(tokenizer, messages: Sequence[Message]) -> list[Message]:
-    """Validate, cut trailing non-assistant turns (they would carry no supervision)."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the tokenizer has no chat template; use the target's own tokenizer (an "
-                         "instruct / chat model) or set tokenizer.chat_template")
-    msgs = []
-    for m in messages:
-        if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str)):
-            raise ValueError(f"bad message {m!r}: expected {{'role': 'system'|'user'|'assistant', "
-                             "'content': str}; normalise raw data with assets.conversations first")
-        msgs.append({"role": m["role"], "content": m["content"]})
-    while msgs and msgs[-1]["role"] != "assistant":
-        msgs.pop()
-    if not msgs:
-        raise SkipExample("no_assistant_turn")
-    first = next(m["role"] for m in msgs if m["role"] != "system")
-    if first != "user":
-        raise SkipExample("assistant_before_user")
-    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
-    specials += [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                 if t.special and t.content not in specials]
-    if any(s in m["content"] for m in msgs for s in specials):
-        raise SkipExample("special_token_in_content")
-    return msgs
-
-
-def _assistant_spans(tokenizer, msgs: list[Message], eot: str | None) -> tuple[str, list[tuple[int, int]]]:
-    """Full render and the [start, end) character span of each assistant turn (incl. end-of-turn)."""
-    full = _render(tokenizer, msgs)
-    spans = []
-    for i, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            continue
-        head = _render(tokenizer, msgs[:i], generation_prompt=True)
-        turn = _render(tokenizer, msgs[:i + 1])
-        if not (turn.startswith(head) and full.startswith(turn)):
-            raise SkipExample("template_not_prefix")
-        body = turn[len(head):]
-        cut = body.rfind(eot) if eot else -1
-        end = cut + len(eot) if cut >= 0 else len(body.rstrip())
-        if body[end:].strip():
-            raise SkipExample("text_after_end_of_turn")
-        spans.append((len(head), len(head) + end))
-    return full, spans
-
-
-def _mask_by_offsets(tokenizer, msgs, eot) -> tuple[list[int], list[int]]:
-    full, spans = _assistant_spans(tokenizer, msgs, eot)
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-    starts, ends = offsets[:, 0], offsets[:, 1]
-    mask = np.zeros(len(ids), dtype=np.int64)
-    for a, b in spans:
-        if np.any((starts < a) & (ends > a)) or np.any((starts < b) & (ends > b)):
-            raise SkipExample("token_crosses_turn_boundary")
-        mask[(starts >= a) & (ends <= b) & (ends > starts)] = 1
-    return ids, mask.tolist()
-
-
-def _mask_by_prefix_tokens(tokenizer, msgs, eot) -> tuple[list[int], list[int]]:
-    def encode(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    full = encode(_render(tokenizer, msgs))
-    eot_id = tokenizer.convert_tokens_to_ids(eot) if eot else None
-    mask = [0] * len(full)
-    for i, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            continue
-        head = encode(_render(tokenizer, msgs[:i], generation_prompt=True))
-        turn = encode(_render(tokenizer, msgs[:i + 1]))
-        if turn[:len(head)] != head or full[:len(turn)] != turn:
-            raise SkipExample("template_not_prefix")
-        body = turn[len(head):]
-        hits = [j for j, tok in enumerate(body) if tok == eot_id]
-        end = hits[-1] + 1 if hits else len(body)
-        if not hits:
-            while end > 0 and not tokenizer.decode(body[end - 1:end]).strip():
-                end -= 1
-        elif tokenizer.decode(body[end:]).strip():
-            raise SkipExample("text_after_end_of_turn")
-        mask[len(head):len(head) + end] = [1] * end
-    return full, mask
-
-
-def _tokenize(tokenizer, messages, max_length: int, method: str, end_of_turn: str | None):
-    if not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"max_length must be an int >= 2, got {max_length!r}")
-    msgs = _prepare(tokenizer, messages)
-    eot = end_of_turn if end_of_turn is not None else tokenizer.eos_token
-    if method == "auto":
-        method = "offsets" if getattr(tokenizer, "is_fast", False) else "prefix_tokens"
-    if method == "offsets":
-        ids, mask = _mask_by_offsets(tokenizer, msgs, eot)
-    elif method == "prefix_tokens":
-        ids, mask = _mask_by_prefix_tokens(tokenizer, msgs, eot)
-    else:
-        raise ValueError(f"unknown method {method!r}; expected 'auto', 'offsets' or 'prefix_tokens'")
-    full_len = len(ids)
-    ids, mask = ids[:max_length], mask[:max_length]
-    supervised = sum(mask)
-    if supervised == 0:
-        raise SkipExample("no_supervised_token" if full_len <= max_length else "no_supervised_token_after_truncation")
-    if supervised >= len(ids):
-        raise SkipExample("all_tokens_supervised")
-    return ids, mask, full_len
-
-
-def tokenize_conversation(tokenizer, messages: Sequence[Message], max_length: int, *,
-                          method: str = "auto", end_of_turn: str | None = None) -> dict[str, list[int]]:
-    """Tokenize one conversation through the target's chat template with an assistant-only mask.
-
-    Args:
-        tokenizer: the target's transformers tokenizer (with a chat template).
-        messages: ``[{"role": "system"|"user"|"assistant", "content": str}]`` (see
-            ``assets.conversations``); trailing non-assistant turns are cut (they carry no supervision).
-        max_length: keep the first ``max_length`` tokens (mask cut the same way).
-        method: ``"offsets"`` (one tokenizer call; fast tokenizers), ``"prefix_tokens"`` (reference:
-            diff token ids of prefix renders) or ``"auto"`` (offsets when the tokenizer is fast).
-        end_of_turn: the string closing an assistant turn; default ``tokenizer.eos_token``. When a
-            turn does not contain it, the turn's trailing whitespace is left unsupervised instead.
-
-    Returns:
-        ``{"input_ids": [T] ints, "loss_mask": [T] 0/1}``, ``T <= max_length``, ``0 < sum(mask) < T``.
-
-    Raises:
-        SkipExample: the conversation gives no valid example; ``.reason`` is one of
-            ``no_assistant_turn``, ``assistant_before_user``, ``special_token_in_content``,
-            ``template_not_prefix``, ``text_after_end_of_turn``, ``token_crosses_turn_boundary``,
-            ``no_supervised_token(_after_truncation)``, ``all_tokens_supervised``.
-        ValueError: malformed messages, a tokenizer without a chat template, bad ``max_length``.
-    """
-    ids, mask, _ = _tokenize(tokenizer, messages, max_length, method, end_of_turn)
-    return {"input_ids": ids, "loss_mask": mask}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +68,9 @@ class DataStats:
         examples, tokens, supervised_tokens: of the dataset (after truncation).
         truncated: examples longer than ``max_length`` before truncation.
         skipped: reason -> conversations that gave no example (see :func:`tokenize_conversation`).
+        skip_details: reason -> the first such conversation's detail (the template's own message), if any.
+        system_merged: examples whose system turn was merged into the first user turn (the template
+            refuses, drops or moves a system turn: ``train.loss_mask``).
         wall_s: seconds this call took. cache_hit: whether the Arrow files were reused.
         dropped: the data file's warning (:func:`assets.conversations.dropped_summary`: unreadable lines,
             records that are not conversations), kept so that a cache hit gives it again.
@@ -246,6 +83,8 @@ class DataStats:
     supervised_tokens: int = 0
     truncated: int = 0
     skipped: Counter = field(default_factory=Counter)
+    skip_details: dict[str, str] = field(default_factory=dict)
+    system_merged: int = 0
     wall_s: float = 0.0
     cache_hit: bool = False
     cache_key: str = ""
@@ -255,7 +94,8 @@ class DataStats:
         return {**asdict(self), "skipped": dict(self.skipped)}
 
 
-def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, stats: DataStats, format="auto"):
+def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, stats: DataStats, format="auto",
+              end_of_turn=None):
     loader = LoaderStats()
     want_heldout = split == "heldout"
     try:
@@ -264,11 +104,14 @@ def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, 
                 stats.other_split += 1
                 continue
             try:
-                ids, mask, full_len = _tokenize(tokenizer, conv.messages, max_length, "auto", None)
+                ids, mask, full_len, merged = tokenize_chat(tokenizer, conv.messages, max_length, "auto", end_of_turn)
             except SkipExample as skip:
                 stats.skipped[skip.reason] += 1
+                if skip.detail:
+                    stats.skip_details.setdefault(skip.reason, skip.detail)
                 continue
             stats.examples += 1
+            stats.system_merged += merged
             stats.tokens += len(ids)
             stats.supervised_tokens += sum(mask)
             stats.truncated += full_len > max_length
@@ -284,7 +127,8 @@ def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, 
 
 def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_examples: int | None = None,
                   split: str = "train", heldout_fraction: float = HELDOUT_FRACTION, seed: int = 0,
-                  cache_dir: str | Path | None = None, stats: DataStats | None = None, format: str = "auto"):
+                  cache_dir: str | Path | None = None, stats: DataStats | None = None, format: str = "auto",
+                  eos_token_id: int | Sequence[int] | None = None, max_skipped_fraction: float | None = None):
     """Tokenize a ShareGPT / chat file into a cached ``datasets.Dataset``.
 
     Conversations are split by :func:`assets.conversations.is_heldout` on their group key; ``"train"``
@@ -296,7 +140,8 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
 
     Warns (``UserWarning``, on every call, a cache hit too): once for what the file dropped (unreadable
     lines, records that are not conversations, named by line), and once when the split holds fewer
-    examples than ``num_examples`` asks (both numbers, and where the others went).
+    examples than ``num_examples`` asks (both numbers, and where the others went), and once with the
+    counts per skip reason (and system turns merged) when any conversation gave no example.
 
     Args:
         source: a file (JSON array or JSONL, maybe .gz) or a pinned asset name (``"sharegpt"``).
@@ -307,13 +152,19 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
         stats: a :class:`DataStats` filled in place.
         format: ``"auto"`` (detect per record), ``"sharegpt"`` or ``"chat"`` (see
             :func:`assets.conversations.iter_conversations`); records of the other format are skipped.
+        eos_token_id: the target's ``generation_config.eos_token_id`` (int or list): with the tokenizer's EOS
+            and the template's own end-of-turn token, what ends an assistant turn
+            (:func:`assets.chat.end_of_turn_tokens`).
+        max_skipped_fraction: refuse the data when more than this share of the split's conversations gave
+            no example (``None``: never); those lost only to ``max_length`` are not counted.
 
     Returns:
         ``datasets.Dataset`` with columns ``input_ids`` (int32 [T]), ``loss_mask`` (int8 [T]),
         ``length`` (int32), in file order.
 
     Raises:
-        ValueError: bad arguments, or no example survived. FileNotFoundError: missing source.
+        ValueError: bad arguments, no example survived, or more than ``max_skipped_fraction`` lost (naming
+            the counts per reason, the template's message and the fixes). FileNotFoundError: missing source.
     """
     import datasets
 
@@ -332,6 +183,9 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
                   heldout_fraction=heldout_fraction, seed=seed)
     if format != "auto":  # keyed only when set, so caches built before the option stay valid
         params["format"] = format
+    end_of_turn = end_of_turn_tokens(tokenizer, eos_token_id)
+    if end_of_turn != end_of_turn_tokens(tokenizer):  # the target's generation_config adds end-of-turn tokens
+        params["end_of_turn"] = end_of_turn
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:32]
     root = Path(cache_dir) if cache_dir is not None else home() / "datasets"
     root.mkdir(parents=True, exist_ok=True)
@@ -343,7 +197,7 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
 
     def generate():
         yield from _examples(path, tokenizer, max_length, num_examples, split, heldout_fraction, seed, built,
-                             format)
+                             format, end_of_turn)
 
     try:
         ds = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(root),
@@ -362,7 +216,46 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
     stats.cache_hit, stats.cache_key = not ran, key
     stats.wall_s = time.perf_counter() - start
     _warn_dropped(path, built, len(ds), num_examples, split)
+    check_skips(path, built, split, max_skipped_fraction)
     return ds
+
+
+TRUNCATION_SKIP = "no_supervised_token_after_truncation"  # max_length decides it, not the template or the data
+SKIP_FIXES = {
+    "template_error": "the target's chat template refuses these conversations; fix or drop them in the data",
+    "template_not_prefix": "the template renders a conversation differently as it grows; check target's chat template",
+    "special_token_in_content": "replies or prompts hold the target's special tokens as text; clean the data",
+    "no_end_of_turn": "no end-of-turn token closes an assistant turn; check the target's generation_config eos ids",
+}
+
+
+def skip_summary(built: DataStats, split: str) -> str:
+    """One line: the split's conversations that gave no example, per reason, and the system turns merged."""
+    total = built.examples + sum(built.skipped.values())
+    parts = [f"{n} {reason}" + (f" ({built.skip_details[reason]})" if reason in built.skip_details else "")
+             for reason, n in built.skipped.most_common()]
+    line = (f"{plural(sum(built.skipped.values()), split + ' conversation')} of {total} gave no example: "
+            f"{', '.join(parts)}") if parts else f"{plural(total, split + ' conversation')}, none skipped"
+    if built.system_merged:
+        line += (f"; {plural(built.system_merged, 'system turn')} merged into the first user turn (the chat "
+                 "template has no place for it)")
+    return line
+
+
+def check_skips(path: Path, built: DataStats, split: str, max_skipped_fraction: float | None) -> None:
+    """Warn with :func:`skip_summary` when anything was skipped or merged; raise ``ValueError`` when more than
+    ``max_skipped_fraction`` of the split's conversations were lost (truncation aside)."""
+    if built.skipped or built.system_merged:
+        warnings.warn(f"{path}: {skip_summary(built, split)}", UserWarning, stacklevel=3)
+    lost = sum(n for reason, n in built.skipped.items() if reason != TRUNCATION_SKIP)
+    counted = built.examples + lost
+    if max_skipped_fraction is None or not counted or lost / counted <= max_skipped_fraction:
+        return
+    fixes = sorted({SKIP_FIXES[r] for r in built.skipped if r in SKIP_FIXES})
+    raise ValueError(f"{path}: {lost} of {counted} {split} conversations ({lost / counted:.1%}) gave no example, "
+                     f"more than data.max_skipped_fraction={max_skipped_fraction:g} allows "
+                     f"({skip_summary(built, split)}); refusing to train on the rest: "
+                     + "; ".join(fixes + ["or raise data.max_skipped_fraction to train on what is left"]))
 
 
 def _warn_dropped(path: Path, built: DataStats, examples: int, num_examples: int | None, split: str) -> None:
