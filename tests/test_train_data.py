@@ -14,12 +14,11 @@ from drafterkit.train import data
 from drafterkit.train.data import (
     IGNORE_INDEX,
     DataStats,
-    SkipExample,
     build_dataset,
     collate,
     shift_for_next_token,
-    tokenize_conversation,
 )
+from drafterkit.train.loss_mask import SkipExample, tokenize_conversation
 
 CONV = [
     {"role": "system", "content": "You answer in one line."},

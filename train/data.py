@@ -1,8 +1,8 @@
 """Chat data -> token ids + assistant-only loss mask, cached ``datasets`` tables, padded batches.
 
-Pipeline: :func:`assets.conversations.iter_conversations` (stream, normalise) -> :func:`tokenize_conversation`
-(the TARGET's chat template, assistant-only mask: ``train.loss_mask``, which documents exactly what is
-supervised under each family's template) -> :func:`build_dataset` (a ``datasets.Dataset`` cached as Arrow
+Pipeline: :func:`assets.conversations.iter_conversations` (stream, normalise) -> ``train.loss_mask``
+(the TARGET's chat template, assistant-only mask; it documents exactly what is supervised under each
+family's template) -> :func:`build_dataset` (a ``datasets.Dataset`` cached as Arrow
 files, train / held-out split; skips counted per reason) -> :func:`collate` (right-padded tensors) ->
 :func:`shift_for_next_token` (labels for next-token losses).
 
@@ -48,7 +48,7 @@ from drafterkit.assets.conversations import (
 )
 from drafterkit.assets.pinned import home, resolve_source, sha256_file, tokenizer_fingerprint
 from drafterkit.assets.target import load_target_tokenizer
-from drafterkit.train.loss_mask import SkipExample, tokenize_chat, tokenize_conversation  # noqa: F401 (re-exported)
+from drafterkit.train.loss_mask import SkipExample, tokenize_chat
 
 IGNORE_INDEX = -100
 DATA_VERSION = 1  # bump when tokenization or filtering changes: it keys the Arrow cache
@@ -67,7 +67,7 @@ class DataStats:
         other_split: conversations excluded because they belong to the other split.
         examples, tokens, supervised_tokens: of the dataset (after truncation).
         truncated: examples longer than ``max_length`` before truncation.
-        skipped: reason -> conversations that gave no example (see :func:`tokenize_conversation`).
+        skipped: reason -> conversations that gave no example (see ``train.loss_mask.tokenize_conversation``).
         skip_details: reason -> the first such conversation's detail (the template's own message), if any.
         system_merged: examples whose system turn was merged into the first user turn (the template
             refuses, drops or moves a system turn: ``train.loss_mask``).
