@@ -1,4 +1,4 @@
-"""Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, DFlash, n-gram): modules, save/load, export.
+"""Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, P-EAGLE, DFlash, n-gram): modules, save/load, export.
 
 ``KINDS`` (:mod:`drafters.kinds`) declares each kind once: its module, drafter and config classes, whether
 it trains, its export formats; ``get_kind(kind)`` gives the class.
@@ -62,7 +62,7 @@ def _folder_kind(path: Path) -> str | None:
 def _export_format(data: dict) -> str:
     """The ``drafterkit export --format`` that wrote an export's ``config.json``."""
     block = data["drafterkit"]
-    if block.get("kind") in ("eagle3", "dflash"):
+    if block.get("kind") in ("eagle3", "dflash", "peagle"):
         return f"{block.get('engine', 'vllm')}-{block['kind']}"
     return str(block.get("kind", "unknown"))
 

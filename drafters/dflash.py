@@ -346,31 +346,49 @@ class DFlashDrafter(Drafter):
         return Proposal(tokens=tokens, probs=probs, lengths=lengths if capped else None)
 
     def _select(self, logits, k, sampling, generator, vocab_size):
-        """Draft tokens from block logits ``[R, B-1, N]``: ``(tokens [R, k] target ids, q [R, k, V] or None,
-        lengths [R])``; past a row's length (the block's end, or the ``draft_threshold`` cut) tokens repeat."""
-        r_n, v = logits.shape[0], self.config.vocab_size
-        ids = self.draft_ids()
-        if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
-            logits = logits.masked_fill((ids >= vocab_size)[None, None], float("-inf"))
-        steps = min(k, logits.shape[1])
-        cut = ChainCutoff(self.draft_threshold, r_n, steps)
-        picked, qs = [], []
-        for i in range(steps):
-            tok, p = select_tokens(logits[:, i], sampling, vocab_size if ids is None else None, generator)
-            cut.update(i, tok, logits=logits[:, i], probs=p)
-            picked.append(tok if ids is None else ids[tok])
-            if p is not None:
-                q = p.float()
-                qs.append(q if ids is None else q.new_zeros(r_n, v).scatter_(1, ids[None].expand(r_n, -1), q))
-        n = cut.lengths if cut.lengths is not None else torch.full((r_n,), steps, dtype=torch.long)
-        tokens, q = torch.stack(picked, 1).cpu(), torch.stack(qs, 1).cpu() if qs else None
-        fill = torch.arange(k)[None] >= n[:, None]  # [R, k]: past the row's length
-        at = (n - 1).clamp(min=0)
-        rep = tokens.gather(1, at[:, None])  # the last proposed token (or the first when none)
-        tokens = torch.cat([tokens, rep.expand(r_n, k - steps)], 1) if k > steps else tokens
-        tokens = torch.where(fill, rep, tokens)
-        if q is not None:
-            if k > steps:
-                q = torch.cat([q, q.new_zeros(r_n, k - steps, v)], 1)
-            q = torch.where(fill[..., None], F.one_hot(tokens, v).float(), q)
-        return tokens, q, n
+        """Draft tokens from block logits ``[R, B-1, N]``: :func:`select_parallel`."""
+        return select_parallel(logits, k, sampling, generator, vocab_size, self.draft_ids(), self.config.vocab_size,
+                               self.draft_threshold)
+
+
+def select_parallel(logits: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None,
+                    vocab_size: int, ids: torch.Tensor | None, target_vocab: int, threshold: float):
+    """Chains of draft tokens from per-position logits that do not read each other's draft tokens (DFlash's
+    block, P-EAGLE's parallel positions): position ``i`` is chosen from its own distribution ``q_i``, which is
+    exactly what rejection sampling needs.
+
+    Args:
+        logits: ``[R, S, N]`` draft-vocabulary logits of R rows at S positions.
+        k: chain length asked for; positions past ``S`` repeat the last token and are cut by ``lengths``.
+        vocab_size: ids the decoder may propose; ``ids [N]``: target id of each draft id (None: identity);
+        target_vocab: ``V`` of the returned ``q``; threshold: ``draft_threshold`` (``decode.cutoff.ChainCutoff``).
+
+    Returns:
+        ``(tokens [R, k] target ids, q [R, k, V] or None when greedy, lengths [R])``; past a row's length (the
+        positions' end, or the ``draft_threshold`` cut) tokens repeat the last one (q one-hot there).
+    """
+    r_n, v = logits.shape[0], target_vocab
+    if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
+        logits = logits.masked_fill((ids >= vocab_size)[None, None], float("-inf"))
+    steps = min(k, logits.shape[1])
+    cut = ChainCutoff(threshold, r_n, steps)
+    picked, qs = [], []
+    for i in range(steps):
+        tok, p = select_tokens(logits[:, i], sampling, vocab_size if ids is None else None, generator)
+        cut.update(i, tok, logits=logits[:, i], probs=p)
+        picked.append(tok if ids is None else ids[tok])
+        if p is not None:
+            q = p.float()
+            qs.append(q if ids is None else q.new_zeros(r_n, v).scatter_(1, ids[None].expand(r_n, -1), q))
+    n = cut.lengths if cut.lengths is not None else torch.full((r_n,), steps, dtype=torch.long)
+    tokens, q = torch.stack(picked, 1).cpu(), torch.stack(qs, 1).cpu() if qs else None
+    fill = torch.arange(k)[None] >= n[:, None]  # [R, k]: past the row's length
+    at = (n - 1).clamp(min=0)
+    rep = tokens.gather(1, at[:, None])  # the last proposed token (or the first when none)
+    tokens = torch.cat([tokens, rep.expand(r_n, k - steps)], 1) if k > steps else tokens
+    tokens = torch.where(fill, rep, tokens)
+    if q is not None:
+        if k > steps:
+            q = torch.cat([q, q.new_zeros(r_n, k - steps, v)], 1)
+        q = torch.where(fill[..., None], F.one_hot(tokens, v).float(), q)
+    return tokens, q, n

@@ -16,6 +16,9 @@ Formats:
   SGLang's default capture ``[2, L//2, L-3]``. Ids an engine cannot express are refused (SGLang: id 0;
   both: id L, repeated ids); ids out of layer order are sorted, with fc's input blocks permuted to match
   (both engines capture in layer order). :func:`load_eagle3_export` loads either export back.
+* ``vllm-peagle`` (a ``peagle`` checkpoint): the ``vllm-eagle3`` layout plus ``mask_hidden`` and ``mask_token_id``
+  (``pard_token``), what vLLM's parallel drafting loads (:mod:`drafters.eagle3_export`, where the EAGLE-3 layout
+  is written); served with ``{"method": "eagle3", "parallel_drafting": true}``.
 * ``vllm-dflash`` (a ``dflash`` checkpoint): vLLM's ``DFlashDraftModel`` (``models/qwen3_dflash.py``): the
   tensors as saved (drafterkit uses the loader's names), a Qwen3 ``config.json`` with ``block_size`` and
   ``dflash_config`` (``mask_token_id``, ``target_layer_ids`` = drafterkit ids - 1); :func:`load_dflash_export`.
@@ -59,140 +62,20 @@ from drafterkit.drafters import get_kind, load_drafter, resolve_checkpoint
 from drafterkit.drafters.base import (DrafterLoadError, ExportError, apply_umask, left_out, nonfinite_tensors, read_config,
                            read_weights, recorded_source, save_tensors, weights_sha256)
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
-from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layout's names, also read from here)
+    cast_tensors,
+    drafterkit_layer_ids,
+    engine_layer_ids,
+    export_eagle3,
+    export_peagle,
+    load_eagle3_export,
+    load_peagle_export,
+    sglang_default_layers,
+)
 from drafterkit.drafters.kinds import export_formats
 from drafterkit.drafters.model_card import write_model_card
 
 FORMATS = export_formats()  # --format -> the kind it exports, from each kind's exports in drafters.kinds.KINDS
-
-
-def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    if dtype is None:
-        return state
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-
-
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
-
-
-def sglang_default_layers(num_layers: int) -> list[int]:
-    """The layers SGLang captures when the draft config gives no ids: the inputs of decoder layers
-    ``[2, L//2, L-3]``, i.e. drafterkit ids ``[2, L//2, L-3]`` (no shift)."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def engine_layer_ids(layers, num_layers: int, engine: str) -> list[int] | None:
-    """drafterkit EAGLE-3 feature layer ids -> the ``eagle_aux_hidden_state_layer_ids`` ``engine`` reads,
-    sorted (both engines capture layers in layer order); ``None``: write no ids (the engine's default
-    capture is the same layers).
-
-    drafterkit id ``i`` is transformers' ``hidden_states[i]``, the input of decoder layer ``i``. vLLM reads
-    the input of layer ``id`` (``model_executor/models/llama.py``): the same ids, ``0 <= id < L``. SGLang
-    with explicit ids captures the input of layer ``id + 1`` (``srt/models/llama.py``,
-    ``set_eagle3_layers_to_capture``), so drafterkit id ``i`` is SGLang id ``i - 1`` and id 0 (the
-    embedding output) cannot be expressed; without ids SGLang captures the inputs of ``[2, L//2, L-3]``.
-
-    Raises:
-        ExportError: an id the engine cannot express, or a repeated id (each engine captures a layer once,
-            so the head would get fewer than 3 features); the message names the id, the engine and the fix.
-    """
-    ids, name = [int(i) for i in layers], ENGINE_NAMES[engine]
-    lo = 1 if engine == "sglang" else 0
-    retrain = _retrain_hint(num_layers, lo, name)
-    repeated = sorted({i for i in ids if ids.count(i) > 1})
-    if len(ids) != 3 or repeated:
-        raise ExportError(f"EAGLE-3 feature layer ids {ids} cannot be expressed in {name}: it captures each layer "
-                          f"once{f', and id {repeated[0]} repeats' if repeated else ''}, so the head needs 3 "
-                          f"distinct ids. Fix: {retrain}")
-    for i in ids:
-        if i == 0 and engine == "sglang":
-            raise ExportError(
-                f"EAGLE-3 feature layer id 0 (hidden_states[0], the embedding output) cannot be expressed in SGLang: "
-                "with explicit ids SGLang captures hidden_states[id+1] (the output of layer id), so drafterkit id 0 "
-                "would be SGLang id -1, which it does not take. Fix: export with --format vllm-eagle3 and serve "
-                f"with vLLM (its ids are drafterkit's); for SGLang, {retrain}")
-        if not lo <= i < num_layers:
-            where = "after the final norm" if i == num_layers else "outside the target"
-            raise ExportError(
-                f"EAGLE-3 feature layer id {i} (hidden_states[{i}], {where}) cannot be expressed in {name} for a "
-                f"{num_layers}-layer target: its eagle_aux_hidden_state_layer_ids read the input of a decoder "
-                f"layer, ids in [{lo}, {num_layers - 1}]. Fix: {retrain}")
-    ids = sorted(ids)
-    if engine == "vllm":
-        return ids
-    return None if ids == sglang_default_layers(num_layers) else [i - 1 for i in ids]
-
-
-def _retrain_hint(num_layers: int, lo: int, name: str) -> str:
-    """How to get feature layer ids ``name`` can express for a ``num_layers``-layer target (ids ``>= lo``)."""
-    if num_layers - lo < 3:
-        return (f"none: {name} reads ids in [{lo}, {num_layers - 1}], fewer than 3 layers of a {num_layers}-layer "
-                "target, so train the head for a deeper target")
-    default = sglang_default_layers(num_layers)
-    example = default if len(set(default)) == 3 else [lo, lo + 1, num_layers - 1]
-    return (f"retrain with drafter.options.feature_layers set to 3 distinct ids in [{lo}, {num_layers - 1}], "
-            f"e.g. {example}")
-
-
-def drafterkit_layer_ids(engine_ids, num_layers: int, engine: str) -> list[int]:
-    """The inverse of :func:`engine_layer_ids`: an export's ``eagle_aux_hidden_state_layer_ids`` (``None``:
-    absent) -> drafterkit feature layer ids."""
-    if engine_ids is None:
-        return sglang_default_layers(num_layers)  # vLLM's default capture is the same layers
-    return [int(i) + (1 if engine == "sglang" else 0) for i in engine_ids]
-
-
-def _eagle3_tensors(renamed: dict[str, torch.Tensor], cfg: dict, order: list[int]) -> dict[str, torch.Tensor]:
-    """fc's input blocks in ``order`` (the ids sorted); no ``d2t`` / ``t2d`` for a full vocabulary (vLLM
-    has no parameter for them then)."""
-    out = dict(renamed)
-    if order != sorted(order):
-        blocks = out["fc.weight"].chunk(3, dim=1)  # [H, 3H]: one [H, H] block per feature layer
-        out["fc.weight"] = torch.cat([blocks[j] for j in order], dim=1).contiguous()
-    if cfg["draft_vocab_size"] == cfg["vocab_size"]:
-        if out["d2t"].any():
-            raise ExportError("a full-vocabulary EAGLE-3 head must map draft id i to target id i, but its d2t is "
-                              "not all zeros; the checkpoint is damaged: save it again from training")
-        del out["d2t"], out["t2d"]
-    return out
-
-
-def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engine: str = "vllm") -> Path:
-    """Write the vLLM / SGLang EAGLE-3 layout of the ``eagle3`` checkpoint ``ckpt`` into ``out``: the
-    feature layer ids in ``engine``'s convention (:func:`engine_layer_ids`), ``d2t`` / ``t2d`` only for a
-    reduced draft vocabulary.
-
-    Raises:
-        ExportError: not an eagle3 checkpoint, or feature layer ids ``engine`` cannot express.
-    """
-    _, cfg = read_config(ckpt)
-    state = read_weights(ckpt)
-    renamed = {("midlayer." + k[len("layer."):] if k.startswith("layer.") else k): v for k, v in state.items()}
-    expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
-                "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"}
-    if not expected <= renamed.keys():
-        raise ExportError(f"{ckpt} lacks {sorted(expected - renamed.keys())}; is it an eagle3 checkpoint?")
-    layers = [int(i) for i in cfg["feature_layers"]]
-    ids = engine_layer_ids(layers, cfg["target_num_layers"], engine)
-    renamed = _eagle3_tensors(renamed, cfg, sorted(range(3), key=layers.__getitem__))
-    saved_dtype = dtype or renamed["fc.weight"].dtype
-    eagle_config = {"use_aux_hidden_state": True} if ids is None else \
-        {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": cfg["hidden_size"], "target_hidden_size": cfg["hidden_size"],
-        "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": 1,
-        "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
-        "head_dim": cfg["head_dim"], "hidden_act": "silu", "rms_norm_eps": cfg["rms_norm_eps"],
-        "rope_theta": cfg["rope_theta"], "max_position_embeddings": 8192, "tie_word_embeddings": False,
-        "vocab_size": cfg["vocab_size"], "draft_vocab_size": cfg["draft_vocab_size"],
-        "torch_dtype": str(saved_dtype).removeprefix("torch."), "eagle_config": eagle_config,
-        "drafterkit": {"kind": "eagle3", "engine": engine, "target_num_layers": cfg["target_num_layers"]},
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    save_tensors(_cast(renamed, dtype), out / "model.safetensors", metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
 
 
 def record_source(out: Path, ckpt: Path) -> None:
@@ -201,36 +84,6 @@ def record_source(out: Path, ckpt: Path) -> None:
     config = json.loads((out / "config.json").read_text())
     config["drafterkit"]["source"] = {"drafter": str(ckpt.resolve()), "model_sha256": weights_sha256(ckpt)}
     (out / "config.json").write_text(json.dumps(config, indent=2))
-
-
-def load_eagle3_export(path: str | Path, target: torch.nn.Module) -> Eagle3Drafter:
-    """Load a ``vllm-eagle3`` / ``sglang-eagle3`` export back into an :class:`Eagle3Drafter` for
-    ``target`` (its feature layer ids turned back into drafterkit's; ``d2t`` / ``t2d`` may be absent for
-    a full vocabulary). Strict, as every drafterkit loader.
-
-    Raises:
-        DrafterLoadError: not an EAGLE-3 export, a config this version refuses, or a tensor mismatch.
-    """
-    path = Path(path)
-    try:
-        config = json.loads((path / "config.json").read_text())
-        block, engine = config["drafterkit"], config["drafterkit"]["engine"]
-        if block.get("kind") != "eagle3" or engine not in ENGINE_NAMES:
-            raise KeyError("kind")
-        num_layers = int(block["target_num_layers"])
-        layers = drafterkit_layer_ids(config["eagle_config"].get("eagle_aux_hidden_state_layer_ids"),
-                                      num_layers, engine)
-        fields = {k: config[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
-                                         "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
-                                         "draft_vocab_size")}
-        cfg = Eagle3Config(**fields, target_num_layers=num_layers, feature_layers=layers)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise DrafterLoadError(f"{path} is not a drafterkit vllm-eagle3 / sglang-eagle3 export ({exc})") from None
-    drafter = Eagle3Drafter(cfg, target=target)
-    state = read_weights(path)
-    drafter.load_own_state_dict({("layer." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
-                                 for k, v in state.items()}, source=str(path))
-    return drafter.eval()
 
 
 def export_dflash(ckpt: Path, out: Path, dtype: torch.dtype | None = None) -> Path:
@@ -264,7 +117,7 @@ def export_dflash(ckpt: Path, out: Path, dtype: torch.dtype | None = None) -> Pa
         "drafterkit": {"kind": "dflash", "engine": "vllm", "target_num_layers": cfg["target_num_layers"]},
     }
     out.mkdir(parents=True, exist_ok=True)
-    save_tensors(_cast(state, dtype), out / "model.safetensors", metadata={"format": "pt"})
+    save_tensors(cast_tensors(state, dtype), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
@@ -326,7 +179,7 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
                        "target_num_layers": cfg["target_num_layers"]},
     }
     out.mkdir(parents=True, exist_ok=True)
-    save_tensors(_cast(tensors, dtype), out / "model.safetensors", metadata={"format": "pt"})
+    save_tensors(cast_tensors(tensors, dtype), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
@@ -399,7 +252,7 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a drafter of kind "
                           f"{kind!r}; formats for {kind!r}: {fits}")
     layers, n = (raw := read_config(ckpt)[1]).get("feature_layers"), raw.get("target_num_layers")
-    if fmt.endswith("eagle3") and isinstance(layers, list) and all(type(i) is int for i in layers + [n]):
+    if fmt.endswith(("eagle3", "peagle")) and isinstance(layers, list) and all(type(i) is int for i in layers + [n]):
         engine_layer_ids(layers, n, fmt.split("-")[0])  # the engine's own refusal of a layer id, before the config's
     get_kind(kind).check_weights(ckpt)  # a config this version refuses; weights of other shapes than it says
     if bad := nonfinite_tensors(ckpt):
@@ -408,6 +261,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
         export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
+    elif fmt == "vllm-peagle":
+        export_peagle(ckpt, output, dt)
     elif fmt == "vllm-dflash":
         export_dflash(ckpt, output, dt)
     elif fmt == "medusa":

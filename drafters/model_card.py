@@ -46,11 +46,11 @@ from drafterkit.drafters.tuned import DECODING_FILE, TUNED, beats_plain
 PINNED_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PINNED_TARGET_DIR = '"${DRAFTERKIT_HOME:-$HOME/.cache/drafterkit}/smollm2-135m-instruct-hf"'
 
-KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model", "dflash": "dflash"}
+KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model", "dflash": "dflash", "peagle": "p-eagle"}
 KIND_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft_lm": "Draft model",
-               "dflash": "DFlash block drafter"}
+               "dflash": "DFlash block drafter", "peagle": "P-EAGLE head"}
 LIBRARIES = {"vllm-eagle3": "vllm", "sglang-eagle3": "sglang", "medusa": "vllm", "hf-assistant": "transformers",
-             "vllm-dflash": "vllm"}
+             "vllm-dflash": "vllm", "vllm-peagle": "vllm"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -209,8 +209,10 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
                   "```", "", "A draft tree instead of a chain: raise `--speculative-eagle-topk` and "
                   "`--speculative-num-draft-tokens`."]
         return lines
-    method = {"vllm-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_model", "vllm-dflash": "dflash"}[fmt]
-    spec = json.dumps({"method": method, "model": model, "num_speculative_tokens": k})
+    method = {"vllm-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_model", "vllm-dflash": "dflash",
+              "vllm-peagle": "eagle3"}[fmt]
+    parallel = {"parallel_drafting": True} if fmt == "vllm-peagle" else {}  # P-EAGLE: all K tokens in one pass
+    spec = json.dumps({"method": method, "model": model, "num_speculative_tokens": k, **parallel})
     lines += ["vLLM:", "", "```bash", f"vllm serve {t} --speculative-config {shlex.quote(spec)}", "```"]
     if fmt == "hf-assistant":
         py_target = ('os.path.join(os.environ.get("DRAFTERKIT_HOME", os.path.expanduser("~/.cache/drafterkit")), '
@@ -235,6 +237,11 @@ def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
         return (f"EAGLE-3: one decoder layer over 3 target layers (drafterkit ids {cfg.get('feature_layers')}: "
                 f"`hidden_states[i]`, the input of decoder layer i; this export holds {held}), draft vocabulary "
                 f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
+    if kind == "peagle":
+        return (f"P-EAGLE: the EAGLE-3 head (target layers {cfg.get('feature_layers')}, draft vocabulary "
+                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')}) with learned mask inputs (token "
+                f"{cfg.get('mask_token_id')}, `mask_hidden`): one pass drafts every position of the chain "
+                f"(trained on {cfg.get('num_depths')})")
     if kind == "dflash":
         return (f"DFlash: {cfg.get('num_layers')} draft layer(s) reading target layers {cfg.get('feature_layers')} "
                 f"(`hidden_states[i]`; vLLM `target_layer_ids` i - 1) as keys/values, one non-causal pass over a "

@@ -62,6 +62,10 @@ def build(kind: str, target):
         from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
         d = DFlashDrafter(DFlashConfig.from_target(target, block_size=4, draft_vocab_size=48), target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
+    elif kind == "peagle":
+        from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
+        d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=48, mask_token_id=3), target=target)
+        d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
     elif kind == "eagle3":
         from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
         d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48), target=target)
@@ -129,7 +133,8 @@ def test_loading_is_strict(kind, tmp_path):
 #: Per kind, a config.json edit that changes the shapes of the drafter's own tensors.
 _RESHAPE = {"draft_lm": lambda c: c["hf_config"].update(intermediate_size=40), "medusa": lambda c: c.update(num_heads=2),
             "eagle": lambda c: c.update(intermediate_size=40), "eagle3": lambda c: c.update(draft_vocab_size=40),
-            "dflash": lambda c: c.update(num_layers=1), "dflash_reduced": lambda c: c.update(draft_vocab_size=40)}
+            "dflash": lambda c: c.update(num_layers=1), "peagle": lambda c: c.update(draft_vocab_size=40),
+            "dflash_reduced": lambda c: c.update(draft_vocab_size=40)}
 
 
 @pytest.mark.parametrize("kind", sorted(_RESHAPE))
@@ -153,7 +158,8 @@ def test_a_config_json_that_disagrees_with_its_weights_is_named_before_the_targe
         kind_cls.check_weights(path)
     with pytest.raises(DrafterLoadError, match="come from different saves"):
         load_drafter(path, target=target)
-    fmt = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle3"}.get(kind, "vllm-dflash")
+    fmt = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle3",
+           "peagle": "vllm-peagle"}.get(kind, "vllm-dflash")
     if kind == "eagle":
         return  # no export format takes EAGLE-1
     assert cli(["export", str(path), "--format", fmt, "--output", str(tmp_path / "out")]) == 2
@@ -255,7 +261,7 @@ def test_chain_cutoff_by_path_probability():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "peagle"])
 def test_real_target_greedy_equivalence(kind, real_target):
     """Untrained heads on SmolLM2-135M: speculative greedy output equals plain greedy output."""
     from drafterkit.decode import engine
@@ -268,6 +274,10 @@ def test_real_target_greedy_equivalence(kind, real_target):
     elif kind == "eagle":
         from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
         d = EagleDrafter(EagleConfig.from_target(target), target=target, init_from_target=True)
+    elif kind == "peagle":
+        from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
+        d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=4096), target=target)
+        d.set_draft_vocab(torch.arange(4096), target=target)
     else:
         from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
         d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=4096), target=target)
