@@ -193,7 +193,9 @@ def test_eval_prompts_render_under_each_template(name, tmp_path):
     ids = chat_ids(tok, CONV[:2])
     text = tok.decode(ids)
     assert "You answer in one line." in text and "What is 2+2?" in text
-    assert text.endswith(tok.apply_chat_template(CONV[1:2], tokenize=False, add_generation_prompt=True)[-12:])
+    rendered = tok.apply_chat_template([{"role": "user", "content": "Q"}], tokenize=False, add_generation_prompt=True)
+    gen_prompt = rendered[rendered.rindex("Q") + 1:]  # what follows a user turn up to where the reply starts
+    assert text.endswith("What is 2+2?" + gen_prompt)
     path = tmp_path / "prompts.jsonl"
     path.write_text(json.dumps({"messages": CONV[:2]}) + "\n" + json.dumps({"prompt": "Write a haiku."}) + "\n"
                     + json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})
@@ -204,9 +206,11 @@ def test_eval_prompts_render_under_each_template(name, tmp_path):
     refused = [s["id"] for s in sel.skipped if "chat template refuses it" in s["reason"]]
     checks_roles = name in ("gemma2", "mistral")  # their templates refuse two user turns in a row
     assert refused == (["prompts.jsonl:3"] if checks_roles else []) and len(sel.prompts) == 3 - checks_roles
+    mt_bench = select_prompts("mt-bench", tok, 8).prompts  # the pinned benchmark, one question per category
+    assert len(mt_bench) == 8 and all(tok.decode(p.input_ids).endswith(gen_prompt) for p in mt_bench)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "llama3"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_generation_stops_on_the_familys_end_of_turn_token(name):
     """A tiny target made to emit the family's end-of-turn token where greedy decoding would emit some token X
     (X's LM-head row copied onto it, slightly larger): decode.generate with the target's generation_config
@@ -224,3 +228,36 @@ def test_generation_stops_on_the_familys_end_of_turn_token(name):
     out = generate(target, [prompt], max_new_tokens=12)
     stop = free.index(free[3])
     assert out.finish_reasons == ["stop"] and out.sequences[0] == free[:stop] + [eot]
+
+
+def test_train_cli_refuses_data_losing_too_many_conversations_in_one_line(tmp_path, capsys, monkeypatch):
+    """Through ``drafterkit train``: a Gemma-2-templated target, data whose system turns are merged and 3 of
+    10 conversations unusable: one error line (exit 2) before any training step (with the share raised, the
+    same data trains: test_recipe_max_skipped_fraction_reaches_the_data)."""
+    from drafterkit.cli import main
+
+    tok = tiny_tokenizer("gemma2")
+    target = tiny_llama(0, vocab_size=len(tok))
+    target.config.eos_token_id = target.generation_config.eos_token_id = generation_eos_ids(tok, "gemma2")
+    target.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    good = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Say {i}."},
+             {"role": "assistant", "content": f"It is {i}."}] for i in range(7)]
+    bad = [[{"role": "user", "content": "<end_of_turn> hi"}, {"role": "assistant", "content": "No."}]] * 3
+    path = _chat_file(tmp_path / "chat.jsonl", good + bad)
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({
+        "output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(tmp_path / "target")},
+        "drafter": {"kind": "draft_lm", "options": {"init": "truncated", "num_layers": 1}},
+        "data": {"source": "jsonl", "path": str(path), "max_length": 64, "heldout_fraction": 0.0},
+        "train": {"max_steps": 1, "batch_size": 2, "resume": "never", "cpu": True},
+        "eval": {"every": 0, "at_end": False}, "logging": {"trackers": []}}))
+    capsys.readouterr()  # saving the target printed progress bars
+    assert main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    err = [line for line in err.splitlines() if line.startswith("drafterkit")]
+    assert len(err) == 1 and err[0].startswith("drafterkit train: error: data: ")
+    assert "3 of 10 train conversations (30.0%) gave no example" in err[0] and "data.max_skipped_fraction" in err[0]
+    assert not (tmp_path / "run" / "checkpoints").exists()
