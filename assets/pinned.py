@@ -354,7 +354,8 @@ def list_assets(names: list[str] | None = None) -> list[dict]:
                          sha256=a.sha256, sha256_of=a.name, verified=present and verify_cached(a.name)))
     t = home() / _TARGET_DIRNAME
     size = sum(f.stat().st_size for f in t.glob("*") if f.is_file()) if t.exists() else 0
-    rows.append(dict(name=DEFAULT_TARGET_ALIAS, description="default target converted to safetensors (sha256: of its source GGUF)",
+    rows.append(dict(name=DEFAULT_TARGET_ALIAS,
+                     description="default target converted to safetensors (sha256: of its source GGUF)",
                      path=str(t), present=(t / "model.safetensors").exists(), size_bytes=size,
                      sha256=ASSETS["smollm2-135m-gguf"].sha256 if _target_marker_ok(t) else "",
                      sha256_of="smollm2-135m-gguf", verified=_target_marker_ok(t)))

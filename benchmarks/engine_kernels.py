@@ -118,7 +118,8 @@ def main() -> None:
         extra = ""
         if r.startswith("spec"):
             extra = f"  x own plain {tps[r] / tps['plain ' + r.split()[1]]:.3f}"
-        print(f"  {r:13s} tokens {sums[r][0]:5d}  tokens/s {tps[r]:6.2f}  x generate {tps[r] / tps['generate']:.3f}{extra}")
+        ratio = tps[r] / tps["generate"]
+        print(f"  {r:13s} tokens {sums[r][0]:5d}  tokens/s {tps[r]:6.2f}  x generate {ratio:.3f}{extra}")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,8 @@ def table(points: list[dict], ngram: dict, plain_tps: float) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for p in points:
         lines.append(f"| {p['run']} | {p['name']} | {p['minutes']:.1f} | {p['step']} | {p['tau']:.3f} | "
-                     f"{p['tokens_per_s']:.2f} | {p['speedup']:.2f}x | {p['tokens_per_s'] / ngram['tokens_per_s']:.2f}x |")
+                     f"{p['tokens_per_s']:.2f} | {p['speedup']:.2f}x | "
+                     f"{p['tokens_per_s'] / ngram['tokens_per_s']:.2f}x |")
     lines.append(f"| ngram (untrained) | - | - | - | {ngram['tau']:.3f} | {ngram['tokens_per_s']:.2f} | "
                  f"{ngram['speedup_vs_engine']:.2f}x | 1.00x |")
     lines.append(f"| plain decoding | - | - | - | 1.000 | {plain_tps:.2f} | 1.00x | |")

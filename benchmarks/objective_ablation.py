@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         evals[f"{bench} T={float(temp):g}"] = measure(runs, bench, files[bench], float(temp), args.out, args)
     md = table(runs, evals)
     (args.out / "ablation.md").write_text(md + "\n")
-    (args.out / "ablation.json").write_text(json.dumps({"runs": runs, "evals": {k: v["summary"] for k, v in evals.items()}},
+    summaries = {k: v["summary"] for k, v in evals.items()}
+    (args.out / "ablation.json").write_text(json.dumps({"runs": runs, "evals": summaries},
                                                        indent=1))
     print(md)
     return 0

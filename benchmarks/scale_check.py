@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['final_loss']:.6f} | {r['diff_over_update']:.2e} | {r['peak_memory_mb']} | {r['wall_s']} |"
               if ran else f"| {r['engine']} | {r['status']}: {r['reason']} | - | - | - | {r['wall_s']} |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"device": device, "kind": a.kind, "steps": a.steps, "rows": rows}, indent=1))
+        record = {"device": device, "kind": a.kind, "steps": a.steps, "rows": rows}
+        Path(a.json).write_text(json.dumps(record, indent=1))
     return 0 if all(r.get("agrees", True) for r in rows if r["status"] == "ran") else 1
 
 

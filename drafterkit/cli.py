@@ -42,7 +42,8 @@ VERBS = {
                    "export a trained drafter for vLLM / SGLang / transformers"),
     "serve-check": Verb("drafterkit.speceval.serve_check_args", "drafterkit.speceval.serving:run",
                         "run an export in vLLM and check it drafts and decodes as drafterkit does"),
-    "assets": Verb("drafterkit.train.assets_cli", "drafterkit.train.assets_cli:run", "fetch / list the pinned target, data and eval prompts"),
+    "assets": Verb("drafterkit.train.assets_cli", "drafterkit.train.assets_cli:run",
+                   "fetch / list the pinned target, data and eval prompts"),
     "quickstart": Verb("drafterkit.train.quickstart_args", "drafterkit.train.quickstart:run",
                        "fetch, train and evaluate a drafter for the default target"),
     "tune": Verb("drafterkit.speceval.tune_args", "drafterkit.speceval.tune:run",
@@ -82,14 +83,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                                        formatter_class=DefaultsHelpFormatter)
         if only is not None and name != only:
             continue
-        try:
-            module = importlib.import_module(verb.arguments)
-        except ModuleNotFoundError as exc:
-            if exc.name != verb.arguments:
-                raise
-            p.set_defaults(_missing=verb.arguments)
-            continue
-        module.add_arguments(p)
+        importlib.import_module(verb.arguments).add_arguments(p)
     return parser
 
 
@@ -103,16 +97,12 @@ def _version() -> str:
         return "unknown (not installed: pip install -e .)"
 
 
-def load_runner(verb: str) -> Callable[[argparse.Namespace], int] | None:
-    """The function that runs ``verb`` (:data:`VERBS`), its module imported now; ``None`` when that module
-    is not in this build."""
+def load_runner(verb: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs ``verb`` (:data:`VERBS`), its module imported now. Every verb's modules ship
+    in the one package (``tests/test_layout.py`` imports them all), so a missing one is a broken install and
+    raises ``ModuleNotFoundError``."""
     module, function = VERBS[verb].runner.split(":")
-    try:
-        return getattr(importlib.import_module(module), function)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        return None
+    return getattr(importlib.import_module(module), function)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
@@ -164,12 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     verb = requested_verb(argv)
     try:
         args = parse(build_parser(only=verb), argv)
-        missing = getattr(args, "_missing", None)
-        run = None if missing else load_runner(args.verb)  # imports torch and the verb's modules: seconds
-        if run is None:
-            missing = missing or VERBS[args.verb].runner.split(":")[0]
-            print(f"drafterkit {args.verb}: not available in this build ({missing} missing)", file=sys.stderr)
-            return 2
+        run = load_runner(args.verb)  # imports torch and the verb's modules: seconds
         with user_warnings():
             return int(run(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C while the verb loads, or in one that keeps no handler (train, features do)

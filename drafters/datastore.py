@@ -191,11 +191,13 @@ class Datastore:
         except (OSError, KeyError, ValueError) as exc:
             why = "a damaged or foreign file" if "pickle" in str(exc) else str(exc)
             raise ValueError(f"{path}: not a drafterkit datastore (.npz with tokens, meta, ends_N: {why}); rebuild it "
-                             "from a conversation file (cached_datastore / --datastore FILE.jsonl or sharegpt)") from None
+                             "from a conversation file (cached_datastore / --datastore FILE.jsonl or sharegpt)"
+                             ) from None
         version, vocab, lo, hi = (int(x) for x in meta)
         if version != FORMAT_VERSION:
             raise ValueError(f"{path}: datastore format {version}; this drafterkit reads format {FORMAT_VERSION}")
-        store = cls(z["tokens"], vocab, min_ngram=lo, max_ngram=hi, _ends={n: z[f"ends_{n}"] for n in range(lo, hi + 1)})
+        ends = {n: z[f"ends_{n}"] for n in range(lo, hi + 1)}
+        store = cls(z["tokens"], vocab, min_ngram=lo, max_ngram=hi, _ends=ends)
         store.path = Path(path).resolve()
         return store
 
@@ -234,7 +236,8 @@ def assistant_turns(path: str | Path, heldout_fraction: float, seed: int = 0) ->
                 yield m["content"]
 
 
-def build_datastore(path: str | Path, tokenizer, *, heldout_fraction: float | None = None, max_tokens: int | None = None,
+def build_datastore(path: str | Path, tokenizer, *, heldout_fraction: float | None = None,
+                    max_tokens: int | None = None,
                     min_ngram: int = 2, max_ngram: int = 4, batch: int = 512) -> Datastore:
     """A :class:`Datastore` over the assistant turns of the conversation file ``path`` (see
     :func:`assistant_turns`), tokenized without special tokens; stops once ``max_tokens`` are in.

@@ -64,7 +64,8 @@ def check_dflash_feature_layers(layers, num_layers: int) -> None:
     ``dflash_config.target_layer_ids`` can name: ``id - 1`` in ``[0, L-2]``)."""
     layers = [int(i) for i in layers]
     if not layers or layers != sorted(set(layers)) or layers[0] < 1 or layers[-1] > num_layers - 1:
-        raise ValueError(f"dflash feature_layers must be distinct increasing hidden_states ids in [1, {num_layers - 1}] "
+        raise ValueError("dflash feature_layers must be distinct increasing hidden_states ids in "
+                         f"[1, {num_layers - 1}] "
                          f"for a target of {num_layers} layers (vLLM's target_layer_ids = id - 1), got {layers}")
 
 
@@ -96,11 +97,14 @@ class DFlashConfig:
         check_dflash_feature_layers(self.feature_layers, self.target_num_layers)
         self.draft_vocab_size = int(self.draft_vocab_size) or self.vocab_size
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], "
+                             f"got {self.draft_vocab_size}")
         if self.block_size < 2 or self.num_layers < 1:
-            raise ValueError(f"dflash needs block_size >= 2 and num_layers >= 1, got {self.block_size}, {self.num_layers}")
+            raise ValueError("dflash needs block_size >= 2 and num_layers >= 1, "
+                             f"got {self.block_size}, {self.num_layers}")
         if not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id must be a target token id in [0, {self.vocab_size}), got {self.mask_token_id}")
+            raise ValueError(f"mask_token_id must be a target token id in [0, {self.vocab_size}), "
+                             f"got {self.mask_token_id}")
 
     @classmethod
     def from_target(cls, target: nn.Module, **kw) -> DFlashConfig:
@@ -170,8 +174,10 @@ class DFlashDrafter(Drafter):
                              "(from_pretrained(path, target=target))")
         self.embed_tokens = target.get_input_embeddings()
         head = target.get_output_embeddings()
-        if tuple(head.weight.shape) != (c.vocab_size, c.hidden_size) or self.embed_tokens.weight.shape[1] != c.hidden_size:
-            raise ValueError(f"dflash config expects vocab {c.vocab_size} x hidden {c.hidden_size}, the target's LM head "
+        hidden = self.embed_tokens.weight.shape[1]
+        if tuple(head.weight.shape) != (c.vocab_size, c.hidden_size) or hidden != c.hidden_size:
+            raise ValueError(f"dflash config expects vocab {c.vocab_size} x hidden {c.hidden_size}, "
+                             "the target's LM head "
                              f"is {list(head.weight.shape)}; train the drafter for this target")
         self.full_vocab = c.draft_vocab_size == c.vocab_size
         self.borrowed_prefixes = ("embed_tokens.", "lm_head.") if self.full_vocab else ("embed_tokens.",)
@@ -214,7 +220,8 @@ class DFlashDrafter(Drafter):
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's context keys/values ``[B, n_kv, C, d]`` from context states ``[B, C, H]`` at ``positions [B, C]``."""
+        """Each layer's context keys/values ``[B, n_kv, C, d]`` from context states ``[B, C, H]`` at
+        ``positions [B, C]``."""
         return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
 
     def block(self, ids: torch.Tensor, positions: torch.Tensor, kv, mask=None) -> torch.Tensor:

@@ -178,7 +178,8 @@ class Eagle3Drafter(FeatureHeadDrafter):
         rows = target.get_output_embeddings().weight.shape[0]
         if rows != c.vocab_size or self.embed.weight.shape[1] != c.hidden_size:
             raise ValueError(f"eagle3 config expects vocab {c.vocab_size} x hidden {c.hidden_size}, the target has "
-                             f"LM head rows {rows}, hidden {self.embed.weight.shape[1]}; train the head for this target")
+                             f"LM head rows {rows}, hidden {self.embed.weight.shape[1]}; "
+                             "train the head for this target")
         self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
         self.layer = DraftDecoderLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                        c.intermediate_size, c.rms_norm_eps, c.rope_theta, eagle3=True)
@@ -225,7 +226,8 @@ class Eagle3Drafter(FeatureHeadDrafter):
 
     # --- training ------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int | None = None,
-                return_hidden: bool = False, feed: str = "data", keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+                return_hidden: bool = False, feed: str = "data",
+                keep: torch.Tensor | None = None) -> list[torch.Tensor]:
         """TTT unroll. ``input_ids [B, T]``, ``features [B, T, 3H]`` (concat over ``feature_layers``);
         ``steps`` (default ``config.ttt_steps``), ``feed`` and ``keep``: see
         :meth:`drafters.feature_head.FeatureHeadDrafter.unroll` (``feed="draft"``: step ``j >= 1`` reads the head's

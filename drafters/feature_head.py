@@ -219,7 +219,8 @@ class FeatureHeadDrafter(Drafter):
         fill = drafted[-1] if drafted else (toks[-1] if toks[-1] < vocab_size else 0)
         t = torch.tensor(drafted + [fill] * (k - length), dtype=torch.long)
         if not sampling.greedy:
-            probs += [F.one_hot(torch.tensor(fill), v_out).float().to(probs[0].device if probs else "cpu")] * (k - length)
+            device = probs[0].device if probs else "cpu"
+            probs += [F.one_hot(torch.tensor(fill), v_out).float().to(device)] * (k - length)
         return t, (torch.stack(probs).cpu() if probs else None), length
 
     def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,

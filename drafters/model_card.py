@@ -345,7 +345,8 @@ def quickstart_section(qs: dict) -> list[str]:
             continue
         rows.append(f"| {bench} | {row.get('prompts', '?')} x {ev['config'].get('max_new_tokens', '?')} | "
                     f"{_fmt(row.get('tau'), '{:.3f}')} | {_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
-                    f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | {_fmt(alone['ratio'])}x "
+                    f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | "
+                    f"{_fmt(alone['ratio'])}x "
                     f"({_fmt(alone['tokens_per_s'], '{:.1f}')} vs {_fmt(alone['over_tokens_per_s'], '{:.1f}')} "
                     f"tokens/s{_spread(alone.get('interval'))}) |")
         group = [f for f in factors if f.get("group") == alone.get("group")]
@@ -423,7 +424,8 @@ def tuned_section(ckpt: Path) -> tuple[list[str], int | None]:
     m = tuned.get("machine") or {}
     lines = ["## Tuned decoding", "",
              f"`drafterkit tune` measured these fastest over plain decoding on held-out prompts "
-             f"({(tuned.get('prompts') or {}).get('benchmark', '?')}), on {m.get('cpu', '?')} ({m.get('cpu_count', '?')} "
+             f"({(tuned.get('prompts') or {}).get('benchmark', '?')}), on {m.get('cpu', '?')} "
+             f"({m.get('cpu_count', '?')} "
              f"cores, {m.get('threads', '?')} threads, {m.get('device', '?')}), target in {tuned.get('dtype', '?')}, "
              f"drafterkit {tuned.get('drafterkit', '?')}, {tuned.get('created', '?')}. On another machine, tune again.",
              "", "| concurrency | shape | K | draft threshold | tokens/s over plain decoding | tau |",

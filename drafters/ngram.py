@@ -49,7 +49,8 @@ def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[in
     return []
 
 
-def continuations(tokens: list[int], depth: int, max_ngram: int, min_ngram: int, max_matches: int = 64) -> list[list[int]]:
+def continuations(tokens: list[int], depth: int, max_ngram: int, min_ngram: int,
+                  max_matches: int = 64) -> list[list[int]]:
     """What followed EVERY earlier occurrence of the row's last n-gram (longest n first, as
     :func:`lookup`): up to ``max_matches`` continuations of up to ``depth`` tokens, most recent first;
     ``[]`` when nothing matches. The first one is :func:`lookup`'s."""

@@ -95,10 +95,10 @@ def search_outcome(winner: dict) -> str:
 
 def tuned_winner(data: dict, current: dict, concurrency: int = 1,
                  folder: str | Path | None = None, key: str = TUNED) -> tuple[dict | None, str]:
-    """``(winner, why)``: ``data[key]``'s (default ``data["tuned"]``) winner at ``concurrency`` (``{"tree", "k", "draft_threshold",
-    "dtype", ...}``) when its machine matches ``current`` (``assets.device.host_info``) and, given the
-    drafter ``folder``, its ``model.safetensors`` still holds the weights tune measured (``weights_sha256``
-    of the record), else ``None``; ``why`` says which and why."""
+    """``(winner, why)``: ``data[key]``'s (default ``data["tuned"]``) winner at ``concurrency``
+    (``{"tree", "k", "draft_threshold", "dtype", ...}``) when its machine matches ``current``
+    (``assets.device.host_info``) and, given the drafter ``folder``, its ``model.safetensors`` still holds
+    the weights tune measured (``weights_sha256`` of the record), else ``None``; ``why`` says which and why."""
     tuned = data.get(key) if isinstance(data, dict) else None
     winners = tuned.get("winners") if isinstance(tuned, dict) else None
     if not isinstance(winners, dict) or str(concurrency) not in winners:

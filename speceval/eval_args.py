@@ -86,10 +86,12 @@ class EvalConfig:
                 "each measured side by side (the same tree given twice, however spelled, e.g. 1 and [[0]], is "
                 "measured once, under its first spelling); or an EAGLE-2 dynamic tree grown per row and round from the "
                 "drafter's cumulative log-probabilities: dynamic or dynamic:TOTAL[:DEPTH[:TOPK]] (TOTAL nodes "
-                "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4); or auto: one row per checkpoint with the "
-                "chain / tree, K and threshold drafterkit tune recorded for it on this machine (as decode.generate(tree='auto')). "
-                "Tree rows ignore --k (their K column is the tree's depth) and the --sweep over K covers chain rows only"})
-    dtype: str = field(default="fp32", metadata={"help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
+                "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4); or auto: one row per "
+                "checkpoint with the chain / tree, K and threshold drafterkit tune recorded for it on this machine "
+                "(as decode.generate(tree='auto')). Tree rows ignore --k (their K column is the tree's depth) and "
+                "the --sweep over K covers chain rows only"})
+    dtype: str = field(default="fp32", metadata={
+        "help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
     seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={

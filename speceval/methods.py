@@ -33,7 +33,7 @@ from drafterkit.drafters import (
     resolve_checkpoint,
 )
 from drafterkit.drafters.draft_lm import DraftLM
-from drafterkit.drafters.export import ExportError, recorded_source
+from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
 from drafterkit.drafters.ngram import NGramDrafter
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
@@ -388,7 +388,8 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
 
 def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | None:
     """The ``--tree auto`` row of drafter spec ``name``: its checkpoint's ``drafterkit tune`` winner at
-    batch size 1 (``tuned_decoding``, which ``drafters.load_drafter`` attaches: chain or tree, K, confidence threshold), the setting
+    batch size 1 (``tuned_decoding``, which ``drafters.load_drafter`` attaches: chain or tree, K, confidence
+    threshold), the setting
     ``decode.generate(tree="auto")`` uses; a ``+ngram`` / ``+rest`` spec takes the setting ``drafterkit tune
     PATH+rest`` recorded for it, or its drafter's when none was (``drafters.attach_tuned``). Returns
     ``(spec, suffix)`` as :func:`build_drafters` collects them, the suffix ``"@<thr> (tuned) tree=<spec>"``

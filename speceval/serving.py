@@ -43,7 +43,7 @@ from drafterkit.decode.engine import watch_rounds
 from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
-from drafterkit.drafters.export import ExportError, recorded_source
+from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 
@@ -109,7 +109,8 @@ def inspect_export(export_dir: str | Path) -> dict:
         raise ServeCheckError(f"{export_dir} is not an export folder (no readable config.json: {exc}); give a "
                               "folder written by `drafterkit export`") from None
     if "kind" in config and "architectures" not in config:  # drafterkit's own checkpoint (save_pretrained)
-        raise ServeCheckError(f"{export_dir} is a drafterkit {config['kind']} checkpoint, not an export: write the export "
+        raise ServeCheckError(f"{export_dir} is a drafterkit {config['kind']} checkpoint, not an export: "
+                              "write the export "
                               "first (drafterkit export CHECKPOINT --format FORMAT --output DIR) and serve-check DIR")
     archs, block = config.get("architectures"), config.get("drafterkit")  # as written, or hand-edited
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help="fp32 | bf16 | fp16 | auto (default: the dtype the drafter's decoding.json records, as "
                         "drafterkit eval uses it, else fp32)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda where available, as drafterkit eval)")
+    p.add_argument("--device", default="auto",
+                   help="auto | cpu | cuda | cuda:N (auto: cuda where available, as drafterkit eval)")
     p.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--benchmark", default="sharegpt",
                    help="tuning prompts: sharegpt (the held-out split, past the prompts eval and training's own "
@@ -50,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "fastest candidate wins outright); without @THRESHOLD the threshold is 0")
     p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
     p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
-    p.add_argument("--seed", type=int, default=0, help="decoding seed (batch j uses seed + j; greedy tuning does not sample)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="decoding seed (batch j uses seed + j; greedy tuning does not sample)")
     p.add_argument("--no-write", action="store_true", help="measure and print only; leave decoding.json as it is")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (weights loading included)")

@@ -1,4 +1,5 @@
-"""assets.conversations and assets.records: streaming ShareGPT / chat readers, torn tails, normalisation, the held-out split, benchmark and prompt files."""
+"""assets.conversations and assets.records: streaming ShareGPT / chat readers, torn tails, normalisation, the
+held-out split, benchmark and prompt files."""
 
 from __future__ import annotations
 
@@ -236,7 +237,8 @@ def test_real_sharegpt_torn_tail():
     stats = LoaderStats()
     with pytest.warns(UserWarning, match="dropped 1 incomplete record"):
         n = sum(1 for _ in iter_sharegpt(fetch("sharegpt"), stats=stats))
-    assert stats.records_read == 17671 and stats.torn_tail == 1  # the pinned wheel's file is torn mid-record (docs/assets.md)
+    # the pinned wheel's file is torn mid-record (docs/assets.md)
+    assert stats.records_read == 17671 and stats.torn_tail == 1
     assert n == stats.kept == stats.records_read - sum(stats.skipped.values())
 
 
@@ -306,7 +308,8 @@ def test_a_record_that_is_json_but_not_a_conversation_is_named_in_the_one_warnin
     path.write_text("\n".join(lines) + "\n")
     convs, stats, warns = _read(path, iter_chat_jsonl)
     assert len(convs) == 5 and stats.skipped == {"missing_messages": 1, "not_an_object": 1}
-    assert warns == [(f"{path}: skipped 2 records that are JSON but not a conversation (lines 4, 7; 1 missing_messages, "
+    assert warns == [(f"{path}: skipped 2 records that are JSON but not a conversation (lines 4, 7; "
+                      "1 missing_messages, "
                       '1 not_an_object): each record must be {"messages": [{"role", "content"}, ...]} with string '
                       "contents and known roles; fix or delete them; read every other record (5 conversations kept)")]
     lines[1] = "{not json"

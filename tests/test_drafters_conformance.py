@@ -71,7 +71,8 @@ def build(kind: str, target):
         d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48), target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
     else:  # a kind added to drafters.kinds.KINDS needs its small build here
-        raise ValueError(f"no conformance build for drafter kind {kind!r}: add one to tests/test_drafters_conformance.py")
+        raise ValueError(f"no conformance build for drafter kind {kind!r}: add one to "
+                         "tests/test_drafters_conformance.py")
     _perturb(d)
     return d.eval()
 
@@ -131,7 +132,8 @@ def test_loading_is_strict(kind, tmp_path):
 
 
 #: Per kind, a config.json edit that changes the shapes of the drafter's own tensors.
-_RESHAPE = {"draft_lm": lambda c: c["hf_config"].update(intermediate_size=40), "medusa": lambda c: c.update(num_heads=2),
+_RESHAPE = {"draft_lm": lambda c: c["hf_config"].update(intermediate_size=40),
+            "medusa": lambda c: c.update(num_heads=2),
             "eagle": lambda c: c.update(intermediate_size=40), "eagle3": lambda c: c.update(draft_vocab_size=40),
             "dflash": lambda c: c.update(num_layers=1), "peagle": lambda c: c.update(draft_vocab_size=40),
             "dflash_reduced": lambda c: c.update(draft_vocab_size=40)}

@@ -70,7 +70,8 @@ def test_rows_of_different_lengths_draft_together_as_alone():
         together = d.block_logits([0, 1, 2], rows, feats, [0, 0, 0])
         for b in range(3):
             d.reset(3)
-            torch.testing.assert_close(d.block_logits([b], rows, feats, [0, 0, 0])[0], together[b], rtol=1e-4, atol=1e-4)
+            alone = d.block_logits([b], rows, feats, [0, 0, 0])[0]
+            torch.testing.assert_close(alone, together[b], rtol=1e-4, atol=1e-4)
 
 
 def test_chain_is_capped_at_block_size_minus_one():
@@ -160,7 +161,7 @@ def test_dflash_behind_prompt_lookup_drafts_chains_and_eval_measures_it_so():
     """A hybrid has propose_tree, but with a chain-only drafter inside it drafts chains: eval's tree rows and
     tune's tree candidates skip it instead of failing at the first tree."""
     from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
-    from drafterkit.speceval.tune import candidates
+    from drafterkit.speceval.tune_search import candidates
 
     target = tiny_llama(0)
     d = build("dflash", target)

@@ -14,11 +14,16 @@ Installed, every package lives under the ``drafterkit`` namespace (``drafterkit.
 the repository folder of its name (pyproject.toml's package-dir).
 
 The decoder core imports no other package of ours, not even assets.
+
+String imports count as imports for the rank order: ``importlib.import_module("drafterkit.x.y")``, a
+``"drafterkit.x.y:attr"`` table entry (the CLI's verbs), the constant head of an f-string naming a module.
+They load lazily (an arguments module stays free of torch), so they may sit inside functions.
 """
 
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +39,11 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80  # body lines, docstring excluded
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path = ROOT) -> dict[str, Path]:
     out = {}
     for pkg in RANKS:
-        for path in sorted((ROOT / pkg).rglob("*.py")) if pkg != NAMESPACE else sorted((ROOT / pkg).glob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        for path in sorted((root / pkg).rglob("*.py")) if pkg != NAMESPACE else sorted((root / pkg).glob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(parts)] = path
@@ -46,14 +51,22 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+#: a string naming a module of ours, as ``importlib.import_module`` or a ``"module:attr"`` table takes it (a
+#: trailing dot: the constant head of an f-string such as ``f"drafterkit.train.strategies.{kind}"``)
+STRING_IMPORT = re.compile(rf"{NAMESPACE}\.(?:{'|'.join(p for p in RANKS if p != NAMESPACE)}|cli)"
+                           r"(?:\.[A-Za-z_]\w*)*\.?(?::[A-Za-z_]\w*)?")
 
 
 def _installed(name: str) -> str:
-    """``decode.x`` for the installed name ``drafterkit.decode.x`` (the namespace root itself is ``drafterkit``)."""
-    return name.removeprefix(f"{NAMESPACE}.")
+    """``decode.x`` for the installed name ``drafterkit.decode.x``; ``drafterkit.cli`` stays (the namespace root's
+    own modules are ``drafterkit.<module>``)."""
+    parts = name.split(".")
+    if parts[0] == NAMESPACE and len(parts) > 1 and parts[1] in RANKS:
+        return ".".join(parts[1:])
+    return name
 
 
-def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -> list[str]:
+def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool, modules: dict[str, Path]) -> list[str]:
     """The modules of ours an import statement loads (a ``from pkg import sub`` names ``pkg.sub``)."""
     if isinstance(node, ast.Import):
         names = [_installed(a.name) for a in node.names]
@@ -65,15 +78,28 @@ def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -
         else:
             origin = _installed(node.module or "")
         if origin == NAMESPACE:  # from drafterkit import decode
-            names = [a.name for a in node.names]
+            names = [a.name if a.name in RANKS else f"{NAMESPACE}.{a.name}" for a in node.names]
         else:
-            names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in MODULES else origin for a in node.names]
+            names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin for a in node.names]
     return [n for n in names if n.split(".")[0] in RANKS]
 
 
-def _imports(module: str) -> list[tuple[str, int, bool]]:
-    """``(imported module, line, at top level)`` for every import of ours in ``module``."""
-    path = MODULES[module]
+def string_imports(tree: ast.AST) -> list[tuple[str, int]]:
+    """``(module of ours, line)`` for every string constant that names one (:data:`STRING_IMPORT`):
+    ``importlib.import_module("drafterkit.x.y")``, a ``"drafterkit.x.y:attr"`` entry of a table, the constant
+    head of an f-string. Such imports load lazily, so they may sit inside functions, but they follow the rank
+    order like any other."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and STRING_IMPORT.fullmatch(node.value):
+            name = _installed(node.value.split(":")[0].rstrip("."))
+            out.append((name, node.lineno))
+    return out
+
+
+def _imports(module: str, modules: dict[str, Path] = MODULES) -> list[tuple[str, int, bool, bool]]:
+    """``(imported module, line, at top level, by string)`` for every import of ours in ``module``."""
+    path = modules[module]
     tree = ast.parse(path.read_text())
     top = {id(n) for n in tree.body}
     for node in tree.body:  # `if TYPE_CHECKING:` blocks at the top level count as top-level imports
@@ -82,26 +108,54 @@ def _imports(module: str) -> list[tuple[str, int, bool]]:
     out = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for name in _resolve(module, node, path.name == "__init__.py"):
-                out.append((name, node.lineno, id(node) in top))
+            for name in _resolve(module, node, path.name == "__init__.py", modules):
+                out.append((name, node.lineno, id(node) in top, False))
+    out += [(name, line, False, True) for name, line in string_imports(tree)]
     return out
 
 
+def rank_offenders(root: Path = ROOT) -> list[str]:
+    """Every import, statement or string, of a package of higher rank (or of another package, for decode)."""
+    modules = MODULES if root == ROOT else _modules(root)
+    return [f"{modules[m].relative_to(root)}:{line} imports {name}{' (by string)' if by_string else ''}"
+            for m in modules for name, line, _, by_string in _imports(m, modules)
+            if name.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+
+
 def test_every_import_follows_the_rank_order():
-    offenders = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {name}"
-                 for m in MODULES for name, line, _ in _imports(m)
-                 if name.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+    offenders = rank_offenders()
     assert not offenders, "imports against the rank order (see this module's docstring):\n" + "\n".join(offenders)
+
+
+def test_a_planted_upward_string_import_fails_the_rank_order(tmp_path):
+    """The rank check reads string imports too: ``importlib.import_module("...")`` and ``"module:attr"``
+    tables in a lower package, naming a higher one, are offenders, as an import statement would be."""
+    for pkg in ("decode", "drafters", "train"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "decode" / "planted.py").write_text(
+        "import importlib\n\n\ndef late():\n    return importlib.import_module('drafterkit.train.loop')\n")
+    (tmp_path / "drafters" / "planted.py").write_text(
+        'STRATEGY = "drafterkit.train.strategies.eagle3:Eagle3Strategy"\n'
+        'LAZY = f"drafterkit.speceval.{1}"\nOWN = "drafterkit.drafters.eagle3:Eagle3Drafter"\n'
+        'PROSE = "see drafterkit.train.loop for the loop"\n')
+    (tmp_path / "train" / "planted.py").write_text('RUNNER = "drafterkit.drafters.export:run"\n')
+    assert rank_offenders(tmp_path) == [
+        "decode/planted.py:5 imports train.loop (by string)",
+        "drafters/planted.py:1 imports train.strategies.eagle3 (by string)",
+        "drafters/planted.py:2 imports speceval (by string)",
+    ]
 
 
 def test_imports_of_our_packages_sit_at_the_top_of_modules():
     offenders = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {name} inside a function or class"
-                 for m in MODULES for name, line, top in _imports(m) if not top]
+                 for m in MODULES for name, line, top, by_string in _imports(m) if not top and not by_string]
     assert not offenders, "\n".join(offenders)
 
 
 def test_no_import_cycles():
-    graph = {m: {n if n in MODULES else n.rsplit(".", 1)[0] for n, _, _ in _imports(m)} - {m} for m in MODULES}
+    graph = {m: {n if n in MODULES else n.rsplit(".", 1)[0] for n, _, _, by_string in _imports(m) if not by_string}
+             - {m} for m in MODULES}
     index, low, stack, on, cycles = {}, {}, [], set(), []
 
     def visit(v):  # Tarjan's strongly connected components
@@ -153,6 +207,15 @@ def test_no_function_is_too_long():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES:
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({_body_lines(node)} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_ruff_passes():
+    """ruff (``pip install -e ".[test]"``) with pyproject.toml's rules: pyflakes, pycodestyle errors and
+    warnings, lines <= 120 characters, over the packages, tests, benchmarks and scripts."""
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "No module named ruff" not in proc.stderr, 'ruff is missing: pip install -e ".[test]"'
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("pkg", sorted(RANKS))

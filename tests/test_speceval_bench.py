@@ -458,7 +458,8 @@ def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
     for folder in (a, b):
         DraftLM.from_target(target, 1).save_pretrained(folder)
     write_decoding(a, dict(dtype="bf16", trees=["2,1"], k=3, draft_thresholds=[0.1]),
-                   written_by="drafterkit quickstart", machine=dict(device="cpu", dtype="bfloat16", torch="2.13", threads=2))
+                   written_by="drafterkit quickstart",
+                   machine=dict(device="cpu", dtype="bfloat16", torch="2.13", threads=2))
     parser = build_parser()
 
     def applied(*argv):

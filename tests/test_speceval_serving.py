@@ -73,7 +73,8 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
                                                          "drafterkit": {"kind": "eagle3", "engine": "sglang"}}))
     assert cli(["serve-check", str(target_like), "--target", "smollm2-135m"]) == 2  # vLLM would read its ids one off
     assert "is an sglang-eagle3 export" in (err := capsys.readouterr().err) and "--format vllm-eagle3" in err
-    (target_like / "config.json").write_text(json.dumps({"kind": "eagle3", "config": {}}))  # a checkpoint, not an export
+    # a checkpoint, not an export
+    (target_like / "config.json").write_text(json.dumps({"kind": "eagle3", "config": {}}))
     assert cli(["serve-check", str(target_like), "--target", "smollm2-135m"]) == 2
     assert "is a drafterkit eagle3 checkpoint, not an export" in capsys.readouterr().err
     draft = tmp_path / "draft"
@@ -108,7 +109,7 @@ def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_vllm_pass(
 def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, capsys):
     from conftest import tiny_llama
 
-    from drafterkit.drafters.export import recorded_source
+    from drafterkit.drafters.base import recorded_source
 
     target = tiny_llama(0, layers=4)
     head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40, feature_layers=[1, 2, 3]), target=target)

@@ -12,7 +12,7 @@ from drafterkit.assets.pinned import default_target_dir
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 from drafterkit.speceval.bench import EvalConfig
 from drafterkit.speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, tuned_settings
-from drafterkit.speceval.tune import Candidate, candidates
+from drafterkit.speceval.tune_search import Candidate, candidates
 from drafterkit.cli import main
 
 
@@ -105,7 +105,8 @@ def test_a_tuned_setting_from_another_machine_or_no_file_falls_back(tmp_path):
     settings, why = tuned_settings(dict(tuned=stale), here, folder=folder)
     assert settings is None and "other weights" in why and "tune again" in why
     settings, why = tuned_settings(dict(tuned=dict(machine=here, dtype="fp32", winners={"1": win})), here)
-    assert settings == dict(dtype="fp32", trees=["dynamic:4:2:2"], k=2, draft_thresholds=[0.1]) and "this machine" in why
+    assert settings == dict(dtype="fp32", trees=["dynamic:4:2:2"], k=2, draft_thresholds=[0.1])
+    assert "this machine" in why
 
 
 def test_tune_refuses_the_evaluation_benchmarks(world, capsys):
@@ -171,7 +172,8 @@ def test_a_tuned_winner_slower_than_plain_decoding_is_never_used():
 @pytest.mark.parametrize("args,needle", [(["--k", "0"], "--k 0"), (["--tree", "3,,2"], "tree '3,,2'"),
                                          (["--dynamic", "dynamic:x"], "dynamic tree 'dynamic:x'"),
                                          (["--eta", "1"], "--eta >= 2"),
-                                         (["--draft-threshold", "0.1,1.5"], "--draft-threshold values must be in [0, 1)"),
+                                         (["--draft-threshold", "0.1,1.5"],
+                                          "--draft-threshold values must be in [0, 1)"),
                                          (["--dynamic", "bogus"], "--dynamic 'bogus': dynamic trees are written "
                                                                   "dynamic:TOTAL[:DEPTH[:TOPK]]"),
                                          (["--incumbent", "3,2,1@"], "--incumbent '3,2,1@': expected TREE@THRESHOLD"),
@@ -236,7 +238,8 @@ def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tm
 
 
 def test_the_incumbent_stays_unless_a_challenger_is_faster_beyond_the_noise():
-    from drafterkit.speceval.tune import over_incumbent, parse_incumbent
+    from drafterkit.speceval.tune import parse_incumbent
+    from drafterkit.speceval.tune_search import over_incumbent
 
     inc = dict(batch_tokens_per_s=[10.0, 12.0, 8.0, 11.0])
     steady = over_incumbent(dict(batch_tokens_per_s=[11.0, 13.2, 8.8, 12.1]), inc)  # +10% on every batch

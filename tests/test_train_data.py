@@ -182,7 +182,8 @@ def test_collate_errors():
 
 def _sharegpt_file(path, n=40, seed=0):
     rng = random.Random(seed)
-    words = ["alpha", "beta", "gamma", "delta", "token", "draft", "target", "verify", "accept", "tree", "chain", "bonus"]
+    words = ["alpha", "beta", "gamma", "delta", "token", "draft", "target", "verify", "accept", "tree", "chain",
+             "bonus"]
     records = [{"id": f"r{i}_0", "conversations": [
         {"from": "human", "value": f"user{i} " + " ".join(rng.choices(words, k=rng.randint(3, 30)))},
         {"from": "gpt", "value": " ".join(rng.choices(words, k=rng.randint(3, 60)))}]} for i in range(n)]
@@ -203,7 +204,9 @@ def test_build_dataset_caches_and_splits_disjointly(tok, tmp_path):
     assert s1.tokens == sum(train["length"]) and s1.supervised_tokens == sum(map(sum, train["loss_mask"]))
     held = build_dataset(src, tok, split="heldout", **kw)
     assert len(train) + len(held) == 40 and len(held) == sum(is_heldout(f"r{i}", 0.25, 1) for i in range(40))
-    user_of = lambda ds: {tok.decode(r["input_ids"]).split("<|im_start|>user\n")[1].split()[0] for r in ds}
+    def user_of(ds):
+        return {tok.decode(r["input_ids"]).split("<|im_start|>user\n")[1].split()[0] for r in ds}
+
     assert not user_of(train) & user_of(held)
     prompts = heldout_prompts(src, 3, seed=1, fraction=0.25)
     assert {p[-1]["content"].split()[0] for p in prompts} <= user_of(held)
@@ -215,8 +218,10 @@ def test_build_dataset_caches_and_splits_disjointly(tok, tmp_path):
 def test_build_dataset_warns_of_every_dropped_line_and_a_short_dataset_on_every_call(tok, tmp_path):
     """A torn last line and a record without ``messages`` are named (the file's one warning), and a file
     smaller than ``num_examples`` says so with both numbers, on a fresh build AND on a cache hit."""
-    chat = lambda i: json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
-                                              {"role": "assistant", "content": f"answer {i}"}]})
+    def chat(i):
+        return json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                        {"role": "assistant", "content": f"answer {i}"}]})
+
     src = tmp_path / "chat.jsonl"
     src.write_text("\n".join([chat(0), '{"foo": 1}', chat(1), chat(2)]) + "\n" + chat(3)[:30])
     kw = {"max_length": 64, "num_examples": 1200, "heldout_fraction": 0.0, "cache_dir": tmp_path / "cache",

@@ -112,9 +112,8 @@ def test_sharegpt_heldout_equals_drafterkit_eval_sharegpt(tok, tmp_path, monkeyp
         {"from": "gpt", "value": "ok"}]} for i in range(600)]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(data))
-    import drafterkit.assets.pinned
-    from drafterkit import assets
-    monkeypatch.setattr(assets.pinned, "fetch", lambda name, **kw: path if name == "sharegpt" else None)
+    from drafterkit.assets import pinned
+    monkeypatch.setattr(pinned, "fetch", lambda name, **kw: path if name == "sharegpt" else None)
     recipe = recipe_from_dict({"output_dir": str(tmp_path / "run"), "data": {"path": str(path), "max_length": 64},
                                "eval": {"num_prompts": 3, "max_new_tokens": 8}})
     got = eval_prompt_ids(recipe, tok, _tiny_target(tok, CONTEXT))

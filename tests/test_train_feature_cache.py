@@ -70,7 +70,8 @@ def test_cached_features_equal_online_features_rounded_to_bf16(tmp_path, capsys)
     assert batch["features"].shape == (20, batch["input_ids"].shape[1], 2 * 32)
     for i, ex in enumerate(examples):  # dataset order, ids and masks kept
         n = len(ex["input_ids"])
-        assert batch["input_ids"][i, :n].tolist() == ex["input_ids"] and batch["loss_mask"][i, :n].tolist() == ex["loss_mask"]
+        assert batch["input_ids"][i, :n].tolist() == ex["input_ids"]
+        assert batch["loss_mask"][i, :n].tolist() == ex["loss_mask"]
     online = target_features(target, batch["input_ids"], batch["attention_mask"], [1, 3])  # [B, T, 2H] fp32
     real = batch["attention_mask"].bool()
     # built in other batches (other padding) than these: equal to the online features in bf16, at most
@@ -149,7 +150,7 @@ def test_offline_loss_equals_online_loss_on_the_same_batch(kind, tmp_path):
     offline_recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"feature_cache": "auto"})})
     with pytest.raises(ValueError, match="carries no cached features"):
         strategy.loss(drafter, target, online_batch, offline_recipe)
-    other = {**offline_batch, "feature_layers": torch.tensor([l + 10 for l in layers])}
+    other = {**offline_batch, "feature_layers": torch.tensor([i + 10 for i in layers])}
     with pytest.raises(ValueError, match="drafterkit features"):
         strategy.loss(drafter, target, other, recipe)
 
@@ -227,8 +228,6 @@ def test_a_torn_shard_is_detected_and_rebuilt(tmp_path):
 def test_a_shard_damaged_in_place_is_found_when_training_opens_the_cache(tmp_path, monkeypatch):
     """16 bytes overwritten mid-shard, same size: training's open hashes every shard (once per process), so
     the main process rebuilds the shard and the others refuse it, naming it and the fix, as for a torn one."""
-    import drafterkit.train.feature_cache as fc
-
     target = tiny_llama(0, layers=3)
     recipe = recipe_from_dict({"output_dir": "x", "drafter": {"kind": "eagle"},
                                "data": {"feature_cache": str(tmp_path / "fc")}})
@@ -253,8 +252,10 @@ def test_a_shard_damaged_in_place_is_found_when_training_opens_the_cache(tmp_pat
         repaired = open_recipe_cache(recipe, target, examples, write=True)
     assert forwards.n > 0 and _shard_hashes(spec.path) == good and len(repaired) == 20
     hashed = []
-    sha256 = fc._sha256
-    monkeypatch.setattr(fc, "_sha256", lambda file: hashed.append(file.name) or sha256(file))
+    from drafterkit.train import feature_shards
+
+    sha256 = feature_shards.file_sha256
+    monkeypatch.setattr(feature_shards, "file_sha256", lambda file: hashed.append(file.name) or sha256(file))
     FeatureCache(spec.path)
     assert hashed == ["shard-00002.safetensors"]  # only the rebuilt shard: the others were hashed at the open above
     FeatureCache(spec.path)
@@ -314,7 +315,8 @@ def world(tmp_path_factory):
     recipe = {
         "output_dir": str(root / "unused"),
         "target": {"name_or_path": str(root / "target")},
-        "drafter": {"kind": "eagle3", "options": {"draft_vocab_size": 49152, "feature_layers": [0, 1, 2], "ttt_steps": 2}},
+        "drafter": {"kind": "eagle3",
+                    "options": {"draft_vocab_size": 49152, "feature_layers": [0, 1, 2], "ttt_steps": 2}},
         "data": {"source": "jsonl", "path": str(root / "chat.jsonl"), "max_length": 64, "heldout_fraction": 0.1},
         "optim": {"lr": 1e-3, "schedule": "constant"},
         "train": {"max_steps": 3, "batch_size": 2, "log_every": 1, "resume": "never"},
@@ -331,19 +333,18 @@ def _last_json(out: str) -> dict:
 
 
 def test_cli_builds_the_cache_and_training_reads_it_with_no_target_forward(world, tmp_path, capsys, monkeypatch):
-    import drafterkit.assets.target
-    from drafterkit import assets
+    from drafterkit.assets import target as assets_target
     from drafterkit.cli import main
 
     forwards = []
-    load = assets.target.load_target
+    load = assets_target.load_target
 
     def counted(*a, **kw):
         target, tok = load(*a, **kw)
         forwards.append(Forwards(target))
         return target, tok
 
-    monkeypatch.setattr(assets.target, "load_target", counted)
+    monkeypatch.setattr(assets_target, "load_target", counted)
     recipe, fc = str(world / "recipe.yaml"), f"data.feature_cache={tmp_path / 'fc'}"
     assert main(["features", recipe, fc, "--shard-mb", "0.05"]) == 0
     out = capsys.readouterr().out

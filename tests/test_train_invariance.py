@@ -152,7 +152,8 @@ def test_two_gloo_processes_give_the_one_process_update(world, tmp_path, capsys)
     one = _train_cli(recipe, tmp_path / "one", 8, 1, capsys)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "drafterkit.train",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "-m", "drafterkit.train",
                            str(recipe), f"output_dir={tmp_path / 'two'}", "train.batch_size=2", "train.grad_accum=2"],
                           cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

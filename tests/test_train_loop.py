@@ -423,7 +423,8 @@ def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world
                                                               "train.max_minutes": 0.1})
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "drafterkit.train",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "-m", "drafterkit.train",
                            str(path)], cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(line.startswith('{"output_dir"') for line in proc.stdout.splitlines()) == 1  # one summary line
@@ -511,7 +512,8 @@ def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
     train(_recipe(world, tmp_path / "run", **{"train.max_steps": 1}), target=target, tokenizer=tok)
     grown = _recipe(world, tmp_path / "run", **{"train.max_steps": 2, "train.resume": "auto",
                                                 "drafter.options.num_layers": 2})
-    with pytest.raises(RecipeError, match="cannot resume from .*does not fit the one this recipe builds.*new output_dir"):
+    with pytest.raises(RecipeError,
+                       match="cannot resume from .*does not fit the one this recipe builds.*new output_dir"):
         train(grown, target=target, tokenizer=tok)
 
 

@@ -125,6 +125,17 @@ def test_accept_length_step_mask_ends_chain_with_zero_grad_after():
     assert g[0, 1] == 0 and g[0, 2] == 0 and g[0, 0] == 1
 
 
+def test_alpha_step_metrics_count_the_chains_alive_at_that_step_as_the_loss_does():
+    """A chain whose step 2 is dead never reaches step 3, even where its mask is True there: alpha_step3
+    averages over the chains the loss counts at step 3 (the cumulative mask), not the raw step mask."""
+    alphas = torch.tensor([[0.5, 0.4, 0.9], [0.6, 0.7, 0.2]])
+    step_mask = torch.tensor([[True, False, True], [True, True, True]])
+    _, m = losses.accept_length_loss(alphas, step_mask)
+    assert m["alpha_step1"] == pytest.approx(0.55) and m["alpha_step2"] == pytest.approx(0.7)
+    assert m["alpha_step3"] == pytest.approx(0.2)  # chain 1 is dead there: 0.55 counted it
+    assert m["expected_accept_len"] == pytest.approx((0.5 + (0.6 + 0.42 + 0.084)) / 2)
+
+
 def test_shape_and_temperature_errors_are_clear():
     with pytest.raises(ValueError, match="differ"):
         losses.fkl_loss(_logits(0, 3), _logits(0, 4))

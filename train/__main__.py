@@ -1,4 +1,5 @@
-"""``python -m drafterkit.train RECIPE.yaml key.sub=value`` and ``accelerate launch -m drafterkit.train RECIPE.yaml``."""
+"""``python -m drafterkit.train RECIPE.yaml key.sub=value`` and ``accelerate launch -m drafterkit.train
+RECIPE.yaml``."""
 
 import sys
 

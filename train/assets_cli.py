@@ -12,7 +12,8 @@ from drafterkit.assets.console import make_console
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["fetch", "list"], help="fetch: download, verify and convert; list: show the cache")
+    p.add_argument("action", choices=["fetch", "list"],
+                   help="fetch: download, verify and convert; list: show the cache")
     p.add_argument("names", nargs="*", help=f"assets to fetch or list (default: all): {assets.known_names()}")
     p.add_argument("--force", action="store_true", help="re-fetch even when a verified copy is cached")
 

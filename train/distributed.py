@@ -44,15 +44,17 @@ def check_distributed_request(recipe: Recipe) -> str | None:
         return None
     engine, var = requested[0], next(v for v, e in _ENGINES.items() if e == requested[0])
     if engine == "DEEPSPEED":
-        raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which drafterkit does not "
-                          "train with yet: accelerate runs DeepSpeed's optimizer step inside backward, before the step's "
-                          "gradients are rescaled to the mean over its supervised tokens, so the update would depend on "
+        raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which drafterkit does "
+                          "not train with yet: accelerate runs DeepSpeed's optimizer step inside backward, before the "
+                          "step's gradients are rescaled to the mean over its supervised tokens, so the update would "
+                          "depend on "
                           "how the step is split across micro-batches and processes. Use DDP "
                           "(recipes/accelerate/multi_gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml) on GPUs, or "
                           f"{_CPU_DDP}")
     if recipe.train.cpu or not torch.cuda.is_available():
         why = "train.cpu is true" if recipe.train.cpu else "this machine has no CUDA device"
-        raise RecipeError(f"the launcher asked for {_NAMES[engine]} ({var}=true, from the accelerate config's distributed_type) "
+        raise RecipeError(f"the launcher asked for {_NAMES[engine]} ({var}=true, from the accelerate config's "
+                          "distributed_type) "
                           f"but {why}: accelerate runs DeepSpeed and FSDP only on GPUs, and here it would fall back to "
                           f"another engine without a word. Run it on CUDA GPUs, or {_CPU_DDP}")
     return engine

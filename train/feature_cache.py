@@ -57,14 +57,20 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-import drafterkit.assets.target  # load_target looked up at call time: one place to replace it
-
-from drafterkit import assets
+from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.pinned import home
 from drafterkit.assets.console import progress_bars_off
 from drafterkit.train.data import collate
 from drafterkit.train.features import target_features
+from drafterkit.train.feature_shards import (
+    MANIFEST,
+    file_sha256,
+    plan_shards,
+    read_manifest,
+    torn_shards,
+    write_manifest,
+)
 from drafterkit.train.features_args import SHARD_MB
 from drafterkit.train.options import feature_kinds, kind_recipe
 from drafterkit.train.recipe import RecipeError, load_recipe
@@ -72,7 +78,6 @@ from drafterkit.train.recipe_data import load_data, recipe_data_file
 from drafterkit.train.strategies import get_strategy
 
 VERSION = 1
-MANIFEST = "manifest.json"
 
 
 class FeatureCacheError(ValueError):
@@ -141,74 +146,6 @@ def cache_spec(root: str | Path, target: torch.nn.Module, ds, layers: Sequence[i
                      target_name)
 
 
-def plan_shards(lengths: Sequence[int], bytes_per_token: int, shard_bytes: int) -> list[dict[str, int | str]]:
-    """Consecutive example ranges of about ``shard_bytes`` each: ``[{name, first, count, tokens}]``."""
-    shards: list[dict[str, int | str]] = []
-    first, tokens = 0, 0
-    for i, n in enumerate(lengths):
-        tokens += n
-        if tokens * bytes_per_token >= shard_bytes or i == len(lengths) - 1:
-            shards.append({"name": f"shard-{len(shards):05d}.safetensors", "first": first,
-                           "count": i + 1 - first, "tokens": tokens})
-            first, tokens = i + 1, 0
-    return shards
-
-
-def _read_manifest(path: Path) -> dict | None:
-    try:
-        return json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write_manifest(path: Path, manifest: dict) -> None:
-    tmp = path / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, path / MANIFEST)
-
-
-def _sha256(file: Path) -> str:
-    h = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-_VERIFIED: set[tuple] = set()  # (file, inode, size, mtime, ctime, sha256) this process hashed and found as expected
-
-
-def _hash_matches(file: Path, sha256: str) -> bool:
-    """Whether ``file`` hashes to ``sha256`` (streamed, 16 MiB at a time). A file this process already found
-    matching and unchanged since (same inode, size, mtime and ctime) is not read again, so a cache opened twice
-    in one process (the quickstart's check, then training; a repair after the open found a torn shard) is
-    hashed once. A same-size rewrite in place within one filesystem timestamp tick of that hash goes unseen
-    until the next process."""
-    st = file.stat()
-    key = (str(file.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256)
-    if key not in _VERIFIED:
-        if _sha256(file) != sha256:
-            return False
-        _VERIFIED.add(key)
-    return True
-
-
-def torn_shards(path: Path, manifest: dict, *, hash_check: bool) -> list[str]:
-    """Finished shards (in the manifest with a size and sha256) whose file is missing, of another size
-    or (``hash_check``) of another sha256: ``["shard-00003.safetensors: 1024 bytes, expected 4096", ...]``."""
-    torn = []
-    for s in manifest["shards"]:
-        if "sha256" not in s:
-            continue
-        file = path / s["name"]
-        size = file.stat().st_size if file.is_file() else None
-        if size != s["bytes"]:
-            torn.append(f"{s['name']}: {'missing' if size is None else f'{size} bytes'}, expected {s['bytes']}")
-        elif hash_check and not _hash_matches(file, s["sha256"]):
-            torn.append(f"{s['name']}: sha256 differs from the manifest's")
-    return torn
-
-
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
@@ -231,16 +168,17 @@ def build_feature_cache(spec: CacheSpec, target: torch.nn.Module, ds, *, batch_s
     path.mkdir(parents=True, exist_ok=True)
     for stray in path.glob("*.tmp"):  # a write interrupted before its rename
         stray.unlink()
-    manifest = _read_manifest(path)
+    manifest = read_manifest(path)
     plan_ok = manifest is not None and manifest.get("identity") == spec.identity and sum(
         s["count"] for s in manifest.get("shards", [])) == len(spec.lengths)
     if not plan_ok:
         if manifest is not None or any(path.glob("shard-*.safetensors")):
             warnings.warn(f"feature cache {path}: manifest missing or unreadable; rebuilding every shard", stacklevel=2)
-        manifest = {"identity": spec.identity, "target": spec.target_name, "hidden_size": spec.hidden_size, "examples": len(spec.lengths),
+        manifest = {"identity": spec.identity, "target": spec.target_name, "hidden_size": spec.hidden_size,
+                    "examples": len(spec.lengths),
                     "tokens": spec.tokens, "bytes_per_token": spec.bytes_per_token,
                     "shards": plan_shards(spec.lengths, spec.bytes_per_token, int(shard_mb * 2**20))}
-        _write_manifest(path, manifest)
+        write_manifest(path, manifest)
     torn = torn_shards(path, manifest, hash_check=hash_check)
     if torn:
         warnings.warn(f"feature cache {path}: torn or partial shards rebuilt: {'; '.join(torn)}", stacklevel=2)
@@ -263,8 +201,8 @@ def build_feature_cache(spec: CacheSpec, target: torch.nn.Module, ds, *, batch_s
     try:
         for s in todo:
             _write_shard(path, s, target, ds, spec, batch_size, bar)
-            s.update(bytes=(path / s["name"]).stat().st_size, sha256=_sha256(path / s["name"]))
-            _write_manifest(path, manifest)
+            s.update(bytes=(path / s["name"]).stat().st_size, sha256=file_sha256(path / s["name"]))
+            write_manifest(path, manifest)
     finally:
         bar.close()
     return {"path": str(path), "examples": len(spec.lengths), "tokens": spec.tokens,
@@ -316,7 +254,7 @@ class FeatureCache(torch.utils.data.Dataset):
 
     def __init__(self, path: str | Path, layers: Sequence[int] | None = None, *, hash_check: bool = True):
         self.path = Path(path)
-        manifest = _read_manifest(self.path)
+        manifest = read_manifest(self.path)
         if manifest is None:
             raise FileNotFoundError(f"{self.path} holds no feature cache ({MANIFEST}); build it with "
                                     "`drafterkit features RECIPE`")
@@ -452,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
         require_feature_kind(recipe.drafter.kind)  # before the target loads
         recipe_data_file(recipe.data)
         device = resolve_device("cpu" if recipe.train.cpu else "auto")
-        target, tokenizer = assets.target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
+        target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
                                                       device=device)
         try:
             ds = load_data(recipe, target, tokenizer)

@@ -10,16 +10,20 @@ positions divided by N (not by the number of positions); N = 0 gives a finite 0 
 
 p = softmax(target_logits / temperature), q = softmax(draft_logits / temperature), both in float32.
 
-| name | per-token value | targets |
-|---|---|---|
-| ``ce`` | ``-log q(y)`` for a hard label y (the target's argmax, or the data token) | greedy decoding: a draft token is accepted iff it equals the target's argmax |
-| ``fkl`` | ``KL(p || q) = sum_x p (log p - log q)`` | both; mode-covering, the usual distillation loss (Hinton et al. 2015); at low temperature it approaches ``ce`` on the argmax |
-| ``rkl`` | ``KL(q || p)`` | sampled decoding; mode-seeking (Gu et al. 2024, MiniLLM) |
-| ``jsd`` | generalized JSD(beta) ``= beta KL(p||m) + (1-beta) KL(q||m)``, ``m = beta p + (1-beta) q`` (Agarwal et al. 2024, GKD) | both; bounded |
-| ``tvd`` | ``TVD(p, q) = 1/2 sum_x |p - q|`` | sampled decoding (DistillSpec, Zhou et al. 2024) |
-| ``alpha`` | ``1 - alpha`` with ``alpha = sum_x min(p, q)`` | sampled decoding |
-| ``neg_log_alpha`` | ``-log alpha`` | sampled decoding; stronger gradient where alpha is small |
-| ``accept_len`` | ``1 - E[L]/K`` over K drafted positions | chain speculation, sampled (and greedy, see below) |
+Losses (name: per-token value; what decoding it targets):
+
+* ``ce``: ``-log q(y)`` for a hard label y (the target's argmax, or the data token); greedy decoding: a
+  draft token is accepted iff it equals the target's argmax.
+* ``fkl``: ``KL(p || q) = sum_x p (log p - log q)``; both; mode-covering, the usual distillation loss
+  (Hinton et al. 2015); at low temperature it approaches ``ce`` on the argmax.
+* ``rkl``: ``KL(q || p)``; sampled decoding; mode-seeking (Gu et al. 2024, MiniLLM).
+* ``jsd``: generalized JSD(beta) ``= beta KL(p||m) + (1-beta) KL(q||m)``, ``m = beta p + (1-beta) q``
+  (Agarwal et al. 2024, GKD); both; bounded.
+* ``tvd``: ``TVD(p, q) = 1/2 sum_x |p - q|``; sampled decoding (DistillSpec, Zhou et al. 2024).
+* ``alpha``: ``1 - alpha`` with ``alpha = sum_x min(p, q)``; sampled decoding.
+* ``neg_log_alpha``: ``-log alpha``; sampled decoding; stronger gradient where alpha is small.
+* ``accept_len``: ``1 - E[L]/K`` over K drafted positions; chain speculation, sampled (and greedy, see
+  below).
 
 Acceptance: with speculative sampling (Leviathan et al. 2023; Chen et al. 2023), a draft token drawn
 from q is accepted with probability exactly ``alpha = sum_x min(p_x, q_x) = 1 - TVD(p, q)`` (so ``alpha``
@@ -41,12 +45,12 @@ distribution with the target's at the real position t + k - 1, i.e. it assumes t
 equal the data tokens (exact when the data was generated greedily by the target, ``data.regenerate:
 true``). Per kind, K = ``loss.draft_steps`` capped by the kind's chain:
 
-| kind | chain | K |
-|---|---|---|
-| ``draft_lm`` | K passes sharing one KV cache (``train.strategies.draft_lm.unroll_alphas``) | ``draft_steps`` |
-| ``medusa`` | its heads at one position (Medusa's own drafting) | ``min(num_heads, draft_steps)`` |
-| ``eagle`` | training-time-test unroll on its own predicted features and draft tokens (``EagleDrafter.forward``) | ``min(ttt_steps, draft_steps)`` |
-| ``eagle3`` | the TTT unroll with ``ttt_tokens: draft`` (its own draft tokens; ``Eagle3Drafter.forward``) | ``min(ttt_steps, draft_steps)`` |
+* ``draft_lm``: K passes sharing one KV cache (``train.strategies.draft_lm.unroll_alphas``); K = ``draft_steps``.
+* ``medusa``: its heads at one position (Medusa's own drafting); K = ``min(num_heads, draft_steps)``.
+* ``eagle``: the training-time-test unroll on its own predicted features and draft tokens
+  (``EagleDrafter.forward``); K = ``min(ttt_steps, draft_steps)``.
+* ``eagle3``: the TTT unroll with ``ttt_tokens: draft`` (its own draft tokens; ``Eagle3Drafter.forward``);
+  K = ``min(ttt_steps, draft_steps)``.
 
 A recipe the kind cannot serve is refused when validated (``Strategy.validate_recipe``): ``accept_len``
 over ``draft_steps > 1`` on a one-step chain (``num_heads`` / ``ttt_steps`` 1: it would be plain alpha),
@@ -195,9 +199,14 @@ def expected_accept_length(alphas: torch.Tensor, step_mask: torch.Tensor | None 
     if alphas.dim() != 2:
         raise ValueError(f"alphas must be [N, K], got shape {tuple(alphas.shape)}")
     if step_mask is not None:
-        alive = step_mask.bool().long().cumprod(-1).bool()
-        alphas = torch.where(alive, alphas, torch.zeros_like(alphas))
+        alphas = torch.where(alive_steps(step_mask), alphas, torch.zeros_like(alphas))
     return torch.cumprod(alphas, dim=-1).sum(-1)
+
+
+def alive_steps(step_mask: torch.Tensor) -> torch.Tensor:
+    """Bool ``[N, K]``: step k of a chain is alive iff ``step_mask`` holds at every step ``<= k`` (a False step
+    ends its chain: the steps after it are never reached, whatever the mask says there)."""
+    return step_mask.bool().long().cumprod(-1).bool()
 
 
 def accept_length_loss(alphas: torch.Tensor, step_mask: torch.Tensor | None = None):
@@ -213,7 +222,7 @@ def accept_length_loss(alphas: torch.Tensor, step_mask: torch.Tensor | None = No
                "expected_accept_len": float(exp_len.detach().mean()) if n else 0.0,
                "tokens": float(n)}
     with torch.no_grad():
-        alive = step_mask.bool() if step_mask is not None else torch.ones_like(alphas, dtype=torch.bool)
+        alive = alive_steps(step_mask) if step_mask is not None else torch.ones_like(alphas, dtype=torch.bool)
         for i in range(k):
             cnt = alive[:, i].sum()
             metrics[f"alpha_step{i + 1}"] = float(alphas[:, i][alive[:, i]].sum() / cnt) if cnt else 0.0

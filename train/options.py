@@ -157,7 +157,8 @@ def check_head_recipe(recipe: Any, kind: str, chain_option: str) -> None:
                          "features of fixed data; on-policy (DistillSpec) batches exist for kind 'draft_lm' "
                          "only; set data.on_policy_fraction: 0")
     steps = recipe.loss.draft_steps
-    if "accept_len" in recipe.loss.terms() and getattr(recipe.drafter.parsed_options(), chain_option) == 1 and steps > 1:
+    one_step = getattr(recipe.drafter.parsed_options(), chain_option) == 1
+    if "accept_len" in recipe.loss.terms() and one_step and steps > 1:
         raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
                          f"{kind!r} with drafter.options.{chain_option}: 1 (chains of one draft token: accept_len "
                          f"over loss.draft_steps: {steps} would be plain alpha); set drafter.options.{chain_option}: "
@@ -216,7 +217,8 @@ def check_dflash_recipe(recipe: Any) -> None:
     if "accept_len" in recipe.loss.terms() and o.block_size == 2 and steps > 1:
         raise ValueError(f"{loss_key(recipe, 'accept_len')}: the accept_len term cannot apply to drafter kind "
                          "'dflash' with drafter.options.block_size: 2 (one draft token per block: accept_len over "
-                         f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: {steps + 1}, "
+                         f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: "
+                         f"{steps + 1}, "
                          "or loss.draft_steps: 1, or another loss")
     _check_local_feature_layers(recipe, o.feature_layers, check_dflash_feature_layers)
     check_init_from_target(recipe)

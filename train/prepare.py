@@ -15,9 +15,7 @@ import shutil
 
 import torch
 
-import drafterkit.assets.target  # load_target looked up at call time: one place to replace it
-
-from drafterkit import assets
+from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.records import unwritable_folder
 from drafterkit.train.checkpoint import find_resume
 from drafterkit.train.distributed import (
@@ -116,7 +114,7 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     _clear_output_dir(recipe, acc)
     set_seed(recipe.train.seed)
     if target is None:
-        target, tokenizer = assets.target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
+        target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
                                                       device=acc.device)
     assert_frozen(target)
     target.eval()

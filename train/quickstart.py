@@ -1,6 +1,6 @@
 """``drafterkit quickstart``: fetch, train and evaluate a drafter for the default target, end to end.
 
-    drafterkit quickstart                                  # 14.5 min training; ~22 min in all on 2 cores with bf16 units, ~34 in fp32
+    drafterkit quickstart        # 14.5 min training; ~22 min in all on 2 cores with bf16 units, ~34 in fp32
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
 Before it starts, the quickstart states its plan and what it needs (time, memory, disk); each stage then
@@ -23,15 +23,16 @@ prints a one-line header (what it does, its share of the time) and the seconds i
 4. ``tune``: ``drafterkit tune`` on the trained drafter with a small search (:data:`QUICK_TUNE`: chains,
    the fixed tree, EAGLE-2 dynamic trees, thresholds; held-out ShareGPT prompts, never the eval's),
    recorded in the drafter's ``decoding.json``; the fixed tree is tune's incumbent, replaced only by a
-   candidate faster beyond the noise (``speceval.tune.halving``). The eval stage measures the winner when it beat plain
-   decoding and neither ``--tree`` nor ``--draft-threshold`` was given, else the fixed tree;
+   candidate faster beyond the noise (``speceval.tune_search.halving``). The eval stage measures the winner
+   when it beat plain decoding and neither ``--tree`` nor ``--draft-threshold`` was given, else the fixed tree;
    ``--no-tune`` skips the stage.
 5. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
    mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
    turns and HumanEval prompts through ``speceval.bench.evaluate``: speculative decoding with the
    drafter alone, prompt lookup alone (``ngram``) and the drafter behind prompt lookup plus retrieval
    from a ShareGPT datastore (``PATH+rest``, ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips
-   it), with the tuned shape or the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain of K), vs plain
+   it), with the tuned shape or the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain
+   of K), vs plain
    decoding through the same engine vs transformers ``generate`` (and its own assisted generation
    where the drafter is a draft LM), interleaved prompt by prompt. Each benchmark's report splits
    the speedup over ``generate`` into measured factors (``speceval.factors``).
@@ -70,7 +71,8 @@ from drafterkit.drafters.datastore import cached_datastore
 from drafterkit.drafters.tuned import beats_plain
 from drafterkit.speceval.bench import EvalConfig, command_line, evaluate, print_record
 from drafterkit.speceval.recorded import write_decoding
-from drafterkit.speceval.tune import Candidate, tune
+from drafterkit.speceval.tune import tune
+from drafterkit.speceval.tune_search import Candidate
 from drafterkit.train.loop import train
 from drafterkit.train.quickstart_args import (
     DEFAULT_THRESHOLD,
@@ -79,7 +81,8 @@ from drafterkit.train.quickstart_args import (
     EXACTNESS_TOKENS,
 )
 from drafterkit.train.quickstart_plan import Stages, feature_source, needs_lines
-from drafterkit.train.quickstart_report import (drop_report, earlier_training, exactness_summary, merge_checks, print_summary,
+from drafterkit.train.quickstart_report import (drop_report, earlier_training, exactness_summary, merge_checks,
+                                                print_summary,
                                     write_report)
 from drafterkit.train.recipe import RecipeError, load_recipe
 

@@ -75,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto",
                    help="auto | bf16 | fp32 (or fp16), the evaluation's target and drafter (auto: bf16 where the "
                         "device has bf16 units, where a pass verifying 5 draft tokens costs ~1.1x a one-token step "
-                        "in bf16 but 1.4-2x in fp32, see BENCHMARKS.md; fp32 where bf16 would be emulated, several times slower; "
+                        "in bf16 but 1.4-2x in fp32, see docs/benchmarks/; fp32 where bf16 would be emulated, "
+                        "several times slower; "
                         "token-for-token exactness vs plain decoding is checked in fp32: the measured rows with "
                         "fp32, else a short separate fp32 run, see --exactness-prompts)")
     p.add_argument("--exactness-prompts", type=int, default=2,

@@ -23,8 +23,9 @@ Contract (what the loop guarantees and expects):
   the batch's supervised units (positions, or chain starts for the chained kinds, see ``train/losses.py``),
   and a dict of floats to log that holds ``tokens``, the number of those units. The loop trains on
   ``loss * tokens`` summed over the optimizer step's micro-batches and processes, divided by the step's
-  total ``tokens`` (so an update never depends on how a batch is split); it logs token means of the step. ``drafter`` may be the
-  accelerate-wrapped module: call it, do not assume its type (``unwrap(drafter)`` gives the Drafter).
+  total ``tokens`` (so an update never depends on how a batch is split); it logs token means of the step.
+  ``drafter`` may be the accelerate-wrapped module: call it, do not assume its type (``unwrap(drafter)``
+  gives the Drafter).
   Target forwards must run under ``torch.no_grad()``.
 * ``save(drafter, path)`` writes a folder loadable by ``drafters.load_drafter(path, target)``.
 * ``options_model`` is the kind's ``train.options.KINDS[kind].options_model``; what the kind cannot train
