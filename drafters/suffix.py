@@ -74,7 +74,8 @@ class SuffixConfig:
 
     def __post_init__(self):
         checks = (("max_tree_depth", _int_at_least(self.max_tree_depth, 1), "an int >= 1"),
-                  ("max_cached_requests", _int_at_least(self.max_cached_requests, 0), "an int >= 0 (0: no global tree)"),
+                  ("max_cached_requests", _int_at_least(self.max_cached_requests, 0),
+                   "an int >= 0 (0: no global tree)"),
                   ("max_spec_factor", _finite(self.max_spec_factor) and self.max_spec_factor >= 0, "a number >= 0"),
                   ("max_spec_offset", _finite(self.max_spec_offset), "a finite number"),
                   ("min_token_prob", _finite(self.min_token_prob) and 0 <= self.min_token_prob <= 1,
