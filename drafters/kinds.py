@@ -61,7 +61,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("eagle3", "Eagle3Drafter", "Eagle3Config", exports=("vllm-eagle3", "sglang-eagle3")),
     Kind("dflash", "DFlashDrafter", "DFlashConfig", exports=("vllm-dflash",)),
     Kind("suffix", "SuffixDrafter", "SuffixConfig", trainable=False),
-    Kind("peagle", "PEagleDrafter", "PEagleConfig", trainable=False, exports=("vllm-peagle",)),
+    Kind("peagle", "PEagleDrafter", "PEagleConfig", exports=("vllm-peagle",)),
 )}
 
 

@@ -108,6 +108,30 @@ class Eagle3Options(BaseModel):
         return v
 
 
+class PEagleOptions(BaseModel):
+    """``drafter.options`` for ``kind: peagle`` (``drafters.peagle``; P-EAGLE, arXiv 2602.01469): EAGLE-3's head
+    options plus the parallel positions and their training-time sampling."""
+
+    model_config = ConfigDict(extra="forbid")
+    draft_vocab_size: int = Field(8192, ge=2)  # clamped to the target's vocabulary
+    feature_layers: list[int] | None = None  # as eagle3: hidden_states ids 0 <= i < L; None: (2, L//2, L-3)
+    num_depths: int = Field(5, ge=1, le=16)  # K: chain positions trained (depth 0 + K-1 masked positions)
+    mask_token_id: int = Field(0, ge=0)  # the target embedding row fed at masked positions (vLLM's pard_token)
+    # conditional drop-token (COD) sampling: depth d >= 1 keeps a random max(ratio^d, ratio_min) of the chains
+    # (nested: a chain kept at depth d is kept at d-1); 1.0 keeps every chain at every depth
+    down_sample_ratio: float = Field(0.7, gt=0.0, le=1.0)
+    down_sample_ratio_min: float = Field(0.2, gt=0.0, le=1.0)
+    step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of depth d = decay ** d
+    init_from_target_layer: bool = True
+    init_fc: Literal["random", "last_feature"] = "last_feature"
+    init_attention: Literal["random", "target"] = "target"
+
+    @field_validator("feature_layers")
+    @classmethod
+    def _three_ids(cls, v: list[int] | None) -> list[int] | None:
+        return Eagle3Options._three_ids(v)
+
+
 class DFlashOptions(BaseModel):
     """``drafter.options`` for ``kind: dflash`` (``drafters.dflash``; DFlash, arXiv 2602.06036)."""
 
@@ -200,6 +224,18 @@ def check_eagle3_recipe(recipe: Any) -> None:
                          "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
                          "on its own drafts, what decoding runs) or use another loss")
     _check_local_feature_layers(recipe, o.feature_layers, check_feature_layers)
+    check_init_from_target(recipe)
+
+
+def check_peagle_recipe(recipe: Any) -> None:
+    """As :func:`check_head_recipe` (the chain is its ``num_depths`` parallel positions), plus explicit
+    ``feature_layers`` valid for the target when its config is readable locally.
+
+    Raises:
+        ValueError: naming the key, the kind and the fix.
+    """
+    check_head_recipe(recipe, "peagle", "num_depths")
+    _check_local_feature_layers(recipe, recipe.drafter.parsed_options().feature_layers, check_feature_layers)
     check_init_from_target(recipe)
 
 
@@ -347,6 +383,7 @@ KINDS: dict[str, KindRecipe] = {
     "eagle": KindRecipe(EagleOptions, "EagleStrategy", True, check_eagle_recipe),
     "eagle3": KindRecipe(Eagle3Options, "Eagle3Strategy", True, check_eagle3_recipe),
     "dflash": KindRecipe(DFlashOptions, "DFlashStrategy", True, check_dflash_recipe),
+    "peagle": KindRecipe(PEagleOptions, "PEagleStrategy", True, check_peagle_recipe),
 }
 
 
