@@ -230,7 +230,8 @@ def test_generation_stops_on_the_familys_end_of_turn_token(name):
     assert out.finish_reasons == ["stop"] and out.sequences[0] == free[:stop] + [eot]
 
 
-def test_train_cli_refuses_data_losing_too_many_conversations_in_one_line(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("kind", ["draft_lm", "eagle3"])  # eagle3 reads the data while it builds (draft vocabulary)
+def test_train_cli_refuses_data_losing_too_many_conversations_in_one_line(kind, tmp_path, capsys, monkeypatch):
     """Through ``drafterkit train``: a Gemma-2-templated target, data whose system turns are merged and 3 of
     10 conversations unusable: one error line (exit 2) before any training step (with the share raised, the
     same data trains: test_recipe_max_skipped_fraction_reaches_the_data)."""
@@ -249,7 +250,7 @@ def test_train_cli_refuses_data_losing_too_many_conversations_in_one_line(tmp_pa
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(json.dumps({
         "output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(tmp_path / "target")},
-        "drafter": {"kind": "draft_lm", "options": {"init": "truncated", "num_layers": 1}},
+        "drafter": {"kind": kind, "options": {"init": "truncated", "num_layers": 1} if kind == "draft_lm" else {}},
         "data": {"source": "jsonl", "path": str(path), "max_length": 64, "heldout_fraction": 0.0},
         "train": {"max_steps": 1, "batch_size": 2, "resume": "never", "cpu": True},
         "eval": {"every": 0, "at_end": False}, "logging": {"trackers": []}}))

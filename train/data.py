@@ -58,6 +58,11 @@ DATA_VERSION = 1  # bump when tokenization or filtering changes: it keys the Arr
 # A whole file -> cached datasets.Dataset
 # ---------------------------------------------------------------------------------------------
 
+class DataError(ValueError):
+    """The data gives no training set worth training on: no example survived, or more than the allowed share of
+    its conversations was lost (the message names the counts per reason and the fixes)."""
+
+
 @dataclass
 class DataStats:
     """What :func:`build_dataset` did (filled in place; read back from the cache on a hit).
@@ -121,7 +126,7 @@ def _examples(path, tokenizer, max_length, num_examples, split, fraction, seed, 
     finally:
         stats.loader = loader.to_dict()
     if stats.examples == 0:
-        raise ValueError(f"{path}: no {split} example survived (skipped {dict(stats.skipped)}, "
+        raise DataError(f"{path}: no {split} example survived (skipped {dict(stats.skipped)}, "
                          f"{stats.other_split} in the other split); check the data and max_length")
 
 
@@ -163,8 +168,9 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
         ``length`` (int32), in file order.
 
     Raises:
-        ValueError: bad arguments, no example survived, or more than ``max_skipped_fraction`` lost (naming
-            the counts per reason, the template's message and the fixes). FileNotFoundError: missing source.
+        DataError (a ``ValueError``): no example survived, or more than ``max_skipped_fraction`` lost (naming
+            the counts per reason, the template's message and the fixes). ValueError: bad arguments.
+        FileNotFoundError: missing source.
     """
     import datasets
 
@@ -244,7 +250,7 @@ def skip_summary(built: DataStats, split: str) -> str:
 
 def check_skips(path: Path, built: DataStats, split: str, max_skipped_fraction: float | None) -> None:
     """Warn with :func:`skip_summary` when anything was skipped or merged; raise ``ValueError`` when more than
-    ``max_skipped_fraction`` of the split's conversations were lost (truncation aside)."""
+    ``max_skipped_fraction`` of the split's conversations were lost (truncation aside): :class:`DataError`."""
     if built.skipped or built.system_merged:
         warnings.warn(f"{path}: {skip_summary(built, split)}", UserWarning, stacklevel=3)
     lost = sum(n for reason, n in built.skipped.items() if reason != TRUNCATION_SKIP)
@@ -252,7 +258,7 @@ def check_skips(path: Path, built: DataStats, split: str, max_skipped_fraction: 
     if max_skipped_fraction is None or not counted or lost / counted <= max_skipped_fraction:
         return
     fixes = sorted({SKIP_FIXES[r] for r in built.skipped if r in SKIP_FIXES})
-    raise ValueError(f"{path}: {lost} of {counted} {split} conversations ({lost / counted:.1%}) gave no example, "
+    raise DataError(f"{path}: {lost} of {counted} {split} conversations ({lost / counted:.1%}) gave no example, "
                      f"more than data.max_skipped_fraction={max_skipped_fraction:g} allows "
                      f"({skip_summary(built, split)}); refusing to train on the rest: "
                      + "; ".join(fixes + ["or raise data.max_skipped_fraction to train on what is left"]))

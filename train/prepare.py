@@ -18,6 +18,7 @@ import torch
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.records import unwritable_folder
 from drafterkit.train.checkpoint import find_resume
+from drafterkit.train.data import DataError
 from drafterkit.train.distributed import (
     check_distributed_request,
     check_distributed_result,
@@ -124,6 +125,8 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     with acc.main_process_first():
         try:
             drafter = strategy.build(recipe, target, tokenizer)
+        except DataError as exc:  # a kind that counts the data's tokens as it builds (EAGLE-3's draft vocabulary)
+            raise RecipeError(f"data: {exc}") from None
         except ValueError as exc:
             raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
         params = [p for p in drafter.parameters() if p.requires_grad]
