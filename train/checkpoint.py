@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from drafterkit.drafters.base import apply_umask
+from drafterkit.train.sharding import load_sharded_state, save_sharded_state
 
 
 @dataclass
@@ -119,15 +120,27 @@ def quiet_shared_tensor_notice() -> Iterator[None]:
 
 
 def save_checkpoint(final: Path, *, accelerator, strategy, drafter, state: TrainerState, recipe,
-                    with_state: bool = True, extra: dict[str, Any] | None = None) -> Path:
-    """Write one checkpoint folder atomically (see module docstring). Returns ``final``."""
+                    with_state: bool = True, extra: dict[str, Any] | None = None, sharded=None,
+                    optimizer=None, scheduler=None) -> Path:
+    """Write one checkpoint folder atomically (see module docstring). Returns ``final``.
+
+    With a sharded drafter (``sharded``: a ``train.sharding.ShardedDrafter``) the drafter is gathered whole
+    for ``drafter/`` (the same ``model.safetensors`` one process writes) and ``state/`` holds the sharded
+    model and ``optimizer`` states (``train.sharding.save_sharded_state``), ``scheduler`` and RNG states."""
 
     def write(tmp: Path) -> None:
-        if with_state:
+        whole = accelerator.unwrap_model(drafter) if sharded is None else sharded.materialize()
+        if with_state and sharded is None:
             with quiet_shared_tensor_notice():
                 accelerator.save_state(str(tmp / "state"))
+        elif with_state:
+            (tmp / "state").mkdir(exist_ok=True)
+            accelerator.wait_for_everyone()
+            save_sharded_state(tmp / "state", sharded, optimizer, scheduler, accelerator.is_main_process)
         if accelerator.is_main_process:
-            strategy.save(accelerator.unwrap_model(drafter), tmp / "drafter")
+            strategy.save(whole, tmp / "drafter")
+            if sharded is not None:
+                sharded.release()
             (tmp / "trainer_state.json").write_text(state.to_json())
             recipe.save(tmp / "recipe.yaml")
             for name, obj in (extra or {}).items():
@@ -200,9 +213,13 @@ def find_resume(recipe) -> Path | None:
     return path
 
 
-def load_checkpoint(path: Path, accelerator) -> TrainerState:
-    """Restore model, optimizer, scheduler and RNG states (all prepared with ``accelerator``) from
-    ``path/state`` and return the :class:`TrainerState` saved beside them."""
+def load_checkpoint(path: Path, accelerator, sharded=None, optimizer=None, scheduler=None) -> TrainerState:
+    """Restore model, optimizer, scheduler and RNG states (all prepared with ``accelerator``, or the sharded
+    drafter's: ``train.sharding.load_sharded_state``) from ``path/state`` and return the
+    :class:`TrainerState` saved beside them."""
     path = Path(path)
-    accelerator.load_state(str(path / "state"))
+    if sharded is not None:
+        load_sharded_state(path / "state", sharded, optimizer, scheduler)
+    else:
+        accelerator.load_state(str(path / "state"))
     return TrainerState.from_json((path / "trainer_state.json").read_text())

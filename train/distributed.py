@@ -10,6 +10,7 @@ gloo under ``torchrun``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 
@@ -101,3 +102,35 @@ def fsdp_ignore_borrowed(acc, drafter: torch.nn.Module) -> None:
         return
     names = {prefix.rstrip(".") for prefix in getattr(drafter, "borrowed_prefixes", ())}
     acc.state.fsdp_plugin.ignored_modules = [drafter.get_submodule(n) for n in sorted(names)] or None
+
+
+def gradient_sync(ctx: dict, sync: bool):
+    """A context for one micro-batch's backward: gradients are synchronised across processes only when
+    ``sync`` (the step's last micro-batch). DDP: ``no_sync`` otherwise; FSDP2 (``ctx.sharded``):
+    ``set_requires_gradient_sync`` (gradients accumulate unsharded, reduce-scattered on the last one)."""
+    drafter = ctx.drafter
+    if ctx.sharded is not None:
+        drafter.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if sync else ctx.accelerator.no_sync(drafter)
+
+
+def backward(ctx: dict, loss: torch.Tensor) -> None:
+    """Backpropagate an already normalised micro-batch loss (``train.step.train_step``) through accelerate
+    (its mixed-precision scaler; the accelerator is built with ``gradient_accumulation_steps=1``, so it does
+    not divide the loss)."""
+    ctx.accelerator.backward(loss)
+
+
+def clip_gradients(ctx: dict, max_norm: float) -> float:
+    """Clip the drafter's gradients to a total L2 norm of ``max_norm``; returns the norm before clipping.
+    Sharded gradients (DTensors) contribute their shards' norms across processes, as one tensor would."""
+    params = ctx.params
+    if ctx.sharded is None:
+        return float(ctx.accelerator.clip_grad_norm_(params, max_norm))
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)

@@ -133,7 +133,7 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
     resume = find_resume(recipe)
     if resume is not None:
         try:
-            state = load_checkpoint(resume, acc)
+            state = load_checkpoint(resume, acc, ctx.sharded, ctx.optimizer, ctx.scheduler)
         except RuntimeError as exc:  # torch's load_state_dict: size mismatch / missing / unexpected keys
             if "state_dict" not in str(exc):
                 raise
@@ -277,22 +277,26 @@ def _maybe_evaluate(ctx: RunContext, state: TrainerState, final: bool) -> dict |
     if not due or ctx.last_eval_step == step:
         return None
     ctx.last_eval_step = step
-    result = None
+    result, sharded = None, ctx.sharded
+    whole = acc.unwrap_model(ctx.drafter) if sharded is None else sharded.materialize()  # every process
     if acc.is_main_process:
-        result = evaluate(acc.unwrap_model(ctx.drafter), ctx.target, ctx.prompts, recipe)
+        result = evaluate(whole, ctx.target, ctx.prompts, recipe)
         result["step"] = step
         recipe.paths.eval.mkdir(parents=True, exist_ok=True)
         (recipe.paths.eval / f"step-{step}.json").write_text(json.dumps(result, indent=1))
         per_pos = {f"eval/accept_pos{i + 1}": a for i, a in enumerate(result["accept_per_position"])}
         acc.log({"eval/tau": result["tau"], "eval/acceptance_rate": result["acceptance_rate"],
                  "eval/tokens_per_s": result["tokens_per_s"], **per_pos}, step=step)
+        if sharded is not None:
+            sharded.release()
     result = _broadcast(acc, result)
     state.history.append(result)
     score = (result["tau"], result["tokens_per_s"])
     if state.improves(score):
         state.best_score, state.best_step = list(score), step
         save_checkpoint(recipe.paths.best, accelerator=acc, strategy=ctx.strategy, drafter=ctx.drafter,
-                        state=state, recipe=recipe, with_state=False, extra={"eval.json": result})
+                        state=state, recipe=recipe, with_state=False, extra={"eval.json": result},
+                        sharded=sharded)
     return result
 
 
@@ -306,7 +310,8 @@ def _broadcast(acc, obj):
 
 def _save(ctx: RunContext, path: Path, state: TrainerState) -> None:
     save_checkpoint(path, accelerator=ctx.accelerator, strategy=ctx.strategy, drafter=ctx.drafter,
-                    state=state, recipe=ctx.recipe)
+                    state=state, recipe=ctx.recipe, sharded=ctx.sharded, optimizer=ctx.optimizer,
+                    scheduler=ctx.scheduler)
 
 
 def _report_drafter(ctx: RunContext, state: TrainerState, result: TrainResult, resume_hint: str) -> Path:

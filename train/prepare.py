@@ -28,6 +28,7 @@ from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
 from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
+from drafterkit.train.sharding import ShardedDrafter, device_mesh, shard_target, shards
 from drafterkit.train.step import BudgetSchedule, RunContext
 from drafterkit.train.strategies import get_strategy
 
@@ -60,7 +61,7 @@ def make_accelerator(recipe: Recipe):
         # process as a separate single-process run (DistributedType.NO) instead of MULTI_CPU over gloo.
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     acc = Accelerator(mixed_precision=recipe.train.mixed_precision, cpu=recipe.train.cpu,
-                      gradient_accumulation_steps=recipe.train.grad_accum, log_with=trackers or None,
+                      log_with=trackers or None,  # no gradient accumulation here: train.step normalises the step
                       project_config=ProjectConfiguration(project_dir=str(paths.root), logging_dir=str(paths.logs)))
     check_distributed_result(acc, requested)
     return acc
@@ -81,7 +82,13 @@ def preflight(recipe: Recipe) -> None:
     if why := unwritable_folder(recipe.paths.root):
         raise RecipeError(f"output_dir {recipe.output_dir}: {why}; give a folder you can write (output_dir=DIR)")
     cfg, ckpts = recipe.train, recipe.paths.checkpoints
-    if cfg.overwrite or not ckpts.is_dir() or find_resume(recipe) is not None:
+    resume = None if cfg.overwrite else find_resume(recipe)
+    if resume is not None and (resume / "state" / "dcp").is_dir() != shards(recipe)[0]:
+        saved = "sharded" if (resume / "state" / "dcp").is_dir() else "not sharded"
+        raise RecipeError(f"cannot resume {resume} with train.shard={cfg.shard}: its drafter was {saved} when it was "
+                          "saved; resume with the train.shard of that run (its recipe.yaml), or train into a new "
+                          "output_dir")
+    if cfg.overwrite or not ckpts.is_dir() or resume is not None:
         return
     held = sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".tmp-"))
     if held:
@@ -141,15 +148,20 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
                 ds = open_recipe_cache(recipe, target, ds, write=acc.is_main_process)
             except FeatureCacheError as exc:
                 raise RecipeError(f"data.feature_cache: {exc}") from None
+    drafter, sharded = _shard(recipe, acc, target, drafter)
+    params = [p for p in drafter.parameters() if p.requires_grad]  # sharded ones (DTensors) under FSDP2
     o = recipe.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     world = acc.num_processes  # a prepared scheduler steps once per process per optimizer step
     schedule = BudgetSchedule(o.schedule, o.warmup_steps, recipe.train.max_steps, world, recipe.train.max_minutes)
     # a plain function: LambdaLR saves no state for it, so a resumed run takes the schedule from its recipe
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda count: schedule(count))
-    fsdp_ignore_borrowed(acc, drafter)
-    drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
-    params = [p for p in drafter.parameters() if p.requires_grad]  # FSDP2 replaces them by sharded ones
+    if sharded is None:
+        fsdp_ignore_borrowed(acc, drafter)
+        drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
+        params = [p for p in drafter.parameters() if p.requires_grad]  # accelerate's FSDP2 replaces them
+    else:  # drafterkit's own FSDP2: accelerate must not wrap the drafter in DDP
+        optimizer, scheduler = acc.prepare(optimizer, scheduler)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
         prompts = _eval_prompts(recipe, tokenizer)
@@ -157,7 +169,25 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
         raise RecipeError(f"eval prompts: {exc}") from None
     return RunContext(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, data=ds, strategy=strategy,
                       drafter=drafter, params=params, optimizer=optimizer, scheduler=scheduler, schedule=schedule,
-                      pad_id=pad, prompts=prompts)
+                      pad_id=pad, prompts=prompts, sharded=sharded)
+
+
+def _shard(recipe: Recipe, acc, target, drafter):
+    """Apply ``train.shard`` (``train.sharding``) after the data is ready (building it may run the whole
+    target on the main process). Returns ``(drafter, ShardedDrafter or None)``."""
+    shard_drafter, shard_target_too = shards(recipe)
+    if not (shard_drafter or shard_target_too):
+        return drafter, None
+    mesh = device_mesh(acc.device)
+    if shard_target_too:
+        try:
+            shard_target(target, mesh)
+        except ValueError as exc:
+            raise RecipeError(f"train.shard={recipe.train.shard}: {exc}; use train.shard=drafter or none") from None
+    if not shard_drafter:
+        return drafter, None
+    sharded = ShardedDrafter(drafter, mesh, acc.is_main_process)
+    return sharded.module, sharded
 
 
 def _eval_prompts(recipe: Recipe, tokenizer) -> EvalPrompts | list[list[int]]:

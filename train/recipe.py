@@ -232,6 +232,10 @@ class TrainSection(Section):
     # true (with resume: never): delete output_dir's checkpoints/, eval/, logs/, recipe.yaml, start at step 0
     overwrite: bool = False
     cpu: bool = False  # force CPU even where an accelerator is present
+    # FSDP2 (train.sharding): none (data parallelism, the target replicated) | drafter (its parameters,
+    # gradients and optimizer state sharded over the processes) | target (the frozen target's decoder layers
+    # sharded, gathered layer by layer in its forward) | drafter+target
+    shard: Literal["none", "drafter", "target", "drafter+target"] = "none"
 
     @field_validator("resume")
     @classmethod
@@ -336,6 +340,19 @@ class Recipe(Section):
             raise ValueError(f"data.feature_cache: drafter kind {self.drafter.kind!r} reads no target features (it "
                              f"needs the target's logits on every batch); set data.feature_cache: off (feature "
                              f"caches serve {kinds})")
+        return self
+
+    @model_validator(mode="after")
+    def _shard_fits(self) -> Recipe:
+        shard = self.train.shard
+        if "target" in shard and (self.eval.every or self.eval.at_end):
+            raise ValueError(f"train.shard={shard}: the in-training evaluation decodes with the whole target on the "
+                             "main process alone, which a sharded target is not; set eval.every=0 eval.at_end=false "
+                             "and measure the saved drafter afterwards with drafterkit eval")
+        if "drafter" in shard and self.data.on_policy_fraction > 0:
+            raise ValueError(f"train.shard={shard}: on-policy batches sample from the drafter on each process outside "
+                             "its forward, which a sharded drafter cannot; set data.on_policy_fraction=0 or "
+                             "train.shard=none")
         return self
 
     @model_validator(mode="after")

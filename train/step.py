@@ -4,8 +4,9 @@
   frozen target, strategy, prepared drafter, optimizer, schedule, data, eval prompts.
 * :func:`batches`: endless micro-batches, a seeded permutation per epoch sharded across processes by
   global batch index (so resuming skips exactly the consumed batches).
-* :func:`train_step`: ``train.grad_accum`` micro-batches (``strategy.loss``, backward), the step's
-  token-sum normalisation across micro-batches and processes, clip, optimizer and scheduler step.
+* :func:`train_step`: ``train.grad_accum`` micro-batches, their supervised units counted over the whole
+  step (every micro-batch, every process) before the first backward, each loss scaled by one over that
+  count (``strategy.loss``, backward), clip, optimizer and scheduler step.
 * :class:`BudgetSchedule`: the learning-rate factor over whichever budget (steps, minutes) ends training
   first; :func:`agreed_elapsed`: the budget clock every process agrees on.
 """
@@ -22,6 +23,7 @@ import torch
 
 from drafterkit.train.checkpoint import TrainerState
 from drafterkit.train.data import collate
+from drafterkit.train.distributed import backward, clip_gradients, gradient_sync
 from drafterkit.train.feature_cache import FeatureCache
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.strategies import Strategy
@@ -43,6 +45,8 @@ class RunContext:
         optimizer, scheduler: the prepared optimizer and ``LambdaLR`` over ``schedule``.
         schedule: the learning-rate factor, whose ``elapsed_s`` the loop sets before every step.
         prompts: the eval prompts (token ids; empty when the recipe never evaluates).
+        sharded: the ``train.sharding.ShardedDrafter`` under ``train.shard: drafter`` (``drafter`` is then its
+            FSDP2 module, not prepared by accelerate), else None.
         last_eval_step: the step last evaluated (None before any), so the final evaluation is not run twice;
             the one field the loop changes.
     """
@@ -61,6 +65,7 @@ class RunContext:
     pad_id: int
     prompts: Any = ()
     last_eval_step: int | None = None
+    sharded: Any = None  # train.sharding.ShardedDrafter when train.shard shards the drafter (drafter is its module)
 
 
 def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_id: int) -> Iterator[dict]:
@@ -100,76 +105,83 @@ def _on_policy(recipe: Recipe, micro_index: int) -> bool:
 def train_step(ctx: RunContext, data: Iterator[dict], state: TrainerState) -> dict[str, float]:
     """One optimizer step over ``grad_accum`` micro-batches on every process.
 
-    Normalisation (transformers' / TRL's ``num_items_in_batch``): each micro-batch contributes the SUM of
-    its per-unit losses (``loss * metrics["tokens"]``, see ``train.strategies``); once the step's last
-    micro-batch is in, the gradients are rescaled so that they equal the gradient of (sum over every
-    micro-batch of every process) / (supervised units of the whole step). So 1 x 8, 2 x 4 and 8 x 1
-    (batch x accumulation), and one process or several, give the same update for the same examples.
+    Normalisation (transformers' Trainer ``num_items_in_batch``): the step's micro-batches are drawn
+    first and their supervised units counted (``strategy.units``, no forward), summed over processes
+    (one all-reduce) BEFORE the first backward; each micro-batch then backpropagates ``loss * n * W /
+    N`` (``n`` its units, ``N`` the step's, ``W`` processes, whose gradients DDP / FSDP / ZeRO average).
+    The gradients are final when the last backward returns (no hook rescales them afterwards), equal to
+    the gradient of (sum of every per-unit loss of the step) / N, so 1 x 8, 2 x 4 and 8 x 1 (batch x
+    accumulation), and one process or several, give the same update for the same examples. Gradients
+    are synchronised across processes on the last micro-batch only.
 
     Returns the step's metrics as token means over all micro-batches and processes (``loss`` included),
     plus ``tokens`` (the step's supervised units), ``seq_tokens`` (this process's sequence tokens),
     ``lr`` and ``grad_norm``.
+
+    Raises:
+        FloatingPointError: a non-finite loss.
+        RuntimeError: a strategy's ``loss`` averaged over other units than its ``units`` counted.
     """
     recipe, acc, strategy = ctx.recipe, ctx.accelerator, ctx.strategy
-    sums: dict[str, float] = {}  # metric name -> sum over micro-batches of (value * tokens)
-    units, seq_tokens = 0.0, 0.0
-    grad_norm = float("nan")
-    for micro in range(recipe.train.grad_accum):
-        batch = {k: v.to(acc.device) for k, v in next(data).items()}
-        index = state.global_step * recipe.train.grad_accum + micro
-        if _on_policy(recipe, index):
-            batch.update(on_policy=True, on_policy_seed=recipe.train.seed * 7_919 + index)
-        strategy.check_batch(batch)
-        with acc.accumulate(ctx.drafter), acc.autocast():
+    micro_batches = [_next_batch(ctx, data, state, micro) for micro in range(recipe.train.grad_accum)]
+    counts = [strategy.units(batch, recipe) for batch in micro_batches]
+    units = _sum_over_processes(acc, float(sum(counts)))  # the whole step's supervised units
+    scale = acc.num_processes / units if units > 0 else 0.0
+    sums: dict[str, float] = {}  # metric name -> sum over micro-batches of (value * units)
+    seq_tokens = 0.0
+    for micro, (batch, n) in enumerate(zip(micro_batches, counts)):
+        with gradient_sync(ctx, micro == len(micro_batches) - 1), acc.autocast():
             loss, metrics = strategy.loss(ctx.drafter, ctx.target, batch, recipe)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss {float(loss)} at step {state.global_step}; lower "
                                          "optim.lr or use mixed_precision: 'no'")
-            n = float(metrics.pop("tokens"))
-            acc.backward(loss * n)  # accelerate divides by grad_accum; undone in _normalise_gradients
-            units += n
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v * n
-            seq_tokens += float(batch["attention_mask"].sum())
-            if acc.sync_gradients:
-                sums, units = _reduce_step(acc, sums, units)
-                _normalise_gradients(acc, ctx.params, units)
-                if recipe.optim.grad_clip:
-                    grad_norm = float(acc.clip_grad_norm_(ctx.params, recipe.optim.grad_clip))
-            ctx.optimizer.step()
-            ctx.scheduler.step()
-            ctx.optimizer.zero_grad(set_to_none=True)
+            if float(metrics.pop("tokens")) != n:
+                raise RuntimeError(f"the {recipe.drafter.kind} strategy's loss averaged over other units than "
+                                   f"its units() counted ({n}); the step's normalisation would be wrong")
+            backward(ctx, loss * (n * scale))
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v * n
+        seq_tokens += float(batch["attention_mask"].sum())
+    sums = _reduce_metrics(acc, sums)
+    grad_norm = clip_gradients(ctx, recipe.optim.grad_clip) if recipe.optim.grad_clip else float("nan")
+    ctx.optimizer.step()
+    ctx.scheduler.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
     out = {k: v / units if units else 0.0 for k, v in sums.items()}
     out.update(tokens=units, seq_tokens=seq_tokens, lr=ctx.scheduler.get_last_lr()[0], grad_norm=grad_norm)
     return out
 
 
-def _reduce_step(acc, sums: dict[str, float], units: float) -> tuple[dict[str, float], float]:
-    """Sum the step's weighted metric sums and supervised units over all processes (one all-reduce).
+def _next_batch(ctx: RunContext, data: Iterator[dict], state: TrainerState, micro: int) -> dict:
+    """Micro-batch ``micro`` of this step on the device, checked; an on-policy one (DistillSpec) with its
+    responses already sampled from the drafter, so that its units can be counted before any backward."""
+    recipe, strategy = ctx.recipe, ctx.strategy
+    batch = {k: v.to(ctx.accelerator.device) for k, v in next(data).items()}
+    index = state.global_step * recipe.train.grad_accum + micro
+    if _on_policy(recipe, index):
+        batch.update(on_policy=True, on_policy_seed=recipe.train.seed * 7_919 + index)
+        strategy.check_batch(batch)
+        batch = strategy.on_policy_batch(ctx.drafter, ctx.target, batch, recipe)
+    strategy.check_batch(batch)
+    return batch
+
+
+def _sum_over_processes(acc, value: float) -> float:
+    if acc.num_processes == 1:
+        return value
+    return float(acc.reduce(torch.tensor([value], dtype=torch.float64, device=acc.device), reduction="sum")[0])
+
+
+def _reduce_metrics(acc, sums: dict[str, float]) -> dict[str, float]:
+    """Sum the step's weighted metric sums over all processes (one all-reduce).
 
     Every process runs the same strategy and recipe, so the metric names agree; they are sorted so that
     the reduced vector lines up."""
-    if acc.num_processes == 1:
-        return sums, units
+    if acc.num_processes == 1 or not sums:
+        return sums
     keys = sorted(sums)
-    vec = torch.tensor([units] + [sums[k] for k in keys], dtype=torch.float64, device=acc.device)
-    vec = acc.reduce(vec, reduction="sum")
-    return dict(zip(keys, vec[1:].tolist())), float(vec[0])
-
-
-@torch.no_grad()
-def _normalise_gradients(acc, params: list[torch.Tensor], units: float) -> None:
-    """Turn the accumulated gradients into d(sum of per-unit losses of the step) / d(params) / ``units``.
-
-    After ``acc.backward(loss_sum)`` on each of G micro-batches and DDP's average over W processes the
-    gradients hold ``sum / (G W)``; multiplying by ``G W / units`` leaves the step's token mean. With no
-    supervised unit in the whole step the gradients are zero and stay so."""
-    if units <= 0:
-        return
-    factor = acc.gradient_accumulation_steps * acc.num_processes / units
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, factor)
+    vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=acc.device)
+    return dict(zip(keys, acc.reduce(vec, reduction="sum").tolist()))
 
 
 class BudgetSchedule:

@@ -1,7 +1,8 @@
 """Training strategies: one per drafter kind, all with the same small interface.
 
-A strategy tells the generic loop (``train/loop.py``) four things about its drafter kind: how to
-build the trainable module, how to check a batch, how to compute the loss, and how to save. Add a
+A strategy tells the generic loop (``train/loop.py``) five things about its drafter kind: how to
+build the trainable module, how to check a batch, how many supervised units a batch holds, how to
+compute the loss, and how to save. Add a
 kind by writing ``train/strategies/<kind>.py`` with a class following :class:`Strategy`
 (``train/strategies/base.py``) and naming it, with the kind's options model and recipe check, in the
 kind's one line of ``train.options.KINDS`` (the recipe layer: it validates ``drafter.options`` before any
@@ -27,6 +28,10 @@ Contract (what the loop guarantees and expects):
   ``drafter`` may be the accelerate-wrapped module: call it, do not assume its type (``unwrap(drafter)``
   gives the Drafter).
   Target forwards must run under ``torch.no_grad()``.
+* ``units(batch, recipe)`` counts, from the batch alone (no forward), the supervised units ``loss`` will
+  report as ``metrics["tokens"]``: the loop sums them over every micro-batch of every process before the
+  step's first backward and scales each micro-batch's loss by one over that count (``train.step``); a loss
+  that reports another count stops training with a RuntimeError.
 * ``save(drafter, path)`` writes a folder loadable by ``drafters.load_drafter(path, target)``.
 * ``options_model`` is the kind's ``train.options.KINDS[kind].options_model``; what the kind cannot train
   (a loss term it cannot apply, on-policy data for the head kinds, an option value the target cannot

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 @runtime_checkable
 class Strategy(Protocol):
-    """The four-method interface every drafter kind implements for training."""
+    """The interface every drafter kind implements for training."""
 
     kind: str
     options_model: type[BaseModel]
@@ -23,6 +23,10 @@ class Strategy(Protocol):
 
     def check_batch(self, batch: dict[str, Any]) -> None:
         """Raise ``ValueError`` with a clear message if ``batch`` cannot be trained on."""
+
+    def units(self, batch: dict[str, Any], recipe: Any) -> int:
+        """The supervised units ``loss`` will average over (its ``metrics["tokens"]``), from the batch alone,
+        before any forward: the training step sums them over the optimizer step first."""
 
     def loss(self, drafter: torch.nn.Module, target: torch.nn.Module, batch: dict[str, Any],
              recipe: Any) -> tuple[torch.Tensor, dict[str, float]]:

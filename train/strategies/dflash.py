@@ -107,6 +107,15 @@ class DFlashStrategy(FeatureHeadStrategy):
         cfg = self.config(recipe, target)
         return list(cfg.feature_layers) + [cfg.target_num_layers]
 
+    def units(self, batch: dict[str, Any], recipe: Any) -> int:
+        """The blocks :meth:`loss` averages over (``metrics["tokens"]``), from the batch alone: per row,
+        ``min(num_anchors, positions a >= 1 whose token a + 1 is supervised)`` (what :func:`sample_anchors`
+        draws, whichever positions it picks)."""
+        o: DFlashOptions = recipe.drafter.parsed_options()
+        ok = shift_for_next_token(batch) != -100  # [B, T]
+        ok[:, 0] = False
+        return int(ok.sum(1).clamp(max=min(o.num_anchors, ok.shape[1])).sum())
+
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` over the blocks after sampled anchors, see the module docstring."""
         d, fused, last = self.fused_features(drafter, target, batch, recipe)  # [B, T, nF H], [B, T, H]

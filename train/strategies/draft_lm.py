@@ -206,6 +206,13 @@ class DraftLMStrategy:
         if batch["input_ids"].shape[1] < 2:
             raise ValueError("batch sequences must hold at least 2 tokens (a prompt token and a label)")
 
+    def units(self, batch: dict[str, Any], recipe: Any) -> int:
+        """The supervised positions :meth:`loss` averages over (``metrics["tokens"]``), from the batch alone
+        (an on-policy batch after :meth:`on_policy_batch` replaced its responses)."""
+        if batch.get("on_policy"):
+            raise ValueError("count an on-policy batch after on_policy_batch has sampled its responses")
+        return int((shift_for_next_token(batch) != -100).sum())
+
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` of ``recipe.loss`` (one term or a weighted mix) on one batch: every term a mean
         over the batch's supervised positions, ``metrics["tokens"]`` their number.

@@ -20,6 +20,7 @@ import torch
 
 from drafterkit.drafters.eagle3 import select_draft_vocab
 from drafterkit.train import losses
+from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import batch_features
 from drafterkit.train.recipe_data import load_data
 from drafterkit.train.strategies.base import check_common_batch, unwrap
@@ -37,6 +38,13 @@ class FeatureHeadStrategy:
         if batch["input_ids"].shape[1] < self.min_tokens:
             raise ValueError(f"{self.kind} batches need sequences of >= {self.min_tokens} tokens (the head at "
                              "position t predicts token t + 2)")
+
+    def units(self, batch: dict[str, Any], recipe: Any) -> int:
+        """The chain starts :meth:`loss` will average over (``metrics["tokens"]``), from the batch alone: the
+        positions ``t`` whose token ``t + 2`` is supervised (``loss_mask``). The training step counts them
+        for the whole optimizer step before its first backward (``train.step.train_step``)."""
+        labels = shift_for_next_token(batch)  # [B, T]
+        return int((labels[:, 1:] != -100).sum())
 
     def refuse_on_policy(self, batch: dict[str, Any]) -> None:
         """Raise ``ValueError`` for an on-policy (DistillSpec) batch, naming the recipe fix."""
