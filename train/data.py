@@ -235,13 +235,17 @@ SKIP_FIXES = {
 }
 
 
+def skip_reasons(built: DataStats) -> str:
+    """The skip counts per reason, most frequent first, each with its first detail (the template's message)."""
+    return ", ".join(f"{n} {reason}" + (f" ({built.skip_details[reason]})" if reason in built.skip_details else "")
+                     for reason, n in built.skipped.most_common())
+
+
 def skip_summary(built: DataStats, split: str) -> str:
     """One line: the split's conversations that gave no example, per reason, and the system turns merged."""
     total = built.examples + sum(built.skipped.values())
-    parts = [f"{n} {reason}" + (f" ({built.skip_details[reason]})" if reason in built.skip_details else "")
-             for reason, n in built.skipped.most_common()]
     line = (f"{plural(sum(built.skipped.values()), split + ' conversation')} of {total} gave no example: "
-            f"{', '.join(parts)}") if parts else f"{plural(total, split + ' conversation')}, none skipped"
+            f"{skip_reasons(built)}") if built.skipped else f"{plural(total, split + ' conversation')}, none skipped"
     if built.system_merged:
         line += (f"; {plural(built.system_merged, 'system turn')} merged into the first user turn (the chat "
                  "template has no place for it)")
@@ -249,19 +253,18 @@ def skip_summary(built: DataStats, split: str) -> str:
 
 
 def check_skips(path: Path, built: DataStats, split: str, max_skipped_fraction: float | None) -> None:
-    """Warn with :func:`skip_summary` when anything was skipped or merged; raise ``ValueError`` when more than
-    ``max_skipped_fraction`` of the split's conversations were lost (truncation aside): :class:`DataError`."""
-    if built.skipped or built.system_merged:
-        warnings.warn(f"{path}: {skip_summary(built, split)}", UserWarning, stacklevel=3)
+    """Raise :class:`DataError` when more than ``max_skipped_fraction`` of the split's conversations were lost
+    (truncation aside); else warn with :func:`skip_summary` when anything was skipped or merged."""
     lost = sum(n for reason, n in built.skipped.items() if reason != TRUNCATION_SKIP)
     counted = built.examples + lost
-    if max_skipped_fraction is None or not counted or lost / counted <= max_skipped_fraction:
-        return
-    fixes = sorted({SKIP_FIXES[r] for r in built.skipped if r in SKIP_FIXES})
-    raise DataError(f"{path}: {lost} of {counted} {split} conversations ({lost / counted:.1%}) gave no example, "
-                     f"more than data.max_skipped_fraction={max_skipped_fraction:g} allows "
-                     f"({skip_summary(built, split)}); refusing to train on the rest: "
-                     + "; ".join(fixes + ["or raise data.max_skipped_fraction to train on what is left"]))
+    if max_skipped_fraction is not None and counted and lost / counted > max_skipped_fraction:
+        fixes = sorted({SKIP_FIXES[r] for r in built.skipped if r in SKIP_FIXES})
+        raise DataError(f"{path}: {lost} of {counted} {split} conversations ({lost / counted:.1%}) gave no example "
+                        f"({skip_reasons(built)}), more than data.max_skipped_fraction={max_skipped_fraction:g} "
+                        "allows; refusing to train on the rest: "
+                        + "; ".join(fixes + ["or raise data.max_skipped_fraction to train on what is left"]))
+    if built.skipped or built.system_merged:
+        warnings.warn(f"{path}: {skip_summary(built, split)}", UserWarning, stacklevel=3)
 
 
 def _warn_dropped(path: Path, built: DataStats, examples: int, num_examples: int | None, split: str) -> None:
