@@ -49,7 +49,7 @@ def world(tmp_path_factory):
 
 
 def _torchrun(world: Path, *overrides: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
     env.pop("ACCELERATE_USE_CPU", None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
                            "drafterkit.train", str(world / "eagle3.yaml"), *overrides],
@@ -69,6 +69,31 @@ def _logged_losses(out: Path) -> list[list[float]]:
         if "train/loss" in acc.Tags()["scalars"]:
             found.append([e.value for e in acc.Scalars("train/loss")])
     return found
+
+
+def _wandb_history(run_file: Path) -> list[dict]:
+    """The history rows (``wandb.log`` calls) of an offline run's ``run-*.wandb`` file: a LevelDB-style log
+    (7-byte file header, 32 KiB blocks, records of crc32 / length / type + a protobuf ``Record``)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    raw, pos, chunks, rows = run_file.read_bytes(), 7, b"", []
+    assert raw[:4] == b":W&B"
+    while pos + 7 <= len(raw):
+        left = 32768 - pos % 32768
+        _, n, kind = struct.unpack("<IHB", raw[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (n == 0 and kind == 0):  # block trailer / padding
+            pos += left
+            continue
+        chunks, pos = chunks + raw[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return rows
 
 
 def _drafter(out: Path) -> dict[str, torch.Tensor]:
@@ -103,7 +128,8 @@ def sharded_run(world):
     """The drafter sharded over two gloo processes, 2 x 2 (batch x accumulation) per process: the one-process
     run's 8 examples per step."""
     out = world / "sharded"
-    summary = _torchrun(world, f"output_dir={out}", "train.shard=drafter", "train.batch_size=2", "train.grad_accum=2")
+    summary = _torchrun(world, f"output_dir={out}", "train.shard=drafter", "train.batch_size=2", "train.grad_accum=2",
+                        "logging.trackers=[tensorboard, wandb]")
     return out, summary
 
 
@@ -193,3 +219,15 @@ def test_fsdp_settings_that_cannot_apply_are_refused_at_validation(world, tmp_pa
     recipe = recipe_from_dict(base, [f"output_dir={tmp_path / 'run'}", "train.resume=auto", "train.shard=drafter"])
     with pytest.raises(RecipeError, match="its drafter was not sharded when it was saved"):
         preflight(recipe)
+
+
+def test_wandb_logs_the_step_metrics_once_from_the_main_process_of_a_sharded_run(sharded_run):
+    """The [wandb] extra really logs: the offline run folder holds every step's metrics, the same loss the
+    TensorBoard tracker logged, and the other process wrote no run of its own."""
+    out, _ = sharded_run
+    runs = sorted((out / "logs" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, f"expected one wandb run (the main process's), found {runs}"
+    rows = [r for r in _wandb_history(runs[0]) if "train/loss" in r]
+    assert [r["_step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all({"train/lr", "train/grad_norm", "train/tokens"} <= set(r) for r in rows)
+    assert [r["train/loss"] for r in rows] == pytest.approx(_logged_losses(out)[0], rel=1e-6)
