@@ -53,7 +53,8 @@ MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the ve
 # other causal LMs: draft_model
 VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa", "DFlashDraftModel": "dflash"}
 # vLLM method -> our kind
-DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm", "dflash": "dflash"}
+DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm", "dflash": "dflash",
+                 "peagle": "peagle"}
 # vLLM on a CPU: a small KV cache, no thread pinning on a shared machine, the engine core in-process
 # (the runner hooks its scheduler there)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -119,6 +120,8 @@ def inspect_export(export_dir: str | Path) -> dict:
         raise ServeCheckError(f"{export_dir} is an {engine}-eagle3 export (its feature layer ids follow {engine}'s "
                               "convention, which vLLM reads one layer off); serve-check runs vLLM: export the same "
                               "checkpoint with --format vllm-eagle3 and check that")
+    if arch == "LlamaForCausalLMEagle3" and isinstance(block, dict) and block.get("kind") == "peagle":
+        return {"method": "peagle", "num_heads": None}  # vLLM's eagle3 with parallel_drafting (vllm_runner.py)
     if arch in VLLM_METHODS:
         heads, block_size = config.get("num_heads"), config.get("block_size")
         most = heads if type(heads) is int else block_size - 1 if type(block_size) is int else None

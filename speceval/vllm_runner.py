@@ -5,7 +5,7 @@
 It imports nothing of drafterkit (drafterkit is not installed in that venv) and talks to the parent
 (:mod:`speceval.serving`) through two JSON files.
 
-REQUEST: ``{"jobs": [{"target": folder, "draft": export folder, "method": "eagle3" | "medusa" |
+REQUEST: ``{"jobs": [{"target": folder, "draft": export folder, "method": "eagle3" | "peagle" | "medusa" |
 "draft_model", "k": int, "max_new_tokens": int, "prompts": [[token ids]], "eos": [ids], "dtype": "float32"}]}``;
 the jobs run one after the other in this process (vLLM is imported once), each with an ``LLM`` of its own
 (``enforce_eager=True``, greedy, ``stop_token_ids`` = ``eos``).
@@ -35,6 +35,9 @@ import sys
 import time
 from itertools import zip_longest
 
+#: job methods that are a vLLM method with options: P-EAGLE is EAGLE-3 with parallel drafting (all K draft tokens
+#: from one pass over the mask slots; ``vllm/config/speculative.py``, ``v1/spec_decode/llm_base_proposer.py``)
+SPEC_METHODS = {"peagle": {"method": "eagle3", "parallel_drafting": True}}
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
@@ -94,7 +97,7 @@ def run_job(job: dict, record: dict) -> dict:
     llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, seed=0,
               max_model_len=longest + job["max_new_tokens"] + job["k"] + 16, max_num_seqs=len(job["prompts"]),
               disable_log_stats=False, async_scheduling=False,
-              speculative_config={"method": job["method"], "model": job["draft"],
+              speculative_config={**SPEC_METHODS.get(job["method"], {"method": job["method"]}), "model": job["draft"],
                                   "num_speculative_tokens": job["k"]})
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], stop_token_ids=job["eos"],

@@ -137,6 +137,24 @@ def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, c
         assert f"was exported from {ckpt.resolve()}, which is gone" in err and "--drafter CHECKPOINT" in err
 
 
+def test_a_peagle_export_is_served_as_eagle3_with_parallel_drafting(tmp_path):
+    """serve-check reads a vllm-peagle export as P-EAGLE (its config names LlamaForCausalLMEagle3 as EAGLE-3's
+    does) and the runner asks vLLM for EAGLE-3 with parallel_drafting; the source drafter loads as peagle."""
+    from conftest import tiny_llama
+
+    from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
+    from drafterkit.speceval.vllm_runner import SPEC_METHODS
+
+    target = tiny_llama(0, layers=4)
+    head = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=40, feature_layers=[1, 2, 3]),
+                         target=target)
+    head.set_draft_vocab(torch.arange(40) * 3, target=target)
+    out = export(head.save_pretrained(tmp_path / "pe"), "vllm-peagle", tmp_path / "pe-export")
+    assert serving.inspect_export(out) == {"method": "peagle", "num_heads": None}
+    assert SPEC_METHODS["peagle"] == {"method": "eagle3", "parallel_drafting": True}
+    assert serving.load_check_drafter(out, "peagle", None, target).kind == "peagle"
+
+
 @pytest.fixture(scope="module")
 def vllm_python():
     """vLLM's venv; the parity tests skip without it, except where ``DRAFTERKIT_REQUIRE_VLLM=1`` (CI) makes
@@ -250,6 +268,37 @@ def test_a_dflash_export_drafts_in_vllm_as_in_drafterkit(tmp_path, vllm_python, 
     with capsys.disabled():
         print("\n" + serving.format_report(r))
     c, ours, steps = r["comparison"], r["drafterkit"], r["vllm"]["steps"]
+    assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
+    assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+    assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
+    assert ours["accept_per_position"][0] > 0, serving.format_report(r)
+
+
+@pytest.mark.slow
+@pytest.mark.serving
+def test_a_peagle_export_drafts_in_vllm_with_parallel_drafting_as_in_drafterkit(tmp_path, vllm_python, one_thread,
+                                                                                 capsys):
+    """vllm-peagle next to the Llama target: vLLM's EAGLE-3 with parallel_drafting (one pass over the bonus slot
+    and K-1 mask slots fed pard_token and fc(mask_hidden)) drafts the same chains of 5 as drafterkit's P-EAGLE
+    head, a reduced vocabulary (d2t) trained 20 steps on the target's answers."""
+    from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
+
+    target, tok = load_target("smollm2-135m")
+    batch, used = _answers_batch(target, tok)
+    vocab = used + [i for i in range(4096 + len(used)) if i not in set(used)][: 4096 - len(used)]
+    torch.manual_seed(0)
+    d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=4096), target=target)
+    d.set_draft_vocab(torch.tensor(sorted(vocab)), target=target)
+    d = _few_steps("peagle", d, target, batch, {"draft_vocab_size": 4096, "down_sample_ratio": 1.0}, steps=20,
+                   lr=3e-3)
+    ckpt = d.save_pretrained(tmp_path / "peagle")
+    exported = export(ckpt, "vllm-peagle", tmp_path / "peagle-export", target="smollm2-135m")
+    del target
+    (r,) = serving.check_exports([(exported, None)], "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
+    with capsys.disabled():
+        print("\n" + serving.format_report(r))
+    c, ours, steps = r["comparison"], r["drafterkit"], r["vllm"]["steps"]
+    assert r["method"] == "peagle"
     assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
     assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
     assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
