@@ -229,7 +229,7 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
 TRUNCATION_SKIP = "no_supervised_token_after_truncation"  # max_length decides it, not the template or the data
 SKIP_FIXES = {
     "template_error": "the target's chat template refuses these conversations; fix or drop them in the data",
-    "template_not_prefix": "the template renders a conversation differently as it grows; check target's chat template",
+    "template_not_prefix": "the template renders a conversation differently as it grows; check the chat template",
     "special_token_in_content": "replies or prompts hold the target's special tokens as text; clean the data",
     "no_end_of_turn": "no end-of-turn token closes an assistant turn; check the target's generation_config eos ids",
 }
