@@ -4,6 +4,7 @@ table (``drafterkit assets list``) starts at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 MIN_TABLE_WIDTH = 160  # columns: the eval table's headers stay legible in a pipe, a log or CI
@@ -36,3 +37,19 @@ def disable_progress_bars() -> None:
 def progress_bars_off() -> bool:
     """True when ``TQDM_DISABLE`` asks for no progress bars (set by :func:`disable_progress_bars`)."""
     return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@contextlib.contextmanager
+def datasets_quiet():
+    """Within it, ``datasets`` draws no progress bars of its own ("Generating train split", "Map", "Saving the
+    dataset"): written to a log or a pipe, every refresh of one is a line, ~60 for one training set. drafterkit's
+    own bars (training, the feature cache) are unaffected. The earlier state is restored on exit."""
+    import datasets
+
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()

@@ -287,3 +287,20 @@ def _jsonl_line(path: Path, line: str, lineno: int, stats: LoaderStats, *, last:
         return
     stats.records_read += 1
     yield record
+
+
+#: fewer proposals than this reaching a draft position and its acceptance is shown with the count
+#: (``0.75 (n=4)`` in tables, a hollow marker in plots): a rate over a handful of proposals is mostly noise
+FEW_PROPOSALS = 20
+
+
+def position_rates(rates, reached=None, *, sep: str = " ", spec: str = "{:.2f}") -> str:
+    """Per-draft-position acceptance rates as text, as every report and model card prints them: ``-`` at a
+    position no proposal reached (0.0 in a record, as the decoder contract has it, which is not a 0% rate),
+    and the count after a rate fewer than :data:`FEW_PROPOSALS` proposals reached (``1.00 (n=4)``).
+    ``reached``: proposals per position, same length as ``rates`` (None or another length: no marks)."""
+    rates = list(rates or [])
+    if not reached or len(reached) != len(rates):
+        return sep.join(spec.format(v) for v in rates) or "-"
+    return sep.join("-" if not r else spec.format(v) if r >= FEW_PROPOSALS else f"{spec.format(v)} (n={r:.0f})"
+                    for v, r in zip(rates, reached)) or "-"

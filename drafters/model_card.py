@@ -36,9 +36,16 @@ from typing import Any
 
 import yaml
 
-from drafterkit.assets.device import busy_note
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
-from drafterkit.drafters.base import read_config, weights_sha256
+from drafterkit.drafters.base import read_config
+from drafterkit.drafters.card_measured import (
+    measured_section,
+    measured_shape,
+    quickstart_record,
+    read_json,
+    recipe_section,
+    tree_words,
+)
 from drafterkit.drafters.tuned import DECODING_FILE, TUNED, beats_plain
 
 #: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
@@ -52,14 +59,6 @@ KIND_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft_lm": "
 LIBRARIES = {"vllm-eagle3": "vllm", "sglang-eagle3": "sglang", "medusa": "vllm", "hf-assistant": "transformers",
              "vllm-dflash": "vllm", "vllm-peagle": "vllm"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def training_record(ckpt: Path) -> dict[str, Any]:
@@ -76,74 +75,19 @@ def training_record(ckpt: Path) -> dict[str, Any]:
         rec["recipe"] = recipe if isinstance(recipe, dict) else None
     except (OSError, yaml.YAMLError):
         pass
-    rec["state"] = state = _read_json(folder / "trainer_state.json")
+    rec["state"] = state = read_json(folder / "trainer_state.json")
     step = state.get("global_step") if state else None
     run = folder.parent.parent if folder.parent.name == "checkpoints" else None
-    candidates = [(folder / "eval.json", _read_json(folder / "eval.json"))]
+    candidates = [(folder / "eval.json", read_json(folder / "eval.json"))]
     candidates += [(folder / "trainer_state.json", h) for h in reversed((state or {}).get("history") or [])
                    if isinstance(h, dict) and h.get("step") == step]
     if run is not None and step is not None:
-        candidates.append((run / "eval" / f"step-{step}.json", _read_json(run / "eval" / f"step-{step}.json")))
+        candidates.append((run / "eval" / f"step-{step}.json", read_json(run / "eval" / f"step-{step}.json")))
     for source, ev in candidates:
         if ev and "tau" in ev:  # named from the run (checkpoints/best/eval.json), not by a local absolute path
             rec["eval"], rec["eval_source"] = ev, source.relative_to(run if run is not None else folder.parent)
             break
     return rec
-
-
-def _same_file(recorded: str | None, actual: Path, tail: int) -> bool:
-    """``recorded`` (a path a report holds, absolute or relative to where it ran) names ``actual``: the same
-    file, or (a relative path from another working folder) the same last ``tail`` path parts."""
-    if not recorded:
-        return False
-    path = Path(recorded)
-    if path.exists() and path.resolve() == actual.resolve():
-        return True
-    return not path.is_absolute() and path.parts[-tail:] == actual.resolve().parts[-tail:]
-
-
-def quickstart_record(ckpt: Path) -> dict | None:
-    """The ``drafterkit quickstart`` measurement of the drafter folder ``ckpt``: ``{"decoding" (its
-    ``decoding.json``), "report" (the quickstart's ``report.json``), "source" (that file's path)}``, or None
-    when there is none, the folder's weights are not the ones measured (their sha256 differs from the one
-    ``decoding.json`` records), or the report cannot be found: at the absolute path ``decoding.json`` names,
-    else ``report.json`` of the quickstart folder around the checkpoint (``OUT/train/checkpoints/NAME/drafter``)."""
-    decoding = _read_json(ckpt / "decoding.json")
-    if not decoding or not decoding.get("report"):
-        return None
-    try:
-        if decoding.get("weights_sha256") and decoding["weights_sha256"] != weights_sha256(ckpt):
-            return None  # trained further or replaced since the quickstart measured it
-    except OSError:
-        return None
-    candidates = [Path(decoding["report"])] + ([ckpt.parents[3] / "report.json"] if len(ckpt.parents) > 3 else [])
-    for i, path in enumerate(candidates):
-        rep = _read_json(path)
-        if not rep or not isinstance(rep.get("evals"), dict) or not rep["evals"]:
-            continue
-        # the report decoding.json names measured these weights (their hash matched above); a report found by
-        # its place must name this decoding.json as its own
-        if (i == 0 and decoding.get("weights_sha256")) or \
-                _same_file((rep.get("reproduce") or {}).get("decoding_json"), ckpt / "decoding.json", 5):
-            return dict(decoding=decoding, report=rep, source=path)
-    return None
-
-
-def measured_shape(decoding: dict | None) -> dict | None:
-    """The decoding shape a ``decoding.json`` records as measured: ``{"tree" (the first of its trees, None for a
-    chain), "k" (the chain length an engine serves for it: the tree's depth, else K), "threshold" (the first
-    draft threshold)}``; None without a record."""
-    if not decoding:
-        return None
-    tree = next(iter(decoding.get("trees") or []), None)
-    tree = None if tree in (None, "chain") else str(tree)
-    k = len(tree.split(",")) if tree else int(decoding.get("k") or 5)
-    return dict(tree=tree, k=k, threshold=next(iter(decoding.get("draft_thresholds") or []), 0.0))
-
-
-def _section(recipe: dict | None, name: str) -> dict:
-    value = (recipe or {}).get(name)
-    return value if isinstance(value, dict) else {}
 
 
 def hub_base_model(target: str | None) -> str | None:
@@ -182,8 +126,8 @@ def shape_lines(fmt: str, shape: dict | None, k: int) -> list[str]:
         return [f"drafterkit measured this drafter as a chain of {shape['k']} draft tokens{thr} (numbers under "
                 f"Measured); the commands below serve a chain of {k}.", ""]
     chain = "vLLM drafts chains" if fmt != "sglang-eagle3" else "The command below drafts a chain"
-    return [f"drafterkit measured this drafter as the static draft tree `{shape['tree']}` (branching factors per "
-            f"depth, depth {shape['k']}){thr}: that is what the numbers under Measured are. {chain}: "
+    return [f"drafterkit measured this drafter as {tree_words(shape['tree'], shape['k'])}{thr}: that is what "
+            f"the numbers under Measured and Tuned decoding are. {chain}: "
             f"`num_speculative_tokens` {k} is a chain as deep as that tree, whose acceptance differs from the "
             f"tree's (measure the chain with the eval commands under Measured, `--tree {shape['tree']}` replaced by "
             "`--tree chain` and the draft threshold by `--draft-threshold 0`).", ""]
@@ -263,7 +207,7 @@ def _options(options: dict, cfg: dict) -> str:
 def _resolved(recipe: dict, cfg: dict) -> dict:
     """``recipe`` with its drafter options left to their defaults (``null``) set to the values the drafter
     resolved them to (it trains the same drafter when rerun)."""
-    drafter = _section(recipe, "drafter")
+    drafter = recipe_section(recipe, "drafter")
     options = drafter.get("options") or {}
     resolved = {k: cfg[k] if v is None and k in cfg else v for k, v in options.items()}
     return {**recipe, "drafter": {**drafter, "options": resolved}} if options else recipe
@@ -276,8 +220,8 @@ def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None
     if recipe is None and state is None:
         return lines + ["- No training record beside the drafter folder (`recipe.yaml`, `trainer_state.json` of a "
                         "training checkpoint): it was exported from a bare drafter folder.", ""]
-    target, drafter = _section(recipe, "target"), _section(recipe, "drafter")
-    data, loss, optim, train = (_section(recipe, n) for n in ("data", "loss", "optim", "train"))
+    target, drafter = recipe_section(recipe, "target"), recipe_section(recipe, "drafter")
+    data, loss, optim, train = (recipe_section(recipe, n) for n in ("data", "loss", "optim", "train"))
     if recipe is not None:
         fmt = "ShareGPT conversations" if data.get("source") == "sharegpt" else "chat JSONL"
         source = f"`{data['path']}` ({fmt})" if data.get("path") else \
@@ -308,116 +252,12 @@ def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None
     return lines + [""]
 
 
-def eval_command(ckpt: Path, target: str | None, k: int) -> str:
-    """The ``drafterkit eval`` line that measures the checkpoint at ``ckpt`` (tau, acceptance, tokens/s and
-    the speedup over plain decoding, on MT-bench); ``TARGET`` stands for a target nothing recorded."""
-    tgt = f" --target {shlex.quote(target)}" if target else " --target TARGET"
-    return f"drafterkit eval{tgt} --drafter {shlex.quote(str(ckpt))} --benchmark mt-bench --k {k}"
-
-
-def _pct(values, reached=None) -> str:
-    """Per-position acceptance, ``-`` at a position no proposal reached (``reached``: the proposals per position)."""
-    reached = reached if reached and len(reached) == len(values or []) else [1] * len(values or [])
-    return ", ".join(f"{a:.3f}" if r else "-" for a, r in zip(values or [], reached)) or "-"
-
-
-def _fmt(value, spec: str = "{:.2f}") -> str:
-    return spec.format(value) if isinstance(value, (int, float)) else "-"
-
-
-def _spread(interval) -> str:
-    # the 95% interval over the eval's prompts (speceval.factors.ratio_interval), where the report has one
-    return f"; 95% interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else ""
-
-
-def quickstart_section(qs: dict) -> list[str]:
-    """Markdown lines: the ``drafterkit quickstart`` measurement (:func:`quickstart_record`): per benchmark the
-    drafter alone (the factor an export carries: tau, acceptance, per-position acceptance, its speed over the
-    engine's plain decoding), then, labelled as not carried, the drafter behind prompt lookup + retrieval."""
-    dec, rep = qs["decoding"], qs["report"]
-    rows, extra, setup = [], [], None
-    for bench, ev in rep["evals"].items():
-        factors = ev.get("factors") or []
-        alone = next((f for f in factors if f.get("export")), None)
-        summary = {r["method"]: r for r in ev.get("summary") or []}
-        row = summary.get(alone["method"]) if alone else None
-        if row is None:
-            continue
-        rows.append(f"| {bench} | {row.get('prompts', '?')} x {ev['config'].get('max_new_tokens', '?')} | "
-                    f"{_fmt(row.get('tau'), '{:.3f}')} | {_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
-                    f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | "
-                    f"{_fmt(alone['ratio'])}x "
-                    f"({_fmt(alone['tokens_per_s'], '{:.1f}')} vs {_fmt(alone['over_tokens_per_s'], '{:.1f}')} "
-                    f"tokens/s{_spread(alone.get('interval'))}) |")
-        group = [f for f in factors if f.get("group") == alone.get("group")]
-        spec = next((f for f in group if f["factor"] == "speculation"), None)
-        e2e = next((f for f in group if f["factor"] == "end to end"), None)
-        if spec is not None:
-            extra.append(f"- {bench}: `{spec['method']}`: {_fmt(spec['ratio'])}x the engine's plain decoding"
-                         + (f", {_fmt(e2e['ratio'])}x transformers `generate` end to end" if e2e else "") + ".")
-        setup = setup or ev
-    if not rows:
-        return []
-    mach, cfg = setup.get("machine") or {}, setup.get("config") or {}
-    shape = measured_shape(dec)
-    drafted = (f"the static draft tree `{shape['tree']}`" if shape["tree"] else f"chains of {shape['k']} draft "
-               f"tokens") + (f", draft threshold {shape['threshold']:g}" if shape["threshold"] else "")
-    lines = ["## Measured", "",
-             f"Measured by `drafterkit quickstart` with drafterkit's decoder (exact verification, greedy), recorded "
-             f"in `{qs['source']}`. The drafter alone, against plain decoding through the same engine in the same "
-             "run: this is what `drafterkit export` carries to a serving engine.", "",
-             "| benchmark | prompts x new tokens | tau (bonus included) | acceptance rate | acceptance per draft "
-             "position (`-`: no proposal reached it) | speed vs plain decoding |", "|---|---|---|---|---|---|", *rows,
-             "",
-             f"- Decoding: {drafted}, temperature {cfg.get('temperature', 0.0)}, dtype {dec.get('dtype', '?')}.",
-             f"- Machine: {mach.get('device', '?')}, {mach.get('cpu_count', '?')} CPUs, {mach.get('threads', '?')} "
-             f"threads, torch {mach.get('torch', '?')}, transformers {mach.get('transformers', '?')}."]
-    if note := busy_note(mach):
-        lines.append(f"- **Busy machine**: {note}.")
-    if extra:
-        lines += ["", "**Not carried by this export**: drafterkit's decoder also measured the drafter behind "
-                  "prompt lookup and retrieval from ShareGPT (`+rest`), which serving engines do not run with it:",
-                  "", *extra]
-    commands = [c for c in dec.get("commands") or [] if isinstance(c, str)]
-    if commands:
-        lines += ["", "Reproduce (the same rows, side by side with plain decoding):", "", "```bash", *commands, "```"]
-    return lines + [""]
-
-
-def measured_section(rec: dict, ckpt: Path, target: str | None, k: int) -> list[str]:
-    """Markdown lines: the recorded evaluation of these weights (the quickstart's first, :func:`quickstart_section`),
-    else "Not measured" and the command."""
-    if rec.get("quickstart") and (lines := quickstart_section(rec["quickstart"])):
-        return lines
-    ev, ev_cfg = rec["eval"], _section(rec["recipe"], "eval")
-    command = ["```bash", eval_command(ckpt, target, k), "```"]
-    if ev is None:
-        return ["## Measured", "", "**Not measured**: the checkpoint this export came from holds no evaluation record "
-                "(`eval.json`, an entry of `trainer_state.json`'s history at its step, or the run's "
-                "`eval/step-N.json`). Measure it with drafterkit's decoder against plain decoding:", "", *command, ""]
-    prompts = ev.get("prompts") or {}
-    per_pos = ", ".join(f"{a:.3f}" for a in ev.get("accept_per_position") or [])
-    setup = (f"step {ev.get('step', '?')}, {prompts.get('used', ev_cfg.get('num_prompts', '?'))} prompts of "
-             f"{prompts.get('benchmark', ev_cfg.get('prompts', '?'))}, {ev_cfg.get('max_new_tokens', '?')} new tokens, "
-             f"chains of {ev_cfg.get('k', '?')} draft tokens, temperature {ev_cfg.get('temperature', '?')}, target "
-             f"{_section(rec['recipe'], 'target').get('dtype', '?')}")
-    return ["## Measured", "",
-            f"Measured during training by drafterkit's decoder (exact verification), recorded in "
-            f"`{rec['eval_source']}`:",
-            "", "| metric | value |", "|---|---|",
-            f"| tau (tokens per target forward, bonus included) | {ev['tau']:.3f} |",
-            f"| acceptance rate | {ev.get('acceptance_rate', float('nan')):.3f} |",
-            f"| acceptance per draft position | {per_pos} |",
-            f"| tokens/s (on the training machine) | {ev.get('tokens_per_s', float('nan')):.1f} |",
-            f"| setup | {setup} |", "",
-            "Speed depends on the machine and the engine; measure it against plain decoding with:", "", *command, ""]
-
-
 def tuned_section(ckpt: Path) -> tuple[list[str], int | None]:
     """Markdown lines stating the setting ``drafterkit tune`` recorded in ``ckpt/decoding.json`` (per
     concurrency: shape, K, threshold, measured speedup and tau; the machine it holds for), and the batch-size-1
-    winner's K (``num_speculative_tokens``); ``([], None)`` when nothing was tuned."""
-    tuned = (_read_json(ckpt / DECODING_FILE) or {}).get(TUNED)
+    winner's K (``num_speculative_tokens``); ``([], None)`` when nothing was tuned. The winner's shape is
+    :func:`tuned_shape`."""
+    tuned = (read_json(ckpt / DECODING_FILE) or {}).get(TUNED)
     winners = tuned.get("winners") if isinstance(tuned, dict) else None
     if not isinstance(winners, dict) or not winners:
         return [], None
@@ -444,6 +284,17 @@ def tuned_section(ckpt: Path) -> tuple[list[str], int | None]:
     return lines + [""], k
 
 
+def tuned_shape(ckpt: Path) -> dict | None:
+    """The batch-size-1 winner of ``drafterkit tune`` in ``ckpt/decoding.json`` as :func:`measured_shape` gives a
+    shape (``{"tree", "k", "threshold"}``), or None."""
+    tuned = (read_json(ckpt / DECODING_FILE) or {}).get(TUNED)
+    w = ((tuned or {}).get("winners") or {}).get("1") if isinstance(tuned, dict) else None
+    if not isinstance(w, dict) or "k" not in w:
+        return None
+    return dict(tree=None if w.get("tree") in (None, "chain") else str(w["tree"]), k=int(w["k"]),
+                threshold=float(w.get("draft_threshold") or 0.0))
+
+
 def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str | None = None,
                      repo: str | None = None) -> Path:
     """Write ``out/README.md`` for the ``fmt`` export of the ``kind`` drafter folder ``ckpt`` (see the
@@ -453,16 +304,16 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     rec = training_record(ckpt)
     rec["quickstart"] = quickstart_record(ckpt)
     shape = measured_shape(rec["quickstart"]["decoding"]) if rec["quickstart"] else None
-    target = _section(rec["recipe"], "target").get("name_or_path") or target
-    k = shape["k"] if shape else int(_section(rec["recipe"], "eval").get("k") or 5)
+    target = recipe_section(rec["recipe"], "target").get("name_or_path") or target
+    k = shape["k"] if shape else int(recipe_section(rec["recipe"], "eval").get("k") or 5)
     tuned_lines, tuned_k = tuned_section(ckpt)
-    if tuned_k:  # a setting drafterkit tune measured wins over the quickstart's measured shape
-        k, shape = tuned_k, None
+    if tuned_k:  # a setting drafterkit tune measured wins over the quickstart's: its shape is stated, tree or chain
+        k, shape = tuned_k, tuned_shape(ckpt)
     if kind == "medusa":  # its heads propose at most num_heads tokens
         k = min(k, int(cfg["num_heads"]))
     if kind == "dflash":  # one block drafts at most block_size - 1 tokens
         k = min(k, int(cfg["block_size"]) - 1)
-    export_config = _read_json(out / "config.json")
+    export_config = read_json(out / "config.json")
     title = f"{KIND_TITLES[kind]} for `{target}`" if target else KIND_TITLES[kind]
     lines = [_front_matter(fmt, kind, target), f"# {title}", "",
              f"A speculative-decoding drafter trained with drafterkit and exported as "

@@ -77,7 +77,8 @@ from drafterkit.speceval.methods import (
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.speceval.recorded import apply_recorded, no_checkpoint
 
-__all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "write_outputs"]
+__all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "shape_words",
+           "write_outputs"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,17 +251,34 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return cfg
 
 
-def print_record(record: dict, console=None) -> None:
-    """Print the eval table and, when present, the sweep (category ``all``) and concurrency tables."""
+def shape_words(cfg: dict) -> str:
+    """The draft shapes of an eval config, for its table's title: ``K=5`` for chains only, the trees where
+    there are trees (a tree's depth is its K, so ``K=`` over a tree row would misname it), ``tuned shapes`` for
+    ``--tree auto`` (with the K of the rows that are no checkpoint)."""
+    trees = list(cfg.get("trees") or ["chain"])
+    if trees == [AUTO]:
+        return f"each checkpoint in its tuned shape (others: chains of K={cfg['k']})"
+    shaped = [t for t in trees if t != "chain"]
+    tree_words = f"tree{'s' if len(shaped) > 1 else ''} {' / '.join(shaped)}"
+    if not shaped:
+        return f"K={cfg['k']}"
+    return tree_words if "chain" not in trees else f"chains of K={cfg['k']} and {tree_words}"
+
+
+def print_record(record: dict, console=None, exactness_note: str | None = None) -> None:
+    """Print the eval table and, when present, the sweep (category ``all``) and concurrency tables.
+    ``exactness_note``: what to say of exactness instead of the record's own verdict (the quickstart checks
+    it in a later fp32 stage)."""
     console = console or make_console()
     cfg = record["config"]
     title = (f"{cfg['benchmark']}: {plural(len(record['prompts']), 'prompt')}, {cfg['max_new_tokens']} new tokens, "
-             f"T={cfg['temperature']:g}, K={cfg['k']}, {record['machine']['dtype']} on {record['machine']['device']}")
+             f"T={cfg['temperature']:g}, {shape_words(cfg)}, {record['machine']['dtype']} on "
+             f"{record['machine']['device']}")
     report.print_eval(record["summary"], title, console)
     if record.get("factors"):
         report.print_factors(record["factors"], console)
     ex = record["exactness"]
-    console.print(f"exactness: {report.exactness_text(ex)}")
+    console.print(f"exactness: {exactness_note or report.exactness_text(ex)}")
     if note := report.small_sample_note(record):
         console.print(f"note: {note}")
     if "sweep" in record:
@@ -270,14 +288,20 @@ def print_record(record: dict, console=None) -> None:
         console.print(report.rich_table("concurrency", record["concurrency"]["rows"], report.CONCURRENCY_COLUMNS))
 
 
-def recorded_message(info: dict) -> str:
+def recorded_message(info: dict, tree_auto: bool = False) -> str:
     """What ``drafterkit eval`` prints about a drafter's ``decoding.json``
     (``speceval.recorded.apply_recorded``), as one sentence: the settings found (its top-level fields, or its
     ``drafterkit tune`` setting where that is used), whether they are used, and why not: the command line gave
     every one of them (naming those flags), the drafters' files disagree, or the file holds no setting but a
-    tuned one this eval cannot use (slower than plain decoding, another machine ...: ``info["tuned"]``)."""
+    tuned one this eval cannot use (slower than plain decoding, another machine ...: ``info["tuned"]``).
+    ``tree_auto``: the eval runs ``--tree auto``, so each checkpoint row runs the tuned setting itself, whatever
+    the command line gives for ``--k`` and ``--draft-threshold``."""
     why = info.get("tuned") or ""
     tuned_used = why.startswith(TUNED_HERE)
+    if tree_auto and tuned_used and not info["note"]:
+        head = f"drafterkit eval: {info['file']}" + (f" ({info['source']})" if info["source"] else "")
+        return (f"{head}: its drafterkit tune setting used: --tree auto measures each checkpoint row in the chain "
+                "/ tree, K and draft threshold tune recorded for it on this machine")
     tuned_unused = f"; {why}" if why and not tuned_used and not why.startswith(NO_TUNED) else ""
     said = "; ".join(x for x in (info["source"], why if tuned_used else "") if x)
     head = f"drafterkit eval: {info['file']}" + (f" ({said})" if said else "")
@@ -335,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
         check_plots_dir(args.plots_dir, cfg)
         recorded = apply_recorded(cfg, given={name for name in RECORDED if getattr(args, name) is not None})
         if recorded:
-            print(recorded_message(recorded), flush=True)
+            print(recorded_message(recorded, tree_auto=cfg.trees == [AUTO]), flush=True)
         if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and d != "none" and no_checkpoint(d)]:
             print(f"drafterkit eval: --tree auto: {', '.join(untuned)} {'is' if len(untuned) == 1 else 'are'} no "
                   f"checkpoint, so nothing was tuned: measured as a chain of K={cfg.k} (add --tree chain or --tree "

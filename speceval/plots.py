@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from drafterkit.speceval.report import FEW_PROPOSALS, eval_table_rows
+from drafterkit.assets.records import FEW_PROPOSALS
+from drafterkit.speceval.report import eval_table_rows
 
 
 def pyplot():

@@ -28,7 +28,8 @@ from typing import Any, Iterable
 from drafterkit.decode.inputs import AUTO
 from drafterkit.decode.metrics import pool_stats
 from drafterkit.assets.console import make_console
-from drafterkit.speceval.factors import draft_shape, factor_cells, per_prompt  # noqa: F401  (draft_shape re-exported)
+from drafterkit.assets.records import FEW_PROPOSALS, position_rates
+from drafterkit.speceval.factors import draft_shape, factor_cells, per_prompt
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
 SWEEP_COLUMNS = [
@@ -39,9 +40,6 @@ SWEEP_COLUMNS = [
     ("speedup vs HF", "speedup_vs_hf", "{:.3f}"),
     ("accepted/s of draft+verify", "accepted_per_dv_s", "{:.2f}"),
 ]
-#: fewer proposals than this reaching a draft position and its acceptance is shown with the count
-#: (``0.75 (n=4)`` in tables, a hollow marker in plots): a rate over a handful of proposals is mostly noise
-FEW_PROPOSALS = 20
 EVAL_COLUMNS = [
     ("method", "method", "{}"), ("drafter", "drafter", "{}"), ("drafts", "draft", "{}"), ("prompts", "prompts", "{}"),
     ("tau", "tau", "{:.3f}"), ("acceptance rate", "acceptance_rate", "{:.3f}"),
@@ -204,15 +202,14 @@ def fmt(value: Any, spec: str = "{}") -> str:
 def cell(row: dict, key: str, spec: str = "{}") -> str:
     """One table cell of ``row[key]`` (:func:`fmt`); per-position acceptance shows ``-`` at positions no
     proposal reached (0.0 in the record, as the decoder contract has it), so they are not read as 0%, and
-    the count of proposals after a rate that fewer than :data:`FEW_PROPOSALS` reached (``1.00 (n=4)``);
+    the count of proposals after a rate that fewer than :data:`assets.records.FEW_PROPOSALS` reached (``1.00 (n=4)``);
     ``draft`` is :func:`draft_shape` of the row."""
     if key == "draft":
         return draft_shape(row)
     value = row.get(key)
     reached = row.get("reached_per_position")
     if key == "accept_per_position" and value and reached and len(reached) == len(value):
-        return " ".join("-" if not r else f"{v:.2f}" if r >= FEW_PROPOSALS else f"{v:.2f} (n={r:.0f})"
-                        for v, r in zip(value, reached))
+        return position_rates(value, reached)
     return fmt(value, spec)
 
 

@@ -123,7 +123,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     winners, table = {}, []
     for c in sorted({1, concurrency}):
         best, rows = halving(target, spec.drafter, prompts, cands, c, eta=eta, first=first, max_new=max_new_tokens,
-                             eos=eos, seed=seed, progress=progress, incumbent=incumbent)
+                             eos=eos, seed=seed, progress=progress, incumbent=incumbent, what=searched(behind))
         winners[str(c)] = {k: best[k] for k in ("tree", "k", "draft_threshold", "speedup", "tokens_per_s", "tau",
                                                 "over_incumbent", "chosen") if k in best}
         table += rows
@@ -160,6 +160,12 @@ def recorded_dtype(checkpoint: str) -> str:
     print(f"drafterkit tune: --dtype {dtype}, as {path} records it (the dtype drafterkit eval measures this drafter "
           "in); give --dtype to tune another")
     return dtype
+
+
+def searched(behind: str) -> str:
+    """What a search over ``PATH`` + ``behind`` (:func:`_behind`) tunes, in words for its progress bar."""
+    return {"": "the drafter", "+ngram": "the drafter + prompt lookup",
+            "+rest": "the drafter + lookup + retrieval"}.get(behind, f"the drafter{behind}")
 
 
 def _behind(checkpoint: str) -> str:

@@ -112,9 +112,15 @@ def over_incumbent(challenger: dict, incumbent: dict) -> dict:
     return dict(ratio=math.exp(mean), low=low, batches=n, beats=low > 1.0)
 
 
+def search_label(what: str, concurrency: int) -> str:
+    """The progress bar's name for one search: ``tune the drafter + lookup + retrieval, batch size 1``, so two
+    searches of one run (the drafter alone, then behind lookup) are told apart."""
+    return f"tune {what}, batch size {concurrency}"
+
+
 def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], concurrency: int, *, eta: int,
             first: int, max_new: int, eos, seed: int, progress: bool = True,
-            incumbent: Candidate | None = None) -> tuple[dict, list[dict]]:
+            incumbent: Candidate | None = None, what: str = "the drafter") -> tuple[dict, list[dict]]:
     """Successive halving at one concurrency: rung r measures the surviving candidates on ``first * 2**r``
     batches of ``concurrency`` prompts (cycled), keeps the best ``ceil(n / eta)`` by speedup, and stops
     when one is left or a rung used every prompt.
@@ -125,7 +131,8 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     above 1). Differences smaller than the measurement can resolve keep the incumbent, so a short search
     does not trade a known shape for a lucky one. Returns ``(the winner's last row, every row)``; the
     winner's row then carries ``"over_incumbent"`` (with the two rows' ``"challenger_speedup"`` and
-    ``"incumbent_speedup"`` over plain decoding) and ``"chosen"`` (``"incumbent"`` or ``"challenger"``)."""
+    ``"incumbent_speedup"`` over plain decoding) and ``"chosen"`` (``"incumbent"`` or ``"challenger"``).
+    ``what``: the proposer searched, named on the progress bar (:func:`search_label`)."""
     from tqdm import tqdm
 
     if incumbent is not None:
@@ -147,7 +154,7 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     fixed = [] if incumbent is None else [incumbent]
     total = sum(b * (a + 1 + len(fixed)) for b, a in zip(plan, alive_counts))
     rows, alive_cands = [], list(cands)
-    with tqdm(total=total, desc=f"tune concurrency {concurrency}", disable=not progress, leave=False) as bar:
+    with tqdm(total=total, desc=search_label(what, concurrency), disable=not progress, leave=False) as bar:
         for r, b in enumerate(plan):
             batches = [[prompts[(j * concurrency + t) % len(prompts)].input_ids for t in range(concurrency)]
                        for j in range(b)]

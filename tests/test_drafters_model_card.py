@@ -203,3 +203,23 @@ def test_the_card_states_the_tuned_setting_and_serves_its_k(tmp_path):
     assert "| 1 | dynamic:24:5:4 | 5 | 0.05 | 1.61x | 2.10 |" in body
     assert "| 4 | chain | 2 | 0.1 | 1.20x | 1.50 |" in body
     assert '"num_speculative_tokens": 5' in body  # the batch-size-1 winner's K, not the recipe's 4
+    # the engines serve a chain: the card says the tuned numbers are a tree's, whose acceptance the chain's differs from
+    assert "drafterkit measured this drafter as the EAGLE-2 dynamic draft tree `dynamic:24:5:4`" in body
+    assert "`num_speculative_tokens` 5 is a chain as deep as that tree, whose acceptance differs" in body
+
+
+def test_the_measured_table_marks_rates_resting_on_few_proposals():
+    """Per-position acceptance over 3 proposals carries ``(n=3)``, as the quickstart's report prints it; a
+    position no proposal reached is ``-``."""
+    from drafterkit.drafters.card_measured import quickstart_section
+
+    row = dict(method="m", prompts=8, tau=1.585, acceptance_rate=0.3, accept_per_position=[0.5, 0.4, 0.3, 0.0],
+               reached_per_position=[100, 40, 3, 0])
+    factor = dict(export=True, method="m", ratio=1.5, tokens_per_s=30.0, over_tokens_per_s=20.0, group="g",
+                  factor="drafter")
+    ev = dict(factors=[factor], summary=[row], config=dict(max_new_tokens=128, temperature=0.0), machine={})
+    qs = dict(decoding=dict(trees=["3,2,1,1,1"], k=5, draft_thresholds=[0.1], dtype="bf16"),
+              report=dict(evals={"mt-bench": ev}), source="report.json")
+    body = "\n".join(quickstart_section(qs))
+    assert "| 0.500, 0.400, 0.300 (n=3), - |" in body and "`(n=...)`: fewer than 20 did" in body
+    assert "the static draft tree `3,2,1,1,1` (branching factors per depth, depth 5)" in body

@@ -548,6 +548,12 @@ def test_recorded_message_says_which_setting_is_used_and_why_not(tmp_path):
     assert "(drafterkit tune" in msg and "tuned by drafterkit tune on this machine" in msg
     assert msg.endswith(": its drafterkit tune setting not used, since the command line gives every one it records "
                         "(--draft-threshold, --dtype, --k, --tree)")
+    # --tree auto (the quickstart's reproduce commands): every row runs the tuned setting, whatever else is given
+    cfg = bench.EvalConfig(drafters=[str(folder)], device="cpu", trees=["auto"])
+    auto = bench.recorded_message(apply_recorded(cfg, {"dtype", "trees", "k", "draft_thresholds"}), tree_auto=True)
+    assert auto.endswith(": its drafterkit tune setting used: --tree auto measures each checkpoint row in the chain "
+                         "/ tree, K and draft threshold tune recorded for it on this machine")
+    assert "not used" not in auto
     assert message(("trees",), trees=["2,1"]).endswith(
         "decoding settings taken from it: --dtype fp32 --k 5 --draft-threshold 0.1; the command line's own --tree "
         "kept (flags given explicitly win)")

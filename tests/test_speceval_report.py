@@ -10,6 +10,7 @@ import torch
 from conftest import tiny_llama
 
 from drafterkit.assets.console import make_console
+from drafterkit.assets.records import FEW_PROPOSALS
 from drafterkit.assets.pinned import default_target_dir
 from drafterkit.speceval import factors, plots, report
 from drafterkit.speceval.harness import check_exactness
@@ -128,10 +129,10 @@ def test_positions_no_proposal_reached_print_as_a_dash_not_zero():
     assert row["accept_per_position"] == [0.25, 0.0, 0.0] and row["reached_per_position"] == [4, 2, 0]
     # a rate resting on fewer than FEW_PROPOSALS proposals carries its count
     assert report.cell(row, "accept_per_position") == "0.25 (n=4) 0.00 (n=2) -"
-    many = dict(row, reached_per_position=[report.FEW_PROPOSALS, report.FEW_PROPOSALS - 1, 0])
-    assert report.cell(many, "accept_per_position") == f"0.25 0.00 (n={report.FEW_PROPOSALS - 1}) -"
+    many = dict(row, reached_per_position=[FEW_PROPOSALS, FEW_PROPOSALS - 1, 0])
+    assert report.cell(many, "accept_per_position") == f"0.25 0.00 (n={FEW_PROPOSALS - 1}) -"
     md = report.markdown_table([many], [("method", "method", "{}"), ("per-position", "accept_per_position", "{}")])
-    assert f"| m | 0.25 0.00 (n={report.FEW_PROPOSALS - 1}) - |" in md
+    assert f"| m | 0.25 0.00 (n={FEW_PROPOSALS - 1}) - |" in md
 
 
 def test_small_samples_carry_a_noise_note_in_the_markdown(sweep_record):

@@ -384,3 +384,14 @@ def test_tune_says_what_was_kept_and_never_calls_a_slower_setting_the_best(tmp_p
     assert winner is None and "the best" not in why
     assert why.startswith("its tuned setting is not used, being slower than plain decoding on this machine")
     assert "tree=3,2,1 @0.1 measured 0.86x but was not faster than it beyond the noise on 2 batches" in why
+
+
+def test_the_two_searches_of_a_quickstart_are_told_apart_on_their_progress_bars():
+    """The drafter alone and behind lookup + retrieval, both at batch size 1: two names (both read
+    "tune concurrency 1")."""
+    from drafterkit.speceval.tune import searched
+    from drafterkit.speceval.tune_search import search_label
+
+    alone, behind = search_label(searched(""), 1), search_label(searched("+rest"), 1)
+    assert alone == "tune the drafter, batch size 1"
+    assert behind == "tune the drafter + lookup + retrieval, batch size 1"

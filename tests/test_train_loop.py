@@ -78,9 +78,10 @@ def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path
     assert f"drafterkit eval --drafter {paths.best / 'drafter'}" in out and "drafterkit export " in out
 
 
-def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_path, capsys):
+def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_path, capsys, monkeypatch):
     """The hint after training is copy-pasteable: a Medusa export needs --target (it writes the target's
-    LM head), so the hint names it and the export CLI accepts the line as printed."""
+    LM head), so the hint names it and the export CLI accepts the line as printed; it writes where the
+    README's export and serve commands read (exports/<kind>, from where the command runs)."""
     import shlex
 
     from drafterkit.drafters.export import run
@@ -92,7 +93,8 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
     train(recipe, target=target, tokenizer=tok)
     line = next(x for x in capsys.readouterr().out.splitlines() if "drafterkit export" in x)
     argv = shlex.split(line.split("drafterkit export", 1)[1].split("   (formats")[0])
-    assert "--target" in argv
+    assert "--target" in argv and argv[argv.index("--output") + 1] == "exports/medusa"
+    monkeypatch.chdir(tmp_path)  # the printed --output is relative to where the command runs
     p = argparse.ArgumentParser()
     add_arguments(p)
     assert run(p.parse_args(argv)) == 0

@@ -466,3 +466,43 @@ def test_speed_measured_on_a_busy_machine_carries_the_caveat_into_report_and_mod
         note = "other processes kept 1.9 of"
         assert (f"**Busy machine** (mt-bench): measured while {note}" in md) is said
         assert (f"- **Busy machine**: measured while {note}" in card) is said
+
+
+def test_an_eval_block_says_the_later_stage_checks_exactness_and_names_its_tree():
+    """In bf16 the fp32 exactness stage after the eval checks the rows: each eval block says so (it printed
+    "exactness: not checked" before the stage that checks it); the block's title names the tree it measured,
+    not "K=5"."""
+    import io
+
+    from drafterkit.assets.console import make_console
+    from drafterkit.speceval.bench import print_record, shape_words
+
+    note = quickstart.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "bf16"]))
+    assert note == ("checked after these measurements, in the exactness stage (fp32, greedy, 2 prompts per benchmark "
+                    "vs plain decoding)")
+    assert quickstart.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "fp32"])) is None
+    assert quickstart.exactness_later(parse(build_parser(), ["quickstart", "--exactness-prompts", "0"])) is None
+    record = dict(config=dict(benchmark="mt-bench", max_new_tokens=128, temperature=0.0, k=5, trees=["3,2,1,1,1"]),
+                  prompts=[1, 2], machine=dict(dtype="bfloat16", device="cpu"),
+                  summary=[dict(role="spec", method="m", k=5, tau=2.0, acceptance_rate=0.5, accept_per_position=[0.5],
+                                tokens_per_s=10.0)],
+                  exactness=dict(checked=False, reason="bf16"))
+    buf = io.StringIO()
+    print_record(record, make_console(file=buf), exactness_note=note)
+    out = " ".join(buf.getvalue().split())
+    assert f"exactness: {note}" in out and "not checked" not in out
+    assert "tree 3,2,1,1,1" in out and "K=5" not in out
+    assert shape_words(dict(trees=["chain"], k=5)) == "K=5"
+    assert shape_words(dict(trees=["chain", "3,2,1"], k=4)) == "chains of K=4 and tree 3,2,1"
+    assert shape_words(dict(trees=["auto"], k=5)) == "each checkpoint in its tuned shape (others: chains of K=5)"
+
+
+def test_the_export_training_suggests_is_where_the_readme_serves_from():
+    """README's export writes the folder its vllm serve command reads, and training prints the same folder."""
+    import re
+
+    from drafterkit.train.export_args import suggested_output
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    out = re.search(r"drafterkit export runs/eagle3/\S+ --format vllm-eagle3 --output (\S+)", readme).group(1)
+    assert out == suggested_output("eagle3") and f'"model": "{out}"' in readme

@@ -24,3 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None,
                         help="cast floating tensors (fp32 | bf16 | fp16 | auto; default: keep the checkpoint's)")
     parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="also upload to this Hub repo id")
+
+
+def suggested_output(kind: str) -> str:
+    """The ``--output`` the docs and the commands training prints use for a ``kind`` drafter's export:
+    ``exports/<kind>`` (README: ``drafterkit export runs/eagle3/... --output exports/eagle3``, then
+    ``vllm serve ... "model": "exports/eagle3"``), relative to where the command runs."""
+    return f"exports/{kind}"

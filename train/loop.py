@@ -46,6 +46,7 @@ from drafterkit.train.checkpoint import (
 )
 from drafterkit.train.distributed import peak_memory_per_process
 from drafterkit.train.evaluate import evaluate
+from drafterkit.train.export_args import suggested_output
 from drafterkit.train.prepare import assert_frozen, preflight, setup_run
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.step import RunContext, agreed_elapsed, batches, train_step
@@ -335,7 +336,7 @@ def _report_drafter(ctx: RunContext, state: TrainerState, result: TrainResult, r
         # a Medusa export writes the target's LM head too (drafters.export), so it names the target
         needs_target = f" --target {recipe.target.name_or_path}" if recipe.drafter.kind == "medusa" else ""
         lines.append(f"  export:   drafterkit export {drafter} --format {formats[0]}{needs_target} "
-                     f"--output {paths.root / ('export-' + formats[0])}"
+                     f"--output {suggested_output(recipe.drafter.kind)}"
                      + (f"   (formats: {', '.join(formats)})" if len(formats) > 1 else ""))
     acc.print("\n".join(lines))
     return drafter

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from drafterkit.assets.console import disable_progress_bars
+from drafterkit.assets.console import datasets_quiet, disable_progress_bars
 from drafterkit.assets.device import resolve_dtype
 from drafterkit.assets.pinned import AssetError, fetch_all
 from drafterkit.assets.records import plural, unwritable_folder
@@ -188,8 +188,9 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
         target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device)
     if online := feature_source(recipe, target, tok):  # never a feature cache build outside the budget
         recipe = _load_again(recipe_path, [*settings, online])
-    result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start,
-                   resume_hint=f"run `drafterkit quickstart --resume --output-dir {out}`")
+    with datasets_quiet():  # its bars are a line per refresh in a log; training's own bar stays
+        result = train(recipe, target=target, tokenizer=tok, budget_start=budget_start,
+                       resume_hint=f"run `drafterkit quickstart --resume --output-dir {out}`")
     best, last = recipe.paths.best, recipe.paths.last
     saved = best if (best / "drafter" / "config.json").exists() or (best / "config.json").exists() else last
     # without mid-run picks the run's own last step is the one to measure (a run resumed in a used
@@ -296,8 +297,17 @@ def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None, **names) -
     for bench in BENCHMARKS:
         records[bench] = evaluate(eval_config(ckpt, args, bench, k, **names), target=target, tok=tok,
                                   datastore=datastore)
-        print_record(records[bench])
+        print_record(records[bench], exactness_note=exactness_later(args))
     return records
+
+
+def exactness_later(args) -> str | None:
+    """What an eval block says of exactness when the exactness stage checks it after the measurements (an eval
+    in another dtype than fp32, where the rows themselves are not compared), else None (the row's own verdict)."""
+    if "exactness" not in stage_names(args):
+        return None
+    return (f"checked after these measurements, in the exactness stage (fp32, greedy, "
+            f"{plural(args.exactness_prompts, 'prompt')} per benchmark vs plain decoding)")
 
 
 def exactness_stage(records: dict, args, tok, datastore=None, shapes: dict | None = None) -> dict:

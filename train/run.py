@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 
+from drafterkit.assets.console import datasets_quiet
 from drafterkit.assets.target import TargetLoadError
 from drafterkit.train.loop import train
 from drafterkit.train.recipe import RecipeError, load_recipe
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         if args.print_recipe:
             print(recipe.to_yaml())
             return 0
-        result = train(recipe)
+        with datasets_quiet():  # its bars are a line per refresh in a log; training's own bar stays
+            result = train(recipe)
     except (RecipeError, FileNotFoundError) as exc:
         _say_once(f"drafterkit train: error: {exc}")
         return 2

@@ -1,0 +1,198 @@
+"""The Measured section of the model card (:mod:`drafters.model_card`): the numbers recorded for the very
+weights exported, in this order: the ``drafterkit quickstart`` report the drafter folder's ``decoding.json``
+names (:func:`quickstart_record`, used while the folder still holds the weights whose sha256 it records: per
+benchmark, tau, acceptance, per-position acceptance with ``(n=...)`` where few proposals reached a position,
+and the drafter alone over the engine's plain decoding, the factor an export carries; the prompt lookup +
+retrieval figure apart, as not carried), else the evaluation recorded during training, else "Not measured"
+and the ``drafterkit eval`` command that measures it. Also the measured decoding shape (:func:`measured_shape`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from drafterkit.assets.device import busy_note
+from drafterkit.assets.records import FEW_PROPOSALS, position_rates
+from drafterkit.drafters.base import weights_sha256
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _same_file(recorded: str | None, actual: Path, tail: int) -> bool:
+    """``recorded`` (a path a report holds, absolute or relative to where it ran) names ``actual``: the same
+    file, or (a relative path from another working folder) the same last ``tail`` path parts."""
+    if not recorded:
+        return False
+    path = Path(recorded)
+    if path.exists() and path.resolve() == actual.resolve():
+        return True
+    return not path.is_absolute() and path.parts[-tail:] == actual.resolve().parts[-tail:]
+
+
+def quickstart_record(ckpt: Path) -> dict | None:
+    """The ``drafterkit quickstart`` measurement of the drafter folder ``ckpt``: ``{"decoding" (its
+    ``decoding.json``), "report" (the quickstart's ``report.json``), "source" (that file's path)}``, or None
+    when there is none, the folder's weights are not the ones measured (their sha256 differs from the one
+    ``decoding.json`` records), or the report cannot be found: at the absolute path ``decoding.json`` names,
+    else ``report.json`` of the quickstart folder around the checkpoint (``OUT/train/checkpoints/NAME/drafter``)."""
+    decoding = read_json(ckpt / "decoding.json")
+    if not decoding or not decoding.get("report"):
+        return None
+    try:
+        if decoding.get("weights_sha256") and decoding["weights_sha256"] != weights_sha256(ckpt):
+            return None  # trained further or replaced since the quickstart measured it
+    except OSError:
+        return None
+    candidates = [Path(decoding["report"])] + ([ckpt.parents[3] / "report.json"] if len(ckpt.parents) > 3 else [])
+    for i, path in enumerate(candidates):
+        rep = read_json(path)
+        if not rep or not isinstance(rep.get("evals"), dict) or not rep["evals"]:
+            continue
+        # the report decoding.json names measured these weights (their hash matched above); a report found by
+        # its place must name this decoding.json as its own
+        if (i == 0 and decoding.get("weights_sha256")) or \
+                _same_file((rep.get("reproduce") or {}).get("decoding_json"), ckpt / "decoding.json", 5):
+            return dict(decoding=decoding, report=rep, source=path)
+    return None
+
+
+def measured_shape(decoding: dict | None) -> dict | None:
+    """The decoding shape a ``decoding.json`` records as measured: ``{"tree" (the first of its trees, None for a
+    chain), "k" (the chain length an engine serves for it: the tree's depth, else K), "threshold" (the first
+    draft threshold)}``; None without a record."""
+    if not decoding:
+        return None
+    tree = next(iter(decoding.get("trees") or []), None)
+    tree = None if tree in (None, "chain") else str(tree)
+    # a static tree's depth is its number of levels; a dynamic tree's (dynamic:TOTAL:DEPTH:TOPK) is the K
+    # recorded with it (drafterkit tune records a tree's depth as its K)
+    static = tree is not None and not tree.startswith("dynamic")
+    k = len(tree.split(",")) if static else int(decoding.get("k") or 5)
+    return dict(tree=tree, k=k, threshold=next(iter(decoding.get("draft_thresholds") or []), 0.0))
+
+
+def tree_words(tree: str, depth: int) -> str:
+    """``the static draft tree `3,2,1` (branching factors per depth, depth 3)`` or, for ``dynamic:...``, the
+    EAGLE-2 dynamic tree."""
+    if tree.startswith("dynamic"):
+        return f"the EAGLE-2 dynamic draft tree `{tree}` (grown per round from the drafter's confidence, depth {depth})"
+    return f"the static draft tree `{tree}` (branching factors per depth, depth {depth})"
+
+
+def recipe_section(recipe: dict | None, name: str) -> dict:
+    value = (recipe or {}).get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def eval_command(ckpt: Path, target: str | None, k: int) -> str:
+    """The ``drafterkit eval`` line that measures the checkpoint at ``ckpt`` (tau, acceptance, tokens/s and
+    the speedup over plain decoding, on MT-bench); ``TARGET`` stands for a target nothing recorded."""
+    tgt = f" --target {shlex.quote(target)}" if target else " --target TARGET"
+    return f"drafterkit eval{tgt} --drafter {shlex.quote(str(ckpt))} --benchmark mt-bench --k {k}"
+
+
+def _pct(values, reached=None) -> str:
+    """Per-position acceptance (``assets.records.position_rates``): ``-`` at a position no proposal reached,
+    ``(n=...)`` after a rate few proposals reached (``reached``: the proposals per position)."""
+    return position_rates(values, reached, sep=", ", spec="{:.3f}")
+
+
+def _fmt(value, spec: str = "{:.2f}") -> str:
+    return spec.format(value) if isinstance(value, (int, float)) else "-"
+
+
+def _spread(interval) -> str:
+    # the 95% interval over the eval's prompts (speceval.factors.ratio_interval), where the report has one
+    return f"; 95% interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else ""
+
+
+def quickstart_section(qs: dict) -> list[str]:
+    """Markdown lines: the ``drafterkit quickstart`` measurement (:func:`quickstart_record`): per benchmark the
+    drafter alone (the factor an export carries: tau, acceptance, per-position acceptance, its speed over the
+    engine's plain decoding), then, labelled as not carried, the drafter behind prompt lookup + retrieval."""
+    dec, rep = qs["decoding"], qs["report"]
+    rows, extra, setup = [], [], None
+    for bench, ev in rep["evals"].items():
+        factors = ev.get("factors") or []
+        alone = next((f for f in factors if f.get("export")), None)
+        summary = {r["method"]: r for r in ev.get("summary") or []}
+        row = summary.get(alone["method"]) if alone else None
+        if row is None:
+            continue
+        rows.append(f"| {bench} | {row.get('prompts', '?')} x {ev['config'].get('max_new_tokens', '?')} | "
+                    f"{_fmt(row.get('tau'), '{:.3f}')} | {_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
+                    f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | "
+                    f"{_fmt(alone['ratio'])}x "
+                    f"({_fmt(alone['tokens_per_s'], '{:.1f}')} vs {_fmt(alone['over_tokens_per_s'], '{:.1f}')} "
+                    f"tokens/s{_spread(alone.get('interval'))}) |")
+        group = [f for f in factors if f.get("group") == alone.get("group")]
+        spec = next((f for f in group if f["factor"] == "speculation"), None)
+        e2e = next((f for f in group if f["factor"] == "end to end"), None)
+        if spec is not None:
+            extra.append(f"- {bench}: `{spec['method']}`: {_fmt(spec['ratio'])}x the engine's plain decoding"
+                         + (f", {_fmt(e2e['ratio'])}x transformers `generate` end to end" if e2e else "") + ".")
+        setup = setup or ev
+    if not rows:
+        return []
+    mach, cfg = setup.get("machine") or {}, setup.get("config") or {}
+    shape = measured_shape(dec)
+    drafted = (tree_words(shape["tree"], shape["k"]) if shape["tree"] else f"chains of {shape['k']} draft "
+               f"tokens") + (f", draft threshold {shape['threshold']:g}" if shape["threshold"] else "")
+    lines = ["## Measured", "",
+             f"Measured by `drafterkit quickstart` with drafterkit's decoder (exact verification, greedy), recorded "
+             f"in `{qs['source']}`. The drafter alone, against plain decoding through the same engine in the same "
+             "run: this is what `drafterkit export` carries to a serving engine.", "",
+             "| benchmark | prompts x new tokens | tau (bonus included) | acceptance rate | acceptance per draft "
+             f"position (`-`: no proposal reached it; `(n=...)`: fewer than {FEW_PROPOSALS} did) | speed vs plain "
+             "decoding |", "|---|---|---|---|---|---|", *rows,
+             "",
+             f"- Decoding: {drafted}, temperature {cfg.get('temperature', 0.0)}, dtype {dec.get('dtype', '?')}.",
+             f"- Machine: {mach.get('device', '?')}, {mach.get('cpu_count', '?')} CPUs, {mach.get('threads', '?')} "
+             f"threads, torch {mach.get('torch', '?')}, transformers {mach.get('transformers', '?')}."]
+    if note := busy_note(mach):
+        lines.append(f"- **Busy machine**: {note}.")
+    if extra:
+        lines += ["", "**Not carried by this export**: drafterkit's decoder also measured the drafter behind "
+                  "prompt lookup and retrieval from ShareGPT (`+rest`), which serving engines do not run with it:",
+                  "", *extra]
+    commands = [c for c in dec.get("commands") or [] if isinstance(c, str)]
+    if commands:
+        lines += ["", "Reproduce (the same rows, side by side with plain decoding):", "", "```bash", *commands, "```"]
+    return lines + [""]
+
+
+def measured_section(rec: dict, ckpt: Path, target: str | None, k: int) -> list[str]:
+    """Markdown lines: the recorded evaluation of these weights (the quickstart's first, :func:`quickstart_section`),
+    else "Not measured" and the command."""
+    if rec.get("quickstart") and (lines := quickstart_section(rec["quickstart"])):
+        return lines
+    ev, ev_cfg = rec["eval"], recipe_section(rec["recipe"], "eval")
+    command = ["```bash", eval_command(ckpt, target, k), "```"]
+    if ev is None:
+        return ["## Measured", "", "**Not measured**: the checkpoint this export came from holds no evaluation record "
+                "(`eval.json`, an entry of `trainer_state.json`'s history at its step, or the run's "
+                "`eval/step-N.json`). Measure it with drafterkit's decoder against plain decoding:", "", *command, ""]
+    prompts = ev.get("prompts") or {}
+    per_pos = ", ".join(f"{a:.3f}" for a in ev.get("accept_per_position") or [])
+    setup = (f"step {ev.get('step', '?')}, {prompts.get('used', ev_cfg.get('num_prompts', '?'))} prompts of "
+             f"{prompts.get('benchmark', ev_cfg.get('prompts', '?'))}, {ev_cfg.get('max_new_tokens', '?')} new tokens, "
+             f"chains of {ev_cfg.get('k', '?')} draft tokens, temperature {ev_cfg.get('temperature', '?')}, target "
+             f"{recipe_section(rec['recipe'], 'target').get('dtype', '?')}")
+    return ["## Measured", "",
+            f"Measured during training by drafterkit's decoder (exact verification), recorded in "
+            f"`{rec['eval_source']}`:",
+            "", "| metric | value |", "|---|---|",
+            f"| tau (tokens per target forward, bonus included) | {ev['tau']:.3f} |",
+            f"| acceptance rate | {ev.get('acceptance_rate', float('nan')):.3f} |",
+            f"| acceptance per draft position | {per_pos} |",
+            f"| tokens/s (on the training machine) | {ev.get('tokens_per_s', float('nan')):.1f} |",
+            f"| setup | {setup} |", "",
+            "Speed depends on the machine and the engine; measure it against plain decoding with:", "", *command, ""]
