@@ -187,6 +187,8 @@ def test_vllm_peagle_export_holds_what_vllms_parallel_drafting_loads(tmp_path):
     tensors = load_file(str(out / "model.safetensors"))
     assert tensors["mask_hidden"].shape == (3 * target.config.hidden_size,) and "d2t" in tensors
     assert "midlayer.self_attn.q_proj.weight" in tensors and not any(k.startswith("embed") for k in tensors)
+    card = (out / "README.md").read_text()  # the model card serves it with vLLM's parallel drafting
+    assert '"method": "eagle3"' in card and '"parallel_drafting": true' in card and "P-EAGLE head" in card
     back = load_peagle_export(out, target)
     st = _state(target, [[5, 6, 7, 8]], d.feature_layers)
     d.reset(1)
