@@ -218,6 +218,22 @@ def test_ruff_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("page", sorted((ROOT / "docs" / "benchmarks").glob("*.md")), ids=lambda p: p.name)
+def test_every_benchmark_page_gives_its_command_machine_and_date_and_is_listed(page):
+    """docs/benchmarks/: one page per capability, each with the command that reproduces its figures (a code
+    block) and, once it holds a table of figures, the machine they ran on and a date; the index links every
+    page."""
+    text = page.read_text()
+    if page.name == "index.md":
+        return
+    assert "```" in text, f"{page.name}: no command (a code block) reproduces its figures"
+    if "|---" in text:  # measured figures: where and when
+        assert re.search(r"machine|CPU-[A-Z]|GPU|H100|H200|A100", text, re.I), f"{page.name}: no machine named"
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", text), f"{page.name}: no date (YYYY-MM-DD) for its figures"
+    assert f"({page.name})" in (ROOT / "docs" / "benchmarks" / "index.md").read_text(), \
+        f"docs/benchmarks/index.md does not link {page.name}"
+
+
 @pytest.mark.parametrize("pkg", sorted(RANKS))
 def test_tests_mirror_the_packages(pkg):
     """Each package has tests named after it (tests/test_<package>_*.py)."""

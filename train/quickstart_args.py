@@ -9,8 +9,8 @@ from drafterkit.speceval.eval_args import EvalConfig, thread_count
 
 #: Draft shapes the quickstart measures: a static tree (the 3 best first tokens, 2 after each, then one per
 #: depth to depth 5, so prompt lookup's chains keep K = 5 tokens behind it: 3 + 6 + 6 + 6 + 6 nodes before
-#: the threshold prunes them). It beat the chain of 5 in every side-by-side run (BENCHMARKS.md, "Draft trees
-#: and confidence thresholds"); add ``--tree chain`` to measure the chain too.
+#: the threshold prunes them). It beat the chain of 5 in every side-by-side run
+#: (docs/benchmarks/trees-and-thresholds.md); add ``--tree chain`` to measure the chain too.
 DEFAULT_TREES = ("3,2,1,1,1",)
 #: the confidence threshold the quickstart measures when neither ``--draft-threshold`` nor a tuned setting says
 DEFAULT_THRESHOLD = "0.1"
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=EVAL_DEFAULTS.num_prompts, help="eval prompts per benchmark")
     p.add_argument("--max-new-tokens", type=int, default=EVAL_DEFAULTS.max_new_tokens,
                    help=f"new tokens per answer (default {EVAL_DEFAULTS.max_new_tokens}; speedups grow with the answer "
-                        "length on this target, see BENCHMARKS.md)")
+                        "length on this target, see docs/benchmarks/lookup-and-retrieval.md)")
     p.add_argument("--baselines", default=",".join(QUICK_BASELINES),
                    help="comma-separated, as in drafterkit eval (default: engine,hf; hf-assisted adds transformers' "
                         "assisted generation, which exists only for a draft LM measured as a chain without a "
