@@ -124,6 +124,9 @@ def test_recipe_refuses_accept_len_over_a_one_position_chain():
     with pytest.raises(RecipeError, match="num_depths"):
         recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"weights": {"accept_len": 1.0}, "draft_steps": 3},
                           "drafter": {"kind": "peagle", "options": {"num_depths": 1}}})
+    with pytest.raises(RecipeError, match="give 3 hidden_states ids"):
+        recipe_from_dict({"output_dir": "/tmp/unused", "drafter": {"kind": "peagle", "options": {
+            "feature_layers": [1, 2]}}})
     with pytest.raises(RecipeError, match="data.on_policy_fraction"):
         recipe_from_dict({"output_dir": "/tmp/unused", "data": {"on_policy_fraction": 0.5},
                           "drafter": {"kind": "peagle"}})
