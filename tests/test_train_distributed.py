@@ -36,8 +36,20 @@ def test_a_sharded_engine_without_cuda_is_refused_naming_request_reason_and_reme
     with pytest.raises(RecipeError) as err:
         preflight(recipe)
     msg = str(err.value)
-    why = "no CUDA device" if engine == "FSDP" else "does not train with yet"
+    why = "no CUDA device" if engine == "FSDP" else "does not drive DeepSpeed's engine"
     assert f"asked for {engine} ({var}=true" in msg and why in msg and "torchrun --nproc_per_node" in msg
+    assert "train.shard=drafter" in msg and "\n" not in msg  # one line, naming drafterkit's FSDP2 to run instead
+
+
+def test_accelerates_fsdp_and_train_shard_together_are_refused(tmp_path, monkeypatch):
+    from drafterkit.train.prepare import preflight
+    from drafterkit.train.recipe import RecipeError
+
+    recipe = _recipe(tmp_path)
+    recipe.train.shard = "drafter"
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(RecipeError, match="train.shard=drafter \\(drafterkit's own FSDP2\\): use one"):
+        preflight(recipe)
 
 
 def test_an_accelerator_counting_fewer_processes_than_launched_is_refused(tmp_path, monkeypatch):

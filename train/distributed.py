@@ -21,7 +21,9 @@ from drafterkit.train.recipe import Recipe, RecipeError
 #: what ``accelerate launch`` sets from an accelerate config's ``distributed_type`` -> the engine's name
 _ENGINES = {"ACCELERATE_USE_DEEPSPEED": "DEEPSPEED", "ACCELERATE_USE_FSDP": "FSDP"}
 _NAMES = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}
-_CPU_DDP = "for data parallelism on CPU run: torchrun --nproc_per_node N -m drafterkit.train RECIPE.yaml train.cpu=true"
+_CPU_DDP = ("for data parallelism on CPU run: torchrun --nproc_per_node N -m drafterkit.train RECIPE.yaml "
+            "train.cpu=true (add train.shard=drafter to shard the drafter with FSDP2, drafter+target to shard the "
+            "target too)")
 
 
 def check_distributed_request(recipe: Recipe) -> str | None:
@@ -33,12 +35,14 @@ def check_distributed_request(recipe: Recipe) -> str | None:
     quietly builds plain data parallelism instead (FSDP), or a DeepSpeed engine in which every process
     believes it is alone (``num_processes == 1`` on every rank, each writing the same checkpoints).
 
-    DeepSpeed is refused everywhere for now: accelerate runs DeepSpeed's optimizer step inside
-    ``accelerator.backward``, before :func:`train.step.train_step` rescales the step's gradients to the
-    mean over its supervised tokens (``_normalise_gradients``), so the update would depend on the split.
+    DeepSpeed is refused everywhere: drafterkit does not drive DeepSpeed's engine (its ``backward`` /
+    ``step``, checkpoints and ZeRO-3 gathering), and accelerate's builds no engine on a CPU. Sharding is
+    drafterkit's own FSDP2 (``train.shard``, ``train.sharding``), which shards what ZeRO-3 shards.
+    accelerate's own FSDP (CUDA only) and ``train.shard`` are not combined.
 
     Raises:
-        RecipeError: DeepSpeed requested; FSDP requested with ``train.cpu: true`` or without a CUDA device.
+        RecipeError: DeepSpeed requested; FSDP requested with ``train.cpu: true``, without a CUDA device, or
+            with ``train.shard`` set.
     """
     requested = [engine for var, engine in _ENGINES.items() if os.environ.get(var, "").lower() in ("true", "1")]
     if not requested:
@@ -46,12 +50,15 @@ def check_distributed_request(recipe: Recipe) -> str | None:
     engine, var = requested[0], next(v for v, e in _ENGINES.items() if e == requested[0])
     if engine == "DEEPSPEED":
         raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which drafterkit does "
-                          "not train with yet: accelerate runs DeepSpeed's optimizer step inside backward, before the "
-                          "step's gradients are rescaled to the mean over its supervised tokens, so the update would "
-                          "depend on "
-                          "how the step is split across micro-batches and processes. Use DDP "
-                          "(recipes/accelerate/multi_gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml) on GPUs, or "
-                          f"{_CPU_DDP}")
+                          "not train with: it does not drive DeepSpeed's engine (backward, step, ZeRO checkpoints). "
+                          "Shard with drafterkit's FSDP2 instead, which shards what ZeRO-3 shards: launch without the "
+                          "DeepSpeed config and set train.shard=drafter (or drafter+target), e.g. accelerate launch "
+                          "--config_file recipes/accelerate/multi_gpu.yaml -m drafterkit.train RECIPE.yaml "
+                          f"train.shard=drafter on GPUs; {_CPU_DDP}")
+    if recipe.train.shard != "none":
+        raise RecipeError(f"the launcher asked for accelerate's FSDP ({var}=true) and the recipe sets train.shard="
+                          f"{recipe.train.shard} (drafterkit's own FSDP2): use one; launch without the FSDP config "
+                          "(recipes/accelerate/multi_gpu.yaml) to keep train.shard")
     if recipe.train.cpu or not torch.cuda.is_available():
         why = "train.cpu is true" if recipe.train.cpu else "this machine has no CUDA device"
         raise RecipeError(f"the launcher asked for {_NAMES[engine]} ({var}=true, from the accelerate config's "
@@ -79,12 +86,31 @@ def check_distributed_result(acc, requested: str | None) -> None:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """This process's peak memory in MiB: the CUDA caching allocator's peak allocation on ``device``
-    (``torch.cuda.max_memory_allocated``), else the process's peak resident set size (``ru_maxrss``; on
-    Linux in KiB), which also counts the Python runtime and the frozen target."""
+    """This process's peak memory in MiB since it started or since :func:`reset_peak_memory`: the CUDA caching
+    allocator's peak allocation on ``device`` (``torch.cuda.max_memory_allocated``), else the peak resident
+    set size (Linux: ``VmHWM`` of ``/proc/self/status``; elsewhere ``ru_maxrss``, which cannot be reset),
+    which also counts the Python runtime and the frozen target."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:")) / 1024.0  # kB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start :func:`peak_memory_mb` over from the current use (CUDA: ``reset_peak_memory_stats``; Linux:
+    ``5`` written to ``/proc/self/clear_refs`` resets ``VmHWM``), so the training steps' peak is measured
+    apart from loading: a target sharded after it loaded whole held it all once, before training."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
 
 
 def peak_memory_per_process(acc) -> list[float]:

@@ -44,7 +44,7 @@ from drafterkit.train.checkpoint import (
     prune_step_checkpoints,
     save_checkpoint,
 )
-from drafterkit.train.distributed import peak_memory_per_process
+from drafterkit.train.distributed import peak_memory_per_process, reset_peak_memory
 from drafterkit.train.evaluate import evaluate
 from drafterkit.train.export_args import suggested_output
 from drafterkit.train.prepare import assert_frozen, preflight, setup_run
@@ -68,6 +68,8 @@ class TrainResult:
     drafter: str = ""  # the drafter folder to evaluate / export: best/drafter if evaluated, else last/drafter
     signal: int | None = None
     peak_memory_mb: list[float] = field(default_factory=list)  # per process, rank order (train.distributed)
+    # per process, the peak from the first optimizer step on (setup and loading excluded)
+    train_peak_memory_mb: list[float] = field(default_factory=list)
 
 
 class StopOnSignal:
@@ -152,6 +154,8 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
                       init_kwargs={"wandb": {"name": recipe.logging.run_name, "dir": str(paths.logs)}})
     data = batches(ctx.data, recipe, state, acc.process_index, acc.num_processes, ctx.pad_id)
     result = TrainResult(global_step=state.global_step, stopped="max_steps", output_dir=str(paths.root))
+    setup_peak = peak_memory_per_process(acc)
+    reset_peak_memory(acc.device)
     with StopOnSignal() as stop:
         _run_steps(ctx, data, state, result, stop, budget_start)
         if result.stopped == "max_minutes":
@@ -159,7 +163,9 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
             ev = _maybe_evaluate(ctx, state, final=True)
             result.evals += [ev] if ev else []
         _save(ctx, paths.last, state)
-    result.peak_memory_mb = peak_memory_per_process(acc)  # before end_training, which ends the process group
+    # before end_training, which ends the process group
+    result.train_peak_memory_mb = peak_memory_per_process(acc)
+    result.peak_memory_mb = [max(a, b) for a, b in zip(setup_peak, result.train_peak_memory_mb)]
     acc.end_training()
     result.global_step, result.best_score, result.signal = state.global_step, state.best_score, stop.signum
     result.drafter = str(_report_drafter(ctx, state, result, resume_hint))

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"output_dir": result.output_dir, "global_step": result.global_step,
                           "stopped": result.stopped, "final_loss": result.losses[-1] if result.losses else None,
                           "best_score": result.best_score, "drafter": result.drafter,
-                          "peak_memory_mb": result.peak_memory_mb}))
+                          "peak_memory_mb": result.peak_memory_mb,
+                          "train_peak_memory_mb": result.train_peak_memory_mb}))
     if result.stopped == "interrupted":
         return 128 + (result.signal or signal.SIGINT)
     return 0
