@@ -71,7 +71,7 @@ def unseen_prompt_files(out: Path) -> dict[str, Path]:
     """JSONL prompt files of questions the quickstart never measures: MT-bench's second question of each
     category (first turns) and HumanEval problems 8-15 (with the eval's own code request)."""
     from drafterkit.speceval.prompts import HUMANEVAL_REQUEST
-    from drafterkit.assets.conversations import load_humaneval, load_mt_bench
+    from drafterkit.assets.prompt_files import load_humaneval, load_mt_bench
 
     by_cat: dict[str, list[dict]] = {}
     for q in load_mt_bench():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drafterkit.assets import conversations as P
-from drafterkit.assets import pinned
+from drafterkit.assets import pinned, prompt_files
 from drafterkit.assets.chat import ChatTemplateError, render_chat
 
 BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
@@ -92,7 +92,7 @@ def check_benchmark(benchmark: str) -> None:
             raise ValueError(f"--benchmark {benchmark}: no such file")
         with warnings.catch_warnings():  # a torn line is said once, when select_prompts reads the file
             warnings.simplefilter("ignore", UserWarning)
-            P.load_prompts_jsonl(benchmark)
+            prompt_files.load_prompts_jsonl(benchmark)
         return
     close = [b for b in BENCHMARKS if b.replace("-", "") == benchmark.lower().replace("-", "").replace("_", "")]
     hint = f" (did you mean {close[0]}?)" if close else ""
@@ -106,7 +106,7 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
                    ) -> PromptSelection:
     """Eval prompts for ``benchmark`` (``mt-bench`` first turns balanced over its 8 categories,
     ``humaneval`` (category ``code``), ``sharegpt`` held-out first turns, or a ``.jsonl`` file read
-    by ``assets.conversations.load_prompts_jsonl``), chat-templated with ``tok`` (:func:`chat_ids`).
+    by ``assets.prompt_files.load_prompts_jsonl``), chat-templated with ``tok`` (:func:`chat_ids`).
 
     The ONE function that turns a benchmark into token ids, for ``drafterkit eval`` and for training's
     own evaluation (``train.evaluate.eval_prompt_ids``). A prompt longer than ``max_prompt_tokens``, or one
@@ -130,11 +130,11 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
     torn: list[int] = []  # unreadable lines of a prompt file
     if benchmark == "mt-bench":
         items = [dict(id=f"mt-bench/{q['question_id']}", category=q["category"],
-                      messages=[{"role": "user", "content": q["turns"][0]}]) for q in P.load_mt_bench()]
+                      messages=[{"role": "user", "content": q["turns"][0]}]) for q in prompt_files.load_mt_bench()]
     elif benchmark == "humaneval":
         items = [dict(id=p["task_id"], category="code",
                       messages=[{"role": "user", "content": HUMANEVAL_REQUEST.format(prompt=p["prompt"])}])
-                 for p in P.load_humaneval()]
+                 for p in prompt_files.load_humaneval()]
     elif benchmark == "sharegpt":
         fraction = P.HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
         source = heldout_source or pinned.fetch("sharegpt")
@@ -147,7 +147,7 @@ def select_prompts(benchmark: str, tok, num_prompts: int, *, max_prompt_tokens: 
         if not Path(benchmark).is_file():
             raise ValueError(f"--benchmark {benchmark}: no such file")
         lines: list[int] = []  # each prompt's line: prompts and skipped lines are both named FILE:LINE
-        msgs = P.load_prompts_jsonl(benchmark, skipped_lines=torn, lines=lines)
+        msgs = prompt_files.load_prompts_jsonl(benchmark, skipped_lines=torn, lines=lines)
         items = [dict(id=f"{Path(benchmark).name}:{n}", category=Path(benchmark).stem, messages=m)
                  for n, m in zip(lines, msgs)]
     else:

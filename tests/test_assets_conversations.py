@@ -11,6 +11,7 @@ import warnings
 import pytest
 
 from drafterkit.assets import conversations as prompts
+from drafterkit.assets import prompt_files
 from drafterkit.assets.conversations import (
     LoaderStats,
     heldout_prompts,
@@ -197,28 +198,28 @@ def test_prompts_jsonl(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "system", "content": "s"}, '
                     '{"role": "user", "content": "u"}, {"role": "assistant", "content": "cut"}]}\n')
-    assert prompts.load_prompts_jsonl(path) == [
+    assert prompt_files.load_prompts_jsonl(path) == [
         [{"role": "user", "content": "hi"}],
         [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]]
     path.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
     with pytest.raises(ValueError, match=r"p.jsonl:2: expected a non-empty string 'prompt'"):
-        prompts.load_prompts_jsonl(path)
+        prompt_files.load_prompts_jsonl(path)
     path.write_text("")
     with pytest.raises(ValueError, match="is empty"):
-        prompts.load_prompts_jsonl(path)
+        prompt_files.load_prompts_jsonl(path)
     path.write_text('{"prompt": "one"}\n{"prompt": "two"}\n{"prompt": "thr')  # cut mid-line, as train tolerates
     with pytest.warns(UserWarning, match=r"p.jsonl: skipped line 3: not a JSON object"):
-        assert prompts.load_prompts_jsonl(path) == [[{"role": "user", "content": "one"}],
+        assert prompt_files.load_prompts_jsonl(path) == [[{"role": "user", "content": "one"}],
                                                     [{"role": "user", "content": "two"}]]
 
 
 def test_mt_bench_and_humaneval_assets():
-    mt = prompts.load_mt_bench()
+    mt = prompt_files.load_mt_bench()
     assert len(mt) == 80 and len({q["question_id"] for q in mt}) == 80
     assert all(len(q["turns"]) == 2 for q in mt)
     cats = {q["category"] for q in mt}
     assert {"writing", "coding", "math"} <= cats and len(cats) == 8
-    he = prompts.load_humaneval()
+    he = prompt_files.load_humaneval()
     assert len(he) == 164 and he[0]["task_id"] == "HumanEval/0"
     assert all("def " in p["prompt"] for p in he)
 
@@ -227,7 +228,7 @@ def test_mt_bench_bad_line_names_file_and_line(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text('{"question_id": 1, "category": "x", "turns": ["a"]}\n{"question_id": 2, "turns": ["b"]}\n')
     with pytest.raises(ValueError, match=r"q.jsonl:2: field 'category' missing"):
-        prompts.load_mt_bench(path)
+        prompt_files.load_mt_bench(path)
 
 
 @pytest.mark.slow
@@ -247,15 +248,15 @@ def test_utf8_bom_is_accepted_by_every_reader(tmp_path):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text(bom + json.dumps({"prompt": "héllo"}) + "\n" + json.dumps({"prompt": "second"}) + "\n",
                      encoding="utf-8")
-    assert prompts.load_prompts_jsonl(jsonl) == [[{"role": "user", "content": "héllo"}],
+    assert prompt_files.load_prompts_jsonl(jsonl) == [[{"role": "user", "content": "héllo"}],
                                                  [{"role": "user", "content": "second"}]]
     mt = tmp_path / "q.jsonl"
     mt.write_text(bom + json.dumps({"question_id": 1, "category": "x", "turns": ["a", "b"]}) + "\n", encoding="utf-8")
-    assert prompts.load_mt_bench(mt)[0]["question_id"] == 1
+    assert prompt_files.load_mt_bench(mt)[0]["question_id"] == 1
     he = tmp_path / "he.jsonl.gz"
     with gzip.open(he, "wt", encoding="utf-8") as f:
         f.write(bom + json.dumps({"task_id": "t/0", "prompt": "def f():"}) + "\n")
-    assert prompts.load_humaneval(he) == [{"task_id": "t/0", "prompt": "def f():"}]
+    assert prompt_files.load_humaneval(he) == [{"task_id": "t/0", "prompt": "def f():"}]
     conv = {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     for name, text in (("arr.json", json.dumps([conv])), ("lines.jsonl", json.dumps(conv) + "\n")):
         path = tmp_path / name

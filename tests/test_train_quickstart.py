@@ -19,6 +19,7 @@ from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters.export import export
 from drafterkit.speceval import report
 from drafterkit.train import quickstart
+from drafterkit.train import quickstart_stages as qstages
 from drafterkit.cli import build_parser, main, parse
 from drafterkit.train.quickstart_report import (
     drop_report,
@@ -113,9 +114,9 @@ def tiny_quickstart(tmp_path_factory):
     args = parse(build_parser(), ["quickstart", "--output-dir", str(root / "qs"), "--dtype", "fp32",
                                   "--num-prompts", "1", "--max-new-tokens", "8", "--baselines", "engine,hf",
                                   "--exactness-prompts", "1", "--no-progress"])
-    records = quickstart.eval_stage(ckpt, args, target, tok, 5, store, target_name=str(root / "target"),
+    records = qstages.eval_stage(ckpt, args, target, tok, 5, store, target_name=str(root / "target"),
                                     datastore_source=str(npz))
-    reproduce = quickstart.record_decoding(ckpt, records, root / "qs")
+    reproduce = qstages.record_decoding(ckpt, records, root / "qs")
     return root, ckpt, records, reproduce, args, tok, store
 
 
@@ -125,7 +126,7 @@ def _outputs(record: dict) -> dict:
 
 def test_the_printed_eval_commands_reproduce_the_eval_stage_rows(tiny_quickstart, capsys):
     root, ckpt, records, reproduce, *_ = tiny_quickstart
-    assert len(reproduce["commands"]) == len(quickstart.BENCHMARKS)
+    assert len(reproduce["commands"]) == len(qstages.BENCHMARKS)
     for (bench, rec), command in zip(records.items(), reproduce["commands"]):
         argv = shlex.split(command)
         assert argv[:2] == ["drafterkit", "eval"] and f"--benchmark {bench}" in command
@@ -180,9 +181,9 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
         assert rows["ngram"]["method"] == "ngram tree=3,2,1,1,1" and rows["ngram"]["role"] == "reference"
         assert [r["factor"] for r in rec["factors"] if r["export"]] == ["drafter"]
     args.dtype = "bf16"  # measured in bf16: a separate fp32 run checks exactness
-    exactness = quickstart.exactness_stage(records, args, tok, store)
-    assert exactness["source"] == quickstart.SEPARATE_CHECK and exactness["checked"]
-    assert exactness["prompts"] == len(quickstart.BENCHMARKS) and len(exactness["methods"]) == 2
+    exactness = qstages.exactness_stage(records, args, tok, store)
+    assert exactness["source"] == qstages.SEPARATE_CHECK and exactness["checked"]
+    assert exactness["prompts"] == len(qstages.BENCHMARKS) and len(exactness["methods"]) == 2
     assert all(m == {"identical": 2, "compared": 2} for m in exactness["methods"].values())
     train = dict(kind="eagle3", recipe="recipes/eagle3.yaml", global_step=1, stopped="max_minutes", final_loss=None,
                  losses=[], checkpoint=str(ckpt))
@@ -247,12 +248,12 @@ def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys)
     from drafterkit.train.quickstart_plan import Stages
 
     args = parse(build_parser(), ["quickstart", "--dtype", "bf16"])
-    assert quickstart.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]
+    assert qstages.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]
     args = parse(build_parser(), ["quickstart", "--dtype", "fp32", "--no-hybrid", "--no-tune"])  # fp32 rows: checked
-    assert quickstart.stage_names(args) == ["fetch", "train", "eval", "report"]
-    assert "prompt lookup alone" in quickstart.eval_words(args) and "retrieval" not in quickstart.eval_words(args)
+    assert qstages.stage_names(args) == ["fetch", "train", "eval", "report"]
+    assert "prompt lookup alone" in qstages.eval_words(args) and "retrieval" not in qstages.eval_words(args)
     timings = {}
-    stages = Stages(quickstart.stage_names(args), timings)
+    stages = Stages(qstages.stage_names(args), timings)
     with stages.stage("train", "eagle3 from recipes/eagle3.yaml", "the --minutes budget: 14.5 min"):
         pass
     with stages.stage("report", "report.md", "seconds", record=False):
@@ -267,22 +268,22 @@ def test_the_eval_measures_tune_s_winner_only_when_it_beat_plain_decoding_and_no
     tuned = lambda speedup: {"winners": {"1": dict(tree="dynamic:12:4:3", k=4, draft_threshold=0.05,  # noqa: E731
                                                    speedup=speedup)}}
     args = parse(build_parser(), ["quickstart"])
-    k, note = quickstart.apply_tuned(args, 5, tuned(1.3))
+    k, note = qstages.apply_tuned(args, 5, tuned(1.3))
     assert (k, args.trees, args.draft_thresholds) == (4, ["dynamic:12:4:3"], "0.05")
     assert note == ("tune chose tree=dynamic:12:4:3 @0.05 (1.30x plain decoding on the tuning prompts): "
                     "the eval measures it")
     args = parse(build_parser(), ["quickstart"])
-    k, note = quickstart.apply_tuned(args, 5, tuned(0.9))  # a slowdown is never the measured setting
+    k, note = qstages.apply_tuned(args, 5, tuned(0.9))  # a slowdown is never the measured setting
     assert (k, args.trees, args.draft_thresholds) == (5, None, None) and "was not faster than plain decoding" in note
     assert note.endswith("the fixed tree 3,2,1,1,1 instead")
     slow_fixed = {"winners": {"1": dict(tree="3,2,1,1,1", k=5, draft_threshold=0.1, speedup=0.9)}}
-    note = quickstart.apply_tuned(parse(build_parser(), ["quickstart"]), 5, slow_fixed)[1]
+    note = qstages.apply_tuned(parse(build_parser(), ["quickstart"]), 5, slow_fixed)[1]
     assert note.endswith("the fixed tree 3,2,1,1,1 all the same")  # not "the fixed tree ... instead" of itself
     for given in (["--tree", "chain"], ["--draft-threshold", "0.2"]):  # explicit flags win
         args = parse(build_parser(), ["quickstart", *given])
-        k, note = quickstart.apply_tuned(args, 5, tuned(1.3))
+        k, note = qstages.apply_tuned(args, 5, tuned(1.3))
         assert k == 5 and "given instead" in note and args.trees == (["chain"] if "--tree" in given else None)
-    assert quickstart.apply_tuned(parse(build_parser(), ["quickstart"]), 5, None)[0] == 5
+    assert qstages.apply_tuned(parse(build_parser(), ["quickstart"]), 5, None)[0] == 5
 
 
 def test_the_tune_stage_records_its_winner_and_the_eval_measures_it(tiny_quickstart, tmp_path, prompts_file):
@@ -294,16 +295,16 @@ def test_the_tune_stage_records_its_winner_and_the_eval_measures_it(tiny_quickst
     mine = tmp_path / "train" / "checkpoints" / "last"
     shutil.copytree(ckpt, mine)  # the fixture's checkpoint is shared by the other tests
     target, _ = load_target(str(root / "target"), dtype="fp32", device="cpu")
-    rec = quickstart.tune_stage(mine, args, target, tok, target_name=str(root / "target"), benchmark=str(prompts_file),
+    rec = qstages.tune_stage(mine, args, target, tok, target_name=str(root / "target"), benchmark=str(prompts_file),
                                 num_prompts=1, max_new_tokens=4, ks=[2], dynamic=["dynamic:4:2:2"], thresholds=[0.0])
     assert rec["file"] == str(mine / "drafter" / "decoding.json") and set(rec["winners"]) == {"1"}
     assert rec["search"]["candidates"] == 3  # chain K=2, the fixed tree, one dynamic tree
-    k, note = quickstart.apply_tuned(args, 5, rec)
-    records = quickstart.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
+    k, note = qstages.apply_tuned(args, 5, rec)
+    records = qstages.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
                                     datastore_source=str(root / "store.npz"))
     shape = records["mt-bench"]["config"]["trees"]
     assert shape == ([rec["winners"]["1"]["tree"]] if "the eval measures it" in note else ["3,2,1,1,1"]), note
-    quickstart.record_decoding(mine, records, tmp_path)  # the quickstart's own record keeps tune's entry
+    qstages.record_decoding(mine, records, tmp_path)  # the quickstart's own record keeps tune's entry
     kept = json.loads((mine / "drafter" / "decoding.json").read_text())
     assert kept["written_by"] == "drafterkit quickstart" and kept["tuned"]["winners"] == rec["winners"]
 
@@ -320,8 +321,8 @@ def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_qu
     target, _ = load_target(str(root / "target"), dtype="bf16", device="cpu")
     search = dict(target_name=str(root / "target"), benchmark=str(prompts_file), num_prompts=1, max_new_tokens=4,
                   ks=[2], dynamic=[], thresholds=[0.0])
-    alone = quickstart.tune_stage(mine, args, target, tok, **search)
-    rest = quickstart.tune_stage(mine, args, target, tok, behind="+rest", datastore=store, **search)
+    alone = qstages.tune_stage(mine, args, target, tok, **search)
+    rest = qstages.tune_stage(mine, args, target, tok, behind="+rest", datastore=store, **search)
     assert rest["search"]["incumbent"] == "chain K=5 @0.1" and alone["search"]["incumbent"] == "tree=3,2,1,1,1 @0.1"
     # an untrained tiny head is no faster than plain decoding; mark both winners faster, as a trained head's are
     path = mine / "drafter" / "decoding.json"
@@ -329,21 +330,21 @@ def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_qu
     for key, rec in (("tuned", alone), ("tuned+rest", rest)):
         saved[key]["winners"]["1"]["speedup"] = rec["winners"]["1"]["speedup"] = 1.3
     path.write_text(json.dumps(saved))
-    k, note = quickstart.apply_tuned(args, 5, alone, rest)
+    k, note = qstages.apply_tuned(args, 5, alone, rest)
     assert args.trees == ["auto"] and "each in its own tuned shape" in note and k == 5
-    assert "prompt lookup alone as a chain of 5" in quickstart.eval_words(args, k)
-    records = quickstart.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
+    assert "prompt lookup alone as a chain of 5" in qstages.eval_words(args, k)
+    records = qstages.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
                                     datastore_source=str(root / "store.npz"))
     spec = [r["method"] for r in records["mt-bench"]["summary"] if r["role"] == "spec"]
     assert sum("(tuned)" in m for m in spec) == 2 and "ngram" in spec, spec  # ngram: a chain of K, no tree
     factors = records["mt-bench"]["factors"]
     assert {f["factor"] for f in factors} >= {"drafter", "lookup", "ngram"}  # the tuned rows pair up
     assert next(f for f in factors if f["factor"] == "ngram")["shape"] == "chain of 5"
-    shapes = quickstart.measured_shapes(alone, rest, mine)
-    check = quickstart.exactness_stage(records, args, tok, store, shapes)
-    assert check["source"] == quickstart.SEPARATE_CHECK and check["checked"] and len(check["methods"]) == 2
+    shapes = qstages.measured_shapes(alone, rest, mine)
+    check = qstages.exactness_stage(records, args, tok, store, shapes)
+    assert check["source"] == qstages.SEPARATE_CHECK and check["checked"] and len(check["methods"]) == 2
     assert all(m["identical"] == m["compared"] for m in check["methods"].values()), check
-    quickstart.record_decoding(mine, records, tmp_path, shapes=shapes)  # the drafter's own shape, spelled out
+    qstages.record_decoding(mine, records, tmp_path, shapes=shapes)  # the drafter's own shape, spelled out
     kept = json.loads(path.read_text())
     assert kept["trees"] == [alone["winners"]["1"]["tree"]] and kept["k"] == alone["winners"]["1"]["k"], kept
 
@@ -389,7 +390,7 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
         assert factors["end to end"]["ratio"] == pytest.approx(factors["engine"]["ratio"] * factors["drafter"]["ratio"]
                                                                * factors["lookup"]["ratio"])
     ex = rep["exactness"]
-    assert ex["source"] == quickstart.SEPARATE_CHECK and ex["prompts"] == 2 and len(ex["methods"]) == 2
+    assert ex["source"] == qstages.SEPARATE_CHECK and ex["prompts"] == 2 and len(ex["methods"]) == 2
     assert all(m["identical"] == m["compared"] == 2 for m in ex["methods"].values())
     recorded = json.loads(Path(rep["reproduce"]["decoding_json"]).read_text())
     assert (recorded["dtype"], recorded["trees"], recorded["draft_thresholds"]) == ("bf16", ["3,2,1,1,1"], [0.1])
@@ -433,7 +434,7 @@ def test_no_train_needs_an_earlier_training_and_rebuilds_its_summary_from_the_ch
     (tmp_path / "qs" / "report.json").write_text(json.dumps({"train": {"global_step": 7, "losses": [1.0]}}))
     assert earlier_training(tmp_path / "qs", recipe)["losses"] == [1.0]  # the report's, same step
     args = parse(build_parser(), ["quickstart", "--no-train", "--no-hybrid", "--dtype", "fp32"])
-    assert quickstart.stage_names(args) == ["fetch", "tune", "eval", "report"]
+    assert qstages.stage_names(args) == ["fetch", "tune", "eval", "report"]
 
 
 def test_overwrite_drops_the_earlier_report_with_its_plots(tmp_path):
@@ -477,11 +478,11 @@ def test_an_eval_block_says_the_later_stage_checks_exactness_and_names_its_tree(
     from drafterkit.assets.console import make_console
     from drafterkit.speceval.bench import print_record, shape_words
 
-    note = quickstart.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "bf16"]))
+    note = qstages.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "bf16"]))
     assert note == ("checked after these measurements, in the exactness stage (fp32, greedy, 2 prompts per benchmark "
                     "vs plain decoding)")
-    assert quickstart.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "fp32"])) is None
-    assert quickstart.exactness_later(parse(build_parser(), ["quickstart", "--exactness-prompts", "0"])) is None
+    assert qstages.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "fp32"])) is None
+    assert qstages.exactness_later(parse(build_parser(), ["quickstart", "--exactness-prompts", "0"])) is None
     record = dict(config=dict(benchmark="mt-bench", max_new_tokens=128, temperature=0.0, k=5, trees=["3,2,1,1,1"]),
                   prompts=[1, 2], machine=dict(dtype="bfloat16", device="cpu"),
                   summary=[dict(role="spec", method="m", k=5, tau=2.0, acceptance_rate=0.5, accept_per_position=[0.5],
