@@ -20,6 +20,7 @@ Knobs keep vLLM's names without its ``suffix_decoding_`` prefix: ``max_tree_dept
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -118,6 +119,11 @@ class SuffixDrafter(Drafter):
         self._held: list[int] = []  # output ids in the global tree, oldest first (an active row's included)
         self._rows: list[dict | None] = []
         self.source_rows = {"prompt": 0, "outputs": 0, "corpus": 0, "none": 0}
+
+    def settings(self) -> dict:
+        """The knobs and the corpus size, as ``drafterkit eval`` records them: :class:`SuffixConfig`'s fields and
+        ``corpus_tokens`` (None: no corpus)."""
+        return dict(dataclasses.asdict(self.config), corpus_tokens=None if self.corpus is None else self.corpus.size)
 
     def check_compatible(self, target, vocab_size: int) -> None:
         """Any target (the proposer copies token ids); a corpus of a larger vocabulary is refused."""

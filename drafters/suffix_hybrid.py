@@ -48,11 +48,9 @@ class SuffixHybrid(LookupHybrid):
         self.kind = f"{getattr(drafter, 'kind', type(drafter).__name__)}+suffix"
 
     def settings(self) -> dict:
-        """The suffix knobs and ``min_score`` (``None``: the draft length), as ``drafterkit eval`` records them."""
-        from dataclasses import asdict
-
-        return dict(asdict(self.suffix.config), min_score=self.min_score,
-                    corpus_tokens=None if self.suffix.corpus is None else self.suffix.corpus.size)
+        """The suffix knobs (:meth:`drafters.suffix.SuffixDrafter.settings`) and ``min_score`` (``None``: the draft
+        length), as ``drafterkit eval`` records them."""
+        return dict(self.suffix.settings(), min_score=self.min_score)
 
     def check_compatible(self, target: torch.nn.Module, vocab_size: int) -> None:
         self.drafter.check_compatible(target, vocab_size)

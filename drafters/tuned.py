@@ -27,8 +27,9 @@ from drafterkit.drafters.base import weights_sha256
 
 DECODING_FILE = "decoding.json"
 TUNED = "tuned"
-#: spec suffixes that put a drafter behind prompt lookup (``+ngram``) or lookup + retrieval (``+rest``)
-LOOKUP_SUFFIXES = ("+ngram", "+rest")
+#: spec suffixes that put a drafter behind prompt lookup (``+ngram``), lookup + retrieval (``+rest``) or suffix
+#: decoding (``+suffix``, ``drafters.suffix_hybrid.SuffixHybrid``)
+LOOKUP_SUFFIXES = ("+ngram", "+rest", "+suffix")
 
 
 def tuned_key(behind: str = "") -> str:

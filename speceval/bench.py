@@ -72,6 +72,7 @@ from drafterkit.speceval.methods import (
     check_drafter_spec,
     distinct_trees,
     retrieval_info,
+    suffix_info,
     say_export_source,
 )
 from drafterkit.speceval.prompts import select_prompts
@@ -105,7 +106,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
         prompts passed over and why, ``speceval.prompts.PromptSelection.skipped``; see ``speceval.report`` for
         the run and row fields; ``factors``: the speedup over ``generate`` split into measured factors,
         ``speceval.factors.headline_factors``; ``retrieval``, with ``+rest`` drafters only:
-        ``speceval.methods.retrieval_info``).
+        ``speceval.methods.retrieval_info``; ``suffix_decoding``, with suffix rows only: their knobs,
+        ``speceval.methods.suffix_info``).
 
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
@@ -153,6 +155,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
         summary=summary, factors=headline_factors(summary), exactness=exact, runs=runs, timings=timings)
     if retrieval := retrieval_info(specs):
         record["retrieval"] = retrieval
+    if suffix := suffix_info(specs):
+        record["suffix_decoding"] = suffix
     chains = [s for s in specs if s.tree is None]  # the K sweep varies chain length; trees have none
     if cfg.sweep and chains:
         t0 = time.perf_counter()

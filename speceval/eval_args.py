@@ -29,6 +29,12 @@ DEFAULT_DATASTORE = "sharegpt"
 RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds": "--draft-threshold"}
 
 
+def reads_corpus(spec: str) -> bool:
+    """Whether a ``--drafter`` spec reads ``--datastore``: ``SPEC+rest`` (retrieval), ``suffix`` and ``SPEC+suffix``
+    (the corpus as suffix decoding's global tree)."""
+    return spec == "suffix" or spec.endswith(("+rest", "+suffix"))
+
+
 def tree_spec(text: str) -> str:
     """argparse type of every ``--tree``: the spec without whitespace (no tree spec has meaningful spaces), so
     that ``' 3, 2 ,1'`` measures and labels as ``3,2,1``."""
@@ -61,10 +67,12 @@ class EvalConfig:
     target: str = field(default="smollm2-135m", metadata={"help": "smollm2-135m | local folder | Hub id"})
     drafters: list[str] = field(default_factory=lambda: ["ngram"], metadata={
         "flag": "--drafter", "action": "append", "metavar": "SPEC",
-        "help": "PATH (checkpoint) | ngram | draft:N (target truncated to N layers) | SPEC+ngram (prompt lookup first, "
-                "SPEC's drafter where the row's last 2+ tokens never occurred before) | SPEC+rest (as +ngram, plus "
-                "retrieval from --datastore merged into SPEC's tree, or its majority continuation on chains) | none; "
-                "repeatable"})
+        "help": "PATH (checkpoint) | ngram | suffix (suffix decoding, vLLM's method: suffix trees over the prompt "
+                "and output, plus --datastore's corpus) | draft:N (target truncated to N layers) | SPEC+ngram (prompt "
+                "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | SPEC+rest (as "
+                "+ngram, plus retrieval from --datastore merged into SPEC's tree, or its majority continuation on "
+                "chains) | SPEC+suffix (suffix decoding where its draft scores at least the draft length, else SPEC's "
+                "drafter) | none; repeatable"})
     benchmark: str = field(default="mt-bench", metadata={"help": "mt-bench | humaneval | sharegpt | FILE.jsonl"})
     num_prompts: int = field(default=8, metadata={"help": "prompts measured"})
     max_new_tokens: int = field(default=128, metadata={"help": "new tokens per answer at most"})
@@ -106,10 +114,11 @@ class EvalConfig:
     max_prompt_tokens: int = field(default=2048, metadata={"help": "skip longer prompts"})
     #: the ``+rest`` drafters' corpus (``--datastore``); ``None``: not given, they use ``DEFAULT_DATASTORE``
     datastore: str | None = field(default=None, metadata={
-        "help": "corpus the +rest drafters retrieve from: a pinned data asset (sharegpt), a ShareGPT/chat JSON(L) "
+        "help": "corpus the +rest drafters retrieve from and suffix / +suffix drafters index as their global "
+                "suffix tree: a pinned data asset (sharegpt), a ShareGPT/chat JSON(L) "
                 "file (assistant turns outside the held-out split), or a saved .npz; built once and cached under "
-                f"$DRAFTERKIT_HOME/datastores (default: {DEFAULT_DATASTORE}; given without a +rest drafter, it is "
-                "refused as unused)"})
+                f"$DRAFTERKIT_HOME/datastores (default: {DEFAULT_DATASTORE}; given without a +rest or suffix "
+                "drafter, it is refused as unused)"})
     progress: bool = field(default=True, metadata={"help": "no tqdm bars"})
 
     def validate(self) -> None:
@@ -136,10 +145,10 @@ class EvalConfig:
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
         check_benchmark(self.benchmark)
-        if self.datastore is not None and not any(d.endswith("+rest") for d in self.drafters):
-            raise ValueError(f"--datastore {self.datastore} is unused: only +rest drafters read a datastore and no "
-                             "--drafter ends in +rest; add --drafter PATH+rest (prompt lookup plus retrieval from it) "
-                             "or drop --datastore")
+        if self.datastore is not None and not any(reads_corpus(d) for d in self.drafters):
+            raise ValueError(f"--datastore {self.datastore} is unused: only +rest and suffix drafters read a datastore "
+                             "and no --drafter is suffix or ends in +rest / +suffix; add --drafter PATH+rest (prompt "
+                             "lookup plus retrieval from it) or --drafter suffix, or drop --datastore")
         if not self.draft_thresholds or any(not 0.0 <= t < 1.0 for t in self.draft_thresholds):
             raise ValueError(f"--draft-threshold values must be in [0, 1), got {self.draft_thresholds}")
         if not self.trees:

@@ -11,7 +11,8 @@ over ``generate``. That ratio is a product of ratios measured side by side in th
 Each factor is a ratio of two pooled tokens/s of the eval summary (``speceval.report.summarize_eval``),
 never a model of speculation, with a 95% interval from a paired bootstrap over the prompts both rows
 decoded (:func:`ratio_interval`): how far the ratio moves with the prompts drawn and the timing noise
-of each prompt's pair of runs. Prompt lookup alone (``ngram``) over plain decoding and the whole of
+of each prompt's pair of runs. Prompt lookup alone (``ngram``) and suffix decoding alone (``suffix``) over
+plain decoding and the whole of
 speculation over plain decoding are shown beside them as references (not part of the product).
 """
 
@@ -21,6 +22,9 @@ import random
 
 #: bootstrap draws of :func:`ratio_interval`, and the seed that makes an interval reproducible
 DRAWS, SEED = 2000, 0
+
+#: the model-free proposers measured as references beside a trained drafter (each a factor row of its name)
+MODEL_FREE = ("ngram", "suffix")
 
 #: how a factor row enters the headline: a factor of the product, a reference beside it, the
 #: speculation part of the product (drafter x lookup), or the headline itself
@@ -32,6 +36,7 @@ _WHAT = {
     "drafter": "the drafter alone vs the engine's plain decoding",
     "lookup": "{lookup} in front of the drafter vs the drafter alone",
     "ngram": "prompt lookup alone (`ngram`, no drafter, no training) vs the engine's plain decoding",
+    "suffix": "suffix decoding alone (`suffix`, no drafter, no training) vs the engine's plain decoding",
     "speculation": "{lookup} + the drafter vs the engine's plain decoding (= drafter x lookup)",
     "end to end": "the headline: {what} vs transformers `generate` (= the product of the factors)",
 }
@@ -92,7 +97,7 @@ def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, **ex
                 tokens_per_s=num["tokens_per_s"], over_tokens_per_s=den["tokens_per_s"],
                 ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), interval=ratio_interval(num, den),
                 export=name == "drafter",
-                shape=draft_shape(num, cutoff=True) if name in ("drafter", "ngram") else None, **extra)
+                shape=draft_shape(num, cutoff=True) if name in ("drafter", *MODEL_FREE) else None, **extra)
 
 
 def _tree(method: str) -> str | None:
@@ -118,8 +123,10 @@ def draft_shape(row: dict, cutoff: bool = False) -> str:
 
 
 def _lookup(method: str) -> tuple[str, str] | None:
-    """``(suffix, words)`` of a drafter behind prompt lookup (``+rest`` / ``+ngram``), else None."""
-    for suffix, words in (("+rest", "prompt lookup + retrieval"), ("+ngram", "prompt lookup")):
+    """``(suffix, words)`` of a drafter behind prompt lookup (``+rest`` / ``+ngram``) or suffix decoding
+    (``+suffix``), else None."""
+    for suffix, words in (("+rest", "prompt lookup + retrieval"), ("+ngram", "prompt lookup"),
+                          ("+suffix", "suffix decoding")):
         if suffix in method:
             return suffix, words
     return None
@@ -145,31 +152,31 @@ def _drafter_alone(combo: dict, trained: list[dict]) -> dict | None:
 
 def headline_factors(summary: list[dict]) -> list[dict]:
     """The factor rows of an eval summary, one group per headline row: every ``SPEC+rest`` /
-    ``SPEC+ngram`` spec row whose drafter-alone row ``SPEC`` was measured too, in the same shape or, both
-    ``(tuned)``, each in its own tuned shape (else every spec row of a trained drafter, whose headline is
+    ``SPEC+ngram`` / ``SPEC+suffix`` spec row whose drafter-alone row ``SPEC`` was measured too, in the same shape
+    or, both ``(tuned)``, each in its own tuned shape (else every spec row of a trained drafter, whose headline is
     engine x drafter).
 
     Returns:
         rows ``{"group" (the headline row's method), "factor" ("engine" | "drafter" | "lookup" | "ngram" |
-        "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method", "over" (the
-        two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
-        :func:`ratio_interval`, or None), "export" (True on the drafter-alone
-        row: the one factor ``drafterkit export`` carries to a serving engine), "shape" (the draft shape
-        in words of the drafter-alone and ``ngram`` rows, :func:`draft_shape` with its cutoff; None on the
-        others)}``; the ``end to end`` row
+        "suffix" | "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method", "over"
+        (the two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
+        :func:`ratio_interval`, or None), "export" (True on the drafter-alone row: the one factor ``drafterkit
+        export`` carries to a serving engine), "shape" (the draft shape in words of the drafter-alone, ``ngram``
+        and ``suffix`` rows, :func:`draft_shape` with its cutoff; None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
-        floating-point rounding), the ``ngram`` row ``"drafter_over"`` (``{"ratio", "interval"}``: the drafter
-        alone over prompt lookup alone, paired on the same prompts). Empty without a plain (``engine``) row.
-        ``engine`` and ``end to end``
-        need the ``hf`` row, ``ngram`` an ``ngram`` spec row (the one with the headline's tree if any).
+        floating-point rounding), the ``ngram`` and ``suffix`` rows ``"drafter_over"`` (``{"ratio",
+        "interval"}``: the drafter alone over that model-free proposer alone, paired on the same prompts). Empty
+        without a plain (``engine``) row. ``engine`` and ``end to end`` need the ``hf`` row, ``ngram`` /
+        ``suffix`` a spec row of that proposer (the one with the headline's tree if any).
     """
     plain = next((r for r in summary if r["role"] == "plain"), None)
     hf = next((r for r in summary if r["role"] == "hf"), None)
     specs = {r["method"]: r for r in summary if r["role"] == "spec"}
     if plain is None or not specs:
         return []
-    ngrams = [r for m, r in specs.items() if r["drafter"].split("#")[0].split(" ")[0] == "ngram"]
-    trained = [r for r in specs.values() if r not in ngrams]
+    free = {name: [r for r in specs.values() if r["drafter"].split("#")[0].split(" ")[0] == name]
+            for name in MODEL_FREE}  # the untrained references: prompt lookup, suffix decoding
+    trained = [r for r in specs.values() if not any(r in rows for rows in free.values())]
     bases = {r["method"]: _drafter_alone(r, trained) for r in trained if _lookup(r["method"])}
     combos = [r for r in trained if bases.get(r["method"]) is not None]
     rows: list[dict] = []
@@ -183,10 +190,11 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         group_rows.append(_row(group, "drafter", "factor", base, plain, _WHAT["drafter"]))
         if suffix:
             group_rows.append(_row(group, "lookup", "factor", head, base, _WHAT["lookup"].format(lookup=words)))
-        ngram = next((r for r in ngrams if _tree(r["method"]) == _tree(group)), ngrams[0] if ngrams else None)
-        if ngram is not None:  # with the drafter alone over it, paired: does training beat the untrained lookup?
-            vs = dict(ratio=_ratio(base["tokens_per_s"], ngram["tokens_per_s"]), interval=ratio_interval(base, ngram))
-            group_rows.append(_row(group, "ngram", "reference", ngram, plain, _WHAT["ngram"], drafter_over=vs))
+        for name, refs in free.items():
+            ref = next((r for r in refs if _tree(r["method"]) == _tree(group)), refs[0] if refs else None)
+            if ref is not None:  # with the drafter alone over it, paired: does training beat the untrained proposer?
+                vs = dict(ratio=_ratio(base["tokens_per_s"], ref["tokens_per_s"]), interval=ratio_interval(base, ref))
+                group_rows.append(_row(group, name, "reference", ref, plain, _WHAT[name], drafter_over=vs))
         if suffix:
             group_rows.append(_row(group, "speculation", "subtotal", head, plain,
                                    _WHAT["speculation"].format(lookup=words)))

@@ -1,5 +1,6 @@
-"""What ``drafterkit eval`` compares: drafter specs (``PATH`` | ``ngram`` | ``draft:N`` | ``SPEC+ngram`` |
-``SPEC+rest`` | ``none``) built into drafters, and the methods that produce an answer with them:
+"""What ``drafterkit eval`` compares: drafter specs (``PATH`` | ``ngram`` | ``suffix`` | ``draft:N`` |
+``SPEC+ngram`` | ``SPEC+rest`` | ``SPEC+suffix`` | ``none``) built into drafters, and the methods that produce an
+answer with them:
 ``decode.generate`` with and without a drafter, ``target.generate`` and transformers' own speculative path.
 
 A method's ``call(rows, seed, max_new)`` returns ``(sequences, wall_s, stats)``: the new tokens per row,
@@ -36,6 +37,8 @@ from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
 from drafterkit.drafters.ngram import NGramDrafter
+from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
+from drafterkit.drafters.suffix_hybrid import SuffixHybrid
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
 
 
@@ -80,7 +83,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
         ValueError: the spec is malformed or its path holds no drafter (the message says what it holds and
             the fix).
     """
-    if spec in ("none", "ngram"):
+    if spec in ("none", "ngram", "suffix"):
         return
     alone = "--drafter ngram" if flag.startswith("--") else f"drafterkit {flag} ngram --no-write"  # lookup alone
     for suffix in LOOKUP_SUFFIXES:
@@ -88,15 +91,19 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
             continue
         inner = spec[: -len(suffix)]
         if inner.endswith(LOOKUP_SUFFIXES):
-            raise ValueError(f"{flag} {spec}: give one of +ngram or +rest ('+rest' already includes prompt "
-                             "lookup): PATH+ngram or PATH+rest")
-        if inner in ("", "none", "ngram", "rest"):
-            what = "prompt lookup and retrieval" if suffix == "+rest" else "prompt lookup"
+            raise ValueError(f"{flag} {spec}: give one of +ngram, +rest or +suffix ('+rest' already includes prompt "
+                             "lookup): PATH+ngram, PATH+rest or PATH+suffix")
+        if inner in ("", "none", "ngram", "rest", "suffix"):
+            what = {"+rest": "prompt lookup and retrieval", "+suffix": "suffix decoding"}.get(suffix, "prompt lookup")
+            free = "prompt lookup"
+            if suffix == "+suffix":
+                free, alone = "suffix decoding", ("--drafter suffix" if flag.startswith("--")
+                                                  else f"drafterkit {flag} suffix --no-write")
             raise ValueError(f"{flag} {spec}: '{suffix}' puts {what} "
-                             f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for prompt lookup "
+                             f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for {free} "
                              f"alone use {alone})")
         return check_drafter_spec(inner, flag)
-    for prefix in ("ngram+", "rest+"):
+    for prefix in ("ngram+", "rest+", "suffix+"):
         if spec.startswith(prefix):
             raise ValueError(f"{flag} {spec}: write the drafter first and the lookup second: "
                              f"{spec[len(prefix):]}+{prefix[:-1]}")
@@ -104,7 +111,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     if tail is not None and "/" not in tail and not Path(spec).exists():
         hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
                 if "@" in tail else "")
-        raise ValueError(f"{flag} {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest{hint}")
+        raise ValueError(f"{flag} {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest, PATH+suffix{hint}")
     if spec.startswith("draft:"):
         if not spec.split(":", 1)[1].isdigit() or int(spec.split(":", 1)[1]) < 1:
             raise ValueError(f"{flag} {spec}: N must be an int >= 1 (layers of the target kept)")
@@ -125,7 +132,10 @@ def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") ->
     last 2+ tokens occurred before copy what followed, the rest use the drafter); ``SPEC+rest`` -> the
     same plus retrieval from a corpus datastore (REST) for the rows without a prompt match, the
     corpus's continuations merged into SPEC's tree (``datastore``: a zero-argument callable returning
-    the ``drafters.datastore.Datastore``, called once per ``+rest`` spec);
+    the ``drafters.datastore.Datastore``, called once per ``+rest`` spec); ``suffix`` -> suffix decoding
+    (:func:`suffix_drafter`: prompt trees plus the datastore's corpus); ``SPEC+suffix`` -> SPEC's drafter
+    behind it (``drafters.suffix_hybrid.SuffixHybrid``: the suffix draft where its score reaches the draft
+    length, else the drafter's);
     anything else -> a path resolved by ``drafters.resolve_checkpoint``: a drafter folder, a training
     checkpoint (``.../checkpoints/best``), a run ``output_dir``, or a plain transformers causal-LM
     folder (e.g. an ``hf-assistant`` export, any small LM sharing the target's tokenizer), loaded
@@ -146,10 +156,15 @@ def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") ->
         if suffix == "+rest" and datastore is None:
             raise ValueError(f"{flag} {spec}: '+rest' needs a datastore (drafterkit eval --datastore SOURCE)")
         base = build_drafter(spec[: -len(suffix)], target, datastore, flag)
-        hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
+        if suffix == "+suffix":
+            hybrid = SuffixHybrid(base.drafter, suffix_drafter(datastore))
+        else:
+            hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
         if base.folder:  # its own `drafterkit tune PATH+rest` setting, else the drafter's (tree="auto", --tree auto)
             attach_tuned(hybrid, base.folder, target, behind=suffix)
         return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None)
+    if spec == "suffix":
+        return DrafterSpec("suffix", suffix_drafter(datastore), None)
     if spec == "ngram":
         d = NGramDrafter()
         return DrafterSpec("ngram", d, {"prompt_lookup_num_tokens": "{k}",
@@ -161,6 +176,26 @@ def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") ->
         d = DraftLM.from_target(target, n)
         return DrafterSpec(spec, d, _assistant_kwargs(d))
     return _load_checkpoint(spec, target, flag)
+
+
+#: the corpus suffix indexes built so far, by datastore (one per eval however many suffix rows read it)
+_CORPUS_INDEXES: dict[int, Any] = {}
+
+
+def suffix_drafter(datastore=None) -> SuffixDrafter:
+    """Suffix decoding as ``drafterkit eval`` measures it (``suffix`` and ``SPEC+suffix``): vLLM's knobs, its
+    global tree over ``datastore``'s corpus (a zero-argument callable returning a ``drafters.datastore.Datastore``,
+    the ``+rest`` rows' corpus; None: no corpus) and NOT over the outputs of the run
+    (``max_cached_requests=0``): eval decodes the warm-up prompt twice and every prompt once per method, so
+    cached outputs would hand a method the answer it is about to produce."""
+    corpus = None
+    if datastore is not None:
+        store = datastore()
+        if id(store) not in _CORPUS_INDEXES:
+            _CORPUS_INDEXES[id(store)] = corpus_index(store, SuffixConfig.max_tree_depth,
+                                                      log=lambda m: print(m, flush=True))
+        corpus = _CORPUS_INDEXES[id(store)]
+    return SuffixDrafter(SuffixConfig(max_cached_requests=0), corpus=corpus)
 
 
 def retrieval_info(specs: list[DrafterSpec]) -> dict | None:
@@ -177,6 +212,13 @@ def retrieval_info(specs: list[DrafterSpec]) -> dict | None:
     described = [d.describe() for d in stores]
     return dict(datastore=described[0] if len(described) == 1 else described,
                 drafters={s.label: s.drafter.settings() for s in rest})
+
+
+def suffix_info(specs: list[DrafterSpec]) -> dict | None:
+    """The settings of the suffix-decoding rows of ``specs`` (``suffix``, ``SPEC+suffix``): ``{label: {the
+    drafters.suffix.SuffixConfig fields, "corpus_tokens", and for SPEC+suffix "min_score"}}``; None without any."""
+    rows = {s.label: s.drafter.settings() for s in specs if isinstance(s.drafter, (SuffixDrafter, SuffixHybrid))}
+    return rows or None
 
 
 def _assistant_kwargs(d) -> dict:
@@ -205,7 +247,7 @@ def say_export_source(spec: str) -> None:
     """Print which training checkpoint the ``drafterkit export`` folder of a ``--drafter`` spec came from (its
     ``config.json`` records it), and whether that folder still holds the exported weights; nothing for other
     specs. ``drafterkit eval`` calls it once per spec, after :func:`check_drafter_spec`."""
-    path = Path(spec.removesuffix("+ngram").removesuffix("+rest"))
+    path = Path(spec.removesuffix("+ngram").removesuffix("+rest").removesuffix("+suffix"))
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):

@@ -75,8 +75,9 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
          write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT, datastore=None) -> dict:
     """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes) and return the
     ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``). ``PATH+rest`` /
-    ``PATH+ngram`` tune the drafter behind lookup (+ retrieval), another proposer with its own best shape:
-    its record goes under its own key (``tuned+rest``, ``drafters.tuned.tuned_key``) beside the drafter's.
+    ``PATH+ngram`` / ``PATH+suffix`` tune the drafter behind lookup (+ retrieval) or suffix decoding, another
+    proposer with its own best shape: its record goes under its own key (``tuned+rest``, ``tuned+suffix``,
+    ``drafters.tuned.tuned_key``) beside the drafter's.
 
     Args:
         benchmark: ``sharegpt`` (held-out split, past the first :data:`HELDOUT_SKIP` held-out
@@ -87,8 +88,9 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
             challenger is measurably faster (:func:`halving`); ``None``: the fastest candidate wins outright.
             Ignored, with the reason in the record, where the drafter cannot decode it (a chain-only drafter
             and a tree incumbent).
-        datastore: what ``PATH+rest`` retrieves from: a ``drafters.datastore.Datastore``, a source name or
-            file for ``drafters.datastore.cached_datastore`` (default ``sharegpt``, as ``drafterkit eval``).
+        datastore: what ``PATH+rest`` retrieves from (and ``PATH+suffix`` indexes as its corpus): a
+            ``drafters.datastore.Datastore``, a source name or file for ``drafters.datastore.cached_datastore``
+            (default ``sharegpt``, as ``drafterkit eval``).
 
     Raises:
         ValueError: an evaluation benchmark as ``benchmark``, a bad setting, no drafter at ``checkpoint``, or
@@ -100,9 +102,9 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if eta < 2 or first < 1 or num_prompts < 1 or concurrency < 1:
         raise ValueError(f"tune needs --eta >= 2, --first >= 1, --num-prompts >= 1 and --concurrency >= 1; got "
                          f"{eta}, {first}, {num_prompts}, {concurrency}")
-    if datastore is not None and not checkpoint.endswith("+rest"):
-        raise ValueError(f"--datastore is unused: only PATH+rest retrieves from a datastore (tune {checkpoint}+rest, "
-                         "or drop --datastore)")
+    if datastore is not None and not checkpoint.endswith(("+rest", "+suffix")):
+        raise ValueError(f"--datastore is unused: only PATH+rest and PATH+suffix read a datastore (tune "
+                         f"{checkpoint}+rest, or drop --datastore)")
     if checkpoint == "none":
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
     parse_incumbent(incumbent, None)  # before anything loads: a malformed --incumbent, a path holding no drafter
@@ -113,7 +115,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                          "in; give --no-write to measure and print the chosen shape only, or tune a drafter folder")
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
-    spec = build_drafter(checkpoint, target, _datastore(datastore, tok) if behind == "+rest" else None, flag="tune")
+    corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") else None
+    spec = build_drafter(checkpoint, target, corpus, flag="tune")
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
     incumbent, incumbent_note = parse_incumbent(incumbent, spec.drafter)
     prompts = _prompts(benchmark, tok, num_prompts)
@@ -169,7 +172,7 @@ def searched(behind: str) -> str:
 
 
 def _behind(checkpoint: str) -> str:
-    """``"+rest"`` / ``"+ngram"`` for a drafter behind lookup, else ``""``."""
+    """``"+rest"`` / ``"+ngram"`` / ``"+suffix"`` for a drafter behind lookup or suffix decoding, else ``""``."""
     return next((s for s in LOOKUP_SUFFIXES if checkpoint.endswith(s)), "")
 
 

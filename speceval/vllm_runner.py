@@ -6,7 +6,10 @@ It imports nothing of drafterkit (drafterkit is not installed in that venv) and 
 (:mod:`speceval.serving`) through two JSON files.
 
 REQUEST: ``{"jobs": [{"target": folder, "draft": export folder, "method": "eagle3" | "peagle" | "medusa" |
-"draft_model", "k": int, "max_new_tokens": int, "prompts": [[token ids]], "eos": [ids], "dtype": "float32"}]}``;
+"draft_model" | "suffix", "k": int, "max_new_tokens": int, "prompts": [[token ids]], "eos": [ids], "dtype":
+"float32"}]}``; a ``suffix`` job (vLLM's suffix decoding, which needs the ``arctic_inference`` package importable)
+has no ``draft`` and may give ``"suffix": {knob: value}`` (vLLM's ``suffix_decoding_<knob>`` fields) and
+``"max_num_seqs"`` (1: the prompts one after the other, as a replay of its proposals needs);
 the jobs run one after the other in this process (vLLM is imported once), each with an ``LLM`` of its own
 (``enforce_eager=True``, greedy, ``stop_token_ids`` = ``eos``).
 
@@ -24,7 +27,8 @@ in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this p
 ``{"draft", "generated"}`` per request and step. ``generated`` is raw: tokens past EOS or ``max_tokens``
 are cut from the request's output afterwards by vLLM, not here. The counters in ``metrics`` are vLLM's
 own (``LLM.get_metrics()``, ``vllm:spec_decode_*``; ``num_accepted_tokens_per_pos[i]`` counts acceptances
-at position i over ALL drafts).
+at position i over ALL drafts). A ``suffix`` job's result also holds ``proposals``: every call of its proposer, in
+order, per request ``{"prompt", "tokens" (what it saw), "draft"}`` (:func:`install_suffix_hook`).
 """
 
 from __future__ import annotations
@@ -66,6 +70,29 @@ def install_hook(record: dict) -> None:
     Scheduler.update_from_output = update_from_output
 
 
+def install_suffix_hook(calls: list) -> None:
+    """Wrap vLLM's ``SuffixDecodingProposer.propose`` (the ``suffix`` method, Arctic Inference's
+    ``SuffixDecodingCache`` inside) to append, per request and call, ``{"prompt": its prompt ids, "tokens": every
+    token the proposer saw (prompt + output so far), "draft": what it proposed}`` to ``calls``, in call order."""
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    original = SuffixDecodingProposer.propose
+
+    def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, *args, **kwargs):
+        drafts = original(self, num_speculative_tokens, input_batch, sampled_token_ids, *args, **kwargs)
+        for i, draft in enumerate(drafts):
+            if not sampled_token_ids[i]:
+                continue
+            index = input_batch.req_id_to_index[input_batch.req_ids[i]]
+            n, p = int(input_batch.num_tokens_no_spec[i]), int(input_batch.num_prompt_tokens[index])
+            row = input_batch.token_ids_cpu[i]
+            calls.append({"prompt": [int(t) for t in row[:p]], "tokens": [int(t) for t in row[:n]],
+                          "draft": [int(t) for t in draft]})
+        return drafts
+
+    SuffixDecodingProposer.propose = propose
+
+
 def spec_metrics(llm) -> dict:
     """vLLM's speculative-decoding counters, summed over engines."""
     from vllm.v1.metrics.reader import Counter, Vector
@@ -80,8 +107,9 @@ def spec_metrics(llm) -> dict:
     return out
 
 
-def run_job(job: dict, record: dict) -> dict:
-    """Load ``job["target"]`` with the drafter in vLLM, greedy-decode ``job["prompts"]``: one RESULT entry."""
+def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
+    """Load ``job["target"]`` with the drafter in vLLM, greedy-decode ``job["prompts"]``: one RESULT entry
+    (``proposals``: the ``suffix`` method's calls, :func:`install_suffix_hook`, when ``calls`` collects them)."""
     import gc
 
     from vllm import LLM, SamplingParams
@@ -92,13 +120,19 @@ def run_job(job: dict, record: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     record.clear()
+    if calls is not None:
+        calls.clear()
     longest = max(len(p) for p in job["prompts"])
+    spec = {**SPEC_METHODS.get(job["method"], {"method": job["method"]}), "num_speculative_tokens": job["k"]}
+    if job["method"] == "suffix":  # model-free: vLLM's suffix_decoding_* knobs instead of a draft model
+        spec.update({f"suffix_decoding_{k}": v for k, v in job.get("suffix", {}).items()})
+    else:
+        spec["model"] = job["draft"]
     t0 = time.perf_counter()
     llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, seed=0,
-              max_model_len=longest + job["max_new_tokens"] + job["k"] + 16, max_num_seqs=len(job["prompts"]),
-              disable_log_stats=False, async_scheduling=False,
-              speculative_config={**SPEC_METHODS.get(job["method"], {"method": job["method"]}), "model": job["draft"],
-                                  "num_speculative_tokens": job["k"]})
+              max_model_len=longest + job["max_new_tokens"] + job["k"] + 16,
+              max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), disable_log_stats=False,
+              async_scheduling=False, speculative_config=spec)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], stop_token_ids=job["eos"],
                             ignore_eos=False, detokenize=False)
@@ -113,6 +147,7 @@ def run_job(job: dict, record: dict) -> dict:
         "outputs": [[int(t) for t in o.outputs[0].token_ids] for o in outs],
         "finish_reasons": [o.outputs[0].finish_reason for o in outs],
         "steps": [by_prompt.get(tuple(p), []) for p in job["prompts"]],
+        "proposals": list(calls or []),
         "metrics": {k: ([a - b for a, b in zip_longest(v, before[k], fillvalue=0)] if isinstance(v, list)
                         else v - before[k]) for k, v in after.items()},
     }
@@ -132,8 +167,12 @@ def run(req: dict) -> dict:
 
     record: dict = {}
     install_hook(record)
+    record_calls: list | None = None
+    if any(job["method"] == "suffix" for job in req["jobs"]):
+        record_calls = []
+        install_suffix_hook(record_calls)
     return {"vllm_version": vllm.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "results": [run_job(job, record) for job in req["jobs"]]}
+            "results": [run_job(job, record, record_calls) for job in req["jobs"]]}
 
 
 def main(argv: list[str]) -> int:

@@ -39,3 +39,18 @@ def test_the_report_s_loss_is_a_mean_over_steps_not_one_noisy_step():
     losses = [10.0] * LOSS_WINDOW + [5.0] * (LOSS_WINDOW - 1) + [1.0]
     assert loss_words(losses) == f"loss {(5.0 * (LOSS_WINDOW - 1) + 1.0) / LOSS_WINDOW:.4f} (mean of the last " \
                                  f"{LOSS_WINDOW} steps; first {LOSS_WINDOW}: 10.0000)"
+
+
+def test_the_drafter_is_judged_against_the_stronger_model_free_proposer_measured():
+    def line(ngram, suffix):
+        rec = {"factors": [_factor("drafter", 1.2, export=True), _factor("ngram", ngram), _factor("suffix", suffix)]}
+        return [x for x in headline_lines({"evals": {"mt-bench": rec}}) if " alone (`" in x and "untrained" in x]
+
+    stronger = line(1.10, 1.30)  # suffix decoding measured faster: the drafter is held against it
+    assert len(stronger) == 1
+    assert "against the stronger model-free proposer measured, suffix decoding alone (`suffix`" in stronger[0]
+    assert "1.30x the engine's plain decoding; prompt lookup 1.10x" in stronger[0]
+    assert "the drafter alone is 0.92x: slower, so at this budget the training has not yet paid for itself over " \
+           "suffix decoding" in stronger[0]
+    weaker = line(1.10, 1.05)
+    assert "prompt lookup alone (`ngram`" in weaker[0] and "suffix decoding 1.05x" in weaker[0]

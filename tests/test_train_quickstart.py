@@ -171,7 +171,7 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
     root, ckpt, records, reproduce, args, tok, store = tiny_quickstart
     for rec in records.values():
         rows = {r["factor"]: r for r in rec["factors"]}
-        assert list(rows) == ["engine", "drafter", "lookup", "ngram", "speculation", "end to end"]
+        assert list(rows) == ["engine", "drafter", "lookup", "ngram", "suffix", "speculation", "end to end"]
         summary = {r["method"]: r for r in rec["summary"]}
         head = rows["end to end"]
         assert head["group"].split("@")[0].endswith("+rest") and head["ratio"] == pytest.approx(
@@ -179,6 +179,7 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
         product = rows["engine"]["ratio"] * rows["drafter"]["ratio"] * rows["lookup"]["ratio"]
         assert product == pytest.approx(head["ratio"], rel=1e-9) and head["product"] == pytest.approx(product)
         assert rows["ngram"]["method"] == "ngram tree=3,2,1,1,1" and rows["ngram"]["role"] == "reference"
+        assert rows["suffix"]["method"] == "suffix tree=3,2,1,1,1" and rows["suffix"]["role"] == "reference"
         assert [r["factor"] for r in rec["factors"] if r["export"]] == ["drafter"]
     args.dtype = "bf16"  # measured in bf16: a separate fp32 run checks exactness
     exactness = qstages.exactness_stage(records, args, tok, store)
@@ -332,7 +333,7 @@ def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_qu
     path.write_text(json.dumps(saved))
     k, note = qstages.apply_tuned(args, 5, alone, rest)
     assert args.trees == ["auto"] and "each in its own tuned shape" in note and k == 5
-    assert "prompt lookup alone as a chain of 5" in qstages.eval_words(args, k)
+    assert "prompt lookup alone and suffix decoding alone as a chain of 5" in qstages.eval_words(args, k)
     records = qstages.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
                                     datastore_source=str(root / "store.npz"))
     spec = [r["method"] for r in records["mt-bench"]["summary"] if r["role"] == "spec"]

@@ -29,9 +29,10 @@ prints a one-line header (what it does, its share of the time) and the seconds i
 5. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
    mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
    turns and HumanEval prompts through ``speceval.bench.evaluate``: speculative decoding with the
-   drafter alone, prompt lookup alone (``ngram``) and the drafter behind prompt lookup plus retrieval
-   from a ShareGPT datastore (``PATH+rest``, ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips
-   it), with the tuned shape or the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain
+   drafter alone, prompt lookup alone (``ngram``), suffix decoding alone (``suffix``: vLLM's method, its
+   global tree over the same ShareGPT datastore) and the drafter behind prompt lookup plus retrieval
+   from that datastore (``PATH+rest``, ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips it and
+   ``suffix``, which read the datastore), with the tuned shape or the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain
    of K), vs plain
    decoding through the same engine vs transformers ``generate`` (and its own assisted generation
    where the drafter is a draft LM), interleaved prompt by prompt. Each benchmark's report splits

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from drafterkit.assets.device import busy_note
 from drafterkit.speceval import plots, report
-from drafterkit.speceval.factors import factors_sentence, interval_words
+from drafterkit.speceval.factors import MODEL_FREE, factors_sentence, interval_words
 from drafterkit.train.checkpoint import TrainerState
 
 
@@ -84,8 +84,9 @@ def exactness_lines(report_data: dict) -> list[str]:
 
 def headline_lines(report_data: dict) -> list[str]:
     """Per benchmark, the headline over ``generate`` as the product of its measured factors, the one factor
-    an export carries (with its 95% interval over prompts), and the drafter alone against prompt lookup
-    alone, paired on the same prompts: faster or slower beyond the noise, or level within it."""
+    an export carries (with its 95% interval over prompts), and the drafter alone against the stronger of the
+    model-free proposers measured (prompt lookup, suffix decoding: the one with the higher tokens/s over plain
+    decoding), paired on the same prompts: faster or slower beyond the noise, or level within it."""
     lines = []
     for bench, rec in report_data["evals"].items():
         lines += [f"- {bench}: {s}" for s in factors_sentence(rec.get("factors") or [])]
@@ -95,15 +96,23 @@ def headline_lines(report_data: dict) -> list[str]:
                   f"{r['ratio']:.2f}x the engine's plain decoding{_interval(r.get('interval'))}"
                   + (f", drafting a {r['shape']} (a serving engine drafts the shape it is configured with: vLLM a "
                      "chain of `num_speculative_tokens`)" if r.get("shape") else "") for r in alone]
-        lookup = [r for r in factors if r["factor"] == "ngram" and r["ratio"] is not None][:1]
-        for a in alone:
-            for n in lookup:
-                vs = n.get("drafter_over") or dict(ratio=a["ratio"] / n["ratio"], interval=None)
-                same = n.get("shape") == (a.get("shape") or "").split(", confidence cutoff")[0]
-                shape = "same shape" if same or not n.get("shape") else f"drafting a {n['shape']}"
-                lines.append(f"- {bench}: against prompt lookup alone (`ngram`, untrained, {shape}: "
-                             f"{n['ratio']:.2f}x the engine's plain decoding), the drafter alone is "
-                             f"{vs['ratio']:.2f}x{_interval(vs['interval'])}: {_verdict(vs)}")
+        free = {}  # the first reference row of each model-free proposer (one per name; groups repeat them)
+        for r in factors:
+            if r["factor"] in MODEL_FREE and r["ratio"] is not None:
+                free.setdefault(r["factor"], r)
+        strongest = max(free.values(), key=lambda r: r["ratio"], default=None)
+        for a in alone if strongest is not None else []:
+            n = strongest
+            vs = n.get("drafter_over") or dict(ratio=a["ratio"] / n["ratio"], interval=None)
+            same = n.get("shape") == (a.get("shape") or "").split(", confidence cutoff")[0]
+            shape = "same shape" if same or not n.get("shape") else f"drafting a {n['shape']}"
+            other = [f"{FREE_WORDS[r['factor']]} {r['ratio']:.2f}x" for r in free.values() if r is not n]
+            which = f"the stronger model-free proposer measured, {FREE_WORDS[n['factor']]}" if other else \
+                FREE_WORDS[n["factor"]]
+            lines.append(f"- {bench}: against {which} alone (`{n['factor']}`, untrained, {shape}: "
+                         f"{n['ratio']:.2f}x the engine's plain decoding{'; ' + ', '.join(other) if other else ''}), "
+                         f"the drafter alone is {vs['ratio']:.2f}x{_interval(vs['interval'])}: "
+                         f"{_verdict(vs, FREE_WORDS[n['factor']])}")
     return lines
 
 
@@ -111,7 +120,11 @@ def _interval(interval: list[float] | None) -> str:
     return f" (95% interval over the prompts {interval_words(interval)})" if interval else ""
 
 
-def _verdict(vs: dict) -> str:
+#: the model-free proposers in words (``speceval.factors.MODEL_FREE``)
+FREE_WORDS = {"ngram": "prompt lookup", "suffix": "suffix decoding"}
+
+
+def _verdict(vs: dict, over: str = "lookup") -> str:
     """Whether a drafter-over-lookup ratio says the training paid for itself, judged by its interval when it
     has one (:func:`speceval.factors.ratio_interval`)."""
     lo, hi = vs["interval"] or (vs["ratio"], vs["ratio"])
@@ -119,7 +132,7 @@ def _verdict(vs: dict) -> str:
         return "faster" + (", beyond the noise" if vs["interval"] else "")
     if hi < 1 or not vs["interval"]:
         return ("slower" if hi < 1 else "not faster") + ", so at this budget the training has not yet paid for " \
-            "itself over lookup"
+            f"itself over {over}"
     return "level with it within the noise (the interval spans 1)"
 
 

@@ -106,13 +106,13 @@ def measured_shapes(tuned: dict | None, tuned_rest: dict | None, ckpt: Path) -> 
 def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARGET,
                 datastore_source: str = DATASTORE):
     """The ``speceval.bench.EvalConfig`` of one benchmark, validated: the drafter alone, prompt lookup alone
-    (``ngram``) and, unless ``--no-hybrid``, the drafter behind prompt lookup + retrieval from
-    ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the bad flag."""
+    (``ngram``) and, unless ``--no-hybrid``, suffix decoding alone (``suffix``) and the drafter behind prompt
+    lookup + retrieval from ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the bad flag."""
     try:
         thresholds = [float(x) for x in str(args.draft_thresholds or DEFAULT_THRESHOLD).split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--draft-threshold takes comma-separated numbers, got {args.draft_thresholds!r}") from None
-    drafters = [str(ckpt), "ngram"] + ([] if args.no_hybrid else [f"{ckpt}+rest"])
+    drafters = [str(ckpt), "ngram"] + ([] if args.no_hybrid else ["suffix", f"{ckpt}+rest"])
     cfg = EvalConfig(target=target_name, drafters=drafters, benchmark=bench,
                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
                      draft_thresholds=thresholds, trees=args.trees or list(DEFAULT_TREES),
@@ -145,7 +145,7 @@ def exactness_later(args) -> str | None:
 
 
 def exactness_stage(records: dict, args, tok, datastore=None, shapes: dict | None = None) -> dict:
-    """The fp32 greedy check: the drafter's rows of each eval record (not ``ngram``'s) on its first
+    """The fp32 greedy check: the drafter's rows of each eval record (not ``ngram``'s or ``suffix``'s) on its first
     ``--exactness-prompts`` prompts, :data:`EXACTNESS_TOKENS` new tokens at most, against plain decoding
     through the same engine, with a target loaded in fp32 (``speceval.harness.check_exactness`` via
     ``speceval.bench.evaluate``); rows an ``--tree auto`` eval measured in their own tuned shape are checked
@@ -161,7 +161,7 @@ def exactness_stage(records: dict, args, tok, datastore=None, shapes: dict | Non
     for bench, rec in records.items():
         base = {**rec["config"], "dtype": "fp32", "num_prompts": args.exactness_prompts,
                 "max_new_tokens": min(EXACTNESS_TOKENS, args.max_new_tokens), "baselines": ["engine"]}
-        drafters = [d for d in rec["config"]["drafters"] if d != "ngram"]
+        drafters = [d for d in rec["config"]["drafters"] if d not in ("ngram", "suffix")]
         if rec["config"]["trees"] != [AUTO]:
             configs = [EvalConfig(**{**base, "drafters": drafters})]
         else:  # each row in the shape it was measured in: tune's setting, spelled out (it was tuned in another dtype)
@@ -215,10 +215,11 @@ def stage_names(args) -> list[str]:
 def eval_words(args, k: int = 5) -> str:
     """What the eval stage measures, in words, for its header (``k``: the chain prompt lookup alone drafts when
     every other row is measured in its own tuned shape)."""
-    rows = ["the drafter alone", "prompt lookup alone"] + ([] if args.no_hybrid else ["the drafter + lookup + "
-                                                                                     "retrieval"])
+    rows = ["the drafter alone", "prompt lookup alone"] + ([] if args.no_hybrid else [
+        "suffix decoding alone", "the drafter + lookup + retrieval"])
     if args.trees == [AUTO]:
-        shapes = f"each trained row in its own tuned shape, prompt lookup alone as a chain of {k}"
+        free = "prompt lookup alone" + ("" if args.no_hybrid else " and suffix decoding alone")
+        shapes = f"each trained row in its own tuned shape, {free} as a chain of {k}"
     else:
         shapes = f"draft shape {', '.join(args.trees or DEFAULT_TREES)}, threshold " \
                  f"{args.draft_thresholds or DEFAULT_THRESHOLD}"
