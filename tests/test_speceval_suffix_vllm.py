@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from drafterkit.assets.pinned import default_target_dir, home
-from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.decode.protocol import DecodeState
 from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter
 from drafterkit.speceval import serving
 

@@ -32,7 +32,8 @@ prints a one-line header (what it does, its share of the time) and the seconds i
    drafter alone, prompt lookup alone (``ngram``), suffix decoding alone (``suffix``: vLLM's method, its
    global tree over the same ShareGPT datastore) and the drafter behind prompt lookup plus retrieval
    from that datastore (``PATH+rest``, ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips it and
-   ``suffix``, which read the datastore), with the tuned shape or the draft tree ``3,2,1,1,1`` (``--tree``, repeatable; ``chain`` = a chain
+   ``suffix``, which read the datastore), with the tuned shape or the draft tree ``3,2,1,1,1``
+   (``--tree``, repeatable; ``chain`` = a chain
    of K), vs plain
    decoding through the same engine vs transformers ``generate`` (and its own assisted generation
    where the drafter is a draft LM), interleaved prompt by prompt. Each benchmark's report splits

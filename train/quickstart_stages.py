@@ -107,7 +107,8 @@ def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARG
                 datastore_source: str = DATASTORE):
     """The ``speceval.bench.EvalConfig`` of one benchmark, validated: the drafter alone, prompt lookup alone
     (``ngram``) and, unless ``--no-hybrid``, suffix decoding alone (``suffix``) and the drafter behind prompt
-    lookup + retrieval from ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the bad flag."""
+    lookup + retrieval from ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the
+    bad flag."""
     try:
         thresholds = [float(x) for x in str(args.draft_thresholds or DEFAULT_THRESHOLD).split(",") if x.strip()]
     except ValueError:
