@@ -72,8 +72,18 @@ def test_eval_measures_suffix_alone_and_behind_a_drafter(tiny_dir, prompts_file,
     assert {"ngram", "suffix"} <= refs  # both model-free proposers beside the trained one
 
 
-def test_tune_takes_path_plus_suffix_and_its_datastore(tmp_path):
+def test_tune_takes_path_plus_suffix_and_its_datastore(tiny_dir, prompts_file):
+    from transformers import AutoTokenizer
+
+    from drafterkit.assets.target import load_target
     from drafterkit.speceval.tune import tune
 
     with pytest.raises(ValueError, match="--datastore is unused: only PATH\\+rest and PATH\\+suffix"):
         tune("draft:1", datastore="sharegpt", write=False)
+    target, _ = load_target(str(tiny_dir), dtype="fp32", device="cpu")
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    store = Datastore.from_documents([[17, 18, 19, 20, 21]] * 3, vocab_size=49152)
+    rec = tune("draft:1+suffix", target=target, tok=tok, benchmark=str(prompts_file), num_prompts=2,
+               max_new_tokens=6, concurrency=1, ks=[2], trees=["2,1"], dynamic=[], thresholds=[0.0], first=1,
+               write=False, incumbent=None, datastore=store, progress=False)
+    assert rec["drafter"] == "draft:1+suffix" and rec["winners"]["1"]["tree"] in ("chain", "2,1")
