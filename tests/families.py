@@ -1,6 +1,6 @@
 """Tiny seeded random targets of every model family drafterkit claims, built from transformers configs.
 
-Each family is a config dict of the real architecture shrunk to hidden 32-64, 2-4 layers and a 320-token
+Each family is a config dict of the real architecture shrunk to hidden 64, 4 layers and a 320-token
 vocabulary (the family's own quirks kept: Llama-3's ``llama3`` RoPE scaling, Qwen3's q/k norms, Qwen3-MoE's
 experts, Gemma-2's logit soft-capping and sliding window, Phi-3's fused ``qkv_proj`` / ``gate_up_proj``,
 OLMo-2's post-norms, Granite's multipliers, gpt-oss's experts and attention sinks), with a small local
@@ -27,8 +27,8 @@ SPECIALS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>"]  # ids 0..3: pad, bos,
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-# the shared shape of every family: hidden 64, 4 query heads of 16, 2 KV heads, 3 layers
-_BASE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+# the shared shape of every family: hidden 64, 4 query heads of 16, 2 KV heads, 4 layers
+_BASE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
          "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
@@ -44,18 +44,20 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
         "decoder_sparse_step": 1, "norm_topk_prob": True}),
     "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": 128, "head_dim": 16}),
     "gemma2": ("gemma2", "Gemma2ForCausalLM", {
-        "head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+        "head_dim": 16, "sliding_window": 32, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
         "query_pre_attn_scalar": 16}),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", {
-        "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16,
-        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}),
+        "head_dim": 16, "sliding_window": 32, "query_pre_attn_scalar": 16,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]}),
     "phi3": ("phi3", "Phi3ForCausalLM", {"pad_token_id": 0}),
     "olmo2": ("olmo2", "Olmo2ForCausalLM", {}),
     "granite": ("granite", "GraniteForCausalLM", {
         "embedding_multiplier": 2.0, "residual_multiplier": 0.5, "logits_scaling": 2.0, "attention_multiplier": 0.25}),
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM", {
-        "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+        "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 32,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}}),
 }
 
 _CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b\n",
@@ -63,21 +65,25 @@ _CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    
            "question answer user assistant system hello world 0123456789 ( ) [ ] { } , . ; : ! ?"]
 
 
-def family_config(family: str):
-    """The transformers config of ``family`` (tiny, see the module docstring)."""
+#: families whose attention has a sliding window (the tiny configs' window, 32, exceeds the test sequences)
+SLIDING = ("mistral", "gemma2", "gemma3", "gpt_oss")
+
+
+def family_config(family: str, **overrides):
+    """The transformers config of ``family`` (tiny, see the module docstring), with ``overrides``."""
     from transformers import AutoConfig
 
-    model_type, _, overrides = FAMILIES[family]
-    return AutoConfig.for_model(model_type, **{**_BASE, **overrides})
+    model_type, _, own = FAMILIES[family]
+    return AutoConfig.for_model(model_type, **{**_BASE, **own, **overrides})
 
 
-def build_family(family: str, seed: int = 0):
+def build_family(family: str, seed: int = 0, **overrides):
     """``(model, tokenizer)``: a seeded random causal LM of ``family`` (fp32, eval mode, frozen; same seed ->
-    same weights) and the shared tiny tokenizer. The LM head is scaled up so that greedy decoding is not a
-    tie-break between near-uniform logits."""
+    same weights) and the shared tiny tokenizer; ``overrides`` change config fields (e.g. ``sliding_window``).
+    The LM head is scaled up so that greedy decoding is not a tie-break between near-uniform logits."""
     import transformers
 
-    cfg = family_config(family)
+    cfg = family_config(family, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, FAMILIES[family][1])(cfg).eval()
     with torch.no_grad():

@@ -1,0 +1,173 @@
+"""The support matrix, family x column, each cell a test: tiny seeded random targets of every claimed family
+(``tests/families.py``), saved as target folders with a tokenizer.
+
+Columns: ``plain`` (decoding through the engine equals transformers' greedy ``generate``); each drafter kind
+(trained 2 steps through ``drafterkit train`` (the CLI's ``main``, in process), then decoded as a chain, a
+static tree and a dynamic tree, each equal to plain greedy in fp32); each export format of the kind (written by
+``drafters.export.export`` and loaded back: the engine layouts with drafterkit's export loaders, decoding equal
+to plain greedy; Medusa's as its safetensors). A cell that cannot work is refused when the recipe is
+validated: the test then checks the one-line refusal and records it.
+
+``scripts/support_matrix.py`` runs this module with ``--junitxml`` and writes ``docs/support-matrix.md`` from
+the outcomes and each test's recorded ``cell`` property (``pass`` or the refusal line).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from families import FAMILIES, family_prompts, save_family
+
+from drafterkit.cli import main
+from drafterkit.decode import generate
+
+KIND_OPTIONS = {  # tiny, 2 steps: what each kind trains here
+    "draft_lm": {"init": "truncated", "num_layers": 1},
+    "medusa": {"num_heads": 2},
+    "eagle": {"ttt_steps": 1},
+    "eagle3": {"draft_vocab_size": 64, "ttt_steps": 2},
+    "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},
+}
+EXPORTS = {"draft_lm": ["hf-assistant"], "medusa": ["medusa"], "eagle": [], "eagle3": ["vllm-eagle3"],
+           "dflash": ["vllm-dflash"]}
+REFUSED: dict[tuple[str, str], str] = {}  # (family, kind) -> the refusal its recipe check gives
+CHAINS_ONLY = {"dflash": r"dflash (proposes chains only|cannot)"}  # kinds refusing tree drafts, and what they say
+NEW = 10  # new tokens per prompt
+CHATS = [(f"question {i}: list the days of the week", f"answer {i}: Monday, Tuesday, Wednesday.") for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """One private DRAFTERKIT_HOME (dataset caches) for the module."""
+    import os
+
+    root = tmp_path_factory.mktemp("families")
+    old = os.environ.get("DRAFTERKIT_HOME")
+    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
+    with open(root / "chat.jsonl", "w") as f:
+        for i, (user, assistant) in enumerate(CHATS):
+            msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
+    yield root
+    if old is None:
+        os.environ.pop("DRAFTERKIT_HOME", None)
+    else:
+        os.environ["DRAFTERKIT_HOME"] = old
+
+
+_WORLDS: dict[str, tuple] = {}
+_TRAINED: dict[tuple[str, str], Path] = {}  # (family, kind) -> the drafter folder test_kind trained
+
+
+def world(home: Path, family: str):
+    """``(folder, target, plain greedy sequences)`` of ``family``, built once per module."""
+    if family not in _WORLDS:
+        folder = home / family
+        target, _ = save_family(family, folder)
+        plain = generate(target, family_prompts(), max_new_tokens=NEW, eos_token_id=[]).sequences
+        _WORLDS[family] = (folder, target, plain)
+    return _WORLDS[family]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_plain(home, family, record_property):
+    """Plain decoding through drafterkit's engine equals transformers' greedy generate."""
+    folder, target, plain = world(home, family)
+    for prompt, ours in zip(family_prompts(), plain):
+        ids = torch.tensor([prompt])
+        ref = target.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert ours == ref[0, len(prompt):].tolist(), family
+    record_property("cell", "pass")
+
+
+def _train(home: Path, folder: Path, family: str, kind: str, capsys) -> tuple[int, str, Path]:
+    out = home / "runs" / f"{family}-{kind}"
+    recipe = {"output_dir": str(out), "target": {"name_or_path": str(folder)},
+              "drafter": {"kind": kind, "options": KIND_OPTIONS[kind]},
+              "data": {"source": "jsonl", "path": str(home / "chat.jsonl"), "max_length": 48},
+              "train": {"max_steps": 2, "batch_size": 2, "resume": "never"},
+              "eval": {"every": 0, "at_end": False, "k": 2}, "logging": {"trackers": []}}
+    path = home / f"{family}-{kind}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    capsys.readouterr()
+    rc = main(["train", str(path)])
+    return rc, capsys.readouterr().err, out / "checkpoints" / "last" / "drafter"
+
+
+def _decodes_exactly(target, drafter, plain, kind: str) -> str:
+    """Chain, static tree and dynamic tree decoding equal ``plain``; returns the cell (``pass``, or for a kind
+    that proposes chains only, what it says when asked for a tree)."""
+    prompts = family_prompts()
+    got = generate(target, prompts, drafter=drafter, max_new_tokens=NEW, eos_token_id=[], num_draft_tokens=3)
+    assert got.sequences == plain
+    notes = []
+    for tree in ("2,2,1", "dynamic:6:3:2"):
+        if kind in CHAINS_ONLY:
+            with pytest.raises(ValueError, match=CHAINS_ONLY[kind]):
+                generate(target, prompts, drafter=drafter, max_new_tokens=NEW, eos_token_id=[], tree=tree)
+            notes.append(tree)
+            continue
+        got = generate(target, prompts, drafter=drafter, max_new_tokens=NEW, eos_token_id=[], tree=tree)
+        assert got.sequences == plain, tree
+    return "pass" if not notes else f"pass (chains; trees refused: {kind} proposes chains only)"
+
+
+@pytest.mark.parametrize("kind", list(KIND_OPTIONS))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_kind(home, family, kind, capsys, record_property):
+    """Trains 2 steps through the CLI, then decodes as a chain, a static and a dynamic tree equal to plain
+    greedy."""
+    from drafterkit.drafters import load_drafter
+
+    folder, target, plain = world(home, family)
+    rc, err, ckpt = _train(home, folder, family, kind, capsys)
+    assert "Traceback" not in err, err
+    if rc == 2:  # refused when validated: one line naming the option to change
+        reason = err.strip().splitlines()[-1]
+        assert (family, kind) in REFUSED and REFUSED[family, kind] in reason, err
+        record_property("cell", f"refused: {reason}")
+        return
+    assert (family, kind) not in REFUSED, f"{family} x {kind} trained where a refusal was expected"
+    assert rc == 0, err
+    cell = _decodes_exactly(target, load_drafter(ckpt, target).eval(), plain, kind)
+    _TRAINED[family, kind] = ckpt
+    record_property("cell", cell)
+
+
+@pytest.mark.parametrize("fmt", [f for fmts in EXPORTS.values() for f in fmts])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export(home, family, fmt, record_property):
+    """The export of the checkpoint :func:`test_kind` trained loads back; where drafterkit decodes the
+    export, a chain equals plain greedy."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from drafterkit.drafters.export import export, load_dflash_export, load_eagle3_export
+
+    kind = next(k for k, fmts in EXPORTS.items() if fmt in fmts)
+    if (family, kind) in REFUSED:
+        record_property("cell", f"refused: {kind} is refused for {family}")
+        return
+    assert (family, kind) in _TRAINED, f"no {kind} checkpoint for {family}: test_kind[{family}-{kind}] failed"
+    folder, target, plain = world(home, family)
+    out = export(_TRAINED[family, kind], fmt, home / "exports" / f"{family}-{fmt}", target=str(folder))
+    if fmt == "vllm-eagle3":
+        drafter = load_eagle3_export(out, target)
+    elif fmt == "vllm-dflash":
+        drafter = load_dflash_export(out, target)
+    elif fmt == "hf-assistant":
+        drafter = AutoModelForCausalLM.from_pretrained(out).eval()
+    else:  # medusa: the layout serving engines read; drafterkit decodes from its own checkpoint
+        tensors = load_file(str(out / "model.safetensors"))
+        assert tensors and all(torch.isfinite(t).all() for t in tensors.values())
+        assert json.loads((out / "config.json").read_text())
+        record_property("cell", "pass")
+        return
+    got = generate(target, family_prompts(), drafter=drafter, max_new_tokens=NEW, eos_token_id=[],
+                   num_draft_tokens=3).sequences
+    assert got == plain, fmt
+    record_property("cell", "pass")
