@@ -130,3 +130,4 @@ def test_a_target_without_a_llama_body_is_refused_for_the_feature_kinds():
         "set drafter.kind=draft_lm (a draft model over the same tokenizer)")
     for family in FAMILIES:
         assert feature_refusal(build_family(family)[0], "eagle3") is None, family
+

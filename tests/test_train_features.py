@@ -91,3 +91,18 @@ def test_real_target_eagle3_layers_align_and_hooks_match(real_target):
     with torch.no_grad():
         logits = target(ids).logits
     assert torch.allclose(target.lm_head(a[..., 3 * 576:]), logits, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["granite", "gemma2", "llama3"])
+def test_the_targets_logits_from_its_last_feature_include_its_logit_transform(family):
+    # Training compares the drafter with the target's distribution: Granite's logits_scaling and Gemma-2's
+    # final soft-capping are part of it.
+    from drafterkit.train.features import target_logits
+
+    from families import build_family
+
+    target, _ = build_family(family)
+    ids = torch.tensor([[5, 9, 33, 70]])
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+    assert torch.allclose(target_logits(target, out.hidden_states[-1]), out.logits, atol=1e-5)

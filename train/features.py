@@ -81,9 +81,18 @@ def target_features(target, input_ids, attention_mask, layers: Sequence[int], me
 
 @torch.no_grad()
 def target_logits(target: torch.nn.Module, last_hidden: torch.Tensor) -> torch.Tensor:
-    """The target's logits from its final-norm hidden state: ``[..., H] -> [..., V]`` (no grad)."""
+    """The target's logits from its final-norm hidden state: ``[..., H] -> [..., V]`` (no grad), as its own
+    forward computes them: the LM head, then the family's logit transform where its config has one
+    (Granite's ``logits_scaling`` divides; Gemma-2's ``final_logit_softcapping`` caps with ``c * tanh(x / c)``)."""
     head = target.get_output_embeddings()
-    return head(last_hidden.to(head.weight.dtype))
+    logits = head(last_hidden.to(head.weight.dtype))
+    c = target.config
+    if getattr(c, "logits_scaling", None):
+        logits = logits / c.logits_scaling
+    cap = getattr(c, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 def batch_features(target, batch: dict[str, Any], layers: Sequence[int], cache: str | None = None) -> torch.Tensor:
