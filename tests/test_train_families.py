@@ -25,6 +25,8 @@ from families import FAMILIES, family_prompts, save_family
 from drafterkit.cli import main
 from drafterkit.decode import generate
 
+pytestmark = pytest.mark.matrix  # ~70 tests, minutes on 2 cores: `-m "not matrix"` leaves them out
+
 KIND_OPTIONS = {  # tiny, 2 steps: what each kind trains here
     "draft_lm": {"init": "truncated", "num_layers": 1},
     "medusa": {"num_heads": 2},
