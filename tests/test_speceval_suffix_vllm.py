@@ -88,7 +88,7 @@ def test_suffix_drafts_equal_vllm_suffix_method(tmp_path, vllm_python, arctic):
     prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
                                        return_dict=True)["input_ids"] for t in TEXTS]
     k = 8
-    req = {"jobs": [{"target": str(target), "method": "suffix", "k": k, "max_new_tokens": 64, "prompts": prompts,
+    req = {"jobs": [{"target": str(target), "method": "suffix", "k": k, "max_new_tokens": 24, "prompts": prompts,
                      "eos": [tok.eos_token_id], "dtype": "float32", "max_num_seqs": 1}]}
     (tmp_path / "req.json").write_text(json.dumps(req))
     env = dict(os.environ, PYTHONPATH=str(arctic))
