@@ -86,8 +86,9 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "greedy; medusa as its safetensors).",
              "- `refused: ...`: the recipe is refused when validated, with the line shown; `known failure: ...`: a "
              "strict expected failure and its cause; `FAIL`: the test failed.",
-             "- Not in this table yet: serving each family's exports in vLLM (`tests/test_speceval_serving.py` "
-             "runs vLLM on the default Llama target only) and the `peagle` kind.",
+             "- Not in this table yet: serving in vLLM per family (checked by "
+             "`tests/test_speceval_serving_families.py`, marked `serving` and `slow`, for the EAGLE-3 export of "
+             "Qwen3, Mistral and Phi-3) and the `peagle` kind.",
              "", "| family | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
     for family in FAMILIES:
         row = cells.get(family, {})
