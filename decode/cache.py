@@ -22,11 +22,13 @@ class RaggedCache:
 
     Cache column ``j`` of row ``b`` is valid iff ``mask[b, j] == 1``. ``n_real[b]`` counts the valid
     columns (= the row's tokens processed so far = the RoPE position of its next token). All rows
-    share the cache length ``length``.
+    share the cache length ``length``. ``exact``: every pass runs :func:`decode.attention.exact_sdpa`, so
+    each query's attention is computed as a plain decoding step computes it (the engine's target cache).
     """
 
-    def __init__(self, model: nn.Module, batch_size: int, device: torch.device, capacity: int = 256):
-        self.model = model
+    def __init__(self, model: nn.Module, batch_size: int, device: torch.device, capacity: int = 256,
+                 exact: bool = False):
+        self.model, self.exact = model, exact
         self.cache = DynamicCache(config=model.config)
         self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -45,7 +47,7 @@ class RaggedCache:
         m = input_ids.shape[1]
         if attention_mask is None:
             attention_mask = self.mask[:, : self.length + m]
-        with verification_attention(self.model):  # multi-token passes without copying GQA key/values
+        with verification_attention(self.model, self.exact):  # multi-token passes without copying GQA K/V
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              position_ids=position_ids, cache=self.cache, use_cache=True, **kw)
         self.cache = out.cache if getattr(out, "cache", None) is not None else self.cache

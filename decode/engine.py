@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from drafterkit.decode import attention
 from drafterkit.decode.cache import RaggedCache
 from drafterkit.decode.dynamic_tree import DynamicTree, parse_tree
 from drafterkit.decode.fused import fused_projections
@@ -115,7 +116,7 @@ class _Decoder(TreeRounds):
         self.reasons: list[str | None] = [None] * len(rows)
         self.prev_len = [0] * len(rows)
         capacity = max(len(r) for r in rows) + (k_max + 1) * max_new + 1
-        self.cache = RaggedCache(target, len(rows), self.device, capacity=capacity)
+        self.cache = RaggedCache(target, len(rows), self.device, capacity=capacity, exact=attention.EXACT)
         self.counts = DecodeCounts(batch_size=len(rows), reached=[0] * k_max, accepted_at=[0] * k_max)
         self.layers = getattr(proposer, "feature_layers", None) if proposer is not None else None
         self.feats: torch.Tensor | None = None

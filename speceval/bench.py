@@ -137,7 +137,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
     t0 = time.perf_counter()
     runs = measure(prompts, methods, cfg.max_new_tokens, cfg.seed, desc=cfg.benchmark, progress=cfg.progress)
     timings["eval_s"] = time.perf_counter() - t0
-    exact = check_exactness(runs, cfg.temperature, resolve_dtype(cfg.dtype, cfg.device))
+    exact = check_exactness(runs, cfg.temperature, resolve_dtype(cfg.dtype, cfg.device), target.device)
     summary = report.summarize_eval([m.meta() for m in methods], runs)
     for row in summary:
         if row["role"] == "spec":

@@ -20,6 +20,7 @@ import torch
 
 from drafterkit.assets.device import cpu_model, crowded
 from drafterkit.assets.records import plural
+from drafterkit.decode.fused import bitwise_exact
 from drafterkit.speceval.methods import Method, engine_method, hf_method
 from drafterkit.speceval.prompts import Prompt
 
@@ -51,24 +52,28 @@ def measure(prompts: list[Prompt], methods: list[Method], max_new: int, seed: in
     return runs
 
 
-def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype) -> dict:
+def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype,
+                    device: torch.device | str = "cpu") -> dict:
     """Compare each spec method's output with the engine's plain output, prompt by prompt.
 
     Returns:
         ``{"checked", "reason", "mismatches": {method: n}, "mismatched_prompts": {method: [ids]},
         "hf_vs_engine_mismatches", "differs_from_plain", "same_text", "prompts_compared"}``; counts are
-        ``None`` when not checked (temperature > 0, or a dtype other than fp32 where near-ties may flip
-        legitimately, or no plain engine run). ``differs_from_plain`` ({method: prompts whose output
-        differs from the plain output}) is filled instead at temperature 0 in other dtypes: not an
+        ``None`` when not checked (temperature > 0, or a dtype and device where the engine does not promise
+        bitwise exactness, ``decode.fused.bitwise_exact``: fp32 anywhere and bf16 / fp16 on a CPU are
+        checked; elsewhere near-ties may flip legitimately; or no plain engine run). ``differs_from_plain``
+        ({method: prompts whose output differs from the plain output}) is filled instead at temperature 0
+        where the engine is not bitwise exact: not an
         exactness failure, but it says how many of the timed texts diverged from plain decoding's; then
         ``same_text`` ({method: {"prompts", "speedup_vs_engine"}}) is the method's pooled tokens/s over
         the prompts whose output equals the plain output, divided by plain decoding's over the same
         prompts (``None`` where no prompt's text matched), so a speedup is also read on identical texts.
     """
     plain = {r["prompt"]: r["output_ids"] for r in runs if r["role"] == "plain"}
-    checked = temperature == 0 and dtype == torch.float32 and bool(plain)
-    reason = ("temperature 0, fp32: speculative output must equal plain decoding token for token" if checked
-              else "only checked at temperature 0 in fp32 with the engine baseline run")
+    checked = temperature == 0 and bitwise_exact(dtype, device) and bool(plain)
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    reason = (f"temperature 0, {name}: speculative output must equal plain decoding token for token" if checked
+              else "only checked at temperature 0 with the engine baseline run, in fp32, or in bf16 / fp16 on a CPU")
     out = dict(checked=checked, reason=reason, mismatches={}, mismatched_prompts={}, hf_vs_engine_mismatches=None,
                differs_from_plain=None, same_text=None, prompts_compared=len(plain))
     if temperature != 0 or not plain:
@@ -83,7 +88,7 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype) ->
             differs[r["method"]] = differs.get(r["method"], 0) + bad
             if bad:
                 prompts.setdefault(r["method"], []).append(r["prompt_id"])
-    if checked:  # fp32: a difference is an exactness failure
+    if checked:  # a difference is an exactness failure
         out.update(mismatches=differs, mismatched_prompts=prompts,
                    hf_vs_engine_mismatches=hf if any(r["role"] == "hf" for r in runs) else None)
     else:  # informative only: near-ties at this dtype may flip legitimately

@@ -7,7 +7,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from drafterkit import decode
-from drafterkit.decode.attention import NAME, packed_gqa_sdpa, verification_attention
+from drafterkit.decode import attention
+from drafterkit.decode.attention import EXACT_NAME, NAME, packed_gqa_sdpa, verification_attention
 from drafterkit.decode.tree import DraftTree
 from drafterkit.drafters.ngram import NGramDrafter
 from tests.conftest import tiny_llama
@@ -53,8 +54,18 @@ def test_verification_passes_use_it_and_the_model_is_restored():
     hook.remove()
     assert out.counts.drafted > 0
     assert out.sequences[0] == decode.generate(target, [prompt], max_new_tokens=12).sequences[0]
-    assert seen and set(seen) == {NAME}
+    assert seen and set(seen) == {EXACT_NAME}  # the engine's exact attention (tests/test_decode_exact.py)
     assert target.config._attn_implementation == "sdpa"  # transformers' generate baseline runs stock code
+    seen.clear()
+    hook = target.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda mod, args: seen.append(mod.config._attn_implementation))
+    try:
+        attention.EXACT = False  # the packed pass, for a model whose exactness does not matter
+        decode.generate(target, [prompt], drafter=NGramDrafter(), max_new_tokens=4, tree=DraftTree.parse("2,1"))
+    finally:
+        attention.EXACT = True
+        hook.remove()
+    assert seen and set(seen) == {NAME}
 
 
 def test_other_attention_implementations_are_left_alone():

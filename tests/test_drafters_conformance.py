@@ -202,12 +202,13 @@ def test_proposals_are_valid_ids(kind, temperature):
         assert (p.gather(-1, toks[..., None]) > 0).all()  # each token was drawn from its q
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", KIND_PARAMS)
-def test_greedy_generate_equals_plain_greedy(kind):
+def test_greedy_generate_equals_plain_greedy(kind, dtype):
     from drafterkit.decode import engine
 
-    target = tiny_llama(0)
-    d = build(kind, target)
+    target = tiny_llama(0).to(dtype)
+    d = build(kind, target).to(dtype)
     prompts = [[5, 6, 7, 8, 9, 5, 6], [20, 21], [1, 2, 3, 4]]
     plain = engine.generate(target, prompts, max_new_tokens=24)
     spec = engine.generate(target, prompts, drafter=d, max_new_tokens=24, num_draft_tokens=3)

@@ -417,20 +417,23 @@ def test_eval_flags_are_built_from_the_config_fields():
     with pytest.raises(SystemExit):
         parse(parser, ["eval", "--sweep-k", "1,x"])
 
-def test_bf16_records_how_many_outputs_differ_from_plain_without_calling_it_a_mismatch():
+def test_bf16_off_the_cpu_records_how_many_outputs_differ_from_plain_without_calling_it_a_mismatch():
     def run(role, method, prompt, ids):
         return dict(role=role, method=method, prompt=prompt, prompt_id=f"p{prompt}", output_ids=ids)
 
     runs = [run("plain", "engine", 0, [1, 2, 3]), run("plain", "engine", 1, [4, 5]),
             run("spec", "a", 0, [1, 2, 3]), run("spec", "a", 1, [4, 6]), run("spec", "b", 0, [1, 2, 3]),
             run("spec", "b", 1, [4, 5]), run("hf", "hf", 0, [1, 2, 9])]
-    ex = check_exactness(runs, 0.0, torch.bfloat16)
+    ex = check_exactness(runs, 0.0, torch.bfloat16, "cuda")
     assert not ex["checked"] and ex["mismatches"] == {}
     assert ex["differs_from_plain"] == {"a": 1, "b": 0} and ex["prompts_compared"] == 2
     assert differs_note(ex).endswith("a: 1 of 2, b: 0 of 2")
-    assert check_exactness(runs, 0.7, torch.bfloat16)["differs_from_plain"] is None  # sampling: not comparable
+    assert check_exactness(runs, 0.7, torch.bfloat16, "cuda")["differs_from_plain"] is None  # sampling: not comparable
     fp32 = check_exactness(runs, 0.0, torch.float32)
     assert fp32["checked"] and fp32["mismatches"] == {"a": 1, "b": 0} and differs_note(fp32) == ""
+    cpu = check_exactness(runs, 0.0, torch.bfloat16, "cpu")  # the engine is bitwise exact in bf16 on a CPU
+    assert cpu["checked"] and cpu["mismatches"] == {"a": 1, "b": 0} and "bf16" in cpu["reason"]
+    assert cpu["differs_from_plain"] is None and cpu["same_text"] is None and differs_note(cpu) == ""
 
 
 def test_the_command_line_of_a_config_parses_back_to_it():

@@ -286,7 +286,7 @@ def test_an_eval_with_baselines_splits_each_drafter_s_speedup_over_generate(swee
     assert "| drafter | the drafter alone vs the engine's plain decoding |" in md
 
 
-def test_bf16_speed_over_prompts_whose_text_did_not_diverge():
+def test_bf16_off_the_cpu_speed_over_prompts_whose_text_did_not_diverge():
     def run(role, method, prompt, ids, wall):
         return dict(role=role, method=method, prompt=prompt, prompt_id=f"p{prompt}", output_ids=ids,
                     new_tokens=len(ids), wall_s=wall)
@@ -294,7 +294,7 @@ def test_bf16_speed_over_prompts_whose_text_did_not_diverge():
     runs = [run("plain", "engine", 0, [1, 2, 3, 4], 2.0), run("plain", "engine", 1, [4, 5], 1.0),
             run("spec", "a", 0, [1, 2, 3, 4], 1.0), run("spec", "a", 1, [4, 6], 0.1),
             run("spec", "b", 0, [1, 2, 9, 9], 1.0), run("spec", "b", 1, [4, 6], 1.0)]
-    ex = check_exactness(runs, 0.0, torch.bfloat16)
+    ex = check_exactness(runs, 0.0, torch.bfloat16, "cuda")
     assert ex["differs_from_plain"] == {"a": 1, "b": 2}
     assert ex["same_text"]["a"] == dict(prompts=1, speedup_vs_engine=pytest.approx((4 / 1.0) / (4 / 2.0)))
     assert ex["same_text"]["b"] == dict(prompts=0, speedup_vs_engine=None)

@@ -167,7 +167,7 @@ def test_eval_given_the_drafter_alone_takes_its_recorded_settings_and_explicit_f
     assert "- decoding settings from `" in out.with_suffix(".md").read_text()
 
 
-def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart, capsys):
+def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart, capsys, monkeypatch):
     root, ckpt, records, reproduce, args, tok, store = tiny_quickstart
     for rec in records.values():
         rows = {r["factor"]: r for r in rec["factors"]}
@@ -181,7 +181,10 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
         assert rows["ngram"]["method"] == "ngram tree=3,2,1,1,1" and rows["ngram"]["role"] == "reference"
         assert rows["suffix"]["method"] == "suffix tree=3,2,1,1,1" and rows["suffix"]["role"] == "reference"
         assert [r["factor"] for r in rec["factors"] if r["export"]] == ["drafter"]
-    args.dtype = "bf16"  # measured in bf16: a separate fp32 run checks exactness
+    args.dtype = "bf16"  # measured in bf16 on a CPU: the engine is bitwise exact, the measured rows are checked
+    assert qstages.rows_checked(args)
+    assert qstages.exactness_stage(records, args, tok, store)["source"] == "the measured rows"
+    monkeypatch.setattr(qstages, "rows_checked", lambda args: False)  # bf16 off the CPU: a separate fp32 run
     exactness = qstages.exactness_stage(records, args, tok, store)
     assert exactness["source"] == qstages.SEPARATE_CHECK and exactness["checked"]
     assert exactness["prompts"] == len(qstages.BENCHMARKS) and len(exactness["methods"]) == 2
@@ -248,8 +251,11 @@ def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickst
 def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys):
     from drafterkit.train.quickstart_plan import Stages
 
-    args = parse(build_parser(), ["quickstart", "--dtype", "bf16"])
-    assert qstages.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]
+    args = parse(build_parser(), ["quickstart", "--dtype", "bf16", "--device", "cpu"])  # bf16 rows on a CPU: checked
+    assert qstages.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "report"]
+    with pytest.MonkeyPatch.context() as mp:  # bf16 off the CPU: a separate fp32 check
+        mp.setattr(qstages, "rows_checked", lambda args: False)
+        assert qstages.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]
     args = parse(build_parser(), ["quickstart", "--dtype", "fp32", "--no-hybrid", "--no-tune"])  # fp32 rows: checked
     assert qstages.stage_names(args) == ["fetch", "train", "eval", "report"]
     assert "prompt lookup alone" in qstages.eval_words(args) and "retrieval" not in qstages.eval_words(args)
@@ -310,13 +316,15 @@ def test_the_tune_stage_records_its_winner_and_the_eval_measures_it(tiny_quickst
     assert kept["written_by"] == "drafterkit quickstart" and kept["tuned"]["winners"] == rec["winners"]
 
 
-def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_quickstart, tmp_path, prompts_file):
+def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_quickstart, tmp_path, prompts_file,
+                                                                       monkeypatch):
     import copy
     import shutil
 
     root, ckpt, _, _, args, tok, store = tiny_quickstart
     args = copy.deepcopy(args)
-    args.dtype = "bf16"  # measured in bf16, so the exactness check is the separate fp32 run, shape by shape
+    args.dtype = "bf16"  # measured in bf16 off the CPU, so the exactness check is the separate fp32 run, shape by shape
+    monkeypatch.setattr(qstages, "rows_checked", lambda args: False)
     mine = tmp_path / "train" / "checkpoints" / "last"
     shutil.copytree(ckpt, mine)
     target, _ = load_target(str(root / "target"), dtype="bf16", device="cpu")
@@ -362,15 +370,15 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
                "--recipe", str(quickstart.RECIPES_DIR / "smoke.yaml"),
                "--num-prompts", "2", "--max-new-tokens", "16", "--no-progress", "--baselines", "engine,hf",
                "--dtype", "bf16",  # measured in bf16 (the default where the CPU has bf16 units) ...
-               "--exactness-prompts", "1",  # ... so a separate fp32 run checks exactness
+               "--exactness-prompts", "1",  # ... whose rows are checked themselves: no separate fp32 run
                "--set", "eval.num_prompts=1", "--set", "eval.max_new_tokens=8", "--set", "train.max_steps=2",
                "--no-tune"])  # the tune stage: test_the_tune_stage_records_its_winner_and_the_eval_measures_it
     assert rc == 0
     said = capsys.readouterr().out
-    for n, name in enumerate(["fetch", "datastore", "train", "eval", "exactness", "report"], 1):
-        assert f"[quickstart {n}/6] {name}: " in said and f"[quickstart {n}/6] {name} done in " in said
+    for n, name in enumerate(["fetch", "datastore", "train", "eval", "report"], 1):
+        assert f"[quickstart {n}/5] {name}: " in said and f"[quickstart {n}/5] {name} done in " in said
     rep = json.loads((out / "report.json").read_text())
-    assert set(rep["timings"]) == {"fetch", "datastore", "train", "eval", "exactness"}
+    assert set(rep["timings"]) == {"fetch", "datastore", "train", "eval"}
     assert all(v > 0 for v in rep["timings"].values())
     assert rep["train"]["global_step"] >= 1 and Path(rep["train"]["checkpoint"]).exists()
     for bench in ("mt-bench", "humaneval"):
@@ -386,18 +394,21 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])
         assert len(rep["evals"][bench]["prompts"]) == 2
-        assert rep["evals"][bench]["exactness"]["differs_from_plain"] is not None  # bf16: counted, not failed
+        ex = rep["evals"][bench]["exactness"]
+        assert ex["checked"] and ex["differs_from_plain"] is None  # bf16 on a CPU: checked as fp32 is
+        assert all(v == 0 for v in ex["mismatches"].values())
         factors = {r["factor"]: r for r in rep["evals"][bench]["factors"]}
         assert factors["end to end"]["ratio"] == pytest.approx(factors["engine"]["ratio"] * factors["drafter"]["ratio"]
                                                                * factors["lookup"]["ratio"])
     ex = rep["exactness"]
-    assert ex["source"] == qstages.SEPARATE_CHECK and ex["prompts"] == 2 and len(ex["methods"]) == 2
-    assert all(m["identical"] == m["compared"] == 2 for m in ex["methods"].values())
+    assert ex["source"] == "the measured rows" and ex["dtype"] == "bfloat16" and len(ex["methods"]) == 3
+    assert all(m["identical"] == m["compared"] == 4 for m in ex["methods"].values())  # 2 prompts x 2 benchmarks
     recorded = json.loads(Path(rep["reproduce"]["decoding_json"]).read_text())
     assert (recorded["dtype"], recorded["trees"], recorded["draft_thresholds"]) == ("bf16", ["3,2,1,1,1"], [0.1])
     md = (out / "report.md").read_text()
     assert f"{rep['evals']['humaneval']['summary'][0]['tokens_per_s']:.2f}" in md
-    assert "2 of 2 outputs identical" in md and "## Where the speedup comes from" in md
+    assert "- bf16, greedy, vs plain decoding token for token" in md and "4 of 4 outputs identical" in md
+    assert "did not diverge" not in md and "## Where the speedup comes from" in md
     assert all(c in md for c in rep["reproduce"]["commands"])
     for p in rep["artifacts"]["plots"]:
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -470,19 +481,22 @@ def test_speed_measured_on_a_busy_machine_carries_the_caveat_into_report_and_mod
         assert (f"- **Busy machine**: measured while {note}" in card) is said
 
 
-def test_an_eval_block_says_the_later_stage_checks_exactness_and_names_its_tree():
-    """In bf16 the fp32 exactness stage after the eval checks the rows: each eval block says so (it printed
-    "exactness: not checked" before the stage that checks it); the block's title names the tree it measured,
-    not "K=5"."""
+def test_an_eval_block_says_the_later_stage_checks_exactness_and_names_its_tree(monkeypatch):
+    """In bf16 off the CPU the fp32 exactness stage after the eval checks the rows: each eval block says so (it
+    printed "exactness: not checked" before the stage that checks it); the block's title names the tree it
+    measured, not "K=5". In bf16 on a CPU the rows are checked themselves: no note."""
     import io
 
     from drafterkit.assets.console import make_console
     from drafterkit.speceval.bench import print_record, shape_words
 
-    note = qstages.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "bf16"]))
+    bf16 = parse(build_parser(), ["quickstart", "--dtype", "bf16", "--device", "cpu"])
+    assert qstages.exactness_later(bf16) is None
+    assert qstages.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "fp32"])) is None
+    monkeypatch.setattr(qstages, "rows_checked", lambda args: False)  # bf16 off the CPU
+    note = qstages.exactness_later(bf16)
     assert note == ("checked after these measurements, in the exactness stage (fp32, greedy, 2 prompts per benchmark "
                     "vs plain decoding)")
-    assert qstages.exactness_later(parse(build_parser(), ["quickstart", "--dtype", "fp32"])) is None
     assert qstages.exactness_later(parse(build_parser(), ["quickstart", "--exactness-prompts", "0"])) is None
     record = dict(config=dict(benchmark="mt-bench", max_new_tokens=128, temperature=0.0, k=5, trees=["3,2,1,1,1"]),
                   prompts=[1, 2], machine=dict(dtype="bfloat16", device="cpu"),

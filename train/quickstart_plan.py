@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import time
 
+from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.records import plural
+from drafterkit.decode.fused import bitwise_exact
 from drafterkit.train.feature_cache import recipe_cache_state
 from drafterkit.train.recipe_data import load_data
 
@@ -93,3 +95,10 @@ def feature_source(recipe, target, tok) -> str | None:
           f"than it saves in the --minutes budget; `drafterkit features RECIPE` builds it outside the budget for "
           "later runs, which then read it", flush=True)
     return "data.feature_cache=off"
+
+
+def rows_checked(args) -> bool:
+    """Whether the eval's own rows are checked token for token against plain decoding (fp32 anywhere, bf16 /
+    fp16 on a CPU: ``decode.fused.bitwise_exact``), so no separate fp32 exactness stage runs."""
+    device = resolve_device(args.device)
+    return bitwise_exact(resolve_dtype(args.dtype, device), device)

@@ -3,8 +3,9 @@ closing console summary.
 
 ``report.md`` opens with the stage timings and the training summary, then, per benchmark, the headline
 speedup over transformers ``generate`` as the product of its measured factors (``speceval.factors``),
-the exactness check (fp32 outputs identical to plain decoding; in other dtypes how many outputs differ
-and the speed over those that did not), the ``drafterkit eval`` commands that reproduce the rows, and
+the exactness check (outputs identical to plain decoding, in fp32, and in bf16 / fp16 on a CPU where the
+engine is bitwise exact; elsewhere how many outputs differ and the speed over those that did not), the
+``drafterkit eval`` commands that reproduce the rows, and
 each benchmark's full eval report (``speceval.report.render_markdown``).
 """
 
@@ -19,12 +20,17 @@ from drafterkit.speceval.factors import MODEL_FREE, factors_sentence, interval_w
 from drafterkit.train.checkpoint import TrainerState
 
 
+#: how the report names a dtype
+DTYPE_WORDS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
 def exactness_summary(records: dict, source: str) -> dict:
-    """The fp32 exactness check over ``{benchmark: eval record}`` (records whose ``exactness`` was checked,
+    """The exactness check over ``{benchmark: eval record}`` (records whose ``exactness`` was checked,
     ``speceval.harness.check_exactness``), pooled over benchmarks by method.
 
     Returns:
-        ``{"source" (which run was checked), "checked", "prompts" (compared with plain decoding, all
+        ``{"source" (which run was checked), "checked", "dtype" (the checked target's, e.g. ``"bfloat16"``),
+        "prompts" (compared with plain decoding, all
         benchmarks), "max_new_tokens", "methods": {method: {"identical", "compared"}},
         "mismatched_prompts": {method: [prompt ids]}, "per_benchmark": {benchmark: exactness}}``.
     """
@@ -36,6 +42,7 @@ def exactness_summary(records: dict, source: str) -> dict:
         if not ex["checked"]:
             continue
         out["checked"], out["max_new_tokens"] = True, rec["config"]["max_new_tokens"]
+        out["dtype"] = (rec.get("machine") or {}).get("dtype", "float32")
         out["prompts"] += ex["prompts_compared"]
         for method, bad in ex["mismatches"].items():
             m = out["methods"].setdefault(method, dict(identical=0, compared=0))
@@ -67,10 +74,11 @@ def exactness_lines(report_data: dict) -> list[str]:
     if ex["checked"]:
         counts = "; ".join(f"`{m}`: {c['identical']} of {c['compared']} outputs identical"
                            for m, c in ex["methods"].items())
-        lines = [f"- fp32, greedy, vs plain decoding token for token ({ex['source']}, {ex['prompts']} prompts x "
+        dtype = DTYPE_WORDS.get(ex.get("dtype") or "float32", ex.get("dtype"))
+        lines = [f"- {dtype}, greedy, vs plain decoding token for token ({ex['source']}, {ex['prompts']} prompts x "
                  f"{ex['max_new_tokens']} new tokens at most): {counts}."]
         if any(c["identical"] < c["compared"] for c in ex["methods"].values()):
-            lines.append(f"- NOT EXACT: outputs differ from plain decoding in fp32 (prompts: "
+            lines.append(f"- NOT EXACT: outputs differ from plain decoding in {dtype} (prompts: "
                          f"{ex['mismatched_prompts']}); this is a decoder bug, please report it.")
     else:
         why = {check["reason"] for check in ex["per_benchmark"].values()} or {ex["source"]}

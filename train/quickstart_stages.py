@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from drafterkit.assets.device import resolve_dtype
 from drafterkit.assets.records import plural
 from drafterkit.assets.target import load_target
 from drafterkit.decode.inputs import AUTO
@@ -27,6 +24,7 @@ from drafterkit.train.quickstart_args import (
     EVAL_DEFAULTS,
     EXACTNESS_TOKENS,
 )
+from drafterkit.train.quickstart_plan import rows_checked
 from drafterkit.train.quickstart_report import exactness_summary, merge_checks
 
 BENCHMARKS = ("mt-bench", "humaneval")
@@ -138,7 +136,7 @@ def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None, **names) -
 
 def exactness_later(args) -> str | None:
     """What an eval block says of exactness when the exactness stage checks it after the measurements (an eval
-    in another dtype than fp32, where the rows themselves are not compared), else None (the row's own verdict)."""
+    whose rows are not compared themselves: bf16 / fp16 off the CPU), else None (the row's own verdict)."""
     if "exactness" not in stage_names(args):
         return None
     return (f"checked after these measurements, in the exactness stage (fp32, greedy, "
@@ -150,9 +148,10 @@ def exactness_stage(records: dict, args, tok, datastore=None, shapes: dict | Non
     ``--exactness-prompts`` prompts, :data:`EXACTNESS_TOKENS` new tokens at most, against plain decoding
     through the same engine, with a target loaded in fp32 (``speceval.harness.check_exactness`` via
     ``speceval.bench.evaluate``); rows an ``--tree auto`` eval measured in their own tuned shape are checked
-    in it (``shapes``: :func:`measured_shapes`). With ``--dtype fp32`` the eval rows themselves were checked and are
-    summarized instead. Returns ``train.quickstart_report.exactness_summary``."""
-    if resolve_dtype(args.dtype) == torch.float32:
+    in it (``shapes``: :func:`measured_shapes`). In fp32, and in bf16 / fp16 on a CPU where the engine is bitwise
+    exact (``decode.fused.bitwise_exact``), the eval rows themselves were checked and are summarized instead.
+    Returns ``train.quickstart_report.exactness_summary``."""
+    if rows_checked(args):
         return exactness_summary(records, "the measured rows")
     if args.exactness_prompts <= 0:
         return exactness_summary({}, "skipped: --exactness-prompts 0")
@@ -207,8 +206,8 @@ def tuned_summary(tuned: dict | None, note: str) -> dict | None:
 
 def stage_names(args) -> list[str]:
     """The stages this run goes through, in order (``datastore`` unless ``--no-hybrid``; ``exactness``
-    unless the eval runs in fp32, whose rows are checked themselves, or ``--exactness-prompts 0``)."""
-    separate = resolve_dtype(args.dtype) != torch.float32 and args.exactness_prompts > 0
+    unless the eval's rows are checked themselves (:func:`rows_checked`), or ``--exactness-prompts 0``)."""
+    separate = not rows_checked(args) and args.exactness_prompts > 0
     return ["fetch", *([] if args.no_hybrid else ["datastore"]), *([] if args.no_train else ["train"]),
             *([] if args.no_tune else ["tune"]), "eval", *(["exactness"] if separate else []), "report"]
 

@@ -1,0 +1,91 @@
+"""What bitwise exactness costs: the engine's exact mode against the inexact path it replaced, in bf16.
+
+Exact mode (the default) is two things: every query of a target pass attends through
+``decode.attention.exact_sdpa`` (one-query SDPA over exactly its visible keys, where a verification pass ran
+one masked SDPA over all its rows) and a one-row linear layer runs as two rows
+(``decode.fused.ROW_INVARIANT``). This decodes ``--num-prompts`` prompts greedily, interleaved prompt by
+prompt, plain and speculative (``--drafter``, a spec as ``drafterkit eval`` takes; ``ngram`` by default),
+each with exact mode on and off, and prints tokens/s, the ratio exact / inexact per run, and how many
+speculative texts differ from plain decoding's in each mode (exact mode: 0).
+
+    python benchmarks/exactness_cost.py --drafter ngram --tree chain
+    python benchmarks/exactness_cost.py --drafter ngram --tree 3,2,1,1,1
+    python benchmarks/exactness_cost.py --drafter runs/qs/train/checkpoints/last+rest --tree 3,2,1,1,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--benchmark", default="mt-bench")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--drafter", default="ngram", help="a drafter spec as drafterkit eval takes (e.g. CKPT+rest)")
+    p.add_argument("--tree", default="chain", help="'chain' (a chain of --k), a static tree such as 3,2,1,1,1, "
+                                                   "or dynamic[:TOTAL[:DEPTH[:TOPK]]]")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--draft-threshold", type=float, default=0.1)
+    p.add_argument("--datastore", default="sharegpt")
+    a = p.parse_args()
+
+    from drafterkit import decode
+    from drafterkit.assets.target import load_target
+    from drafterkit.decode import attention, fused
+    from drafterkit.speceval.bench import datastore_loader
+    from drafterkit.speceval.methods import build_drafter
+    from drafterkit.speceval.prompts import load_prompts
+
+    target, tok = load_target(a.target, dtype=a.dtype)
+    prompts = [q.input_ids for q in load_prompts(a.benchmark, tok, a.num_prompts)]
+    drafter = build_drafter(a.drafter, target, datastore_loader(a.datastore, tok, quiet=False)).drafter
+    if getattr(drafter, "supports_draft_threshold", False):
+        drafter.draft_threshold = a.draft_threshold
+    tree = None if a.tree == "chain" else a.tree
+    runs = ["plain exact", "plain inexact", "spec exact", "spec inexact"]
+    sums = {r: [0, 0.0] for r in runs}
+    texts: dict[str, list[list[int]]] = {r: [] for r in runs}
+
+    def _once(run: str, ids: list[int], max_new: int, into) -> None:
+        attention.EXACT = fused.ROW_INVARIANT = run.endswith(" exact")
+        try:
+            spec = run.startswith("spec")
+            t0 = time.perf_counter()
+            out = decode.generate(target, [ids], drafter=drafter if spec else None, tree=tree,
+                                  num_draft_tokens=a.k, max_new_tokens=max_new).sequences[0]
+            wall = time.perf_counter() - t0
+        finally:
+            attention.EXACT = fused.ROW_INVARIANT = True
+        if into is not None:
+            into[0][run][0] += len(out)
+            into[0][run][1] += wall
+            into[1][run].append(out)
+
+    for warm in (True, False):  # one short untimed pass of every run first (weight copies, caches, allocator)
+        for ids in prompts[:1] if warm else prompts:
+            for run in runs:
+                _once(run, ids, 4 if warm else a.max_new_tokens, None if warm else (sums, texts))
+    print(f"{a.benchmark}, {len(prompts)} prompts x {a.max_new_tokens} new tokens, greedy, {a.dtype}, "
+          f"{torch.get_num_threads()} threads, interleaved prompt by prompt; drafter {a.drafter}, tree {a.tree}")
+    tps = {r: n / t for r, (n, t) in sums.items()}
+    for r in runs:
+        line = f"  {r:14s} tokens {sums[r][0]:5d}  tokens/s {tps[r]:7.2f}"
+        if r.endswith(" exact"):
+            line += f"  exact / inexact {tps[r] / tps[r.replace(' exact', ' inexact')]:.3f}"
+        if r.startswith("spec"):
+            mode = r.split()[1]
+            differ = sum(s != q for s, q in zip(texts[r], texts[f"plain {mode}"]))
+            line += (f"  x plain {tps[r] / tps['plain ' + mode]:.3f}  texts differing from plain: {differ} of "
+                     f"{len(prompts)}")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
