@@ -342,8 +342,13 @@ def test_drafter_option_unfit_for_target_is_a_clean_error_before_data(world, tmp
     recipe = _recipe_file(world, tmp_path, tmp_path / "run")
     assert main(["train", str(recipe), "drafter.options.num_layers=99"]) == 2
     err = capsys.readouterr().err
-    assert "drafterkit train: error: drafter (draft_lm" in err and "num_layers must be in [1, 2]" in err
-    assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
+    # refused when the recipe is validated (train/options.py): the recipe named, then one line naming the
+    # option, the target's limit and the fix
+    assert err.splitlines() == [
+        f"drafterkit train: error: {recipe}: invalid recipe:",
+        "drafter.options.num_layers: 99 is not in [1, 2] for this llama target; "
+        "set drafter.options.num_layers to at most 2"]
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("entry", ["drafterkit", "python -m drafterkit.train"])
