@@ -28,6 +28,10 @@ may see, in cache order, with no mask (a slice of the cache where they are conti
 they are not: tree nodes, rows of a ragged batch after rejections), and a prompt as one causal block over
 its own tokens. So a committed token's attention is the same call whether a plain step, a chain round, a
 tree round or a ragged batch computed it.
+
+**Sliding layers**: the keys a query may see come from its layer's mask, and :class:`decode.cache.RaggedCache`
+gives a sliding layer a mask that keeps only the keys inside its window by absolute position (``p - window <
+q <= p``), over a full cache, so the plan here picks exactly the window's keys, in cache order.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ EXACT_NAME = "drafterkit_exact_sdpa"
 #: faster, inexact packed verification pass: ``benchmarks/exactness_cost.py``)
 EXACT = True
 _registered = False
-_plans = threading.local()  # the last mask seen and its per-query key plan (one plan serves every layer)
+# the last two masks seen and their per-query key plans (one plan serves every layer of a type; a model with
+# sliding layers alternates a full and a windowed mask, decode.cache)
+_plans = threading.local()
 
 
 def packed_gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -145,12 +151,11 @@ def exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
             or any(kwargs.get(k) is not None for k in ("position_bias", "s_aux", "sinks", "softcap"))):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    cached = getattr(_plans, "last", None)
-    if cached is not None and cached[0] is attention_mask and cached[1] == (b, m, length):
-        plan = cached[2]
-    else:
+    recent = getattr(_plans, "recent", [])
+    plan = next((c[2] for c in recent if c[0] is attention_mask and c[1] == (b, m, length)), None)
+    if plan is None:
         plan = _plan(attention_mask, b, m, length)
-        _plans.last = (attention_mask, (b, m, length), plan)
+        _plans.recent = [(attention_mask, (b, m, length), plan)] + recent[:1]
     out = query.new_zeros(b, hq, m, value.shape[-1])
     for step in plan:
         i = step[1]

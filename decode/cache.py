@@ -4,6 +4,18 @@ Rows of different lengths live in one transformers ``DynamicCache``; left paddin
 stale entries are masked out through a 2-D attention mask and each row gets explicit RoPE positions
 (gpt-fast style: a rejection only masks / crops, it never re-allocates per token). The engine keeps
 one for the target; an independent draft model (:mod:`decode.draft_model`) keeps one of its own.
+
+**Sliding-window attention** (Mistral with ``sliding_window`` set, Gemma-2, Gemma-3, gpt-oss: the layers that
+transformers' ``get_layer_types_and_kwargs`` names ``"sliding_attention"``). transformers' own sliding cache
+layers keep only the last ``window - 1`` keys, so once a sequence passes the window a rejected draft token can no
+longer be cropped. Every layer here keeps a full (growing) cache instead, and the window is applied in the
+attention mask, by absolute position rather than by cache column (rows of a ragged batch hold left padding and
+masked rejected columns): a query at position ``p`` of a sliding layer sees the valid keys at positions
+``p - window < q <= p``, transformers' convention (``masking_utils.sliding_window_overlay``) for every family.
+Each pass then gets an explicit 4-D mask per layer type, so :func:`decode.attention.exact_sdpa` (or the model's
+eager attention: Gemma-2 and gpt-oss have no SDPA path) computes each query over exactly its window's keys.
+Memory: a sliding layer's cache grows with the sequence, as a full-attention layer's does (for gpt-oss, half of
+its layers keep ``L`` keys instead of 128): the price of rolling back rejected draft tokens exactly.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
 from drafterkit.decode.attention import verification_attention
 
@@ -30,10 +43,15 @@ class RaggedCache:
                  exact: bool = False):
         self.model, self.exact = model, exact
         self.cache = DynamicCache(config=model.config)
+        self.window, self.all_sliding = _sliding_layers(model.config)
+        for i, layer in enumerate(self.cache.layers):  # full layers: a sliding one cannot crop a full window
+            if getattr(layer, "is_sliding", False):
+                self.cache.layers[i] = DynamicLayer()
         self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.length = 0
         self._pending = 0
+        self._pending_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # tree nodes' positions
 
     def _reserve(self, extra: int) -> None:
         need = self.length + extra
@@ -43,10 +61,21 @@ class RaggedCache:
             grown[:, : self.length] = self.mask[:, : self.length]
             self.mask = grown
 
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, **kw: Any):
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, seen: torch.Tensor | None = None,
+                 **kw: Any):
+        """Run the model on ``input_ids [B, m]`` at ``position_ids [B, m]``. ``seen [B, m, K]`` bool (K = cache
+        columns + pending + m): which keys each query may see; None = the valid columns, causally over the new
+        ones (a 2-D mask to transformers unless a layer slides)."""
         m = input_ids.shape[1]
-        if attention_mask is None:
+        if seen is None and self.window is None:
             attention_mask = self.mask[:, : self.length + m]
+        else:
+            if seen is None:
+                k = self.length + m
+                cols = torch.arange(k, device=self.mask.device)
+                causal = cols[None, :] <= (k - m) + torch.arange(m, device=self.mask.device)[:, None]  # [m, K]
+                seen = self.mask[:, None, :k].bool() & causal[None]
+            attention_mask = self._masks(seen, position_ids)
         with verification_attention(self.model, self.exact):  # multi-token passes without copying GQA K/V
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              position_ids=position_ids, cache=self.cache, use_cache=True, **kw)
@@ -62,6 +91,7 @@ class RaggedCache:
         dev = self.mask.device
         ids = torch.zeros(b, p, dtype=torch.long, device=dev)
         self.length, self._pending = 0, 0
+        self._pending_pos = self._pending_pos[:, :0]
         self._reserve(p)
         self.mask[:, :p] = 0
         for i, r in enumerate(rows):
@@ -111,14 +141,34 @@ class RaggedCache:
         pos = self.n_real[:, None] + (depths if depths.dim() == 2 else depths[None])
         tree_mask = tree_mask.to(dev) if tree_mask.dim() == 3 else tree_mask.to(dev)[None].expand(b, m, p + m)
         seen = torch.cat([self.mask[:, None, : self.length].bool().expand(b, m, self.length),
-                          tree_mask], -1)[:, None]  # [B, 1, m, L+P+m]
+                          tree_mask], -1)  # [B, m, L+P+m]
+        out = self._forward(input_ids, pos, seen=seen, **kw)
+        self._pending = p + m
+        self._pending_pos = torch.cat([self._pending_pos, pos.expand(b, m)], 1)
+        return out
+
+    def _additive(self, seen: torch.Tensor) -> torch.Tensor:
+        """``seen [B, m, K]`` bool -> the model's 4-D additive mask ``[B, 1, m, K]`` (transformers uses it as given)."""
         dtype = next(self.model.parameters()).dtype
         if not dtype.is_floating_point:
             dtype = torch.float32
-        additive = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
-        out = self._forward(input_ids, pos, attention_mask=additive, **kw)
-        self._pending = p + m
-        return out
+        return torch.zeros(seen[:, None].shape, dtype=dtype, device=seen.device).masked_fill_(
+            ~seen[:, None], torch.finfo(dtype).min)
+
+    def _masks(self, seen: torch.Tensor, position_ids: torch.Tensor):
+        """The attention mask(s) for ``seen [B, m, K]``: one additive mask when no layer slides or every layer
+        does (Mistral), else ``{"full_attention": ..., "sliding_attention": ...}`` (the per-layer-type mapping
+        Gemma-2/3 and gpt-oss accept). A sliding layer's query at position ``p`` keeps the keys at positions
+        ``> p - window`` (the module docstring)."""
+        if self.window is None:
+            return self._additive(seen)
+        b, m, k = seen.shape
+        committed = self.mask[:, : self.length].cumsum(-1) - 1  # a valid column's position (others are masked)
+        key_pos = torch.cat([committed, self._pending_pos, position_ids.expand(b, m)], 1)[:, :k]  # [B, K]
+        windowed = seen & (key_pos[:, None, :] > position_ids.expand(b, m)[:, :, None] - self.window)
+        if self.all_sliding:
+            return self._additive(windowed)
+        return {"full_attention": self._additive(seen), "sliding_attention": self._additive(windowed)}
 
     def reorder(self, index: torch.Tensor) -> None:
         """After :meth:`run_tree`: new column ``j`` of row ``b`` takes the keys/values of new column
@@ -162,5 +212,25 @@ class RaggedCache:
             self.cache.crop(length - current)
         self.length = length
         self._pending = 0
+        self._pending_pos = self._pending_pos[:, :0]
         if n_real is not None:
             self.n_real = n_real.clone()
+
+
+def _sliding_layers(config) -> tuple[int | None, bool]:
+    """``(window, every_layer_slides)`` of a causal LM's config: the sliding window in tokens of its
+    ``"sliding_attention"`` layers (None: no layer slides) and whether every attention layer slides.
+
+    Raises:
+        NotImplementedError: the sliding layers have different windows (one mask serves every sliding layer).
+    """
+    text = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    windows = {kw["sliding_window"] for t, kw in zip(types, kwargs) if t == "sliding_attention"}
+    if not windows:
+        return None, False
+    if len(windows) > 1:
+        raise NotImplementedError(f"sliding layers with different windows {sorted(windows)} are not supported by "
+                                  "decode.cache.RaggedCache (one window per model)")
+    attn = [t for t in types if t in ("full_attention", "sliding_attention")]
+    return int(windows.pop()), all(t == "sliding_attention" for t in attn)

@@ -12,16 +12,7 @@ from drafterkit.drafters.draft_lm import DraftLM
 WINDOW = 8  # prompts of 6 tokens + 14 new: the sequence passes the window
 
 
-def _past_window(family: str):
-    marks = []
-    if family in SLIDING:
-        marks = [pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-            "decode/cache.py keeps the target's transformers DynamicCache, whose sliding-window layers cannot "
-            "crop rejected draft tokens once the window is full"))]
-    return pytest.param(family, marks=marks)
-
-
-@pytest.mark.parametrize("family", [_past_window(f) for f in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_speculative_decoding_past_the_sliding_window_equals_plain(family):
     overrides = {"sliding_window": WINDOW} if family in SLIDING else {}
     target, _ = build_family(family, **overrides)
