@@ -20,6 +20,7 @@ import functools
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 VOCAB = 320  # the config's vocabulary; the tokenizer holds exactly these many tokens
@@ -100,6 +101,17 @@ def save_family(family: str, folder: Path, seed: int = 0):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return model, tok
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread for a module's tests (autouse where imported): the tiny models' ops are too small to
+    gain from a second thread, and on a shared 2-core CI machine the threads of each op wait for each other (a
+    trained cell took about 1.4x the wall time with 2 threads on a loaded machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=1)

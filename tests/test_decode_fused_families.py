@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import FAMILIES, build_family, family_prompts
+from families import FAMILIES, build_family, family_prompts, one_thread  # noqa: F401 (one_thread: a fixture)
 
 from drafterkit.decode import fused, generate
 

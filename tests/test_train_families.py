@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from families import FAMILIES, family_prompts, save_family
+from families import FAMILIES, family_prompts, one_thread, save_family  # noqa: F401 (one_thread: a fixture)
 
 from drafterkit.cli import main
 from drafterkit.decode import generate
