@@ -73,7 +73,7 @@ from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layou
     sglang_default_layers,
 )
 from drafterkit.drafters.kinds import export_formats
-from drafterkit.drafters.model_card import write_model_card
+from drafterkit.drafters.model_card import recorded_target, vllm_serve_problem, write_model_card
 
 FORMATS = export_formats()  # --format -> the kind it exports, from each kind's exports in drafters.kinds.KINDS
 
@@ -235,7 +235,9 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
            dtype: str | None = None, repo: str | None = None) -> Path:
     """Export the drafter at ``ckpt`` (resolved by ``drafters.resolve_checkpoint``) as ``fmt`` into
     ``output``, with its model card ``README.md`` (:mod:`drafters.model_card`; ``repo``: the Hub repo it
-    will be pushed to, named in the card's serve commands). Returns ``output``.
+    will be pushed to, named in the card's serve commands). Returns ``output``. A ``vllm-eagle3`` /
+    ``vllm-peagle`` export for a target architecture vLLM cannot serve EAGLE-3 for
+    (:mod:`drafters.vllm_support`) is written with a one-line warning on stderr, said in the card too.
 
     Raises:
         ExportError: unknown format, the checkpoint's kind does not fit the format, or (EAGLE-3) feature
@@ -271,6 +273,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         export_hf_assistant(ckpt, output, target, dt)
     if fmt != "hf-assistant":  # a draft LM export is a plain transformers model, compared as it is
         record_source(output, ckpt)
+    if problem := vllm_serve_problem(fmt, recorded_target(ckpt, target)):  # the card says so too
+        print(f"drafterkit export: warning: {problem}", file=sys.stderr)
     write_model_card(output, fmt, kind, ckpt, target=target, repo=repo)
     return output
 

@@ -47,6 +47,7 @@ from drafterkit.drafters.card_measured import (
     tree_words,
 )
 from drafterkit.drafters.tuned import DECODING_FILE, TUNED, beats_plain
+from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture
 
 #: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
 #: SmolLM2-135M-Instruct), and the folder it is dequantized into under $DRAFTERKIT_HOME
@@ -98,6 +99,20 @@ def hub_base_model(target: str | None) -> str | None:
     if target and _HUB_ID.match(target) and not Path(target).exists():
         return target
     return None
+
+
+def recorded_target(ckpt: Path, target: str | None = None) -> str | None:
+    """The target the drafter folder ``ckpt`` was trained for: the one its training checkpoint's
+    ``recipe.yaml`` records, else ``target`` (``--target``), else None."""
+    return recipe_section(training_record(ckpt)["recipe"], "target").get("name_or_path") or target
+
+
+def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
+    """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.vllm_support`: an EAGLE-3 /
+    P-EAGLE head for a target architecture vLLM gives no auxiliary hidden states), or None."""
+    if fmt not in ("vllm-eagle3", "vllm-peagle"):
+        return None
+    return eagle3_serve_problem(target_architecture(target))
 
 
 def _front_matter(fmt: str, kind: str, target: str | None) -> str:
@@ -157,6 +172,10 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
               "vllm-peagle": "eagle3"}[fmt]
     parallel = {"parallel_drafting": True} if fmt == "vllm-peagle" else {}  # P-EAGLE: all K tokens in one pass
     spec = json.dumps({"method": method, "model": model, "num_speculative_tokens": k, **parallel})
+    if problem := vllm_serve_problem(fmt, target):
+        lines += [f"**vLLM cannot serve this export yet.** {problem}. The command below is what vLLM takes once "
+                  "it implements that interface for this architecture; until then use drafterkit's own decoder "
+                  "(`drafterkit eval` / `decode.generate`).", ""]
     lines += ["vLLM:", "", "```bash", f"vllm serve {t} --speculative-config {shlex.quote(spec)}", "```"]
     if fmt == "hf-assistant":
         py_target = ('os.path.join(os.environ.get("DRAFTERKIT_HOME", os.path.expanduser("~/.cache/drafterkit")), '

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,7 @@ from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafterkit.drafters.base import ExportError, recorded_source
+from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 
@@ -57,6 +59,8 @@ DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_l
                  "peagle": "peagle"}
 # vLLM on a CPU: a small KV cache, no thread pinning on a shared machine, the engine core in-process
 # (the runner hooks its scheduler there)
+# a Python exception line in vLLM's log, maybe behind its logger's prefix ("ERROR 12-04 10:00:00 [core.py:7] ")
+EXCEPTION_LINE = re.compile(r"(?:^|\s)((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?:: .*)?)$")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
@@ -194,11 +198,21 @@ def run_drafterkit(target, drafter, prompts: list[list[int]], k: int, max_new: i
     return {"outputs": outputs, "chains": chains, "stats": pool_stats(records), "seconds": time.perf_counter() - t0}
 
 
+def last_exception(log: str) -> str | None:
+    """The last Python exception line (``RuntimeError: ...``) in vLLM's log text ``log``, its logger prefix
+    dropped, or None when the log holds none."""
+    for line in reversed(log.splitlines()):
+        if m := EXCEPTION_LINE.search(line.rstrip()):
+            return m.group(1)
+    return None
+
+
 def run_vllm(jobs: list[dict], python: Path, timeout: float = 1800.0, log: Path | None = None) -> dict:
     """Run :data:`RUNNER` on ``jobs`` with ``python`` (the vLLM venv's); returns its RESULT dict.
 
     Raises:
-        VLLMRunError: the runner failed or timed out; the message holds the end of its log.
+        VLLMRunError: the runner failed or timed out; the message's first line holds vLLM's last exception
+            line (:func:`last_exception`), the lines after it the end of its log.
     """
     env = {**os.environ, **VLLM_ENV}
     iomp = python.parent.parent / "lib" / "libiomp5.so"  # vllm-cpu's Intel OpenMP: ~4x faster drafting on a CPU
@@ -217,8 +231,10 @@ def run_vllm(jobs: list[dict], python: Path, timeout: float = 1800.0, log: Path 
             except subprocess.TimeoutExpired:
                 failed, why = True, f"no result after {timeout:.0f} s"
         if failed:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-            raise VLLMRunError(f"vLLM ({python}) failed: {why}. End of its log:\n{tail}")
+            text = log.read_text(errors="replace")
+            tail = "\n".join(text.splitlines()[-25:])
+            cause = f": {exc}" if (exc := last_exception(text)) else ""
+            raise VLLMRunError(f"vLLM ({python}) failed: {why}{cause}. End of its log:\n{tail}")
         return json.loads(res.read_text())
 
 
@@ -290,11 +306,15 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
     seconds), ``vllm_version``.
 
     Raises:
-        ServeCheckError: no vLLM venv (the message gives the command), a folder that is not an export, a
-            missing ``--drafter``, an unknown benchmark, an unloadable target.
+        ServeCheckError: no vLLM venv (the message gives the command), a folder that is not an export, an
+            EAGLE-3 / P-EAGLE export for a target architecture vLLM cannot serve it with
+            (:mod:`drafters.vllm_support`), a missing ``--drafter``, an unknown benchmark, an unloadable target.
         VLLMRunError: vLLM failed (the message holds the end of its log).
     """
     infos = [inspect_export(e) for e, _ in exports]
+    for (export_dir, _), info in zip(exports, infos):  # before vLLM starts: it would stop at load, minutes in
+        if info["method"] in ("eagle3", "peagle") and (problem := eagle3_serve_problem(target_architecture(target))):
+            raise ServeCheckError(f"{export_dir}: {problem}; serve-check needs a target vLLM can serve it with")
     exports = [(e, source_checkpoint(e, info["method"], c)) for (e, c), info in zip(exports, infos)]  # before loads
     python = vllm_python(venv)
     try:

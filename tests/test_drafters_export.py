@@ -514,3 +514,23 @@ def test_an_export_output_that_cannot_be_written_and_an_edited_kind_are_one_line
     err = capsys.readouterr().err
     assert "config.json does not describe a drafter of kind 'medusa', though its \"kind\" says so (got an unexpected " \
            "keyword argument" in err and "copy the checkpoint folder again" in err and "MedusaConfig" not in err
+
+
+def test_an_eagle3_export_for_a_target_vllm_cannot_serve_warns_and_its_card_says_so(tmp_path, capsys):
+    """vLLM 0.32's EAGLE-3 needs the target class to implement SupportsEagle3; Gemma-3 does not, Llama does."""
+    from families import save_family
+
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    for family, servable in (("gemma3", False), ("llama3", True)):
+        save_family(family, target := tmp_path / family)
+        out = tmp_path / f"out-{family}"
+        argv = ["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(out), "--target", str(target)]
+        assert cli(argv) == 0
+        err, card = capsys.readouterr().err, (out / "README.md").read_text()
+        if servable:
+            assert "warning" not in err and "cannot serve" not in card and "vllm serve" in card
+            continue
+        (line,) = [x for x in err.splitlines() if "warning" in x]
+        assert "vLLM 0.32.0 cannot serve an EAGLE-3 / P-EAGLE head for a Gemma3ForCausalLM target" in line
+        assert "SupportsEagle3" in line and "Traceback" not in err
+        assert "**vLLM cannot serve this export yet.** vLLM 0.32.0 cannot serve" in card and "SupportsEagle3" in card

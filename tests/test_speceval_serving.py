@@ -303,3 +303,36 @@ def test_a_peagle_export_drafts_in_vllm_with_parallel_drafting_as_in_drafterkit(
     assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
     assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
     assert ours["accept_per_position"][0] > 0, serving.format_report(r)
+
+
+def test_serve_check_refuses_an_eagle3_export_for_a_target_vllm_cannot_serve_before_starting_vllm(tmp_path, capsys):
+    """A Gemma-3 target: vLLM 0.32 would stop at load ("Model does not support EAGLE3 interface"); refused first,
+    before the venv is even looked for."""
+    from families import save_family
+
+    target, _ = save_family("gemma3", tmp_path / "gemma3")
+    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=64, feature_layers=[1, 2, 3]), target=target)
+    out = export(head.save_pretrained(tmp_path / "e3"), "vllm-eagle3", tmp_path / "e3-export")
+    capsys.readouterr()
+    argv = ["serve-check", str(out), "--target", str(tmp_path / "gemma3"), "--venv", str(tmp_path / "none")]
+    assert cli(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "Gemma3ForCausalLM" in line and "SupportsEagle3" in line and "vLLM 0.32.0" in line, line
+
+
+def test_a_failed_vllm_run_names_its_last_exception_line(tmp_path):
+    """The error's first line carries vLLM's own cause, not only its exit status: here a python without vLLM
+    runs the real runner, which fails importing vllm."""
+    import sys
+    from pathlib import Path
+
+    with pytest.raises(serving.VLLMRunError) as info:
+        serving.run_vllm([{"target": "x", "draft": "y", "method": "eagle3"}], Path(sys.executable))
+    first = str(info.value).splitlines()[0]
+    assert first.endswith("exit status 1: ModuleNotFoundError: No module named 'vllm'. End of its log:"), first
+    log = ("INFO 12-04 10:00:01 [core.py:90] Loading model\n"
+           "ERROR 12-04 10:02:11 [core.py:710] RuntimeError: Model does not support EAGLE3 interface but "
+           "aux_hidden_state_outputs was requested\nProcess finished\n")
+    assert serving.last_exception(log) == ("RuntimeError: Model does not support EAGLE3 interface but "
+                                           "aux_hidden_state_outputs was requested")
+    assert serving.last_exception("Traceback (most recent call last):\n  raise ValueError(x)\n") is None
