@@ -150,7 +150,8 @@ class _Group:
             if ROW_INVARIANT and x.dtype in (torch.bfloat16, torch.float16) and x.numel() == x.shape[-1]:
                 # one row runs as two: a one-row GEMM takes another kernel, which rounds an output an ulp
                 # apart from the same row in a verification pass (SmolLM2's down_proj, K = 1536)
-                y = self._matmul(torch.cat([x, x], -2))[..., :1, :]
+                row = x.reshape(1, x.shape[-1])  # a 1-D input (e.g. a learned [H] vector) is one row too
+                y = self._matmul(torch.cat([row, row], 0))[:1].reshape(*x.shape[:-1], -1)
             else:
                 y = self._matmul(x)
             local.outputs = y.split(self.sizes, -1) if len(self.sizes) > 1 else (y,)

@@ -208,3 +208,23 @@ def test_a_hook_added_after_the_copies_were_built_is_honoured():
     handle.remove()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # 4 fp32 rows: _few_rows rounding
     assert not torch.allclose(want, _logits(model, ids), rtol=1e-3, atol=1e-3)
+
+
+def test_a_one_dimensional_bf16_input_runs_through_the_engine_copy():
+    """A layer called on a 1-D vector (P-EAGLE's learned mask feature through its fc) is one row like
+    ``[1, H]``: same output as the stock layer, shape ``[out]``, exact mode on or off."""
+    from drafterkit.decode import fused
+
+    model = tiny_llama(2).to(torch.bfloat16)
+    lin = model.model.layers[0].mlp.down_proj
+    x = torch.randn(lin.in_features, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    for row_invariant in (True, False):
+        old, fused.ROW_INVARIANT = fused.ROW_INVARIANT, row_invariant
+        try:
+            with torch.inference_mode(), fused_projections(model):
+                got = lin(x)
+        finally:
+            fused.ROW_INVARIANT = old
+        assert got.shape == want.shape == (lin.out_features,)
+        assert torch.equal(got, want)
