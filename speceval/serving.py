@@ -40,7 +40,7 @@ from drafterkit.assets import pinned
 from drafterkit.assets.device import resolve_device
 from drafterkit.assets.target import TargetLoadError, load_target, resolve_target_path
 from drafterkit.decode import generate
-from drafterkit.decode.engine import watch_rounds
+from drafterkit.decode.decoder import watch_rounds
 from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter

@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_llama
 
 from drafterkit.decode import generate
-from drafterkit.decode.engine import watch_rounds
+from drafterkit.decode.decoder import watch_rounds
 from drafterkit.decode.protocol import Proposal
 from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.ngram import NGramDrafter

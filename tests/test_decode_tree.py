@@ -7,7 +7,7 @@ from conftest import tiny_llama
 from scipy import stats
 
 from drafterkit.decode import generate
-from drafterkit.decode.engine import watch_rounds
+from drafterkit.decode.decoder import watch_rounds
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.decode.tree import DraftTree, close_under_parents
 from drafterkit.decode.verify import verify_tree_greedy, verify_tree_sampling
