@@ -17,11 +17,11 @@ import torch
 
 from drafterkit.decode.decoder import (
     Decoder,
-    bad_ids,
     commit,
     hidden,
     notify,
     proposer_view,
+    screen_ids,
     store_features,
     sync,
     timed_proposal,
@@ -43,8 +43,8 @@ def propose_chain(dec: Decoder, k: int, limit: torch.Tensor) -> tuple[torch.Tens
     if q is not None and (q.dim() != 3 or tuple(q.shape[:2]) != (b, k)):
         raise ValueError(f"{name}.propose returned probs of shape {tuple(q.shape)}; the proposer protocol "
                          f"needs [B, k, V] = [{b}, {k}, V] or None")
-    bad = bad_ids(dec, f"{name}.propose", d, torch.ones_like(d, dtype=torch.bool),
-                  "Each such chain is cut before the bad id")
+    d, bad = screen_ids(dec, f"{name}.propose", d, torch.ones_like(d, dtype=torch.bool),
+                        "Each such chain is cut before the bad id")
     first_bad = torch.where(bad.any(1), bad.long().argmax(1), torch.full_like(limit, k))
     limit = torch.minimum(limit, first_bad)
     if prop.lengths is not None:
@@ -52,7 +52,7 @@ def propose_chain(dec: Decoder, k: int, limit: torch.Tensor) -> tuple[torch.Tens
         if lengths.numel() != b:
             raise ValueError(f"{name}.propose returned lengths of shape {tuple(lengths.shape)}; need [B] = [{b}]")
         limit = torch.minimum(limit, lengths.clamp(0, k))
-    return d.masked_fill(bad, 0), None if q is None else q.to(dec.device), limit
+    return d, None if q is None else q.to(dec.device), limit
 
 
 def chain_round(dec: Decoder) -> None:

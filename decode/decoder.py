@@ -3,7 +3,7 @@
 :class:`Decoder` holds what a round reads and writes: the rows' tokens and outputs, the target's KV cache,
 the feature buffer a feature-reading drafter sees, the counters. The functions below are the steps both
 round shapes (``decode.chain_round.chain_round``, ``decode.tree_round.tree_round``) take: ask the proposer
-on the drafting clock (:func:`timed_proposal`), find draft ids outside the vocabulary (:func:`bad_ids`),
+on the drafting clock (:func:`timed_proposal`), screen draft ids outside the vocabulary (:func:`screen_ids`),
 commit a row's accepted tokens and bonus token (:func:`commit`), keep the target's features
 (:func:`store_features`), tell :func:`watch_rounds` hooks (:func:`notify`). Loop shape after
 pytorch-labs/gpt-fast: state in one small object, each step a plain function over it.
@@ -68,7 +68,7 @@ class Decoder:
     Attributes:
         target, proposer (None: plain decoding), sampling, tree (None: chains; a ``DraftTree`` or a
             ``DynamicTree``), k_max (the deepest draft position), max_new, eos (ids), vocab (ids a drafter
-            may propose), gen (the sampling generator).
+            may propose), gen (the sampling generator), device (the target's).
         tokens: per row, prompt + committed tokens; out: per row, the committed tokens; reasons: per row,
             ``"stop"`` / ``"length"`` once finished, else None.
         cache: the target's :class:`RaggedCache`; counts: the raw :class:`DecodeCounts`.
@@ -145,9 +145,12 @@ def commit(dec: Decoder, b: int, accepted: list[int], bonus: int, drafted: int, 
                           rejected_at=len(accepted) if judged_past and not stopped_early else None)
 
 
-def bad_ids(dec: Decoder, where: str, d: torch.Tensor, considered: torch.Tensor, effect: str) -> torch.Tensor:
-    """The draft ids of ``d [B, N]`` outside the target's vocabulary (bool ``[B, N]``); the first time an active
-    row's ``considered`` position holds one, a ``UserWarning`` names ``where`` and what is done (``effect``)."""
+def screen_ids(dec: Decoder, where: str, d: torch.Tensor, considered: torch.Tensor,
+               effect: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bad-token check every round shape runs on its draft tokens ``d [B, N]``: returns ``d`` with ids
+    outside the target's vocabulary replaced by 0 (so the target's forward can embed them) and where they
+    were (bool ``[B, N]``; the round must not verify those positions). The first time an active row's
+    ``considered`` position holds one, a ``UserWarning`` names ``where`` and what is done (``effect``)."""
     bad = (d < 0) | (d >= dec.vocab)
     seen = bad & considered & torch.tensor(dec.active, device=dec.device)[:, None]
     if not dec.warned_ids and bool(seen.any()):
@@ -156,7 +159,7 @@ def bad_ids(dec: Decoder, where: str, d: torch.Tensor, considered: torch.Tensor,
         warnings.warn(f"{where} returned token ids {ids} outside [0, {dec.vocab}) (the target's vocabulary): a "
                       f"proposer contract violation. {effect} (output stays exact); fix the proposer. Warned once "
                       "per generate call", stacklevel=4)
-    return bad
+    return d.masked_fill(bad, 0), bad
 
 
 def hidden(dec: Decoder, out) -> torch.Tensor | None:

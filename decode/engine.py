@@ -1,29 +1,15 @@
 """The speculative decoding engine behind ``decode.generate`` (chain and tree drafts, batched and ragged).
 
-Each round (Leviathan et al. 2023; Chen et al. 2023; loop shaped after pytorch-labs/gpt-fast):
-
-    proposer.propose(state, k)            -> draft tokens d_1..d_k per row (+ q when sampling)
-    ONE target forward over [last, d_1..d_k] with the KV cache   -> logits [B, k+1, V]
-    verify_greedy / verify_sampling       -> n accepted + one bonus / correction token per row
-    keep n+1 new cache columns per row, mask the rest, crop to the longest row
-
-Rows of a ragged batch are left-padded; stale and padding cache columns are masked in a 2-D
-attention mask and each row carries explicit RoPE positions (see ``decode.cache.RaggedCache``).
-Finished rows stay in the batch as masked dummies. ``drafter=None`` runs the same loop with k = 0:
-plain decoding, the honest baseline.
-
-Tree rounds (``tree=...``; SpecInfer, Miao et al. 2024; Medusa; EAGLE) differ in three places: the
-proposer fills a static :class:`decode.tree.DraftTree` (``propose_tree``); the target runs
-``[last, node_0 .. node_{N-1}]`` under a 4-D tree attention mask with RoPE position = depth; and after
-the accepted path is found (``verify_tree_greedy`` / ``verify_tree_sampling``) its cache columns and
-hidden features are gathered into place before the same ``keep`` (EAGLE-2's dynamic trees, one shape per
-row and round, run there too). Statistics count per depth: a tree's ``drafted`` is the nodes verified,
-``accept_per_position[i]`` the acceptance at depth ``i + 1``.
+Rows of a ragged batch are left-padded; stale and padding cache columns are masked in a 2-D attention
+mask and each row carries explicit RoPE positions (see ``decode.cache.RaggedCache``). Finished rows stay
+in the batch as masked dummies. ``drafter=None`` runs the chain round with k = 0: plain decoding, the
+honest baseline. Statistics count per draft position (a tree's per depth; ``decode.metrics``).
 
 Where each step lives: ``generate`` (this module) checks the arguments and runs the loop over one
-:class:`decode.decoder.Decoder`; ``decode.chain_round.chain_round`` and ``decode.tree_round.tree_round`` are
-the two round shapes, plain functions over that state; both commit, check draft ids and keep features
-through the same functions of ``decode.decoder``.
+:class:`decode.decoder.Decoder`; ``decode.chain_round.chain_round`` (Leviathan et al. 2023; Chen et al.
+2023) and ``decode.tree_round.tree_round`` (static trees: SpecInfer, Medusa, EAGLE; dynamic trees:
+EAGLE-2) are the two round shapes, plain functions over that state; both commit, screen draft ids and keep
+features through the same functions of ``decode.decoder``.
 """
 
 from __future__ import annotations
@@ -67,7 +53,6 @@ class GenerateResult:
     finish_reasons: list[str]
     stats: DecodeStats
     counts: DecodeCounts | None = None
-
 
 
 def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]], *, drafter: Any = None,

@@ -8,22 +8,24 @@ the proposer grows it (``propose_dynamic_tree``) and returns each row's :class:`
 scores every row's own nodes in the same forward under a per-row mask (rows with smaller trees are
 padded with nodes no one may accept). Both then run the same verification (``verify_tree_greedy`` /
 ``verify_tree_sampling``), move the accepted path's cache columns and features into place and commit
-through the steps the chain round shares (``decode.decoder``).
+through the steps the chain round shares (``decode.decoder``). Statistics count per depth: a tree's
+``drafted`` is the nodes verified, ``accept_per_position[i]`` the acceptance at depth ``i + 1``.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from drafterkit.decode.decoder import (
     Decoder,
-    bad_ids,
     commit,
     hidden,
     notify,
     proposer_view,
+    screen_ids,
     store_features,
     sync,
     timed_proposal,
@@ -82,13 +84,14 @@ def _proposal_mask(dec: Decoder, prop, where: str, n: int) -> torch.Tensor:
 
 
 def _usable(dec: Decoder, where: str, d: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
-            caps: list[int]) -> torch.Tensor:
-    """``valid`` without nodes holding ids outside the vocabulary, nodes of finished rows and nodes deeper
-    than each row's cap (``depth [N]`` or ``[B, N]``)."""
-    bad = bad_ids(dec, where, d, valid, DROPPED)
+            caps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tree tokens ``d [B, N]`` with bad ids replaced by 0 (:func:`decode.decoder.screen_ids`) and ``valid``
+    without those nodes, nodes of finished rows and nodes deeper than each row's cap (``depth [N]`` or
+    ``[B, N]``)."""
+    d, bad = screen_ids(dec, where, d, valid, DROPPED)
     act = torch.tensor(dec.active, device=dec.device)[:, None]
     deep = depth.to(dec.device) > torch.tensor(caps, device=dec.device)[:, None]
-    return valid & ~bad & act & ~deep
+    return d, valid & ~bad & act & ~deep
 
 
 def propose_static(dec: Decoder, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +101,8 @@ def propose_static(dec: Decoder, caps: list[int]) -> tuple[torch.Tensor, torch.T
     prop, d = timed_proposal(dec, "propose_tree", n, " (one token per tree node)", proposer_view(dec), tree,
                              dec.sampling, dec.gen)
     where = f"{type(dec.proposer).__name__}.propose_tree"
-    valid = _usable(dec, where, d, _proposal_mask(dec, prop, where, n), torch.tensor(tree.depths)[None], caps)
-    return d.masked_fill((d < 0) | (d >= dec.vocab), 0), close_under_parents(tree, valid)
+    d, valid = _usable(dec, where, d, _proposal_mask(dec, prop, where, n), torch.tensor(tree.depths)[None], caps)
+    return d, close_under_parents(tree, valid)
 
 
 def propose_dynamic(dec: Decoder, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor, list]:
@@ -125,11 +128,11 @@ def propose_dynamic(dec: Decoder, caps: list[int]) -> tuple[torch.Tensor, torch.
     for i, t in enumerate(trees):
         if t is not None:
             depth[i, : t.num_nodes] = torch.tensor(t.depths)
-    valid = _usable(dec, where, d, valid, depth, caps)
-    return d.masked_fill((d < 0) | (d >= dec.vocab), 0), close_rows_under_parents(trees, valid), trees
+    d, valid = _usable(dec, where, d, valid, depth, caps)
+    return d, close_rows_under_parents(trees, valid), trees
 
 
-def propose_tree(dec: Decoder, caps: list[int]):
+def propose_tree(dec: Decoder, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """This round's ``(tokens [B, n], valid [B, n], shape)``: ``shape`` is the static tree pruned to the nodes
     some row may use, or the per-row trees cut to the last column some row may use, or None when no row has
     a node to verify (then ``n == 0``)."""
@@ -152,7 +155,8 @@ def propose_tree(dec: Decoder, caps: list[int]):
 
 
 def tree_forward(dec: Decoder, d: torch.Tensor, shape):
-    """ONE target forward over ``[last, nodes..]`` (a plain step when ``shape`` is None)."""
+    """ONE target forward over ``[last, nodes..]`` (tokens ``d [B, n]``; a plain step when ``shape`` is None):
+    the target's output, logits ``[B, n + 1, V]`` (``[B, 1, V]`` for a plain step)."""
     want_h = dec.layers is not None
     if shape is None:
         return dec.cache.run(dec.last_tokens(), logits_to_keep=1, output_hidden_states=want_h)
