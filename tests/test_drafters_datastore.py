@@ -250,7 +250,7 @@ def test_bad_datastores_and_specs_name_the_fix(tmp_path):
         generate(target, [[1, 2, 3]], drafter=wide, max_new_tokens=4)
     from drafterkit.speceval.bench import EvalConfig, datastore_loader
 
-    with pytest.raises(ValueError, match=r"x.jsonl is unused: only \+rest drafters read a datastore"):
+    with pytest.raises(ValueError, match=r"x.jsonl is unused: only \+rest and suffix drafters read a datastore"):
         EvalConfig(drafters=["ngram"], datastore=str(tmp_path / "x.jsonl")).validate()
     with pytest.raises(ValueError, match=r"--datastore .*missing.json.*It takes a ShareGPT"):
         datastore_loader(str(tmp_path / "missing.json"), None, quiet=True)()

@@ -60,7 +60,7 @@ def test_eval_spec_and_errors():
     for bad in ("ngram+ngram", "none+ngram", "+ngram"):
         with pytest.raises(ValueError, match=r"--drafter ngram"):
             build_drafter(bad, target)
-    with pytest.raises(ValueError, match=r"give one of \+ngram or \+rest"):
+    with pytest.raises(ValueError, match=r"give one of \+ngram, \+rest or \+suffix"):
         build_drafter("draft:1+ngram+ngram", target)
     with pytest.raises(ValueError, match=r"draft:1\+ngram"):
         build_drafter("ngram+draft:1", target)
