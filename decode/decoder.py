@@ -184,7 +184,8 @@ def store_features(dec: Decoder, h: torch.Tensor, starts: list[int], counts: lis
 
 
 def proposer_view(dec: Decoder) -> DecodeState:
-    """What the proposer sees this round (``decode.protocol.DecodeState``)."""
+    """What the proposer sees this round (``decode.protocol.DecodeState``: ``features`` per row ``[len - 1, F]``
+    or None); every row's tokens so far count as stable (``num_stable``) at its next call."""
     feats = None if dec.feats is None else [dec.feats[b, : len(t) - 1] for b, t in enumerate(dec.tokens)]
     state = DecodeState(tokens=dec.tokens, num_stable=dec.stable, features=feats, active=dec.active,
                         vocab_size=dec.vocab)
