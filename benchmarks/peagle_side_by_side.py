@@ -55,7 +55,7 @@ def measure(ckpts: dict[str, Path], prompts: Path, path: Path, args) -> dict:
         cmd = [sys.executable, "-m", "drafterkit.cli", "eval", "--benchmark", str(prompts),
                "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
                "--k", str(args.k), "--draft-threshold", "0", "--dtype", args.dtype, "--baselines", "engine",
-               "--output", str(path), "--no-progress", *(["--tree", args.tree] if args.tree else []),
+               "--output", str(path), "--no-progress", "--tree", args.tree or "chain",
                *(["--threads", str(args.threads)] if args.threads else [])]
         for kind in KINDS:
             cmd += ["--drafter", str(ckpts[kind])]
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=5)
-    p.add_argument("--tree", default=None, help="a static tree instead of chains of K (e.g. 3,2,1,1,1)")
+    p.add_argument("--tree", default=None, help="a static tree instead of chains of K (e.g. 3,2,1,1,1); without it "
+                   "both heads draft chains of K, whatever a head's decoding.json records")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--override", action="append", default=[], help="recipe override for both trainings")
