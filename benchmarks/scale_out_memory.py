@@ -1,5 +1,6 @@
-"""Peak memory per process of an EAGLE-3 training run, 1 and 2 processes x (no sharding, drafter sharded,
-drafter and target sharded), measured on the default target; and the same computed for Llama-3.1-8B.
+"""Peak memory per process of an EAGLE-3 training run, 1 process unsharded and 2 processes x (no sharding,
+drafter sharded, drafter and target sharded; train.shard needs 2+ processes), measured on the default
+target; and the same computed for Llama-3.1-8B.
 
 Measured: each configuration runs ``torchrun --nproc_per_node N -m drafterkit.train RECIPE train.cpu=true
 train.shard=S`` for a few optimizer steps at the same global batch (fp32, no evaluation, features online so
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     nprocs = [int(x) for x in args.nproc.split(",")]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="scale-out-memory-"))
     rows = [measure(args.recipe, n, s, args.steps, args.num_examples, work)
-            for n in nprocs for s in args.shards.split(",")]
+            for n in nprocs for s in args.shards.split(",") if n > 1 or s == "none"]  # sharding needs 2+ processes
     print("| processes | train.shard | peak per process, whole run (MiB) | peak per process, training steps (MiB) |")
     print("|---|---|---|---|")
     for r in rows:

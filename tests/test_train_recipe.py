@@ -255,3 +255,30 @@ def test_yaml_1_1_booleans_in_a_recipe_file_and_a_word_no_field_takes(tmp_path):
         recipe_from_dict({"output_dir": "x"}, ["train.mixed_precision=yes"])  # a word the field does not take
     with pytest.raises(RecipeError, match=r"loss\.name: Input should be 'ce'"):
         recipe_from_dict({"output_dir": "x"}, ["loss.name=off"])
+
+
+@pytest.mark.parametrize("shard", ["drafter", "target", "drafter+target"])
+def test_train_shard_in_a_single_process_is_refused_before_the_target_loads(tmp_path, monkeypatch, capsys, shard):
+    """FSDP2 over one process shards nothing yet would mark the checkpoint sharded: refused in one line naming
+    the fix. The target folder does not exist, so reaching the target load would print another error."""
+    from drafterkit.cli import main as cli
+    from drafterkit.train.distributed import check_shard_world
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(tmp_path / "none")},
+        "drafter": {"kind": "eagle3"}, "data": {"source": "jsonl", "path": str(data)},
+        "eval": {"every": 0, "at_end": False}, "logging": {"trackers": []}}))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert cli(["train", str(recipe), f"train.shard={shard}"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"train.shard={shard} shards over processes, and this run has 1" in line
+    assert "sharding needs at least 2 processes" in line and "torchrun --nproc_per_node N" in line
+    assert "train.shard=none" in line and not (tmp_path / "run" / "checkpoints").exists()
+    monkeypatch.setenv("WORLD_SIZE", "2")  # launched over 2 processes: accepted
+    check_shard_world(recipe_from_dict(yaml.safe_load(recipe.read_text()), [f"train.shard={shard}"]))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(RecipeError, match="this run has 1"):
+        check_shard_world(recipe_from_dict(yaml.safe_load(recipe.read_text()), [f"train.shard={shard}"]))

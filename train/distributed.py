@@ -68,6 +68,21 @@ def check_distributed_request(recipe: Recipe) -> str | None:
     return engine
 
 
+def check_shard_world(recipe: Recipe) -> None:
+    """Refuse ``train.shard`` other than ``none`` in a single process: FSDP2 over one process shards nothing
+    (yet the checkpoint would be saved sharded, refusing a later unsharded resume). The world size is the
+    launcher's ``WORLD_SIZE`` (torchrun / accelerate launch; unset: one process), known before anything loads.
+
+    Raises:
+        RecipeError: one line naming the setting, the process count and the fix.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if recipe.train.shard != "none" and world < 2:
+        raise RecipeError(f"train.shard={recipe.train.shard} shards over processes, and this run has {world}: "
+                          "sharding needs at least 2 processes; launch with `torchrun --nproc_per_node N -m "
+                          "drafterkit.train RECIPE.yaml ...` (or accelerate launch), or set train.shard=none")
+
+
 def check_distributed_result(acc, requested: str | None) -> None:
     """Refuse an accelerator that is not what the launcher asked for (no silent downgrade).
 

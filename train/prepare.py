@@ -22,6 +22,7 @@ from drafterkit.train.data import DataError
 from drafterkit.train.distributed import (
     check_distributed_request,
     check_distributed_result,
+    check_shard_world,
     fsdp_ignore_borrowed,
 )
 from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
@@ -75,7 +76,8 @@ def preflight(recipe: Recipe) -> None:
             (:func:`assets.records.unwritable_folder`); ``output_dir`` already holds checkpoints of another
             run and this one would start at step 0 (``train.resume: never``, or ``auto`` with nothing
             resumable) without ``train.overwrite``; a sharded engine the launcher asked for cannot run here
-            (:func:`check_distributed_request`).
+            (:func:`check_distributed_request`); ``train.shard`` in a single process
+            (:func:`check_shard_world`).
     """
     check_distributed_request(recipe)
     recipe_data_file(recipe.data)
@@ -88,6 +90,7 @@ def preflight(recipe: Recipe) -> None:
         raise RecipeError(f"cannot resume {resume} with train.shard={cfg.shard}: its drafter was {saved} when it was "
                           "saved; resume with the train.shard of that run (its recipe.yaml), or train into a new "
                           "output_dir")
+    check_shard_world(recipe)
     if cfg.overwrite or not ckpts.is_dir() or resume is not None:
         return
     held = sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".tmp-"))
