@@ -1,6 +1,7 @@
-"""What bitwise exactness costs: the engine's exact mode against the inexact path it replaced, in bf16.
+"""What bitwise exactness costs: the decoder's exact mode (``decode.exact_mode``) against the fast path, in bf16.
 
-Exact mode (the default) is two things: every query of a target pass attends through
+Exact mode (off in ``decode.generate`` by default, on in ``drafterkit eval`` / ``tune`` / ``quickstart``) is two
+things: every query of a target pass attends through
 ``decode.attention.exact_sdpa`` (one-query SDPA over exactly its visible keys, where a verification pass ran
 one masked SDPA over all its rows) and a one-row linear layer runs as two rows
 (``decode.fused.ROW_INVARIANT``). This decodes ``--num-prompts`` prompts greedily, interleaved prompt by
@@ -8,8 +9,8 @@ prompt, plain and speculative (``--drafter``, a spec as ``drafterkit eval`` take
 each with exact mode on and off, and prints tokens/s, the ratio exact / inexact per run, and how many
 speculative texts differ from plain decoding's in each mode (exact mode: 0).
 
-    python benchmarks/exactness_cost.py --drafter ngram --tree chain
-    python benchmarks/exactness_cost.py --drafter ngram --tree 3,2,1,1,1
+    OMP_NUM_THREADS=1 python benchmarks/exactness_cost.py --drafter ngram --tree chain --num-prompts 4
+    OMP_NUM_THREADS=1 python benchmarks/exactness_cost.py --drafter ngram --tree 3,2,1,1,1 --num-prompts 4
     python benchmarks/exactness_cost.py --drafter runs/qs/train/checkpoints/last+rest --tree 3,2,1,1,1
 """
 
@@ -38,7 +39,6 @@ def main() -> None:
 
     from drafterkit import decode
     from drafterkit.assets.target import load_target
-    from drafterkit.decode import attention, fused
     from drafterkit.speceval.bench import datastore_loader
     from drafterkit.speceval.methods import build_drafter
     from drafterkit.speceval.prompts import load_prompts
@@ -54,15 +54,12 @@ def main() -> None:
     texts: dict[str, list[list[int]]] = {r: [] for r in runs}
 
     def _once(run: str, ids: list[int], max_new: int, into) -> None:
-        attention.EXACT = fused.ROW_INVARIANT = run.endswith(" exact")
-        try:
+        with decode.exact_mode(run.endswith(" exact")):
             spec = run.startswith("spec")
             t0 = time.perf_counter()
             out = decode.generate(target, [ids], drafter=drafter if spec else None, tree=tree,
                                   num_draft_tokens=a.k, max_new_tokens=max_new).sequences[0]
             wall = time.perf_counter() - t0
-        finally:
-            attention.EXACT = fused.ROW_INVARIANT = True
         if into is not None:
             into[0][run][0] += len(out)
             into[0][run][1] += wall

@@ -47,9 +47,9 @@ import torch
 NAME = "drafterkit_packed_gqa_sdpa"
 #: Name under which :func:`exact_sdpa` is registered.
 EXACT_NAME = "drafterkit_exact_sdpa"
-#: ``decode.generate`` runs the target's passes with :func:`exact_sdpa` while True (set False to compare the
-#: faster, inexact packed verification pass: ``benchmarks/exactness_cost.py``)
-EXACT = True
+#: ``decode.generate`` runs the target's passes with :func:`exact_sdpa` while True; set it with
+#: ``decode.exact_mode`` (off by default: the packed verification pass is faster, ``benchmarks/exactness_cost.py``)
+EXACT = False
 _registered = False
 # the last two masks seen and their per-query key plans (one plan serves every layer of a type; a model with
 # sliding layers alternates a full and a windowed mask, decode.cache)

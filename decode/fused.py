@@ -54,8 +54,9 @@ SAMPLES = 256
 
 #: bf16 / fp16 inputs of one row are computed as two (the row repeated) so that a decoding step's row gets
 #: the bits a verification pass gives the same row (on this project's CPU oneDNN's one-row GEMM rounds
-#: differently from its several-row GEMM for about 1 in 6,000 outputs at K = 1536; 2..64 rows agree)
-ROW_INVARIANT = True
+#: differently from its several-row GEMM for about 1 in 6,000 outputs at K = 1536; 2..64 rows agree); set it
+#: with ``decode.exact_mode`` (off by default)
+ROW_INVARIANT = False
 
 #: set to ``False`` to run the stock layers everywhere (``benchmarks/engine_kernels.py`` compares both)
 ENABLED = True
@@ -257,9 +258,9 @@ def _installed(groups: list[_Group]) -> Iterator[None]:
 def bitwise_exact(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether greedy speculative decoding through ``decode.generate`` equals greedy plain decoding token for
     token for a target in ``dtype`` on ``device``, bit for bit and not only up to near-ties: fp32 anywhere (as
-    before: its rounding differences stay far below a logit gap), and bf16 / fp16 on a CPU while the engine's
-    exact attention (``decode.attention.EXACT``), its linear layers (:data:`ENABLED`) and their one-row
-    invariance (:data:`ROW_INVARIANT`) are on. Off the CPU in bf16 / fp16 a GEMM's rounding may depend on
+    before: its rounding differences stay far below a logit gap), and bf16 / fp16 on a CPU while the decoder's
+    exact mode (``decode.exact_mode``: exact attention and one-row invariance, :data:`ROW_INVARIANT`) and its
+    linear layers (:data:`ENABLED`) are on. Off the CPU in bf16 / fp16 a GEMM's rounding may depend on
     its row count (not checked there), so a greedy output may leave plain decoding at a near-tie."""
     if dtype == torch.float32:
         return True

@@ -43,6 +43,7 @@ from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.records import plural, unwritable_folder
 from drafterkit.assets.target import load_target, resolve_target_path
+from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
 from drafterkit.drafters.datastore import cached_datastore
@@ -109,9 +110,20 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
         ``speceval.methods.retrieval_info``; ``suffix_decoding``, with suffix rows only: their knobs,
         ``speceval.methods.suffix_info``).
 
+    Every method is measured in the decoder's exact mode unless ``cfg.exact`` is False
+    (``decode.exact_mode``: greedy speculative rows then decode plain decoding's text in bf16 / fp16 on a CPU
+    too, and are checked token for token); the mode found before is restored on return. The record says which
+    mode measured: ``config["exact"]`` and ``exactness["exact_mode"]``.
+
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
     """
+    with exact_mode(cfg.exact):
+        return _evaluate(cfg, target, tok, datastore)
+
+
+def _evaluate(cfg: EvalConfig, target, tok, datastore) -> dict:
+    """:func:`evaluate` inside the exact mode it set."""
     cfg.validate()
     for spec in cfg.drafters:  # before loading the target: a typo costs no model load
         check_drafter_spec(spec)
@@ -277,7 +289,7 @@ def print_record(record: dict, console=None, exactness_note: str | None = None) 
     cfg = record["config"]
     title = (f"{cfg['benchmark']}: {plural(len(record['prompts']), 'prompt')}, {cfg['max_new_tokens']} new tokens, "
              f"T={cfg['temperature']:g}, {shape_words(cfg)}, {record['machine']['dtype']} on "
-             f"{record['machine']['device']}")
+             f"{record['machine']['device']}{report.mode_words(cfg)}")
     report.print_eval(record["summary"], title, console)
     if record.get("factors"):
         report.print_factors(record["factors"], console)

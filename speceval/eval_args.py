@@ -101,6 +101,13 @@ class EvalConfig:
     dtype: str = field(default="fp32", metadata={
         "help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
+    exact: bool = field(default=True, metadata={"help": (
+        "measure the fast path instead of the decoder's exact mode (decode.exact_mode, on by default here: greedy "
+        "speculative rows decode the same text as plain decoding in bf16 / fp16 on a CPU too, and are checked "
+        "token for token; it costs ~5%% of tokens/s for plain decoding and chains, ~11%% for trees, SmolLM2-135M "
+        "bf16 on a CPU, docs/benchmarks/exactness.md). Without exact mode bf16 rows may diverge from plain "
+        "decoding at near-ties: the report then counts them and gives the speed over the texts that did not "
+        "diverge")})
     seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
         "help": f"comma-separated subset of {','.join(BASELINES)} (default: all)"})
@@ -229,8 +236,9 @@ EXAMPLES = {int: "ints such as 2,3,5", float: "floats such as 0.05,0.1"}
 #: the order ``drafterkit eval --help`` lists the flags in (fields of :class:`EvalConfig` and :class:`RunOptions`;
 #: a field left out of it comes last)
 HELP_ORDER = ("target", "drafters", "datastore", "benchmark", "num_prompts", "max_new_tokens", "max_prompt_tokens",
-              "temperature", "top_k", "top_p", "k", "draft_thresholds", "trees", "dtype", "device", "threads", "seed",
-              "output", "plots_dir", "baselines", "sweep", "sweep_k", "sweep_temperature", "concurrency", "progress")
+              "temperature", "top_k", "top_p", "k", "draft_thresholds", "trees", "dtype", "device", "exact", "threads",
+              "seed", "output", "plots_dir", "baselines", "sweep", "sweep_k", "sweep_temperature", "concurrency",
+              "progress")
 
 
 #: said in the ``--help`` of the flags a drafter's ``decoding.json`` (``drafters.tuned.DECODING_FILE``) may set

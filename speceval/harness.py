@@ -20,6 +20,7 @@ import torch
 
 from drafterkit.assets.device import cpu_model, crowded
 from drafterkit.assets.records import plural
+from drafterkit.decode.exact import exact_mode_enabled
 from drafterkit.decode.fused import bitwise_exact
 from drafterkit.speceval.methods import Method, engine_method, hf_method
 from drafterkit.speceval.prompts import Prompt
@@ -58,24 +59,28 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype,
 
     Returns:
         ``{"checked", "reason", "mismatches": {method: n}, "mismatched_prompts": {method: [ids]},
-        "hf_vs_engine_mismatches", "differs_from_plain", "same_text", "prompts_compared"}``; counts are
+        "hf_vs_engine_mismatches", "differs_from_plain", "same_text", "prompts_compared", "exact_mode"}``
+        (``exact_mode``: whether the decoder's exact mode was on, ``decode.exact_mode``); counts are
         ``None`` when not checked (temperature > 0, or a dtype and device where the engine does not promise
-        bitwise exactness, ``decode.fused.bitwise_exact``: fp32 anywhere and bf16 / fp16 on a CPU are
-        checked; elsewhere near-ties may flip legitimately; or no plain engine run). ``differs_from_plain``
-        ({method: prompts whose output differs from the plain output}) is filled instead at temperature 0
-        where the engine is not bitwise exact: not an
-        exactness failure, but it says how many of the timed texts diverged from plain decoding's; then
+        bitwise exactness, ``decode.fused.bitwise_exact``: fp32 anywhere and bf16 / fp16 on a CPU in exact mode,
+        ``decode.exact_mode``, are checked; elsewhere near-ties may flip legitimately; or no plain engine run).
+        ``differs_from_plain`` ({method: prompts whose output differs from the plain output}) is filled instead at
+        temperature 0 where the engine is not bitwise exact: not an exactness failure, but it says how many of
+        the timed texts diverged from plain decoding's; then
         ``same_text`` ({method: {"prompts", "speedup_vs_engine"}}) is the method's pooled tokens/s over
         the prompts whose output equals the plain output, divided by plain decoding's over the same
         prompts (``None`` where no prompt's text matched), so a speedup is also read on identical texts.
     """
     plain = {r["prompt"]: r["output_ids"] for r in runs if r["role"] == "plain"}
     checked = temperature == 0 and bitwise_exact(dtype, device) and bool(plain)
+    mode = exact_mode_enabled()
     name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-    reason = (f"temperature 0, {name}: speculative output must equal plain decoding token for token" if checked
-              else "only checked at temperature 0 with the engine baseline run, in fp32, or in bf16 / fp16 on a CPU")
+    reason = (f"temperature 0, {name}{', exact mode' if mode and name != 'fp32' else ''}: speculative output must "
+              "equal plain decoding token for token" if checked
+              else "only checked at temperature 0 with the engine baseline run, in fp32, or in bf16 / fp16 on a CPU "
+              "in exact mode" + ("" if mode else " (this run measured the fast path: --no-exact)"))
     out = dict(checked=checked, reason=reason, mismatches={}, mismatched_prompts={}, hf_vs_engine_mismatches=None,
-               differs_from_plain=None, same_text=None, prompts_compared=len(plain))
+               differs_from_plain=None, same_text=None, prompts_compared=len(plain), exact_mode=mode)
     if temperature != 0 or not plain:
         return out
     differs, prompts, hf = {}, {}, 0  # one comparison with plain per run; what it means depends on the dtype

@@ -340,6 +340,14 @@ def same_text_note(exactness: dict) -> str:
         ", ".join(f"{k}: {fmt(v['speedup_vs_engine'], '{:.2f}x')} on {v['prompts']}" for k, v in same.items())
 
 
+def mode_words(cfg: dict) -> str:
+    """``", exact mode"`` or ``", fast mode (--no-exact)"``: which decoder mode an eval config measured in
+    (``decode.exact_mode``); ``""`` for a record written before the mode was recorded."""
+    if "exact" not in cfg:
+        return ""
+    return ", exact mode" if cfg["exact"] else ", fast mode (--no-exact)"
+
+
 def exactness_text(exactness: dict) -> str:
     """The exactness sentence of the console and Markdown reports (without its closing period)."""
     ex = exactness
@@ -424,7 +432,7 @@ def render_markdown(record: dict) -> str:
              f"{cfg['temperature']:g}, top-k: {cfg['top_k']}, top-p: {cfg['top_p']:g}, {_shapes(cfg)}, "
              f"seed: {cfg['seed']}",
              f"- machine: torch {mach['torch']}, transformers {mach['transformers']}, {mach['device']}, "
-             f"{mach['dtype']}, {mach['threads']} threads",
+             f"{mach['dtype']}, {mach['threads']} threads{mode_words(cfg)}",
              *([line] if (line := retrieval_line(record)) else []),
              *([line] if (line := recorded_line(record)) else []),
              "- tokens/s = total new tokens / total wall-clock seconds over the same prompts, interleaved "

@@ -35,6 +35,7 @@ from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import resolve_device
 from drafterkit.assets.target import TargetLoadError, load_target
 from drafterkit.decode.dynamic_tree import parse_tree
+from drafterkit.decode.exact import exact_mode
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
 from drafterkit.drafters.hybrid import drafts_trees
@@ -72,7 +73,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
          benchmark: str = "sharegpt", num_prompts: int = 8, max_new_tokens: int = 48, concurrency: int = 4,
          ks=DEFAULT_KS, trees=DEFAULT_TREES, dynamic=DEFAULT_DYNAMIC, thresholds=DEFAULT_THRESHOLDS,
          eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,
-         write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT, datastore=None) -> dict:
+         write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT, datastore=None, exact: bool = True) -> dict:
     """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes) and return the
     ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``). ``PATH+rest`` /
     ``PATH+ngram`` / ``PATH+suffix`` tune the drafter behind lookup (+ retrieval) or suffix decoding, another
@@ -91,6 +92,9 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         datastore: what ``PATH+rest`` retrieves from (and ``PATH+suffix`` indexes as its corpus): a
             ``drafters.datastore.Datastore``, a source name or file for ``drafters.datastore.cached_datastore``
             (default ``sharegpt``, as ``drafterkit eval``).
+        exact: measure in the decoder's exact mode (``decode.exact_mode``, as ``drafterkit eval`` measures by
+            default, so the shape chosen is the fastest under the cost eval measures); the record's ``exact_mode``
+            says which; the mode found before is restored on return.
 
     Raises:
         ValueError: an evaluation benchmark as ``benchmark``, a bad setting, no drafter at ``checkpoint``, or
@@ -124,17 +128,19 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     machine = machine_info(target, busy=check_quiet(target))
     t0 = time.perf_counter()
     winners, table = {}, []
-    for c in sorted({1, concurrency}):
-        best, rows = halving(target, spec.drafter, prompts, cands, c, eta=eta, first=first, max_new=max_new_tokens,
-                             eos=eos, seed=seed, progress=progress, incumbent=incumbent, what=searched(behind))
-        winners[str(c)] = {k: best[k] for k in ("tree", "k", "draft_threshold", "speedup", "tokens_per_s", "tau",
-                                                "over_incumbent", "chosen") if k in best}
-        table += rows
+    with exact_mode(exact):
+        for c in sorted({1, concurrency}):
+            best, rows = halving(target, spec.drafter, prompts, cands, c, eta=eta, first=first, max_new=max_new_tokens,
+                                 eos=eos, seed=seed, progress=progress, incumbent=incumbent, what=searched(behind))
+            winners[str(c)] = {k: best[k] for k in ("tree", "k", "draft_threshold", "speedup", "tokens_per_s", "tau",
+                                                    "over_incumbent", "chosen") if k in best}
+            table += rows
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     record = dict(written_by="drafterkit tune", created=created,
                   drafterkit=drafterkit_version(), drafter=spec.label, target=target_name, dtype=dtype,
-                  machine=machine, prompts=dict(benchmark=benchmark, count=len(prompts),
-                                                max_new_tokens=max_new_tokens, ids=[p.id for p in prompts]),
+                  exact_mode=exact, machine=machine,
+                  prompts=dict(benchmark=benchmark, count=len(prompts), max_new_tokens=max_new_tokens,
+                               ids=[p.id for p in prompts]),
                   search=dict(method="successive halving", eta=eta, first_batches=first, candidates=len(cands),
                               incumbent=incumbent.label if incumbent else None, incumbent_note=incumbent_note,
                               seconds=round(time.perf_counter() - t0, 1)),
@@ -310,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
                    concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic,
                    thresholds=args.thresholds, eta=args.eta, first=args.first, seed=args.seed,
                    progress=not args.no_progress, write=not args.no_write, incumbent=args.incumbent,
-                   datastore=args.datastore)
+                   datastore=args.datastore, exact=not args.no_exact)
     except (ValueError, DrafterLoadError, TargetLoadError, FileNotFoundError) as exc:
         print(f"drafterkit tune: error: {exc}", file=sys.stderr)
         return 2
@@ -318,7 +324,8 @@ def run(args: argparse.Namespace) -> int:
     cols = [("conc", "concurrency", "{}"), ("rung", "rung", "{}"), ("batches", "batches", "{}"),
             ("setting", "label", "{}"), ("tau", "tau", "{:.2f}"), ("tok/s", "tokens_per_s", "{:.2f}"),
             ("plain tok/s", "plain_tokens_per_s", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]
-    console.print(report.rich_table(f"drafterkit tune {rec['drafter']} ({rec['dtype']}, {rec['prompts']['count']} "
+    console.print(report.rich_table(f"drafterkit tune {rec['drafter']} ({rec['dtype']}"
+                                    f"{report.mode_words(dict(exact=rec['exact_mode']))}, {rec['prompts']['count']} "
                                     f"{rec['prompts']['benchmark']} prompts, {rec['search']['seconds']:.0f} s)",
                                     rec["table"], cols))
     for c, w in rec["winners"].items():  # what was kept and why, never "the best" (a kept incumbent can be slower)

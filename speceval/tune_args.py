@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "drafterkit eval uses it, else fp32)")
     p.add_argument("--device", default="auto",
                    help="auto | cpu | cuda | cuda:N (auto: cuda where available, as drafterkit eval)")
+    p.add_argument("--no-exact", action="store_true",
+                   help="measure the fast path instead of the decoder's exact mode (decode.exact_mode, on by default "
+                        "here as in drafterkit eval, so the shape chosen is the fastest under the cost eval measures: "
+                        "~5%% of tokens/s for chains, ~11%% for trees, SmolLM2-135M bf16 on a CPU, "
+                        "docs/benchmarks/exactness.md); use it when the tuned shape will be evaluated with "
+                        "drafterkit eval --no-exact")
     p.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--benchmark", default="sharegpt",
                    help="tuning prompts: sharegpt (the held-out split, past the prompts eval and training's own "

@@ -50,22 +50,24 @@ def test_verification_passes_use_it_and_the_model_is_restored():
     hook = target.model.layers[0].self_attn.register_forward_pre_hook(
         lambda mod, args: seen.append(mod.config._attn_implementation))
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats, so prompt lookup drafts multi-token trees
-    out = decode.generate(target, [prompt], drafter=NGramDrafter(), max_new_tokens=12, tree=DraftTree.parse("2,1"))
-    hook.remove()
+    try:
+        with decode.exact_mode():  # the engine's exact attention (tests/test_decode_exact.py)
+            out = decode.generate(target, [prompt], drafter=NGramDrafter(), max_new_tokens=12,
+                                  tree=DraftTree.parse("2,1"))
+            assert out.sequences[0] == decode.generate(target, [prompt], max_new_tokens=12).sequences[0]
+    finally:
+        hook.remove()
     assert out.counts.drafted > 0
-    assert out.sequences[0] == decode.generate(target, [prompt], max_new_tokens=12).sequences[0]
-    assert seen and set(seen) == {EXACT_NAME}  # the engine's exact attention (tests/test_decode_exact.py)
+    assert seen and set(seen) == {EXACT_NAME}
     assert target.config._attn_implementation == "sdpa"  # transformers' generate baseline runs stock code
     seen.clear()
     hook = target.model.layers[0].self_attn.register_forward_pre_hook(
         lambda mod, args: seen.append(mod.config._attn_implementation))
-    try:
-        attention.EXACT = False  # the packed pass, for a model whose exactness does not matter
+    try:  # the default, the fast path: the packed pass
         decode.generate(target, [prompt], drafter=NGramDrafter(), max_new_tokens=4, tree=DraftTree.parse("2,1"))
     finally:
-        attention.EXACT = True
         hook.remove()
-    assert seen and set(seen) == {NAME}
+    assert seen and set(seen) == {NAME} and not attention.EXACT
 
 
 def test_other_attention_implementations_are_left_alone():

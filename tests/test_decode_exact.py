@@ -1,5 +1,5 @@
-"""Exactness in bf16: a speculative round computes every committed token's tensors bit for bit as plain
-decoding does (issue: prompt lookup left plain bf16 decoding on 7 of 8 MT-bench texts).
+"""Exactness in bf16: in exact mode (``decode.exact_mode``) a speculative round computes every committed token's
+tensors bit for bit as plain decoding does (issue: prompt lookup left plain bf16 decoding on 7 of 8 MT-bench texts).
 
 The replay tests run one verification pass (a chain, a tree, a ragged batch) against the plain decoding
 steps of the same tokens and name the first tensor (module output, in forward order) whose row differs; the
@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from drafterkit.decode import attention, fused, generate
+from drafterkit.decode import attention, exact_mode, fused, generate
 from drafterkit.decode.cache import RaggedCache
 from drafterkit.decode.fused import fused_projections
 from drafterkit.decode.tree import DraftTree
@@ -20,6 +20,13 @@ from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.ngram import NGramDrafter
 
 N = 8  # tokens replayed after the prompt
+
+
+@pytest.fixture(autouse=True)
+def exact():
+    """Every test here runs in the decoder's exact mode (``decode.exact_mode``; the default is the fast path)."""
+    with exact_mode():
+        yield
 
 
 @pytest.fixture(scope="module")

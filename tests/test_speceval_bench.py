@@ -11,6 +11,7 @@ from conftest import tiny_llama
 
 from drafterkit.assets.console import make_console
 from drafterkit.assets.pinned import default_target_dir
+from drafterkit.decode import exact_mode, exact_mode_enabled
 from drafterkit.decode.tree import DraftTree
 from drafterkit.drafters.datastore import Datastore
 from drafterkit.drafters.draft_lm import DraftLM
@@ -388,7 +389,8 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         if verb == "eval":
             for shown in ("computes it natively, else fp32) (default: fp32)", "prompts measured (default: 8)",
                           "(default: smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
-                          "(default: sharegpt;", "draft tokens per verification (K) of chain rows (default: 5)"):
+                          "(default: sharegpt;", "draft tokens per verification (K) of chain rows (default: 5)",
+                          "--no-exact", "decoder's exact mode (decode.exact_mode, on by default here"):
                 assert shown in text
         # no noise: nothing to show for unset options and flags, and a default named in the help stays single
         assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
@@ -402,14 +404,16 @@ def test_eval_flags_are_built_from_the_config_fields():
     eval_parser = parser.verb_parsers["eval"]
     dests = {a.dest for a in eval_parser._actions} - {"help"}
     fields = {f.name for cls in (eval_args.EvalConfig, eval_args.RunOptions) for f in dataclasses.fields(cls)}
-    assert dests == (fields - {"progress"}) | {"no_progress"}
+    assert dests == (fields - {"progress", "exact"}) | {"no_progress", "no_exact"}
     assert all(a.help for a in eval_parser._actions)
     assert bench.config_from_args(parse(parser, ["eval"])) == bench.EvalConfig()
     assert bench.EvalConfig().drafters == ["ngram"]
     argv = ["--drafter", "a", "--drafter", "b+rest", "--datastore", "d.npz", "--tree", "2,1", "--tree", "1",
             "--draft-threshold", "0,0.1", "--sweep", "--sweep-k", "1,3", "--sweep-temperature", "0,1",
-            "--concurrency", "2", "--no-progress", "--baselines", "engine", "--k", "3", "--top-p", "0.9"]
+            "--concurrency", "2", "--no-progress", "--baselines", "engine", "--k", "3", "--top-p", "0.9",
+            "--no-exact"]
     cfg = bench.config_from_args(parse(parser, ["eval", *argv]))
+    assert bench.EvalConfig().exact and not cfg.exact
     assert (cfg.drafters, cfg.datastore, cfg.trees, cfg.draft_thresholds) == (["a", "b+rest"], "d.npz", ["2,1", "1"],
                                                                            [0.0, 0.1])
     assert (cfg.sweep, cfg.sweep_k, cfg.sweep_temperature, cfg.concurrency) == (True, [1, 3], [0.0, 1.0], [2])
@@ -431,9 +435,37 @@ def test_bf16_off_the_cpu_records_how_many_outputs_differ_from_plain_without_cal
     assert check_exactness(runs, 0.7, torch.bfloat16, "cuda")["differs_from_plain"] is None  # sampling: not comparable
     fp32 = check_exactness(runs, 0.0, torch.float32)
     assert fp32["checked"] and fp32["mismatches"] == {"a": 1, "b": 0} and differs_note(fp32) == ""
-    cpu = check_exactness(runs, 0.0, torch.bfloat16, "cpu")  # the engine is bitwise exact in bf16 on a CPU
-    assert cpu["checked"] and cpu["mismatches"] == {"a": 1, "b": 0} and "bf16" in cpu["reason"]
+    with exact_mode():  # the engine is bitwise exact in bf16 on a CPU in exact mode
+        cpu = check_exactness(runs, 0.0, torch.bfloat16, "cpu")
+    assert cpu["checked"] and cpu["mismatches"] == {"a": 1, "b": 0} and "bf16, exact mode" in cpu["reason"]
     assert cpu["differs_from_plain"] is None and cpu["same_text"] is None and differs_note(cpu) == ""
+    assert cpu["exact_mode"] and not ex["exact_mode"]
+    fast = check_exactness(runs, 0.0, torch.bfloat16, "cpu")  # the fast path (the default): near-ties may flip
+    assert not fast["checked"] and fast["differs_from_plain"] == {"a": 1, "b": 0} and "--no-exact" in fast["reason"]
+
+
+def test_eval_measures_in_exact_mode_unless_told_and_its_record_says_which(tiny_dir, prompts_file, tmp_path):
+    """bf16 on a CPU: eval measures in the decoder's exact mode (rows checked token for token against plain
+    decoding, as fp32's are), ``--no-exact`` the fast path (rows not checked, divergences counted); the record
+    and the report say which; the process's mode (the fast default) is the same after either."""
+    records = {}
+    for flag in ([], ["--no-exact"]):
+        out = tmp_path / f"e{len(flag)}.json"
+        assert main(["eval", "--target", str(tiny_dir), "--drafter", "ngram", "--tree", "2,1", "--dtype", "bf16",
+                     "--benchmark", str(prompts_file), "--num-prompts", "2", "--max-new-tokens", "8", "--device",
+                     "cpu", "--no-progress", "--baselines", "engine", "--output", str(out), *flag]) == 0
+        assert not exact_mode_enabled()
+        records[bool(flag)] = (json.loads(out.read_text()), out.with_suffix(".md").read_text())
+    (exact, exact_md), (fast, fast_md) = records[False], records[True]
+    assert exact["config"]["exact"] and exact["exactness"]["exact_mode"] and exact["exactness"]["checked"]
+    assert exact["exactness"]["mismatches"] == {"ngram tree=2,1": 0} and exact["exactness"]["differs_from_plain"] is None
+    machine_line = next(line for line in exact_md.splitlines() if line.startswith("- machine:"))
+    assert machine_line.endswith(" threads, exact mode")
+    assert not fast["config"]["exact"] and not fast["exactness"]["exact_mode"] and not fast["exactness"]["checked"]
+    assert set(fast["exactness"]["differs_from_plain"]) == {"ngram tree=2,1"}  # counted, not called a mismatch
+    assert next(line for line in fast_md.splitlines() if line.startswith("- machine:")).endswith(
+        " threads, fast mode (--no-exact)")
+    assert "--no-exact" in fast["exactness"]["reason"]
 
 
 def test_the_command_line_of_a_config_parses_back_to_it():
@@ -442,8 +474,9 @@ def test_the_command_line_of_a_config_parses_back_to_it():
 
     cfg = bench.EvalConfig(drafters=["runs/a b", "ngram", "runs/a b+rest"], datastore="sharegpt", benchmark="humaneval",
                            trees=["3,2,1,1,1", "chain"], draft_thresholds=[0.0, 0.1], dtype="bf16", top_p=0.9,
-                           sweep=True, sweep_k=[1, 3], progress=False)
+                           sweep=True, sweep_k=[1, 3], progress=False, exact=False)
     line = bench.command_line(dataclasses.asdict(cfg), threads=1, output="out/e.json")
+    assert " --no-exact" in line  # the fast path, said where it differs from eval's default
     assert line.startswith("drafterkit eval --drafter 'runs/a b' --drafter ngram --drafter 'runs/a b+rest'")
     args = parse(build_parser(), shlex.split(line)[1:])
     assert bench.config_from_args(args) == dataclasses.replace(cfg, progress=True)  # progress is not a setting

@@ -181,9 +181,12 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
         assert rows["ngram"]["method"] == "ngram tree=3,2,1,1,1" and rows["ngram"]["role"] == "reference"
         assert rows["suffix"]["method"] == "suffix tree=3,2,1,1,1" and rows["suffix"]["role"] == "reference"
         assert [r["factor"] for r in rec["factors"] if r["export"]] == ["drafter"]
-    args.dtype = "bf16"  # measured in bf16 on a CPU: the engine is bitwise exact, the measured rows are checked
-    assert qstages.rows_checked(args)
+    args.dtype = "bf16"  # measured in bf16 on a CPU in exact mode: bitwise exact, the measured rows are checked
+    assert qstages.rows_checked(args) and qstages.eval_config(ckpt, args, "mt-bench", 5).exact
     assert qstages.exactness_stage(records, args, tok, store)["source"] == "the measured rows"
+    args.no_exact = True  # the fast path: its bf16 rows are not checked, the separate fp32 run is
+    assert not qstages.rows_checked(args) and not qstages.eval_config(ckpt, args, "mt-bench", 5).exact
+    args.no_exact = False
     monkeypatch.setattr(qstages, "rows_checked", lambda args: False)  # bf16 off the CPU: a separate fp32 run
     exactness = qstages.exactness_stage(records, args, tok, store)
     assert exactness["source"] == qstages.SEPARATE_CHECK and exactness["checked"]
@@ -256,6 +259,8 @@ def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys)
     with pytest.MonkeyPatch.context() as mp:  # bf16 off the CPU: a separate fp32 check
         mp.setattr(qstages, "rows_checked", lambda args: False)
         assert qstages.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]
+    fast = parse(build_parser(), ["quickstart", "--dtype", "bf16", "--device", "cpu", "--no-exact"])
+    assert qstages.stage_names(fast) == ["fetch", "datastore", "train", "tune", "eval", "exactness", "report"]
     args = parse(build_parser(), ["quickstart", "--dtype", "fp32", "--no-hybrid", "--no-tune"])  # fp32 rows: checked
     assert qstages.stage_names(args) == ["fetch", "train", "eval", "report"]
     assert "prompt lookup alone" in qstages.eval_words(args) and "retrieval" not in qstages.eval_words(args)
@@ -402,6 +407,8 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
                                                                * factors["lookup"]["ratio"])
     ex = rep["exactness"]
     assert ex["source"] == "the measured rows" and ex["dtype"] == "bfloat16" and len(ex["methods"]) == 3
+    assert ex["mode"] == ", exact mode" and "- bf16, exact mode, greedy, vs plain decoding token for token" in (
+        out / "report.md").read_text()
     assert all(m["identical"] == m["compared"] == 4 for m in ex["methods"].values())  # 2 prompts x 2 benchmarks
     recorded = json.loads(Path(rep["reproduce"]["decoding_json"]).read_text())
     assert (recorded["dtype"], recorded["trees"], recorded["draft_thresholds"]) == ("bf16", ["3,2,1,1,1"], [0.1])

@@ -38,8 +38,9 @@ prints a one-line header (what it does, its share of the time) and the seconds i
    decoding through the same engine vs transformers ``generate`` (and its own assisted generation
    where the drafter is a draft LM), interleaved prompt by prompt. Each benchmark's report splits
    the speedup over ``generate`` into measured factors (``speceval.factors``).
-6. ``exactness``: unless the eval's rows are checked themselves (fp32, or bf16 / fp16 on a CPU, where the
-   engine is bitwise exact: ``decode.fused.bitwise_exact``), a short fp32 greedy run of
+6. ``exactness``: unless the eval's rows are checked themselves (fp32, or bf16 / fp16 on a CPU in the exact
+   mode that tune and eval run in unless ``--no-exact``, where the engine is bitwise exact:
+   ``decode.fused.bitwise_exact``), a short fp32 greedy run of
    the drafter's rows on ``--exactness-prompts`` prompts per benchmark, whose outputs must equal plain
    decoding's token for token (``speceval.harness.check_exactness``).
 

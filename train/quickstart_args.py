@@ -77,8 +77,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "device has bf16 units, where a pass verifying 5 draft tokens costs ~1.1x a one-token step "
                         "in bf16 but 1.4-2x in fp32, see docs/benchmarks/; fp32 where bf16 would be emulated, "
                         "several times slower; "
-                        "token-for-token exactness vs plain decoding is checked in fp32: the measured rows with "
-                        "fp32, else a short separate fp32 run, see --exactness-prompts)")
+                        "token-for-token exactness vs plain decoding is checked on the measured rows in fp32, and in "
+                        "bf16 on a CPU in exact mode (see --no-exact), else in a short separate fp32 run, see "
+                        "--exactness-prompts)")
+    p.add_argument("--no-exact", action="store_true",
+                   help="tune and measure the fast path instead of the decoder's exact mode (decode.exact_mode, on "
+                        "by default here: the bf16 rows then decode plain decoding's text on a CPU and are checked "
+                        "token for token; it costs ~5%% of tokens/s for chains, ~11%% for trees, "
+                        "docs/benchmarks/exactness.md). Without it bf16 rows may diverge at near-ties: the report "
+                        "counts them and the separate fp32 check (--exactness-prompts) runs")
     p.add_argument("--exactness-prompts", type=int, default=2,
                    help=f"prompts per benchmark of the fp32 greedy check that the drafter's outputs equal plain "
                         f"decoding's token for token ({EXACTNESS_TOKENS} new tokens at most; 0 skips it; with --dtype "

@@ -15,6 +15,7 @@ import time
 
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.records import plural
+from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.fused import bitwise_exact
 from drafterkit.train.feature_cache import recipe_cache_state
 from drafterkit.train.recipe_data import load_data
@@ -99,6 +100,8 @@ def feature_source(recipe, target, tok) -> str | None:
 
 def rows_checked(args) -> bool:
     """Whether the eval's own rows are checked token for token against plain decoding (fp32 anywhere, bf16 /
-    fp16 on a CPU: ``decode.fused.bitwise_exact``), so no separate fp32 exactness stage runs."""
+    fp16 on a CPU in exact mode, which the eval runs unless ``--no-exact``: ``decode.fused.bitwise_exact``), so
+    no separate fp32 exactness stage runs."""
     device = resolve_device(args.device)
-    return bitwise_exact(resolve_dtype(args.dtype, device), device)
+    with exact_mode(not args.no_exact):  # the mode the eval will measure in; the one found is restored
+        return bitwise_exact(resolve_dtype(args.dtype, device), device)

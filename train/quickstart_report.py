@@ -30,7 +30,8 @@ def exactness_summary(records: dict, source: str) -> dict:
 
     Returns:
         ``{"source" (which run was checked), "checked", "dtype" (the checked target's, e.g. ``"bfloat16"``),
-        "prompts" (compared with plain decoding, all
+        "mode" (``speceval.report.mode_words`` of the decoder mode it ran in, ``""`` in fp32), "prompts" (compared with plain
+        decoding, all
         benchmarks), "max_new_tokens", "methods": {method: {"identical", "compared"}},
         "mismatched_prompts": {method: [prompt ids]}, "per_benchmark": {benchmark: exactness}}``.
     """
@@ -43,6 +44,8 @@ def exactness_summary(records: dict, source: str) -> dict:
             continue
         out["checked"], out["max_new_tokens"] = True, rec["config"]["max_new_tokens"]
         out["dtype"] = (rec.get("machine") or {}).get("dtype", "float32")
+        # the decoder's mode the checked rows ran in, where it matters (fp32 is exact in either mode)
+        out["mode"] = report.mode_words(rec["config"]) if out["dtype"] != "float32" else ""
         out["prompts"] += ex["prompts_compared"]
         for method, bad in ex["mismatches"].items():
             m = out["methods"].setdefault(method, dict(identical=0, compared=0))
@@ -75,7 +78,8 @@ def exactness_lines(report_data: dict) -> list[str]:
         counts = "; ".join(f"`{m}`: {c['identical']} of {c['compared']} outputs identical"
                            for m, c in ex["methods"].items())
         dtype = DTYPE_WORDS.get(ex.get("dtype") or "float32", ex.get("dtype"))
-        lines = [f"- {dtype}, greedy, vs plain decoding token for token ({ex['source']}, {ex['prompts']} prompts x "
+        lines = [f"- {dtype}{ex.get('mode', '')}, greedy, vs plain decoding token for token ({ex['source']}, "
+                 f"{ex['prompts']} prompts x "
                  f"{ex['max_new_tokens']} new tokens at most): {counts}."]
         if any(c["identical"] < c["compared"] for c in ex["methods"].values()):
             lines.append(f"- NOT EXACT: outputs differ from plain decoding in {dtype} (prompts: "
@@ -86,7 +90,8 @@ def exactness_lines(report_data: dict) -> list[str]:
     for bench, rec in report_data["evals"].items():
         note = (report.differs_note(rec["exactness"]) + report.same_text_note(rec["exactness"])).removeprefix("; ")
         if note:
-            lines.append(f"- {rec['machine']['dtype']} (the measured rows), {bench}: {note}.")
+            lines.append(f"- {rec['machine']['dtype']} (the measured rows{report.mode_words(rec['config'])}), "
+                         f"{bench}: {note}.")
     return lines
 
 

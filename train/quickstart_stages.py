@@ -53,6 +53,7 @@ def tune_stage(ckpt: Path, args, target, tok, *, target_name: str = TARGET, behi
     own = dict(incumbent=REST_INCUMBENT, datastore=datastore) if behind == "+rest" else {}
     return tune(f"{ckpt}{behind}", target_name=target_name, dtype=args.dtype, device=args.device,
                 trees=list(DEFAULT_TREES), target=target, tok=tok, progress=not args.no_progress, write=True,
+                exact=not args.no_exact,
                 **{**QUICK_TUNE, **own, **search})
 
 
@@ -115,7 +116,7 @@ def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARG
     cfg = EvalConfig(target=target_name, drafters=drafters, benchmark=bench,
                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
                      draft_thresholds=thresholds, trees=args.trees or list(DEFAULT_TREES),
-                     device=args.device, progress=not args.no_progress,
+                     device=args.device, progress=not args.no_progress, exact=not args.no_exact,
                      baselines=[b for b in args.baselines.split(",") if b],
                      datastore=None if args.no_hybrid else datastore_source)
     cfg.validate()
