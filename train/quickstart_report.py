@@ -30,8 +30,8 @@ def exactness_summary(records: dict, source: str) -> dict:
 
     Returns:
         ``{"source" (which run was checked), "checked", "dtype" (the checked target's, e.g. ``"bfloat16"``),
-        "mode" (``speceval.report.mode_words`` of the decoder mode it ran in, ``""`` in fp32), "prompts" (compared with plain
-        decoding, all
+        "mode" (``speceval.report.mode_words`` of the decoder mode it ran in, ``""`` in fp32), "prompts"
+        (compared with plain decoding, all
         benchmarks), "max_new_tokens", "methods": {method: {"identical", "compared"}},
         "mismatched_prompts": {method: [prompt ids]}, "per_benchmark": {benchmark: exactness}}``.
     """
