@@ -9,11 +9,12 @@ from conftest import tiny_llama
 
 from drafterkit.assets.device import host_info
 from drafterkit.assets.pinned import default_target_dir
+from drafterkit.decode import exact_mode_enabled
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 from drafterkit.speceval.bench import EvalConfig
 from drafterkit.speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, tuned_settings
 from drafterkit.speceval.tune_search import Candidate, candidates
-from drafterkit.cli import main
+from drafterkit.cli import build_parser, main, parse
 
 
 @pytest.fixture(scope="module")
@@ -395,3 +396,25 @@ def test_the_two_searches_of_a_quickstart_are_told_apart_on_their_progress_bars(
     alone, behind = search_label(searched(""), 1), search_label(searched("+rest"), 1)
     assert alone == "tune the drafter, batch size 1"
     assert behind == "tune the drafter + lookup + retrieval, batch size 1"
+
+
+def test_tune_measures_in_exact_mode_unless_told_and_records_which(world, monkeypatch):
+    """tune measures under the cost eval measures: the decoder's exact mode by default, the fast path with
+    ``--no-exact``; its record says which, and the process's mode (the fast default) is the same after."""
+    from drafterkit.speceval import tune as tune_module
+
+    root, ckpt, prompts = world
+    seen, real = [], tune_module.halving
+
+    def halving(*args, **kwargs):  # the real search, noting the mode it runs in
+        seen.append(exact_mode_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tune_module, "halving", halving)
+    for exact in (True, False):
+        rec = tune_module.tune(str(ckpt), target_name=str(root / "target"), benchmark=str(prompts), num_prompts=1,
+                               max_new_tokens=4, concurrency=1, ks=[2, 3], trees=[], dynamic=[], thresholds=[0.0],
+                               eta=2, first=1, progress=False, write=False, incumbent=None, exact=exact)
+        assert rec["exact_mode"] is exact and seen[-1] is exact and not exact_mode_enabled()
+    assert not parse(build_parser(), ["tune", str(ckpt)]).no_exact
+    assert parse(build_parser(), ["tune", str(ckpt), "--no-exact"]).no_exact
