@@ -24,9 +24,12 @@ Two structures give the same node interface (``match``, ``count``, ``children``)
   for the outputs produced in the same run.
 * :class:`CorpusSuffixIndex`: a suffix array over a large static corpus (ShareGPT's assistant turns, the
   datastore's token streams), sorted by each suffix's first ``D`` tokens with numpy (prefix doubling); a
-  node is the range of suffixes starting with its path, found by binary search. Siblings are counted over
-  the range, or over ``max_scan`` evenly spaced suffixes of it when it is larger (a stratified estimate of
-  the ranking; the counts of the path drafted are exact).
+  node is the range of suffixes starting with its path, found by binary search (every suffix of the context
+  at once, vectorised with numpy). Siblings are counted over the range, or over ``max_scan`` evenly spaced
+  suffixes of it when it is larger (a stratified estimate of the ranking; the counts of the path drafted are
+  exact: the suffixes of a node's range are sorted by their next token, so each child's range comes from one
+  vectorised binary search over that column). A node's children are kept for later rounds (the corpus is
+  static), for the last ``cache_nodes`` nodes.
 
 Sibling order: higher count first; among equal counts, the child whose first occurrence came first (for a
 trie: the first appended; for a corpus: the lowest corpus position). Arctic Inference orders equal counts
@@ -223,6 +226,8 @@ class CorpusSuffixIndex:
         # padded so that a suffix's next D tokens can always be read (the end reads as a separator)
         self.tokens = np.concatenate([tokens, np.full(max_depth + 1, SEPARATOR, dtype=np.int32)])
         self.size = int(tokens.size)
+        self.cache_nodes = 4096
+        self._kids: dict[tuple[int, int, int], list] = {}  # node -> children(node), oldest first
 
     def _prefix(self, i: int, m: int) -> list[int]:
         s = int(self.sa[i])
@@ -249,14 +254,78 @@ class CorpusSuffixIndex:
         hi = self._bound(pattern, lo, len(self.sa), True)
         return (lo, hi, len(pattern)) if hi > lo else None
 
+    def match_suffixes(self, context) -> list:
+        """The nodes of the last ``1, 2, .., len(context)`` tokens of ``context`` (at most ``max_depth``), as
+        :meth:`match` finds them one by one, with one vectorised binary search over all of them (lower and
+        upper bounds together): suffixes compare with the patterns over the first ``m`` tokens, where a
+        separator (-1) sorts first as in the suffix array."""
+        ctx = np.asarray([int(t) for t in context][-self.max_depth:], dtype=np.int64)
+        n, d = ctx.size, self.max_depth
+        if n == 0 or self.sa.size == 0:
+            return []
+        lens = np.arange(1, n + 1)
+        pats = np.full((n, d), SEPARATOR, dtype=np.int64)
+        for m in range(1, n + 1):
+            pats[m - 1, :m] = ctx[n - m:]
+        pats, lens = np.concatenate([pats, pats]), np.concatenate([lens, lens])
+        upper = np.arange(2 * n) >= n
+        cols = np.arange(d)
+        within = cols[None, :] < lens[:, None]
+        a, b = np.zeros(2 * n, dtype=np.int64), np.full(2 * n, self.sa.size, dtype=np.int64)
+        rows_i = np.arange(2 * n)
+        while True:
+            live = a < b
+            if not live.any():
+                break
+            mid = (a + b) // 2
+            rows = self.tokens[self.sa[np.minimum(mid, self.sa.size - 1)][:, None] + cols[None, :]]
+            diff = (rows != pats) & within
+            first = diff.argmax(axis=1)
+            same = ~diff.any(axis=1)
+            less = ~same & (rows[rows_i, first] < pats[rows_i, first])
+            right = live & (less | (upper & same))
+            a = np.where(right, mid + 1, a)
+            b = np.where(live & ~right, mid, b)
+        return [(lo, hi, m) if hi > lo else None for m, lo, hi in zip(range(1, n + 1), a[:n].tolist(), a[n:].tolist())]
+
     @staticmethod
     def count(node) -> int:
         return node[1] - node[0]
 
+    def _column(self, rows: np.ndarray, m: int) -> np.ndarray:
+        """Token ``m`` of the suffixes at suffix-array rows ``rows`` (a separator or the end reads -1)."""
+        return self.tokens[self.sa[rows] + m]
+
+    def _child_ranges(self, lo: int, hi: int, m: int, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The suffix-array ranges ``[start, end)`` of the children ``tokens`` of node ``(lo, hi, m)``: int64
+        ``[G]`` each. The node's suffixes share their first ``m`` tokens, so they are sorted by token ``m``
+        (a separator, -1, first); one vectorised binary search over that column finds every child's bounds."""
+        want = np.concatenate([tokens, tokens]).astype(np.int64)
+        upper = np.arange(want.size) >= tokens.size  # first half: lower bounds (col >= t), second: col > t
+        a, b = np.full(want.size, lo, dtype=np.int64), np.full(want.size, hi, dtype=np.int64)
+        while True:
+            live = a < b
+            if not live.any():
+                break
+            mid = (a + b) // 2
+            col = self._column(np.minimum(mid, hi - 1), m).astype(np.int64)
+            right = live & ((col < want) | (upper & (col == want)))
+            a = np.where(right, mid + 1, a)
+            b = np.where(live & ~right, mid, b)
+        return a[: tokens.size], a[tokens.size:]
+
     def children(self, node) -> list[tuple[int, int, Any]]:
         """``[(token, count, child node)]``, most frequent first (ties: lowest corpus position first); over a
-        range larger than ``max_scan`` the order is estimated from evenly spaced suffixes, the counts exact."""
-        lo, hi, m = node
+        range larger than ``max_scan`` the order is estimated from evenly spaced suffixes, the counts exact.
+        Results are kept (the corpus is static) for the last ``cache_nodes`` nodes asked."""
+        kids = self._kids.get(node)
+        if kids is None:
+            kids = self._kids[node] = self._children(*node)
+            if len(self._kids) > self.cache_nodes:
+                del self._kids[next(iter(self._kids))]  # the oldest entry
+        return kids
+
+    def _children(self, lo: int, hi: int, m: int) -> list[tuple[int, int, Any]]:
         if m >= self.max_depth:
             return []
         total = hi - lo
@@ -273,16 +342,12 @@ class CorpusSuffixIndex:
         sizes = np.diff(bounds)
         firsts = np.minimum.reduceat(starts, bounds[:-1])
         order = np.lexsort((firsts, -sizes))
-        out = []
-        for g in order.tolist():
-            a, b = int(bounds[g]), int(bounds[g + 1])
-            if exact:
-                child = (int(idx[a]), int(idx[b - 1]) + 1, m + 1)
-            else:
-                path = self._prefix(int(idx[a]), m + 1)
-                child = (self._bound(path, lo, hi, False), self._bound(path, lo, hi, True), m + 1)
-            out.append((int(col[a]), child[1] - child[0], child))
-        return out
+        toks = col[bounds[:-1][order]]
+        if exact:  # the scan covered the whole range: its groups are the children's ranges
+            a, b = idx[bounds[:-1][order]], idx[bounds[1:][order] - 1] + 1
+        else:  # the counts stay exact: each child's range from a binary search over the node's range
+            a, b = self._child_ranges(lo, hi, m, toks)
+        return [(t, e - s, (s, e, m + 1)) for t, s, e in zip(toks.tolist(), a.tolist(), b.tolist())]
 
     def head(self, node):
         kids = self.children(node)
@@ -326,8 +391,9 @@ def speculate(src, context, max_spec_tokens: int, max_spec_factor: float = 1.0, 
     Returns an empty :class:`Draft` (``match_len`` 0) when even the last token never occurred."""
     context = list(context)[-src.max_depth:]
     best, min_prob = Draft(), np.float32(min_token_prob)
+    nodes = src.match_suffixes(context[1:]) if hasattr(src, "match_suffixes") else None
     for m in range(1, len(context)):
-        node = src.match(context[-m:])
+        node = src.match(context[-m:]) if nodes is None else nodes[m - 1]
         if node is None:
             break
         d = _path(src, node, max_draft(m, max_spec_tokens, max_spec_factor, max_spec_offset), min_prob)

@@ -140,6 +140,25 @@ def test_corpus_index_sampled_ranges_keep_exact_counts():
     assert {t: c for t, c, _ in kids_s} == {t: c for t, c, _ in kids_e}  # a wide range: counts still exact
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_corpus_index_fast_paths_equal_the_one_by_one_search(seed):
+    rng = np.random.default_rng(seed)
+    docs = np.concatenate([np.append(rng.integers(0, 4, rng.integers(1, 300)), -1) for _ in range(6)]).astype(np.int32)
+    exact = CorpusSuffixIndex(docs, 5, max_scan=1 << 20)
+    sampled = CorpusSuffixIndex(docs, 5, max_scan=8)
+    sampled.cache_nodes = 3
+    for _ in range(30):  # every suffix of a context, matched together, equals matching each alone
+        ctx = rng.integers(0, 5, rng.integers(1, 9)).tolist()
+        assert exact.match_suffixes(ctx) == [exact.match(ctx[-m:]) for m in range(1, min(len(ctx), 5) + 1)]
+    for node in [exact.match([t]) for t in range(4)] + [exact.match([t, u]) for t in range(4) for u in range(4)]:
+        if node is None:
+            continue
+        # a sampled range finds the children it sees with the full scan's ranges and counts (it may miss rare ones)
+        kids = sampled.children(node)
+        assert kids and set(kids) <= set(exact.children(node))
+        assert len(sampled._kids) <= 3  # the kept children lists stay bounded
+
+
 @pytest.mark.parametrize("knob,value,words", [("max_tree_depth", 0, "max_tree_depth must be an int >= 1"),
                                               ("max_cached_requests", -1, "max_cached_requests must be an int >= 0"),
                                               ("max_spec_factor", -0.5, "max_spec_factor must be a number >= 0"),
