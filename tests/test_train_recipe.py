@@ -251,7 +251,8 @@ def test_yaml_1_1_booleans_in_a_recipe_file_and_a_word_no_field_takes(tmp_path):
     r = load_recipe(path)
     assert (r.train.mixed_precision, r.train.cpu, r.train.overwrite, r.logging.run_name) == ("no", True, False, "on")
     assert yaml.safe_load(r.to_yaml())["train"]["cpu"] is True  # the resolved recipe holds real booleans
-    with pytest.raises(RecipeError, match=r"train\.mixed_precision: Input should be 'no', 'bf16' or 'fp16'"):
+    accepted = r"train\.mixed_precision: use auto .*, no \(also false / off\), bf16 or fp16; got 'yes'"
+    with pytest.raises(RecipeError, match=accepted):
         recipe_from_dict({"output_dir": "x"}, ["train.mixed_precision=yes"])  # a word the field does not take
     with pytest.raises(RecipeError, match=r"loss\.name: Input should be 'ce'"):
         recipe_from_dict({"output_dir": "x"}, ["loss.name=off"])
@@ -282,3 +283,18 @@ def test_train_shard_in_a_single_process_is_refused_before_the_target_loads(tmp_
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(RecipeError, match="this run has 1"):
         check_shard_world(recipe_from_dict(yaml.safe_load(recipe.read_text()), [f"train.shard={shard}"]))
+
+
+def test_mixed_precision_reads_false_and_off_as_no_and_its_error_lists_every_accepted_value(tmp_path):
+    base = {"output_dir": str(tmp_path / "run"), "drafter": {"kind": "draft_lm"}}
+    for word in ("false", "off", "no", "False", "OFF"):  # override words, read by load_yaml
+        assert recipe_from_dict(base, [f"train.mixed_precision={word}"]).train.mixed_precision == "no"
+    assert recipe_from_dict({**base, "train": {"mixed_precision": False}}).train.mixed_precision == "no"
+    assert recipe_from_dict(base, ["train.mixed_precision=fp16"]).train.mixed_precision == "fp16"
+    assert recipe_from_dict(base, ["train.mixed_precision=auto"]).train.mixed_precision in ("bf16", "no")
+    for bad in ("true", "fp8"):
+        with pytest.raises(RecipeError) as err:
+            recipe_from_dict(base, [f"train.mixed_precision={bad}"])
+        msg = str(err.value)
+        assert "train.mixed_precision" in msg and all(w in msg for w in ("auto", "no", "false", "off", "bf16", "fp16"))
+        assert "Input should be" not in msg and f"got '{bad}'" in msg, msg

@@ -259,6 +259,16 @@ class TrainSection(Section):
                              f"train.resume=never (got {self.resume!r}); to continue a run, drop train.overwrite")
         return self
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _mixed_precision_word(cls, v: Any) -> Any:
+        """false / off (or False) mean no; auto is resolved before (Recipe._resolve_auto_precision)."""
+        word = str(v).strip().lower() if isinstance(v, (str, bool)) else None
+        if word in ("no", "false", "off", "bf16", "fp16"):
+            return word if word in ("bf16", "fp16") else "no"
+        raise ValueError(f"use auto (bf16 where the device computes it natively, else no), no (also false / off), "
+                         f"bf16 or fp16; got {v!r}")
+
 
 class EvalSection(Section):
     every: int = Field(0, ge=0)  # optimizer steps between evaluations; 0: only at the end
