@@ -534,3 +534,14 @@ def test_an_eagle3_export_for_a_target_vllm_cannot_serve_warns_and_its_card_says
         assert "vLLM 0.32.0 cannot serve an EAGLE-3 / P-EAGLE head for a Gemma3ForCausalLM target" in line
         assert "SupportsEagle3" in line and "Traceback" not in err
         assert "**vLLM cannot serve this export yet.** vLLM 0.32.0 cannot serve" in card and "SupportsEagle3" in card
+
+
+def test_the_readme_names_every_export_format_and_the_kind_without_one():
+    from pathlib import Path
+
+    from drafterkit.drafters.kinds import KINDS, export_formats
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert all(f"`{fmt}`" in readme for fmt in export_formats()), sorted(export_formats())
+    assert KINDS["eagle"].exports == () and "`eagle` (EAGLE-1) has no export format" in readme
+    assert "[docs/support-matrix.md](docs/support-matrix.md)" in readme
