@@ -390,12 +390,13 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
         rows = {r["role"]: r for r in rep["evals"][bench]["summary"]}
         assert {"spec", "plain", "hf"} <= set(rows)
         specs = [r for r in rep["evals"][bench]["summary"] if r["role"] == "spec"]
-        # the default threshold (0.1) and tree, for the drafter alone, prompt lookup alone and the drafter behind
-        # prompt lookup + retrieval
+        # the default threshold (0.1) and tree, for the drafter alone, prompt lookup alone, suffix decoding alone
+        # and the drafter behind prompt lookup + retrieval
         names = [s["method"] for s in specs]
-        assert all(n.endswith(" tree=3,2,1,1,1") for n in names) and len(names) == 3
+        assert all(n.endswith(" tree=3,2,1,1,1") for n in names) and len(names) == 4
         assert names[1] == "ngram tree=3,2,1,1,1" and names[0].endswith("@0.1 tree=3,2,1,1,1")
-        assert names[2] == names[0].replace("@0.1", "+rest@0.1")
+        assert names[2] == "suffix tree=3,2,1,1,1"
+        assert names[3] == names[0].replace("@0.1", "+rest@0.1")
         assert rows["spec"]["speedup_vs_engine"] == pytest.approx(rows["spec"]["tokens_per_s"]
                                                                   / rows["plain"]["tokens_per_s"])
         assert len(rep["evals"][bench]["prompts"]) == 2
@@ -406,7 +407,7 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
         assert factors["end to end"]["ratio"] == pytest.approx(factors["engine"]["ratio"] * factors["drafter"]["ratio"]
                                                                * factors["lookup"]["ratio"])
     ex = rep["exactness"]
-    assert ex["source"] == "the measured rows" and ex["dtype"] == "bfloat16" and len(ex["methods"]) == 3
+    assert ex["source"] == "the measured rows" and ex["dtype"] == "bfloat16" and len(ex["methods"]) == 4
     assert ex["mode"] == ", exact mode" and "- bf16, exact mode, greedy, vs plain decoding token for token" in (
         out / "report.md").read_text()
     assert all(m["identical"] == m["compared"] == 4 for m in ex["methods"].values())  # 2 prompts x 2 benchmarks
@@ -414,7 +415,7 @@ def test_quickstart_end_to_end_writes_report_from_the_run(tmp_path, capsys):
     assert (recorded["dtype"], recorded["trees"], recorded["draft_thresholds"]) == ("bf16", ["3,2,1,1,1"], [0.1])
     md = (out / "report.md").read_text()
     assert f"{rep['evals']['humaneval']['summary'][0]['tokens_per_s']:.2f}" in md
-    assert "- bf16, greedy, vs plain decoding token for token" in md and "4 of 4 outputs identical" in md
+    assert "4 of 4 outputs identical" in md
     assert "did not diverge" not in md and "## Where the speedup comes from" in md
     assert all(c in md for c in rep["reproduce"]["commands"])
     for p in rep["artifacts"]["plots"]:
