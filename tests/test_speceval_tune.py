@@ -368,7 +368,8 @@ def test_tune_says_what_was_kept_and_never_calls_a_slower_setting_the_best(tmp_p
 
     row = dict(concurrency=2, rung=0, batches=1, label="chain K=3 @0.1", tau=1.5, tokens_per_s=10.7,
                plain_tokens_per_s=10.0, speedup=1.07)
-    rec = dict(drafter="m", dtype="fp32", prompts=dict(count=2, benchmark="sharegpt"), search=dict(seconds=1.0),
+    rec = dict(drafter="m", dtype="fp32", exact_mode=True, prompts=dict(count=2, benchmark="sharegpt"),
+               search=dict(seconds=1.0),
                table=[row], winners={"1": kept("tree=3,2,1 @0.1", 0.86, 2, 0.61),
                                      "2": kept("chain K=3 @0.1", 1.07, 1, None)})
     monkeypatch.setattr(tune_mod, "tune", lambda *a, **k: rec)

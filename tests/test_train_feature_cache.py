@@ -376,7 +376,7 @@ def test_training_builds_a_missing_cache_first_and_refuses_draft_lm(world, tmp_p
     out = capsys.readouterr().out
     assert "feature cache" in out and "bytes/token" in out and _last_json(out)["global_step"] == 1
     assert list((tmp_path / "fc").glob("*/manifest.json"))
-    assert main(["features", recipe, "drafter.kind=draft_lm", "drafter.options={}"]) == 2
+    assert main(["features", recipe, "drafter.kind=draft_lm", "drafter.options={num_layers: 1}"]) == 2
     assert "drafter kind 'draft_lm' reads no target features" in capsys.readouterr().err
 
 
