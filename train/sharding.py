@@ -148,7 +148,10 @@ def _rng_state() -> dict:
 
     import numpy as np
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # numpy's key array as a tensor, so that the file loads with torch.load(weights_only=True): no pickle
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -160,7 +163,8 @@ def _set_rng_state(state: dict) -> None:
     import numpy as np
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -196,7 +200,7 @@ def load_sharded_state(folder, sharded: ShardedDrafter, optimizer, scheduler) ->
     dcp.load(state, checkpoint_id=str(folder / "dcp"))
     set_state_dict(sharded.module, _inner(optimizer), model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"], options=StateDictOptions(strict=False))
-    _inner(scheduler).load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+    _inner(scheduler).load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng = folder / f"rng-{rank_suffix()}.pt"
     if rng.is_file():  # absent when resuming on more processes than saved: those start from the seed
-        _set_rng_state(torch.load(rng, weights_only=False))
+        _set_rng_state(torch.load(rng, weights_only=True))
