@@ -197,7 +197,7 @@ def test_fsdp_sharded_target_gives_the_replicated_targets_features_and_logits(wo
     result = tmp_path / "r"
     mp.spawn(_sharded_target_worker, args=(2, port, str(world / "target"), str(result)), nprocs=2)
     for rank in range(2):
-        r = torch.load(f"{result}.{rank}")
+        r = torch.load(f"{result}.{rank}", weights_only=True)
         assert r["layers"] == 3 and r["feature_diff"] == 0.0 and r["logit_diff"] == 0.0
         assert r["local_rows"] * 2 == r["rows"]  # each process holds half of every decoder layer after forward
 

@@ -62,16 +62,7 @@ class Eagle3Strategy(FeatureHeadStrategy):
         o: Eagle3Options = recipe.drafter.parsed_options()
         cfg = Eagle3Config.from_target(target, draft_vocab_size=o.draft_vocab_size,
                                        feature_layers=list(o.feature_layers or []), ttt_steps=o.ttt_steps)
-        drafter = Eagle3Drafter(cfg, target=target)
-        counts = count_data_tokens(recipe, target, tokenizer, cfg.vocab_size)
-        drafter.set_draft_vocab(select_draft_vocab(counts, cfg.draft_vocab_size), target=target)
-        if o.init_from_target_layer:
-            init_layer_from_target(drafter.layer, target)
-            if o.init_attention == "target":
-                init_split_attention_from_target(drafter.layer, target)
-        if o.init_fc == "last_feature":
-            init_fc_last_feature(drafter)
-        return trainable_own(drafter, target)
+        return start_from_target(Eagle3Drafter(cfg, target=target), o, recipe, target, tokenizer)
 
     def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
         """The three fused layers (``drafter.options.feature_layers``, default ``(2, L//2, L-3)``) and the
@@ -110,6 +101,21 @@ class Eagle3Strategy(FeatureHeadStrategy):
         loss, metrics = chain_loss(draft_rows, target_rows, label_rows, weights, recipe.loss)
         metrics["draft_vocab_coverage"] = float(in_vocab.float().mean()) if in_vocab.numel() else 0.0
         return loss, metrics
+
+
+def start_from_target(drafter, o: Any, recipe: Any, target: torch.nn.Module, tokenizer: Any):
+    """An EAGLE-3-layout head (EAGLE-3, P-EAGLE) made ready to train: its draft vocabulary picked from the
+    data's token counts, its layer, split attention and fc started from the target as the options ``o``
+    (``init_from_target_layer``, ``init_attention``, ``init_fc``) say; returns :func:`trainable_own`'s result."""
+    counts = count_data_tokens(recipe, target, tokenizer, drafter.config.vocab_size)
+    drafter.set_draft_vocab(select_draft_vocab(counts, drafter.config.draft_vocab_size), target=target)
+    if o.init_from_target_layer:
+        init_layer_from_target(drafter.layer, target)
+        if o.init_attention == "target":
+            init_split_attention_from_target(drafter.layer, target)
+    if o.init_fc == "last_feature":
+        init_fc_last_feature(drafter)
+    return trainable_own(drafter, target)
 
 
 @torch.no_grad()

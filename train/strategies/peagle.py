@@ -31,18 +31,15 @@ from typing import Any
 
 import torch
 
-from drafterkit.drafters.eagle3 import select_draft_vocab
-from drafterkit.drafters.feature_head import init_layer_from_target
 from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.options import PEagleOptions
 from drafterkit.train.strategies.eagle3 import (
     Eagle3Strategy,
-    init_fc_last_feature,
-    init_split_attention_from_target,
     restricted_target,
+    start_from_target,
 )
-from drafterkit.train.strategies.heads import chain_loss, count_data_tokens, shifted_rows, trainable_own
+from drafterkit.train.strategies.heads import chain_loss, shifted_rows
 
 
 def cod_queries(chain: torch.Tensor, num_depths: int, ratio: float, ratio_min: float,
@@ -90,16 +87,7 @@ class PEagleStrategy(Eagle3Strategy):
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
         o: PEagleOptions = recipe.drafter.parsed_options()
         cfg = self.config(recipe, target)
-        drafter = PEagleDrafter(cfg, target=target)
-        counts = count_data_tokens(recipe, target, tokenizer, cfg.vocab_size)
-        drafter.set_draft_vocab(select_draft_vocab(counts, cfg.draft_vocab_size), target=target)
-        if o.init_from_target_layer:
-            init_layer_from_target(drafter.layer, target)
-            if o.init_attention == "target":
-                init_split_attention_from_target(drafter.layer, target)
-        if o.init_fc == "last_feature":
-            init_fc_last_feature(drafter)
-        return trainable_own(drafter, target)
+        return start_from_target(PEagleDrafter(cfg, target=target), o, recipe, target, tokenizer)
 
     def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
         """The three fused layers and the last one (its LM head gives the target's logits)."""
