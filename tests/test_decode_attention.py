@@ -11,7 +11,7 @@ from drafterkit.decode import attention
 from drafterkit.decode.attention import EXACT_NAME, NAME, packed_gqa_sdpa, verification_attention
 from drafterkit.decode.tree import DraftTree
 from drafterkit.drafters.ngram import NGramDrafter
-from tests.conftest import tiny_llama
+from conftest import tiny_llama
 
 
 class _Attn(torch.nn.Module):

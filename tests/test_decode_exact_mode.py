@@ -11,7 +11,7 @@ from drafterkit.decode import attention, fused
 from drafterkit.decode.attention import EXACT_NAME, NAME
 from drafterkit.decode.fused import bitwise_exact
 from drafterkit.drafters.ngram import NGramDrafter
-from tests.conftest import tiny_llama
+from conftest import tiny_llama
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats, so prompt lookup drafts multi-token trees
 

@@ -8,7 +8,7 @@ from drafterkit import decode
 from drafterkit.decode.fused import engine_groups, fused_projections
 from drafterkit.decode.tree import DraftTree
 from drafterkit.drafters.ngram import NGramDrafter
-from tests.conftest import tiny_llama
+from conftest import tiny_llama
 
 
 def _logits(model, ids):
