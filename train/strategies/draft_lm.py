@@ -19,7 +19,9 @@ to the first supervised token) is continued by sampling from the drafter itself 
 the sequence ``x [B, T]``; pass k >= 2 feeds the greedy draft tokens of pass k-1 for every start
 position t at once, placed at position ``t + k - 1``, with a 4-D mask letting the draft token of start
 t see only ``x[0..t]`` and the earlier draft tokens of the same start (the training-time-test
-pattern of EAGLE-3, Li et al. 2025). Memory: about K times the logits of one pass.
+pattern of EAGLE-3, Li et al. 2025). Memory: about K times the logits of one pass. The cache keeps every
+layer's keys whole (no sliding-window layer that would drop the prefix the K passes index); a sliding-window
+draft LM (Mistral, Gemma-2/3, gpt-oss) gets its window in the 4-D masks instead (:func:`unroll_mask`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,28 @@ def _cache_kwargs(lm: torch.nn.Module, cache: Any) -> dict[str, Any]:
     return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 
+def unroll_mask(config: Any, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The attention mask of an unroll pass for a draft LM of ``config``: ``allowed`` (bool ``[B, 1, Q, KV]``,
+    True where a query may see a key) as it is for full attention, and cut to the sliding window where layers
+    slide (a query at position p sees keys at positions in ``(p - window, p]``, transformers' convention).
+    ``query_pos [Q]`` / ``key_pos [KV]``: the positions of the queries and keys. Returns one mask when every
+    layer attends alike (no window, or Mistral's one window for all layers), else transformers' mapping
+    ``{"full_attention": mask, "sliding_attention": mask}`` (Gemma-2/3, gpt-oss: layers of both types). Masks are
+    additive floats (0 where seen, the dtype's minimum elsewhere) of ``dtype``: eager attention (Gemma-2's, for its
+    logit soft-capping) adds the mask to the scores, where a boolean one would add 1 and 0."""
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or [])
+
+    def additive(mask: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+    if not window or (types and "sliding_attention" not in types):
+        return additive(allowed)
+    windowed = additive(allowed & (query_pos[:, None] - key_pos[None, :] < window)[None, None])
+    return {"full_attention": additive(allowed), "sliding_attention": windowed} if types else windowed
+
+
 def unroll_alphas(lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   target_logits: torch.Tensor, supervised: torch.Tensor, k: int, temperature: float
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -66,7 +90,7 @@ def unroll_alphas(lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: 
     b, t = input_ids.shape
     n = int(supervised.sum())
     chain = (supervised.reshape(-1).long().cumsum(0) - 1).reshape(b, t)  # [B, T] chain index of start (b, t)
-    cache = DynamicCache(config=lm.config)
+    cache = DynamicCache()  # full layers only: sliding ones would drop the prefix the later passes' masks index
     out = lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **_cache_kwargs(lm, cache))
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
     first, logits = out.logits, out.logits  # [B, T, V]
@@ -86,7 +110,9 @@ def unroll_alphas(lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: 
                 allowed[ar, j * t + ar] = True
             mask4d = allowed[None, None].expand(b, 1, t, past + t)
             pos = (ar + step - 1)[None].expand(b, t)
-            out = lm(input_ids=draft, attention_mask=mask4d, position_ids=pos, use_cache=True,
+            key_pos = torch.cat([ar] + [ar + j for j in range(1, step)])  # prefix, then draft block j at t + j
+            out = lm(input_ids=draft, attention_mask=unroll_mask(lm.config, mask4d, pos[0], key_pos, first.dtype),
+                     position_ids=pos, use_cache=True,
                      **_cache_kwargs(lm, cache))
             logits = out.logits  # [B, T, V]
         bi, ti = alive.nonzero(as_tuple=True)
