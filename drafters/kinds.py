@@ -31,6 +31,9 @@ class Kind:
         config: its config dataclass's name in the same module (the class's ``config_class``).
         trainable: it has a training strategy (``train/strategies/<name>.py``); prompt lookup has none.
         exports: the ``drafterkit export --format`` names that take this kind (``drafters.export``).
+        trees: its drafter drafts static and dynamic trees (``propose_tree`` and ``propose_dynamic_tree``);
+            False for a chain-only kind (DFlash: one block pass drafts one chain), which ``drafterkit eval``,
+            ``tune`` and ``quickstart`` refuse to measure as a tree when their flags are validated.
     """
 
     name: str
@@ -38,6 +41,7 @@ class Kind:
     config: str
     trainable: bool = True
     exports: tuple[str, ...] = ()
+    trees: bool = True
 
     @property
     def module(self) -> str:
@@ -59,7 +63,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("medusa", "MedusaDrafter", "MedusaConfig", exports=("medusa",)),
     Kind("eagle", "EagleDrafter", "EagleConfig"),
     Kind("eagle3", "Eagle3Drafter", "Eagle3Config", exports=("vllm-eagle3", "sglang-eagle3")),
-    Kind("dflash", "DFlashDrafter", "DFlashConfig", exports=("vllm-dflash",)),
+    Kind("dflash", "DFlashDrafter", "DFlashConfig", exports=("vllm-dflash",), trees=False),
     Kind("suffix", "SuffixDrafter", "SuffixConfig", trainable=False),
     Kind("peagle", "PEagleDrafter", "PEagleConfig", exports=("vllm-peagle",)),
 )}
@@ -68,6 +72,22 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 def trainable_kinds() -> list[str]:
     """The kinds with a training strategy, sorted."""
     return sorted(name for name, k in KINDS.items() if k.trainable)
+
+
+def chain_only_kinds() -> list[str]:
+    """The kinds whose drafters draft chains only (``Kind.trees`` False), sorted."""
+    return sorted(name for name, k in KINDS.items() if not k.trees)
+
+
+def max_draft_tokens(kind: str, config: dict) -> int | None:
+    """The most draft tokens a ``kind`` drafter whose ``config.json`` holds ``config`` proposes in one round:
+    Medusa's ``num_heads`` (one head per position), DFlash's ``block_size - 1`` (one block pass); ``None`` for
+    the kinds without a fixed bound (they draft one token per step, as many as asked)."""
+    if kind == "medusa":
+        return int(config["num_heads"])
+    if kind == "dflash":
+        return int(config["block_size"]) - 1
+    return None
 
 
 def export_formats() -> dict[str, str]:

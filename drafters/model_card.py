@@ -38,6 +38,7 @@ import yaml
 
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.drafters.base import read_config
+from drafterkit.drafters.kinds import max_draft_tokens
 from drafterkit.drafters.card_measured import (
     measured_section,
     measured_shape,
@@ -328,10 +329,8 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     tuned_lines, tuned_k = tuned_section(ckpt)
     if tuned_k:  # a setting drafterkit tune measured wins over the quickstart's: its shape is stated, tree or chain
         k, shape = tuned_k, tuned_shape(ckpt)
-    if kind == "medusa":  # its heads propose at most num_heads tokens
-        k = min(k, int(cfg["num_heads"]))
-    if kind == "dflash":  # one block drafts at most block_size - 1 tokens
-        k = min(k, int(cfg["block_size"]) - 1)
+    if (cap := max_draft_tokens(kind, cfg)) is not None:  # Medusa's heads, DFlash's one block
+        k = min(k, cap)
     export_config = read_json(out / "config.json")
     title = f"{KIND_TITLES[kind]} for `{target}`" if target else KIND_TITLES[kind]
     lines = [_front_matter(fmt, kind, target), f"# {title}", "",

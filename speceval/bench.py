@@ -78,6 +78,7 @@ from drafterkit.speceval.methods import (
 )
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.speceval.recorded import apply_recorded, no_checkpoint
+from drafterkit.speceval.shape_checks import check_k, check_thresholds, check_tree_shapes
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "shape_words",
            "write_outputs"]
@@ -127,6 +128,10 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore) -> dict:
     cfg.validate()
     for spec in cfg.drafters:  # before loading the target: a typo costs no model load
         check_drafter_spec(spec)
+    check_tree_shapes(cfg.drafters, cfg.trees)  # a shape a drafter cannot draft, from its config.json alone
+    check_thresholds(cfg.drafters, cfg.draft_thresholds)
+    if cfg.sweep:
+        check_k(cfg.drafters, cfg.sweep_k, "--sweep-k")
     for spec in dict.fromkeys(cfg.drafters):
         say_export_source(spec)
     timings = {}
@@ -373,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(problem)
         cfg = config_from_args(args)
         check_plots_dir(args.plots_dir, cfg)
-        recorded = apply_recorded(cfg, given={name for name in RECORDED if getattr(args, name) is not None})
+        given = {name for name in RECORDED if getattr(args, name) is not None}
+        recorded = apply_recorded(cfg, given=given)
         if recorded:
             print(recorded_message(recorded, tree_auto=cfg.trees == [AUTO]), flush=True)
         if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and d != "none" and no_checkpoint(d)]:
@@ -387,6 +393,8 @@ def run(args: argparse.Namespace) -> int:
                              "but --drafter none measures only "
                              "the baselines; add a --drafter (e.g. ngram or a checkpoint) or drop "
                              f"{' and '.join(shaped)}")
+        if "k" in given:  # eval's default K is cut to a drafter's bound in its rows; one given is refused above it
+            check_k(cfg.drafters, [cfg.k])
         record = evaluate(cfg)
     except (ValueError, DrafterLoadError, OSError) as exc:
         print(f"drafterkit eval: error: {exc}", file=sys.stderr)

@@ -79,13 +79,16 @@ class EvalConfig:
     temperature: float = field(default=0.0, metadata={"help": "sampling temperature; 0: greedy"})
     top_k: int = field(default=0, metadata={"help": "sample from the k likeliest tokens; 0: all"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
-    k: int = field(default=5, metadata={"help": "draft tokens per verification (K) of chain rows"})
+    k: int = field(default=5, metadata={"help": (
+        "draft tokens per verification (K) of chain rows, at most num_heads for a Medusa drafter and block_size - 1 "
+        "for DFlash (a larger --k is refused for them; left out, their rows use that bound)")})
     draft_thresholds: list[float] = field(default_factory=lambda: [0.0], metadata={
         "flag": "--draft-threshold",
         "help": "confidence-based drafting: a chain stops, and tree nodes are pruned, once the drafter's path "
                 "probability falls below this (EAGLE-2 criterion); comma-separated values are measured side by side "
                 "(default 0: always K / the full tree). In +rest trees only the drafter's nodes that also clear the "
-                "corpus's bar (0.2) get children; the others are verified as leaves"})
+                "corpus's bar (0.2) get children; the others are verified as leaves. ngram and suffix rows have no "
+                "probability to cut at: they are measured once, without a threshold (refused if they are all)"})
     trees: list[str] = field(default_factory=lambda: ["chain"], metadata={
         "flag": "--tree", "action": "append", "metavar": "TREE", "type": tree_spec,
         "help": "draft shape: chain (K tokens, the default) or a static tree verified in one pass: branching factors "
@@ -97,7 +100,7 @@ class EvalConfig:
                 "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4); or auto: one row per "
                 "checkpoint with the chain / tree, K and threshold drafterkit tune recorded for it on this machine "
                 "(as decode.generate(tree='auto')). Tree rows ignore --k (their K column is the tree's depth) and "
-                "the --sweep over K covers chain rows only"})
+                "the --sweep over K covers chain rows only. A chain-only drafter (dflash) is refused with a tree"})
     dtype: str = field(default="fp32", metadata={
         "help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})

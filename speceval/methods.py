@@ -36,10 +36,12 @@ from drafterkit.drafters import (
 from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
+from drafterkit.drafters.kinds import max_draft_tokens
 from drafterkit.drafters.ngram import NGramDrafter
 from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
 from drafterkit.drafters.suffix_hybrid import SuffixHybrid
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
+from drafterkit.speceval.shape_checks import distinct_trees, refuse_trees
 
 
 @dataclass
@@ -56,6 +58,7 @@ class DrafterSpec:
     # collide (two quickstart runs are both ``train/best``) get longer path suffixes (:func:`build_drafters`)
     short_name: str | None = None
     folder: str | None = None
+    max_k: int | None = None  # the most draft tokens its drafter proposes a round (Medusa's heads, DFlash's block)
 
 
 @dataclass
@@ -162,7 +165,7 @@ def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") ->
             hybrid = LookupHybrid(base.drafter, datastore=datastore() if suffix == "+rest" else None)
         if base.folder:  # its own `drafterkit tune PATH+rest` setting, else the drafter's (tree="auto", --tree auto)
             attach_tuned(hybrid, base.folder, target, behind=suffix)
-        return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None)
+        return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None, max_k=None)
     if spec == "suffix":
         return DrafterSpec("suffix", suffix_drafter(datastore), None)
     if spec == "ngram":
@@ -239,8 +242,8 @@ def _load_checkpoint(spec: str, target, flag: str = "--drafter") -> DrafterSpec:
     if path.name == "drafter" and path.parent.parent.name == "checkpoints":  # <run>/checkpoints/best/drafter
         name = f"{path.parent.parent.parent.name}/{name}"
     label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
-    return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None,
-                       short_name=name, folder=str(path.resolve()))
+    return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None, short_name=name,
+                       folder=str(path.resolve()), max_k=max_draft_tokens(d.kind, vars(d.config)))
 
 
 def say_export_source(spec: str) -> None:
@@ -280,6 +283,8 @@ def engine_method(target, spec: DrafterSpec | None, k: int, sampling: dict, eos:
     drafter = spec.drafter if spec else None
     if spec is not None and spec.k is not None:
         k = spec.k
+    if spec is not None and spec.max_k is not None:  # a larger K would draft no more tokens: the row says so
+        k = min(k, spec.max_k)
     k_call = max(k, 1)  # ignored by plain decoding, must still be a valid K
 
     def call(rows, seed, max_new):
@@ -377,7 +382,8 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
     ``decode.tree.DraftTree`` spec), labelled ``<label> tree=<spec>`` (one fresh load each, so the rows
     are independent). ``"auto"`` in ``trees`` adds one row per checkpoint with its tuned setting
     (:func:`tuned_row`, not crossed with ``thresholds``); given alone, the specs that are no checkpoint
-    are measured as chains. A chain-only drafter is measured once as a chain. The same drafter given twice is
+    are measured as chains. A chain-only drafter (DFlash) given a tree raises ``ValueError``
+    (``speceval.shape_checks.refuse_trees``). The same drafter given twice is
     numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``."""
     built: list[tuple] = []  # (spec labelled by its drafter name only, "@thr tree=..." suffix)
     trees = distinct_trees(trees or ["chain"])
@@ -391,8 +397,7 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
             first = build_drafter(name, target, datastore)
             if first is None:
                 break
-            can_tree = drafts_trees(first.drafter)
-            variants = shapes if can_tree else ["chain"]
+            variants = shapes if drafts_trees(first.drafter) else refuse_trees(name, first.drafter, shapes)
             for j, tree in enumerate(variants):
                 s, suffix = (first if j == 0 else build_drafter(name, target, datastore)), ""
                 if getattr(s.drafter, "supports_draft_threshold", False):
@@ -464,24 +469,6 @@ def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | No
         suffix = f"@{thr:g}" if thr > 0 else ""
     suffix += " (tuned)" + (f" tree={tree}" if tree else "")
     return dataclasses.replace(s, hf_kwargs=None, tree=tree, k=int(winner["k"])), suffix
-
-
-def distinct_trees(trees: list[str]) -> list[str]:
-    """``trees`` with repeats left out, compared as trees, not as text: ``"1"``, ``"[[0]]"`` and
-    ``"[[0],[0]]"`` are one tree (:meth:`decode.tree.DraftTree.parse` sorts paths and drops duplicate
-    ones), measured once under the first spelling given. ``"chain"`` and specs that do not parse are
-    compared as text (``EvalConfig.validate`` rejects the latter)."""
-    seen, out = set(), []
-    for t in trees:
-        try:
-            tree = None if t in ("chain", AUTO) else parse_tree(t)
-            key = t if tree is None else getattr(tree, "paths", str(tree))
-        except ValueError:
-            key = t
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out
 
 
 def _distinct_suffixes(folders: list[str]) -> dict[str, str]:

@@ -55,6 +55,7 @@ from drafterkit.speceval.methods import build_drafter, check_drafter_spec, retri
 from drafterkit.speceval.plots import pyplot, save_figure
 from drafterkit.speceval.prompts import Prompt, select_prompts
 from drafterkit.speceval.recorded import TUNE_PLOT, drafterkit_version, read_decoding, write_tuned
+from drafterkit.speceval.shape_checks import check_tune_flags
 from drafterkit.speceval.tune_args import (
     DEFAULT_DYNAMIC,
     DEFAULT_INCUMBENT,
@@ -121,6 +122,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         target, tok = load_target(target_name, dtype=dtype, device=device)
     corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") else None
     spec = build_drafter(checkpoint, target, corpus, flag="tune")
+    if spec.max_k is not None:  # Medusa / DFlash draft at most max_k tokens a round: a larger K is that one again
+        ks = sorted({min(int(k), spec.max_k) for k in ks})
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
     incumbent, incumbent_note = parse_incumbent(incumbent, spec.drafter)
     prompts = _prompts(benchmark, tok, num_prompts)
@@ -306,16 +309,22 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         disable_progress_bars()
     trees = args.trees if args.trees else list(DEFAULT_TREES)
+    ks = args.k if args.k is not None else list(DEFAULT_KS)
+    dynamic = args.dynamic if args.dynamic is not None else list(DEFAULT_DYNAMIC)
+    thresholds = args.thresholds if args.thresholds is not None else list(DEFAULT_THRESHOLDS)
     try:
         resolve_device(args.device)  # an unknown or absent device, before anything loads
+        check_settings(ks, trees, dynamic, args.max_new_tokens, thresholds)
+        # the flags given that the drafter cannot take (its config.json read alone); defaults are cut to it
+        check_tune_flags(args.checkpoint, args.k, args.trees, args.dynamic, args.thresholds, args.incumbent)
         if args.dtype is None:
             args.dtype = recorded_dtype(args.checkpoint)
-        check_settings(args.k, trees, args.dynamic, args.max_new_tokens, args.thresholds)
         rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-                   concurrency=args.concurrency, ks=args.k, trees=trees, dynamic=args.dynamic,
-                   thresholds=args.thresholds, eta=args.eta, first=args.first, seed=args.seed,
-                   progress=not args.no_progress, write=not args.no_write, incumbent=args.incumbent,
+                   concurrency=args.concurrency, ks=ks, trees=trees, dynamic=dynamic,
+                   thresholds=thresholds, eta=args.eta, first=args.first, seed=args.seed,
+                   progress=not args.no_progress, write=not args.no_write,
+                   incumbent=DEFAULT_INCUMBENT if args.incumbent is None else args.incumbent,
                    datastore=args.datastore, exact=not args.no_exact)
     except (ValueError, DrafterLoadError, TargetLoadError, FileNotFoundError) as exc:
         print(f"drafterkit tune: error: {exc}", file=sys.stderr)

@@ -44,18 +44,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="tuning prompts measured")
     p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per answer at most")
     p.add_argument("--concurrency", type=int, default=4, help="the larger batch size tuned besides 1")
-    p.add_argument("--k", type=csv_values(int, "--k"), default=list(DEFAULT_KS), help="chain lengths tried")
+    p.add_argument("--k", type=csv_values(int, "--k"), default=None,
+                   help=f"chain lengths tried (default: {','.join(map(str, DEFAULT_KS))}, up to what the drafter "
+                        "drafts a round: Medusa's num_heads, DFlash's block_size - 1; a larger one given is refused)")
     p.add_argument("--tree", action="append", dest="trees", metavar="TREE", type=tree_spec,
                    help=f"a static tree tried (branching factors such as 3,2,1); repeatable "
                         f"(default: {' and '.join(DEFAULT_TREES)})")
-    p.add_argument("--dynamic", type=csv_values(str, "--dynamic"), default=list(DEFAULT_DYNAMIC),
-                   help="EAGLE-2 dynamic trees tried (dynamic:TOTAL:DEPTH:TOPK, comma-separated)")
-    p.add_argument("--draft-threshold", type=csv_values(float, "--draft-threshold"), default=list(DEFAULT_THRESHOLDS),
-                   dest="thresholds", help="confidence thresholds tried")
-    p.add_argument("--incumbent", default=DEFAULT_INCUMBENT,
+    p.add_argument("--dynamic", type=csv_values(str, "--dynamic"), default=None,
+                   help=f"EAGLE-2 dynamic trees tried (dynamic:TOTAL:DEPTH:TOPK, comma-separated; default: "
+                        f"{','.join(DEFAULT_DYNAMIC)}); trees, --tree ones too, are tried only for drafters that draw "
+                        "them: one given for a chain-only drafter (dflash) is refused")
+    p.add_argument("--draft-threshold", type=csv_values(float, "--draft-threshold"), default=None,
+                   dest="thresholds",
+                   help=f"confidence thresholds tried (default: {','.join(map(str, DEFAULT_THRESHOLDS))}; ngram and "
+                        "suffix have none: one given for them is refused)")
+    p.add_argument("--incumbent", default=None,
                    help="the shape kept unless a candidate is faster on the same prompts beyond the noise (its paired "
                         "tokens/s ratio's ~95%% lower bound above 1): TREE@THRESHOLD, chain:K@THRESHOLD, or none (the "
-                        "fastest candidate wins outright); without @THRESHOLD the threshold is 0")
+                        "fastest candidate wins outright); without @THRESHOLD the threshold is 0 (default: "
+                        f"{DEFAULT_INCUMBENT}, not used for a chain-only drafter; a tree given for one is refused)")
     p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
     p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
     p.add_argument("--seed", type=int, default=0,

@@ -22,6 +22,9 @@ def test_every_registered_kind_imports_and_matches_its_entry():
         assert cls.kind == name and cls.__module__ == f"drafterkit.drafters.{name}"
         assert cls.config_class is entry.config_class()
         assert all(FORMATS[fmt] == name for fmt in entry.exports)
+        # `trees` says what the class can draft: eval, tune and quickstart refuse tree shapes from it alone
+        assert entry.trees == callable(getattr(cls, "propose_tree", None)), name
+        assert entry.trees == callable(getattr(cls, "propose_dynamic_tree", None)), name
     assert sorted(FORMATS) == sorted(f for e in KINDS.values() for f in e.exports)
 
 

@@ -112,7 +112,8 @@ def test_eval_measures_each_tree_side_by_side(tiny_dir, prompts_file, tmp_path):
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    ckpt = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
+    # 3 heads: a Medusa drafter drafts at most num_heads tokens a round, and a larger --k is refused
+    ckpt = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target).save_pretrained(
         tmp_path / "medusa")
     out = tmp_path / "t.json"
     assert main(["eval", "--target", str(tiny_dir), "--drafter", str(ckpt), "--drafter", "ngram",
@@ -389,7 +390,7 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         if verb == "eval":
             for shown in ("computes it natively, else fp32) (default: fp32)", "prompts measured (default: 8)",
                           "(default: smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
-                          "(default: sharegpt;", "draft tokens per verification (K) of chain rows (default: 5)",
+                          "(default: sharegpt;", "left out, their rows use that bound) (default: 5)",
                           "--no-exact", "decoder's exact mode (decode.exact_mode, on by default here"):
                 assert shown in text
         # no noise: nothing to show for unset options and flags, and a default named in the help stays single

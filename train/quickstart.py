@@ -229,6 +229,10 @@ def run(args: argparse.Namespace) -> int:
         if args.no_train:  # the recipe the earlier run trained with, as its last checkpoint saved it
             recipe_path = trained_checkpoint(out) / "recipe.yaml"
         recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", *args.overrides])
+        args.chain_only = not KINDS[recipe.drafter.kind].trees  # DFlash: its rows are measured as chains
+        if args.chain_only and (tree := next((t for t in args.trees or [] if t != "chain"), None)):
+            raise ValueError(f"--tree {tree}: a {recipe.drafter.kind} drafter drafts chains only; drop --tree (the "
+                             "eval measures chains, in tune's chosen K) or pass --tree chain")
         for bench in BENCHMARKS:  # the eval stage's settings, checked before a typo costs the training budget
             eval_config(out / "train", args, bench, recipe.eval.k)
         overrides = [] if args.no_train else [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]

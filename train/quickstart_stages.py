@@ -57,6 +57,13 @@ def tune_stage(ckpt: Path, args, target, tok, *, target_name: str = TARGET, behi
                 **{**QUICK_TUNE, **own, **search})
 
 
+def fixed_trees(args) -> list[str]:
+    """The draft shapes the eval stage measures when neither ``--tree`` nor a tuned setting says: ``DEFAULT_TREES``,
+    or a chain for a chain-only kind (``drafters.kinds.Kind.trees`` False, DFlash; ``args.chain_only``, which
+    :func:`train.quickstart.run` sets)."""
+    return ["chain"] if getattr(args, "chain_only", False) else list(DEFAULT_TREES)
+
+
 def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None) -> tuple[int, str]:
     """Make the eval stage measure tune's batch-size-1 winners: set ``args.trees`` / ``args.draft_thresholds``
     and return ``(K, what was done)``. With a usable winner for the drafter behind lookup + retrieval too
@@ -67,14 +74,16 @@ def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None
     the fixed tree is measured instead)."""
     w = ((tuned or {}).get("winners") or {}).get("1")
     if w is None:
-        return k, f"no tuned setting: the eval measures {' and '.join(args.trees or DEFAULT_TREES)}"
+        return k, f"no tuned setting: the eval measures {' and '.join(args.trees or fixed_trees(args))}"
     found = _found(w)
     if args.trees or args.draft_thresholds is not None:
         return k, f"tune chose {found}; the eval measures the --tree / --draft-threshold given instead"
     if not beats_plain(w):
-        fixed = " and ".join(DEFAULT_TREES)
-        return k, (f"tune's choice, {found}, was not faster than plain decoding: the eval measures the fixed tree "
-                   + (f"{fixed} all the same" if w["tree"] in DEFAULT_TREES else f"{fixed} instead"))
+        fixed = " and ".join(fixed_trees(args))
+        same = w["tree"] in fixed_trees(args) and (w["tree"] != "chain" or int(w["k"]) == k)
+        fixed = f"a chain of K={k}" if fixed == "chain" else f"the fixed tree {fixed}"
+        return k, (f"tune's choice, {found}, was not faster than plain decoding: the eval measures {fixed} "
+                   + ("all the same" if same else "instead"))
     rest = ((tuned_rest or {}).get("winners") or {}).get("1")
     if rest is not None and beats_plain(rest):
         args.trees = [AUTO]
@@ -115,7 +124,7 @@ def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARG
     drafters = [str(ckpt), "ngram"] + ([] if args.no_hybrid else ["suffix", f"{ckpt}+rest"])
     cfg = EvalConfig(target=target_name, drafters=drafters, benchmark=bench,
                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=k, dtype=args.dtype,
-                     draft_thresholds=thresholds, trees=args.trees or list(DEFAULT_TREES),
+                     draft_thresholds=thresholds, trees=args.trees or fixed_trees(args),
                      device=args.device, progress=not args.no_progress, exact=not args.no_exact,
                      baselines=[b for b in args.baselines.split(",") if b],
                      datastore=None if args.no_hybrid else datastore_source)
@@ -222,7 +231,7 @@ def eval_words(args, k: int = 5) -> str:
         free = "prompt lookup alone" + ("" if args.no_hybrid else " and suffix decoding alone")
         shapes = f"each trained row in its own tuned shape, {free} as a chain of {k}"
     else:
-        shapes = f"draft shape {', '.join(args.trees or DEFAULT_TREES)}, threshold " \
+        shapes = f"draft shape {', '.join(args.trees or fixed_trees(args))}, threshold " \
                  f"{args.draft_thresholds or DEFAULT_THRESHOLD}"
     return (f"{', '.join(rows)} ({shapes}) vs {args.baselines.replace(',', ', ')} on {' and '.join(BENCHMARKS)}, "
             f"{plural(args.num_prompts, 'prompt')} x up to {args.max_new_tokens} new tokens each, {args.dtype}")
