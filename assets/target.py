@@ -2,7 +2,8 @@
 
 A local target folder is checked before transformers reads it (:func:`target_folder_problem`): a
 missing folder, one without ``config.json``, weights or tokenizer, a drafterkit drafter checkpoint given
-as a target, and a torn or partial safetensors file (:func:`weights_problem`) each raise a
+as a target, a torn or partial safetensors file (:func:`weights_problem`), and an ``eos_token_id`` outside
+the vocabulary (:func:`folder_eos_problem`; a Hub target's is checked once loaded) each raise a
 :class:`TargetLoadError` whose one-line message names the folder, what is wrong and the fix.
 """
 
@@ -103,6 +104,60 @@ def target_folder_problem(path: str | Path, *, weights: bool = True, tokenizer: 
     return None
 
 
+def eos_problem(eos, vocab: int | None, where: str) -> str | None:
+    """What is wrong with a target's EOS ids ``eos`` (an int, a list of ints, or None) for its vocabulary of
+    ``vocab`` tokens, as one clause naming ``where`` they were set; None when every id is in ``[0, vocab)`` (or
+    there are none, or no vocabulary size to check against). An id outside it is a token the target can never
+    emit: decoding would never stop there, so every command that loads the target refuses it (training and
+    evaluation alike) instead of one of them finding out after the other ran."""
+    if eos is None or vocab is None:
+        return None
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    bad = [e for e in ids if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < vocab]
+    if not bad:
+        return None
+    return (f"{where} sets eos_token_id {eos!r}: {bad if len(bad) > 1 else bad[0]!r} is outside its vocabulary of "
+            f"{vocab} tokens, so the target can never emit it and no answer would end there; set eos_token_id in "
+            f"{where} to the id(s) of the token(s) that end its answers (below {vocab}; the tokenizer's eos_token "
+            "is one)")
+
+
+def folder_eos_problem(path: str | Path) -> str | None:
+    """:func:`eos_problem` of a local target folder's ``generation_config.json`` and ``config.json`` (read as JSON,
+    nothing loaded; the vocabulary is ``config.json``'s ``vocab_size``, or its ``text_config``'s)."""
+    path = Path(path)
+    files = {}
+    for name in ("generation_config.json", "config.json"):
+        try:
+            data = json.loads((path / name).read_text(encoding="utf-8-sig"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            files[name] = data
+    config = files.get("config.json", {})
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return None
+    for name, data in files.items():
+        if problem := eos_problem(data.get("eos_token_id"), vocab, f"{path / name}"):
+            return problem
+    return None
+
+
+def loaded_eos_problem(model, tok) -> str | None:
+    """:func:`eos_problem` of a loaded target's EOS as decoding reads it: its generation config's
+    ``eos_token_id``, else its config's, else the tokenizer's ``eos_token_id``."""
+    gen = getattr(model, "generation_config", None)
+    eos, where = getattr(gen, "eos_token_id", None), "its generation_config.json"
+    if eos is None:
+        eos, where = getattr(model.config, "eos_token_id", None), "its config.json"
+    if eos is None and tok is not None:
+        eos, where = tok.eos_token_id, "its generation_config.json (none is set: the tokenizer's eos_token is used)"
+    eos = eos.tolist() if isinstance(eos, torch.Tensor) else eos
+    vocab = getattr(model.config.get_text_config(), "vocab_size", None)
+    return eos_problem(eos, vocab if isinstance(vocab, int) else None, where)
+
+
 def _looks_local(name_or_path: str) -> bool:
     """A path rather than a Hub id (``org/name``): it exists, or is absolute, ``./``-, ``../``- or
     ``~``-relative, or has more than one ``/``."""
@@ -152,6 +207,8 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
     tok, model = from_target_source(name_or_path, lambda path, cached_only: (
         AutoTokenizer.from_pretrained(path, local_files_only=cached_only),
         AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=cached_only)))
+    if problem := loaded_eos_problem(model, tok):  # a Hub id's (a local folder's was refused before loading)
+        raise TargetLoadError(f"target {name_or_path}: {problem}")
     model.to(dev).eval()
     model.requires_grad_(False)
     if tok.pad_token_id is None:
@@ -193,6 +250,8 @@ def from_target_source(name_or_path: str, load, *, weights: bool = True, tokeniz
     local = _looks_local(path)
     if local and (problem := target_folder_problem(path, weights=weights, tokenizer=tokenizer)):
         raise TargetLoadError(f"target {path} {problem}; {_FOLDER_FIX}")
+    if local and (problem := folder_eos_problem(path)):
+        raise TargetLoadError(f"target {path}: {problem}")
     cached_only = not local and not hub_reachable()
     try:
         return load(path, cached_only)

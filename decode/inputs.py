@@ -53,7 +53,9 @@ def resolve_eos(target: torch.nn.Module, eos_token_id: Any, vocab: int) -> froze
 
     Raises:
         ValueError: a given ``eos_token_id`` that is not an int or a list of ints in ``[0, vocab)``
-            (``[]`` is allowed: no EOS).
+            (``[]`` is allowed: no EOS); with ``None``, a target whose config sets one outside ``[0, vocab)``
+            (a token it can never emit: decoding would never stop there; ``assets.target.load_target`` refuses
+            such a target too, so ``drafterkit train`` and ``eval`` agree).
     """
     if eos_token_id is None:
         gen = getattr(target, "generation_config", None)
@@ -63,7 +65,13 @@ def resolve_eos(target: torch.nn.Module, eos_token_id: Any, vocab: int) -> froze
         if default is None:
             return frozenset()
         default = default.tolist() if isinstance(default, torch.Tensor) else default
-        return frozenset(int(e) for e in (default if isinstance(default, (list, tuple)) else [default]))
+        ids = default if isinstance(default, (list, tuple)) else [default]
+        bad = [e for e in ids if not is_int(e) or not 0 <= int(e) < vocab]
+        if bad:
+            raise ValueError(f"the target's generation_config sets eos_token_id {default!r}, outside its vocabulary "
+                             f"[0, {vocab}): it can never be generated. Pass eos_token_id= the id(s) that end its "
+                             "answers, or set them in its generation_config.json")
+        return frozenset(int(e) for e in ids)
     given = eos_token_id
     if isinstance(given, torch.Tensor) and given.dim() == 1:
         given = list(given)
@@ -72,7 +80,7 @@ def resolve_eos(target: torch.nn.Module, eos_token_id: Any, vocab: int) -> froze
     if bad:
         raise ValueError(f"eos_token_id must be an int or a list of ints in [0, {vocab}) (the target's "
                          f"vocabulary); got {eos_token_id!r}" + (f", bad: {bad[:5]!r}" if bad else "") +
-                         ". Pass None for the target's generation_config EOS")
+                         ". Pass ids below it, or None for the EOS the target's generation_config sets")
     return frozenset(int(e) for e in ids)
 
 
