@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.objective_ablation import unseen_prompt_files  # noqa: E402
-from drafterkit.speceval.factors import interval_words, ratio_interval  # noqa: E402
+from benchmarks.side_by_side import plain_row, spec_rows  # noqa: E402
+from benchmarks.side_by_side import table as side_table  # noqa: E402
 
 KINDS = ("eagle3", "peagle")
 
@@ -68,21 +69,9 @@ def measure(ckpts: dict[str, Path], prompts: Path, path: Path, args) -> dict:
 
 def table(record: dict, benchmark: str) -> list[str]:
     """Markdown lines for one benchmark's record: the two heads' rows (in --drafter order) and prompt lookup."""
-    spec = [r for r in record["summary"] if r["role"] == "spec"]
-    plain = next(r for r in record["summary"] if r["role"] == "plain")
-    heads, ngram = spec[:len(KINDS)], spec[len(KINDS)]
-    lines = [f"### {benchmark}", "", "| drafter | tau | per-position acceptance | draft ms / round | tokens/s | "
-             "x plain [95%] | x prompt lookup [95%] | beats prompt lookup |", "|---|---|---|---|---|---|---|---|"]
-    for name, row in (*zip(KINDS, heads), ("ngram", ngram)):
-        per_pos = " ".join(f"{a:.2f}" for a in row["accept_per_position"] or [])
-        ms = 1000.0 * row["draft_time_s"] / row["target_forwards"] if row["target_forwards"] else 0.0
-        over_plain, over_ngram = ratio_interval(row, plain), ratio_interval(row, ngram)
-        beats = "-" if name == "ngram" else ("yes" if over_ngram and over_ngram[0] > 1 else
-                                             "no" if over_ngram and over_ngram[1] < 1 else "not resolved")
-        lines.append(f"| {name} | {row['tau']:.3f} | {per_pos} | {ms:.2f} | {row['tokens_per_s']:.2f} | "
-                     f"{row['tokens_per_s'] / plain['tokens_per_s']:.2f}x [{interval_words(over_plain)}] | "
-                     f"{row['tokens_per_s'] / ngram['tokens_per_s']:.2f}x [{interval_words(over_ngram)}] | {beats} |")
-    return lines + [""]
+    spec = spec_rows(record)
+    ngram = ("ngram", spec[len(KINDS)])
+    return side_table(benchmark, [*zip(KINDS, spec[:len(KINDS)]), ngram], plain_row(record), ngram)
 
 
 def main(argv: list[str] | None = None) -> int:
