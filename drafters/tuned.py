@@ -97,7 +97,8 @@ def search_outcome(winner: dict) -> str:
 def tuned_winner(data: dict, current: dict, concurrency: int = 1,
                  folder: str | Path | None = None, key: str = TUNED) -> tuple[dict | None, str]:
     """``(winner, why)``: ``data[key]``'s (default ``data["tuned"]``) winner at ``concurrency``
-    (``{"tree", "k", "draft_threshold", "dtype", ...}``) when its machine matches ``current``
+    (``{"tree", "k", "draft_threshold", "dtype", "exact_mode", ...}``; ``exact_mode`` None in a record written
+    before tune recorded it) when its machine matches ``current``
     (``assets.device.host_info``) and, given the drafter ``folder``, its ``model.safetensors`` still holds
     the weights tune measured (``weights_sha256`` of the record), else ``None``; ``why`` says which and why."""
     tuned = data.get(key) if isinstance(data, dict) else None
@@ -121,7 +122,7 @@ def tuned_winner(data: dict, current: dict, concurrency: int = 1,
                       "speedup depends on them, so it is not used; run with the same threads or tune again")
     if differ:
         return None, f"its tuned setting was measured on another machine ({'; '.join(differ)}): not used"
-    w = dict(winners[str(concurrency)], dtype=tuned.get("dtype", "fp32"))
+    w = dict(winners[str(concurrency)], dtype=tuned.get("dtype", "fp32"), exact_mode=tuned.get("exact_mode"))
     if not beats_plain(w):
         return None, (f"its tuned setting is not used, being slower than plain decoding on this machine; from "
                       f"drafterkit tune: {search_outcome(w)}")

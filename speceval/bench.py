@@ -48,6 +48,7 @@ from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
 from drafterkit.drafters.datastore import cached_datastore
 from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
+from drafterkit.drafters.tuned_free import FREE_SPECS
 from drafterkit.speceval import plots, report
 from drafterkit.speceval.eval_args import (
     DEFAULT_DATASTORE,
@@ -74,10 +75,9 @@ from drafterkit.speceval.methods import (
     distinct_trees,
     retrieval_info,
     suffix_info,
-    say_export_source,
 )
 from drafterkit.speceval.prompts import select_prompts
-from drafterkit.speceval.recorded import apply_recorded, no_checkpoint
+from drafterkit.speceval.recorded import apply_recorded, no_checkpoint, say_export_source
 from drafterkit.speceval.shape_checks import check_k, check_thresholds, check_tree_shapes
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "shape_words",
@@ -382,7 +382,8 @@ def run(args: argparse.Namespace) -> int:
         recorded = apply_recorded(cfg, given=given)
         if recorded:
             print(recorded_message(recorded, tree_auto=cfg.trees == [AUTO]), flush=True)
-        if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and d != "none" and no_checkpoint(d)]:
+        if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and d not in ("none", *FREE_SPECS)
+                       and no_checkpoint(d)]:  # draft:N: nothing to tune (ngram, suffix: their own records)
             print(f"drafterkit eval: --tree auto: {', '.join(untuned)} {'is' if len(untuned) == 1 else 'are'} no "
                   f"checkpoint, so nothing was tuned: measured as a chain of K={cfg.k} (add --tree chain or --tree "
                   "TREE for other shapes)", flush=True)

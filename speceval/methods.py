@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import time
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import torch
 from drafterkit import decode
 from drafterkit.assets.device import resolve_dtype
 from drafterkit.decode.dynamic_tree import parse_tree
+from drafterkit.decode.exact import exact_mode_enabled
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters import (
     TRANSFORMERS_KIND,
@@ -34,13 +34,13 @@ from drafterkit.drafters import (
     resolve_checkpoint,
 )
 from drafterkit.drafters.draft_lm import DraftLM
-from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
 from drafterkit.drafters.kinds import max_draft_tokens
 from drafterkit.drafters.ngram import NGramDrafter
 from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
 from drafterkit.drafters.suffix_hybrid import SuffixHybrid
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
+from drafterkit.drafters.tuned_free import FREE_SPECS, attach_free_tuned
 from drafterkit.speceval.shape_checks import distinct_trees, refuse_trees
 
 
@@ -88,7 +88,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     """
     if spec in ("none", "ngram", "suffix"):
         return
-    alone = "--drafter ngram" if flag.startswith("--") else f"drafterkit {flag} ngram --no-write"  # lookup alone
+    alone = "--drafter ngram" if flag.startswith("--") else f"drafterkit {flag} ngram"  # lookup alone
     for suffix in LOOKUP_SUFFIXES:
         if not spec.endswith(suffix):
             continue
@@ -101,7 +101,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
             free = "prompt lookup"
             if suffix == "+suffix":
                 free, alone = "suffix decoding", ("--drafter suffix" if flag.startswith("--")
-                                                  else f"drafterkit {flag} suffix --no-write")
+                                                  else f"drafterkit {flag} suffix")
             raise ValueError(f"{flag} {spec}: '{suffix}' puts {what} "
                              f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for {free} "
                              f"alone use {alone})")
@@ -166,10 +166,10 @@ def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") ->
         if base.folder:  # its own `drafterkit tune PATH+rest` setting, else the drafter's (tree="auto", --tree auto)
             attach_tuned(hybrid, base.folder, target, behind=suffix)
         return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None, max_k=None)
-    if spec == "suffix":
-        return DrafterSpec("suffix", suffix_drafter(datastore), None)
+    if spec == "suffix":  # model-free: its `drafterkit tune suffix` setting for this target (tree="auto")
+        return DrafterSpec("suffix", attach_free_tuned(suffix_drafter(datastore), target), None)
     if spec == "ngram":
-        d = NGramDrafter()
+        d = attach_free_tuned(NGramDrafter(), target)
         return DrafterSpec("ngram", d, {"prompt_lookup_num_tokens": "{k}",
                                         "max_matching_ngram_size": d.config.max_ngram})
     if spec.startswith("draft:"):
@@ -244,25 +244,6 @@ def _load_checkpoint(spec: str, target, flag: str = "--drafter") -> DrafterSpec:
     label = f"hf:{name}" if kind == TRANSFORMERS_KIND else f"{d.kind}:{name}"
     return DrafterSpec(label, d, _assistant_kwargs(d) if isinstance(d, DraftLM) else None, short_name=name,
                        folder=str(path.resolve()), max_k=max_draft_tokens(d.kind, vars(d.config)))
-
-
-def say_export_source(spec: str) -> None:
-    """Print which training checkpoint the ``drafterkit export`` folder of a ``--drafter`` spec came from (its
-    ``config.json`` records it), and whether that folder still holds the exported weights; nothing for other
-    specs. ``drafterkit eval`` calls it once per spec, after :func:`check_drafter_spec`."""
-    path = Path(spec.removesuffix("+ngram").removesuffix("+rest").removesuffix("+suffix"))
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return
-    if not isinstance(config, dict):
-        return
-    if not isinstance(config.get("drafterkit"), dict) or "source" not in config["drafterkit"]:
-        return
-    try:
-        print(f"--drafter {spec}: a drafterkit export of {recorded_source(path)} (the same weights)", flush=True)
-    except ExportError as exc:
-        print(f"--drafter {spec}: {exc}", flush=True)
 
 
 def _cut_at_eos(ids: list[int], eos: list[int]) -> list[int]:
@@ -438,18 +419,21 @@ def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | No
     batch size 1 (``tuned_decoding``, which ``drafters.load_drafter`` attaches: chain or tree, K, confidence
     threshold), the setting
     ``decode.generate(tree="auto")`` uses; a ``+ngram`` / ``+rest`` spec takes the setting ``drafterkit tune
-    PATH+rest`` recorded for it, or its drafter's when none was (``drafters.attach_tuned``). Returns
+    PATH+rest`` recorded for it, or its drafter's when none was (``drafters.attach_tuned``); ``ngram`` and
+    ``suffix`` take the one ``drafterkit tune ngram`` / ``suffix`` recorded for this target, dtype and corpus
+    (``drafters.tuned_free``), under the same rules. Returns
     ``(spec, suffix)`` as :func:`build_drafters` collects them, the suffix ``"@<thr> (tuned) tree=<spec>"``
-    (no ``tree=`` for a chain, whose K the row carries); ``None`` for a spec that is no checkpoint
-    (``none``, ``ngram``, ``draft:N``: nothing was tuned).
+    (no ``tree=`` for a chain, whose K the row carries); ``None`` for a spec with nothing to tune (``none``,
+    ``draft:N``).
 
     Raises:
-        ValueError: the checkpoint has no tuned setting usable here (none recorded, another machine or
-            weights, no setting beat plain decoding), or one measured in another dtype than the target's;
-            the message says why and the fix.
+        ValueError: the spec has no tuned setting usable here (none recorded, another machine, weights,
+            dtype, corpus or knobs, no setting beat plain decoding), or one measured in another dtype than the
+            target's or in the other exact mode (``decode.exact_mode``) than this eval's; the message says
+            why and the fix.
     """
     s = build_drafter(name, target, datastore)
-    if s is None or not s.folder:
+    if s is None or (not s.folder and name not in FREE_SPECS):
         return None
     p = next(target.parameters())
     # drafters.load_drafter (the drafter) and build_drafter (PATH+rest, PATH+ngram) attached the setting tuned
@@ -462,6 +446,12 @@ def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | No
         raise ValueError(f"--tree auto: --drafter {name}: its tuned setting was measured in {winner.get('dtype')} and "
                          f"this eval runs the target in {str(p.dtype).removeprefix('torch.')}: give --dtype "
                          f"{winner.get('dtype')}, or tune again in this dtype")
+    if winner.get("exact_mode") is not None and bool(winner["exact_mode"]) != exact_mode_enabled():
+        fix = "drop --no-exact" if winner["exact_mode"] else "give --no-exact"
+        raise ValueError(f"--tree auto: --drafter {name}: its tuned setting was measured "
+                         f"{'in the decoder exact mode' if winner['exact_mode'] else 'with --no-exact'} and this "
+                         f"eval runs {'with --no-exact' if winner['exact_mode'] else 'in exact mode'}: {fix}, or "
+                         "tune again in this mode")
     thr, tree = float(winner["draft_threshold"]), None if winner["tree"] == "chain" else winner["tree"]
     suffix = ""
     if getattr(s.drafter, "supports_draft_threshold", False):

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from drafterkit.assets.device import host_info
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
+from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.drafters.tuned import DECODING_FILE, LOOKUP_SUFFIXES, TUNED, tuned_key, tuned_winner
 from drafterkit.speceval.eval_args import RECORDED
 
@@ -203,3 +204,22 @@ def apply_recorded(cfg, given: set[str]) -> dict | None:
         setattr(cfg, name, value)
     info["flags"] = flags_text(info["applied"])
     return info
+
+
+def say_export_source(spec: str) -> None:
+    """Print which training checkpoint the ``drafterkit export`` folder of a ``--drafter`` spec came from (its
+    ``config.json`` records it), and whether that folder still holds the exported weights; nothing for other
+    specs. ``drafterkit eval`` calls it once per spec, after ``speceval.methods.check_drafter_spec``."""
+    path = Path(spec.removesuffix("+ngram").removesuffix("+rest").removesuffix("+suffix"))
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(config, dict):
+        return
+    if not isinstance(config.get("drafterkit"), dict) or "source" not in config["drafterkit"]:
+        return
+    try:
+        print(f"--drafter {spec}: a drafterkit export of {recorded_source(path)} (the same weights)", flush=True)
+    except ExportError as exc:
+        print(f"--drafter {spec}: {exc}", flush=True)

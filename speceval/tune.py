@@ -18,7 +18,10 @@ tokens/s over plain decoding's in that rung: a ratio measured side by side.
 The winner per concurrency, every rung's table, the machine, dtype and drafterkit version go into the
 ``tuned`` entry of the drafter folder's ``decoding.json`` (:func:`speceval.recorded.write_tuned`), which
 ``drafterkit eval`` and ``decode.generate(tree="auto")`` (through the loaded drafter) use when the
-machine matches; a plot of the speedups goes beside it.
+machine matches; a plot of the speedups goes beside it. The model-free proposers (``drafterkit tune ngram``,
+``drafterkit tune suffix``) have no folder: their record goes under ``$DRAFTERKIT_HOME/tuned``, keyed by the
+target's weights, its dtype and the proposer's knobs and corpus (:mod:`drafters.tuned_free`), and is used
+under the same rules.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from drafterkit.decode.dynamic_tree import parse_tree
 from drafterkit.decode.exact import exact_mode
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
+from drafterkit.drafters.tuned_free import FREE_SPECS, record_path, write_free_tuned
 from drafterkit.drafters.hybrid import drafts_trees
 from drafterkit.drafters.tuned import (
     DECODING_FILE,
@@ -76,7 +80,9 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
          eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,
          write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT, datastore=None, exact: bool = True) -> dict:
     """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes) and return the
-    ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``). ``PATH+rest`` /
+    ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``; for the model-free
+    ``ngram`` and ``suffix``, under ``$DRAFTERKIT_HOME/tuned`` for this target, dtype and corpus,
+    ``drafters.tuned_free``, with ``record["file"]`` its path). ``PATH+rest`` /
     ``PATH+ngram`` / ``PATH+suffix`` tune the drafter behind lookup (+ retrieval) or suffix decoding, another
     proposer with its own best shape: its record goes under its own key (``tuned+rest``, ``tuned+suffix``,
     ``drafters.tuned.tuned_key``) beside the drafter's.
@@ -90,7 +96,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
             challenger is measurably faster (:func:`halving`); ``None``: the fastest candidate wins outright.
             Ignored, with the reason in the record, where the drafter cannot decode it (a chain-only drafter
             and a tree incumbent).
-        datastore: what ``PATH+rest`` retrieves from (and ``PATH+suffix`` indexes as its corpus): a
+        datastore: what ``PATH+rest`` retrieves from (and ``suffix`` / ``PATH+suffix`` index as their corpus): a
             ``drafters.datastore.Datastore``, a source name or file for ``drafters.datastore.cached_datastore``
             (default ``sharegpt``, as ``drafterkit eval``).
         exact: measure in the decoder's exact mode (``decode.exact_mode``, as ``drafterkit eval`` measures by
@@ -99,7 +105,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
 
     Raises:
         ValueError: an evaluation benchmark as ``benchmark``, a bad setting, no drafter at ``checkpoint``, or
-            ``write`` for a spec with no folder to write into (``ngram``, ``draft:N``): all before anything loads.
+            ``write`` for a spec with no folder to write into (``draft:N``): all before anything loads.
     """
     if benchmark in ("mt-bench", "humaneval"):
         raise ValueError(f"--benchmark {benchmark}: tune on prompts the evaluation never uses (sharegpt, the "
@@ -107,20 +113,21 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if eta < 2 or first < 1 or num_prompts < 1 or concurrency < 1:
         raise ValueError(f"tune needs --eta >= 2, --first >= 1, --num-prompts >= 1 and --concurrency >= 1; got "
                          f"{eta}, {first}, {num_prompts}, {concurrency}")
-    if datastore is not None and not checkpoint.endswith(("+rest", "+suffix")):
-        raise ValueError(f"--datastore is unused: only PATH+rest and PATH+suffix read a datastore (tune "
+    if datastore is not None and not checkpoint.endswith(("+rest", "+suffix")) and checkpoint != "suffix":
+        raise ValueError(f"--datastore is unused: only suffix, PATH+rest and PATH+suffix read a datastore (tune "
                          f"{checkpoint}+rest, or drop --datastore)")
     if checkpoint == "none":
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
     parse_incumbent(incumbent, None)  # before anything loads: a malformed --incumbent, a path holding no drafter
     check_drafter_spec(checkpoint, flag="tune")
     folder, behind = _folder(checkpoint), _behind(checkpoint)
-    if folder is None and write:
+    if folder is None and write and checkpoint not in FREE_SPECS:
         raise ValueError(f"tune {checkpoint}: has no checkpoint folder for the tuned setting (decoding.json) to go "
-                         "in; give --no-write to measure and print the chosen shape only, or tune a drafter folder")
+                         "in; give --no-write to measure and print the chosen shape only, or tune a drafter folder "
+                         f"(or a model-free proposer: {', '.join(FREE_SPECS)})")
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
-    corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") else None
+    corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") or checkpoint == "suffix" else None
     spec = build_drafter(checkpoint, target, corpus, flag="tune")
     if spec.max_k is not None:  # Medusa / DFlash draft at most max_k tokens a round: a larger K is that one again
         ks = sorted({min(int(k), spec.max_k) for k in ks})
@@ -150,7 +157,14 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                   winners=winners, table=table)
     if behind == "+rest":
         record["datastore"] = retrieval_info([spec])["datastore"]
-    if write and folder is not None:
+    if corpus is not None and behind != "+rest":  # suffix decoding's corpus, PATH+suffix's too
+        record["datastore"] = corpus().describe()
+    if write and folder is None:  # ngram, suffix: kept per target, dtype and corpus (drafters.tuned_free)
+        path = record_path(target, spec.drafter)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record["plot"] = str(plot_tuning(table, winners, path.with_suffix(".png")))
+        record["file"] = str(write_free_tuned(target, spec.drafter, record))
+    elif write:
         record["weights_sha256"] = weights_sha256(folder)  # eval / tree='auto' use the winner only for these weights
         record["plot"] = str(plot_tuning(table, winners, folder / TUNE_PLOT.replace(".png", f"{behind}.png")))
         record["file"] = str(write_tuned(folder, record, behind))
@@ -339,7 +353,10 @@ def run(args: argparse.Namespace) -> int:
                                     rec["table"], cols))
     for c, w in rec["winners"].items():  # what was kept and why, never "the best" (a kept incumbent can be slower)
         print(f"concurrency {c}: {search_outcome(w)}" + ("" if beats_plain(w) else f"; {SLOWER_NOT_USED}"))
-    if "file" in rec:
+    if "file" in rec and args.checkpoint in FREE_SPECS:
+        print(f"written to {rec['file']} (drafterkit eval --tree auto --drafter {args.checkpoint} uses it with this "
+              f"target, dtype{' and --datastore' if args.checkpoint == 'suffix' else ''}); plot {rec['plot']}")
+    elif "file" in rec:
         print(f"written to {rec['file']} ({tuned_key(_behind(args.checkpoint))}); plot {rec['plot']}")
     return 0
 

@@ -21,10 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="drafter folder, training checkpoint or run folder (PATH+ngram: prompt lookup "
                                       "in front of it; PATH+rest: lookup and retrieval; PATH+suffix: suffix decoding; "
                                       "each recorded under its own key, tuned+ngram / tuned+rest / tuned+suffix, "
-                                      "beside the drafter's own)")
+                                      "beside the drafter's own; ngram / suffix: a model-free proposer, recorded "
+                                      "per target, dtype and corpus under $DRAFTERKIT_HOME/tuned)")
     p.add_argument("--datastore", default=None,
-                   help="the corpus PATH+rest retrieves from (PATH+suffix's corpus suffix tree): sharegpt or a "
-                        "ShareGPT / chat JSON(L) file (default: sharegpt, as drafterkit eval)")
+                   help="the corpus PATH+rest retrieves from (suffix's and PATH+suffix's corpus suffix tree): "
+                        "sharegpt or a ShareGPT / chat JSON(L) file (default: sharegpt, as drafterkit eval)")
     p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
     p.add_argument("--dtype", default=None,
                    help="fp32 | bf16 | fp16 | auto (default: the dtype the drafter's decoding.json records, as "

@@ -416,7 +416,7 @@ def test_dflash_export_is_the_checkpoint_under_vllms_config_and_loads_back(tmp_p
 
 
 def test_eval_names_the_checkpoint_an_export_came_from(tmp_path, capsys):
-    from drafterkit.speceval.methods import say_export_source
+    from drafterkit.speceval.recorded import say_export_source
 
     _, e3 = _eagle3_ckpt(tmp_path)
     out = export(e3, "vllm-eagle3", tmp_path / "v")

@@ -191,9 +191,9 @@ def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path,
     ("MISSING", [], "not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder"),
     ("MISSING", ["--incumbent", "3,2@x"], "--incumbent '3,2@x': expected TREE@THRESHOLD"),
     ("none", [], "tune needs a drafter checkpoint, not 'none'"),
-    ("ngram", [], "no checkpoint folder for the tuned setting (decoding.json) to go in; give --no-write"),
-    ("draft:1", [], "give --no-write"), ("ngram", ["--no-write"], "no-such-target"),
-    ("ngram+rest", [], "(for prompt lookup alone use drafterkit tune ngram --no-write)")])
+    ("draft:1", [], "no checkpoint folder for the tuned setting (decoding.json) to go in; give --no-write"),
+    ("ngram", [], "no-such-target"), ("ngram", ["--no-write"], "no-such-target"),
+    ("ngram+rest", [], "(for prompt lookup alone use drafterkit tune ngram)")])
 def test_tune_refuses_what_it_cannot_tune_before_the_target_loads(tmp_path, capsys, spec, args, needle):
     """A missing drafter, a malformed incumbent, or a spec with nowhere to write its result is one error line
     before the target loads (the target named here does not exist, so loading it would fail otherwise)."""
@@ -206,9 +206,11 @@ def test_tune_refuses_what_it_cannot_tune_before_the_target_loads(tmp_path, caps
     assert ("no-such-target" in err) == (needle == "no-such-target")  # the target is the last thing loaded
 
 
-def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tmp_path, capsys):
+def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tmp_path, capsys, monkeypatch):
     """``--tree auto``: one row per checkpoint with its tuned chain / tree, K and threshold, beside the other
-    ``--tree`` shapes in the same run; a checkpoint with no usable tuned setting is an exit 2 naming why."""
+    ``--tree`` shapes in the same run; a checkpoint with no usable tuned setting is an exit 2 naming why, and so
+    is a model-free proposer never tuned for this target (one rule); ``draft:N`` has nothing to tune."""
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))  # no model-free record from elsewhere
     root, ckpt, prompts = world
     target = tiny_llama(0, vocab_size=49152, hidden_size=32)  # the world's target
     folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target).save_pretrained(tmp_path / "m")
@@ -222,20 +224,26 @@ def test_eval_tree_auto_measures_the_tuned_setting_beside_other_shapes(world, tm
         (folder / DECODING_FILE).write_text(json.dumps(dict(tuned=dict(
             machine=host_info("cpu"), dtype="fp32", winners={"1": dict(win, speedup=1.3)}))))
         out = tmp_path / "e.json"
-        assert main([*base, "--drafter", "ngram", "--tree", "auto", "--tree", "3", "--draft-threshold", "0,0.1",
+        assert main([*base, "--drafter", "draft:1", "--tree", "auto", "--tree", "3", "--draft-threshold", "0,0.1",
                      "--output", str(out)]) == 0
         rows = {r["method"]: r for r in json.loads(out.read_text())["summary"] if r["role"] == "spec"}
         tuned = [m for m in rows if "(tuned)" in m]
         assert tuned == [f"medusa:m{label}"] and rows[tuned[0]]["k"] == k
-        # the other shapes, crossed with the thresholds, for the checkpoint and for ngram
-        assert {m for m in rows if m not in tuned} == {"medusa:m tree=3", "medusa:m@0.1 tree=3", "ngram tree=3"}
-    # `--tree auto` alone: ngram has nothing tuned, so its row is a chain of --k, and the run says so
+        # the other shapes, crossed with the thresholds, for the checkpoint and for draft:1
+        assert {m for m in rows if m not in tuned} == {"medusa:m tree=3", "medusa:m@0.1 tree=3", "draft:1 tree=3",
+                                                       "draft:1@0.1 tree=3"}
+    # `--tree auto` alone: draft:N has nothing to tune, so its row is a chain of --k, and the run says so
     assert "nothing was tuned" not in capsys.readouterr().out
-    assert main([*base, "--drafter", "ngram", "--tree", "auto", "--output", str(out)]) == 0
-    assert "--tree auto: ngram is no checkpoint, so nothing was tuned: measured as a chain of K=5" in \
+    assert main([*base, "--drafter", "draft:1", "--tree", "auto", "--output", str(out)]) == 0
+    assert "--tree auto: draft:1 is no checkpoint, so nothing was tuned: measured as a chain of K=5" in \
         capsys.readouterr().out
     assert {r["method"] for r in json.loads(out.read_text())["summary"] if r["role"] == "spec"} == \
-        {"medusa:m (tuned) tree=2,1", "ngram"}
+        {"medusa:m (tuned) tree=2,1", "draft:1"}
+    # prompt lookup never tuned for this target: refused as the checkpoint was, naming the fix
+    assert main([*base, "--drafter", "ngram", "--tree", "auto", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--tree auto: --drafter ngram: no tuned setting for ngram on this target" in err
+    assert "run drafterkit tune ngram" in err
 
 
 def test_the_incumbent_stays_unless_a_challenger_is_faster_beyond_the_noise():

@@ -296,6 +296,16 @@ def test_the_eval_measures_tune_s_winner_only_when_it_beat_plain_decoding_and_no
         k, note = qstages.apply_tuned(args, 5, tuned(1.3))
         assert k == 5 and "given instead" in note and args.trees == (["chain"] if "--tree" in given else None)
     assert qstages.apply_tuned(parse(build_parser(), ["quickstart"]), 5, None)[0] == 5
+    # every row in its own shape only when the model-free proposers' tuned shapes beat plain decoding too
+    free = lambda speedup: {s: tuned(speedup) for s in ("ngram", "suffix")}  # noqa: E731
+    args = parse(build_parser(), ["quickstart"])
+    assert qstages.own_shapes(args, tuned(1.3), tuned(1.2)) and not qstages.own_shapes(args, tuned(1.3), tuned(0.9))
+    assert qstages.apply_tuned(args, 5, tuned(1.3), tuned(1.2), free(1.1))[1].endswith("its own tuned shape")
+    assert args.trees == ["auto"]
+    args = parse(build_parser(), ["quickstart"])
+    k, note = qstages.apply_tuned(args, 5, tuned(1.3), tuned(1.2), free(0.9))
+    assert args.trees == ["dynamic:12:4:3"] and "ngram's, tree=dynamic:12:4:3 @0.05 (0.90x" in note
+    assert "was not faster than plain decoding, so the rows are not measured each in its own shape" in note
 
 
 def test_the_tune_stage_records_its_winner_and_the_eval_measures_it(tiny_quickstart, tmp_path, prompts_file):
@@ -327,6 +337,7 @@ def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_qu
     import shutil
 
     root, ckpt, _, _, args, tok, store = tiny_quickstart
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))  # where the model-free records go
     args = copy.deepcopy(args)
     args.dtype = "bf16"  # measured in bf16 off the CPU, so the exactness check is the separate fp32 run, shape by shape
     monkeypatch.setattr(qstages, "rows_checked", lambda args: False)
@@ -344,16 +355,29 @@ def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_qu
     for key, rec in (("tuned", alone), ("tuned+rest", rest)):
         saved[key]["winners"]["1"]["speedup"] = rec["winners"]["1"]["speedup"] = 1.3
     path.write_text(json.dumps(saved))
-    k, note = qstages.apply_tuned(args, 5, alone, rest)
+    assert qstages.own_shapes(args, alone, rest)  # so prompt lookup and suffix decoding are tuned too
+    k, note = qstages.apply_tuned(args, 5, alone, rest)  # not yet: the rows keep the drafter's shape, saying why
+    assert args.trees == [alone["winners"]["1"]["tree"]] and "the model-free proposers were not tuned" in note
+    args.trees = args.draft_thresholds = None
+    free = qstages.free_tune_stage(args, target, tok, 5, datastore=store, **search)
+    assert set(free) == {"ngram", "suffix"} and all(r["search"]["incumbent"] == "chain K=5" for r in free.values())
+    assert all(r["search"]["candidates"] == 2 for r in free.values())  # a chain of 2 (ks here), the fixed tree
+    for rec in free.values():  # as for the head: a tiny random target seldom gives them a speedup
+        saved = json.loads(Path(rec["file"]).read_text())
+        saved["winners"]["1"]["speedup"] = rec["winners"]["1"]["speedup"] = 1.3
+        Path(rec["file"]).write_text(json.dumps(saved))
+    k, note = qstages.apply_tuned(args, 5, alone, rest, free)
     assert args.trees == ["auto"] and "each in its own tuned shape" in note and k == 5
-    assert "prompt lookup alone and suffix decoding alone as a chain of 5" in qstages.eval_words(args, k)
+    assert "each row in its own tuned shape" in qstages.eval_words(args)
     records = qstages.eval_stage(mine, args, target, tok, k, store, target_name=str(root / "target"),
                                     datastore_source=str(root / "store.npz"))
     spec = [r["method"] for r in records["mt-bench"]["summary"] if r["role"] == "spec"]
-    assert sum("(tuned)" in m for m in spec) == 2 and "ngram" in spec, spec  # ngram: a chain of K, no tree
+    assert sum("(tuned)" in m for m in spec) == 4, spec  # the drafter, +rest, ngram and suffix
     factors = records["mt-bench"]["factors"]
-    assert {f["factor"] for f in factors} >= {"drafter", "lookup", "ngram"}  # the tuned rows pair up
-    assert next(f for f in factors if f["factor"] == "ngram")["shape"] == "chain of 5"
+    assert {f["factor"] for f in factors} >= {"drafter", "lookup", "ngram", "suffix"}  # the tuned rows pair up
+    w = free["ngram"]["winners"]["1"]
+    assert next(f for f in factors if f["factor"] == "ngram")["shape"] == (
+        f"chain of {w['k']}" if w["tree"] == "chain" else f"tree {w['tree']}")
     shapes = qstages.measured_shapes(alone, rest, mine)
     check = qstages.exactness_stage(records, args, tok, store, shapes)
     assert check["source"] == qstages.SEPARATE_CHECK and check["checked"] and len(check["methods"]) == 2

@@ -23,9 +23,15 @@ prints a one-line header (what it does, its share of the time) and the seconds i
 4. ``tune``: ``drafterkit tune`` on the trained drafter with a small search (:data:`QUICK_TUNE`: chains,
    the fixed tree, EAGLE-2 dynamic trees, thresholds; held-out ShareGPT prompts, never the eval's),
    recorded in the drafter's ``decoding.json``; the fixed tree is tune's incumbent, replaced only by a
-   candidate faster beyond the noise (``speceval.tune_search.halving``). The eval stage measures the winner
-   when it beat plain decoding and neither ``--tree`` nor ``--draft-threshold`` was given, else the fixed tree;
-   ``--no-tune`` skips the stage.
+   candidate faster beyond the noise (``speceval.tune_search.halving``); then the drafter behind prompt lookup +
+   retrieval (``tuned+rest``). The eval stage measures the winner when it beat plain decoding and neither
+   ``--tree`` nor ``--draft-threshold`` was given, else the fixed tree. When both winners beat plain decoding,
+   prompt lookup and suffix decoding alone are tuned as well (``train.quickstart_stages.free_tune_stage``: a
+   3-candidate search each, from a chain of K, recorded under ``$DRAFTERKIT_HOME/tuned`` by
+   ``drafters.tuned_free``): the drafter is judged against the model-free baselines at their best, and each
+   search costs about a fifth of the drafter's (a model-free proposer drafts for free), well under a minute
+   for both on 2 cores by that ratio; if all four winners beat plain decoding, every row is measured in its
+   own tuned shape (``--tree auto``). ``--no-tune`` skips the stage.
 5. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
    mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
    turns and HumanEval prompts through ``speceval.bench.evaluate``: speculative decoding with the
@@ -82,6 +88,8 @@ from drafterkit.train.quickstart_stages import (
     TARGET,
     apply_tuned,
     eval_config,
+    free_tune_stage,
+    own_shapes,
     eval_stage,
     eval_words,
     exactness_stage,
@@ -279,19 +287,22 @@ def run(args: argparse.Namespace) -> int:
 
 def _after_training(args, stages, recipe, ckpt, train_summary, target, tok, datastore, out, timings) -> int:
     """The quickstart's stages after training: tune, eval, exactness, report."""
-    k, tuned, tuned_rest = recipe.eval.k, None, None
+    k, tuned, tuned_rest, free = recipe.eval.k, None, None, None
     if not args.no_tune:
-        behind = "" if args.no_hybrid else ", alone and behind prompt lookup + retrieval"
+        behind = "" if args.no_hybrid else (", alone and behind prompt lookup + retrieval, then prompt lookup and "
+                                            "suffix decoding alone if every row is to be measured in its own shape")
         with stages.stage("tune", f"drafterkit tune's search over chains, trees and thresholds{behind} ("
                           f"{QUICK_TUNE['num_prompts']} held-out ShareGPT prompts x {QUICK_TUNE['max_new_tokens']} "
                           "new tokens, batch size 1), recorded in the drafter's decoding.json", OUTSIDE):
             tuned = tune_stage(ckpt, args, target, tok)
             if not args.no_hybrid:
                 tuned_rest = tune_stage(ckpt, args, target, tok, behind="+rest", datastore=datastore)
-    k, tuned_note = apply_tuned(args, k, tuned, tuned_rest) if tuned is not None else (k, "")
+            if own_shapes(args, tuned, tuned_rest):  # else the model-free rows take the drafter's shape
+                free = free_tune_stage(args, target, tok, k, datastore=datastore)
+    k, tuned_note = apply_tuned(args, k, tuned, tuned_rest, free) if tuned is not None else (k, "")
     if tuned_note:
         print(f"drafterkit quickstart: {tuned_note}", flush=True)
-    with stages.stage("eval", eval_words(args, k), f"{OUTSIDE}; not time-bounded"):
+    with stages.stage("eval", eval_words(args), f"{OUTSIDE}; not time-bounded"):
         evals = eval_stage(ckpt, args, target, tok, k, datastore)
     del target  # the fp32 check loads its own
     check = "exactness" in stages.names
@@ -304,7 +315,8 @@ def _after_training(args, stages, recipe, ckpt, train_summary, target, tok, data
         reproduce = record_decoding(ckpt, evals, out, args.threads, measured_shapes(tuned, tuned_rest, ckpt))
         report_data = dict(timings=timings, train=train_summary, evals=evals, exactness=exactness,
                            reproduce=reproduce, tuned=tuned_summary(tuned, tuned_note),
-                           tuned_rest=tuned_summary(tuned_rest, tuned_note))
+                           tuned_rest=tuned_summary(tuned_rest, tuned_note),
+                           tuned_free={s: tuned_summary(r, tuned_note) for s, r in (free or {}).items()})
         paths = write_report(out, report_data)
     print_summary(report_data, paths)
     return 0

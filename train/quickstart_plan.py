@@ -42,7 +42,8 @@ def _tune_words(args) -> str:
     fp32, on a quiet 2-core CPU (two with ``+rest``); it does not shrink with ``--num-prompts``."""
     if args.no_tune:
         return ""
-    searches = "one 15-candidate search" if args.no_hybrid else "two 15-candidate searches, alone and behind lookup"
+    searches = "one 15-candidate search" if args.no_hybrid else ("two 15-candidate searches, alone and behind "
+                                                                 "lookup, and two 3-candidate ones, ngram and suffix")
     return (f"the tune stage ({searches}: ~1.5 min with bf16 units, ~3-6 min in fp32 on a quiet 2-core CPU, "
             "whatever the eval's size; --no-tune skips it), ")
 

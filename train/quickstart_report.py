@@ -183,11 +183,13 @@ def write_report(out: Path, report_data: dict) -> dict:
         if note := busy_note(ev.get("machine") or {}):
             lines += [f"**Busy machine** ({bench}): {note}.", ""]
     if tuned := report_data.get("tuned"):
-        rest = report_data.get("tuned_rest")
-        seconds = tuned["search"]["seconds"] + (rest["search"]["seconds"] if rest else 0)
+        rest, free = report_data.get("tuned_rest"), report_data.get("tuned_free") or {}
+        seconds = sum(r["search"]["seconds"] for r in (tuned, rest, *free.values()) if r)
         runs = "two searches, the drafter alone and behind prompt lookup + retrieval, each of " if rest else ""
-        lines += ["## Decoding shape", "", f"`drafterkit tune` ({runs}{tuned['search']['candidates']} candidates, "
-                  f"{tuned['prompts']['count']} {tuned['prompts']['benchmark']} prompts x "
+        then = (f", then {' and '.join(f'`{s}`' for s in free)} alone, "
+                f"{next(iter(free.values()))['search']['candidates']} candidates each" if free else "")
+        lines += ["## Decoding shape", "", f"`drafterkit tune` ({runs}{tuned['search']['candidates']} candidates"
+                  f"{then}, {tuned['prompts']['count']} {tuned['prompts']['benchmark']} prompts x "
                   f"{tuned['prompts']['max_new_tokens']} new tokens, {seconds:.0f} s): {tuned['note']}.", ""]
     if heads := headline_lines(report_data):
         lines += ["## Where the speedup comes from", "", *heads, "",

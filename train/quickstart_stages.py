@@ -38,6 +38,14 @@ QUICK_TUNE = dict(ks=[3, 5], dynamic=["dynamic:12:4:3", "dynamic:24:5:4"], thres
 #: behind lookup a chain of 5 beat the fixed tree on unseen MT-bench (1.58x vs 1.47x and 1.60x vs 1.51x plain
 #: decoding, two runs; BENCHMARKS.md, "Tuning the head behind lookup + retrieval as its own proposer")
 REST_INCUMBENT = "chain:5@0.1"
+#: The search for the model-free proposers (prompt lookup ``ngram``, suffix decoding ``suffix``) when every row is
+#: to be measured in its own tuned shape: chains of 3 and 5 and the fixed tree (3 candidates, no threshold), on
+#: :data:`QUICK_TUNE`'s prompts, from the incumbent a chain of K (the shape they were measured in before they had
+#: a tuned one); a model-free proposer drafts for free, so each search costs about a fifth of the drafter's
+#: (4 + 6 runs of 32 new tokens at batch size 1 against ~40)
+QUICK_FREE_TUNE = dict(QUICK_TUNE, ks=[3, 5], dynamic=[], thresholds=[0.0])
+#: the model-free proposers the eval measures beside the drafter (``ngram`` always, ``suffix`` unless --no-hybrid)
+FREE = ("ngram", "suffix")
 #: the target the quickstart trains for and the corpus its ``+rest`` rows retrieve from
 TARGET, DATASTORE = EVAL_DEFAULTS.target, "sharegpt"
 #: what the report calls the fp32 exactness check run apart from the eval (:data:`EXACTNESS_TOKENS` new tokens)
@@ -64,12 +72,35 @@ def fixed_trees(args) -> list[str]:
     return ["chain"] if getattr(args, "chain_only", False) else list(DEFAULT_TREES)
 
 
-def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None) -> tuple[int, str]:
+def free_tune_stage(args, target, tok, k: int, *, datastore=None, target_name: str = TARGET, **search) -> dict:
+    """``drafterkit tune ngram`` and ``drafterkit tune suffix`` (suffix decoding over ``datastore``, the
+    ``+rest`` rows' corpus) with :data:`QUICK_FREE_TUNE`'s search from the incumbent a chain of ``k``
+    (``search`` overrides entries of it), each written under ``$DRAFTERKIT_HOME/tuned`` for this target and
+    dtype (``drafters.tuned_free``), where the eval's ``--tree auto`` finds it; returns ``{spec: tune's record}``.
+    Run only when every row is to be measured in its own shape (:func:`own_shapes`)."""
+    return {spec: tune(spec, target_name=target_name, dtype=args.dtype, device=args.device,
+                       trees=list(DEFAULT_TREES), target=target, tok=tok, progress=not args.no_progress, write=True,
+                       exact=not args.no_exact, incumbent=f"chain:{k}",
+                       datastore=datastore if spec == "suffix" else None, **{**QUICK_FREE_TUNE, **search})
+            for spec in FREE}
+
+
+def own_shapes(args, tuned: dict | None, tuned_rest: dict | None) -> bool:
+    """Whether the eval measures every row in its own tuned shape (``--tree auto``): neither ``--tree`` nor
+    ``--draft-threshold`` given, and the drafter's winner alone and behind lookup + retrieval both faster than
+    plain decoding. The model-free proposers are then tuned too (:func:`free_tune_stage`)."""
+    w, rest = (((rec or {}).get("winners") or {}).get("1") for rec in (tuned, tuned_rest))
+    return (w is not None and rest is not None and not args.trees and args.draft_thresholds is None
+            and beats_plain(w) and beats_plain(rest))
+
+
+def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None,
+                free: dict | None = None) -> tuple[int, str]:
     """Make the eval stage measure tune's batch-size-1 winners: set ``args.trees`` / ``args.draft_thresholds``
     and return ``(K, what was done)``. With a usable winner for the drafter behind lookup + retrieval too
-    (``tuned_rest``), every row is measured in its own tuned shape (``--tree auto``; prompt lookup alone,
-    which has none, as a chain of K); else every row in the drafter's winner. Left as they are (and said
-    why) when ``--tree`` or ``--draft-threshold`` was given (explicit flags win), when there is no tuned
+    (``tuned_rest``) and for each model-free proposer (``free``: :func:`free_tune_stage`'s records), every row is
+    measured in its own tuned shape (``--tree auto``); else every row in the drafter's winner. Left as they are
+    (and said why) when ``--tree`` or ``--draft-threshold`` was given (explicit flags win), when there is no tuned
     record, or when the drafter's winner was not faster than plain decoding (``drafters.tuned.beats_plain``:
     the fixed tree is measured instead)."""
     w = ((tuned or {}).get("winners") or {}).get("1")
@@ -85,13 +116,19 @@ def apply_tuned(args, k: int, tuned: dict | None, tuned_rest: dict | None = None
         return k, (f"tune's choice, {found}, was not faster than plain decoding: the eval measures {fixed} "
                    + ("all the same" if same else "instead"))
     rest = ((tuned_rest or {}).get("winners") or {}).get("1")
-    if rest is not None and beats_plain(rest):
+    free_w = {spec: rec["winners"]["1"] for spec, rec in (free or {}).items()}
+    slow = [f"{spec}'s, {_found(fw)}" for spec, fw in free_w.items() if not beats_plain(fw)]
+    if rest is not None and beats_plain(rest) and free_w and not slow:
         args.trees = [AUTO]
-        return k, (f"tune chose {found} for the drafter alone and {_found(rest)} for it behind prompt lookup + "
-                   f"retrieval: the eval measures each in its own tuned shape, prompt lookup alone as a chain of {k}")
+        return k, (f"tune chose {found} for the drafter alone, {_found(rest)} for it behind prompt lookup + "
+                   f"retrieval and {', '.join(f'{_found(fw)} for {s}' for s, fw in free_w.items())}: the eval "
+                   "measures each in its own tuned shape")
     args.trees, args.draft_thresholds = [w["tree"]], str(w["draft_threshold"])
     why = "" if rest is None else f" (behind prompt lookup + retrieval tune's choice, {_found(rest)}, was not faster " \
                                   "than plain decoding)"
+    if rest is not None and beats_plain(rest):
+        why = (f" (a model-free proposer's tuned shape, {'; '.join(slow)}, was not faster than plain decoding, so the "
+               "rows are not measured each in its own shape)" if slow else " (the model-free proposers were not tuned)")
     return int(w["k"]), f"tune chose {found}: the eval measures it{why}"
 
 
@@ -222,14 +259,12 @@ def stage_names(args) -> list[str]:
             *([] if args.no_tune else ["tune"]), "eval", *(["exactness"] if separate else []), "report"]
 
 
-def eval_words(args, k: int = 5) -> str:
-    """What the eval stage measures, in words, for its header (``k``: the chain prompt lookup alone drafts when
-    every other row is measured in its own tuned shape)."""
+def eval_words(args) -> str:
+    """What the eval stage measures, in words, for its header."""
     rows = ["the drafter alone", "prompt lookup alone"] + ([] if args.no_hybrid else [
         "suffix decoding alone", "the drafter + lookup + retrieval"])
     if args.trees == [AUTO]:
-        free = "prompt lookup alone" + ("" if args.no_hybrid else " and suffix decoding alone")
-        shapes = f"each trained row in its own tuned shape, {free} as a chain of {k}"
+        shapes = "each row in its own tuned shape"
     else:
         shapes = f"draft shape {', '.join(args.trees or fixed_trees(args))}, threshold " \
                  f"{args.draft_thresholds or DEFAULT_THRESHOLD}"
