@@ -51,6 +51,7 @@ from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
 from drafterkit.drafters.tuned_free import FREE_SPECS
 from drafterkit.speceval import plots, report
 from drafterkit.speceval.eval_args import (
+    BASELINES,
     DEFAULT_DATASTORE,
     RECORDED,
     EvalConfig,
@@ -78,7 +79,7 @@ from drafterkit.speceval.methods import (
 )
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.speceval.recorded import apply_recorded, no_checkpoint, say_export_source
-from drafterkit.speceval.shape_checks import check_k, check_thresholds, check_tree_shapes
+from drafterkit.speceval.shape_checks import check_hf_assisted, check_k, check_thresholds, check_tree_shapes
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "shape_words",
            "write_outputs"]
@@ -396,6 +397,8 @@ def run(args: argparse.Namespace) -> int:
                              f"{' and '.join(shaped)}")
         if "k" in given:  # eval's default K is cut to a drafter's bound in its rows; one given is refused above it
             check_k(cfg.drafters, [cfg.k])
+        if "hf-assisted" in cfg.baselines and cfg.baselines != list(BASELINES):  # named, not the default "all"
+            check_hf_assisted(cfg.drafters, cfg.trees, cfg.draft_thresholds)
         record = evaluate(cfg)
     except (ValueError, DrafterLoadError, OSError) as exc:
         print(f"drafterkit eval: error: {exc}", file=sys.stderr)

@@ -113,7 +113,9 @@ class EvalConfig:
         "diverge")})
     seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
-        "help": f"comma-separated subset of {','.join(BASELINES)} (default: all)"})
+        "help": f"comma-separated subset of {','.join(BASELINES)} (default: all). hf-assisted rows exist for prompt "
+                "lookup (ngram) and draft LMs measured as a chain at threshold 0 (transformers has no path for the "
+                "others): named for drafters without one, it is refused"})
     sweep: bool = field(default=False, metadata={"help": "sweep K x temperature per category; Markdown + PNGs"})
     sweep_k: list[int] = field(default_factory=lambda: list(range(1, 9)),
                                metadata={"help": "comma-separated K values of the --sweep"})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from drafterkit.decode.dynamic_tree import parse_tree
 from drafterkit.decode.inputs import AUTO
-from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
+from drafterkit.drafters import TRANSFORMERS_KIND, DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import read_config
 from drafterkit.drafters.kinds import KINDS, max_draft_tokens
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
@@ -86,6 +86,40 @@ def check_tree_shapes(drafters: list[str], trees: list[str]) -> None:
                "chain to measure every drafter as a chain" if others else
                "drop --tree (it is measured as a chain of --k tokens) or pass --tree chain")
         raise ValueError(f"--tree {shapes[0]}: --drafter {spec} is a {kind} drafter, which drafts chains only; {fix}")
+
+
+def has_hf_path(spec: str, trees: list[str], thresholds: list[float]) -> bool:
+    """Whether transformers has its own speculative path for a row of ``spec`` (eval's ``hf-assisted`` baseline,
+    ``speceval.methods.hf_method``): prompt lookup (``ngram``), or a draft LM (``draft:N``, a ``draft_lm``
+    checkpoint, a transformers folder) measured as a chain (``chain`` in ``trees``) at threshold 0; never behind
+    ``+ngram`` / ``+rest`` / ``+suffix``."""
+    if base_spec(spec) != spec or "chain" not in trees:
+        return False
+    if spec == "ngram":
+        return True
+    if 0 not in thresholds:
+        return False
+    if spec.startswith("draft:"):
+        return True
+    try:
+        return resolve_checkpoint(spec, allow_transformers=True)[1] in ("draft_lm", TRANSFORMERS_KIND)
+    except DrafterLoadError:
+        return False
+
+
+def check_hf_assisted(drafters: list[str], trees: list[str], thresholds: list[float]) -> None:
+    """Refuse ``--baselines`` naming ``hf-assisted`` when no row of ``drafters`` has a transformers path
+    (:func:`has_hf_path`): the baseline would measure nothing.
+
+    Raises:
+        ValueError: one line naming the drafters that have one and the fix.
+    """
+    if any(has_hf_path(d, trees, thresholds) for d in drafters):
+        return
+    raise ValueError("--baselines hf-assisted: transformers has its own speculative path only for prompt lookup "
+                     "(--drafter ngram) and draft LMs (draft:N, a draft_lm checkpoint, a transformers folder) "
+                     "measured as a chain (--tree chain) at --draft-threshold 0, and no --drafter here is one; "
+                     "drop hf-assisted from --baselines or add such a drafter")
 
 
 def check_tune_flags(checkpoint: str, ks: list[int] | None, trees: list[str] | None, dynamic: list[str] | None,
@@ -182,5 +216,6 @@ def check_thresholds(drafters: list[str], thresholds: list[float],
                      f"--draft-threshold, or {fix}")
 
 
-__all__ = ["MODEL_FREE", "base_spec", "chain_only", "check_k", "check_thresholds", "check_tree_shapes",
-           "check_tune_flags", "checkpoint_kind", "distinct_trees", "draft_cap", "refuse_trees"]
+__all__ = ["MODEL_FREE", "base_spec", "chain_only", "check_hf_assisted", "check_k", "check_thresholds",
+           "check_tree_shapes", "check_tune_flags", "checkpoint_kind", "distinct_trees", "draft_cap", "has_hf_path",
+           "refuse_trees"]

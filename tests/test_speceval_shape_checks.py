@@ -70,9 +70,14 @@ def test_build_drafters_refuses_a_tree_for_a_chain_only_drafter_too(ckpts):
     (["--drafter", "suffix", "--drafter", "ngram", "--draft-threshold", "0,0.2"],
      "--draft-threshold 0.2: suffix and ngram draft without a probability to cut at (prompt lookup and suffix "
      "decoding copy tokens); drop --draft-threshold, or add a trained --drafter (PATH) it applies to"),
+    (["--drafter", "{medusa}", "--drafter", "draft:1", "--tree", "2,1", "--baselines", "engine,hf-assisted"],
+     "--baselines hf-assisted: transformers has its own speculative path only for prompt lookup (--drafter ngram) "
+     "and draft LMs (draft:N, a draft_lm checkpoint, a transformers folder) measured as a chain (--tree chain) at "
+     "--draft-threshold 0, and no --drafter here is one; drop hf-assisted from --baselines or add such a drafter"),
 ])
 def test_eval_refuses_a_k_or_threshold_the_drafters_cannot_take(ckpts, tmp_path, capsys, argv, message):
-    """Medusa / DFlash drafted fewer tokens than the K their rows showed; ngram / suffix ignored the threshold."""
+    """Medusa / DFlash drafted fewer tokens than the K their rows showed; ngram / suffix ignored the threshold;
+    hf-assisted measured nothing for drafters transformers has no path for."""
     rc, err = _eval(tmp_path, capsys, *[a.format(**ckpts) for a in argv])
     assert rc == 2 and err.count("\n") == 1 and message.format(**ckpts) in err and "no-target" not in err
 
@@ -81,6 +86,8 @@ def test_eval_refuses_a_k_or_threshold_the_drafters_cannot_take(ckpts, tmp_path,
     ["--drafter", "{medusa}", "--k", "2"], ["--drafter", "{medusa}+ngram", "--k", "5"],  # lookup rows draft K
     ["--drafter", "{medusa}", "--sweep", "--sweep-k", "1,2"], ["--drafter", "{medusa}", "--drafter", "ngram",
                                                                 "--draft-threshold", "0.1"],
+    ["--drafter", "{medusa}", "--drafter", "draft:1", "--baselines", "hf-assisted"],  # draft:1's chain has one
+    ["--drafter", "{medusa}"],  # the default baselines (all): hf-assisted rows where a drafter has one
 ])
 def test_eval_takes_what_the_drafters_can_draft(ckpts, tmp_path, capsys, argv):
     rc, err = _eval(tmp_path, capsys, *[a.format(**ckpts) for a in argv])
@@ -128,3 +135,10 @@ def test_quickstart_measures_a_chain_only_kind_as_chains_and_refuses_a_tree(tmp_
     assert cfg.trees == ["chain"] and quickstart_stages.fixed_trees(args) == ["chain"]
     args.chain_only = False
     assert quickstart_stages.eval_config(tmp_path / "train", args, "mt-bench", 4).trees == ["3,2,1,1,1"]
+
+
+def test_quickstart_refuses_hf_assisted_where_no_row_would_have_it(tmp_path, capsys):
+    rc = main(["quickstart", "--baselines", "engine,hf-assisted", "--output-dir", str(tmp_path / "qs")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--baselines hf-assisted: transformers' assisted generation runs " \
+        "prompt lookup and draft LMs as chains only" in err and "add --tree chain" in err

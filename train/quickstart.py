@@ -241,6 +241,10 @@ def run(args: argparse.Namespace) -> int:
         if args.chain_only and (tree := next((t for t in args.trees or [] if t != "chain"), None)):
             raise ValueError(f"--tree {tree}: a {recipe.drafter.kind} drafter drafts chains only; drop --tree (the "
                              "eval measures chains, in tune's chosen K) or pass --tree chain")
+        if "hf-assisted" in args.baselines.split(",") and "chain" not in (args.trees or []):  # it would measure none
+            raise ValueError("--baselines hf-assisted: transformers' assisted generation runs prompt lookup and draft "
+                             "LMs as chains only, and the quickstart's rows draft tune's shape or a tree: add --tree "
+                             "chain (and --kind draft_lm --draft-threshold 0 for the drafter's own row)")
         for bench in BENCHMARKS:  # the eval stage's settings, checked before a typo costs the training budget
             eval_config(out / "train", args, bench, recipe.eval.k)
         overrides = [] if args.no_train else [*resume_overrides(args, recipe.paths.checkpoints), *args.overrides]
