@@ -1,19 +1,19 @@
-"""The decoding shape ``drafterkit tune`` chose for a model-free proposer (prompt lookup ``ngram``, suffix
-decoding ``suffix``), kept per target under ``$DRAFTERKIT_HOME/tuned``.
+"""The decoding shape ``drafterkit tune`` chose for a model-free proposer (prompt lookup ``ngram``, prompt lookup
++ retrieval ``rest``, suffix decoding ``suffix``), kept per target under ``$DRAFTERKIT_HOME/tuned``.
 
 A checkpoint's tuned setting lives in its folder's ``decoding.json``, tied to its weights (``weights_sha256``,
 :mod:`drafters.tuned`). A model-free proposer has no folder and no weights; what its best chain / tree / K
 depends on is the target it drafts for (how often that target's answers repeat their prompt or the corpus),
 the dtype (what a verification pass costs against a plain step), the machine, and the proposer's own knobs and
-corpus (suffix decoding's global tree over ``--datastore``). So its record is kept at::
+corpus (retrieval's datastore, suffix decoding's global tree over ``--datastore``). So its record is kept at::
 
     $DRAFTERKIT_HOME/tuned/<model_type>-<target key>/<kind>-<proposer key>.<dtype>.json
 
 * ``target key`` (:func:`target_identity`): sha256 of the target's config (dtype fields left out) and of
   every parameter's name, shape and 4,096 values spread over it, rounded to bf16, so the same weights loaded
   in fp32 or bf16 have one key (the dtype is the file's own part) and a fine-tune or another model another;
-* ``proposer key`` (:func:`proposer_key`): sha256 of the proposer's config fields (``NGramConfig``,
-  ``SuffixConfig``) and of its corpus's token stream, so another corpus or other knobs are another record;
+* ``proposer key`` (:func:`proposer_key`): sha256 of the proposer's knobs (``NGramConfig``, ``SuffixConfig``,
+  ``LookupHybrid.settings``) and of its corpus's token stream, so another corpus or other knobs are another record;
 * ``dtype``: the target's parameter dtype (``float32``, ``bfloat16``...).
 
 A record is used only under the rules a checkpoint's is (:func:`drafters.tuned.tuned_winner`): measured on
@@ -44,7 +44,10 @@ from drafterkit.assets.pinned import home
 from drafterkit.drafters.tuned import NO_TUNED, TUNED, tuned_winner
 
 #: the ``--drafter`` / ``drafterkit tune`` specs of model-free proposers whose tuned shape is kept here
-FREE_SPECS = ("ngram", "suffix")
+FREE_SPECS = ("ngram", "rest", "suffix")
+#: a proposer's ``kind`` -> its spec (``rest``: prompt lookup + retrieval, ``drafters.hybrid.LookupHybrid`` around
+#: an ``NGramDrafter``, whose kind names both)
+_SPEC_OF_KIND = {"ngram": "ngram", "ngram+rest": "rest", "suffix": "suffix"}
 #: values read per parameter by :func:`target_identity`
 SAMPLED = 4096
 _DTYPE_KEYS = ("torch_dtype", "dtype", "transformers_version")
@@ -87,23 +90,32 @@ def _corpus_sha(corpus) -> str | None:
     return cached
 
 
-def proposer_key(proposer) -> str:
-    """12 hex of sha256 over ``proposer``'s config fields and its corpus's tokens (``corpus`` for suffix
-    decoding, ``datastore`` for a proposer retrieving from one; none for prompt lookup)."""
+def _fields(proposer) -> dict:
     config = getattr(proposer, "config", None)
     fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    if callable(getattr(proposer, "settings", None)):  # LookupHybrid's retrieval knobs
+        fields["settings"] = proposer.settings()
+    return fields
+
+
+def proposer_key(proposer) -> str:
+    """12 hex of sha256 over ``proposer``'s knobs (its config fields, ``settings()``, and those of the proposer
+    it wraps) and its corpus's tokens (``corpus`` for suffix decoding, ``datastore`` for retrieval; none for
+    prompt lookup)."""
+    inner = getattr(proposer, "drafter", None)
     corpus = getattr(proposer, "corpus", None) or getattr(proposer, "datastore", None)
-    blob = json.dumps(dict(fields=fields, corpus=_corpus_sha(corpus)), sort_keys=True, default=str)
+    blob = json.dumps(dict(fields=_fields(proposer), inner=_fields(inner) if inner is not None else None,
+                           corpus=_corpus_sha(corpus)), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _kind(proposer) -> str:
     kind = getattr(proposer, "kind", None)
-    if kind not in FREE_SPECS:
+    if kind not in _SPEC_OF_KIND:
         raise ValueError(f"tuned records under $DRAFTERKIT_HOME/tuned are for the model-free proposers "
                          f"{', '.join(FREE_SPECS)}; got {kind or type(proposer).__name__} (a checkpoint keeps its "
                          "own in its folder's decoding.json)")
-    return kind
+    return _SPEC_OF_KIND[kind]
 
 
 def _dtype_name(target) -> str:
@@ -111,7 +123,8 @@ def _dtype_name(target) -> str:
 
 
 def record_path(target, proposer) -> Path:
-    """Where the tuned record of ``proposer`` (an ``NGramDrafter`` or ``SuffixDrafter``) for ``target`` in its
+    """Where the tuned record of ``proposer`` (an ``NGramDrafter``, a ``LookupHybrid`` around one with a datastore,
+    or a ``SuffixDrafter``) for ``target`` in its
     current dtype is kept (module docstring).
 
     Raises:
@@ -165,7 +178,7 @@ def read_free_tuned(target, proposer, device=None) -> tuple[dict | None, str]:
                       f"recorded ({others[0].name}) was measured with another --datastore or other settings: give "
                       f"the --datastore it was tuned with, or run drafterkit tune {kind} with this one")
     return None, (f"{NO_TUNED} for {kind} on this target in {dtype} (run drafterkit tune {kind} with the same "
-                  f"--target, --dtype{' and --datastore' if kind == 'suffix' else ''})")
+                  f"--target, --dtype{'' if kind == 'ngram' else ' and --datastore'})")
 
 
 def _short(dtype: str) -> str:
@@ -173,9 +186,10 @@ def _short(dtype: str) -> str:
 
 
 def attach_free_tuned(proposer, target, device=None):
-    """Attach ``tuned_decoding`` / ``tuned_note`` (:func:`read_free_tuned`) to ``proposer`` (an ``NGramDrafter``
-    or ``SuffixDrafter``) and return it, as ``drafters.load_drafter`` does for a checkpoint:
-    ``decode.generate(..., tree="auto")`` then decodes in the recorded shape.
+    """Attach ``tuned_decoding`` / ``tuned_note`` (:func:`read_free_tuned`) to ``proposer`` (an ``NGramDrafter``,
+    a ``LookupHybrid`` around one with a datastore, or a ``SuffixDrafter``) and return it, as
+    ``drafters.load_drafter`` does for a checkpoint: ``decode.generate(..., tree="auto")`` then decodes in the
+    recorded shape.
 
     Raises:
         ValueError: ``proposer`` is not one of :data:`FREE_SPECS`."""

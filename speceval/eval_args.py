@@ -30,9 +30,9 @@ RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds
 
 
 def reads_corpus(spec: str) -> bool:
-    """Whether a ``--drafter`` spec reads ``--datastore``: ``SPEC+rest`` (retrieval), ``suffix`` and ``SPEC+suffix``
-    (the corpus as suffix decoding's global tree)."""
-    return spec == "suffix" or spec.endswith(("+rest", "+suffix"))
+    """Whether a ``--drafter`` spec reads ``--datastore``: ``rest`` and ``SPEC+rest`` (retrieval), ``suffix`` and
+    ``SPEC+suffix`` (the corpus as suffix decoding's global tree)."""
+    return spec in ("rest", "suffix") or spec.endswith(("+rest", "+suffix"))
 
 
 def tree_spec(text: str) -> str:
@@ -67,8 +67,9 @@ class EvalConfig:
     target: str = field(default="smollm2-135m", metadata={"help": "smollm2-135m | local folder | Hub id"})
     drafters: list[str] = field(default_factory=lambda: ["ngram"], metadata={
         "flag": "--drafter", "action": "append", "metavar": "SPEC",
-        "help": "PATH (checkpoint) | ngram | suffix (suffix decoding, vLLM's method: suffix trees over the prompt "
-                "and output, plus --datastore's corpus) | draft:N (target truncated to N layers) | SPEC+ngram (prompt "
+        "help": "PATH (checkpoint) | ngram | rest (prompt lookup, else retrieval from --datastore) | suffix (suffix "
+                "decoding, vLLM's method: suffix trees over the prompt and output, plus --datastore's corpus) | "
+                "draft:N (target truncated to N layers) | SPEC+ngram (prompt "
                 "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | SPEC+rest (as "
                 "+ngram, plus retrieval from --datastore merged into SPEC's tree, or its majority continuation on "
                 "chains) | SPEC+suffix (suffix decoding where its draft scores at least the draft length, else SPEC's "

@@ -24,7 +24,7 @@ import random
 DRAWS, SEED = 2000, 0
 
 #: the model-free proposers measured as references beside a trained drafter (each a factor row of its name)
-MODEL_FREE = ("ngram", "suffix")
+MODEL_FREE = ("ngram", "rest", "suffix")
 
 #: how a factor row enters the headline: a factor of the product, a reference beside it, the
 #: speculation part of the product (drafter x lookup), or the headline itself
@@ -36,6 +36,7 @@ _WHAT = {
     "drafter": "the drafter alone vs the engine's plain decoding",
     "lookup": "{lookup} in front of the drafter vs the drafter alone",
     "ngram": "prompt lookup alone (`ngram`, no drafter, no training) vs the engine's plain decoding",
+    "rest": "prompt lookup + retrieval alone (`rest`, no drafter, no training) vs the engine's plain decoding",
     "suffix": "suffix decoding alone (`suffix`, no drafter, no training) vs the engine's plain decoding",
     "speculation": "{lookup} + the drafter vs the engine's plain decoding (= drafter x lookup)",
     "end to end": "the headline: {what} vs transformers `generate` (= the product of the factors)",

@@ -86,7 +86,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
         ValueError: the spec is malformed or its path holds no drafter (the message says what it holds and
             the fix).
     """
-    if spec in ("none", "ngram", "suffix"):
+    if spec in ("none", "ngram", "rest", "suffix"):
         return
     alone = "--drafter ngram" if flag.startswith("--") else f"drafterkit {flag} ngram"  # lookup alone
     for suffix in LOOKUP_SUFFIXES:
@@ -99,9 +99,9 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
         if inner in ("", "none", "ngram", "rest", "suffix"):
             what = {"+rest": "prompt lookup and retrieval", "+suffix": "suffix decoding"}.get(suffix, "prompt lookup")
             free = "prompt lookup"
-            if suffix == "+suffix":
-                free, alone = "suffix decoding", ("--drafter suffix" if flag.startswith("--")
-                                                  else f"drafterkit {flag} suffix")
+            if suffix != "+ngram":
+                free, name = ("suffix decoding", "suffix") if suffix == "+suffix" else ("lookup + retrieval", "rest")
+                alone = f"--drafter {name}" if flag.startswith("--") else f"drafterkit {flag} {name}"
             raise ValueError(f"{flag} {spec}: '{suffix}' puts {what} "
                              f"in front of a trained drafter: PATH{suffix} or draft:N{suffix} (for {free} "
                              f"alone use {alone})")
@@ -119,9 +119,6 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
         if not spec.split(":", 1)[1].isdigit() or int(spec.split(":", 1)[1]) < 1:
             raise ValueError(f"{flag} {spec}: N must be an int >= 1 (layers of the target kept)")
         return
-    if spec == "rest":
-        raise ValueError(f"{flag} rest: retrieval goes in front of a trained drafter: PATH+rest (prompt lookup "
-                         f"alone: {alone})")
     try:
         resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:
@@ -168,6 +165,10 @@ def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") ->
         return dataclasses.replace(base, label=f"{base.label}{suffix}", drafter=hybrid, hf_kwargs=None, max_k=None)
     if spec == "suffix":  # model-free: its `drafterkit tune suffix` setting for this target (tree="auto")
         return DrafterSpec("suffix", attach_free_tuned(suffix_drafter(datastore), target), None)
+    if spec == "rest":  # prompt lookup, else the datastore's continuations (REST), no trained drafter behind
+        if datastore is None:
+            raise ValueError(f"{flag} rest: retrieval needs a datastore (drafterkit eval --datastore SOURCE)")
+        return DrafterSpec("rest", attach_free_tuned(LookupHybrid(NGramDrafter(), datastore=datastore()), target), None)
     if spec == "ngram":
         d = attach_free_tuned(NGramDrafter(), target)
         return DrafterSpec("ngram", d, {"prompt_lookup_num_tokens": "{k}",

@@ -125,11 +125,11 @@ def read_decoding(path: Path) -> dict:
 
 
 def no_checkpoint(spec: str) -> bool:
-    """Whether a ``--drafter`` spec names no checkpoint folder (``none``, ``ngram``, ``suffix``, ``draft:N``, also
-    behind ``+ngram`` / ``+rest`` / ``+suffix``): nothing was saved, tuned or recorded for it."""
+    """Whether a ``--drafter`` spec names no checkpoint folder (``none``, ``ngram``, ``rest``, ``suffix``, ``draft:N``,
+    also behind ``+ngram`` / ``+rest`` / ``+suffix``): nothing was saved, tuned or recorded for it."""
     for suffix in LOOKUP_SUFFIXES:
         spec = spec.removesuffix(suffix)
-    return spec in ("none", "ngram", "suffix") or spec.startswith("draft:")
+    return spec in ("none", "ngram", "rest", "suffix") or spec.startswith("draft:")
 
 
 def _folder_of(spec: str) -> Path | None:

@@ -6,7 +6,7 @@ validated (before the target loads) instead of measuring something else under it
   ``+ngram`` / ``+rest`` / ``+suffix`` (the wrappers hand its rows to it).
 * K: Medusa drafts at most ``num_heads`` tokens a round, DFlash ``block_size - 1``
   (``drafters.kinds.max_draft_tokens``); a larger K given explicitly would be measured as that bound.
-* Confidence thresholds: the model-free proposers (``ngram``, ``suffix``) have no draft probability to
+* Confidence thresholds: the model-free proposers (``ngram``, ``rest``, ``suffix``) have no draft probability to
   cut at (``supports_draft_threshold`` False).
 """
 
@@ -20,7 +20,7 @@ from drafterkit.drafters.kinds import KINDS, max_draft_tokens
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
 
 #: specs whose proposer has no confidence to cut drafts at (``--draft-threshold`` cannot apply)
-MODEL_FREE = ("ngram", "suffix")
+MODEL_FREE = ("ngram", "rest", "suffix")
 
 
 def base_spec(spec: str) -> str:

@@ -113,8 +113,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     if eta < 2 or first < 1 or num_prompts < 1 or concurrency < 1:
         raise ValueError(f"tune needs --eta >= 2, --first >= 1, --num-prompts >= 1 and --concurrency >= 1; got "
                          f"{eta}, {first}, {num_prompts}, {concurrency}")
-    if datastore is not None and not checkpoint.endswith(("+rest", "+suffix")) and checkpoint != "suffix":
-        raise ValueError(f"--datastore is unused: only suffix, PATH+rest and PATH+suffix read a datastore (tune "
+    if datastore is not None and not checkpoint.endswith(("+rest", "+suffix")) and checkpoint not in ("rest", "suffix"):
+        raise ValueError(f"--datastore is unused: only rest, suffix, PATH+rest and PATH+suffix read a datastore (tune "
                          f"{checkpoint}+rest, or drop --datastore)")
     if checkpoint == "none":
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
@@ -127,7 +127,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                          f"(or a model-free proposer: {', '.join(FREE_SPECS)})")
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device)
-    corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") or checkpoint == "suffix" else None
+    corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") or checkpoint in ("rest", "suffix") else None
     spec = build_drafter(checkpoint, target, corpus, flag="tune")
     if spec.max_k is not None:  # Medusa / DFlash draft at most max_k tokens a round: a larger K is that one again
         ks = sorted({min(int(k), spec.max_k) for k in ks})
@@ -155,9 +155,9 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                               incumbent=incumbent.label if incumbent else None, incumbent_note=incumbent_note,
                               seconds=round(time.perf_counter() - t0, 1)),
                   winners=winners, table=table)
-    if behind == "+rest":
+    if behind == "+rest" or checkpoint == "rest":
         record["datastore"] = retrieval_info([spec])["datastore"]
-    if corpus is not None and behind != "+rest":  # suffix decoding's corpus, PATH+suffix's too
+    elif corpus is not None:  # suffix decoding's corpus, PATH+suffix's too
         record["datastore"] = corpus().describe()
     if write and folder is None:  # ngram, suffix: kept per target, dtype and corpus (drafters.tuned_free)
         path = record_path(target, spec.drafter)
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"concurrency {c}: {search_outcome(w)}" + ("" if beats_plain(w) else f"; {SLOWER_NOT_USED}"))
     if "file" in rec and args.checkpoint in FREE_SPECS:
         print(f"written to {rec['file']} (drafterkit eval --tree auto --drafter {args.checkpoint} uses it with this "
-              f"target, dtype{' and --datastore' if args.checkpoint == 'suffix' else ''}); plot {rec['plot']}")
+              f"target, dtype{'' if args.checkpoint == 'ngram' else ' and --datastore'}); plot {rec['plot']}")
     elif "file" in rec:
         print(f"written to {rec['file']} ({tuned_key(_behind(args.checkpoint))}); plot {rec['plot']}")
     return 0

@@ -11,6 +11,7 @@ from conftest import tiny_llama
 from drafterkit.assets.device import host_info
 from drafterkit.decode import generate
 from drafterkit.drafters.datastore import Datastore
+from drafterkit.drafters.hybrid import LookupHybrid
 from drafterkit.drafters.ngram import NGramConfig, NGramDrafter
 from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
 from drafterkit.drafters.tuned_free import (
@@ -53,7 +54,12 @@ def test_proposer_key_follows_the_knobs_and_the_corpus():
     assert proposer_key(s1) != proposer_key(SuffixDrafter(SuffixConfig(max_cached_requests=0),
                                                           corpus=corpus_index(two, depth)))
     assert proposer_key(s1) != proposer_key(SuffixDrafter(SuffixConfig(max_cached_requests=0)))
-    with pytest.raises(ValueError, match="model-free proposers ngram, suffix"):
+    rest = LookupHybrid(NGramDrafter(), datastore=one)  # `rest`: prompt lookup, else retrieval from the datastore
+    assert proposer_key(rest) == proposer_key(LookupHybrid(NGramDrafter(), datastore=one))
+    assert proposer_key(rest) != proposer_key(LookupHybrid(NGramDrafter(), datastore=two))
+    assert proposer_key(rest) != proposer_key(LookupHybrid(NGramDrafter(), datastore=one, datastore_depth=2))
+    assert record_path(tiny_llama(0), rest).name.startswith("rest-")
+    with pytest.raises(ValueError, match="model-free proposers ngram, rest, suffix"):
         record_path(tiny_llama(0), object())
 
 

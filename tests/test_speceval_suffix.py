@@ -78,7 +78,7 @@ def test_tune_takes_path_plus_suffix_and_its_datastore(tiny_dir, prompts_file):
     from drafterkit.assets.target import load_target
     from drafterkit.speceval.tune import tune
 
-    with pytest.raises(ValueError, match="--datastore is unused: only suffix, PATH\\+rest and PATH\\+suffix"):
+    with pytest.raises(ValueError, match="--datastore is unused: only rest, suffix, PATH\\+rest and PATH\\+suffix"):
         tune("draft:1", datastore="sharegpt", write=False)
     target, _ = load_target(str(tiny_dir), dtype="fp32", device="cpu")
     tok = AutoTokenizer.from_pretrained(tiny_dir)

@@ -193,7 +193,8 @@ def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path,
     ("none", [], "tune needs a drafter checkpoint, not 'none'"),
     ("draft:1", [], "no checkpoint folder for the tuned setting (decoding.json) to go in; give --no-write"),
     ("ngram", [], "no-such-target"), ("ngram", ["--no-write"], "no-such-target"),
-    ("ngram+rest", [], "(for prompt lookup alone use drafterkit tune ngram)")])
+    ("ngram+rest", [], "(for lookup + retrieval alone use drafterkit tune rest)"),
+    ("ngram+ngram", [], "(for prompt lookup alone use drafterkit tune ngram)")])
 def test_tune_refuses_what_it_cannot_tune_before_the_target_loads(tmp_path, capsys, spec, args, needle):
     """A missing drafter, a malformed incumbent, or a spec with nowhere to write its result is one error line
     before the target loads (the target named here does not exist, so loading it would fail otherwise)."""

@@ -1,4 +1,4 @@
-"""``drafterkit tune ngram`` / ``tune suffix`` record their winner per target, dtype and corpus under
+"""``drafterkit tune ngram`` / ``tune rest`` / ``tune suffix`` record their winner per target, dtype and corpus under
 ``$DRAFTERKIT_HOME/tuned``, and ``drafterkit eval --tree auto`` measures them in it, labelled ``(tuned)``, or
 refuses (no record, another target, dtype, corpus or exact mode) as it does for a checkpoint."""
 
@@ -86,18 +86,22 @@ def test_tune_ngram_records_per_target_and_eval_tree_auto_uses_it_or_refuses(wor
 
 
 @pytest.mark.filterwarnings("ignore:.*CPU cores are busy", "ignore:.*the datastore holds only")
-def test_tune_suffix_records_per_corpus(world, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("spec", ["suffix", "rest"])
+def test_tune_suffix_and_rest_record_per_corpus(world, tmp_path, monkeypatch, capsys, spec):
+    """Suffix decoding (its corpus suffix tree) and lookup + retrieval alone (``rest``: prompt lookup, else the
+    datastore's continuations) read ``--datastore``: the record is keyed by its tokens too."""
     home = tmp_path / "home"
     monkeypatch.setenv("DRAFTERKIT_HOME", str(home))
-    assert _tune(world, "suffix", "--datastore", str(world / "a.npz")) == 0
-    (path,) = (home / "tuned").glob("llama-*/suffix-*.float32.json")
+    assert _tune(world, spec, "--datastore", str(world / "a.npz")) == 0
+    (path,) = (home / "tuned").glob(f"llama-*/{spec}-*.float32.json")
     rec = json.loads(path.read_text())
-    assert rec["datastore"]["tokens"] > 0 and rec["corpus_sha256"]
+    assert rec["drafter"] == spec and rec["datastore"]["tokens"] > 0
     w = _as_speedup(path)
-    rc, got = _eval(world, tmp_path, "suffix", "--datastore", str(world / "a.npz"))
+    rc, got = _eval(world, tmp_path, spec, "--datastore", str(world / "a.npz"))
     assert rc == 0
     shape = "" if w["tree"] == "chain" else f" tree={w['tree']}"
-    assert [r["method"] for r in got["summary"] if r["role"] == "spec"] == [f"suffix (tuned){shape}"]
+    assert [r["method"] for r in got["summary"] if r["role"] == "spec"] == [f"{spec} (tuned){shape}"]
+    assert got["exactness"]["mismatches"] == {f"{spec} (tuned){shape}": 0}  # greedy, fp32: plain decoding's text
     capsys.readouterr()
-    assert _eval(world, tmp_path, "suffix", "--datastore", str(world / "b.npz"))[0] == 2
+    assert _eval(world, tmp_path, spec, "--datastore", str(world / "b.npz"))[0] == 2
     assert "measured with another --datastore or other settings" in capsys.readouterr().err

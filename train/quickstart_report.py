@@ -134,7 +134,7 @@ def _interval(interval: list[float] | None) -> str:
 
 
 #: the model-free proposers in words (``speceval.factors.MODEL_FREE``)
-FREE_WORDS = {"ngram": "prompt lookup", "suffix": "suffix decoding"}
+FREE_WORDS = {"ngram": "prompt lookup", "rest": "prompt lookup + retrieval", "suffix": "suffix decoding"}
 
 
 def _verdict(vs: dict, over: str = "lookup") -> str:
