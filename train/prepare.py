@@ -9,6 +9,7 @@ run) raise :class:`train.recipe.RecipeError` as early as possible, before the he
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -32,6 +33,7 @@ from drafterkit.train.recipe_data import load_data, recipe_data_file
 from drafterkit.train.sharding import ShardedDrafter, device_mesh, shard_target, shards
 from drafterkit.train.step import BudgetSchedule, RunContext
 from drafterkit.train.strategies import get_strategy
+from drafterkit.train.target_shards import gathered_layers, layers_read_at_build, load_run_target
 
 
 def assert_frozen(target: torch.nn.Module) -> None:
@@ -124,15 +126,16 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     acc = make_accelerator(recipe)
     _clear_output_dir(recipe, acc)
     set_seed(recipe.train.seed)
-    if target is None:
-        target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
-                                                      device=acc.device)
+    target, tokenizer, target_sharded = _load_target(recipe, acc, target, tokenizer)
     assert_frozen(target)
     target.eval()
     strategy = get_strategy(recipe.drafter.kind)
+    # A target loaded sharded: the layers the drafter's build copies are gathered whole meanwhile (every process)
+    whole = gathered_layers(target, layers_read_at_build(recipe, len(target.model.layers))) if target_sharded \
+        else contextlib.nullcontext()
     # The main process builds (and caches) the data first: dataset building and regeneration write shared
     # cache folders; the other processes then read them.
-    with acc.main_process_first():
+    with whole, acc.main_process_first():
         try:
             drafter = strategy.build(recipe, target, tokenizer)
         except DataError as exc:  # a kind that counts the data's tokens as it builds (EAGLE-3's draft vocabulary)
@@ -151,7 +154,7 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
                 ds = open_recipe_cache(recipe, target, ds, write=acc.is_main_process)
             except FeatureCacheError as exc:
                 raise RecipeError(f"data.feature_cache: {exc}") from None
-    drafter, sharded = _shard(recipe, acc, target, drafter)
+    drafter, sharded = _shard(recipe, acc, target, drafter, target_sharded)
     params = [p for p in drafter.parameters() if p.requires_grad]  # sharded ones (DTensors) under FSDP2
     o = recipe.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
@@ -175,14 +178,27 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
                       pad_id=pad, prompts=prompts, sharded=sharded)
 
 
-def _shard(recipe: Recipe, acc, target, drafter):
+def _load_target(recipe: Recipe, acc, target, tokenizer):
+    """``(target, tokenizer, sharded)``: the target given, else the recipe's, loaded shard by shard when
+    ``train.shard`` names it (``train.target_shards.load_run_target``; ``sharded`` tells it is so already)."""
+    if target is not None:
+        return target, tokenizer, False
+    if shards(recipe)[1]:
+        return load_run_target(recipe, acc.device, device_mesh(acc.device), is_main=acc.is_main_process)
+    target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
+                                                  device=acc.device)
+    return target, tokenizer, False
+
+
+def _shard(recipe: Recipe, acc, target, drafter, target_sharded: bool = False):
     """Apply ``train.shard`` (``train.sharding``) after the data is ready (building it may run the whole
-    target on the main process). Returns ``(drafter, ShardedDrafter or None)``."""
+    target on the main process); a target loaded sharded (``target_sharded``) is left as it is.
+    Returns ``(drafter, ShardedDrafter or None)``."""
     shard_drafter, shard_target_too = shards(recipe)
     if not (shard_drafter or shard_target_too):
         return drafter, None
     mesh = device_mesh(acc.device)
-    if shard_target_too:
+    if shard_target_too and not target_sharded:
         try:
             shard_target(target, mesh)
         except ValueError as exc:

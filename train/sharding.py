@@ -10,7 +10,8 @@ same code shards on CPUs (gloo, under ``torchrun``) and GPUs (nccl, under ``acce
   the AdamW state are sharded; the optimizer is built over the sharded parameters.
 * ``target``: each decoder layer of the frozen target is one FSDP unit, all-gathered for its forward and
   freed after it (``reshard_after_forward=True``), so a target larger than one device still gives features
-  and logits; its embedding, final norm and LM head stay whole (the drafter and the loss read them).
+  and logits; its embedding, final norm and LM head stay whole (the drafter and the loss read them). It is
+  loaded shard by shard (``train.target_shards``), never whole, where its checkpoint allows.
 * ``drafter+target``: both. ``none`` (the default): data parallelism, the target replicated.
 
 Checkpoints of a sharded drafter are the consolidated ``model.safetensors`` one process writes
