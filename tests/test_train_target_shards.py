@@ -2,7 +2,7 @@
 processes (``torch.multiprocessing``, as ``torchrun`` starts them) each read only their share of the decoder
 layers from the checkpoint; the target then gives the features and logits of the whole ``from_pretrained``
 load, bit for bit, in two families (Llama-3 with a tied LM head and a sharded checkpoint with an index,
-Qwen3 with q/k norms and an untied head), in fp32 and bf16.
+Qwen3 with q/k norms, an untied head and an odd MLP width, split 49 / 48 rows), in fp32 and bf16.
 
 Memory: on a target whose decoder layers dominate (8 layers of hidden 256, 31 MiB fp32), each process holds
 exactly the embedding, final norm and LM head plus half of every layer, and its resident set grows while
@@ -98,7 +98,9 @@ def world(tmp_path_factory):
         model, tok = build_family("llama3", tie_word_embeddings=True)
         model.save_pretrained(root / "llama3", max_shard_size="40KB")  # several files and an index
         tok.save_pretrained(root / "llama3")
-        save_family("qwen3", root / "qwen3")
+        model, tok = build_family("qwen3", intermediate_size=97)  # MLP rows split unevenly: 49 and 48
+        model.save_pretrained(root / "qwen3")
+        tok.save_pretrained(root / "qwen3")
         model, tok = build_family("llama3", **WIDE)
         model.save_pretrained(root / "wide")
         tok.save_pretrained(root / "wide")
@@ -133,7 +135,8 @@ def test_fsdp_target_loaded_shard_by_shard_gives_the_whole_targets_features_and_
             c = r[case]
             assert c["features"] == 0.0 and c["logits"] == 0.0, f"rank {rank} {case}: {c}"
             assert c["dtype"] == f"torch.{case.split('-')[1]}"
-            assert c["local_rows"] * 2 == c["rows"], "each process holds half of every decoder-layer tensor"
+            # each process holds half of every decoder-layer tensor (the first the larger half of an odd count)
+            assert c["local_rows"] == (c["rows"] + 1 - rank) // 2, f"rank {rank} {case}: {c}"
             assert c["gathered"] == 0.0 and c["resharded"], "gathered_layers gives the whole layer, then reshards"
             assert c["eos"] == 2 and c["pad"] == 0  # the folder's generation config and tokenizer
         assert r["llama3-float32"]["tied"] and r["llama3-float32"]["ref_tied"]
