@@ -187,17 +187,26 @@ def test_bf16_greedy_speculative_equals_plain_one_row_and_ragged(kind, tree):
     assert generate(target, ROWS, max_new_tokens=16, eos_token_id=[]).sequences == plain  # batch-invariant
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("tree", [None, "3,2,1,1", "dynamic"])
-def test_real_target_bf16_prompt_lookup_equals_plain_on_mt_bench(tree):
-    """The issue's failing case: prompt lookup on MT-bench prompts, SmolLM2-135M in bf16 (5 of 8 texts left
-    plain decoding within 64 tokens before exact attention and one-row-invariant linear layers)."""
+@pytest.fixture(scope="module")
+def mt_bench_bf16():
+    """SmolLM2-135M in bf16, 8 MT-bench prompts and their plain greedy decodings (64 new tokens, exact mode),
+    decoded once for the three draft shapes below (they do not depend on the shape)."""
     from drafterkit.assets.target import load_target
     from drafterkit.speceval.prompts import load_prompts
 
     model, tok = load_target("smollm2-135m", dtype="bfloat16")
     rows = [p.input_ids for p in load_prompts("mt-bench", tok, 8)]
-    plain = [generate(model, [r], max_new_tokens=64).sequences[0] for r in rows]
+    with exact_mode():  # a module fixture is set up outside the per-test `exact` fixture
+        plain = [generate(model, [r], max_new_tokens=64).sequences[0] for r in rows]
+    return model, rows, plain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [None, "3,2,1,1", "dynamic"])
+def test_real_target_bf16_prompt_lookup_equals_plain_on_mt_bench(tree, mt_bench_bf16):
+    """The issue's failing case: prompt lookup on MT-bench prompts, SmolLM2-135M in bf16 (5 of 8 texts left
+    plain decoding within 64 tokens before exact attention and one-row-invariant linear layers)."""
+    model, rows, plain = mt_bench_bf16
     spec = [generate(model, [r], drafter=NGramDrafter(), max_new_tokens=64, tree=tree).sequences[0] for r in rows]
     assert spec == plain
     assert generate(model, rows[:4], drafter=NGramDrafter(), max_new_tokens=64, tree=tree).sequences == plain[:4]
