@@ -110,8 +110,8 @@ def recorded_target(ckpt: Path, target: str | None = None) -> str | None:
 
 def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
     """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.vllm_support`: an EAGLE-3 /
-    P-EAGLE head for a target architecture vLLM gives no auxiliary hidden states), or None."""
-    if fmt not in ("vllm-eagle3", "vllm-peagle"):
+    P-EAGLE head or a DFlash drafter for a target architecture vLLM gives no auxiliary hidden states), or None."""
+    if fmt not in ("vllm-eagle3", "vllm-peagle", "vllm-dflash"):
         return None
     return eagle3_serve_problem(target_architecture(target))
 

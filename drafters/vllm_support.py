@@ -1,11 +1,13 @@
-"""Which targets vLLM can serve an EAGLE-3 (and P-EAGLE) head next to.
+"""Which targets vLLM can serve an EAGLE-3, P-EAGLE or DFlash drafter next to.
 
 vLLM's EAGLE-3 drafter reads the target's auxiliary hidden states, so the TARGET's model class must
 implement vLLM's ``SupportsEagle3`` interface (``model_executor/models/interfaces.py``); otherwise vLLM's
 model runner stops at load with ``RuntimeError: Model does not support EAGLE3 interface but
 aux_hidden_state_outputs was requested`` (``v1/worker/gpu_model_runner.py``,
 ``_setup_eagle3_aux_hidden_state_outputs``). P-EAGLE rides on the same path (``{"method": "eagle3",
-"parallel_drafting": true}``), so the same list applies. ``drafterkit export`` warns and
+"parallel_drafting": true}``), and vLLM's DFlash proposer asks for the same auxiliary hidden states
+(``gpu_model_runner.py``: ``use_dflash()`` sets ``use_aux_hidden_state_outputs``), so the same list applies to all
+three. ``drafterkit export`` warns and
 ``drafterkit serve-check`` refuses before starting vLLM for a target whose architecture is not listed.
 """
 
@@ -37,7 +39,7 @@ EAGLE3_TARGET_ARCHITECTURES = frozenset({
     "LagunaForCausalLM", "Llama4ForCausalLM", "LlamaForCausalLM", "MiMoForCausalLM", "MiMoV2FlashForCausalLM",
     "MiMoV2ForCausalLM", "MiniCPM3ForCausalLM", "MiniCPMForCausalLM", "MiniMaxM2ForCausalLM",
     "Ministral3ForCausalLM", "MistralForCausalLM", "MistralLarge3ForCausalLM", "MuseGlimmerForCausalLM",
-    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "Phi3ForCausalLM", "Plamo3ForCausalLM",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Plamo3ForCausalLM",
     "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM", "SarvamMLAForCausalLM", "Step1ForCausalLM", "TeleChat2ForCausalLM",
     "TeleChat3ForCausalLM", "TeleFLMForCausalLM",
@@ -56,25 +58,44 @@ EAGLE3_TARGET_ARCHITECTURES = frozenset({
 })
 
 
-def target_architecture(target: str | None) -> str | None:
-    """The first ``architectures`` entry of the target's ``config.json`` (``target``: drafterkit's alias, a
-    local folder or a Hub id), or None when it cannot be read here (no target, a Hub id not on disk, a
-    folder without a readable config). Reads one small file; loads no weights."""
+def target_config(target: str | None) -> dict | None:
+    """The target's ``config.json`` as a dict (``target``: drafterkit's alias, a local folder or a Hub id), or None
+    when it cannot be read here (no target, a Hub id not on disk, a folder without a readable config). Reads one
+    small file; loads no weights."""
     if not target:
         return None
     try:
         config = json.loads((Path(resolve_target_path(target)).expanduser() / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    archs = config.get("architectures") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def target_architecture(target: str | None) -> str | None:
+    """The first ``architectures`` entry of the target's ``config.json`` (:func:`target_config`), or None."""
+    archs = (target_config(target) or {}).get("architectures")
     return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
 
 
+def target_load_problem(target: str | None) -> str | None:
+    """Why vLLM :data:`VLLM_VERSION` cannot load ``target`` at all, whatever the drafter (one sentence naming the fix),
+    or None. Known case: a Gemma-2 target with untied embeddings. vLLM's ``Gemma2ForCausalLM``
+    (``model_executor/models/gemma2.py``) takes its logits from ``embed_tokens`` and has no ``lm_head``, so an untied
+    checkpoint's ``lm_head.weight`` has no parameter to load into; every released Gemma-2 ties them."""
+    config = target_config(target) or {}
+    if target_architecture(target) == "Gemma2ForCausalLM" and config.get("tie_word_embeddings", True) is False:
+        return (f"vLLM {VLLM_VERSION} cannot load this Gemma2ForCausalLM target: its embeddings are untied "
+                "(tie_word_embeddings: false) and vLLM's Gemma-2 takes the logits from embed_tokens, with no lm_head "
+                "to load lm_head.weight into; it stops at load with \"ValueError: There is no module or parameter "
+                "named 'lm_head' in Gemma2ForCausalLM\". Serve a target with tied embeddings (every released Gemma-2)")
+    return None
+
+
 def eagle3_serve_problem(architecture: str | None) -> str | None:
-    """Why vLLM :data:`VLLM_VERSION` cannot serve an EAGLE-3 / P-EAGLE head next to a target of
+    """Why vLLM :data:`VLLM_VERSION` cannot serve an EAGLE-3 / P-EAGLE head or a DFlash drafter next to a target of
     ``architecture`` (one sentence naming it, the version and the reason), or None when it can or the
     architecture is unknown (None)."""
     if architecture is None or architecture in EAGLE3_TARGET_ARCHITECTURES:
         return None
-    return (f"vLLM {VLLM_VERSION} cannot serve an EAGLE-3 / P-EAGLE head for a {architecture} target: "
-            f"{VLLM_REASON}; it stops at load with \"RuntimeError: Model does not support EAGLE3 interface\"")
+    return (f"vLLM {VLLM_VERSION} cannot serve an EAGLE-3 / P-EAGLE head or a DFlash drafter for a {architecture} "
+            f"target: {VLLM_REASON}; it stops at load with \"RuntimeError: Model does not support EAGLE3 interface\"")

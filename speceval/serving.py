@@ -45,7 +45,7 @@ from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafterkit.drafters.base import ExportError, recorded_source
-from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture
+from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture, target_load_problem
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 
@@ -54,6 +54,8 @@ VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
 MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete
 # other causal LMs: draft_model
 VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa", "DFlashDraftModel": "dflash"}
+# methods whose drafter reads the target's auxiliary hidden states (vLLM's SupportsEagle3 interface on the target)
+AUX_HIDDEN_METHODS = ("eagle3", "peagle", "dflash")
 # vLLM method -> our kind
 DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm", "dflash": "dflash",
                  "peagle": "peagle"}
@@ -207,8 +209,10 @@ def last_exception(log: str) -> str | None:
     return None
 
 
-def run_vllm(jobs: list[dict], python: Path, timeout: float = 1800.0, log: Path | None = None) -> dict:
-    """Run :data:`RUNNER` on ``jobs`` with ``python`` (the vLLM venv's); returns its RESULT dict.
+def run_vllm(jobs: list[dict], python: Path, timeout: float = 1800.0, log: Path | None = None,
+             keep_going: bool = False) -> dict:
+    """Run :data:`RUNNER` on ``jobs`` with ``python`` (the vLLM venv's); returns its RESULT dict (with
+    ``keep_going``, a job vLLM fails on is ``{"error": its exception line}`` in the results and the rest run).
 
     Raises:
         VLLMRunError: the runner failed or timed out; the message's first line holds vLLM's last exception
@@ -221,7 +225,7 @@ def run_vllm(jobs: list[dict], python: Path, timeout: float = 1800.0, log: Path 
     with tempfile.TemporaryDirectory(prefix="drafterkit-serve-check-") as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         log = log or Path(tmp) / "vllm.log"
-        req.write_text(json.dumps({"jobs": jobs}))
+        req.write_text(json.dumps({"jobs": jobs, "keep_going": keep_going}))
         with open(log, "w") as f:
             try:
                 proc = subprocess.run([str(python), str(RUNNER), str(req), str(res)], env=env, stdout=f,
@@ -307,49 +311,90 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
 
     Raises:
         ServeCheckError: no vLLM venv (the message gives the command), a folder that is not an export, an
-            EAGLE-3 / P-EAGLE export for a target architecture vLLM cannot serve it with
+            EAGLE-3 / P-EAGLE / DFlash export for a target architecture vLLM cannot serve it with
             (:mod:`drafters.vllm_support`), a missing ``--drafter``, an unknown benchmark, an unloadable target.
         VLLMRunError: vLLM failed (the message holds the end of its log).
     """
-    infos = [inspect_export(e) for e, _ in exports]
-    for (export_dir, _), info in zip(exports, infos):  # before vLLM starts: it would stop at load, minutes in
-        if info["method"] in ("eagle3", "peagle") and (problem := eagle3_serve_problem(target_architecture(target))):
-            raise ServeCheckError(f"{export_dir}: {problem}; serve-check needs a target vLLM can serve it with")
-    exports = [(e, source_checkpoint(e, info["method"], c)) for (e, c), info in zip(exports, infos)]  # before loads
+    (reports,) = check_targets([(target, exports)], benchmark=benchmark, num_prompts=num_prompts,
+                               max_new_tokens=max_new_tokens, k=k, venv=venv, device=device, log=log)
+    return reports
+
+
+def serve_refusal(method: str, target: str) -> str | None:
+    """Why drafterkit refuses, before vLLM starts, to serve-check a ``method`` export next to ``target``
+    (:mod:`drafters.vllm_support`: a target vLLM cannot load; EAGLE-3, P-EAGLE and DFlash drafting from the
+    auxiliary hidden states of a target class that gives none), or None."""
+    if problem := target_load_problem(target):
+        return problem
+    return eagle3_serve_problem(target_architecture(target)) if method in AUX_HIDDEN_METHODS else None
+
+
+def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]], *, benchmark: str = "mt-bench",
+                  num_prompts: int = 8, prompts: dict[str, list[list[int]]] | None = None,
+                  max_new_tokens: int = 64, k: int = 5, venv: str | Path | None = None, device: str = "cpu",
+                  log: Path | None = None, keep_going: bool = False, timeout: float = 1800.0) -> list[list[dict]]:
+    """:func:`check_exports` for several targets at once: ``groups`` holds ``(target, exports)`` pairs, and every
+    export of every target runs in ONE vLLM process (vLLM is imported once; each export gets an engine of its
+    own). ``prompts`` (target -> token-id prompts) replaces the benchmark's prompts for the targets it names.
+    With ``keep_going``, an export vLLM fails on gets a report ``{"export", "method", "k", "match": False,
+    "error": vLLM's exception line}`` and the others still run. ``timeout``: seconds the whole vLLM process may take.
+    Returns the reports per group, in order.
+
+    Raises:
+        ServeCheckError, VLLMRunError: as :func:`check_exports` (VLLMRunError for a failed export only without
+            ``keep_going``).
+    """
+    checked = []
+    for target, exports in groups:
+        infos = [inspect_export(e) for e, _ in exports]
+        for (export_dir, _), info in zip(exports, infos):  # before vLLM starts: it would stop at load, minutes in
+            if problem := serve_refusal(info["method"], target):
+                raise ServeCheckError(f"{export_dir}: {problem}; serve-check needs a target vLLM can serve it with")
+        checked.append([(e, source_checkpoint(e, info["method"], c), info)  # sources before loads
+                        for (e, c), info in zip(exports, infos)])
     python = vllm_python(venv)
-    try:
-        model, tok = load_target(target, dtype="float32", device=device)
-        prompts = [p.input_ids for p in select_prompts(benchmark, tok, num_prompts).prompts]
-    except (TargetLoadError, ValueError) as exc:
-        raise ServeCheckError(str(exc)) from None
-    eos = sorted(resolve_eos(model, None, model.config.vocab_size))
-    plans = []
-    for (export_dir, checkpoint), info in zip(exports, infos):
-        kk = min(k, info["num_heads"]) if info["num_heads"] else k  # Medusa: one token per head; DFlash: B - 1
-        drafter = load_check_drafter(export_dir, info["method"], checkpoint, model)
-        plans.append((str(export_dir), info["method"], kk, drafter))
-    jobs = [{"target": str(resolve_target_path(target)), "draft": str(Path(e).resolve()), "method": m, "k": kk,
-             "max_new_tokens": max_new_tokens, "prompts": prompts, "eos": eos, "dtype": "float32"}
-            for e, m, kk, _ in plans]
-    served = run_vllm(jobs, python, log=log)
-    reports = []
-    for (export_dir, method, kk, drafter), theirs in zip(plans, served["results"]):
-        ours = run_drafterkit(model, drafter, prompts, kk, max_new_tokens, eos)
+    plans, jobs = [], []
+    for (target, _), exports in zip(groups, checked):
+        try:
+            model, tok = load_target(target, dtype="float32", device=device)
+            ids = (prompts or {}).get(target) or [p.input_ids for p in
+                                                  select_prompts(benchmark, tok, num_prompts).prompts]
+        except (TargetLoadError, ValueError) as exc:
+            raise ServeCheckError(str(exc)) from None
+        eos = sorted(resolve_eos(model, None, model.config.vocab_size))
+        for export_dir, checkpoint, info in exports:
+            kk = min(k, info["num_heads"]) if info["num_heads"] else k  # Medusa: one token per head; DFlash: B - 1
+            drafter = load_check_drafter(export_dir, info["method"], checkpoint, model)
+            plans.append((target, model, ids, eos, str(export_dir), info["method"], kk, drafter))
+            jobs.append({"target": str(resolve_target_path(target)), "draft": str(Path(export_dir).resolve()),
+                         "method": info["method"], "k": kk, "max_new_tokens": max_new_tokens, "prompts": ids,
+                         "eos": eos, "dtype": "float32"})
+    served = run_vllm(jobs, python, timeout=timeout, log=log, keep_going=keep_going)
+    by_target: dict[str, list[dict]] = {target: [] for target, _ in groups}
+    for (target, model, ids, eos, export_dir, method, kk, drafter), theirs in zip(plans, served["results"]):
+        head = {"export": export_dir, "method": method, "k": kk, "vllm_version": served["vllm_version"],
+                "benchmark": "given" if (prompts or {}).get(target) else benchmark, "prompts": len(ids),
+                "max_new_tokens": max_new_tokens}
+        if "error" in theirs:
+            by_target[target].append({**head, "match": False, "error": theirs["error"]})
+            continue
+        ours = run_drafterkit(model, drafter, ids, kk, max_new_tokens, eos)
         cmp = compare(ours, theirs)
-        reports.append({
-            "export": export_dir, "method": method, "k": kk, "benchmark": benchmark, "prompts": len(prompts),
-            "max_new_tokens": max_new_tokens, "vllm_version": served["vllm_version"],
-            "match": cmp["outputs_identical"] == cmp["prompts"] and cmp["chains_identical"] == cmp["chains"],
+        by_target[target].append({
+            **head, "match": cmp["outputs_identical"] == cmp["prompts"] and cmp["chains_identical"] == cmp["chains"],
             "comparison": cmp, "drafterkit": {**ours["stats"], "seconds": ours["seconds"]},
             "vllm": {"counters": convert_counters(theirs["metrics"]),
                      "steps": score_vllm_steps(theirs["steps"], theirs["outputs"], max_new_tokens, eos),
                      "seconds": theirs["seconds"], "load_seconds": theirs["load_seconds"],
                      "device": served["device"]}})
-    return reports
+    return [by_target[target] for target, _ in groups]
 
 
 def format_report(r: dict) -> str:
-    """A serve-check report as text: the two verdicts, then tau / acceptance / per-position acceptance."""
+    """A serve-check report as text: the two verdicts, then tau / acceptance / per-position acceptance (a job vLLM
+    failed on: one line with its exception)."""
+    if "error" in r:
+        return f"serve-check {r['export']}: vLLM {r['vllm_version']} ({r['method']}, K={r['k']}) failed: {r['error']}"
     c = r["comparison"]
     head = (f"serve-check {r['export']}: vLLM {r['vllm_version']} ({r['method']}, K={r['k']}, {r['vllm']['device']}) "
             f"vs drafterkit's decoder; {r['benchmark']}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "

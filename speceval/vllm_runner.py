@@ -5,7 +5,8 @@
 It imports nothing of drafterkit (drafterkit is not installed in that venv) and talks to the parent
 (:mod:`speceval.serving`) through two JSON files.
 
-REQUEST: ``{"jobs": [{"target": folder, "draft": export folder, "method": "eagle3" | "peagle" | "medusa" |
+REQUEST: ``{"keep_going": bool (a job that raises gives ``{"error": its exception line}`` and the next runs;
+else the script stops), "jobs": [{"target": folder, "draft": export folder, "method": "eagle3" | "peagle" | "medusa" |
 "draft_model" | "suffix", "k": int, "max_new_tokens": int, "prompts": [[token ids]], "eos": [ids], "dtype":
 "float32"}]}``; a ``suffix`` job (vLLM's suffix decoding, which needs the ``arctic_inference`` package importable)
 has no ``draft`` and may give ``"suffix": {knob: value}`` (vLLM's ``suffix_decoding_<knob>`` fields) and
@@ -110,13 +111,7 @@ def spec_metrics(llm) -> dict:
 def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
     """Load ``job["target"]`` with the drafter in vLLM, greedy-decode ``job["prompts"]``: one RESULT entry
     (``proposals``: the ``suffix`` method's calls, :func:`install_suffix_hook`, when ``calls`` collects them)."""
-    import gc
-
     from vllm import LLM, SamplingParams
-    from vllm.distributed.parallel_state import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-    )
     from vllm.inputs import TokensPrompt
 
     record.clear()
@@ -152,10 +147,19 @@ def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
                         else v - before[k]) for k, v in after.items()},
     }
     del llm, outs  # free the engine before the next job's
+    free_engine()
+    return result
+
+
+def free_engine() -> None:
+    """Tear down vLLM's parallel state so the next job's ``LLM`` starts afresh (also after a failed load)."""
+    import gc
+
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
     destroy_model_parallel()
     destroy_distributed_environment()
     gc.collect()
-    return result
 
 
 def run(req: dict) -> dict:
@@ -171,8 +175,21 @@ def run(req: dict) -> dict:
     if any(job["method"] == "suffix" for job in req["jobs"]):
         record_calls = []
         install_suffix_hook(record_calls)
+    results = []
+    for job in req["jobs"]:
+        try:
+            results.append(run_job(job, record, record_calls))
+        except Exception as exc:  # noqa: BLE001 (keep_going: vLLM's reason is the job's result)
+            if not req.get("keep_going"):
+                raise
+            print(f"job {job.get('draft') or job['method']} failed", file=sys.stderr, flush=True)
+            import traceback
+
+            traceback.print_exc()
+            results.append({"error": (f"{type(exc).__name__}: {exc}".splitlines() or [""])[0][:400]})
+            free_engine()
     return {"vllm_version": vllm.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "results": [run_job(job, record, record_calls) for job in req["jobs"]]}
+            "results": results}
 
 
 def main(argv: list[str]) -> int:

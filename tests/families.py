@@ -44,9 +44,11 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
         "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
         "decoder_sparse_step": 1, "norm_topk_prob": True}),
     "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": 128, "head_dim": 16}),
+    # tied embeddings, as every released Gemma-2: vLLM's Gemma2ForCausalLM has no lm_head (its logits come from
+    # embed_tokens), so an untied target's lm_head.weight has no parameter to load into and vLLM stops at load
     "gemma2": ("gemma2", "Gemma2ForCausalLM", {
         "head_dim": 16, "sliding_window": 32, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
-        "query_pre_attn_scalar": 16}),
+        "query_pre_attn_scalar": 16, "tie_word_embeddings": True}),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", {
         "head_dim": 16, "sliding_window": 32, "query_pre_attn_scalar": 16,
         "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]}),
@@ -81,14 +83,22 @@ def family_config(family: str, **overrides):
 def build_family(family: str, seed: int = 0, **overrides):
     """``(model, tokenizer)``: a seeded random causal LM of ``family`` (fp32, eval mode, frozen; same seed ->
     same weights) and the shared tiny tokenizer; ``overrides`` change config fields (e.g. ``sliding_window``).
-    The LM head is scaled up so that greedy decoding is not a tie-break between near-uniform logits."""
+    The logits are scaled up 8x (the LM head, or the final norm where the head is tied to the embeddings) so that
+    greedy decoding is not a tie-break between near-uniform logits."""
     import transformers
 
     cfg = family_config(family, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, FAMILIES[family][1])(cfg).eval()
     with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(8.0)
+        if cfg.tie_word_embeddings:  # scaling the shared matrix would scale the inputs too: scale the final norm
+            norm = model.model.norm  # Gemma's RMSNorm scales by (1 + weight), the others by weight
+            if "Gemma" in type(norm).__name__:
+                norm.weight.copy_(8.0 * (1.0 + norm.weight) - 1.0)
+            else:
+                norm.weight.mul_(8.0)
+        else:
+            model.get_output_embeddings().weight.mul_(8.0)
     model.requires_grad_(False)
     model.generation_config.eos_token_id = cfg.eos_token_id
     return model, tiny_tokenizer()

@@ -320,6 +320,30 @@ def test_serve_check_refuses_an_eagle3_export_for_a_target_vllm_cannot_serve_bef
     assert "Gemma3ForCausalLM" in line and "SupportsEagle3" in line and "vLLM 0.32.0" in line, line
 
 
+def test_serve_check_refuses_an_untied_gemma2_target_before_starting_vllm(tmp_path, capsys):
+    """vLLM 0.32's Gemma2ForCausalLM has no lm_head (logits from embed_tokens): an untied Gemma-2 target stops vLLM at
+    load whatever the drafter, so serve-check refuses it first, naming the fix; the tied one is not refused."""
+    from families import build_family
+
+    from drafterkit.drafters.draft_lm import DraftLM
+
+    for tied in (True, False):
+        target, tok = build_family("gemma2", tie_word_embeddings=tied)
+        target.save_pretrained(tmp_path / f"gemma2-{tied}")
+        tok.save_pretrained(tmp_path / f"gemma2-{tied}")
+        out = export(DraftLM.from_target(target, 1).save_pretrained(tmp_path / f"d-{tied}"), "hf-assistant",
+                     tmp_path / f"d-{tied}-export")
+        capsys.readouterr()
+        argv = ["serve-check", str(out), "--target", str(tmp_path / f"gemma2-{tied}"), "--venv", str(tmp_path / "none")]
+        assert cli(argv) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        if tied:  # refused only for the missing venv
+            assert "no vLLM venv" in line and "lm_head" not in line, line
+            continue
+        assert "cannot load this Gemma2ForCausalLM target" in line and "tie_word_embeddings: false" in line, line
+        assert "There is no module or parameter named 'lm_head'" in line and "tied embeddings" in line, line
+
+
 def test_a_failed_vllm_run_names_its_last_exception_line(tmp_path):
     """The error's first line carries vLLM's own cause, not only its exit status: here a python without vLLM
     runs the real runner, which fails importing vllm."""

@@ -1,0 +1,143 @@
+"""vLLM serves each export format next to each model family's tiny target, drafting as drafterkit does: the
+"serves in vLLM" columns of the support matrix (``scripts/support_matrix.py``).
+
+A cell is a family x export format. The drafter is built from the family's tiny random target
+(``tests/families.py``, reshaped to 2 heads of 32, which vLLM's CPU attention takes), seeded and untrained,
+saved, exported with ``drafters.export.export`` and served by vLLM 0.32 on a CPU next to the saved target,
+greedy in fp32 (``speceval.serving.check_targets``): vLLM's outputs and every draft chain it proposes must equal
+drafterkit's decoder's on the same 2 prompts of 40 tokens (past the 32-token sliding window of Gemma-2, Gemma-3
+and gpt-oss) x 12 new tokens. Every served cell runs in ONE vLLM process (an engine per cell, ~5 s each on 2 cores).
+A cell drafterkit refuses before vLLM starts (``drafters.vllm_support``: EAGLE-3, P-EAGLE and DFlash need a
+target class with vLLM's SupportsEagle3 interface) checks that refusal's line instead.
+
+Which cells run: all of them with ``DRAFTERKIT_SERVING_MATRIX=full`` (what ``scripts/support_matrix.py`` runs
+for the page, ~5 minutes); otherwise (CI) every refused cell and :data:`CI_CELLS`, every family and every
+format at least once (~1.5 minutes). Marked ``matrix``, ``serving`` and ``slow``; skipped without the vLLM
+venv (``scripts/vllm-venv.sh``) unless ``DRAFTERKIT_REQUIRE_VLLM=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from families import FAMILIES, build_family, family_prompts
+
+from drafterkit.drafters.export import export
+from drafterkit.speceval import serving
+
+pytestmark = [pytest.mark.matrix, pytest.mark.serving, pytest.mark.slow]
+
+VLLM_SHAPE = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+#: export format -> (vLLM's method, the drafterkit kind exported)
+FORMATS = {"hf-assistant": ("draft_model", "draft_lm"), "medusa": ("medusa", "medusa"),
+           "vllm-eagle3": ("eagle3", "eagle3"), "vllm-peagle": ("peagle", "peagle"),
+           "vllm-dflash": ("dflash", "dflash")}
+PROMPT_LEN, NEW, K = 40, 12, 3
+#: the cells CI serves (one vLLM engine each): every family once and every format at least twice
+CI_CELLS = [("llama3", "vllm-eagle3"), ("qwen2", "vllm-dflash"), ("qwen3", "vllm-peagle"), ("qwen3_moe", "medusa"),
+            ("mistral", "vllm-eagle3"), ("gemma2", "hf-assistant"), ("gemma3", "medusa"), ("phi3", "vllm-dflash"),
+            ("olmo2", "hf-assistant"), ("granite", "vllm-peagle"), ("gpt_oss", "vllm-eagle3")]
+FULL = os.environ.get("DRAFTERKIT_SERVING_MATRIX") == "full"
+
+
+def _refusal(family: str, fmt: str) -> str | None:
+    from drafterkit.drafters.vllm_support import eagle3_serve_problem
+
+    arch = FAMILIES[family][1]
+    return eagle3_serve_problem(arch) if FORMATS[fmt][0] in serving.AUX_HIDDEN_METHODS else None
+
+
+ALL = [(f, fmt) for f in FAMILIES for fmt in FORMATS]
+REFUSED = [c for c in ALL if _refusal(*c)]
+SERVED = [c for c in ALL if c not in REFUSED and (FULL or c in CI_CELLS)]
+
+
+def make_drafter(kind: str, target):
+    """A seeded, untrained drafter of ``kind`` started from ``target`` (EAGLE-3 / P-EAGLE / DFlash with a draft
+    vocabulary of every other id, so the export's d2t mapping is exercised)."""
+    from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
+    from drafterkit.drafters.draft_lm import DraftLM
+    from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+    from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
+
+    torch.manual_seed(0)
+    vocab = target.config.vocab_size
+    if kind == "draft_lm":
+        return DraftLM.from_target(target, 1)
+    if kind == "medusa":
+        return MedusaDrafter(MedusaConfig.from_target(target, num_heads=K), target=target)
+    config, cls = {"eagle3": (Eagle3Config, Eagle3Drafter), "peagle": (PEagleConfig, PEagleDrafter),
+                   "dflash": (DFlashConfig, DFlashDrafter)}[kind]
+    extra = {"block_size": K + 1} if kind == "dflash" else {}
+    drafter = cls(config.from_target(target, draft_vocab_size=vocab // 2, **extra), target=target)
+    drafter.set_draft_vocab(torch.arange(vocab // 2) * 2, target=target)
+    return drafter
+
+
+def _prepare(root: Path, family: str, formats: list[str]) -> tuple[str, list]:
+    folder = root / family / "target"
+    target, tok = build_family(family, **VLLM_SHAPE)
+    target.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    exports = []
+    for fmt in formats:
+        ckpt = make_drafter(FORMATS[fmt][1], target).save_pretrained(root / family / fmt)
+        exports.append((export(ckpt, fmt, root / family / f"{fmt}-export", target=str(folder)), None))
+    return str(folder), exports
+
+
+@pytest.fixture(scope="module")
+def served(request, tmp_path_factory):
+    """``{(family, format): report}`` of every cell in :data:`SERVED` that this run selected (``-k``), from one vLLM
+    process."""
+    selected = {(i.callspec.params["family"], i.callspec.params["fmt"]) for i in request.session.items
+                if getattr(i, "originalname", None) == "test_serves"}
+    try:
+        serving.vllm_python()
+    except serving.ServeCheckError as exc:
+        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
+            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
+        pytest.skip(str(exc))
+    root = tmp_path_factory.mktemp("serving-families")
+    groups, cells, prompts = [], [], {}
+    for family in FAMILIES:
+        formats = [fmt for f, fmt in SERVED if f == family and (f, fmt) in selected]
+        if formats:
+            folder, exports = _prepare(root, family, formats)
+            groups.append((folder, exports))
+            cells += [(family, fmt) for fmt in formats]
+            prompts[folder] = family_prompts(2, PROMPT_LEN)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as vLLM's CPU engine runs; the tiny models gain nothing from a second thread
+    try:
+        reports = serving.check_targets(groups, prompts=prompts, max_new_tokens=NEW, k=K, keep_going=True,
+                                        log=root / "vllm.log", timeout=300 + 120 * len(cells))
+    finally:
+        torch.set_num_threads(before)
+    return dict(zip(cells, [r for group in reports for r in group]))
+
+
+@pytest.mark.parametrize("family,fmt", SERVED, ids=[f"{f}-{fmt}" for f, fmt in SERVED])
+def test_serves(served, family, fmt, record_property):
+    """vLLM loads the export next to the target and proposes the same chains as drafterkit, outputs equal."""
+    r = served[family, fmt]
+    assert "error" not in r, serving.format_report(r)
+    c = r["comparison"]
+    assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
+    assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+    record_property("cell", f"pass (chains {c['chains_identical']}/{c['chains']})")
+
+
+@pytest.mark.parametrize("family,fmt", REFUSED, ids=[f"{f}-{fmt}" for f, fmt in REFUSED])
+def test_serves_refused(tmp_path, family, fmt, record_property):
+    """drafterkit refuses the cell before vLLM starts (``drafterkit serve-check`` exits 2 with the line)."""
+    folder, ((out, _),) = _prepare(tmp_path, family, [fmt])
+    with pytest.raises(serving.ServeCheckError) as info:
+        serving.check_targets([(folder, [(out, None)])], venv=tmp_path / "no-venv")
+    line = str(info.value)
+    assert FAMILIES[family][1] in line and "SupportsEagle3" in line, line
+    record_property("cell", "refused: " + line.split(": ", 1)[1].split("; serve-check")[0])
