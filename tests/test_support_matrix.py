@@ -1,0 +1,58 @@
+"""scripts/support_matrix.py reads each matrix test's outcome into its cell (the vLLM columns included), and the
+committed docs/support-matrix.md is a complete run: every family, every column, no cell left unrun or failed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from families import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("support_matrix", ROOT / "scripts" / "support_matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _case(name: str, cell: str | None = None, failure: str | None = None) -> str:
+    props = f'<properties><property name="cell" value="{cell}"/></properties>' if cell else ""
+    fail = f'<failure message="{failure}">trace</failure>' if failure else ""
+    return f'<testcase classname="tests.x" name="{name}">{props}{fail}</testcase>'
+
+
+def test_cells_from_junit_include_the_vllm_suffix_and_peagle_columns(tmp_path):
+    sm = _script()
+    (tmp_path / "a.xml").write_text("<testsuites><testsuite>" + "".join([
+        _case("test_serves[gemma2-hf-assistant]", "pass (chains 20/20)"),
+        _case("test_serves_refused[gemma3-vllm-eagle3]", "refused: vLLM 0.32.0 cannot serve"),
+        _case("test_serves[qwen3-vllm-peagle]", failure="AssertionError: chains 3/20"),
+        _case("test_suffix[qwen3_moe]", "pass"), _case("test_kind[qwen3-peagle]", "pass"),
+        _case("test_export[qwen3-vllm-peagle]", "pass")]) + "</testsuite></testsuites>")
+    (tmp_path / "b.xml").write_text("<testsuites><testsuite>" + _case("test_serves[qwen3-vllm-peagle]", "pass (rerun)")
+                                    + "</testsuite></testsuites>")
+    cells = sm.read_cells([tmp_path / "a.xml"])
+    assert cells["gemma2"]["vLLM hf-assistant"] == "pass (chains 20/20)"
+    assert cells["gemma3"]["vLLM vllm-eagle3"].startswith("refused: vLLM 0.32.0")
+    assert cells["qwen3"]["vLLM vllm-peagle"] == "FAIL: AssertionError: chains 3/20"
+    assert cells["qwen3_moe"]["suffix"] == cells["qwen3"]["peagle"] == cells["qwen3"]["vllm-peagle"] == "pass"
+    assert sm.read_cells([tmp_path / "a.xml", tmp_path / "b.xml"])["qwen3"]["vLLM vllm-peagle"] == "pass (rerun)"
+    page = sm.render(cells)
+    assert "## Serves in vLLM" in page and "| gemma2 | pass (chains 20/20) |" in page
+
+
+def test_the_committed_page_is_a_complete_run():
+    sm = _script()
+    page = (ROOT / "docs" / "support-matrix.md").read_text()
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in page.splitlines()
+            if line.startswith("| ") and not line.startswith("| family")}
+    assert set(FAMILIES) <= set(rows)
+    for header in (sm.COLUMNS, sm.SERVED):
+        assert "| family | " + " | ".join(header) + " |" in page, header
+    table = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| family")]
+    assert len(table) == 2 * len(FAMILIES)
+    assert not [line for line in table if "not run" in line or "FAIL" in line], "regenerate: python " \
+        "scripts/support_matrix.py"
