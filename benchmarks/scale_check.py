@@ -5,16 +5,17 @@ ZeRO-2 / ZeRO-3 gives the same drafter, and what each process holds in memory.
     python benchmarks/scale_check.py --engines one,ddp,fsdp,zero2 --nproc 8 --kind eagle3 --steps 4
     python benchmarks/scale_check.py --engines one,ddp,fsdp --steps 2 --json scale.json
 
-Each engine trains the same seeded random target (a 2-layer Llama with SmolLM2's vocabulary and tokenizer,
-hidden 64; no network needed once the default target's tokenizer is cached, or pass ``--tokenizer DIR``) on
-the same 32 synthetic chats for ``--steps`` optimizer steps at the same global batch, in fp32, through the
-real launchers (``python -m drafterkit.train``, ``torchrun`` for DDP on a CPU, ``accelerate launch`` with the configs in
-``recipes/accelerate/`` otherwise). It prints one table: the final logged loss, the largest parameter
-difference of the saved drafter against the one-process run as a fraction of the largest update the
-one-process run made (``diff/update``; <= ``--tol`` passes), each process's peak memory (CUDA: the caching
-allocator's peak; CPU: peak resident set size, which includes the frozen target and the runtime), and the
-wall time. An engine that drafterkit refuses on this machine (FSDP or DeepSpeed without CUDA) is listed as
-refused with the reason it printed. Exit status 1 if any engine that ran disagrees with the one-process run.
+Each engine trains the same seeded random target (a 2-layer Llama with SmolLM2's vocabulary and tokenizer, hidden
+64; no network needed once the default target's tokenizer is cached, or pass ``--tokenizer DIR``) on the same 32
+synthetic chats for ``--steps`` optimizer steps at the same global batch, in fp32, through the real launchers
+(``python -m drafterkit.train``, ``torchrun`` for DDP and DeepSpeed ZeRO (``train.shard=zero2 | zero3``) on a CPU,
+``accelerate launch`` with the configs in ``recipes/accelerate/`` otherwise). It prints one table: the final logged
+loss, the largest parameter difference of the saved drafter against the one-process run as a fraction of the
+largest update the one-process run made (``diff/update``; <= ``--tol`` passes), each process's peak memory (CUDA:
+the caching allocator's peak; CPU: peak resident set size, which includes the frozen target and the runtime), and
+the wall time. An engine that drafterkit refuses on this machine (accelerate's FSDP without CUDA, DeepSpeed where
+it is not installed) is listed as refused with the reason it printed. Exit status 1 if any engine that ran
+disagrees with the one-process run.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
-CONFIGS = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml"}
+CONFIGS = {"fsdp": "fsdp.yaml"}
+SHARD = {"zero2": "zero2", "zero3": "zero3"}  # engines drafterkit drives itself: train.shard
 OPTIONS = {"eagle3": "{draft_vocab_size: 512, ttt_steps: 3}", "draft_lm": "{init: truncated, num_layers: 1}",
            "medusa": "{num_heads: 3, train_vocab_size: 512}", "eagle": "{train_vocab_size: 512}"}
 WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day long".split()
@@ -85,11 +87,11 @@ def command(engine: str, recipe: Path, out: Path, batch: int, nproc: int, cuda: 
     args = ["-m", "drafterkit.train", str(recipe), f"output_dir={out}"]
     if engine == "one":
         return [sys.executable] + args + [f"train.batch_size={batch}"]
-    per = [f"train.batch_size={batch // nproc}"]
-    if engine == "ddp" and not cuda:
+    per = [f"train.batch_size={batch // nproc}"] + ([f"train.shard={SHARD[engine]}"] if engine in SHARD else [])
+    if engine in ("ddp", *SHARD) and not cuda:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)] + args + per + \
             ["train.cpu=true"]
-    config = ROOT / "recipes" / "accelerate" / ("multi_gpu.yaml" if engine == "ddp" else CONFIGS[engine])
+    config = ROOT / "recipes" / "accelerate" / CONFIGS.get(engine, "multi_gpu.yaml")
     return ACCELERATE + ["--config_file", str(config), "--num_processes", str(nproc), "--mixed_precision", "no"] + \
         args + per
 
@@ -140,7 +142,7 @@ def compare(rows: list[dict], root: Path, kind: str, tol: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", default="one,ddp,fsdp,zero2,zero3" if cuda else "one,ddp,fsdp,zero2",
+    p.add_argument("--engines", default="one,ddp,fsdp,zero2,zero3",
                    help="comma-separated from one, ddp, fsdp, zero2, zero3 (one is always run first)")
     p.add_argument("--kind", default="eagle3", choices=sorted(OPTIONS))
     p.add_argument("--steps", type=int, default=4, help="optimizer steps per engine")
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
     engines = ["one"] + [e for e in a.engines.split(",") if e and e != "one"]
-    unknown = sorted(set(engines) - {"one", "ddp", *CONFIGS})
+    unknown = sorted(set(engines) - {"one", "ddp", *CONFIGS, *SHARD})
     if unknown or a.batch % a.nproc:
         p.error(f"unknown engines {unknown} (valid: one, ddp, fsdp, zero2, zero3)" if unknown else
                 f"--batch {a.batch} must be a multiple of --nproc {a.nproc}")

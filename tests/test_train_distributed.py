@@ -36,9 +36,10 @@ def test_a_sharded_engine_without_cuda_is_refused_naming_request_reason_and_reme
     with pytest.raises(RecipeError) as err:
         preflight(recipe)
     msg = str(err.value)
-    why = "no CUDA device" if engine == "FSDP" else "does not drive DeepSpeed's engine"
+    why = "no CUDA device" if engine == "FSDP" else "drafterkit drives DeepSpeed's engine itself"
     assert f"asked for {engine} ({var}=true" in msg and why in msg and "torchrun --nproc_per_node" in msg
-    assert "train.shard=drafter" in msg and "\n" not in msg  # one line, naming drafterkit's FSDP2 to run instead
+    # one line, naming drafterkit's own engine to run instead: FSDP2, or DeepSpeed driven by drafterkit
+    assert ("train.shard=drafter" if engine == "FSDP" else "train.shard=zero3") in msg and "\n" not in msg
 
 
 def test_accelerates_fsdp_and_train_shard_together_are_refused(tmp_path, monkeypatch):

@@ -1,74 +1,34 @@
 """FSDP2 driven by drafterkit (``train.shard``), on this CPU with two gloo processes, through the entry point
 users run (``torchrun --nproc_per_node 2 -m drafterkit.train RECIPE train.cpu=true``).
 
-Tolerances: the logged loss of every step equals the one-process run's to 1e-5 (relative), and the saved
-drafter's parameters differ from the one-process run's by at most 1e-3 of the update training made (as
-``test_train_invariance``; with AdamW's ``eps = 1`` the update is proportional to the gradient, so a
-mis-scaled gradient shows). A resumed sharded run equals the uninterrupted one to the same bound.
+Tolerances (``sharded_runs``): the logged loss of every step equals the one-process run's to 1e-5 (relative),
+and the saved drafter's parameters differ from the one-process run's by at most 1e-3 of the update training
+made. A resumed sharded run equals the uninterrupted one to the same bound.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import training_world
-
-ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
-STEPS = 3
+from sharded_runs import (
+    STEPS,
+    assert_same_drafter,
+    eagle3_world,
+    initial_drafter,
+    logged_losses,
+    saved_drafter,
+    torchrun,
+)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fsdp")
-    rnd = random.Random(0)
-    chats = [(" ".join(rnd.choices(WORDS, k=5)), " ".join(rnd.choices(WORDS, k=n_words)))
-             for n_words in [1, 40, 3, 25, 2, 12, 1, 30]]
-    with training_world(root, chats):
-        from drafterkit.train.recipe import recipe_from_dict
-
-        recipe = recipe_from_dict({
-            "output_dir": str(root / "unused"), "target": {"name_or_path": str(root / "target")},
-            "drafter": {"kind": "eagle3"},
-            "data": {"source": "jsonl", "path": str(root / "chat.jsonl"), "max_length": 96, "heldout_fraction": 0.0},
-            "optim": {"lr": 1e-2, "schedule": "constant", "eps": 1.0, "grad_clip": 1.0},
-            "train": {"max_steps": STEPS, "batch_size": 8, "log_every": 1, "resume": "never", "cpu": True},
-            "eval": {"every": 0, "at_end": False, "k": 3},
-            "logging": {"trackers": ["tensorboard"]},
-        }, ["drafter.options={draft_vocab_size: 512, ttt_steps: 2}"])
-        (root / "eagle3.yaml").write_text(recipe.to_yaml())
+    with eagle3_world(tmp_path_factory.mktemp("fsdp")) as root:
         yield root
-
-
-def _torchrun(world: Path, *overrides: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
-    env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-                           "drafterkit.train", str(world / "eagle3.yaml"), *overrides],
-                          cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads([x for x in proc.stdout.splitlines() if x.startswith('{"output_dir"')][-1])
-
-
-def _logged_losses(out: Path) -> list[list[float]]:
-    """``train/loss`` per logged step, one list per events file that holds it (one per logging process)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    found = []
-    for ev in sorted((out / "logs").rglob("events.out.tfevents*")):
-        acc = EventAccumulator(str(ev))
-        acc.Reload()
-        if "train/loss" in acc.Tags()["scalars"]:
-            found.append([e.value for e in acc.Scalars("train/loss")])
-    return found
 
 
 def _wandb_history(run_file: Path) -> list[dict]:
@@ -96,39 +56,12 @@ def _wandb_history(run_file: Path) -> list[dict]:
     return rows
 
 
-def _drafter(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(out / "checkpoints" / "last" / "drafter" / "model.safetensors"))
-
-
-def _initial(world: Path) -> dict[str, torch.Tensor]:
-    from accelerate.utils import set_seed
-
-    from drafterkit.assets.target import load_target
-    from drafterkit.train.recipe import load_recipe
-    from drafterkit.train.strategies import get_strategy
-
-    r = load_recipe(world / "eagle3.yaml")
-    target, tok = load_target(str(world / "target"))
-    set_seed(r.train.seed)
-    return get_strategy("eagle3").build(r, target, tok).own_state_dict()
-
-
-def _assert_same_drafter(a: dict, b: dict, init: dict, what: str) -> None:
-    assert a.keys() == b.keys(), f"{what}: tensors differ: {sorted(set(a) ^ set(b))}"
-    update = max(float((a[k].float() - init[k].float()).abs().max()) for k in a)
-    diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-    assert update > 1e-4, f"{what}: training did not move the drafter"
-    assert diff <= 1e-3 * update, f"{what}: parameters differ by {diff:.3g} for an update of {update:.3g}"
-
-
 @pytest.fixture(scope="module")
 def sharded_run(world):
     """The drafter sharded over two gloo processes, 2 x 2 (batch x accumulation) per process: the one-process
     run's 8 examples per step."""
     out = world / "sharded"
-    summary = _torchrun(world, f"output_dir={out}", "train.shard=drafter", "train.batch_size=2", "train.grad_accum=2",
+    summary = torchrun(world, f"output_dir={out}", "train.shard=drafter", "train.batch_size=2", "train.grad_accum=2",
                         "logging.trackers=[tensorboard, wandb]")
     return out, summary
 
@@ -143,10 +76,11 @@ def test_fsdp_sharded_drafter_under_two_processes_equals_one_process(world, shar
     assert summary["global_step"] == STEPS and len(summary["peak_memory_mb"]) == 2
     # the training steps' peak (reset after setup) is each process's own, within the whole run's
     assert all(0 < t <= p for t, p in zip(summary["train_peak_memory_mb"], summary["peak_memory_mb"], strict=True))
-    (ref,), logged = _logged_losses(one), _logged_losses(out)
+    (ref,), logged = logged_losses(one), logged_losses(out)
     assert len(logged) == 1, "every process logged: only the main process may"
     assert len(ref) == STEPS and logged[0] == pytest.approx(ref, rel=1e-5)
-    _assert_same_drafter(_drafter(out), _drafter(one), _initial(world), "sharded 2 processes vs one process")
+    assert_same_drafter(saved_drafter(out), saved_drafter(one), initial_drafter(world),
+                        "sharded 2 processes vs one process")
     state = out / "checkpoints" / "last" / "state"
     assert sorted(p.name for p in (state / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert (state / "rng-rank-1.pt").is_file()
@@ -158,11 +92,11 @@ def test_fsdp_resume_from_a_sharded_checkpoint_equals_the_uninterrupted_run(worl
     out, full = sharded_run
     part = world / "resumed"
     common = ["train.batch_size=2", "train.grad_accum=2", f"output_dir={part}"]
-    _torchrun(world, *common, "train.shard=drafter", "train.max_steps=1")
-    again = _torchrun(world, *common, "train.shard=drafter+target", "train.resume=auto")
+    torchrun(world, *common, "train.shard=drafter", "train.max_steps=1")
+    again = torchrun(world, *common, "train.shard=drafter+target", "train.resume=auto")
     assert again["global_step"] == STEPS
     assert again["final_loss"] == pytest.approx(full["final_loss"], rel=1e-5)
-    _assert_same_drafter(_drafter(part), _drafter(out), _initial(world), "resumed vs uninterrupted")
+    assert_same_drafter(saved_drafter(part), saved_drafter(out), initial_drafter(world), "resumed vs uninterrupted")
 
 
 def _sharded_target_worker(rank: int, world: int, port: int, folder: str, result: str) -> None:
@@ -232,4 +166,4 @@ def test_wandb_logs_the_step_metrics_once_from_the_main_process_of_a_sharded_run
     rows = [r for r in _wandb_history(runs[0]) if "train/loss" in r]
     assert [r["_step"] for r in rows] == list(range(1, STEPS + 1))
     assert all({"train/lr", "train/grad_norm", "train/tokens"} <= set(r) for r in rows)
-    assert [r["train/loss"] for r in rows] == pytest.approx(_logged_losses(out)[0], rel=1e-6)
+    assert [r["train/loss"] for r in rows] == pytest.approx(logged_losses(out)[0], rel=1e-6)

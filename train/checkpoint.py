@@ -4,7 +4,9 @@ Layout of one checkpoint (``checkpoints/step-N``, ``checkpoints/last``, ``checkp
 
     drafter/             strategy.save(): config.json + model.safetensors, load with drafters.load_drafter
     state/               accelerator.save_state(): model, optimizer, scheduler, RNG states (python,
-                         numpy, torch, cuda) of every process       (absent in best/)
+                         numpy, torch, cuda) of every process       (absent in best/); with the drafter
+                         sharded (train.shard) the engine's own sharded state instead: dcp/ (FSDP2) or
+                         zero2/ / zero3/ (DeepSpeed), beside scheduler.pt and rng-rank-R.pt
     trainer_state.json   global_step, epoch, batch_in_epoch (data position), best score, tokens seen,
                          train_seconds (the loop's wall seconds up to this step, over resumes)
     recipe.yaml          the resolved recipe
@@ -34,7 +36,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from drafterkit.drafters.base import apply_umask
-from drafterkit.train.sharding import load_sharded_state, save_sharded_state
 
 
 @dataclass
@@ -124,9 +125,10 @@ def save_checkpoint(final: Path, *, accelerator, strategy, drafter, state: Train
                     optimizer=None, scheduler=None) -> Path:
     """Write one checkpoint folder atomically (see module docstring). Returns ``final``.
 
-    With a sharded drafter (``sharded``: a ``train.sharding.ShardedDrafter``) the drafter is gathered whole
-    for ``drafter/`` (the same ``model.safetensors`` one process writes) and ``state/`` holds the sharded
-    model and ``optimizer`` states (``train.sharding.save_sharded_state``), ``scheduler`` and RNG states."""
+    With a sharded drafter (``sharded``: a ``train.sharding.ShardedDrafter`` or ``train.zero.ZeroDrafter``) the
+    drafter is gathered whole for ``drafter/`` (the same ``model.safetensors`` one process writes) and ``state/``
+    holds the sharded model and ``optimizer`` states (``sharded.save_state``: torch's DCP under FSDP2,
+    DeepSpeed's own checkpoint under ZeRO), ``scheduler`` and RNG states."""
 
     def write(tmp: Path) -> None:
         whole = accelerator.unwrap_model(drafter) if sharded is None else sharded.materialize()
@@ -136,7 +138,7 @@ def save_checkpoint(final: Path, *, accelerator, strategy, drafter, state: Train
         elif with_state:
             (tmp / "state").mkdir(exist_ok=True)
             accelerator.wait_for_everyone()
-            save_sharded_state(tmp / "state", sharded, optimizer, scheduler, accelerator.is_main_process)
+            sharded.save_state(tmp / "state", optimizer, scheduler, accelerator.is_main_process)
         if accelerator.is_main_process:
             strategy.save(whole, tmp / "drafter")
             if sharded is not None:
@@ -215,11 +217,11 @@ def find_resume(recipe) -> Path | None:
 
 def load_checkpoint(path: Path, accelerator, sharded=None, optimizer=None, scheduler=None) -> TrainerState:
     """Restore model, optimizer, scheduler and RNG states (all prepared with ``accelerator``, or the sharded
-    drafter's: ``train.sharding.load_sharded_state``) from ``path/state`` and return the
+    drafter's: ``sharded.load_state``) from ``path/state`` and return the
     :class:`TrainerState` saved beside them."""
     path = Path(path)
     if sharded is not None:
-        load_sharded_state(path / "state", sharded, optimizer, scheduler)
+        sharded.load_state(path / "state", optimizer, scheduler)
     else:
         accelerator.load_state(str(path / "state"))
     return TrainerState.from_json((path / "trainer_state.json").read_text())

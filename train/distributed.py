@@ -35,10 +35,10 @@ def check_distributed_request(recipe: Recipe) -> str | None:
     quietly builds plain data parallelism instead (FSDP), or a DeepSpeed engine in which every process
     believes it is alone (``num_processes == 1`` on every rank, each writing the same checkpoints).
 
-    DeepSpeed is refused everywhere: drafterkit does not drive DeepSpeed's engine (its ``backward`` /
-    ``step``, checkpoints and ZeRO-3 gathering), and accelerate's builds no engine on a CPU. Sharding is
-    drafterkit's own FSDP2 (``train.shard``, ``train.sharding``), which shards what ZeRO-3 shards.
-    accelerate's own FSDP (CUDA only) and ``train.shard`` are not combined.
+    accelerate's DeepSpeed is refused everywhere: it runs DeepSpeed's step inside ``backward``, before
+    drafterkit's normalisation, and builds no engine on a CPU; drafterkit drives DeepSpeed's engine itself
+    (``train.shard: zero2 | zero3``, ``train.zero``). accelerate's own FSDP (CUDA only) and ``train.shard`` are
+    not combined.
 
     Raises:
         RecipeError: DeepSpeed requested; FSDP requested with ``train.cpu: true``, without a CUDA device, or
@@ -49,12 +49,13 @@ def check_distributed_request(recipe: Recipe) -> str | None:
         return None
     engine, var = requested[0], next(v for v, e in _ENGINES.items() if e == requested[0])
     if engine == "DEEPSPEED":
-        raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which drafterkit does "
-                          "not train with: it does not drive DeepSpeed's engine (backward, step, ZeRO checkpoints). "
-                          "Shard with drafterkit's FSDP2 instead, which shards what ZeRO-3 shards: launch without the "
-                          "DeepSpeed config and set train.shard=drafter (or drafter+target), e.g. accelerate launch "
-                          "--config_file recipes/accelerate/multi_gpu.yaml -m drafterkit.train RECIPE.yaml "
-                          f"train.shard=drafter on GPUs; {_CPU_DDP}")
+        raise RecipeError("the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true) through accelerate, which "
+                          "runs DeepSpeed's optimizer step inside backward, before drafterkit's step normalisation; "
+                          "drafterkit drives DeepSpeed's engine itself: launch without the DeepSpeed config and set "
+                          "train.shard=zero2 or zero3, e.g. accelerate launch --config_file "
+                          "recipes/accelerate/multi_gpu.yaml -m drafterkit.train RECIPE.yaml train.shard=zero3 on "
+                          "GPUs; torchrun --nproc_per_node N -m drafterkit.train RECIPE.yaml train.cpu=true "
+                          "train.shard=zero3 on CPU")
     if recipe.train.shard != "none":
         raise RecipeError(f"the launcher asked for accelerate's FSDP ({var}=true) and the recipe sets train.shard="
                           f"{recipe.train.shard} (drafterkit's own FSDP2): use one; launch without the FSDP config "
@@ -145,22 +146,70 @@ def fsdp_ignore_borrowed(acc, drafter: torch.nn.Module) -> None:
     acc.state.fsdp_plugin.ignored_modules = [drafter.get_submodule(n) for n in sorted(names)] or None
 
 
+def _engine(ctx):
+    """The DeepSpeed engine training the drafter (``train.zero.ZeroDrafter``), else ``None``."""
+    return getattr(ctx.sharded, "engine", None)
+
+
 def gradient_sync(ctx: dict, sync: bool):
     """A context for one micro-batch's backward: gradients are synchronised across processes only when
     ``sync`` (the step's last micro-batch). DDP: ``no_sync`` otherwise; FSDP2 (``ctx.sharded``):
-    ``set_requires_gradient_sync`` (gradients accumulate unsharded, reduce-scattered on the last one)."""
+    ``set_requires_gradient_sync`` (gradients accumulate unsharded, reduce-scattered on the last one);
+    DeepSpeed: its own micro-step count decides (``gradient_accumulation_steps`` is ``train.grad_accum``)."""
     drafter = ctx.drafter
+    if _engine(ctx) is not None:
+        return contextlib.nullcontext()
     if ctx.sharded is not None:
         drafter.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
     return contextlib.nullcontext() if sync else ctx.accelerator.no_sync(drafter)
 
 
-def backward(ctx: dict, loss: torch.Tensor) -> None:
-    """Backpropagate an already normalised micro-batch loss (``train.step.train_step``) through accelerate
-    (its mixed-precision scaler; the accelerator is built with ``gradient_accumulation_steps=1``, so it does
-    not divide the loss)."""
-    ctx.accelerator.backward(loss)
+def micro_batch_loss(ctx, batch: dict):
+    """``strategy.loss`` of one micro-batch: ``(loss, metrics)``. Under DeepSpeed through the engine's forward
+    (``train.zero``), which does ZeRO's per-micro-batch bookkeeping and ZeRO-3's parameter gathering."""
+    engine = _engine(ctx)
+    if engine is not None:
+        return engine(ctx.target, batch)
+    return ctx.strategy.loss(ctx.drafter, ctx.target, batch, ctx.recipe)
+
+
+def backward(ctx: dict, loss: torch.Tensor, last: bool = True) -> None:
+    """Backpropagate an already normalised micro-batch loss (``train.step.train_step``; ``last``: the step's
+    last micro-batch) through accelerate (its mixed-precision scaler; the accelerator is built with
+    ``gradient_accumulation_steps=1``, so it does not divide the loss), or DeepSpeed's engine
+    (``scale_wrt_gas=False``: it must not divide by the accumulation steps either; a micro-batch before the
+    last then ends with ``engine.step()``, which only counts it).
+
+    Raises:
+        RuntimeError: DeepSpeed's micro-step count disagrees with the step's (its boundary would be elsewhere).
+    """
+    engine = _engine(ctx)
+    if engine is None:
+        ctx.accelerator.backward(loss)
+        return
+    if engine.is_gradient_accumulation_boundary() != last:
+        raise RuntimeError(f"DeepSpeed's gradient accumulation boundary is off the step's (micro-batch last={last}); "
+                           "its gradient_accumulation_steps must equal train.grad_accum")
+    engine.backward(loss, scale_wrt_gas=False)
+    if not last:
+        engine.step()
+
+
+def optimizer_step(ctx: dict, max_norm: float) -> float:
+    """Clip the drafter's gradients to a total L2 norm of ``max_norm`` (0: no clipping), step the optimizer and
+    zero the gradients; returns the norm before clipping (NaN without clipping). Sharded gradients (DTensors)
+    contribute their shards' norms across processes, as one tensor would; DeepSpeed clips its partitions by
+    the global norm (``gradient_clipping``, ``train.zero.ds_config``) inside ``engine.step()``."""
+    engine = _engine(ctx)
+    if engine is not None:
+        engine.step()
+        norm = engine.get_global_grad_norm() if max_norm else None
+        return float("nan") if norm is None else float(norm)
+    norm = clip_gradients(ctx, max_norm) if max_norm else float("nan")
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 def clip_gradients(ctx: dict, max_norm: float) -> float:

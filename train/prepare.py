@@ -30,10 +30,20 @@ from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
 from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
-from drafterkit.train.sharding import ShardedDrafter, device_mesh, shard_target, shards
+from drafterkit.train.sharding import (
+    ENGINE_NAMES,
+    ShardedDrafter,
+    device_mesh,
+    drafter_engine,
+    saved_engine,
+    shard_target,
+    shards,
+    zero_stage,
+)
 from drafterkit.train.step import BudgetSchedule, RunContext
 from drafterkit.train.strategies import get_strategy
 from drafterkit.train.target_shards import gathered_layers, layers_read_at_build, load_run_target
+from drafterkit.train.zero import ZeroDrafter, check_zero_request, check_zero_resume
 
 
 def assert_frozen(target: torch.nn.Module) -> None:
@@ -79,7 +89,10 @@ def preflight(recipe: Recipe) -> None:
             run and this one would start at step 0 (``train.resume: never``, or ``auto`` with nothing
             resumable) without ``train.overwrite``; a sharded engine the launcher asked for cannot run here
             (:func:`check_distributed_request`); ``train.shard`` in a single process
-            (:func:`check_shard_world`).
+            (:func:`check_shard_world`); ``train.shard: zero2 | zero3`` where DeepSpeed cannot run
+            (:func:`train.zero.check_zero_request`); a resume from a checkpoint whose drafter another engine
+            trained (:func:`train.sharding.saved_engine`), or from a ZeRO checkpoint on another number of
+            processes (:func:`train.zero.check_zero_resume`).
     """
     check_distributed_request(recipe)
     recipe_data_file(recipe.data)
@@ -87,12 +100,15 @@ def preflight(recipe: Recipe) -> None:
         raise RecipeError(f"output_dir {recipe.output_dir}: {why}; give a folder you can write (output_dir=DIR)")
     cfg, ckpts = recipe.train, recipe.paths.checkpoints
     resume = None if cfg.overwrite else find_resume(recipe)
-    if resume is not None and (resume / "state" / "dcp").is_dir() != shards(recipe)[0]:
-        saved = "sharded" if (resume / "state" / "dcp").is_dir() else "not sharded"
+    if resume is not None and saved_engine(resume / "state") != drafter_engine(recipe):
+        saved = ENGINE_NAMES[saved_engine(resume / "state")]
         raise RecipeError(f"cannot resume {resume} with train.shard={cfg.shard}: its drafter was {saved} when it was "
                           "saved; resume with the train.shard of that run (its recipe.yaml), or train into a new "
                           "output_dir")
+    if resume is not None:
+        check_zero_resume(resume / "state", recipe)
     check_shard_world(recipe)
+    check_zero_request(recipe)
     if cfg.overwrite or not ckpts.is_dir() or resume is not None:
         return
     held = sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".tmp-"))
@@ -158,7 +174,10 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     params = [p for p in drafter.parameters() if p.requires_grad]  # sharded ones (DTensors) under FSDP2
     o = recipe.optim
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    world = acc.num_processes  # a prepared scheduler steps once per process per optimizer step
+    if zero_stage(recipe):  # DeepSpeed's engine takes the drafter and this AdamW (over its ZeRO partitions)
+        sharded = ZeroDrafter(drafter, strategy, recipe, optimizer, acc.num_processes, acc.is_main_process)
+    # a scheduler prepared by accelerate steps once per process per optimizer step; drafterkit's own, once
+    world = 1 if zero_stage(recipe) else acc.num_processes
     schedule = BudgetSchedule(o.schedule, o.warmup_steps, recipe.train.max_steps, world, recipe.train.max_minutes)
     # a plain function: LambdaLR saves no state for it, so a resumed run takes the schedule from its recipe
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda count: schedule(count))
@@ -166,8 +185,9 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
         fsdp_ignore_borrowed(acc, drafter)
         drafter, optimizer, scheduler = acc.prepare(drafter, optimizer, scheduler)
         params = [p for p in drafter.parameters() if p.requires_grad]  # accelerate's FSDP2 replaces them
-    else:  # drafterkit's own FSDP2: accelerate must not wrap the drafter in DDP
+    elif not zero_stage(recipe):  # drafterkit's own FSDP2: accelerate must not wrap the drafter in DDP
         optimizer, scheduler = acc.prepare(optimizer, scheduler)
+    # under DeepSpeed nothing goes through accelerate: the engine steps the drafter and its optimizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
         prompts = _eval_prompts(recipe, tokenizer)

@@ -232,10 +232,10 @@ class TrainSection(Section):
     # true (with resume: never): delete output_dir's checkpoints/, eval/, logs/, recipe.yaml, start at step 0
     overwrite: bool = False
     cpu: bool = False  # force CPU even where an accelerator is present
-    # FSDP2 (train.sharding): none (data parallelism, the target replicated) | drafter (its parameters,
-    # gradients and optimizer state sharded over the processes) | target (the frozen target's decoder layers
-    # sharded, gathered layer by layer in its forward) | drafter+target
-    shard: Literal["none", "drafter", "target", "drafter+target"] = "none"
+    # none (data parallelism) | FSDP2 (train.sharding): drafter (parameters, gradients, optimizer state) | target
+    # (decoder layers) | drafter+target | DeepSpeed (train.zero): zero2 (optimizer state, gradients) | zero3 (+params)
+    shard: Literal["none", "drafter", "target", "drafter+target",
+                   "zero2", "zero3", "zero2+target", "zero3+target"] = "none"
 
     @field_validator("resume")
     @classmethod
@@ -359,10 +359,13 @@ class Recipe(Section):
             raise ValueError(f"train.shard={shard}: the in-training evaluation decodes with the whole target on the "
                              "main process alone, which a sharded target is not; set eval.every=0 eval.at_end=false "
                              "and measure the saved drafter afterwards with drafterkit eval")
-        if "drafter" in shard and self.data.on_policy_fraction > 0:
+        if shard not in ("none", "target") and self.data.on_policy_fraction > 0:
             raise ValueError(f"train.shard={shard}: on-policy batches sample from the drafter on each process outside "
                              "its forward, which a sharded drafter cannot; set data.on_policy_fraction=0 or "
                              "train.shard=none")
+        if shard.startswith("zero") and self.train.mixed_precision == "fp16":
+            raise ValueError(f"train.shard={shard}: DeepSpeed's engine steps fp32 weights without accelerate's fp16 "
+                             "loss scaler, so fp16 gradients could underflow; set train.mixed_precision=bf16 or no")
         return self
 
     @model_validator(mode="after")

@@ -32,9 +32,36 @@ from torch import nn
 
 
 def shards(recipe) -> tuple[bool, bool]:
-    """``(drafter sharded, target sharded)`` from ``recipe.train.shard``."""
+    """``(drafter sharded by FSDP2, target sharded by FSDP2)`` from ``recipe.train.shard``."""
     parts = set(recipe.train.shard.split("+"))
     return "drafter" in parts, "target" in parts
+
+
+def zero_stage(recipe) -> int | None:
+    """The DeepSpeed ZeRO stage that shards the drafter (``train.shard: zero2 | zero3``, ``+target`` or not:
+    ``train.zero``), else ``None``."""
+    parts = set(recipe.train.shard.split("+"))
+    return 2 if "zero2" in parts else 3 if "zero3" in parts else None
+
+
+#: what each drafter engine writes under a checkpoint's ``state/`` -> its name in messages
+ENGINE_NAMES = {"none": "not sharded", "fsdp2": "sharded by FSDP2 (train.shard=drafter)",
+                "zero2": "sharded by DeepSpeed ZeRO-2 (train.shard=zero2)",
+                "zero3": "sharded by DeepSpeed ZeRO-3 (train.shard=zero3)"}
+
+
+def drafter_engine(recipe) -> str:
+    """What trains the drafter: ``"none"`` (one copy per process), ``"fsdp2"``, ``"zero2"`` or ``"zero3"``."""
+    stage = zero_stage(recipe)
+    return f"zero{stage}" if stage else "fsdp2" if shards(recipe)[0] else "none"
+
+
+def saved_engine(state: Path) -> str:
+    """:func:`drafter_engine` of the run that wrote the checkpoint folder ``state`` (``.../state``): FSDP2 writes
+    ``dcp/``, DeepSpeed ``zero2/`` or ``zero3/`` (``train.zero``), accelerate neither."""
+    found = [name for name, sub in (("fsdp2", "dcp"), ("zero2", "zero2"), ("zero3", "zero3"))
+             if (Path(state) / sub).is_dir()]
+    return found[0] if found else "none"
 
 
 def device_mesh(device: torch.device):
@@ -88,34 +115,59 @@ def shard_target(target: nn.Module, mesh) -> nn.Module:
     return target
 
 
-class ShardedDrafter:
-    """A drafter under FSDP2 and what is needed to read it whole.
+class WholeCopy:
+    """A plain copy of a drafter, made before its engine shards it, from which it is read whole.
 
-    ``module`` is the sharded drafter (train with it). :meth:`materialize` gathers the full state (every
-    process calls it) and returns, on the main process, a plain drafter holding it (``None`` elsewhere):
-    what evaluation and ``strategy.save`` read. That plain drafter is a copy made before sharding whose own
-    tensors are kept on the meta device between uses, so it costs no memory while training.
+    On the main process ``skeleton`` is a deep copy of the drafter whose own tensors (``own_keys``: every
+    state-dict key outside ``borrowed_prefixes``) are kept on the meta device between uses, so it costs no
+    memory while training; the modules it borrows frozen from the target are shared, never copied. Other
+    processes hold ``None``. :meth:`fill` loads the gathered own tensors into it for evaluation and
+    ``strategy.save``; :meth:`release` drops them again.
     """
 
-    def __init__(self, drafter: nn.Module, mesh, is_main: bool):
-        from torch.distributed.fsdp import fully_shard
-
+    def __init__(self, drafter: nn.Module, is_main: bool):
         prefixes = getattr(drafter, "borrowed_prefixes", ())
-        borrowed = {p for n, p in drafter.named_parameters() if prefixes and n.startswith(prefixes)}
+        self.borrowed = {p for n, p in drafter.named_parameters() if prefixes and n.startswith(prefixes)}
         self.own_keys = [k for k in drafter.state_dict() if not (prefixes and k.startswith(prefixes))]
         self.skeleton, self.device = None, next(drafter.parameters()).device
-        if is_main:  # borrowed modules are shared with the target, never copied
-            self.skeleton = copy.deepcopy(drafter, memo={id(p): p for p in borrowed})
+        if is_main:
+            self.skeleton = copy.deepcopy(drafter, memo={id(p): p for p in self.borrowed})
             self._release()
-        skip = {id(p) for p in borrowed}
-        for layer in _layer_lists(drafter, skip):
-            fully_shard(layer, mesh=mesh, ignored_params={p for p in layer.parameters() if id(p) in skip})
-        self.module = fully_shard(drafter, mesh=mesh, ignored_params=borrowed)
 
     def _release(self) -> None:
         sd = self.skeleton.state_dict()
         self.skeleton.load_state_dict({k: torch.empty_like(sd[k], device="meta") for k in self.own_keys},
                                       strict=False, assign=True)
+
+    def fill(self, full: dict[str, torch.Tensor]) -> nn.Module | None:
+        """The whole drafter holding ``full`` (own key -> gathered tensor) on the main process, else ``None``."""
+        if self.skeleton is None:
+            return None
+        self.skeleton.load_state_dict({k: full[k].to(self.device) for k in self.own_keys}, strict=False, assign=True)
+        return self.skeleton
+
+    def release(self) -> None:
+        if self.skeleton is not None:
+            self._release()
+
+
+class ShardedDrafter(WholeCopy):
+    """A drafter under FSDP2 and what is needed to read it whole.
+
+    ``module`` is the sharded drafter (train with it). :meth:`materialize` gathers the full state (every
+    process calls it) and returns, on the main process, a plain drafter holding it (``None`` elsewhere):
+    what evaluation and ``strategy.save`` read (:class:`WholeCopy`).
+    """
+
+    def __init__(self, drafter: nn.Module, mesh, is_main: bool):
+        from torch.distributed.fsdp import fully_shard
+
+        super().__init__(drafter, is_main)
+        borrowed = self.borrowed
+        skip = {id(p) for p in borrowed}
+        for layer in _layer_lists(drafter, skip):
+            fully_shard(layer, mesh=mesh, ignored_params={p for p in layer.parameters() if id(p) in skip})
+        self.module = fully_shard(drafter, mesh=mesh, ignored_params=borrowed)
 
     def materialize(self) -> nn.Module | None:
         """The whole drafter on the main process (its own tensors on CPU), ``None`` on the others;
@@ -123,15 +175,15 @@ class ShardedDrafter:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.skeleton is None:
-            return None
-        own = {k: full[k].to(self.device) for k in self.own_keys}
-        self.skeleton.load_state_dict(own, strict=False, assign=True)
-        return self.skeleton
+        return self.fill(full)
 
-    def release(self) -> None:
-        if self.skeleton is not None:
-            self._release()
+    def save_state(self, folder, optimizer, scheduler, is_main: bool) -> None:
+        """:func:`save_sharded_state` (every process calls it)."""
+        save_sharded_state(folder, self, optimizer, scheduler, is_main)
+
+    def load_state(self, folder, optimizer, scheduler) -> None:
+        """:func:`load_sharded_state` (every process calls it)."""
+        load_sharded_state(folder, self, optimizer, scheduler)
 
 
 def rank_suffix() -> str:
@@ -144,7 +196,9 @@ def _inner(wrapped):
     return getattr(wrapped, "optimizer", None) or getattr(wrapped, "scheduler", None) or wrapped
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
+    """This process's RNG states (python, numpy, torch, cuda), saved with ``torch.save`` and loadable with
+    ``torch.load(weights_only=True)``."""
     import random
 
     import numpy as np
@@ -158,7 +212,8 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
     import random
 
     import numpy as np
@@ -183,7 +238,7 @@ def save_sharded_state(folder, sharded: ShardedDrafter, optimizer, scheduler, is
     model_sd, optim_sd = get_state_dict(sharded.module, _inner(optimizer))
     model_sd = {k: v for k, v in model_sd.items() if k in set(sharded.own_keys)}  # not the target's tensors
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(folder / "dcp"))
-    torch.save(_rng_state(), folder / f"rng-{rank_suffix()}.pt")
+    torch.save(rng_state(), folder / f"rng-{rank_suffix()}.pt")
     if is_main:
         torch.save(_inner(scheduler).state_dict(), folder / "scheduler.pt")
 
@@ -204,4 +259,4 @@ def load_sharded_state(folder, sharded: ShardedDrafter, optimizer, scheduler) ->
     _inner(scheduler).load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng = folder / f"rng-{rank_suffix()}.pt"
     if rng.is_file():  # absent when resuming on more processes than saved: those start from the seed
-        _set_rng_state(torch.load(rng, weights_only=True))
+        set_rng_state(torch.load(rng, weights_only=True))

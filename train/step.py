@@ -23,7 +23,7 @@ import torch
 
 from drafterkit.train.checkpoint import TrainerState
 from drafterkit.train.data import collate
-from drafterkit.train.distributed import backward, clip_gradients, gradient_sync
+from drafterkit.train.distributed import backward, gradient_sync, micro_batch_loss, optimizer_step
 from drafterkit.train.feature_cache import FeatureCache
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.strategies import Strategy
@@ -46,7 +46,8 @@ class RunContext:
         schedule: the learning-rate factor, whose ``elapsed_s`` the loop sets before every step.
         prompts: the eval prompts (token ids; empty when the recipe never evaluates).
         sharded: the ``train.sharding.ShardedDrafter`` under ``train.shard: drafter`` (``drafter`` is then its
-            FSDP2 module, not prepared by accelerate), else None.
+            FSDP2 module, not prepared by accelerate), the ``train.zero.ZeroDrafter`` under ``zero2`` / ``zero3``
+            (``drafter`` is the plain drafter its DeepSpeed engine trains), else None.
         last_eval_step: the step last evaluated (None before any), so the final evaluation is not run twice;
             the one field the loop changes.
     """
@@ -65,7 +66,7 @@ class RunContext:
     pad_id: int
     prompts: Any = ()
     last_eval_step: int | None = None
-    sharded: Any = None  # train.sharding.ShardedDrafter when train.shard shards the drafter (drafter is its module)
+    sharded: Any = None  # ShardedDrafter / ZeroDrafter when train.shard shards the drafter (drafter is its module)
 
 
 def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_id: int) -> Iterator[dict]:
@@ -108,7 +109,8 @@ def train_step(ctx: RunContext, data: Iterator[dict], state: TrainerState) -> di
     Normalisation (transformers' Trainer ``num_items_in_batch``): the step's micro-batches are drawn
     first and their supervised units counted (``strategy.units``, no forward), summed over processes
     (one all-reduce) BEFORE the first backward; each micro-batch then backpropagates ``loss * n * W /
-    N`` (``n`` its units, ``N`` the step's, ``W`` processes, whose gradients DDP / FSDP / ZeRO average).
+    N`` (``n`` its units, ``N`` the step's, ``W`` processes, whose gradients DDP / FSDP / ZeRO average;
+    DeepSpeed's engine is told not to divide by the accumulation steps, ``train.zero``).
     The gradients are final when the last backward returns (no hook rescales them afterwards), equal to
     the gradient of (sum of every per-unit loss of the step) / N, so 1 x 8, 2 x 4 and 8 x 1 (batch x
     accumulation), and one process or several, give the same update for the same examples. Gradients
@@ -130,23 +132,22 @@ def train_step(ctx: RunContext, data: Iterator[dict], state: TrainerState) -> di
     sums: dict[str, float] = {}  # metric name -> sum over micro-batches of (value * units)
     seq_tokens = 0.0
     for micro, (batch, n) in enumerate(zip(micro_batches, counts)):
-        with gradient_sync(ctx, micro == len(micro_batches) - 1), acc.autocast():
-            loss, metrics = strategy.loss(ctx.drafter, ctx.target, batch, recipe)
+        last = micro == len(micro_batches) - 1
+        with gradient_sync(ctx, last), acc.autocast():
+            loss, metrics = micro_batch_loss(ctx, batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss {float(loss)} at step {state.global_step}; lower "
                                          "optim.lr or use mixed_precision: 'no'")
             if float(metrics.pop("tokens")) != n:
                 raise RuntimeError(f"the {recipe.drafter.kind} strategy's loss averaged over other units than "
                                    f"its units() counted ({n}); the step's normalisation would be wrong")
-            backward(ctx, loss * (n * scale))
+            backward(ctx, loss * (n * scale), last)
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v * n
         seq_tokens += float(batch["attention_mask"].sum())
     sums = _reduce_metrics(acc, sums)
-    grad_norm = clip_gradients(ctx, recipe.optim.grad_clip) if recipe.optim.grad_clip else float("nan")
-    ctx.optimizer.step()
+    grad_norm = optimizer_step(ctx, recipe.optim.grad_clip)
     ctx.scheduler.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
     out = {k: v / units if units else 0.0 for k, v in sums.items()}
     out.update(tokens=units, seq_tokens=seq_tokens, lr=ctx.scheduler.get_last_lr()[0], grad_norm=grad_norm)
     return out
