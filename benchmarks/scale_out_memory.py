@@ -1,6 +1,6 @@
 """Peak memory per process of an EAGLE-3 training run, 1 process unsharded and 2 processes x (no sharding,
-drafter sharded, drafter and target sharded; train.shard needs 2+ processes), measured on the default
-target; and the same computed for Llama-3.1-8B.
+drafter sharded by FSDP2, drafter and target sharded, drafter under DeepSpeed ZeRO-2 / ZeRO-3; train.shard needs
+2+ processes), measured on the default target; and the same computed for Llama-3.1-8B.
 
 Measured: each configuration runs ``torchrun --nproc_per_node N -m drafterkit.train RECIPE train.cpu=true
 train.shard=S`` for a few optimizer steps at the same global batch (fp32, no evaluation, features online so
@@ -10,9 +10,12 @@ run (``peak_memory_mb``: loading included, when the target is still whole) and o
 allocator's peak. Memory only, no timing.
 
 Computed: parameters, gradients and AdamW state of the EAGLE-3 head (fp32 master weights, 16 bytes per
-trainable parameter) and the bf16 target's weights, per process, for N processes; activations excluded.
+trainable parameter: all of them divided by N under FSDP2 and ZeRO-3; under ZeRO-2 the 4-byte weights stay
+whole and the other 12 bytes are divided) and the bf16 target's weights, per process, for N processes;
+activations excluded.
 
     python benchmarks/scale_out_memory.py                                   # the default target, 1 and 2 processes
+    python benchmarks/scale_out_memory.py --nproc 2 --shards zero2,zero3      # DeepSpeed rows (drafterkit[deepspeed])
     python benchmarks/scale_out_memory.py --nproc 1 --shards none --steps 1 --num-examples 8   # a quick check
 """
 
@@ -49,8 +52,11 @@ def computed_rows(nprocs: list[int]) -> tuple[list[dict], int, int]:
     gb = 1e9
     rows = []
     for n in nprocs:
-        for shard in ("none", "drafter", "drafter+target"):
-            drafter = 16 * head / (n if "drafter" in shard else 1)
+        for shard in ("none", "drafter", "drafter+target", "zero2", "zero3"):
+            if shard == "zero2":  # fp32 weights whole on every process; gradients and AdamW moments partitioned
+                drafter = 4 * head + 12 * head / n
+            else:
+                drafter = 16 * head / (n if shard.startswith(("drafter", "zero3")) else 1)
             if "target" in shard:  # layers sharded, embedding / LM head whole, one layer gathered at a time
                 target = 2 * (target_layers / n + target_rest + layer)
             else:
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "eagle3.yaml"))
     ap.add_argument("--nproc", default="1,2", help="process counts, comma-separated")
-    ap.add_argument("--shards", default="none,drafter,drafter+target", help="train.shard values, comma-separated")
+    ap.add_argument("--shards", default="none,drafter,drafter+target,zero2,zero3",
+                    help="train.shard values, comma-separated")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--num-examples", type=int, default=32)
     ap.add_argument("--workdir", default=None, help="folder for the runs (default: a temporary one)")
