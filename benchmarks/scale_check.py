@@ -75,7 +75,7 @@ def write_recipe(root: Path, kind: str, steps: int, batch: int) -> Path:
             "optim": {"lr": 1e-2, "schedule": "constant", "eps": 1.0, "grad_clip": None},
             "train": {"max_steps": steps, "batch_size": batch, "grad_accum": 1, "log_every": 1, "resume": "never",
                       "mixed_precision": "no"},
-            "eval": {"every": 0, "at_end": False}, "logging": {"trackers": []}}
+            "eval": {"every": 0, "at_end": False, "k": 3}, "logging": {"trackers": []}}
     recipe = recipe_from_dict(data, [f"drafter.options={OPTIONS[kind]}"])
     path = root / f"{kind}.yaml"
     path.write_text(recipe.to_yaml())
