@@ -58,7 +58,8 @@ def _zero_run(world, stage: int, *overrides: str):
 
 @pytest.fixture(scope="module")
 def zero3_run(world):
-    return _zero_run(world, 3)
+    """ZeRO-3, saving a checkpoint after every step (step-1/ is where the resume test starts)."""
+    return _zero_run(world, 3, "train.save_every=1")
 
 
 def _assert_equals_one_process(world, one, out, summary, stage: int) -> None:
@@ -99,13 +100,12 @@ def test_deepspeed_zero3_under_two_processes_equals_one_process(world, one_proce
 
 @needs_deepspeed
 def test_deepspeed_zero3_resume_equals_the_uninterrupted_run(world, zero3_run):
-    """Stopped after step 1 and resumed from DeepSpeed's checkpoint (its target sharded by FSDP2 too, which
-    changes no number), the run ends where the uninterrupted ZeRO-3 run ends."""
+    """Resumed from the uninterrupted run's DeepSpeed checkpoint after step 1 into a new output_dir (its target
+    sharded by FSDP2 too, which changes no number), the run ends where the uninterrupted ZeRO-3 run ends."""
     out, full = zero3_run
     part = world / "resumed"
-    common = ["train.batch_size=2", "train.grad_accum=2", f"output_dir={part}"]
-    torchrun(world, *common, "train.shard=zero3", "train.max_steps=1")
-    again = torchrun(world, *common, "train.shard=zero3+target", "train.resume=auto")
+    again = torchrun(world, "train.batch_size=2", "train.grad_accum=2", f"output_dir={part}",
+                     "train.shard=zero3+target", f"train.resume={out / 'checkpoints' / 'step-1'}")
     assert again["global_step"] == STEPS
     assert again["final_loss"] == pytest.approx(full["final_loss"], rel=1e-5)
     assert_same_drafter(saved_drafter(part), saved_drafter(out), initial_drafter(world), "resumed vs uninterrupted")
