@@ -8,7 +8,17 @@ aux_hidden_state_outputs was requested`` (``v1/worker/gpu_model_runner.py``,
 "parallel_drafting": true}``), and vLLM's DFlash proposer asks for the same auxiliary hidden states
 (``gpu_model_runner.py``: ``use_dflash()`` sets ``use_aux_hidden_state_outputs``), so the same list applies to all
 three. ``drafterkit export`` warns and
-``drafterkit serve-check`` refuses before starting vLLM for a target whose architecture is not listed.
+``drafterkit serve-check`` refuses before starting vLLM for a target vLLM would serve with a class lacking it.
+
+Which class vLLM serves a target with follows its registry's resolution (``registry.py``, ``_ModelRegistry.
+resolve_model_cls`` with the default ``model_impl="auto"``), applied by :func:`vllm_model_class`: an architecture
+with a native vLLM class gets that class (it has SupportsEagle3 only when listed in
+:data:`EAGLE3_TARGET_ARCHITECTURES`); one the registry maps to the Transformers backend
+(``_TRANSFORMERS_SUPPORTED_MODELS``, e.g. ``SmolLM3ForCausalLM``) gets it; one absent from the registry altogether
+falls back to the Transformers backend when transformers has a class of that name that the backend can drive
+(``is_backend_compatible()`` or ``_can_set_attn_implementation()``, ``_try_resolve_transformers``), e.g.
+``HeliumForCausalLM``. Every Transformers-backend class derives from ``transformers/base.py``'s ``Base``, which
+implements SupportsEagle3.
 """
 
 from __future__ import annotations
@@ -17,6 +27,11 @@ import json
 from pathlib import Path
 
 from drafterkit.assets.target import resolve_target_path
+from drafterkit.drafters.vllm_registry import (
+    NATIVE_ARCHITECTURES,
+    TRANSFORMERS_BACKEND_CLASSES,
+    TRANSFORMERS_LISTED_ARCHITECTURES,
+)
 
 #: the vLLM version :data:`EAGLE3_TARGET_ARCHITECTURES` was read from
 VLLM_VERSION = "0.32.0"
@@ -30,9 +45,8 @@ VLLM_REASON = "its model class does not implement vLLM's SupportsEagle3 interfac
 # qwen3.py's Qwen3ForCausalLM, gpt_oss.py's GptOssForCausalLM). Not listed in 0.32.0: GemmaForCausalLM,
 # Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3nForCausalLM, OlmoForCausalLM,
 # Phi (phi.py), GPT-2, Falcon and others. Re-read it when the vLLM pinned in scripts/vllm-venv.sh changes.
-# Olmo2ForCausalLM is served through the registry's Transformers backend (_TRANSFORMERS_BACKEND_MODELS ->
-# transformers/base.py's Base, which has SupportsEagle3); served and checked per format by
-# tests/test_serving_families.py. The backend's other architectures are left out until a run checks them.
+# Only native classes are listed: the architectures vLLM serves through its Transformers backend (e.g.
+# Olmo2ForCausalLM, SmolLM3ForCausalLM) are accepted by vllm_model_class's rule, not by this list.
 EAGLE3_TARGET_ARCHITECTURES = frozenset({
     # text generation
     "AfmoeForCausalLM", "ApertusForCausalLM", "Cohere2MoeForCausalLM", "DeepseekForCausalLM",
@@ -42,7 +56,7 @@ EAGLE3_TARGET_ARCHITECTURES = frozenset({
     "LagunaForCausalLM", "Llama4ForCausalLM", "LlamaForCausalLM", "MiMoForCausalLM", "MiMoV2FlashForCausalLM",
     "MiMoV2ForCausalLM", "MiniCPM3ForCausalLM", "MiniCPMForCausalLM", "MiniMaxM2ForCausalLM",
     "Ministral3ForCausalLM", "MistralForCausalLM", "MistralLarge3ForCausalLM", "MuseGlimmerForCausalLM",
-    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Plamo3ForCausalLM",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "Phi3ForCausalLM", "Plamo3ForCausalLM",
     "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM", "SarvamMLAForCausalLM", "Step1ForCausalLM", "TeleChat2ForCausalLM",
     "TeleChat3ForCausalLM", "TeleFLMForCausalLM",
@@ -94,11 +108,47 @@ def target_load_problem(target: str | None) -> str | None:
     return None
 
 
+def _transformers_backend_can_wrap(architecture: str) -> bool:
+    """Whether vLLM's registry falls back to its Transformers backend for ``architecture`` absent from its tables:
+    transformers (the installed one) has a ``PreTrainedModel`` class of that name whose attention the backend can
+    swap (``is_backend_compatible()`` or ``_can_set_attn_implementation()``, as ``_try_resolve_transformers``)."""
+    import transformers
+
+    try:
+        cls = getattr(transformers, architecture, None)
+    except (ImportError, RuntimeError):  # transformers could not import that model module: no class to wrap
+        return False
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        return False
+    return bool(cls.is_backend_compatible() or cls._can_set_attn_implementation())
+
+
+def vllm_model_class(architecture: str) -> str | None:
+    """Which kind of class vLLM :data:`VLLM_VERSION` serves a target of ``architecture`` with (``model_impl="auto"``,
+    ``registry.py``'s ``resolve_model_cls``): ``"native"`` (its own class, in
+    :data:`~drafterkit.drafters.vllm_registry.NATIVE_ARCHITECTURES`), ``"transformers"`` (its Transformers
+    backend: listed in ``_TRANSFORMERS_SUPPORTED_MODELS``, a backend class name, or absent from the registry with a
+    transformers class the backend can wrap), or None (vLLM has no class for it and stops at load)."""
+    if architecture in NATIVE_ARCHITECTURES:
+        return "native"
+    if architecture in TRANSFORMERS_LISTED_ARCHITECTURES or architecture in TRANSFORMERS_BACKEND_CLASSES:
+        return "transformers"
+    return "transformers" if _transformers_backend_can_wrap(architecture) else None
+
+
 def eagle3_serve_problem(architecture: str | None) -> str | None:
     """Why vLLM :data:`VLLM_VERSION` cannot serve an EAGLE-3 / P-EAGLE head or a DFlash drafter next to a target of
-    ``architecture`` (one sentence naming it, the version and the reason), or None when it can or the
-    architecture is unknown (None)."""
-    if architecture is None or architecture in EAGLE3_TARGET_ARCHITECTURES:
+    ``architecture`` (one sentence naming it, the version and the reason), or None when it can (a native class in
+    :data:`EAGLE3_TARGET_ARCHITECTURES` or the Transformers backend, :func:`vllm_model_class`) or the architecture
+    is unknown (None)."""
+    if architecture is None:
         return None
+    kind = vllm_model_class(architecture)
+    if kind == "transformers" or architecture in EAGLE3_TARGET_ARCHITECTURES:
+        return None
+    if kind is None:
+        return (f"vLLM {VLLM_VERSION} has no model class for a {architecture} target: it is not in vLLM's model "
+                "registry and transformers has no class of that name its Transformers backend can wrap; serve a "
+                "target whose architecture vLLM supports")
     return (f"vLLM {VLLM_VERSION} cannot serve an EAGLE-3 / P-EAGLE head or a DFlash drafter for a {architecture} "
             f"target: {VLLM_REASON}; it stops at load with \"RuntimeError: Model does not support EAGLE3 interface\"")
