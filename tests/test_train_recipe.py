@@ -179,6 +179,35 @@ def test_a_dflash_feature_layer_vllm_cannot_capture_is_refused(tmp_path):
     recipe_from_dict(data, ["drafter.options.feature_layers=[1, 3]"])
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+def test_a_draft_vocab_larger_than_the_targets_vocabulary_is_refused(tmp_path, capsys, kind):
+    """An explicit draft_vocab_size above the target's vocabulary (128 here) was clamped while recipe.yaml kept it:
+    refused when the recipe is validated (the CLI exits 2 before any model loads), or when the head is built for a
+    target whose config is not local; the default (8192) still fits itself to a small target."""
+    from conftest import TINY_VOCAB, tiny_llama
+
+    from drafterkit.cli import main
+    from drafterkit.train.strategies import get_strategy
+
+    target = tiny_llama(0, layers=4)
+    target.config.save_pretrained(tmp_path / "target")  # the config alone: no weights are read
+    data = {"output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(tmp_path / "target")},
+            "drafter": {"kind": kind, "options": {"draft_vocab_size": 100000}}}
+    pattern = (rf"drafter\.options\.draft_vocab_size: 100000 exceeds the target's vocabulary \({TINY_VOCAB} tokens"
+               rf".*at most {TINY_VOCAB}")
+    with pytest.raises(RecipeError, match=pattern):
+        recipe_from_dict(data)
+    recipe_from_dict(data, [f"drafter.options.draft_vocab_size={TINY_VOCAB}"])
+    recipe_from_dict({**data, "drafter": {"kind": kind}})  # the default fits itself to the target
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    assert main(["train", str(tmp_path / "r.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"exceeds the target's vocabulary ({TINY_VOCAB} tokens" in err and "Traceback" not in err, err
+    elsewhere = recipe_from_dict({**data, "target": {"name_or_path": "nobody/not-cached-here"}})
+    with pytest.raises(ValueError, match=pattern):
+        get_strategy(kind).build(elsewhere, target, None)
+
+
 def test_feature_cache_typo_is_refused_instead_of_becoming_a_folder(tmp_path):
     """A misspelt data.feature_cache must not silently build a cache of hundreds of MB under ./<typo>."""
     base = {"output_dir": str(tmp_path / "run"), "drafter": {"kind": "medusa"}}

@@ -79,7 +79,9 @@ class EagleOptions(BaseModel):
 
 class Eagle3Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    draft_vocab_size: int = Field(8192, ge=2)  # clamped to the target's vocabulary
+    # the N most frequent supervised tokens; null: 8192, or the whole vocabulary of a smaller target (refused when
+    # set above the target's vocabulary)
+    draft_vocab_size: int | None = Field(None, ge=2)
     # hidden_states indices, 0 <= i < L (the input of decoder layer i, vLLM's eagle_aux_hidden_state_layer_ids);
     # None: (2, L//2, L-3)
     feature_layers: list[int] | None = None
@@ -113,7 +115,9 @@ class PEagleOptions(BaseModel):
     options plus the parallel positions and their training-time sampling."""
 
     model_config = ConfigDict(extra="forbid")
-    draft_vocab_size: int = Field(8192, ge=2)  # clamped to the target's vocabulary
+    # the N most frequent supervised tokens; null: 8192, or the whole vocabulary of a smaller target (refused when
+    # set above the target's vocabulary)
+    draft_vocab_size: int | None = Field(None, ge=2)
     feature_layers: list[int] | None = None  # as eagle3: hidden_states ids 0 <= i < L; None: (2, L//2, L-3)
     num_depths: int = Field(5, ge=1, le=16)  # K: chain positions trained (depth 0 + K-1 masked positions)
     mask_token_id: int = Field(0, ge=0)  # the target embedding row fed at masked positions (vLLM's pard_token)
@@ -224,6 +228,7 @@ def check_eagle3_recipe(recipe: Any) -> None:
                          "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
                          "on its own drafts, what decoding runs) or use another loss")
     _check_local_feature_layers(recipe, o.feature_layers, check_feature_layers)
+    _check_local_draft_vocab(recipe, o)
     check_init_from_target(recipe)
 
 
@@ -236,6 +241,7 @@ def check_peagle_recipe(recipe: Any) -> None:
     """
     check_head_recipe(recipe, "peagle", "num_depths")
     _check_local_feature_layers(recipe, recipe.drafter.parsed_options().feature_layers, check_feature_layers)
+    _check_local_draft_vocab(recipe, recipe.drafter.parsed_options())
     check_init_from_target(recipe)
 
 
@@ -271,6 +277,33 @@ def _check_local_feature_layers(recipe: Any, layers, check) -> None:
             check(layers, int(n))
         except ValueError as exc:
             raise ValueError(f"drafter.options.feature_layers: {exc}") from None
+
+
+def draft_vocab_refusal(options: Any, vocab_size: int | None) -> str | None:
+    """Why an EAGLE-3 / P-EAGLE ``draft_vocab_size`` the recipe sets cannot fit a target of ``vocab_size`` tokens
+    (one line naming the option, the target's vocabulary and the fix), or None. Unset (null), it is 8192 fitted to
+    a smaller target's vocabulary (:func:`draft_vocab_for`); a set one is never changed, so the saved recipe says
+    what was trained."""
+    n = options.draft_vocab_size
+    if vocab_size is None or n is None or n <= vocab_size:
+        return None
+    return (f"drafter.options.draft_vocab_size: {options.draft_vocab_size} exceeds the target's vocabulary "
+            f"({vocab_size} tokens, its config's vocab_size); set drafter.options.draft_vocab_size to at most "
+            f"{vocab_size} ({vocab_size}: the whole vocabulary)")
+
+
+def draft_vocab_for(options: Any, vocab_size: int) -> int:
+    """The EAGLE-3 / P-EAGLE draft vocabulary size: ``drafter.options.draft_vocab_size``, or when unset 8192
+    (EAGLE-3's usual reduced vocabulary) capped at the target's ``vocab_size``."""
+    return options.draft_vocab_size if options.draft_vocab_size is not None else min(8192, vocab_size)
+
+
+def _check_local_draft_vocab(recipe: Any, options: Any) -> None:
+    """:func:`draft_vocab_refusal` against the target's config when local files alone give it."""
+    config = local_config(recipe.target.name_or_path)
+    text = config.get_text_config() if config is not None else None
+    if why := draft_vocab_refusal(options, getattr(text, "vocab_size", None)):
+        raise ValueError(why)
 
 
 def local_layer_count(name_or_path: str) -> int | None:

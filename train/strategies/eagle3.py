@@ -42,7 +42,7 @@ from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft
 from drafterkit.drafters.target_layers import decoder_layers, llama_layer_tensors
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
-from drafterkit.train.options import Eagle3Options
+from drafterkit.train.options import Eagle3Options, draft_vocab_for, draft_vocab_refusal
 from drafterkit.train.strategies.heads import (
     FeatureHeadStrategy,
     chain_loss,
@@ -60,7 +60,9 @@ class Eagle3Strategy(FeatureHeadStrategy):
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
         o: Eagle3Options = recipe.drafter.parsed_options()
-        cfg = Eagle3Config.from_target(target, draft_vocab_size=o.draft_vocab_size,
+        if why := draft_vocab_refusal(o, target.config.vocab_size):  # a target whose config was not local
+            raise ValueError(why)
+        cfg = Eagle3Config.from_target(target, draft_vocab_size=draft_vocab_for(o, target.config.vocab_size),
                                        feature_layers=list(o.feature_layers or []), ttt_steps=o.ttt_steps)
         return start_from_target(Eagle3Drafter(cfg, target=target), o, recipe, target, tokenizer)
 

@@ -33,7 +33,7 @@ import torch
 
 from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 from drafterkit.train.data import shift_for_next_token
-from drafterkit.train.options import PEagleOptions
+from drafterkit.train.options import PEagleOptions, draft_vocab_for, draft_vocab_refusal
 from drafterkit.train.strategies.eagle3 import (
     Eagle3Strategy,
     restricted_target,
@@ -80,7 +80,9 @@ class PEagleStrategy(Eagle3Strategy):
 
     def config(self, recipe: Any, target: torch.nn.Module) -> PEagleConfig:
         o: PEagleOptions = recipe.drafter.parsed_options()
-        return PEagleConfig.from_target(target, draft_vocab_size=o.draft_vocab_size,
+        if why := draft_vocab_refusal(o, target.config.vocab_size):  # a target whose config was not local
+            raise ValueError(why)
+        return PEagleConfig.from_target(target, draft_vocab_size=draft_vocab_for(o, target.config.vocab_size),
                                         feature_layers=list(o.feature_layers or []), num_depths=o.num_depths,
                                         mask_token_id=o.mask_token_id)
 
