@@ -57,6 +57,29 @@ def thread_count(text: str) -> int:
     return count
 
 
+#: every form a ``--drafter`` spec takes, with what it measures (None: nothing to add): the flag's help and the
+#: refusal of an unknown spec (``speceval.methods.check_drafter_spec``) are both made from it
+DRAFTER_SPECS: tuple[tuple[str, str | None], ...] = (
+    ("PATH", "checkpoint"),
+    ("ngram", None),
+    ("rest", "prompt lookup, else retrieval from --datastore"),
+    ("suffix", "suffix decoding, vLLM's method: suffix trees over the prompt and output, plus --datastore's corpus"),
+    ("draft:N", "target truncated to N layers"),
+    ("SPEC+ngram", "prompt lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before"),
+    ("SPEC+rest", "as +ngram, plus retrieval from --datastore merged into SPEC's tree, or its majority continuation "
+                  "on chains"),
+    ("SPEC+suffix", "suffix decoding where its draft scores at least the draft length, else SPEC's drafter"),
+    ("none", None),
+)
+
+
+def drafter_spec_forms() -> str:
+    """The ``--drafter`` spec forms of :data:`DRAFTER_SPECS` for an error line: ``'ngram', 'rest', ..., 'none' or a
+    drafter checkpoint folder (PATH)``."""
+    named = ", ".join(f"'{form}'" for form, _ in DRAFTER_SPECS if form != "PATH")
+    return f"{named} or a drafter checkpoint folder (PATH)"
+
+
 @dataclass
 class EvalConfig:
     """Everything ``drafterkit eval`` measures. Each field is one flag, ``--<field>`` with dashes unless
@@ -67,13 +90,7 @@ class EvalConfig:
     target: str = field(default="smollm2-135m", metadata={"help": "smollm2-135m | local folder | Hub id"})
     drafters: list[str] = field(default_factory=lambda: ["ngram"], metadata={
         "flag": "--drafter", "action": "append", "metavar": "SPEC",
-        "help": "PATH (checkpoint) | ngram | rest (prompt lookup, else retrieval from --datastore) | suffix (suffix "
-                "decoding, vLLM's method: suffix trees over the prompt and output, plus --datastore's corpus) | "
-                "draft:N (target truncated to N layers) | SPEC+ngram (prompt "
-                "lookup first, SPEC's drafter where the row's last 2+ tokens never occurred before) | SPEC+rest (as "
-                "+ngram, plus retrieval from --datastore merged into SPEC's tree, or its majority continuation on "
-                "chains) | SPEC+suffix (suffix decoding where its draft scores at least the draft length, else SPEC's "
-                "drafter) | none; repeatable"})
+        "help": " | ".join(f"{form} ({what})" if what else form for form, what in DRAFTER_SPECS) + "; repeatable"})
     benchmark: str = field(default="mt-bench", metadata={"help": "mt-bench | humaneval | sharegpt | FILE.jsonl"})
     num_prompts: int = field(default=8, metadata={"help": "prompts measured"})
     max_new_tokens: int = field(default=128, metadata={"help": "new tokens per answer at most"})

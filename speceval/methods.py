@@ -41,6 +41,7 @@ from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
 from drafterkit.drafters.suffix_hybrid import SuffixHybrid
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
 from drafterkit.drafters.tuned_free import FREE_SPECS, attach_free_tuned
+from drafterkit.speceval.eval_args import drafter_spec_forms
 from drafterkit.speceval.shape_checks import distinct_trees, refuse_trees
 
 
@@ -122,8 +123,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     try:
         resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:
-        raise ValueError(f"{flag} {spec}: not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder. "
-                         f"{exc}") from None
+        raise ValueError(f"{flag} {spec}: not {drafter_spec_forms()}. {exc}") from None
 
 
 def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") -> DrafterSpec | None:

@@ -135,7 +135,8 @@ def test_eval_measures_each_tree_side_by_side(tiny_dir, prompts_file, tmp_path):
     (["--tree", "3,0"], "--tree '3,0'"),
     (["--benchmark", "nope"], "unknown --benchmark 'nope'"),
     (["--drafter", "draft:x"], "N must be an int"),
-    (["--drafter", "/no/such/ckpt"], "not 'none', 'ngram', 'draft:N' or a drafter checkpoint"),
+    (["--drafter", "/no/such/ckpt"], "not 'ngram', 'rest', 'suffix', 'draft:N', 'SPEC+ngram', 'SPEC+rest', "
+                                     "'SPEC+suffix', 'none' or a drafter"),
     (["--baselines", "engine,vllm"], "--baselines: unknown ['vllm']"),
     (["--drafter", "none", "--baselines", ""], "nothing to measure"),
     (["--drafter", "none", "--tree", "2,1"], "--tree shapes a drafter's drafts, but --drafter none"),
@@ -167,9 +168,9 @@ def test_an_empty_baselines_flag_still_means_none():
 
 
 @pytest.mark.parametrize("drafter, message", [
-    ("/nonexistent", "--drafter /nonexistent: not 'none', 'ngram', 'draft:N' or a drafter checkpoint"),
+    ("/nonexistent", "--drafter /nonexistent: not 'ngram', 'rest', 'suffix', 'draft:N'"),
     ("runs/eagle3+rset", "--drafter runs/eagle3+rset: unknown suffix '+rset'; valid: PATH+ngram, PATH+rest"),
-    ("/nonexistent+rest", "--drafter /nonexistent: not 'none'"),
+    ("/nonexistent+rest", "--drafter /nonexistent: not 'ngram'"),
     ("draft:0", "--drafter draft:0: N must be an int >= 1"),
 ])
 def test_bad_drafter_specs_are_refused_before_the_target_loads(tmp_path, capsys, drafter, message):
@@ -178,6 +179,19 @@ def test_bad_drafter_specs_are_refused_before_the_target_loads(tmp_path, capsys,
                "--num-prompts", "1", "--output", str(tmp_path / "x.json")])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "no-target" not in err
+
+
+def test_the_unknown_drafter_line_lists_every_spec_the_drafter_help_lists(tmp_path, capsys):
+    """The refusal of an unknown --drafter names every form ``drafterkit eval --help`` offers (it omitted rest and
+    suffix)."""
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert main(["eval", "--target", str(tmp_path / "no-target"), "--drafter", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    for form in ("ngram", "rest", "suffix", "draft:N", "SPEC+ngram", "SPEC+rest", "SPEC+suffix", "none"):
+        assert form in helptext and f"'{form}'" in err, (form, err)
+    assert "PATH (checkpoint)" in helptext and "drafter checkpoint folder (PATH)" in err, err
 
 
 @pytest.mark.parametrize("output, message", [

@@ -188,7 +188,8 @@ def test_bad_search_settings_exit_2_with_the_fix_before_anything_loads(tmp_path,
 
 
 @pytest.mark.parametrize("spec,args,needle", [
-    ("MISSING", [], "not 'none', 'ngram', 'draft:N' or a drafter checkpoint folder"),
+    ("MISSING", [], "not 'ngram', 'rest', 'suffix', 'draft:N', 'SPEC+ngram', 'SPEC+rest', 'SPEC+suffix', 'none' "
+                    "or a drafter checkpoint folder"),
     ("MISSING", ["--incumbent", "3,2@x"], "--incumbent '3,2@x': expected TREE@THRESHOLD"),
     ("none", [], "tune needs a drafter checkpoint, not 'none'"),
     ("draft:1", [], "no checkpoint folder for the tuned setting (decoding.json) to go in; give --no-write"),
