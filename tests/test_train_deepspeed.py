@@ -92,7 +92,7 @@ def test_deepspeed_zero3_under_two_processes_equals_one_process(world, one_proce
 
     for rank in (0, 1):
         states = torch.load(out / "checkpoints" / "last" / "state" / "zero3" /
-                            f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt", weights_only=False)["module"]
+                            f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt", weights_only=True)["module"]
         params = {k: t for k, t in states.items() if t.is_floating_point()}
         assert "drafter.fc.weight" in params and all(t.numel() == 0 for t in params.values())
         assert not any(k.startswith("drafter.embed.") for k in states)
