@@ -160,7 +160,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown engines {unknown} (valid: one, ddp, fsdp, zero2, zero3)" if unknown else
                 f"--batch {a.batch} must be a multiple of --nproc {a.nproc}")
     root = Path(a.workdir or tempfile.mkdtemp(prefix="scale-check-"))
-    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
+    old_home = os.environ.get("DRAFTERKIT_HOME")
+    os.environ["DRAFTERKIT_HOME"] = str(root / "home")  # the runs' caches stay in the workdir
+    try:
+        return _check(a, engines, root)
+    finally:  # a caller in the same process (the test suite) keeps its own home
+        if old_home is None:
+            os.environ.pop("DRAFTERKIT_HOME", None)
+        else:
+            os.environ["DRAFTERKIT_HOME"] = old_home
+
+
+def _check(a: argparse.Namespace, engines: list[str], root: Path) -> int:
+    cuda = torch.cuda.is_available()
     if not (root / "chat.jsonl").exists():
         make_world(root, a.tokenizer)
     recipe = write_recipe(root, a.kind, a.steps, a.batch)

@@ -50,6 +50,23 @@ def real_target():
     return load_target("smollm2-135m", dtype="float32", device="cpu")
 
 
+@pytest.fixture(autouse=True)
+def _drafterkit_env_is_left_as_found():
+    """A test (or a script it calls) that sets a ``DRAFTERKIT_*`` variable and leaves it set would point every
+    later test at its folders (a leaked DRAFTERKIT_HOME hid the vLLM venv from the serving tests): such a
+    leak fails the test that made it, and the variables are put back so later tests run as they would alone."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("DRAFTERKIT_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("DRAFTERKIT_")}
+    if after != before:
+        for k in after.keys() - before.keys():
+            del os.environ[k]
+        os.environ.update(before)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(f"the test left {changed} changed in os.environ: set them with monkeypatch.setenv or restore "
+                    "them in a finally block", pytrace=False)
+
+
 def pytest_configure(config):
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 
