@@ -54,15 +54,38 @@ from drafterkit.drafters.layers import DraftDecoderLayer, RMSNorm
 from drafterkit.drafters.target_layers import norm_scale
 
 
-def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3 / SpecForge default ``(2, L//2, L-3)``, clamped into ``[1, L-1]`` for small targets
-    (``[0, 0]`` for a one-layer target): ids serving engines can read, see :func:`check_feature_layers`.
-    Where that repeats an id (L of 4 to 6) it is ``(1, L//2, L-1)``: an engine captures each layer once, so
-    a repeated id would hand the head two features instead of three (below 4 layers three distinct ids
-    do not exist and the clamped ids stand)."""
-    lo, hi = min(1, num_layers - 1), num_layers - 1
-    ids = tuple(min(max(i, lo), hi) for i in (2, num_layers // 2, num_layers - 3))
-    return ids if len(set(ids)) == 3 or num_layers < 4 else (1, num_layers // 2, num_layers - 1)
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """The default EAGLE-3 feature layer ids for a target of ``num_layers`` (L) decoder layers, increasing, each
+    valid for :func:`check_feature_layers` (``0 <= i < L``):
+
+    * L >= 7: EAGLE-3 / SpecForge's ``(2, L//2, L-3)``;
+    * L of 4 to 6: ``(1, L//2, L-1)``, since ``(2, L//2, L-3)`` repeats an id there (an engine captures each layer
+      once, so a repeated id would hand the head two features instead of three);
+    * L = 3: ``(0, 1, 2)``, the only three distinct ids (0 is the embedding output, which vLLM reads, SGLang not);
+    * L of 1 or 2: ``(L-1, L-1, L-1)``: three distinct ids do not exist, the head reads the last id three times
+      (it trains and decodes in drafterkit; no serving engine can take it).
+    """
+    if num_layers >= 7:
+        return 2, num_layers // 2, num_layers - 3
+    if num_layers >= 4:
+        return 1, num_layers // 2, num_layers - 1
+    if num_layers == 3:
+        return 0, 1, 2
+    return (max(num_layers - 1, 0),) * 3
+
+
+def default_feature_layers_rule(num_layers: int) -> str:
+    """The rule :func:`default_feature_layers` applies to a ``num_layers``-layer target, with its ids, as a clause
+    for error messages (true for every L: ``(2, L//2, L-3) = [2, 15, 27]`` is said only where it holds)."""
+    ids = list(default_feature_layers(num_layers))
+    if num_layers >= 7:
+        return f"(2, L//2, L-3) = {ids}"
+    if num_layers >= 4:
+        return f"{ids} ((1, L//2, L-1): EAGLE-3's (2, L//2, L-3) would repeat an id at {num_layers} layers)"
+    if num_layers == 3:
+        return f"{ids} (the only three distinct ids of a 3-layer target)"
+    return (f"{ids} (three distinct ids do not exist below 3 layers: the head reads id {ids[0]} three times; it "
+            "trains and decodes here, but no serving engine can take it)")
 
 
 def check_feature_layers(layers, num_layers: int) -> None:
@@ -72,17 +95,19 @@ def check_feature_layers(layers, num_layers: int) -> None:
     The convention (one for training, decoding and export): id ``i`` is ``hidden_states[i]`` in
     transformers, the input of decoder layer ``i`` (the residual stream before it), which is what vLLM's
     ``eagle_aux_hidden_state_layer_ids`` reads. ``i = L`` would be the last layer's output AFTER the final
-    norm, which no serving engine can hand the head, so it is refused.
+    norm, which no serving engine can hand the head, so it is refused. The message names the valid range and
+    this target's default (:func:`default_feature_layers_rule`).
     """
     layers = [int(i) for i in layers]
     if len(layers) == 3 and all(0 <= i < num_layers for i in layers):
         return
     why = (f"; id {num_layers} is the last layer's output after the final norm, which serving engines cannot read"
            if num_layers in layers else "")
-    raise ValueError(f"EAGLE-3 feature layers {layers} invalid for a {num_layers}-layer target: give 3 ids in "
-                     f"[0, {num_layers - 1}] (id i = hidden_states[i] in transformers = the input of decoder layer i "
-                     f"= vLLM's eagle_aux_hidden_state_layer_ids){why}; the default is (2, L//2, L-3) = "
-                     f"{list(default_feature_layers(num_layers))}. A checkpoint saved with such ids was trained on "
+    span = "ids, all 0" if num_layers == 1 else f"ids in [0, {num_layers - 1}]"
+    raise ValueError(f"EAGLE-3 feature layers {layers} invalid for a {num_layers}-layer target: give 3 {span} "
+                     f"(id i = hidden_states[i] in transformers = the input of decoder layer i "
+                     f"= vLLM's eagle_aux_hidden_state_layer_ids){why}; the default for this target is "
+                     f"{default_feature_layers_rule(num_layers)}. A checkpoint saved with such ids was trained on "
                      "features no engine provides: retrain it")
 
 

@@ -104,10 +104,10 @@ def build_family(family: str, seed: int = 0, **overrides):
     return model, tiny_tokenizer()
 
 
-def save_family(family: str, folder: Path, seed: int = 0):
-    """Save :func:`build_family`'s model and tokenizer to ``folder`` (a target folder a recipe can name).
-    Returns ``(model, tokenizer)``."""
-    model, tok = build_family(family, seed)
+def save_family(family: str, folder: Path, seed: int = 0, **overrides):
+    """Save :func:`build_family`'s model and tokenizer to ``folder`` (a target folder a recipe can name);
+    ``overrides`` change config fields as in :func:`build_family`. Returns ``(model, tokenizer)``."""
+    model, tok = build_family(family, seed, **overrides)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return model, tok

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.drafters.eagle3 import (
     Eagle3Config,
     Eagle3Drafter,
+    check_feature_layers,
     default_feature_layers,
     mapping_from_ids,
     select_draft_vocab,
@@ -67,11 +69,58 @@ def test_default_feature_layers_follow_eagle3_and_stay_below_the_layer_count():
     assert default_feature_layers(30) == (2, 15, 27)
     assert default_feature_layers(2) == (1, 1, 1)
     assert default_feature_layers(1) == (0, 0, 0)
-    for n in range(1, 12):
-        assert all(0 <= i < n for i in default_feature_layers(n))
-    # from 4 layers on, three distinct ids (an engine captures each layer once): (2, 2, 1) was the default for 4
-    assert [default_feature_layers(n) for n in (4, 5, 6, 7)] == [(1, 2, 3), (1, 2, 4), (1, 3, 5), (2, 3, 4)]
-    assert all(len(set(default_feature_layers(n))) == 3 for n in range(4, 40))
+    for n in range(1, 40):
+        ids = default_feature_layers(n)
+        check_feature_layers(ids, n)  # the default is valid for its own target
+        assert all(0 <= i < n for i in ids) and list(ids) == sorted(ids)
+    # from 3 layers on, three distinct ids (an engine captures each layer once): (2, 2, 1) was the default for 4,
+    # (2, 1, 1) for 3 (repeated and out of order)
+    assert [default_feature_layers(n) for n in (3, 4, 5, 6, 7)] == [(0, 1, 2), (1, 2, 3), (1, 2, 4), (1, 3, 5),
+                                                                   (2, 3, 4)]
+    assert all(len(set(default_feature_layers(n))) == 3 for n in range(3, 40))
+
+
+@pytest.mark.parametrize("layers", range(1, 8))
+def test_the_feature_layers_error_is_true_for_small_targets(layers):
+    """The refusal of an id past the target states the valid range and this target's default, and what it states
+    holds: the default it names is default_feature_layers(L), valid for check_feature_layers, and the formula
+    (2, L//2, L-3) is written as that default only where it gives it (it once read "(2, L//2, L-3) = [1, 1, 1]"
+    for 2 layers and "(2, L//2, L-3) = [1, 2, 3]" for 4)."""
+    with pytest.raises(ValueError) as info:
+        check_feature_layers([0, 0, layers], layers)
+    message = str(info.value)
+    span = "3 ids, all 0" if layers == 1 else f"3 ids in [0, {layers - 1}]"
+    assert span in message and f"for a {layers}-layer target" in message
+    default = list(default_feature_layers(layers))
+    named = re.search(r"the default for this target is (?:\(2, L//2, L-3\) = )?(\[[\d, ]+\])", message)
+    assert named and json.loads(named.group(1)) == default
+    check_feature_layers(default, layers)
+    formula = [2, layers // 2, layers - 3]
+    assert ("(2, L//2, L-3) = " in message) == (formula == default)
+    for claim in re.findall(r"\((\d+), L//2, L-(\d+)\)", message):  # "(1, L//2, L-1)" must give the default
+        if f"({claim[0]}, L//2, L-{claim[1]}): EAGLE-3's" in message:
+            assert [int(claim[0]), layers // 2, layers - int(claim[1])] == default
+    assert ("no serving engine can take it" in message) == (len(set(default)) < 3)
+
+
+def test_the_train_cli_refuses_feature_layers_past_a_3_layer_target(tmp_path, capsys):
+    """Through `drafterkit train`: a recipe with feature_layers [1, 2, 3] for a 3-layer target is refused when the
+    recipe is validated (the recipe's error, one line naming the option, the valid ids and the default (0, 1, 2))."""
+    from families import save_family
+
+    from drafterkit.cli import main as cli
+
+    save_family("llama3", tmp_path / "target3", num_hidden_layers=3)
+    capsys.readouterr()  # the save's progress bars
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"output_dir: {tmp_path / 'run'}\ntarget: {{name_or_path: {tmp_path / 'target3'}}}\n"
+                      "drafter: {kind: eagle3, options: {draft_vocab_size: 64, feature_layers: [1, 2, 3]}}\n")
+    assert cli(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("drafter.options.feature_layers: EAGLE-3 feature layers [1, 2, 3]"), err
+    assert "3 ids in [0, 2]" in line and "the default for this target is [0, 1, 2]" in line
+    assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_a_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path):

@@ -83,7 +83,7 @@ class Eagle3Options(BaseModel):
     # set above the target's vocabulary)
     draft_vocab_size: int | None = Field(None, ge=2)
     # hidden_states indices, 0 <= i < L (the input of decoder layer i, vLLM's eagle_aux_hidden_state_layer_ids);
-    # None: (2, L//2, L-3)
+    # None: drafters.eagle3.default_feature_layers ((2, L//2, L-3) from 7 layers, distinct ids down to 3 layers)
     feature_layers: list[int] | None = None
     ttt_steps: int = Field(3, ge=1, le=16)
     # token of TTT steps j >= 1: the data token ("data", EAGLE-3's training) or the head's own greedy draft
@@ -105,8 +105,8 @@ class Eagle3Options(BaseModel):
     @classmethod
     def _three_ids(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (len(v) != 3 or min(v) < 0):
-            raise ValueError("give 3 hidden_states ids 0 <= i < L (low, mid, high), or null for (2, L//2, L-3); "
-                             f"got {v}")
+            raise ValueError("give 3 hidden_states ids 0 <= i < L (low, mid, high), or null for the default "
+                             f"((2, L//2, L-3) from 7 layers; drafters.eagle3.default_feature_layers below); got {v}")
         return v
 
 
@@ -118,7 +118,7 @@ class PEagleOptions(BaseModel):
     # the N most frequent supervised tokens; null: 8192, or the whole vocabulary of a smaller target (refused when
     # set above the target's vocabulary)
     draft_vocab_size: int | None = Field(None, ge=2)
-    feature_layers: list[int] | None = None  # as eagle3: hidden_states ids 0 <= i < L; None: (2, L//2, L-3)
+    feature_layers: list[int] | None = None  # as eagle3: hidden_states ids 0 <= i < L; None: its default
     num_depths: int = Field(5, ge=1, le=16)  # K: chain positions trained (depth 0 + K-1 masked positions)
     mask_token_id: int = Field(0, ge=0)  # the target embedding row fed at masked positions (vLLM's pard_token)
     # conditional drop-token (COD) sampling: depth d >= 1 keeps a random max(ratio^d, ratio_min) of the chains
