@@ -1,9 +1,14 @@
 """N-gram / prompt-lookup proposer (Saxena 2023, "Prompt Lookup Decoding"; Yang et al. 2023, LLMA).
 
-Match the last ``n`` tokens of a row (``n`` from ``max_ngram`` down to ``min_ngram``) against the
-row's own earlier tokens (prompt + output); the most recent match wins and the tokens that followed
-it are proposed. No weights, deterministic (``probs=None``: one-hot q, still exact under sampling).
-When nothing matches it proposes the last token repeated, which costs nothing.
+Match the last ``n`` tokens of a row (``n`` from ``max_ngram`` down to ``min_ngram``: the longest that
+occurred before wins) against the row's own earlier tokens (prompt + output); the EARLIEST occurrence of
+that n-gram wins and up to ``k`` tokens that followed it are proposed. This is vLLM's ``ngram`` method
+(``vllm/v1/spec_decode/ngram_proposer.py``, ``_find_longest_matched_ngram_and_propose_tokens``) and
+transformers' prompt lookup (``PromptLookupCandidateGenerator``, left to right): the earliest occurrence
+has the most tokens after it, so in a repetition loop of period ``p < k`` it still drafts ``k`` tokens
+where the most recent one would stop at the end of the row after ``p``. No weights, deterministic
+(``probs=None``: one-hot q, still exact under sampling). When nothing matches it proposes nothing for
+that row (the round is a plain target step for it).
 """
 
 from __future__ import annotations
@@ -32,18 +37,20 @@ class NGramConfig:
 
 
 def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """Up to ``k`` tokens that followed the most recent earlier occurrence of the row's last n-gram
-    (longest n first, from ``max_ngram`` down to ``min_ngram``).
+    """Up to ``k`` tokens that followed the EARLIEST earlier occurrence of the row's last n-gram, for the
+    longest ``n`` in ``[min_ngram, max_ngram]`` that occurred before (vLLM's ``ngram`` method and
+    transformers' prompt lookup pick the same occurrence; an occurrence counts when at least one token
+    follows it, so it may overlap the row's own suffix, as in ``a a a``).
 
-    Returns the continuation found (between 1 and ``k`` ids), or ``[]`` when nothing matches: the
-    proposer then proposes nothing for that row, and a round where no row has a match costs one plain
-    target step instead of a K+1-token verification of guesses (as transformers' prompt lookup does).
+    Returns the continuation found (between 1 and ``k`` ids, fewer than ``k`` only where the row ends
+    first), or ``[]`` when nothing matches: the proposer then proposes nothing for that row, and a round
+    where no row has a match costs one plain target step instead of a K+1-token verification of guesses.
     """
     n = len(tokens)
     for g in range(min(max_ngram, n - 1), min_ngram - 1, -1):
         pattern = tokens[n - g:]
         first = pattern[0]
-        for j in range(n - g - 1, -1, -1):
+        for j in range(n - g):  # left to right: the earliest occurrence, with >= 1 token after it
             if tokens[j] == first and tokens[j: j + g] == pattern:
                 return tokens[j + g: j + g + k]
     return []
@@ -52,8 +59,9 @@ def lookup(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[in
 def continuations(tokens: list[int], depth: int, max_ngram: int, min_ngram: int,
                   max_matches: int = 64) -> list[list[int]]:
     """What followed EVERY earlier occurrence of the row's last n-gram (longest n first, as
-    :func:`lookup`): up to ``max_matches`` continuations of up to ``depth`` tokens, most recent first;
-    ``[]`` when nothing matches. The first one is :func:`lookup`'s."""
+    :func:`lookup`): up to ``max_matches`` continuations of up to ``depth`` tokens, most recent first (the
+    trie's tie-break: recency); ``[]`` when nothing matches. With at most ``max_matches`` occurrences the
+    last one is :func:`lookup`'s (the earliest occurrence)."""
     n = len(tokens)
     for g in range(min(max_ngram, n - 1), min_ngram - 1, -1):
         pattern = tokens[n - g:]

@@ -1,5 +1,10 @@
 """drafters.ngram: prompt-lookup proposals, save/load through the strict base format."""
 
+import json
+import os
+import random
+import subprocess
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -7,15 +12,29 @@ from safetensors.torch import save_file
 from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.drafters import DrafterLoadError, load_drafter
 from drafterkit.drafters.ngram import NGramConfig, NGramDrafter, lookup
+from drafterkit.speceval import serving
 
 
-def test_lookup_prefers_longest_most_recent_match():
+def test_lookup_prefers_longest_then_earliest_match():
     toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 2, 3]
-    assert lookup(toks, 2, 3, 1) == [7, 8]  # "2 3" most recently followed by 7 8 (3-gram "8 2 3" absent)
+    assert lookup(toks, 2, 3, 1) == [9, 1]  # "2 3" first followed by 9 1 (3-gram "8 2 3" absent), as vLLM
     assert lookup([5, 6, 5, 6, 5], 3, 3, 1) == [6, 5]  # continuation [6, 5], not padded
     assert lookup([4, 1, 2, 3], 3, 2, 2) == []  # no 2-gram match -> nothing proposed
     assert lookup([7, 8, 7], 4, 1, 1) == [8, 7]  # short continuation as found
     assert lookup([3], 2, 3, 1) == []
+    assert lookup([3, 5, 3, 3, 5], 2, 1, 1) == [3, 3]  # a shorter key never wins over a longer one: 1-gram only here
+
+
+def test_lookup_drafts_k_tokens_in_a_repetition_loop():
+    """A target repeating a phrase of period p < k: the earliest occurrence of the key has the whole loop
+    after it, so lookup drafts k tokens; the most recent one would stop after p (the end of the row)."""
+    loop = [9] + [1, 2] * 6  # period 2
+    assert lookup(loop, 5, 3, 1) == [1, 2, 1, 2, 1]
+    assert lookup([7, 4, 4, 4, 4, 4, 4, 4], 4, 3, 1) == [4, 4, 4, 4]  # period 1: overlapping occurrences count
+    d = NGramDrafter(NGramConfig(max_ngram=3))
+    state = DecodeState(tokens=[loop, [5, 6, 7, 5, 6]], num_stable=[0, 0], features=None, active=[True, True],
+                        vocab_size=10)
+    assert d.propose(state, 5, SamplingParams(), None).lengths.tolist() == [5, 3]  # [5, 6]: 7 5 6 to the end
 
 
 def test_propose_shapes_and_inactive_rows():
@@ -60,8 +79,8 @@ def test_continuations_trie_fills_the_tree_by_frequency_then_recency():
     #        5 6 -> 1 2 | 5 6 -> 3 4 | 5 6 -> 1 9 | now: ... 5 6
     row = [5, 6, 1, 2, 5, 6, 3, 4, 5, 6, 1, 9, 5, 6]
     conts = continuations(row, 2, max_ngram=2, min_ngram=1)
-    assert conts == [[1, 9], [3, 4], [1, 2]]  # most recent first; the first is lookup()'s continuation
-    assert conts[0] == lookup(row, 2, 2, 1)
+    assert conts == [[1, 9], [3, 4], [1, 2]]  # most recent first; the last is lookup()'s (the earliest)
+    assert conts[-1] == lookup(row, 2, 2, 1)
     tree = DraftTree.parse("3,2")
     toks, ok = fill_tree(tree, conts)
     idx = {p: i for i, p in enumerate(tree.paths)}
@@ -70,3 +89,37 @@ def test_continuations_trie_fills_the_tree_by_frequency_then_recency():
     assert toks[idx[(1, 0)]] == 4 and not ok[idx[(1, 1)]]
     assert fill_tree(tree, []) == ([0] * tree.num_nodes, [False] * tree.num_nodes)
     assert continuations([1, 2, 3], 4, 3, 1) == []
+
+
+VLLM_NGRAM = """import json, sys
+import numpy as np
+from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as find
+cases = json.load(sys.stdin)
+print(json.dumps([find(np.array(c["tokens"], dtype=np.int32), c["min_n"], c["max_n"], 1 << 20, c["k"]).tolist()
+                  for c in cases]))
+"""
+
+
+@pytest.mark.serving
+def test_lookup_equals_vllm_ngram_method():
+    """The same draft as vLLM's ``ngram`` method (its own function, run in the vLLM venv) on random rows over a
+    4-token vocabulary (many matches, ties between occurrences) and repetition loops, for several n ranges."""
+    try:
+        python = serving.vllm_python()
+    except serving.ServeCheckError as exc:
+        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
+            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
+        pytest.skip(str(exc))
+    rng = random.Random(0)
+    rows = [[rng.randrange(4) for _ in range(rng.randrange(1, 40))] for _ in range(300)]
+    rows += [[rng.randrange(9)] + [1, 2, 3][:p] * 8 for p in (1, 2, 3) for _ in range(10)]
+    cases = [dict(tokens=r, k=rng.randrange(1, 8), min_n=lo, max_n=hi)
+             for r in rows for lo, hi in ((1, 3), (2, 4), (1, 1), (5, 5))]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    out = subprocess.run([str(python), "-c", VLLM_NGRAM], input=json.dumps(cases), capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    vllm = json.loads(out.stdout.strip().splitlines()[-1])
+    mine = [lookup(c["tokens"], c["k"], c["max_n"], c["min_n"]) for c in cases]
+    assert sum(len(d) > 0 for d in vllm) > len(cases) // 2  # most rows match: the comparison is not vacuous
+    assert mine == vllm
