@@ -238,6 +238,25 @@ def load_target_model(name_or_path: str = DEFAULT_TARGET_ALIAS, dtype: str | tor
         path, dtype=dt, local_files_only=cached_only), tokenizer=False)
 
 
+def target_source_problem(name_or_path: str, *, weights: bool = True, tokenizer: bool = True,
+                          check_alias: bool = True) -> str | None:
+    """The one-line error :func:`from_target_source` raises for a target named as the default alias or a local
+    folder that cannot load (:func:`target_folder_problem`, :func:`folder_eos_problem`), naming the folder and
+    the fix; None when it looks whole, or for a Hub id (checked only when it loads). Nothing is loaded, so a
+    command can refuse a broken target before it prints or loads anything else; ``check_alias=False`` passes the
+    default alias without fetching or converting it (its own errors come when it loads)."""
+    if name_or_path == DEFAULT_TARGET_ALIAS and not check_alias:
+        return None
+    path = resolve_target_path(name_or_path)
+    if not _looks_local(path):
+        return None
+    if problem := target_folder_problem(path, weights=weights, tokenizer=tokenizer):
+        return f"target {path} {problem}; {_FOLDER_FIX}"
+    if problem := folder_eos_problem(path):
+        return f"target {path}: {problem}"
+    return None
+
+
 def from_target_source(name_or_path: str, load, *, weights: bool = True, tokenizer: bool = True):
     """``load(path, cached_only)`` for a target named as the default alias, a local folder or a Hub id, with
     one error for every way it can fail: a broken local folder (:func:`target_folder_problem`) is refused
@@ -248,10 +267,8 @@ def from_target_source(name_or_path: str, load, *, weights: bool = True, tokeniz
     raised as it is. ``weights`` / ``tokenizer``: whether a local folder must hold them."""
     path = resolve_target_path(name_or_path)
     local = _looks_local(path)
-    if local and (problem := target_folder_problem(path, weights=weights, tokenizer=tokenizer)):
-        raise TargetLoadError(f"target {path} {problem}; {_FOLDER_FIX}")
-    if local and (problem := folder_eos_problem(path)):
-        raise TargetLoadError(f"target {path}: {problem}")
+    if problem := target_source_problem(name_or_path, weights=weights, tokenizer=tokenizer):
+        raise TargetLoadError(problem)
     cached_only = not local and not hub_reachable()
     try:
         return load(path, cached_only)

@@ -42,7 +42,7 @@ import torch
 from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.records import plural, unwritable_folder
-from drafterkit.assets.target import load_target, resolve_target_path
+from drafterkit.assets.target import TargetLoadError, load_target, resolve_target_path, target_source_problem
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
@@ -126,13 +126,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
 
 def _evaluate(cfg: EvalConfig, target, tok, datastore) -> dict:
     """:func:`evaluate` inside the exact mode it set."""
-    cfg.validate()
-    for spec in cfg.drafters:  # before loading the target: a typo costs no model load
-        check_drafter_spec(spec)
-    check_tree_shapes(cfg.drafters, cfg.trees)  # a shape a drafter cannot draft, from its config.json alone
-    check_thresholds(cfg.drafters, cfg.draft_thresholds)
-    if cfg.sweep:
-        check_k(cfg.drafters, cfg.sweep_k, "--sweep-k")
+    check_config(cfg, target_loaded=target is not None)
     for spec in dict.fromkeys(cfg.drafters):
         say_export_source(spec)
     timings = {}
@@ -192,6 +186,28 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore) -> dict:
                                      runs=conc_runs)
         timings["concurrency_s"] = time.perf_counter() - t0
     return record
+
+
+def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
+    """Everything about ``cfg`` that can be checked before the target loads: its flags
+    (:meth:`EvalConfig.validate`), each drafter spec, the tree shapes, thresholds and swept K each drafter can
+    take (from its ``config.json`` alone), and, unless ``target_loaded``, a local target folder
+    (:func:`assets.target.target_source_problem`; the default alias is not fetched here): a typo costs no model
+    load, and nothing is said about the run (a tuned setting's note) before it is refused.
+
+    Raises:
+        ValueError: a bad flag or drafter spec, naming it and the fix; ``assets.target.TargetLoadError``: a
+            broken local target folder.
+    """
+    cfg.validate()
+    for spec in cfg.drafters:
+        check_drafter_spec(spec)
+    check_tree_shapes(cfg.drafters, cfg.trees)  # a shape a drafter cannot draft, from its config.json alone
+    check_thresholds(cfg.drafters, cfg.draft_thresholds)
+    if cfg.sweep:
+        check_k(cfg.drafters, cfg.sweep_k, "--sweep-k")
+    if not target_loaded and (problem := target_source_problem(cfg.target, check_alias=False)):
+        raise TargetLoadError(problem)
 
 
 def datastore_loader(source: str, tok, quiet: bool = False):
@@ -381,13 +397,12 @@ def run(args: argparse.Namespace) -> int:
         check_plots_dir(args.plots_dir, cfg)
         given = {name for name in RECORDED if getattr(args, name) is not None}
         recorded = apply_recorded(cfg, given=given)
-        if recorded:
-            print(recorded_message(recorded, tree_auto=cfg.trees == [AUTO]), flush=True)
+        notes = [recorded_message(recorded, tree_auto=cfg.trees == [AUTO])] if recorded else []
         if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and d not in ("none", *FREE_SPECS)
                        and no_checkpoint(d)]:  # draft:N: nothing to tune (ngram, suffix: their own records)
-            print(f"drafterkit eval: --tree auto: {', '.join(untuned)} {'is' if len(untuned) == 1 else 'are'} no "
-                  f"checkpoint, so nothing was tuned: measured as a chain of K={cfg.k} (add --tree chain or --tree "
-                  "TREE for other shapes)", flush=True)
+            notes.append(f"drafterkit eval: --tree auto: {', '.join(untuned)} {'is' if len(untuned) == 1 else 'are'} "
+                         f"no checkpoint, so nothing was tuned: measured as a chain of K={cfg.k} (add --tree chain or "
+                         "--tree TREE for other shapes)")
         shaped = [f for f, used in (("--tree", cfg.trees != ["chain"]),
                                     ("--draft-threshold", any(t != 0 for t in cfg.draft_thresholds))) if used]
         if shaped and all(d == "none" for d in cfg.drafters):
@@ -399,6 +414,9 @@ def run(args: argparse.Namespace) -> int:
             check_k(cfg.drafters, [cfg.k])
         if "hf-assisted" in cfg.baselines and cfg.baselines != list(BASELINES):  # named, not the default "all"
             check_hf_assisted(cfg.drafters, cfg.trees, cfg.draft_thresholds)
+        check_config(cfg)  # every usage error before any note about the run (evaluate checks it again, cheaply)
+        for note in notes:
+            print(note, flush=True)
         record = evaluate(cfg)
     except (ValueError, DrafterLoadError, OSError) as exc:
         print(f"drafterkit eval: error: {exc}", file=sys.stderr)

@@ -1,0 +1,62 @@
+"""``drafterkit eval``'s checks before it measures, through the real CLI on tiny saved targets: usage errors come
+before any note about the run (a tuned setting it takes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from families import save_family
+
+from drafterkit.assets.device import host_info
+from drafterkit.cli import main as cli
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """``target`` (a tiny llama3-family folder with a ChatML template), ``drafter`` (an EAGLE-3 head for it, with a
+    usable ``drafterkit tune`` record in its decoding.json) and ``prompts`` (a prompt file)."""
+    root = tmp_path_factory.mktemp("eval-checks")
+    model, _ = save_family("llama3", root / "target")
+    torch.manual_seed(0)
+    head = Eagle3Drafter(Eagle3Config.from_target(model, draft_vocab_size=64), target=model)
+    head.set_draft_vocab(torch.arange(64), target=model)
+    drafter = head.save_pretrained(root / "drafter")
+    tuned = dict(written_by="drafterkit tune", machine=host_info("cpu"), dtype="fp32",
+                 winners={"1": dict(tree="chain", k=3, draft_threshold=0.0, speedup=1.3, tau=2.0)})
+    (drafter / "decoding.json").write_text(json.dumps(dict(tuned=tuned)))
+    prompts = root / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hello world"}) + "\n")
+    return dict(target=root / "target", drafter=drafter, prompts=prompts, root=root)
+
+
+def _eval(world, *extra: str) -> list[str]:
+    return ["eval", "--target", str(world["target"]), "--drafter", str(world["drafter"]), "--device", "cpu",
+            "--benchmark", str(world["prompts"]), "--num-prompts", "1", "--max-new-tokens", "4", "--baselines",
+            "engine", "--no-progress", "--output", str(world["root"] / "out.json"), *extra]
+
+
+@pytest.mark.parametrize("extra, error", [
+    (["--drafter", "bogus"], "--drafter bogus: not 'ngram'"),
+    (["--draft-threshold", "1.5"], "--draft-threshold values must be in [0, 1)"),
+    (["--tree", "3,x"], "--tree '3,x'"),
+    (["--target", "/nonexistent/target"], "target /nonexistent/target does not exist"),
+])
+def test_usage_errors_come_before_the_tuned_note(world, capsys, extra, error):
+    """A tuned checkpoint's note ("decoding settings taken from it") is said only once every argument passed: an
+    argument error is the only thing printed (it used to follow the note, as if the run had started)."""
+    capsys.readouterr()
+    assert cli(_eval(world, *extra)) == 2
+    out, err = capsys.readouterr()
+    assert out == "", out
+    assert err.startswith("drafterkit eval: error: ") and error in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_tuned_note_is_said_when_the_arguments_pass(world, capsys):
+    capsys.readouterr()
+    assert cli(_eval(world)) == 0
+    out = capsys.readouterr().out
+    assert f"drafterkit eval: {world['drafter'] / 'decoding.json'}" in out and "taken from it" in out
+    assert out.index("taken from it") < out.index("wrote ")
