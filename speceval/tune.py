@@ -66,6 +66,7 @@ from drafterkit.speceval.tune_args import (
     DEFAULT_KS,
     DEFAULT_THRESHOLDS,
     DEFAULT_TREES,
+    FREE_INCUMBENT,
 )
 from drafterkit.speceval.tune_search import Candidate, candidates, halving
 
@@ -78,7 +79,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
          benchmark: str = "sharegpt", num_prompts: int = 8, max_new_tokens: int = 48, concurrency: int = 4,
          ks=DEFAULT_KS, trees=DEFAULT_TREES, dynamic=DEFAULT_DYNAMIC, thresholds=DEFAULT_THRESHOLDS,
          eta: int = 3, first: int = 2, seed: int = 0, target=None, tok=None, progress: bool = True,
-         write: bool = True, incumbent: str | None = DEFAULT_INCUMBENT, datastore=None, exact: bool = True) -> dict:
+         write: bool = True, incumbent: str | None = "auto", datastore=None, exact: bool = True) -> dict:
     """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes) and return the
     ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``; for the model-free
     ``ngram`` and ``suffix``, under ``$DRAFTERKIT_HOME/tuned`` for this target, dtype and corpus,
@@ -93,7 +94,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         concurrency: the larger batch size tuned besides 1 (1: batch size 1 only).
         eta, first: successive halving's reduction factor and first rung's batches.
         incumbent: ``"TREE@THRESHOLD"`` (``chain:K@THRESHOLD`` for a chain), the shape kept unless a
-            challenger is measurably faster (:func:`halving`); ``None``: the fastest candidate wins outright.
+            challenger is measurably faster (:func:`halving`); ``None``: the fastest candidate wins outright;
+            ``"auto"``: :func:`default_incumbent` (a chain of K=5 for a model-free proposer, else the fixed tree).
             Ignored, with the reason in the record, where the drafter cannot decode it (a chain-only drafter
             and a tree incumbent).
         datastore: what ``PATH+rest`` retrieves from (and ``suffix`` / ``PATH+suffix`` index as their corpus): a
@@ -118,6 +120,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                          f"{checkpoint}+rest, or drop --datastore)")
     if checkpoint == "none":
         raise ValueError("tune needs a drafter checkpoint, not 'none'")
+    incumbent = default_incumbent(checkpoint) if incumbent == "auto" else incumbent
     parse_incumbent(incumbent, None)  # before anything loads: a malformed --incumbent, a path holding no drafter
     check_drafter_spec(checkpoint, flag="tune")
     folder, behind = _folder(checkpoint), _behind(checkpoint)
@@ -204,6 +207,13 @@ def _datastore(datastore, tok):
     if datastore is None or isinstance(datastore, str):
         return datastore_loader(datastore or DEFAULT_DATASTORE, tok)
     return lambda: datastore
+
+
+def default_incumbent(checkpoint: str) -> str:
+    """The shape tune keeps for ``checkpoint`` unless a challenger is faster beyond the noise: a chain of eval's
+    default K (:data:`FREE_INCUMBENT`) for a model-free proposer (``ngram``, ``rest``, ``suffix``: what vLLM serves
+    them as), else the quickstart's fixed tree (:data:`DEFAULT_INCUMBENT`)."""
+    return FREE_INCUMBENT if checkpoint in FREE_SPECS else DEFAULT_INCUMBENT
 
 
 def parse_incumbent(spec: str | None, drafter) -> tuple[Candidate | None, str]:
@@ -338,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
                    concurrency=args.concurrency, ks=ks, trees=trees, dynamic=dynamic,
                    thresholds=thresholds, eta=args.eta, first=args.first, seed=args.seed,
                    progress=not args.no_progress, write=not args.no_write,
-                   incumbent=DEFAULT_INCUMBENT if args.incumbent is None else args.incumbent,
+                   incumbent="auto" if args.incumbent is None else args.incumbent,
                    datastore=args.datastore, exact=not args.no_exact)
     except (ValueError, DrafterLoadError, TargetLoadError, FileNotFoundError) as exc:
         print(f"drafterkit tune: error: {exc}", file=sys.stderr)

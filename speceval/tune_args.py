@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from drafterkit.speceval.eval_args import csv_values, thread_count, tree_spec
+from drafterkit.speceval.eval_args import EvalConfig, csv_values, thread_count, tree_spec
 
 #: the search ``drafterkit tune`` runs by default (``speceval.tune.tune``'s defaults too): chain lengths, static
 #: trees, EAGLE-2 dynamic trees and confidence thresholds tried
@@ -13,8 +13,13 @@ DEFAULT_KS = (2, 3, 4, 5, 6)
 DEFAULT_TREES = ("3,2,1,1,1", "2,2,1,1")
 DEFAULT_DYNAMIC = ("dynamic:12:4:3", "dynamic:24:5:4", "dynamic:40:6:6")
 DEFAULT_THRESHOLDS = (0.0, 0.05, 0.15)
-#: the shape tune keeps unless a challenger is faster beyond the noise: the quickstart's fixed tree
+#: the shape tune keeps for a drafter (a checkpoint, ``PATH+ngram``, ...) unless a challenger is faster beyond the
+#: noise: the quickstart's fixed tree
 DEFAULT_INCUMBENT = "3,2,1,1,1@0.1"
+#: the incumbent for a model-free proposer (``ngram``, ``rest``, ``suffix``): a chain of ``drafterkit eval``'s
+#: default K, the shape eval measures it in without a tuned setting and vLLM serves its ``ngram`` and ``suffix``
+#: methods in (``num_speculative_tokens`` in a chain); a trained head's tree is no proposer's default there
+FREE_INCUMBENT = f"chain:{EvalConfig.k}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the shape kept unless a candidate is faster on the same prompts beyond the noise (its paired "
                         "tokens/s ratio's ~95%% lower bound above 1): TREE@THRESHOLD, chain:K@THRESHOLD, or none (the "
                         "fastest candidate wins outright); without @THRESHOLD the threshold is 0 (default: "
-                        f"{DEFAULT_INCUMBENT}, not used for a chain-only drafter; a tree given for one is refused)")
+                        f"{DEFAULT_INCUMBENT} for a drafter, not used for a chain-only one, where a tree given is "
+                        f"refused; {FREE_INCUMBENT} for the model-free ngram, rest and suffix)")
     p.add_argument("--eta", type=int, default=3, help="successive halving keeps the best 1/eta per rung")
     p.add_argument("--first", type=int, default=2, help="batches in the first rung (doubled each rung)")
     p.add_argument("--seed", type=int, default=0,

@@ -10,6 +10,7 @@ from conftest import tiny_llama
 from drafterkit.assets.pinned import default_target_dir
 from drafterkit.cli import main
 from drafterkit.drafters.datastore import Datastore
+from drafterkit.speceval.tune import default_incumbent
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,19 @@ def test_tune_ngram_records_per_target_and_eval_tree_auto_uses_it_or_refuses(wor
     assert _eval(world, tmp_path, "ngram", "--no-exact")[0] == 2
     assert ("its tuned setting was measured in the decoder exact mode and this eval runs with --no-exact: drop "
             "--no-exact, or tune again in this mode") in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*CPU cores are busy")
+def test_a_model_free_proposer_is_tuned_against_a_chain_of_k_by_default(world, capsys):
+    """``tune ngram`` without --incumbent keeps a chain of eval's default K (what eval measures it in untuned and
+    what vLLM serves) unless a challenger beats it, not the trained head's fixed tree; a drafter keeps the tree."""
+    assert main(["tune", "ngram", "--target", str(world / "target0"), "--benchmark", str(world / "tune.jsonl"),
+                 "--num-prompts", "2", "--max-new-tokens", "6", "--concurrency", "1", "--k", "2", "--tree", "2,1",
+                 "--dynamic", "dynamic:4:2:2", "--first", "1", "--no-progress", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert "incumbent chain K=5" in out and "tree=3,2,1,1,1" not in out
+    assert default_incumbent("ngram") == default_incumbent("suffix") == default_incumbent("rest") == "chain:5"
+    assert default_incumbent("runs/eagle3") == default_incumbent("runs/eagle3+rest") == "3,2,1,1,1@0.1"
 
 
 @pytest.mark.filterwarnings("ignore:.*CPU cores are busy", "ignore:.*the datastore holds only")
