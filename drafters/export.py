@@ -56,11 +56,12 @@ from pathlib import Path
 
 import torch
 from drafterkit.assets.device import resolve_dtype
+from drafterkit.assets.file_modes import apply_umask
 from drafterkit.assets.records import unwritable_folder
 from drafterkit.assets.target import TargetLoadError, hub_reachable, load_target_model, load_target_tokenizer
 from drafterkit.drafters import get_kind, load_drafter, resolve_checkpoint
-from drafterkit.drafters.base import (DrafterLoadError, ExportError, apply_umask, left_out, nonfinite_tensors,
-                                      read_config, read_weights, save_tensors, weights_sha256)
+from drafterkit.drafters.base import (DrafterLoadError, ExportError, left_out, nonfinite_tensors, read_config,
+                                      read_weights, save_tensors, weights_sha256)
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layout's names, also read from here)
     cast_tensors,

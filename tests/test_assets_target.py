@@ -91,13 +91,14 @@ def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_units(monkeypatch):
 
 
 def test_recipe_auto_precision_resolves_at_validation(monkeypatch, recwarn):
+    import drafterkit.assets.device as D
     import drafterkit.train.recipe as R
 
-    data = {"output_dir": "x", "target": {"dtype": "auto"}, "train": {"mixed_precision": "auto"}}
-    monkeypatch.setattr(R, "native_bf16", lambda device=None: True)
+    data = {"output_dir": "x", "target": {"dtype": "Auto"}, "train": {"mixed_precision": "AUTO"}}  # any case
+    monkeypatch.setattr(D, "native_bf16", lambda device=None: True)
     r = R.recipe_from_dict(data)
     assert (r.target.dtype, r.train.mixed_precision) == ("bfloat16", "bf16") and not recwarn.list
-    monkeypatch.setattr(R, "native_bf16", lambda device=None: False)
+    monkeypatch.setattr(D, "native_bf16", lambda device=None: False)
     with pytest.warns(UserWarning, match=r"target.dtype and train.mixed_precision: auto -> float32 here"):
         r = R.recipe_from_dict(data)
     assert (r.target.dtype, r.train.mixed_precision) == ("float32", "no")

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from drafterkit.drafters.base import apply_umask
+from drafterkit.assets.file_modes import apply_umask
 
 
 @dataclass

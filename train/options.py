@@ -22,6 +22,7 @@ Recipe checks (``KindRecipe.check``) take the validated :class:`train.recipe.Rec
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,9 +30,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
-from drafterkit.drafters.dflash import check_dflash_feature_layers
-from drafterkit.drafters.eagle3 import check_feature_layers
-from drafterkit.drafters.target_layers import decoder_layers, feature_refusal, init_refusal
+
+
+def _drafters(module: str, name: str) -> Callable:
+    """``drafterkit.drafters.<module>.<name>``, imported on first use: the checks against the target's layers need
+    the drafter modules (and torch), while the schema (unknown keys, wrong types, bad values) is checked without
+    them, so ``drafterkit train`` refuses a malformed recipe before any model library loads."""
+    return getattr(importlib.import_module(f"drafterkit.drafters.{module}"), name)
+
 
 # --- options, one model per kind ----------------------------------------------------------------
 
@@ -227,7 +233,7 @@ def check_eagle3_recipe(recipe: Any) -> None:
                          "'eagle3' with drafter.options.ttt_tokens: data (its TTT steps read the data's tokens, so "
                          "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
                          "on its own drafts, what decoding runs) or use another loss")
-    _check_local_feature_layers(recipe, o.feature_layers, check_feature_layers)
+    _check_local_feature_layers(recipe, o.feature_layers, _drafters("eagle3", "check_feature_layers"))
     _check_local_draft_vocab(recipe, o)
     check_init_from_target(recipe)
 
@@ -240,7 +246,8 @@ def check_peagle_recipe(recipe: Any) -> None:
         ValueError: naming the key, the kind and the fix.
     """
     check_head_recipe(recipe, "peagle", "num_depths")
-    _check_local_feature_layers(recipe, recipe.drafter.parsed_options().feature_layers, check_feature_layers)
+    _check_local_feature_layers(recipe, recipe.drafter.parsed_options().feature_layers,
+                                _drafters("eagle3", "check_feature_layers"))
     _check_local_draft_vocab(recipe, recipe.drafter.parsed_options())
     check_init_from_target(recipe)
 
@@ -262,7 +269,7 @@ def check_dflash_recipe(recipe: Any) -> None:
                          f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: "
                          f"{steps + 1}, "
                          "or loss.draft_steps: 1, or another loss")
-    _check_local_feature_layers(recipe, o.feature_layers, check_dflash_feature_layers)
+    _check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
     check_init_from_target(recipe)
 
 
@@ -365,7 +372,7 @@ def check_init_from_target(recipe: Any) -> None:
     target = meta_target(recipe.target.name_or_path)
     if target is None:
         return
-    why = None if kind == "draft_lm" else feature_refusal(target, kind)
+    why = None if kind == "draft_lm" else _drafters("target_layers", "feature_refusal")(target, kind)
     if why:
         raise ValueError(why)
     if not getattr(o, "init_from_target_layer", False) and not truncated:
@@ -373,7 +380,7 @@ def check_init_from_target(recipe: Any) -> None:
     if truncated:
         why = truncation_refusal(target, o.num_layers)
     else:
-        why = init_refusal(target, "drafter.options.init_from_target_layer")
+        why = _drafters("target_layers", "init_refusal")(target, "drafter.options.init_from_target_layer")
     if why:
         raise ValueError(why)
 
@@ -383,7 +390,7 @@ def truncation_refusal(target: Any, num_layers: int) -> str | None:
     option), or None. ``target`` may live on the meta device."""
     family = getattr(target.config, "model_type", type(target).__name__)
     total = getattr(target.config, "num_hidden_layers", None)
-    if total is None or decoder_layers(target) is None:
+    if total is None or _drafters("target_layers", "decoder_layers")(target) is None:
         return (f"drafter.options.init: truncating the target is not defined for model type {family!r} (no "
                 "num_hidden_layers / model.layers); set drafter.options.init=scratch or init=checkpoint")
     if not 1 <= num_layers <= total:

@@ -31,6 +31,7 @@ and, for an unknown key, lists the valid keys at that level.
 
 from __future__ import annotations
 
+import importlib
 import re
 import warnings
 from pathlib import Path
@@ -39,12 +40,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from drafterkit.assets.device import native_bf16
 from drafterkit.train.checkpoint import is_resumable
 from drafterkit.train.options import feature_kinds, kind_recipe
 
 
-TRUE_WORDS = frozenset({"true", "yes", "on", "y", "1"})  # what a boolean field reads as true (pydantic's lax bool)
 YAML_BOOLS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}  # YAML 1.1, any case
 
 
@@ -67,11 +66,6 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=RecipeLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
-def is_true(value: Any) -> bool:
-    """Whether a raw recipe value (before validation: a bool, or a word kept by :func:`load_yaml`) reads as true."""
-    return value is True or (isinstance(value, str) and value.strip().lower() in TRUE_WORDS)
-
-
 class RecipeError(ValueError):
     """A recipe (file, dict or override) is invalid; the message names the key and the fix."""
 
@@ -82,8 +76,13 @@ class Section(BaseModel):
 
 class TargetSection(Section):
     name_or_path: str = "smollm2-135m"
-    # auto: bfloat16 where the device computes bf16 natively, else float32 (resolved at validation)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # auto: bfloat16 where the device computes bf16 natively, else float32 (resolved by Recipe, after the schema)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _auto_any_case(cls, v: Any) -> Any:
+        return "auto" if isinstance(v, str) and v.strip().lower() == "auto" else v
 
 
 class DrafterSection(Section):
@@ -218,7 +217,7 @@ class TrainSection(Section):
     max_minutes: float | None = Field(None, gt=0.0)  # wall-clock budget; stops cleanly, saves last/
     batch_size: int = Field(4, ge=1)  # per process, per micro-batch
     grad_accum: int = Field(1, ge=1)
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"  # or auto: bf16 where native, else no
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = "no"  # auto: bf16 where native, else no (Recipe resolves)
     seed: int = 0
     log_every: int = Field(10, ge=1)
     save_every: int = Field(0, ge=0)  # 0: no step-N checkpoints (last/ and best/ are always kept)
@@ -262,10 +261,10 @@ class TrainSection(Section):
     @field_validator("mixed_precision", mode="before")
     @classmethod
     def _mixed_precision_word(cls, v: Any) -> Any:
-        """false / off (or False) mean no; auto is resolved before (Recipe._resolve_auto_precision)."""
+        """false / off (or False) mean no; auto is resolved after the schema (Recipe._resolve_auto_precision)."""
         word = str(v).strip().lower() if isinstance(v, (str, bool)) else None
-        if word in ("no", "false", "off", "bf16", "fp16"):
-            return word if word in ("bf16", "fp16") else "no"
+        if word in ("no", "false", "off", "bf16", "fp16", "auto"):
+            return word if word in ("bf16", "fp16", "auto") else "no"
         raise ValueError(f"use auto (bf16 where the device computes it natively, else no), no (also false / off), "
                          f"bf16 or fp16; got {v!r}")
 
@@ -316,33 +315,6 @@ class Recipe(Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _resolve_auto_precision(cls, data: Any) -> Any:
-        """``target.dtype: auto`` and ``train.mixed_precision: auto`` become bfloat16 / bf16 where the run's
-        device computes bf16 natively (``assets.device.native_bf16``) and float32 / no elsewhere, with a
-        warning saying why; the validated (and saved) recipe holds what runs."""
-        if not isinstance(data, dict):
-            return data
-        target, train = data.get("target"), data.get("train")
-        auto_dtype = isinstance(target, dict) and str(target.get("dtype", "")).lower() == "auto"
-        auto_mixed = isinstance(train, dict) and str(train.get("mixed_precision", "")).lower() == "auto"
-        if not (auto_dtype or auto_mixed):
-            return data
-        native = native_bf16("cpu" if isinstance(train, dict) and is_true(train.get("cpu")) else None)
-        data = dict(data)
-        if auto_dtype:
-            data["target"] = {**target, "dtype": "bfloat16" if native else "float32"}
-        if auto_mixed:
-            data["train"] = {**train, "mixed_precision": "bf16" if native else "no"}
-        if not native:
-            keys = " and ".join(k for k, on in (("target.dtype", auto_dtype), ("train.mixed_precision", auto_mixed))
-                                if on)
-            warnings.warn(f"{keys}: auto -> float32 here: this device has no native bf16 units (on a CPU: "
-                          "avx512_bf16 / amx_bf16), where bf16 runs several times slower than float32; set "
-                          "target.dtype=bfloat16 / train.mixed_precision=bf16 to force bf16", UserWarning, stacklevel=1)
-        return data
-
     @model_validator(mode="after")
     def _feature_cache_for_feature_kinds(self) -> Recipe:
         if self.data.feature_cache != "off" and not kind_recipe(self.drafter.kind).reads_features:
@@ -375,6 +347,31 @@ class Recipe(Section):
         check = kind_recipe(self.drafter.kind).check
         if check is not None:
             check(self)
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_auto_precision(self) -> Recipe:
+        """``target.dtype: auto`` and ``train.mixed_precision: auto`` become bfloat16 / bf16 where the run's
+        device computes bf16 natively (``assets.device.native_bf16``) and float32 / no elsewhere, with a
+        warning saying why; the validated (and saved) recipe holds what runs. The last check (pydantic runs
+        after-validators in the order defined; none before reads these two fields as more than "fp16" or not),
+        so a recipe refused by its schema or by a check that needs no target never imports torch, which finding
+        the device takes."""
+        auto_dtype, auto_mixed = self.target.dtype == "auto", self.train.mixed_precision == "auto"
+        if not (auto_dtype or auto_mixed):
+            return self
+        device = importlib.import_module("drafterkit.assets.device")
+        native = device.native_bf16("cpu" if self.train.cpu else None)
+        if auto_dtype:
+            self.target.dtype = "bfloat16" if native else "float32"
+        if auto_mixed:
+            self.train.mixed_precision = "bf16" if native else "no"
+        if not native:
+            keys = " and ".join(k for k, on in (("target.dtype", auto_dtype), ("train.mixed_precision", auto_mixed))
+                                if on)
+            warnings.warn(f"{keys}: auto -> float32 here: this device has no native bf16 units (on a CPU: "
+                          "avx512_bf16 / amx_bf16), where bf16 runs several times slower than float32; set "
+                          "target.dtype=bfloat16 / train.mixed_precision=bf16 to force bf16", UserWarning, stacklevel=1)
         return self
 
     @property

@@ -17,14 +17,13 @@ not fit the target, a broken model folder the recipe names (``target.name_or_pat
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
 import sys
 
 from drafterkit.assets.console import datasets_quiet
-from drafterkit.assets.target import TargetLoadError
-from drafterkit.train.loop import train
 from drafterkit.train.recipe import RecipeError, load_recipe
 from drafterkit.train.train_args import add_arguments
 
@@ -36,8 +35,18 @@ def _say_once(message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def _target_load_error() -> type[Exception]:
+    """``assets.target.TargetLoadError``, imported when an exception reaches :func:`run`'s handler for it (an
+    ``except`` clause's class is evaluated only then): that module imports torch, which a refused recipe never
+    needs."""
+    return importlib.import_module("drafterkit.assets.target").TargetLoadError
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the recipe, train, print a one-line JSON summary (last line of stdout).
+
+    The recipe is validated before torch, transformers or the training loop are imported (this module and
+    ``train.recipe`` load none of them), so a bad recipe is refused at once, even on a loaded machine.
 
     Returns 0; 2 on a user error (see the module docstring); 128 + signal number when interrupted.
     """
@@ -46,18 +55,20 @@ def run(args: argparse.Namespace) -> int:
         if args.print_recipe:
             print(recipe.to_yaml())
             return 0
+        # only a valid recipe loads the training loop (torch, transformers; accelerate and datasets when it runs)
+        train = importlib.import_module("drafterkit.train.loop").train
         with datasets_quiet():  # its bars are a line per refresh in a log; training's own bar stays
             result = train(recipe)
     except (RecipeError, FileNotFoundError) as exc:
         _say_once(f"drafterkit train: error: {exc}")
         return 2
-    except TargetLoadError as exc:  # a broken target folder, or a Hub id that cannot be reached
-        _say_once(f"drafterkit train: error: target.name_or_path: {exc}")
-        return 2
     except KeyboardInterrupt:
         print("drafterkit train: aborted; checkpoints hold the last complete save (resume with "
               "train.resume=auto)", file=sys.stderr)
         return 128 + signal.SIGINT
+    except _target_load_error() as exc:  # a broken target folder, or a Hub id that cannot be reached
+        _say_once(f"drafterkit train: error: target.name_or_path: {exc}")
+        return 2
     if int(os.environ.get("RANK", "0")) == 0:  # one summary line for a multi-process run
         print(json.dumps({"output_dir": result.output_dir, "global_step": result.global_step,
                           "stopped": result.stopped, "final_loss": result.losses[-1] if result.losses else None,
