@@ -27,6 +27,34 @@ class ChatTemplateError(ValueError):
     """The chat template refused a conversation (its own message, e.g. roles that do not alternate)."""
 
 
+class NoChatTemplateError(ValueError):
+    """The target's tokenizer has no chat template (:func:`chat_template_problem`): nothing drafterkit trains on or
+    measures can be rendered as the target serves it."""
+
+
+def chat_template_problem(tokenizer, where: str | None = None) -> str | None:
+    """Why ``tokenizer`` cannot render conversations (``None``: it has a chat template), as one line naming
+    ``where`` it came from (default: the tokenizer's ``name_or_path``, the folder or Hub id it was loaded from)
+    and the fix. The one check for a missing template: training data (``train.loss_mask``), eval and tune prompts
+    (``speceval.prompts.chat_ids``) and every command loading a target for them (``assets.target.load_target(...,
+    chat=True)``) refuse it with this line, rather than render conversations some other way (raw text joined
+    would measure a prompt format the target is never served with)."""
+    if getattr(tokenizer, "chat_template", None):
+        return None
+    where = where or getattr(tokenizer, "name_or_path", None) or "the target"
+    return (f"target {where}: its tokenizer has no chat template, and drafterkit renders training conversations and "
+            "eval prompts through the target's own template; use the instruct / chat model's folder (its "
+            "tokenizer_config.json or chat_template.jinja holds the template), or set tokenizer.chat_template and "
+            "save the tokenizer into the target folder (tokenizer.save_pretrained)")
+
+
+def require_chat_template(tokenizer, where: str | None = None) -> None:
+    """Raise :class:`NoChatTemplateError` with :func:`chat_template_problem`'s line when ``tokenizer`` has no chat
+    template."""
+    if problem := chat_template_problem(tokenizer, where):
+        raise NoChatTemplateError(problem)
+
+
 def merge_system_turn(messages: Sequence[Message]) -> list[Message]:
     """``messages`` with a leading system turn folded into the first user turn (``system + "\\n\\n" + user``);
     unchanged (a copy) when there is no leading system turn or no user turn follows it."""

@@ -4,7 +4,9 @@ A local target folder is checked before transformers reads it (:func:`target_fol
 missing folder, one without ``config.json``, weights or tokenizer, a drafterkit drafter checkpoint given
 as a target, a torn or partial safetensors file (:func:`weights_problem`), and an ``eos_token_id`` outside
 the vocabulary (:func:`folder_eos_problem`; a Hub target's is checked once loaded) each raise a
-:class:`TargetLoadError` whose one-line message names the folder, what is wrong and the fix.
+:class:`TargetLoadError` whose one-line message names the folder, what is wrong and the fix; so do a tokenizer
+transformers cannot load and, for the commands that render conversations (``load_target(..., chat=True)``), a
+tokenizer without a chat template (:func:`assets.chat.chat_template_problem`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from drafterkit.assets.chat import chat_template_problem
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 
@@ -26,6 +29,11 @@ class TargetLoadError(OSError):
 
 #: what a transformers model folder needs besides its weights, and the fix every folder error ends with
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+#: the files that hold a tokenizer's vocabulary (fast: tokenizer.json; SentencePiece: *.model; BPE: vocab.json +
+#: merges.txt; WordPiece: vocab.txt; tiktoken): a tokenizer_config.json without one of them cannot load
+_VOCABULARY_GLOBS = ("tokenizer.json", "*.model", "vocab.json", "vocab.txt", "*.tiktoken")
+_TOKENIZER_FIX = ("save the target's tokenizer into the folder (tokenizer.save_pretrained(folder) writes "
+                  "tokenizer.json and tokenizer_config.json)")
 _FOLDER_FIX = ("give a transformers model folder holding config.json, the weights and the tokenizer (as "
                "save_pretrained writes them), a Hub id, or 'smollm2-135m' for the pinned default target")
 
@@ -101,6 +109,9 @@ def target_folder_problem(path: str | Path, *, weights: bool = True, tokenizer: 
         return problem
     if tokenizer and not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return f"holds no tokenizer ({' / '.join(_TOKENIZER_FILES)}); save the tokenizer there too"
+    if tokenizer and not any(f.is_file() for g in _VOCABULARY_GLOBS for f in path.glob(g)):
+        return ("holds tokenizer_config.json but no vocabulary file (tokenizer.json, tokenizer.model, vocab.json, "
+                "vocab.txt or *.tiktoken), so its tokenizer cannot load; save the tokenizer there too")
     return None
 
 
@@ -184,7 +195,7 @@ def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float 
 
 
 def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.dtype = "float32",
-                device: str | torch.device = "cpu"):
+                device: str | torch.device = "cpu", chat: bool = False):
     """Load the target model and tokenizer, frozen (``requires_grad=False``) and in eval mode.
 
     Args:
@@ -192,20 +203,23 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
             a local transformers folder, or a Hub id (needs the Hub to be reachable).
         dtype: ``"float32" | "bfloat16" | "float16"`` or a torch dtype.
         device: ``"cpu" | "cuda" | "auto" | ...``.
+        chat: the caller renders conversations through the target's chat template (training, eval, tune,
+            serve-check): a tokenizer without one is refused (:func:`assets.chat.chat_template_problem`) before
+            the weights load. Plain decoding of token ids needs none (False).
 
     Returns:
         ``(model, tokenizer)``.
 
     Raises:
-        TargetLoadError (an ``OSError``): a broken local folder (:func:`target_folder_problem`), one
-            transformers cannot load, or a Hub id that cannot be reached; the message names it, what is
-            wrong and the fix.
+        TargetLoadError (an ``OSError``): a broken local folder (:func:`target_folder_problem`), a tokenizer or
+            model transformers cannot load, no chat template where ``chat``, or a Hub id that cannot be reached;
+            the message names it, what is wrong and the fix.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     dt, dev = resolve_dtype(dtype, device), resolve_device(device)
     tok, model = from_target_source(name_or_path, lambda path, cached_only: (
-        AutoTokenizer.from_pretrained(path, local_files_only=cached_only),
+        _load_tokenizer(path, cached_only, chat),
         AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=cached_only)))
     if problem := loaded_eos_problem(model, tok):  # a Hub id's (a local folder's was refused before loading)
         raise TargetLoadError(f"target {name_or_path}: {problem}")
@@ -216,13 +230,31 @@ def load_target(name_or_path: str = DEFAULT_TARGET_ALIAS, *, dtype: str | torch.
     return model, tok
 
 
-def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET_ALIAS):
-    """The target's tokenizer alone (pad token = EOS where it has none; the folder need not hold weights).
-    Raises ``TargetLoadError`` as :func:`load_target` does."""
+def _load_tokenizer(path: str, cached_only: bool, chat: bool):
+    """The tokenizer of the target at ``path`` (a folder or Hub id). A local folder's that transformers cannot
+    load, and one without a chat template where ``chat`` (:func:`assets.chat.chat_template_problem`), raise a
+    ``TargetLoadError`` naming the folder and the fix (not transformers' own message, which names neither)."""
     from transformers import AutoTokenizer
 
-    tok = from_target_source(name_or_path, lambda path, cached_only: AutoTokenizer.from_pretrained(
-        path, local_files_only=cached_only), weights=False)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=cached_only)
+    except (OSError, ValueError, TypeError) as exc:
+        if not _looks_local(path):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TargetLoadError(f"target {path}: transformers cannot load its tokenizer ({first}); "
+                              f"{_TOKENIZER_FIX}") from exc
+    if chat and (problem := chat_template_problem(tok, where=path)):
+        raise TargetLoadError(problem)
+    return tok
+
+
+def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET_ALIAS, *, chat: bool = False):
+    """The target's tokenizer alone (pad token = EOS where it has none; the folder need not hold weights).
+    ``chat``: refuse one without a chat template, as :func:`load_target` does. Raises ``TargetLoadError`` as
+    :func:`load_target` does."""
+    tok = from_target_source(name_or_path, lambda path, cached_only: _load_tokenizer(path, cached_only, chat),
+                             weights=False)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -272,6 +304,8 @@ def from_target_source(name_or_path: str, load, *, weights: bool = True, tokeniz
     cached_only = not local and not hub_reachable()
     try:
         return load(path, cached_only)
+    except TargetLoadError:  # already names the target and the fix (its tokenizer, its chat template)
+        raise
     except (OSError, ValueError) as exc:
         if local:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -286,3 +320,4 @@ def from_target_source(name_or_path: str, load, *, weights: bool = True, tokeniz
             f"could not load target {name_or_path!r}: not a local folder, and {why}. Pass a local "
             f"transformers folder, or '{DEFAULT_TARGET_ALIAS}' for the pinned default target."
         ) from exc
+

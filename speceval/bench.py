@@ -132,7 +132,7 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore) -> dict:
     timings = {}
     t0 = time.perf_counter()
     if target is None:
-        target, tok = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+        target, tok = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device, chat=True)
     chosen = select_prompts(cfg.benchmark, tok, cfg.num_prompts, max_prompt_tokens=cfg.max_prompt_tokens)
     prompts = chosen.prompts
     specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds, cfg.trees,

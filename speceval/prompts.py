@@ -11,7 +11,7 @@ from pathlib import Path
 
 from drafterkit.assets import conversations as P
 from drafterkit.assets import pinned, prompt_files
-from drafterkit.assets.chat import ChatTemplateError, render_chat
+from drafterkit.assets.chat import ChatTemplateError, render_chat, require_chat_template
 
 BENCHMARKS = ("mt-bench", "humaneval", "sharegpt")
 HUMANEVAL_REQUEST = ("Complete the following Python function. Reply with the completed code only.\n\n"
@@ -47,17 +47,18 @@ def _balanced(items: list[dict], n: int) -> list[dict]:
 
 def chat_ids(tok, messages: list[dict]) -> list[int]:
     """Token ids (``list[int]``) of ``messages`` through the tokenizer's chat template, ending at the
-    generation prompt (where the assistant's answer starts); a tokenizer without a template gets the
-    contents joined by blank lines. Every eval prompt is templated here (:func:`select_prompts`). A system
-    turn the template refuses or leaves out (Gemma-2 has no system role) is merged into the first user turn,
-    as training does (:func:`assets.chat.render_chat`).
+    generation prompt (where the assistant's answer starts). Every eval prompt is templated here
+    (:func:`select_prompts`). A system turn the template refuses or leaves out (Gemma-2 has no system role) is
+    merged into the first user turn, as training does (:func:`assets.chat.render_chat`).
 
     Raises:
+        assets.chat.NoChatTemplateError: the tokenizer has no chat template (refused as training refuses it,
+            :func:`assets.chat.chat_template_problem`: the target would be measured on a prompt format it is
+            never served with).
         assets.chat.ChatTemplateError: the template refuses the conversation even so (its own message)."""
-    if getattr(tok, "chat_template", None):
-        text, _ = render_chat(tok, messages, generation_prompt=True)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-    return list(tok("\n\n".join(m["content"] for m in messages))["input_ids"])
+    require_chat_template(tok)
+    text, _ = render_chat(tok, messages, generation_prompt=True)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
 @dataclass

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from drafterkit.assets import pinned
 from drafterkit.assets.device import resolve_device
-from drafterkit.assets.target import TargetLoadError, load_target, resolve_target_path
+from drafterkit.assets.target import TargetLoadError, load_target, load_target_tokenizer, resolve_target_path
 from drafterkit.decode import generate
 from drafterkit.decode.decoder import watch_rounds
 from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
@@ -352,11 +352,15 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
                 raise ServeCheckError(f"{export_dir}: {problem}; serve-check needs a target vLLM can serve it with")
         checked.append([(e, source_checkpoint(e, info["method"], c), info)  # sources before loads
                         for (e, c), info in zip(exports, infos)])
+        try:  # a target folder without a loadable tokenizer or chat template, before the vLLM venv is looked for
+            load_target_tokenizer(target, chat=True)
+        except TargetLoadError as exc:
+            raise ServeCheckError(str(exc)) from None
     python = vllm_python(venv)
     plans, jobs = [], []
     for (target, _), exports in zip(groups, checked):
         try:
-            model, tok = load_target(target, dtype="float32", device=device)
+            model, tok = load_target(target, dtype="float32", device=device, chat=True)
             ids = (prompts or {}).get(target) or [p.input_ids for p in
                                                   select_prompts(benchmark, tok, num_prompts).prompts]
         except (TargetLoadError, ValueError) as exc:

@@ -129,7 +129,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                          "in; give --no-write to measure and print the chosen shape only, or tune a drafter folder "
                          f"(or a model-free proposer: {', '.join(FREE_SPECS)})")
     if target is None:
-        target, tok = load_target(target_name, dtype=dtype, device=device)
+        target, tok = load_target(target_name, dtype=dtype, device=device, chat=True)
     corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") or checkpoint in ("rest", "suffix") else None
     spec = build_drafter(checkpoint, target, corpus, flag="tune")
     if spec.max_k is not None:  # Medusa / DFlash draft at most max_k tokens a round: a larger K is that one again

@@ -8,6 +8,7 @@ import copy
 import pytest
 from transformers import AutoTokenizer
 
+from drafterkit.assets.chat import NoChatTemplateError
 from drafterkit.assets.pinned import default_target_dir
 from drafterkit.speceval.prompts import chat_ids, load_prompts, select_prompts
 
@@ -24,9 +25,10 @@ def test_chat_ids_are_the_targets_template_up_to_the_assistant_header(tok):
                                "Face<|im_end|>\n<|im_start|>user\nName three prime numbers.<|im_end|>\n"
                                "<|im_start|>assistant\n")
     plain = copy.deepcopy(tok)
-    plain.chat_template = None  # no template: the contents joined by blank lines
+    plain.chat_template = None  # no template: refused as training refuses it (never raw text joined)
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    assert chat_ids(plain, msgs) == plain("a\n\nb")["input_ids"]
+    with pytest.raises(NoChatTemplateError, match="its tokenizer has no chat template"):
+        chat_ids(plain, msgs)
 
 
 def test_mt_bench_prompts_cover_every_category_and_use_the_chat_template(tok):

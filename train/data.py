@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 def _stats_runs(args) -> list[DataStats]:
     """Build the dataset twice (fresh, then from the cache); returns both runs' stats."""
     resolve_source(args.source)  # a missing file fails before the tokenizer loads
-    tokenizer = load_target_tokenizer(args.target)
+    tokenizer = load_target_tokenizer(args.target, chat=True)
     kw = dict(max_length=args.max_length, num_examples=args.num_examples, split=args.split,
               heldout_fraction=args.heldout_fraction, seed=args.seed, cache_dir=args.cache_dir)
     runs = []

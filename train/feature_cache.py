@@ -391,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
         recipe_data_file(recipe.data)
         device = resolve_device("cpu" if recipe.train.cpu else "auto")
         target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
-                                                      device=device)
+                                                      device=device, chat=True)
         try:
             ds = load_data(recipe, target, tokenizer)
         except (ValueError, FileNotFoundError) as exc:

@@ -46,6 +46,7 @@ from drafterkit.assets.chat import (
     apply_template,
     end_of_turn_tokens,
     merge_system_turn,
+    require_chat_template,
     special_tokens,
     system_kept,
 )
@@ -62,9 +63,7 @@ class SkipExample(ValueError):
 
 def _prepare(tokenizer, messages: Sequence[Message]) -> list[Message]:
     """Validate, cut trailing non-assistant turns (they would carry no supervision)."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the tokenizer has no chat template; use the target's own tokenizer (an "
-                         "instruct / chat model) or set tokenizer.chat_template")
+    require_chat_template(tokenizer)
     msgs = []
     for m in messages:
         if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")

@@ -206,7 +206,7 @@ def _load_target(recipe: Recipe, acc, target, tokenizer):
     if shards(recipe)[1]:
         return load_run_target(recipe, acc.device, device_mesh(acc.device), is_main=acc.is_main_process)
     target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
-                                                  device=acc.device)
+                                                  device=acc.device, chat=True)
     return target, tokenizer, False
 
 

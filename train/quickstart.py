@@ -185,7 +185,8 @@ def train_stage(recipe_path: Path, kind: str, minutes: float, out: Path, overrid
     if resolve_dtype(recipe.target.dtype) != next(target.parameters()).dtype:
         # Train against the target in the recipe's dtype (bf16 halves the target forward on CPUs with
         # bf16 units); the caller's target (evaluation dtype) is left untouched.
-        target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device)
+        target, tok = load_target(TARGET, dtype=recipe.target.dtype, device=next(target.parameters()).device,
+                                  chat=True)
     if online := feature_source(recipe, target, tok):  # never a feature cache build outside the budget
         recipe = _load_again(recipe_path, [*settings, online])
     with datasets_quiet():  # its bars are a line per refresh in a log; training's own bar stays
@@ -258,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         with stages.stage("fetch", "the pinned target, ShareGPT, MT-bench and HumanEval, then load the target",
                           f"{OUTSIDE}; a no-op when cached"):
             fetch_all()
-            target, tok = load_target(TARGET, dtype=args.dtype, device=args.device)
+            target, tok = load_target(TARGET, dtype=args.dtype, device=args.device, chat=True)
         datastore = None
         if not args.no_hybrid:
             with stages.stage("datastore", "the ShareGPT n-gram datastore the +rest rows retrieve from",

@@ -203,7 +203,7 @@ def exactness_stage(records: dict, args, tok, datastore=None, shapes: dict | Non
     if args.exactness_prompts <= 0:
         return exactness_summary({}, "skipped: --exactness-prompts 0")
     first = next(iter(records.values()))["config"]
-    target, _ = load_target(first["target"], dtype="fp32", device=args.device)
+    target, _ = load_target(first["target"], dtype="fp32", device=args.device, chat=True)
     checks = {}
     for bench, rec in records.items():
         base = {**rec["config"], "dtype": "fp32", "num_prompts": args.exactness_prompts,

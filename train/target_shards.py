@@ -179,7 +179,7 @@ def load_sharded_target(name_or_path: str, *, dtype: str | torch.dtype, device: 
     if not Path(path).is_dir():
         raise WholeLoadNeeded("is not a local folder (a Hub id loads whole)")
     assets_target.from_target_source(name_or_path, lambda p, cached_only: None)  # a broken folder: one error
-    tok = assets_target.load_target_tokenizer(name_or_path)  # pad token = EOS where it has none
+    tok = assets_target.load_target_tokenizer(name_or_path, chat=True)  # pad token = EOS where it has none
     ckpt = SafetensorsCheckpoint(path)
     model = _empty_target(path, dt)
     keys = _check_keys(model, ckpt)
@@ -250,4 +250,4 @@ def load_run_target(recipe, device: torch.device, mesh, *, is_main: bool):
     if is_main:
         warnings.warn(f"train.shard={recipe.train.shard}: loading the whole target on every process, then "
                       f"sharding it: {why}", UserWarning, stacklevel=2)
-    return (*assets_target.load_target(t.name_or_path, dtype=t.dtype, device=device), False)
+    return (*assets_target.load_target(t.name_or_path, dtype=t.dtype, device=device, chat=True), False)
