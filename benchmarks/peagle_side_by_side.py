@@ -4,8 +4,13 @@
 
 Training: ``recipes/eagle3.yaml`` and ``recipes/peagle.yaml`` for ``--minutes`` each (the quickstart's training:
 no evaluation inside training, ``data.feature_cache=off`` as the quickstart trains where no complete cache exists,
-plus any ``--override``), one after the other, into ``OUT/eagle3`` and ``OUT/peagle``; a run whose
-``checkpoints/last`` exists is not retrained.
+plus any ``--override``; ``--peagle-override`` applies to the P-EAGLE training only, e.g.
+``drafter.options.num_layers=2``), one after the other, into ``OUT/eagle3`` and ``OUT/peagle``; a run whose
+``checkpoints/last`` exists is not retrained, so a new P-EAGLE head is measured against an EAGLE-3 head trained
+before by copying that run's ``eagle3`` folder into a new ``OUT``::
+
+    mkdir -p runs/pe-layers && cp -r runs/pe145/eagle3 runs/pe-layers/
+    python benchmarks/peagle_side_by_side.py --minutes 14.5 --threads 1 --out runs/pe-layers
 
 Measurement: per benchmark ONE ``drafterkit eval`` with both heads ALONE (what ``drafterkit export`` ships),
 prompt lookup (``ngram``) and the engine's plain decoding, on the questions the quickstart never measures
@@ -43,7 +48,8 @@ def train(kind: str, out: Path, args) -> Path:
                   else ["train.max_steps=100000", f"train.max_minutes={args.minutes}"])
         cmd = [sys.executable, "-m", "drafterkit.cli", "train", str(ROOT / "recipes" / f"{kind}.yaml"),
                f"output_dir={out}", *budget, "eval.every=0", "eval.at_end=false", "train.save_every=0",
-               "data.feature_cache=off", "logging.trackers=[]", *args.override]
+               "data.feature_cache=off", "logging.trackers=[]", *args.override,
+               *(args.peagle_override if kind == "peagle" else [])]
         print(" ".join(cmd), flush=True)
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
             raise SystemExit(f"training {kind} failed; its output is above")
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--override", action="append", default=[], help="recipe override for both trainings")
+    p.add_argument("--peagle-override", action="append", default=[],
+                   help="recipe override for the P-EAGLE training only (e.g. drafter.options.num_layers=2)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     ckpts = {kind: train(kind, args.out / kind, args) for kind in KINDS}

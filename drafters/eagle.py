@@ -80,7 +80,8 @@ class EagleDrafter(FeatureHeadDrafter):
 
     def _layer(self, ids, hidden, positions, mask, past):
         x = self.fc(torch.cat([self.embed(ids).to(hidden.dtype), hidden], -1))
-        return self.layer(x, positions, mask, past)
+        out, kv = self.layer(x, positions, mask, None if past is None else past[0])
+        return out, (kv,)  # one layer: a per-layer cache of one
 
     def logits_and_ids(self, out: torch.Tensor):
         return self.lm_head(out.to(self.lm_head.weight.dtype)), None

@@ -120,8 +120,12 @@ class Eagle3Config(EagleConfig):
     draft_vocab_size: int = 8192
     feature_layers: list[int] = field(default_factory=list)
     ttt_steps: int = 3
+    num_layers: int = 1  # decoder layers of the head (a checkpoint saved without the field has one)
 
     def __post_init__(self):
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, Integral) or self.num_layers < 1:
+            raise ValueError(f"num_layers (the head's decoder layers) must be an integer >= 1, got {self.num_layers!r}")
+        self.num_layers = int(self.num_layers)
         if not self.feature_layers:
             self.feature_layers = list(default_feature_layers(self.target_num_layers))
         given = self.feature_layers  # integers only: int() would read 2.7 as layer 2, and "2,15,27" char by char
@@ -187,7 +191,17 @@ def adopt_draft_vocab(drafter: nn.Module, ids: torch.Tensor, target: nn.Module |
 
 
 class Eagle3Drafter(FeatureHeadDrafter):
-    """EAGLE-3 head: fc(3H->H), one 2H-input decoder layer, norm, LM head over the draft vocabulary."""
+    """EAGLE-3 head: fc(3H->H), ``num_layers`` decoder layers (the first 2H-input, the rest plain Llama
+    layers), norm, LM head over the draft vocabulary.
+
+    The layer stack follows vLLM's multi-layer EAGLE-3 (``model_executor/models/llama_eagle3.py``): layer 0
+    (``layer``, exported as ``midlayer`` / ``layers.0``) reads ``[input_layernorm(embed); hidden_norm(fc(f))]``
+    with residual ``fc(f)``; layer ``i >= 1`` (``layers[str(i)]``, exported as ``layers.{i}``) is a Llama layer
+    on the residual stream (``input_layernorm``, ``H`` wide, no embeddings); the head's output is the stream
+    after the last layer (vLLM's ``hidden + residual``, the pre-norm sum it returns as the aux hidden state and
+    feeds back as the next step's hidden input), and the logits read ``lm_head(norm(output))``. Each layer has
+    its own KV cache when decoding.
+    """
 
     kind = "eagle3"
     config_class = Eagle3Config
@@ -206,8 +220,12 @@ class Eagle3Drafter(FeatureHeadDrafter):
                              f"LM head rows {rows}, hidden {self.embed.weight.shape[1]}; "
                              "train the head for this target")
         self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
-        self.layer = DraftDecoderLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                                       c.intermediate_size, c.rms_norm_eps, c.rope_theta, eagle3=True)
+        shape = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size,
+                 c.rms_norm_eps, c.rope_theta)
+        self.layer = DraftDecoderLayer(*shape, eagle3=True)
+        # layers 1..num_layers-1 under their vLLM index (checkpoint names layers.{i}.*; a one-layer head has none,
+        # so its checkpoint is the one-layer format)
+        self.layers = nn.ModuleDict({str(i): DraftDecoderLayer(*shape, llama=True) for i in range(1, c.num_layers)})
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         d2t, t2d = mapping_from_ids(torch.arange(c.draft_vocab_size), c.vocab_size)
@@ -240,6 +258,10 @@ class Eagle3Drafter(FeatureHeadDrafter):
         return shapes
 
     # --- FeatureHeadDrafter hooks ----------------------------------------------------------------------
+    def draft_layers(self) -> list[DraftDecoderLayer]:
+        """The decoder layers in order: ``[layer, layers["1"], ..., layers[str(num_layers - 1)]]``."""
+        return [self.layer, *self.layers.values()]
+
     def real_input(self, feats: torch.Tensor) -> torch.Tensor:
         return self.fc(feats)
 

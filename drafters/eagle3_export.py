@@ -2,10 +2,14 @@
 its mask inputs (vLLM's parallel drafting): writing it, the engines' feature layer ids, and loading it back.
 
 * ``vllm-eagle3`` / ``sglang-eagle3`` (:func:`export_eagle3`): ``config.json`` (``architectures``,
-  ``draft_vocab_size``, ``target_hidden_size``, ``num_hidden_layers: 1``,
+  ``draft_vocab_size``, ``target_hidden_size``, ``num_hidden_layers`` (the head's decoder layers),
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` in the engine's convention, :func:`engine_layer_ids`) and
-  ``model.safetensors`` with ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight`` and, for a
-  reduced draft vocabulary only, ``d2t`` / ``t2d``. :func:`load_eagle3_export` loads either back.
+  ``model.safetensors`` with ``fc.weight``, ``midlayer.*`` (one layer) or ``layers.{i}.*`` (``num_layers > 1``,
+  the names vLLM's ``llama_eagle3.LlamaModel`` loads: layer 0 with ``hidden_norm`` and 2H-wide q/k/v, later
+  layers plain Llama layers), ``norm.weight``, ``lm_head.weight`` and, for a reduced draft vocabulary only,
+  ``d2t`` / ``t2d``. :func:`load_eagle3_export` loads either back. A multi-layer head is refused for SGLang
+  (its ``LlamaForCausalLMEagle3`` stacks later layers with a different residual, so it would draft other
+  tokens).
 * ``vllm-peagle`` (:func:`export_peagle`, a ``peagle`` checkpoint): the ``vllm-eagle3`` layout plus the tensor
   ``mask_hidden [3H]`` (vLLM's ``Eagle3LlamaForCausalLM.load_weights`` copies it into its ``mask_hidden``
   buffer and feeds ``fc(mask_hidden)`` at every masked slot, ``llm_base_proposer.py``) and ``mask_token_id``
@@ -126,10 +130,18 @@ def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engin
         ExportError: not an eagle3 checkpoint, or feature layer ids ``engine`` cannot express.
     """
     _, cfg = read_config(ckpt)
+    num_layers = int(cfg.get("num_layers", 1))
+    if num_layers > 1 and engine == "sglang":
+        raise ExportError(
+            f"{ckpt} is a {num_layers}-layer EAGLE-3 head, which SGLang cannot serve as trained: its "
+            "LlamaForCausalLMEagle3 restarts the residual at each additional layer (vLLM's carries the stream, as "
+            "drafterkit trains it), so it would draft other tokens. Fix: export with --format vllm-eagle3 and serve "
+            "with vLLM, or train with drafter.options.num_layers: 1 for SGLang")
     state = read_weights(ckpt)
-    renamed = {("midlayer." + k[len("layer."):] if k.startswith("layer.") else k): v for k, v in state.items()}
+    renamed = {_engine_name(k, num_layers): v for k, v in state.items()}
     expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
                 "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"}
+    expected = {k.replace("midlayer.", "layers.0.") for k in expected} if num_layers > 1 else expected
     if not expected <= renamed.keys():
         raise ExportError(f"{ckpt} lacks {sorted(expected - renamed.keys())}; is it an eagle3 checkpoint?")
     layers = [int(i) for i in cfg["feature_layers"]]
@@ -141,7 +153,7 @@ def export_eagle3(ckpt: Path, out: Path, dtype: torch.dtype | None = None, engin
     config = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "hidden_size": cfg["hidden_size"], "target_hidden_size": cfg["hidden_size"],
-        "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": 1,
+        "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": num_layers,
         "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
         "head_dim": cfg["head_dim"], "hidden_act": "silu", "rms_norm_eps": cfg["rms_norm_eps"],
         "rope_theta": cfg["rope_theta"], "max_position_embeddings": 8192, "tie_word_embeddings": False,
@@ -162,12 +174,28 @@ def _eagle3_fields(config: dict, engine: str) -> dict:
     layers = drafterkit_layer_ids(config["eagle_config"].get("eagle_aux_hidden_state_layer_ids"), num_layers, engine)
     fields = {k: config[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
                                      "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta", "draft_vocab_size")}
-    return {**fields, "target_num_layers": num_layers, "feature_layers": layers}
+    return {**fields, "target_num_layers": num_layers, "feature_layers": layers,
+            "num_layers": int(config["num_hidden_layers"])}
+
+
+def _engine_name(name: str, num_layers: int) -> str:
+    """A checkpoint tensor name -> the export's: layer 0 (``layer.``) is ``midlayer.`` in a one-layer head (the
+    EAGLE-3 name both engines load) and ``layers.0.`` in a multi-layer one (vLLM's own name; it maps
+    ``midlayer.`` there too); layers ``i >= 1`` keep ``layers.{i}.``, vLLM's index."""
+    if name.startswith("layer."):
+        return ("midlayer." if num_layers == 1 else "layers.0.") + name[len("layer."):]
+    return name
 
 
 def _from_engine_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An export's tensors under the checkpoint's names (``midlayer.`` -> ``layer.``)."""
-    return {("layer." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    """An export's tensors under the checkpoint's names (``midlayer.`` / ``layers.0.`` -> ``layer.``)."""
+    out = {}
+    for k, v in state.items():
+        for prefix in ("midlayer.", "layers.0."):
+            if k.startswith(prefix):
+                k = "layer." + k[len(prefix):]
+        out[k] = v
+    return out
 
 
 def load_eagle3_export(path: str | Path, target: torch.nn.Module) -> Eagle3Drafter:

@@ -3,19 +3,18 @@
 Formats:
 
 * ``vllm-eagle3`` / ``sglang-eagle3`` (an ``eagle3`` checkpoint): the layout both engines load for
-  ``LlamaForCausalLMEagle3`` (vLLM ``model_executor/models/llama_eagle3.py``, SGLang
-  ``srt/models/llama_eagle3.py``): ``config.json`` (``architectures``, ``draft_vocab_size``,
-  ``target_hidden_size``, ``num_hidden_layers: 1``, ``eagle_config.eagle_aux_hidden_state_layer_ids``)
-  and ``model.safetensors`` with ``fc.weight``, ``midlayer.{self_attn,mlp,input_layernorm,hidden_norm,
-  post_attention_layernorm}.*``, ``norm.weight``, ``lm_head.weight [N, H]`` and, for a reduced draft
-  vocabulary only (``N < V``), ``d2t [N]`` (int64 offsets) and ``t2d [V]`` (bool): vLLM has a parameter for
-  ``d2t`` only then and loads strictly. The embedding is not written: both engines share the target's
-  when ``embed_tokens`` is absent. The two formats differ in the feature layer ids
-  (:func:`engine_layer_ids`): ``vllm-eagle3`` writes drafterkit's ids (the input of decoder layer i);
-  ``sglang-eagle3`` writes ``i - 1`` (SGLang captures the input of layer id+1), or no ids when they are
-  SGLang's default capture ``[2, L//2, L-3]``. Ids an engine cannot express are refused (SGLang: id 0;
-  both: id L, repeated ids); ids out of layer order are sorted, with fc's input blocks permuted to match
-  (both engines capture in layer order). :func:`load_eagle3_export` loads either export back.
+  ``LlamaForCausalLMEagle3`` (vLLM ``model_executor/models/llama_eagle3.py``, SGLang ``srt/models/llama_eagle3.py``):
+  ``config.json`` (``architectures``, ``draft_vocab_size``, ``target_hidden_size``, ``num_hidden_layers`` (the head's
+  layers), ``eagle_config.eagle_aux_hidden_state_layer_ids``) and ``model.safetensors`` with ``fc.weight``,
+  ``midlayer.{self_attn,mlp,input_layernorm,hidden_norm,post_attention_layernorm}.*`` (a multi-layer head:
+  ``layers.{i}.*``, vLLM only), ``norm.weight``, ``lm_head.weight [N, H]`` and, for a reduced draft vocabulary only
+  (``N < V``), ``d2t [N]`` (int64 offsets) and ``t2d [V]`` (bool): vLLM has a parameter for ``d2t`` only then and loads
+  strictly. The embedding is not written: both engines share the target's when ``embed_tokens`` is absent. The two
+  formats differ in the feature layer ids (:func:`engine_layer_ids`): ``vllm-eagle3`` writes drafterkit's ids (the input
+  of decoder layer i); ``sglang-eagle3`` writes ``i - 1`` (SGLang captures the input of layer id+1), or no ids when they
+  are SGLang's default capture ``[2, L//2, L-3]``. Ids an engine cannot express are refused (SGLang: id 0; both: id L,
+  repeated ids); ids out of layer order are sorted, with fc's input blocks permuted to match (both engines capture in
+  layer order). :func:`load_eagle3_export` loads either export back.
 * ``vllm-peagle`` (a ``peagle`` checkpoint): the ``vllm-eagle3`` layout plus ``mask_hidden`` and ``mask_token_id``
   (``pard_token``), what vLLM's parallel drafting loads (:mod:`drafters.eagle3_export`, where the EAGLE-3 layout
   is written); served with ``{"method": "eagle3", "parallel_drafting": true}``.

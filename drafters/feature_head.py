@@ -1,9 +1,9 @@
 """The feature-level head's decoding, shared by EAGLE (:mod:`drafters.eagle`) and EAGLE-3
-(:mod:`drafters.eagle3`): :class:`FeatureHeadDrafter` runs a one-layer head autoregressively over its own
-predicted features with one KV cache per row (RoPE positions = token positions), re-synchronising with the
-target's real features of accepted tokens each round through ``state.num_stable``, and proposes chains,
-static trees and dynamic trees (EAGLE-2, Li et al. 2024) from it; its training-time-test unroll
-(:meth:`FeatureHeadDrafter.unroll`, EAGLE-3, Li et al. 2025) runs the same chain at every position at once.
+(:mod:`drafters.eagle3`): :class:`FeatureHeadDrafter` runs a head of one or more decoder layers autoregressively over
+its own predicted features with one KV cache per row and layer (RoPE positions = token positions), re-synchronising with
+the target's real features of accepted tokens each round through ``state.num_stable``, and proposes chains, static trees
+and dynamic trees (EAGLE-2, Li et al. 2024) from it; its training-time-test unroll (:meth:`FeatureHeadDrafter.unroll`,
+EAGLE-3, Li et al. 2025) runs the same chain at every position at once.
 
 Why here and not in each kind's module: EAGLE-3 decodes exactly as EAGLE does (the EAGLE-3 paper keeps
 EAGLE-2's drafting); the kinds differ only in what the head reads and writes, which each kind's module
@@ -52,11 +52,16 @@ def check_target_shape(drafter: Drafter, target: nn.Module) -> None:
 
 
 class FeatureHeadDrafter(Drafter):
-    """A one-layer head run autoregressively at decode time with one KV cache per row.
+    """A head of one or more decoder layers run autoregressively at decode time with one KV cache per row
+    and layer.
 
-    Subclasses provide ``embed``, ``layer``, ``real_input(features [1, m, F]) -> [1, m, H]`` and
-    ``logits_and_ids(out [B, H]) -> (logits [B, V'], ids [V'] or None)``. Head position ``t`` consumes
-    ``(tokens[t+1], features[t])`` and its output predicts ``tokens[t+2]``.
+    Subclasses provide ``embed``, ``layer`` (the first decoder layer; :meth:`draft_layers` lists the stack),
+    ``real_input(features [1, m, F]) -> [1, m, H]`` and ``logits_and_ids(out [B, H]) -> (logits [B, V'],
+    ids [V'] or None)``. Head position ``t`` consumes ``(tokens[t+1], features[t])`` and its output (the
+    residual stream after the last layer) predicts ``tokens[t+2]``.
+
+    KV caches (``past``) are tuples with one ``(k, v)`` per layer, each ``[B, n_kv, S, d]``; row ``b``'s cache
+    is ``self._caches[b] = {"kv": past, "real": positions cached, "last": output at the last one [1, H]}``.
     """
 
     supports_draft_threshold = True
@@ -68,16 +73,27 @@ class FeatureHeadDrafter(Drafter):
     def reset(self, batch_size: int) -> None:
         self._caches: list[dict | None] = [None] * batch_size
 
+    def draft_layers(self) -> list[DraftDecoderLayer]:
+        """The head's decoder layers in order (one unless the kind stacks more)."""
+        return [self.layer]
+
     def _layer(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past):
-        """The head over new positions: ``ids [B, m]`` (the token each consumes), ``hidden [B, m, H]`` (the
-        feature each consumes), ``positions [B, m]``, ``mask [m, S]`` bool -> ``(out [B, m, H], (k, v))``."""
-        return self.layer(hidden, positions, mask, past, embeds=self.embed(ids).to(hidden.dtype))
+        """The head (every layer of :meth:`draft_layers`) over new positions: ``ids [B, m]`` (the token each
+        consumes), ``hidden [B, m, H]`` (the feature each consumes), ``positions [B, m]``, ``mask [m, S]`` or
+        ``[B, 1, m, S]`` bool, ``past`` per-layer ``(k, v)`` or None -> ``(out [B, m, H], per-layer (k, v))``.
+        Layer 0 reads the token embeddings; later layers read the residual stream only (vLLM's EAGLE-3)."""
+        embeds = self.embed(ids).to(hidden.dtype)
+        kvs = []
+        for i, layer in enumerate(self.draft_layers()):
+            hidden, kv = layer(hidden, positions, mask, None if past is None else past[i], embeds=embeds)
+            kvs.append(kv)
+        return hidden, tuple(kvs)
 
     def _run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, past):
         """Layer over ``m`` new positions ``start..start+m-1`` (causal). ``ids [B, m]``, ``hidden [B, m, H]``."""
         m = ids.shape[1]
         pos = torch.arange(start, start + m, device=ids.device)[None].expand(ids.shape[0], m)
-        plen = 0 if past is None else past[0].shape[2]
+        plen = kv_len(past)
         return self._layer(ids, hidden, pos, causal_mask(m, plen, ids.device), past)
 
     def _catch_up(self, b: int, tokens: list[int], feats: torch.Tensor, stable: int) -> torch.Tensor:
@@ -86,15 +102,13 @@ class FeatureHeadDrafter(Drafter):
         n = len(tokens)
         cache = self._caches[b]
         valid = 0 if cache is None else max(0, min(cache["real"], stable - 1))
-        past = None
-        if valid > 0:
-            past = (cache["k"][:, :, :valid], cache["v"][:, :, :valid])
+        past = trim_kv(cache["kv"], valid) if valid > 0 else None
         if valid == n - 1 and cache is not None and cache["real"] == valid:
             return cache["last"]
         ids = torch.tensor(tokens[valid + 1:n], device=dev)[None]
         hid = self.real_input(feats[valid:n - 1].to(dev, dt)[None])
-        out, (k, v) = self._run(ids, hid, valid, past)
-        self._caches[b] = {"k": k, "v": v, "real": n - 1, "last": out[:, -1]}
+        out, kv = self._run(ids, hid, valid, past)
+        self._caches[b] = {"kv": kv, "real": n - 1, "last": out[:, -1]}
         return out[:, -1]
 
     def _dtype(self) -> torch.dtype:
@@ -196,8 +210,7 @@ class FeatureHeadDrafter(Drafter):
             return t, F.one_hot(t, v_out).float(), k if len(toks) < 2 else 0
         n = len(toks)
         out = self._catch_up(b, toks, feats, stable)  # [1, H], predicts tokens[n]
-        c = self._caches[b]
-        past, hid = (c["k"], c["v"]), out
+        past, hid = self._caches[b]["kv"], out
         drafted, probs = [], []
         cut = ChainCutoff(self.draft_threshold, 1, k)
         for i in range(k):
@@ -258,8 +271,8 @@ class FeatureHeadDrafter(Drafter):
     def _tree_row(self, b, toks, feats, stable, tree, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(toks)
         root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
-        c = self._caches[b]
-        past, plen = (c["k"], c["v"]), c["k"].shape[2]
+        past = self._caches[b]["kv"]
+        plen = kv_len(past)
         dev = root.device
         out_tok, ok, path_p = [0] * tree.num_nodes, [False] * tree.num_nodes, {-1: 1.0}
         bar = self.expand_bar  # nodes below it stay leaves
@@ -332,8 +345,8 @@ class FeatureHeadDrafter(Drafter):
     def _dynamic_row(self, b, toks, feats, stable, spec, vocab_size) -> RowTree:
         n = len(toks)
         root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
-        c = self._caches[b]
-        past, plen = (c["k"], c["v"]), c["k"].shape[2]
+        past = self._caches[b]["kv"]
+        plen = kv_len(past)
         builder = TreeBuilder(spec, self.draft_threshold, self.expand_bar)
         outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
         col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
@@ -362,6 +375,16 @@ class FeatureHeadDrafter(Drafter):
         if ids is None:
             return p.float()
         return torch.zeros(v, device=p.device).scatter_(0, ids, p.float())
+
+
+def kv_len(past) -> int:
+    """Positions held by a per-layer KV cache (``None``: 0)."""
+    return 0 if past is None else past[0][0].shape[2]
+
+
+def trim_kv(past, n: int):
+    """A per-layer KV cache cut to its first ``n`` positions."""
+    return tuple((k[:, :, :n], v[:, :, :n]) for k, v in past)
 
 
 def target_shape_fields(target: nn.Module) -> dict:

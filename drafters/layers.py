@@ -119,22 +119,31 @@ class DraftDecoderLayer(nn.Module):
     ``eagle3=False`` (EAGLE-1): input ``x [B, T, H]`` goes to attention without an input norm.
     ``eagle3=True`` (EAGLE-3, vLLM/SpecForge layout): attention reads
     ``[input_layernorm(embeds); hidden_norm(hidden)]`` (``2H`` wide); the residual is ``hidden``.
-    Output ``[B, T, H]`` (pre-norm residual stream) and the layer's ``(k, v)``.
+    ``llama=True``: a plain Llama layer, attention reads ``input_layernorm(hidden)`` (``H`` wide): the layers
+    after the first of a multi-layer EAGLE-3 head (vLLM's ``llama_eagle3.LlamaDecoderLayer`` with
+    ``layer_idx > 0``, which sees no embeddings).
+    Output ``[B, T, H]`` (pre-norm residual stream: vLLM's ``hidden + residual``) and the layer's ``(k, v)``.
     """
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                 eps: float, rope_theta: float, eagle3: bool = False):
+                 eps: float, rope_theta: float, eagle3: bool = False, llama: bool = False):
         super().__init__()
-        self.eagle3 = eagle3
+        if eagle3 and llama:
+            raise ValueError("a DraftDecoderLayer is EAGLE-1's, EAGLE-3's first layer or a plain Llama layer, "
+                             "not both eagle3 and llama")
+        self.eagle3, self.llama = eagle3, llama
         self.self_attn = DraftAttention(2 * hidden if eagle3 else hidden, hidden, heads, kv_heads, head_dim,
                                         rope_theta)
         self.mlp = DraftMLP(hidden, intermediate)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        if eagle3:
+        if eagle3 or llama:
             self.input_layernorm = RMSNorm(hidden, eps)
+        if eagle3:
             self.hidden_norm = RMSNorm(hidden, eps)
 
     def attn_input(self, hidden: torch.Tensor, embeds: torch.Tensor | None) -> torch.Tensor:
+        if self.llama:
+            return self.input_layernorm(hidden)
         if not self.eagle3:
             return hidden
         return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)

@@ -2,9 +2,9 @@
 EAGLE with Scalable Training", Hui et al., arXiv 2602.01469; served by vLLM as EAGLE-3 with
 ``parallel_drafting``).
 
-The head is EAGLE-3's (:mod:`drafters.eagle3`: fc over three fused target layers, one 2H-input decoder layer,
-norm, LM head over a reduced draft vocabulary with ``d2t`` / ``t2d``), plus two mask inputs for the positions
-whose tokens are not known yet:
+The head is EAGLE-3's (:mod:`drafters.eagle3`: fc over three fused target layers, ``num_layers`` decoder layers
+(the first 2H-input, the rest plain Llama layers, as vLLM stacks them), norm, LM head over a reduced draft
+vocabulary with ``d2t`` / ``t2d``), plus two mask inputs for the positions whose tokens are not known yet:
 
 * ``mask_token_id``: the token id fed there (its row of the target's frozen embedding), and
 * ``mask_hidden`` ``[3H]``: a LEARNED stand-in for the fused target features, projected by the same ``fc``
@@ -17,10 +17,13 @@ RoPE position ``t`` and predicts token ``t+2``, as EAGLE-3)::
     inputs     (tokens[t+1], fc(feat[t]))    (mask_token_id, fc(mask_hidden))  x (K-1)
     outputs    ..., out[n-2] -> draft 1      out[n-1] -> draft 2, ..., out[n+K-3] -> draft K
 
-all in one causal pass of the layer: the real positions new this round (their keys/values are cached; the
-masked ones are not) and the K-1 masked positions, which attend the real prefix and the earlier masked
-positions. A mask input is never fed at a position whose token is known. No position reads another's draft
-token, so draft position ``i`` is drawn from its own distribution ``q_i`` (exact rejection sampling, as
+all in one causal pass of the layer stack: the real positions new this round (their keys/values are cached, per layer;
+the masked ones are not) and the K-1 masked positions, which attend the real prefix and the earlier masked positions.
+With ONE layer a masked position's query is built from the mask inputs and its RoPE position alone, so it cannot depend
+on the context (only its attention output does); from the second layer on its query is built from what the first layer
+read from the prefix (P-EAGLE and vLLM's speculators stack several layers; the measured effect per position is in
+``docs/benchmarks/peagle.md``). A mask input is never fed at a position whose token is known. No position reads
+another's draft token, so draft position ``i`` is drawn from its own distribution ``q_i`` (exact rejection sampling, as
 DFlash); trees take each position's top-k (Medusa's tree shape, :meth:`PEagleDrafter.propose_tree`).
 
 Training (:meth:`PEagleDrafter.forward`, P-EAGLE's training-time test): depth 0 at every position as EAGLE-3's
@@ -41,6 +44,7 @@ from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.drafters.dflash import select_parallel
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.feature_head import trim_kv
 from drafterkit.drafters.layers import causal_mask
 
 
@@ -113,9 +117,9 @@ class PEagleDrafter(Eagle3Drafter):
 
     # --- decoding ------------------------------------------------------------------------------------
     def _outputs(self, rows: list[int], state: DecodeState, k: int) -> torch.Tensor:
-        """Head outputs for draft positions ``1..k`` of the decoder rows ``rows`` ``[R, k, H]``: per row ONE layer
-        pass over the real positions new since its cache and ``k - 1`` masked positions (rows needing the same
-        range run batched); caches the real keys/values only."""
+        """Head outputs for draft positions ``1..k`` of the decoder rows ``rows`` ``[R, k, H]``: per row ONE pass of
+        the layer stack over the real positions new since its cache and ``k - 1`` masked positions (rows needing the
+        same range run batched); caches the real keys/values only."""
         dev, dt = self.embed.weight.device, self._dtype()
         groups: dict[tuple[int, int], list[int]] = {}
         for b in rows:
@@ -125,19 +129,20 @@ class PEagleDrafter(Eagle3Drafter):
         outs: dict[int, torch.Tensor] = {}
         m_ids, m_hid = self.mask_inputs((k - 1,), dt)
         for (valid, n), group in groups.items():
-            past = None if valid == 0 else tuple(torch.cat([self._caches[b][x][:, :, :valid] for b in group])
-                                                 for x in ("k", "v"))
+            past = None if valid == 0 else tuple(  # per layer: the group's rows' caches cut to `valid`, stacked
+                tuple(torch.cat(rows) for rows in zip(*layer))
+                for layer in zip(*(trim_kv(self._caches[b]["kv"], valid) for b in group)))
             fresh = n - 1 - valid  # real positions valid .. n-2
             ids = torch.stack([torch.cat([torch.tensor(state.tokens[b][valid + 1:n], dtype=torch.long, device=dev),
                                           m_ids]) for b in group])  # [G, fresh + k - 1]
             hid = torch.stack([torch.cat([self.real_input(state.features[b][valid:n - 1].to(dev, dt)), m_hid])
                                for b in group])  # [G, fresh + k - 1, H]
             pos = torch.arange(valid, n - 2 + k, device=dev)[None].expand(len(group), -1)
-            out, (kk, vv) = self._layer(ids, hid, pos, causal_mask(ids.shape[1], valid, dev), past)
+            out, kv = self._layer(ids, hid, pos, causal_mask(ids.shape[1], valid, dev), past)
             for g, b in enumerate(group):
-                if fresh > 0:
-                    self._caches[b] = {"k": kk[g:g + 1, :, :n - 1], "v": vv[g:g + 1, :, :n - 1], "real": n - 1,
-                                       "last": out[g:g + 1, fresh - 1]}
+                if fresh > 0:  # every layer's keys/values of the real positions only
+                    self._caches[b] = {"kv": tuple((k[g:g + 1, :, :n - 1], v[g:g + 1, :, :n - 1]) for k, v in kv),
+                                       "real": n - 1, "last": out[g:g + 1, fresh - 1]}
                     outs[b] = out[g, fresh - 1:]
                 else:  # nothing new: the cached output drafts position 1
                     outs[b] = torch.cat([self._caches[b]["last"], out[g]])

@@ -44,17 +44,27 @@ def _chi2(counts, probs):
 
 @pytest.mark.parametrize("params,kind", [(SamplingParams(1.0), "draft_lm"), (SamplingParams(0.7, 5, 0.9), "draft_lm"),
                                          (SamplingParams(0.7, 5, 0.9), "ngram"), (SamplingParams(1.0), "hybrid"),
-                                         (SamplingParams(1.0), "dflash"), (SamplingParams(0.7, 5, 0.9), "dflash")],
-                         ids=["t1", "t07_k5_p09", "ngram", "hybrid", "dflash_t1", "dflash_t07_k5_p09"])
+                                         (SamplingParams(1.0), "dflash"), (SamplingParams(0.7, 5, 0.9), "dflash"),
+                                         (SamplingParams(1.0), "eagle3_2layers")],
+                         ids=["t1", "t07_k5_p09", "ngram", "hybrid", "dflash_t1", "dflash_t07_k5_p09",
+                              "eagle3_2layers_t1"])
 def test_first_tokens_follow_target_distribution(params, kind):
     target = tiny_llama(0, vocab_size=V)
     drafter = tiny_llama(3, vocab_size=V, layers=1) if kind == "draft_lm" else NGramDrafter()
     # prompt lookup proposes only where the last token occurred before: put every id in the prompt
-    prompt = PROMPT if kind in ("draft_lm", "dflash") else list(range(V)) + PROMPT
+    prompt = PROMPT if kind in ("draft_lm", "dflash", "eagle3_2layers") else list(range(V)) + PROMPT
     if kind == "dflash":  # one block pass drafts from the target's features (a chain clamped to 1 here)
         from test_drafters_conformance import build
 
         drafter = build("dflash", target)
+    if kind == "eagle3_2layers":  # a stack of two decoder layers over a reduced draft vocabulary (q 0 off it)
+        from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+        from test_drafters_conformance import _perturb
+
+        drafter = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=12, num_layers=2), target=target)
+        drafter.set_draft_vocab(torch.arange(12) + 2, target=target)
+        _perturb(drafter)
+        drafter.eval()
     if kind == "hybrid":  # the prompt's last 2-gram occurred before: the first round copies, later ones
         # depend on the sampled tokens (copy where the new 2-gram occurred, the draft LM's q elsewhere)
         from drafterkit.drafters.draft_lm import DraftLM
@@ -62,7 +72,9 @@ def test_first_tokens_follow_target_distribution(params, kind):
 
         drafter = LookupHybrid(DraftLM.from_model(tiny_llama(3, vocab_size=V, layers=1)))
         prompt = PROMPT + list(range(V)) + PROMPT
-    res = generate(target, [prompt] * RUNS, drafter=drafter, max_new_tokens=3, num_draft_tokens=5,
+    # EAGLE-3 drafts row by row (a per-row KV cache): 600 samples keep it to seconds
+    runs = 600 if kind == "eagle3_2layers" else RUNS
+    res = generate(target, [prompt] * runs, drafter=drafter, max_new_tokens=3, num_draft_tokens=5,
                    temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=1234,
                    eos_token_id=[])
     seqs = torch.tensor(res.sequences)  # [RUNS, 3]
@@ -73,7 +85,7 @@ def test_first_tokens_follow_target_distribution(params, kind):
         assert _chi2(torch.bincount(seqs[:, pos], minlength=V).double(), marg) > 1e-3
     s = res.stats
     # one round with one draft token per row; a rejected row needs one more round for its third token
-    assert s.drafted == RUNS and 0 < s.accepted < RUNS and s.target_forwards == 2 * RUNS - s.accepted
+    assert s.drafted == runs and 0 < s.accepted < runs and s.target_forwards == 2 * runs - s.accepted
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle+ngram", "ngram"])

@@ -66,13 +66,15 @@ def build(kind: str, target):
         from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
         d = DFlashDrafter(DFlashConfig.from_target(target, block_size=4, draft_vocab_size=48), target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
-    elif kind == "peagle":
+    elif kind in ("peagle", "peagle_2layers"):
         from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
-        d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=48, mask_token_id=3), target=target)
+        d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=48, mask_token_id=3,
+                                                   num_layers=1 + kind.endswith("s")), target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
-    elif kind == "eagle3":
+    elif kind in ("eagle3", "eagle3_2layers"):  # EAGLE-3's one layer, and a stack of two (num_layers)
         from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-        d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48), target=target)
+        d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48, num_layers=1 + kind.endswith("s")),
+                          target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
     else:  # a kind added to drafters.kinds.KINDS needs its small build here
         raise ValueError(f"no conformance build for drafter kind {kind!r}: add one to "
@@ -81,7 +83,9 @@ def build(kind: str, target):
     return d.eval()
 
 
-KIND_PARAMS = [pytest.param(k) for k in sorted(KINDS)] + [pytest.param("dflash_reduced")]
+# besides the registered kinds: DFlash with a reduced vocabulary, EAGLE-3 / P-EAGLE with a stack of two layers
+KIND_PARAMS = [pytest.param(k) for k in sorted(KINDS)] + [
+    pytest.param(k) for k in ("dflash_reduced", "eagle3_2layers", "peagle_2layers")]
 
 
 def _state(target, rows, layers):

@@ -143,10 +143,12 @@ def test_a_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path):
         load_drafter(tmp_path / "old", target=target)
 
 
-def test_ttt_unroll_equals_decoding_on_the_same_tokens():
-    """Step j of the TTT forward at the end of the real prefix must reproduce draft token j+1."""
+@pytest.mark.parametrize("layers", [1, 2])
+def test_ttt_unroll_equals_decoding_on_the_same_tokens(layers):
+    """Step j of the TTT forward at the end of the real prefix must reproduce draft token j+1 (every step, with
+    one decoder layer and with a stack of two: each step's queries attend every layer's cache of the prefix)."""
     target = tiny_llama(0, layers=4)
-    d = _drafter(target)
+    d = _drafter(target, num_layers=layers)
     tokens = [5, 17, 33, 2, 90, 41, 41, 7]
     n, k = len(tokens), 4
     with torch.no_grad():
@@ -259,3 +261,44 @@ def test_split_attention_init_sees_embedding_plus_hidden_as_the_target_layer_wou
         assert torch.allclose(mine(torch.cat([e, x], -1)), theirs(e + x), atol=1e-5)
     assert torch.equal(d.layer.input_layernorm.weight, src.input_layernorm.weight)
     assert torch.equal(d.layer.hidden_norm.weight, src.input_layernorm.weight)
+
+
+def test_layers_after_the_first_start_as_the_identity_on_the_residual_stream():
+    """init_stacked_layer_from_target: a 2-layer head whose layer 0 and fc equal a 1-layer head's outputs the same
+    hidden states and logits at start (zeroed o_proj / down_proj), and its second layer holds the target's
+    last-layer q/k/v and input norm (a plain Llama layer: H-wide q/k/v)."""
+    from drafterkit.train.strategies.eagle3 import init_stacked_layer_from_target
+
+    target = tiny_llama(0, layers=4)
+    one, two = _drafter(target, seed=1), _drafter(target, seed=2, num_layers=2)
+    two.load_state_dict(one.state_dict(), strict=False)  # the same fc, layer 0, norm, LM head
+    init_stacked_layer_from_target(two.layers["1"], target)
+    src = target.model.layers[-1]
+    assert torch.equal(two.layers["1"].self_attn.q_proj.weight, src.self_attn.q_proj.weight)
+    assert torch.equal(two.layers["1"].input_layernorm.weight, src.input_layernorm.weight)
+    ids = torch.tensor([[5, 17, 33, 2, 90, 41]])
+    feats = torch.randn(1, 6, 3 * target.config.hidden_size)
+    with torch.no_grad():
+        for a, b in zip(one(ids, feats, steps=3), two(ids, feats, steps=3)):
+            torch.testing.assert_close(a, b)
+
+
+def test_the_layer_count_is_recorded_and_a_checkpoint_saved_without_it_loads_as_one_layer(tmp_path):
+    from drafterkit.drafters import load_drafter
+
+    target = tiny_llama(0, layers=4)
+    two = _drafter(target, num_layers=2)
+    back = load_drafter(two.save_pretrained(tmp_path / "two"), target=target)
+    assert json.loads((tmp_path / "two" / "config.json").read_text())["config"]["num_layers"] == 2
+    assert back.config.num_layers == 2 and len(back.draft_layers()) == 2
+    assert all(torch.equal(v, back.own_state_dict()[k]) for k, v in two.own_state_dict().items())
+    one = _drafter(target)
+    one.save_pretrained(tmp_path / "old")
+    cfg = json.loads((tmp_path / "old" / "config.json").read_text())
+    del cfg["config"]["num_layers"]  # as saved before the head had a layer count
+    (tmp_path / "old" / "config.json").write_text(json.dumps(cfg))
+    old = load_drafter(tmp_path / "old", target=target)
+    assert old.config.num_layers == 1 and not any(k.startswith("layers.") for k in old.own_state_dict())
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="num_layers .* must be an integer >= 1"):
+            Eagle3Config.from_target(target, draft_vocab_size=32, num_layers=bad)

@@ -16,19 +16,20 @@ from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 from drafterkit.cli import main as cli
 
 
-def _eagle3_ckpt(tmp_path, n=40, layers=(1, 2, 3), num_layers=4, seed=0):
+def _eagle3_ckpt(tmp_path, n=40, layers=(1, 2, 3), num_layers=4, seed=0, head_layers=1):
     """An EAGLE-3 checkpoint for a tiny target of ``num_layers`` layers: draft vocabulary ``n`` (every third
-    target id when reduced), feature layer ids ``layers``, weights perturbed so nothing is trivially equal."""
+    target id when reduced), feature layer ids ``layers``, ``head_layers`` decoder layers, weights perturbed so
+    nothing is trivially equal."""
     target = tiny_llama(0, layers=num_layers)
     torch.manual_seed(seed)
-    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=n, feature_layers=list(layers)),
-                      target=target)
+    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=n, feature_layers=list(layers),
+                                               num_layers=head_layers), target=target)
     d.set_draft_vocab(torch.arange(n) * 3 if n < 128 else torch.arange(n), target=target)
     with torch.no_grad():
         for name, p in d.named_parameters():
             if not name.startswith(d.borrowed_prefixes):
                 p.add_(torch.randn(p.shape) * 0.1)
-    return d, d.save_pretrained(tmp_path / f"e3-{n}-{'-'.join(map(str, layers))}")
+    return d, d.save_pretrained(tmp_path / f"e3-{n}-{'-'.join(map(str, layers))}-{head_layers}")
 
 
 @pytest.mark.parametrize("fmt", ["vllm-eagle3", "sglang-eagle3"])
@@ -53,6 +54,29 @@ def test_eagle3_export_uses_the_engine_layout(tmp_path, fmt):
     assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
     assert torch.equal(torch.arange(40) + w["d2t"], torch.arange(40) * 3)
     assert int(w["t2d"].sum()) == 40
+
+
+def test_a_multi_layer_eagle3_export_writes_the_layers_vllm_loads_and_sglang_is_refused(tmp_path):
+    """num_layers 3: config.json's num_hidden_layers is 3; layer 0 is ``layers.0.*`` (2H-wide q/k/v, hidden_norm),
+    layers 1-2 ``layers.{i}.*`` plain Llama layers (vLLM's llama_eagle3 names, no midlayer); it loads back into
+    the same head. SGLang stacks later layers with another residual: refused, naming the fix."""
+    from drafterkit.drafters.export import load_eagle3_export
+
+    d, ckpt = _eagle3_ckpt(tmp_path, head_layers=3)
+    out = export(ckpt, "vllm-eagle3", tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+    w = load_file(str(out / "model.safetensors"))
+    assert not any(k.startswith("midlayer.") for k in w)
+    assert w["layers.0.self_attn.q_proj.weight"].shape[1] == 64 and "layers.0.hidden_norm.weight" in w
+    for i in (1, 2):
+        assert w[f"layers.{i}.self_attn.q_proj.weight"].shape[1] == 32 and f"layers.{i}.hidden_norm.weight" not in w
+        assert {f"layers.{i}.input_layernorm.weight", f"layers.{i}.mlp.down_proj.weight"} <= set(w)
+    target = tiny_llama(0, layers=4)
+    back = load_eagle3_export(out, target)
+    assert back.config.num_layers == 3
+    assert all(torch.equal(v, back.own_state_dict()[k]) for k, v in d.own_state_dict().items())
+    with pytest.raises(ExportError, match=r"3-layer EAGLE-3 head.*SGLang.*Fix: export with --format vllm-eagle3"):
+        export(ckpt, "sglang-eagle3", tmp_path / "s")
 
 
 def _draft_logits(d, target, tokens):

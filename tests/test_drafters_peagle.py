@@ -19,9 +19,12 @@ from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 V = 16
 
 
-def _peagle(target, n_vocab: int = 48, mask_token_id: int = 3, seed: int = 0) -> PEagleDrafter:
-    d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=n_vocab, mask_token_id=mask_token_id),
-                      target=target)
+LAYERS = pytest.mark.parametrize("layers", [1, 2])  # the head's decoder layers (drafter.options.num_layers)
+
+
+def _peagle(target, n_vocab: int = 48, mask_token_id: int = 3, seed: int = 0, layers: int = 1) -> PEagleDrafter:
+    d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=n_vocab, mask_token_id=mask_token_id,
+                                               num_layers=layers), target=target)
     vocab = target.config.vocab_size
     d.set_draft_vocab(torch.arange(n_vocab) * (vocab // n_vocab), target=target)
     g = torch.Generator().manual_seed(seed)
@@ -41,10 +44,11 @@ def _state(target, rows, layers, stable=None):
                        active=[True] * len(rows), vocab_size=target.config.vocab_size)
 
 
+@LAYERS
 @pytest.mark.parametrize("tree", [None, "3,2,1", "dynamic:8:3:2"])
-def test_greedy_output_equals_plain_greedy_chain_and_trees(tree):
+def test_greedy_output_equals_plain_greedy_chain_and_trees(tree, layers):
     target = tiny_llama(0)
-    d = _peagle(target)
+    d = _peagle(target, layers=layers)
     prompts = [[5, 6, 7, 8, 9, 5, 6], [20, 21], [1, 2, 3, 4]]
     plain = engine.generate(target, prompts, max_new_tokens=16)
     spec = engine.generate(target, prompts, drafter=d, max_new_tokens=16, num_draft_tokens=4, tree=tree)
@@ -73,14 +77,15 @@ def test_tree_nodes_take_each_positions_top_k():
     assert len({int(t) for t in same_depth}) == 1
 
 
-def test_sampled_tokens_follow_the_target_distribution_with_two_parallel_positions():
+@LAYERS
+def test_sampled_tokens_follow_the_target_distribution_with_two_parallel_positions(layers):
     """Temperature 1, chains of 2 drafted in one pass (max_new_tokens 4): the first three tokens' joint law is
     the target's (chi-square), with a reduced draft vocabulary (q is 0 on target ids outside it)."""
     from scipy import stats  # noqa: F401 (the chi-square helpers need scipy)
     from test_decode_distribution import _chi2, _exact_joint
 
     target = tiny_llama(0, vocab_size=V)
-    d = _peagle(target, n_vocab=12, mask_token_id=5)
+    d = _peagle(target, n_vocab=12, mask_token_id=5, layers=layers)
     params, runs, prompt = SamplingParams(1.0), 3000, [1, 5, 9]
     res = generate(target, [prompt] * runs, drafter=d, max_new_tokens=4, num_draft_tokens=2, temperature=1.0,
                    seed=1234, eos_token_id=[])
@@ -94,11 +99,13 @@ def test_sampled_tokens_follow_the_target_distribution_with_two_parallel_positio
     assert res.stats.drafted >= 2 * runs and res.stats.accept_per_position[1] > 0  # position 2 was verified
 
 
-def test_training_pass_is_the_decoders_pass():
+@LAYERS
+def test_training_pass_is_the_decoders_pass(layers):
     """The chain started at t in the training pass (depth 0 at t, masked depths 1..K-1) gives the same head
-    outputs as the decoder's one pass after the prefix tokens[0..t+1], to 1e-5."""
+    outputs as the decoder's one pass after the prefix tokens[0..t+1], to 1e-5, at every depth and with a
+    stack of layers (each masked query attends every layer's keys of the real prefix and of its own chain)."""
     target = tiny_llama(0)
-    d = _peagle(target)
+    d = _peagle(target, layers=layers)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13]])
     out = target(ids, output_hidden_states=True)
     feats = torch.cat([out.hidden_states[i] for i in d.feature_layers], -1)
@@ -117,12 +124,14 @@ def test_training_pass_is_the_decoders_pass():
         torch.testing.assert_close(train, dec, atol=1e-5, rtol=1e-5)
 
 
-def test_mask_inputs_are_never_fed_where_a_real_token_is_known(monkeypatch):
+@LAYERS
+def test_mask_inputs_are_never_fed_where_a_real_token_is_known(monkeypatch, layers):
     """Every layer call, in decoding (several rounds, rows re-synced with num_stable) and in training: a
     position whose token is known gets that token and the target's fused feature; mask inputs
     (mask_token_id, fc(mask_hidden)) only at positions past the last committed token."""
     target = tiny_llama(0)
-    d = _peagle(target, mask_token_id=7)  # 7 also occurs in the prompt: ids alone cannot tell the inputs apart
+    # 7 also occurs in the prompt: ids alone cannot tell the inputs apart
+    d = _peagle(target, mask_token_id=7, layers=layers)
     calls = []
     original = PEagleDrafter._layer
 

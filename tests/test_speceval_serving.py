@@ -204,20 +204,34 @@ def _few_steps(kind: str, drafter, target, batch, options: dict, steps: int, lr:
     return drafter.eval()
 
 
+def _stacked_head(cls, config, target, vocab, kind, batch, options):
+    """A ``cls`` head of two decoder layers (``config``), its second started from the target's last layer with its
+    residual-branch outputs zeroed (as training starts it), trained 20 steps on ``batch``."""
+    from drafterkit.train.strategies.eagle3 import init_stacked_layer_from_target
+
+    d = cls(config, target=target)
+    d.set_draft_vocab(torch.tensor(sorted(vocab)), target=target)
+    init_stacked_layer_from_target(d.layers["1"], target)
+    return _few_steps(kind, d, target, batch, {**options, "num_layers": 2}, steps=20, lr=3e-3)
+
+
 def _exports(folder, target, tok):
-    """An EAGLE-3 head (a reduced vocabulary of 4096 ids) and 3 Medusa heads, trained 20 and 10 steps on
-    the target's answers to the check's prompts, and a draft LM (the target's first 29 layers), so drafts
-    are accepted at several positions; each saved and exported."""
+    """An EAGLE-3 head (a reduced vocabulary of 4096 ids), the same with two decoder layers and 3 Medusa heads,
+    trained 20, 20 and 10 steps on the target's answers to the check's prompts, and a draft LM (the target's
+    first 29 layers), so drafts are accepted at several positions; each saved and exported."""
     batch, used = _answers_batch(target, tok)
     vocab = used + [i for i in range(4096 + len(used)) if i not in set(used)][: 4096 - len(used)]
     torch.manual_seed(0)
     e3 = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=4096), target=target)
     e3.set_draft_vocab(torch.tensor(sorted(vocab)), target=target)
     e3 = _few_steps("eagle3", e3, target, batch, {"draft_vocab_size": 4096}, steps=20, lr=3e-3)
+    e3_two = _stacked_head(Eagle3Drafter, Eagle3Config.from_target(target, draft_vocab_size=4096, num_layers=2),
+                           target, vocab, "eagle3", batch, {"draft_vocab_size": 4096})
     medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target)
     medusa = _few_steps("medusa", medusa, target, batch, {"num_heads": 3}, steps=10, lr=1e-2)
     out = []
-    for name, drafter, fmt in (("eagle3", e3, "vllm-eagle3"), ("medusa", medusa, "medusa"),
+    for name, drafter, fmt in (("eagle3", e3, "vllm-eagle3"), ("eagle3-2layers", e3_two, "vllm-eagle3"),
+                               ("medusa", medusa, "medusa"),
                                ("draft_lm", DraftLM.from_target(target, 29), "hf-assistant")):
         ckpt = drafter.save_pretrained(folder / name)
         exported = export(ckpt, fmt, folder / f"{name}-export", target="smollm2-135m")
@@ -280,7 +294,8 @@ def test_a_peagle_export_drafts_in_vllm_with_parallel_drafting_as_in_drafterkit(
                                                                                  capsys):
     """vllm-peagle next to the Llama target: vLLM's EAGLE-3 with parallel_drafting (one pass over the bonus slot
     and K-1 mask slots fed pard_token and fc(mask_hidden)) drafts the same chains of 5 as drafterkit's P-EAGLE
-    head, a reduced vocabulary (d2t) trained 20 steps on the target's answers."""
+    head, a reduced vocabulary (d2t) trained 20 steps on the target's answers, with one decoder layer and with
+    two (vLLM's multi-layer EAGLE-3: num_hidden_layers 2, layers.{0,1}.*), both in one vLLM run."""
     from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 
     target, tok = load_target("smollm2-135m")
@@ -289,20 +304,26 @@ def test_a_peagle_export_drafts_in_vllm_with_parallel_drafting_as_in_drafterkit(
     torch.manual_seed(0)
     d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=4096), target=target)
     d.set_draft_vocab(torch.tensor(sorted(vocab)), target=target)
-    d = _few_steps("peagle", d, target, batch, {"draft_vocab_size": 4096, "down_sample_ratio": 1.0}, steps=20,
-                   lr=3e-3)
-    ckpt = d.save_pretrained(tmp_path / "peagle")
-    exported = export(ckpt, "vllm-peagle", tmp_path / "peagle-export", target="smollm2-135m")
+    options = {"draft_vocab_size": 4096, "down_sample_ratio": 1.0}
+    d = _few_steps("peagle", d, target, batch, options, steps=20, lr=3e-3)
+    two = _stacked_head(PEagleDrafter, PEagleConfig.from_target(target, draft_vocab_size=4096, num_layers=2),
+                        target, vocab, "peagle", batch, options)
+    exports = []
+    for name, head in (("peagle", d), ("peagle-2layers", two)):
+        ckpt = head.save_pretrained(tmp_path / name)
+        exports.append((export(ckpt, "vllm-peagle", tmp_path / f"{name}-export", target="smollm2-135m"), None))
     del target
-    (r,) = serving.check_exports([(exported, None)], "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
+    reports = serving.check_exports(exports, "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
     with capsys.disabled():
-        print("\n" + serving.format_report(r))
-    c, ours, steps = r["comparison"], r["drafterkit"], r["vllm"]["steps"]
-    assert r["method"] == "peagle"
-    assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
-    assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
-    assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
-    assert ours["accept_per_position"][0] > 0, serving.format_report(r)
+        print("\n" + "\n".join(serving.format_report(r) for r in reports))
+    assert len(reports) == 2
+    for r in reports:
+        c, ours, steps = r["comparison"], r["drafterkit"], r["vllm"]["steps"]
+        assert r["method"] == "peagle"
+        assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
+        assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+        assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
+        assert ours["accept_per_position"][0] > 0, serving.format_report(r)
 
 
 def test_serve_check_refuses_an_eagle3_export_for_a_target_vllm_cannot_serve_before_starting_vllm(tmp_path, capsys):

@@ -29,14 +29,14 @@ def _perturbed(d, seed=0, scale=0.3):
     return d
 
 
-def _head(kind, target):
+def _head(kind, target, num_layers=1):
     from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
     from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 
     torch.manual_seed(0)
     if kind == "eagle":
         return _perturbed(EagleDrafter(EagleConfig.from_target(target), target=target))
-    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48), target=target)
+    d = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48, num_layers=num_layers), target=target)
     with torch.no_grad():  # a draft vocabulary holding the target's argmax on this sequence, so no step is dropped
         top = target(torch.tensor([TOKENS])).logits[0].argmax(-1).unique()
     rest = torch.tensor([i for i in range(target.config.vocab_size) if i not in set(top.tolist())])
@@ -110,10 +110,11 @@ def _decoder_alphas(d, target, temperature=1.0):
 
 
 @pytest.mark.parametrize("kind,options", [("eagle", {"ttt_steps": K}),
-                                          ("eagle3", {"ttt_steps": K, "ttt_tokens": "draft"})])
+                                          ("eagle3", {"ttt_steps": K, "ttt_tokens": "draft"}),
+                                          ("eagle3", {"ttt_steps": K, "ttt_tokens": "draft", "num_layers": 2})])
 def test_unrolled_alphas_equal_the_decoders_chain(kind, options, monkeypatch):
     target = tiny_llama(0)
-    d = _head(kind, target)
+    d = _head(kind, target, options.get("num_layers", 1))
     alphas, mask, metrics = _training_alphas(kind, d, target, _recipe(kind, options), monkeypatch)
     want = _decoder_alphas(d, target)
     n = len(TOKENS) - 2

@@ -122,6 +122,19 @@ def test_a_loss_term_the_kind_cannot_apply_is_refused_naming_both(kind, options,
     assert all(n in str(err.value) for n in names), str(err.value)
 
 
+def test_a_layer_stack_is_refused_for_eagle1_and_taken_by_eagle3_and_peagle():
+    with pytest.raises(RecipeError) as err:
+        recipe_from_dict({"output_dir": "x", "drafter": {"kind": "eagle", "options": {"num_layers": 2}}})
+    assert all(n in str(err.value) for n in ("drafter.options.num_layers", "kind eagle is EAGLE-1's one-layer head",
+                                            "kind eagle3")), str(err.value)
+    recipe_from_dict({"output_dir": "x", "drafter": {"kind": "eagle", "options": {"num_layers": 1}}})
+    for kind in ("eagle3", "peagle"):
+        r = recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind}}, ["drafter.options.num_layers=3"])
+        assert r.drafter.parsed_options().num_layers == 3
+        with pytest.raises(RecipeError, match="drafter.options.num_layers"):
+            recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind, "options": {"num_layers": 0}}})
+
+
 @pytest.mark.parametrize("kind,options,loss", [
     ("eagle", {"ttt_steps": 4}, {"name": "accept_len"}),
     ("eagle", {}, {"name": "accept_len", "draft_steps": 1}),

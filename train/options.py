@@ -81,6 +81,15 @@ class EagleOptions(BaseModel):
     # steps of the unroll on the head's own features and draft tokens (1: EAGLE-1's single step)
     ttt_steps: int = Field(1, ge=1, le=16)
     step_weight_decay: float = Field(0.8, gt=0.0, le=1.0)  # loss weight of unroll step j = decay ** j
+    num_layers: int = 1  # EAGLE-1 is one decoder layer: only 1 is taken (kind eagle3 / peagle stack layers)
+
+    @field_validator("num_layers")
+    @classmethod
+    def _one_layer(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"kind eagle is EAGLE-1's one-layer head, got num_layers {v}: drop the option, or use "
+                             "kind eagle3 (or peagle), whose drafter.options.num_layers stacks decoder layers")
+        return v
 
 
 class Eagle3Options(BaseModel):
@@ -92,6 +101,9 @@ class Eagle3Options(BaseModel):
     # None: drafters.eagle3.default_feature_layers ((2, L//2, L-3) from 7 layers, distinct ids down to 3 layers)
     feature_layers: list[int] | None = None
     ttt_steps: int = Field(3, ge=1, le=16)
+    # decoder layers of the head: the first reads [embedding; fc(features)], the rest are Llama layers on its
+    # residual stream (vLLM's multi-layer EAGLE-3); 1 is EAGLE-3's head
+    num_layers: int = Field(1, ge=1, le=8)
     # token of TTT steps j >= 1: the data token ("data", EAGLE-3's training) or the head's own greedy draft
     # ("draft", what decoding feeds; needed by the accept_len loss)
     ttt_tokens: Literal["data", "draft"] = "data"
@@ -116,6 +128,9 @@ class Eagle3Options(BaseModel):
         return v
 
 
+PEAGLE_NUM_LAYERS = 1  # P-EAGLE's default layer count, chosen by the probe in docs/benchmarks/peagle.md
+
+
 class PEagleOptions(BaseModel):
     """``drafter.options`` for ``kind: peagle`` (``drafters.peagle``; P-EAGLE, arXiv 2602.01469): EAGLE-3's head
     options plus the parallel positions and their training-time sampling."""
@@ -126,6 +141,9 @@ class PEagleOptions(BaseModel):
     draft_vocab_size: int | None = Field(None, ge=2)
     feature_layers: list[int] | None = None  # as eagle3: hidden_states ids 0 <= i < L; None: its default
     num_depths: int = Field(5, ge=1, le=16)  # K: chain positions trained (depth 0 + K-1 masked positions)
+    # decoder layers of the head, as eagle3's; with one, a masked position's query cannot read the context
+    # (docs/benchmarks/peagle.md measures the layer counts)
+    num_layers: int = Field(PEAGLE_NUM_LAYERS, ge=1, le=8)
     mask_token_id: int = Field(0, ge=0)  # the target embedding row fed at masked positions (vLLM's pard_token)
     # conditional drop-token (COD) sampling: depth d >= 1 keeps a random max(ratio^d, ratio_min) of the chains
     # (nested: a chain kept at depth d is kept at d-1); 1.0 keeps every chain at every depth

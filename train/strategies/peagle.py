@@ -84,7 +84,7 @@ class PEagleStrategy(Eagle3Strategy):
             raise ValueError(why)
         return PEagleConfig.from_target(target, draft_vocab_size=draft_vocab_for(o, target.config.vocab_size),
                                         feature_layers=list(o.feature_layers or []), num_depths=o.num_depths,
-                                        mask_token_id=o.mask_token_id)
+                                        mask_token_id=o.mask_token_id, num_layers=o.num_layers)
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
         o: PEagleOptions = recipe.drafter.parsed_options()
