@@ -198,11 +198,14 @@ def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
         ids = (export_config or {}).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
         held = f"`eagle_aux_hidden_state_layer_ids` {ids}" if ids is not None else \
             "no `eagle_aux_hidden_state_layer_ids` (SGLang's default capture is these layers)"
-        return (f"EAGLE-3: one decoder layer over 3 target layers (drafterkit ids {cfg.get('feature_layers')}: "
+        n = int(cfg.get("num_layers", 1))
+        layers = "one decoder layer" if n == 1 else f"{n} decoder layers"
+        return (f"EAGLE-3: {layers} over 3 target layers (drafterkit ids {cfg.get('feature_layers')}: "
                 f"`hidden_states[i]`, the input of decoder layer i; this export holds {held}), draft vocabulary "
                 f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
     if kind == "peagle":
-        return (f"P-EAGLE: the EAGLE-3 head (target layers {cfg.get('feature_layers')}, draft vocabulary "
+        return (f"P-EAGLE: the EAGLE-3 head ({int(cfg.get('num_layers', 1))} decoder layer(s), target layers "
+                f"{cfg.get('feature_layers')}, draft vocabulary "
                 f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')}) with learned mask inputs (token "
                 f"{cfg.get('mask_token_id')}, `mask_hidden`): one pass drafts every position of the chain "
                 f"(trained on {cfg.get('num_depths')})")
