@@ -321,3 +321,65 @@ def from_target_source(name_or_path: str, load, *, weights: bool = True, tokeniz
             f"transformers folder, or '{DEFAULT_TARGET_ALIAS}' for the pinned default target."
         ) from exc
 
+
+
+#: config.json fields that say how a folder was saved, not what model it holds
+_SAVE_FIELDS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash")
+_SAMPLES, _SAMPLE_BYTES = 64, 4096
+
+
+def _hub_id_of_cache(path: Path) -> str | None:
+    """``org/name`` for a Hugging Face cache snapshot folder (``.../models--org--name/snapshots/<sha>``)."""
+    for part in path.parts:
+        if part.startswith("models--"):
+            return part.removeprefix("models--").replace("--", "/")
+    return None
+
+
+def _folder_fingerprint(path: Path) -> str | None:
+    """A hash of what a target folder holds: its ``config.json`` (save-time fields left out) and each weight file's
+    name, size and :data:`_SAMPLES` chunks read evenly over it, so a copy of the folder hashes the same and a
+    fine-tune (same shapes, other values) does not. None where there is no readable config."""
+    import hashlib
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    h = hashlib.sha256(json.dumps({k: v for k, v in config.items() if k not in _SAVE_FIELDS}, sort_keys=True,
+                                  default=str).encode())
+    for file in sorted([*path.glob("*.safetensors"), *path.glob("pytorch_model*.bin")]):
+        size = file.stat().st_size
+        h.update(f"{file.name}:{size}".encode())
+        with open(file, "rb") as f:
+            for i in range(_SAMPLES):
+                f.seek(size * i // _SAMPLES)
+                h.update(f.read(_SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def same_target(a: str, b: str) -> bool:
+    """Whether the target names ``a`` and ``b`` (``"smollm2-135m"``, a local folder, a Hub id) are the same model:
+    the same folder once the default alias is resolved and paths are made absolute (``./t``, ``/abs/t`` and a
+    symlink to it agree), two local folders with the same config and weights (a copy), a Hugging Face cache
+    snapshot of a Hub id and that id, or two equal Hub ids (case-insensitive, as the Hub). Nothing is loaded: at
+    most each weight file is sampled (:func:`_folder_fingerprint`)."""
+    if a == b:
+        return True
+    pa, pb = (resolve_target_path(x) for x in (a, b))
+    la, lb = _looks_local(pa), _looks_local(pb)
+    if la and lb:
+        fa, fb = Path(pa).expanduser(), Path(pb).expanduser()
+        if fa.resolve() == fb.resolve():
+            return True
+        if not (fa.is_dir() and fb.is_dir()):
+            return False
+        one = _folder_fingerprint(fa)
+        return one is not None and one == _folder_fingerprint(fb)
+    if la or lb:
+        local, hub = (pa, pb) if la else (pb, pa)
+        cached = _hub_id_of_cache(Path(local).expanduser().resolve())
+        return cached is not None and cached.lower() == hub.lower()
+    return pa.lower() == pb.lower()

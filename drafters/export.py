@@ -51,6 +51,7 @@ import json
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -74,6 +75,7 @@ from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layou
 )
 from drafterkit.drafters.kinds import export_formats
 from drafterkit.drafters.model_card import recorded_target, vllm_serve_problem, write_model_card
+from drafterkit.drafters.trained_for import trained_for_problem
 
 FORMATS = export_formats()  # --format -> the kind it exports, from each kind's exports in drafters.kinds.KINDS
 
@@ -260,6 +262,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     if bad := nonfinite_tensors(ckpt):
         raise ExportError(f"{ckpt} holds NaN or inf values in {', '.join(bad[:3])}{left_out(bad, 3)}: its training "
                           "diverged; export an earlier checkpoint (a step-N one) or retrain with a lower optim.lr")
+    if target is not None and (line := trained_for_problem(ckpt, target)):  # e.g. Medusa's LM head from another
+        warnings.warn(line, UserWarning, stacklevel=2)
     dt = resolve_dtype(dtype) if dtype else None
     if fmt.endswith("eagle3"):
         export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])

@@ -35,6 +35,7 @@ import shlex
 import sys
 import time
 import typing
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ from drafterkit.assets.target import TargetLoadError, load_target, resolve_targe
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.datastore import cached_datastore
 from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
 from drafterkit.drafters.tuned_free import FREE_SPECS
@@ -78,7 +80,7 @@ from drafterkit.speceval.methods import (
     suffix_info,
 )
 from drafterkit.speceval.prompts import select_prompts
-from drafterkit.speceval.recorded import apply_recorded, no_checkpoint, say_export_source
+from drafterkit.speceval.recorded import apply_recorded, checkpoint_folder, no_checkpoint, say_export_source
 from drafterkit.speceval.shape_checks import check_hf_assisted, check_k, check_thresholds, check_tree_shapes
 
 __all__ = ["DEFAULT_DATASTORE", "EvalConfig", "command_line", "evaluate", "print_record", "run", "shape_words",
@@ -96,12 +98,14 @@ def _eos_and_pad(target, tok) -> tuple[list[int], int]:
     return eos, int(pad)
 
 
-def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
+def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None, notes: typing.Sequence[str] = ()) -> dict:
     """Measure ``cfg.drafters`` on ``cfg.benchmark``; return the full JSON record (nothing written).
 
     Args:
         cfg: the evaluation; ``target`` / ``tok`` may be passed pre-loaded (else ``load_target``), and
             so may the ``+rest`` drafters' ``datastore`` (else ``cfg.datastore`` is loaded on first use).
+        notes: lines about the run (``drafterkit eval``'s note on a tuned setting it takes), printed once every
+            check passed (:func:`check_config`), before anything loads.
 
     Returns:
         ``{"config", "machine", "target", "prompts", "prompts_skipped", "methods", "summary", "factors",
@@ -121,12 +125,17 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None) -> dict:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
     """
     with exact_mode(cfg.exact):
-        return _evaluate(cfg, target, tok, datastore)
+        return _evaluate(cfg, target, tok, datastore, notes)
 
 
-def _evaluate(cfg: EvalConfig, target, tok, datastore) -> dict:
+def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[str] = ()) -> dict:
     """:func:`evaluate` inside the exact mode it set."""
     check_config(cfg, target_loaded=target is not None)
+    trained_for = trained_for_warnings(cfg.drafters, cfg.target)  # may refuse a drafter for another vocabulary
+    for line in notes:
+        print(line, flush=True)
+    for line in trained_for:
+        warnings.warn(line, UserWarning, stacklevel=2)
     for spec in dict.fromkeys(cfg.drafters):
         say_export_source(spec)
     timings = {}
@@ -208,6 +217,24 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
         check_k(cfg.drafters, cfg.sweep_k, "--sweep-k")
     if not target_loaded and (problem := target_source_problem(cfg.target, check_alias=False)):
         raise TargetLoadError(problem)
+
+
+def trained_for_warnings(specs: typing.Sequence[str], target: str) -> list[str]:
+    """One warning line per checkpoint among the ``--drafter`` ``specs`` that was trained for another target than
+    ``target`` (:func:`drafters.trained_for.trained_for_problem`; each folder once).
+
+    Raises:
+        drafters.DrafterLoadError: a checkpoint trained for a target of another vocabulary.
+    """
+    lines, seen = [], set()
+    for spec in specs:
+        folder = checkpoint_folder(spec)
+        if folder is None or folder in seen:
+            continue
+        seen.add(folder)
+        if line := trained_for_problem(folder, target, label=f"--drafter {spec}"):
+            lines.append(line)
+    return lines
 
 
 def datastore_loader(source: str, tok, quiet: bool = False):
@@ -414,10 +441,7 @@ def run(args: argparse.Namespace) -> int:
             check_k(cfg.drafters, [cfg.k])
         if "hf-assisted" in cfg.baselines and cfg.baselines != list(BASELINES):  # named, not the default "all"
             check_hf_assisted(cfg.drafters, cfg.trees, cfg.draft_thresholds)
-        check_config(cfg)  # every usage error before any note about the run (evaluate checks it again, cheaply)
-        for note in notes:
-            print(note, flush=True)
-        record = evaluate(cfg)
+        record = evaluate(cfg, notes=notes)
     except (ValueError, DrafterLoadError, OSError) as exc:
         print(f"drafterkit eval: error: {exc}", file=sys.stderr)
         return 2

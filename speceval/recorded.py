@@ -132,7 +132,7 @@ def no_checkpoint(spec: str) -> bool:
     return spec in ("none", "ngram", "rest", "suffix") or spec.startswith("draft:")
 
 
-def _folder_of(spec: str) -> Path | None:
+def checkpoint_folder(spec: str) -> Path | None:
     """The drafter folder behind a ``--drafter`` spec (``PATH``, ``PATH+ngram``, ``PATH+rest``), or None."""
     if no_checkpoint(spec):
         return None
@@ -174,7 +174,7 @@ def apply_recorded(cfg, given: set[str]) -> dict | None:
     """
     found = {}
     for spec in cfg.drafters:
-        folder = _folder_of(spec)
+        folder = checkpoint_folder(spec)
         if folder is not None and (folder / DECODING_FILE).is_file() and folder not in found:
             found[folder] = read_decoding(folder / DECODING_FILE)
     if not found:

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from drafterkit.assets import pinned
@@ -45,6 +46,7 @@ from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafterkit.drafters.base import ExportError, recorded_source
+from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture, target_load_problem
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
@@ -354,7 +356,10 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
                         for (e, c), info in zip(exports, infos)])
         try:  # a target folder without a loadable tokenizer or chat template, before the vLLM venv is looked for
             load_target_tokenizer(target, chat=True)
-        except TargetLoadError as exc:
+            for export_dir, source, _ in checked[-1]:  # a drafter trained for another target: said, or refused
+                if source is not None and (line := trained_for_problem(source, target, label=str(export_dir))):
+                    warnings.warn(line, UserWarning, stacklevel=2)
+        except (TargetLoadError, DrafterLoadError) as exc:
             raise ServeCheckError(str(exc)) from None
     python = vllm_python(venv)
     plans, jobs = [], []

@@ -30,6 +30,7 @@ import argparse
 import datetime as _dt
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
 from drafterkit.drafters.tuned_free import FREE_SPECS, record_path, write_free_tuned
 from drafterkit.drafters.hybrid import drafts_trees
+from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.tuned import (
     DECODING_FILE,
     LOOKUP_SUFFIXES,
@@ -128,6 +130,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         raise ValueError(f"tune {checkpoint}: has no checkpoint folder for the tuned setting (decoding.json) to go "
                          "in; give --no-write to measure and print the chosen shape only, or tune a drafter folder "
                          f"(or a model-free proposer: {', '.join(FREE_SPECS)})")
+    if folder is not None and (line := trained_for_problem(folder, target_name, label=f"tune {checkpoint}")):
+        warnings.warn(line, UserWarning, stacklevel=2)  # a head trained for another target: tuned for this one
     if target is None:
         target, tok = load_target(target_name, dtype=dtype, device=device, chat=True)
     corpus = _datastore(datastore, tok) if behind in ("+rest", "+suffix") or checkpoint in ("rest", "suffix") else None

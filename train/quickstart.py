@@ -74,7 +74,7 @@ from drafterkit.assets.console import datasets_quiet, disable_progress_bars
 from drafterkit.assets.device import resolve_dtype
 from drafterkit.assets.pinned import AssetError, fetch_all
 from drafterkit.assets.records import unwritable_folder
-from drafterkit.assets.target import load_target
+from drafterkit.assets.target import load_target, same_target
 from drafterkit.drafters import KINDS
 from drafterkit.drafters.datastore import cached_datastore
 from drafterkit.train.loop import train
@@ -238,6 +238,11 @@ def run(args: argparse.Namespace) -> int:
         if args.no_train:  # the recipe the earlier run trained with, as its last checkpoint saved it
             recipe_path = trained_checkpoint(out) / "recipe.yaml"
         recipe = load_recipe(recipe_path, [f"output_dir={out / 'train'}", *args.overrides])
+        if not same_target(recipe.target.name_or_path, TARGET):  # it trains and measures the default target only
+            raise ValueError(f"target.name_or_path {recipe.target.name_or_path}: the quickstart trains and measures "
+                             f"a drafter for the default target ({TARGET}) only; drop that setting, or train for "
+                             f"this target with `drafterkit train RECIPE` and measure it with `drafterkit eval "
+                             f"--target {recipe.target.name_or_path}`")
         args.chain_only = not KINDS[recipe.drafter.kind].trees  # DFlash: its rows are measured as chains
         if args.chain_only and (tree := next((t for t in args.trees or [] if t != "chain"), None)):
             raise ValueError(f"--tree {tree}: a {recipe.drafter.kind} drafter drafts chains only; drop --tree (the "

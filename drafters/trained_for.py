@@ -1,0 +1,95 @@
+"""The target a trained drafter was trained for, and what every command says when it is given another.
+
+A feature-level head (EAGLE, EAGLE-3, P-EAGLE, Medusa, DFlash) reads the target's hidden states: loaded next to
+another target of the same hidden size and layer count it runs (``drafters.feature_head.check_target_shape``
+compares only shapes), and decodes exactly, but drafts from features it was never fitted to. The training
+checkpoint around the drafter folder records its target (``recipe.yaml``'s ``target.name_or_path``);
+:func:`trained_for_problem` compares it with the target given (:func:`assets.target.same_target`: a folder, the
+alias naming it and a copy of it are the same target):
+
+* the same target, or no record (a bare drafter folder): nothing to say;
+* another target whose tokenizer maps some token to another id: refused (``DrafterLoadError``), since the
+  head's draft token ids would name other tokens (the DESIGN's contract: a drafter whose vocabulary cannot match
+  the target is refused before any token is generated);
+* another target with the same vocabulary: a warning line naming both and the fix. Not an error, since a
+  fine-tuned sibling of the trained target is a legitimate use (the acceptance then measures how far its
+  features moved).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from drafterkit.assets.target import TargetLoadError, load_target_tokenizer, same_target
+from drafterkit.drafters import resolve_checkpoint
+from drafterkit.drafters.base import DrafterLoadError
+
+#: the kinds that read the target's hidden states (a draft LM reads only token ids: any target sharing its
+#: vocabulary is its target)
+FEATURE_KINDS = ("eagle", "eagle3", "peagle", "medusa", "dflash")
+
+
+def trained_target(folder: str | Path) -> str | None:
+    """The target the drafter folder ``folder`` was trained for: ``target.name_or_path`` of the ``recipe.yaml``
+    of the training checkpoint holding it (``.../checkpoints/<name>/drafter``), or None (a bare drafter folder,
+    or an unreadable recipe)."""
+    folder = Path(folder)
+    if folder.name != "drafter":
+        return None
+    try:
+        recipe = yaml.safe_load((folder.parent / "recipe.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    target = recipe.get("target") if isinstance(recipe, dict) else None
+    name = target.get("name_or_path") if isinstance(target, dict) else None
+    return str(name) if name else None
+
+
+def _tokenizer(name: str):
+    """The tokenizer of target ``name``, or None where it cannot be loaded here (a Hub id offline, a folder gone)."""
+    try:
+        return load_target_tokenizer(name)
+    except (TargetLoadError, OSError, ValueError):
+        return None
+
+
+def vocabulary_difference(a, b) -> int:
+    """How many tokens of tokenizer ``a`` have another id in tokenizer ``b`` (or none there), plus how many more
+    tokens ``b`` holds; 0 when both map every token text to the same id."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    return sum(1 for t, i in va.items() if vb.get(t) != i) + max(0, len(vb) - len(va))
+
+
+def trained_for_problem(folder: str | Path, target: str, *, label: str | None = None,
+                        flag: str = "--target") -> str | None:
+    """The warning line for the drafter checkpoint ``folder`` (resolved by ``drafters.resolve_checkpoint``) used with
+    ``target`` (a name, folder or Hub id, as
+    ``flag`` gave it), or None: not a feature-level kind, no recorded target, or the same target
+    (:func:`assets.target.same_target`). ``label`` names the drafter in the line (default: the folder).
+
+    Raises:
+        DrafterLoadError: the recorded target's tokenizer maps tokens to other ids than ``target``'s (both
+            loadable here): the head's draft ids would name other tokens. The message names both targets and the fix.
+    """
+    try:
+        folder, kind = resolve_checkpoint(folder)
+    except DrafterLoadError:
+        return None  # loading the drafter reports it
+    recorded = trained_target(folder)
+    if kind not in FEATURE_KINDS or recorded is None or same_target(recorded, target):
+        return None
+    label = label or str(folder)
+    fix = f"pass {flag} {recorded}, or train a drafter for {target}"
+    mine, theirs = _tokenizer(recorded), _tokenizer(target)
+    if mine is not None and theirs is not None and (n := vocabulary_difference(mine, theirs)):
+        raise DrafterLoadError(
+            f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), whose vocabulary "
+            f"differs from target {target}'s ({n} token(s) have other ids), so its draft token ids would name other "
+            f"tokens; {fix}")
+    compared = "the same vocabulary" if mine is not None and theirs is not None else \
+        f"a vocabulary not compared ({recorded}'s tokenizer is not available here)"
+    return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), not {target}; both "
+            f"have the same hidden size and layer count and {compared}, so it runs, but it reads features it was "
+            f"not fitted to: right for a fine-tune of {recorded}, otherwise {fix}")

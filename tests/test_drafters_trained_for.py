@@ -1,0 +1,148 @@
+"""A feature-level head used with another target than the one it was trained for: every command that takes a target
+says so in one warning line naming both and the fix (a fine-tuned sibling is a legitimate use), and refuses a target
+whose vocabulary maps tokens to other ids. Targets are identified robustly (assets.target.same_target). Through the
+real CLI on tiny saved targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+from families import save_family
+
+from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
+from drafterkit.assets.target import same_target
+from drafterkit.cli import main as cli
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.trained_for import trained_for_problem, trained_target
+from drafterkit.train.recipe import recipe_from_dict
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """``a`` (the target trained for), ``a-copy`` (a copy of its folder), ``b`` (same family and shapes, other
+    weights: a fine-tune's stand-in), ``c`` (``b`` with two token ids swapped in its tokenizer), ``run`` (a training
+    run whose checkpoints/best holds an EAGLE-3 head for ``a`` and its recipe.yaml), a prompt file."""
+    root = tmp_path_factory.mktemp("trained-for")
+    model, _ = save_family("llama3", root / "a")
+    save_family("llama3", root / "b", seed=1)
+    shutil.copytree(root / "a", root / "a-copy")
+    shutil.copytree(root / "b", root / "c")
+    tok = json.loads((root / "c" / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    x, y = [t for t, i in vocab.items() if i in (10, 11)]
+    vocab[x], vocab[y] = vocab[y], vocab[x]
+    (root / "c" / "tokenizer.json").write_text(json.dumps(tok))
+    recipe = recipe_from_dict({"output_dir": str(root / "run"), "target": {"name_or_path": str(root / "a")},
+                               "drafter": {"kind": "eagle3", "options": {"draft_vocab_size": 64}}})
+    torch.manual_seed(0)
+    head = Eagle3Drafter(Eagle3Config.from_target(model, draft_vocab_size=64), target=model)
+    head.set_draft_vocab(torch.arange(64), target=model)
+    best = root / "run" / "checkpoints" / "best"
+    head.save_pretrained(best / "drafter")
+    recipe.save(best)
+    (root / "p.jsonl").write_text(json.dumps({"prompt": "hello world"}) + "\n")
+    return root
+
+
+def test_targets_are_the_same_however_they_are_named(world, tmp_path, monkeypatch):
+    a = world / "a"
+    assert same_target(str(a), str(a) + "/")
+    monkeypatch.chdir(world)
+    assert same_target("./a", str(a)) and same_target("a-copy", str(a))  # relative; a copy of the folder
+    os.symlink(a, tmp_path / "link")
+    assert same_target(str(tmp_path / "link"), str(a))
+    assert not same_target(str(world / "b"), str(a))  # same config and shapes, other weights
+    assert not same_target(str(world / "missing"), str(a))
+    assert same_target(DEFAULT_TARGET_ALIAS, str(default_target_dir()))  # the registry name and its folder
+    assert same_target("Org/Model", "org/model") and not same_target("org/model", "org/other")
+    snapshot = tmp_path / "hub" / "models--org--model" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert same_target(str(snapshot), "org/model") and not same_target(str(snapshot), "org/other")
+
+
+def test_the_recorded_target_and_what_is_said(world):
+    run = world / "run"
+    assert trained_target(run / "checkpoints" / "best" / "drafter") == str(world / "a")
+    assert trained_for_problem(run, str(world / "a")) is None
+    assert trained_for_problem(run, str(world / "a-copy")) is None
+    line = trained_for_problem(run, str(world / "b"), label="--drafter R")
+    assert line.startswith(f"--drafter R: this eagle3 drafter was trained for target {world / 'a'} (its recipe.yaml), "
+                           f"not {world / 'b'}") and "same vocabulary" in line
+    assert f"fine-tune of {world / 'a'}" in line and f"pass --target {world / 'a'}" in line and "\n" not in line
+    bare = world / "bare"
+    shutil.copytree(run / "checkpoints" / "best" / "drafter", bare)
+    assert trained_for_problem(bare, str(world / "b")) is None  # no record: nothing to compare
+
+
+def _eval(world, target: str) -> list[str]:
+    return ["eval", "--target", target, "--drafter", str(world / "run"), "--benchmark", str(world / "p.jsonl"),
+            "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine", "--no-progress", "--device", "cpu",
+            "--output", str(world / "out.json")]
+
+
+def _trained_for_lines(caught) -> list[str]:
+    return [str(w.message) for w in caught if "was trained for target" in str(w.message)]
+
+
+def test_eval_warns_for_another_target_and_not_for_the_same_one(world, monkeypatch):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(_eval(world, str(world / "b"))) == 0
+    lines = _trained_for_lines(caught)
+    assert len(lines) == 1 and lines[0].startswith(f"--drafter {world / 'run'}: this eagle3 drafter was trained "
+                                                   f"for target {world / 'a'}")
+    monkeypatch.chdir(world)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(_eval(world, "./a-copy")) == 0
+    assert _trained_for_lines(caught) == []
+
+
+def test_a_target_of_another_vocabulary_is_refused_by_eval_and_tune(world, capsys):
+    capsys.readouterr()
+    assert cli(_eval(world, str(world / "c"))) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("drafterkit eval: error: ") and len(err.splitlines()) == 1
+    assert f"trained for target {world / 'a'}" in err and "whose vocabulary differs" in err and "2 token(s)" in err
+    assert cli(["tune", str(world / "run"), "--target", str(world / "c"), "--benchmark", str(world / "p.jsonl"),
+                "--no-write", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("drafterkit tune: error: ") and "whose vocabulary differs" in err
+
+
+def test_export_and_serve_check_warn_for_another_target(world, monkeypatch):
+    monkeypatch.setenv("DRAFTERKIT_VLLM_VENV", str(world / "no-vllm-venv"))
+    out = world / "export"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(["export", str(world / "run"), "--format", "vllm-eagle3", "--target", str(world / "b"),
+                    "--output", str(out), "--overwrite"]) == 0
+    assert len(_trained_for_lines(caught)) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(["export", str(world / "run"), "--format", "vllm-eagle3", "--target", str(world / "a-copy"),
+                    "--output", str(out), "--overwrite"]) == 0
+    assert _trained_for_lines(caught) == []
+    with warnings.catch_warnings(record=True) as caught:  # said before it looks for vLLM (absent here: rc 2)
+        warnings.simplefilter("always")
+        assert cli(["serve-check", str(out), "--target", str(world / "b"), "--benchmark",
+                    str(world / "p.jsonl")]) == 2
+    lines = _trained_for_lines(caught)
+    assert len(lines) == 1 and lines[0].startswith(f"{out}: this eagle3 drafter was trained for target")
+
+
+def test_the_quickstart_refuses_another_target(world, capsys):
+    """The quickstart trains and measures the default target: a --set naming another was trained on the default
+    target while its recipe.yaml recorded the other (so eval then warned of a target it never trained for)."""
+    capsys.readouterr()
+    assert cli(["quickstart", "--set", f"target.name_or_path={world / 'b'}", "--set",
+                "drafter.options.draft_vocab_size=64", "--output-dir", str(world / "qs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"drafterkit quickstart: error: target.name_or_path {world / 'b'}: the quickstart trains "
+                          "and measures a drafter for the default target") and len(err.splitlines()) == 1
+    assert not (world / "qs").exists()
