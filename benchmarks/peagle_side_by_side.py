@@ -40,16 +40,22 @@ from benchmarks.side_by_side import table as side_table  # noqa: E402
 KINDS = ("eagle3", "peagle")
 
 
+def train_command(kind: str, out: Path, args) -> list[str]:
+    """The ``drafterkit train`` command line of ``kind``'s run into ``out``: its shipped recipe, the budget, no
+    evaluation, ``--override`` and, for ``peagle`` only, ``--peagle-override``."""
+    budget = ([f"train.max_steps={args.steps}", "train.max_minutes=null"] if args.steps
+              else ["train.max_steps=100000", f"train.max_minutes={args.minutes}"])
+    return [sys.executable, "-m", "drafterkit.cli", "train", str(ROOT / "recipes" / f"{kind}.yaml"),
+            f"output_dir={out}", *budget, "eval.every=0", "eval.at_end=false", "train.save_every=0",
+            "data.feature_cache=off", "logging.trackers=[]", *args.override,
+            *(args.peagle_override if kind == "peagle" else [])]
+
+
 def train(kind: str, out: Path, args) -> Path:
     """Train ``recipes/<kind>.yaml`` for ``--minutes`` (or ``--steps``) into ``out``; skipped when done."""
     last = out / "checkpoints" / "last"
     if not last.is_dir():
-        budget = ([f"train.max_steps={args.steps}", "train.max_minutes=null"] if args.steps
-                  else ["train.max_steps=100000", f"train.max_minutes={args.minutes}"])
-        cmd = [sys.executable, "-m", "drafterkit.cli", "train", str(ROOT / "recipes" / f"{kind}.yaml"),
-               f"output_dir={out}", *budget, "eval.every=0", "eval.at_end=false", "train.save_every=0",
-               "data.feature_cache=off", "logging.trackers=[]", *args.override,
-               *(args.peagle_override if kind == "peagle" else [])]
+        cmd = train_command(kind, out, args)
         print(" ".join(cmd), flush=True)
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
             raise SystemExit(f"training {kind} failed; its output is above")
@@ -80,7 +86,7 @@ def table(record: dict, benchmark: str) -> list[str]:
     return side_table(benchmark, [*zip(KINDS, spec[:len(KINDS)]), ngram], plain_row(record), ngram)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--minutes", type=float, default=14.5, help="training minutes per head (the quickstart's)")
@@ -95,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--override", action="append", default=[], help="recipe override for both trainings")
     p.add_argument("--peagle-override", action="append", default=[],
                    help="recipe override for the P-EAGLE training only (e.g. drafter.options.num_layers=2)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     ckpts = {kind: train(kind, args.out / kind, args) for kind in KINDS}
     lines = [f"P-EAGLE vs EAGLE-3, {args.steps or args.minutes} {'steps' if args.steps else 'CPU minutes'} of "

@@ -210,3 +210,23 @@ def test_vllm_peagle_export_holds_what_vllms_parallel_drafting_loads(tmp_path):
         e3 = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=40, feature_layers=[1, 2, 3]),
                            target=target)
         export(e3.save_pretrained(tmp_path / "e3"), "vllm-peagle", tmp_path / "x")
+
+
+def test_side_by_side_overrides_the_peagle_training_only(tmp_path):
+    """benchmarks/peagle_side_by_side.py: --peagle-override (e.g. the layer count) reaches the P-EAGLE training
+    command only, --override both; the EAGLE-3 head it is measured against keeps its recipe."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    before = list(sys.path)
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import peagle_side_by_side as sbs
+    finally:
+        sys.path[:] = before
+    args = sbs.parser().parse_args(["--out", str(tmp_path), "--steps", "2", "--override", "optim.lr=1e-3",
+                                    "--peagle-override", "drafter.options.num_layers=2"])
+    pe, e3 = sbs.train_command("peagle", tmp_path / "peagle", args), sbs.train_command("eagle3", tmp_path / "e3", args)
+    assert "drafter.options.num_layers=2" in pe and "drafter.options.num_layers=2" not in e3
+    assert "optim.lr=1e-3" in pe and "optim.lr=1e-3" in e3 and "train.max_steps=2" in e3

@@ -128,7 +128,9 @@ class Eagle3Options(BaseModel):
         return v
 
 
-PEAGLE_NUM_LAYERS = 1  # P-EAGLE's default layer count, chosen by the probe in docs/benchmarks/peagle.md
+# P-EAGLE's default layer count: 2 and 4 layers left positions 2..5 at the data's marginal after 300 steps, as one
+# layer does (docs/benchmarks/peagle.md, "Decoder layers"), so the cheapest stays
+PEAGLE_NUM_LAYERS = 1
 
 
 class PEagleOptions(BaseModel):
