@@ -43,7 +43,14 @@ import torch
 from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.records import plural, unwritable_folder
-from drafterkit.assets.target import TargetLoadError, load_target, resolve_target_path, target_source_problem
+from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
+from drafterkit.assets.target import (
+    TargetLoadError,
+    load_target,
+    load_target_tokenizer,
+    resolve_target_path,
+    target_source_problem,
+)
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
@@ -201,7 +208,8 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
     """Everything about ``cfg`` that can be checked before the target loads: its flags
     (:meth:`EvalConfig.validate`), each drafter spec, the tree shapes, thresholds and swept K each drafter can
     take (from its ``config.json`` alone), and, unless ``target_loaded``, a local target folder
-    (:func:`assets.target.target_source_problem`; the default alias is not fetched here): a typo costs no model
+    (:func:`assets.target.target_source_problem`) and its tokenizer, which must have a chat template (the
+    default alias is not fetched here): a typo costs no model
     load, and nothing is said about the run (a tuned setting's note) before it is refused.
 
     Raises:
@@ -217,6 +225,8 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
         check_k(cfg.drafters, cfg.sweep_k, "--sweep-k")
     if not target_loaded and (problem := target_source_problem(cfg.target, check_alias=False)):
         raise TargetLoadError(problem)
+    if not target_loaded and cfg.target != DEFAULT_TARGET_ALIAS and Path(resolve_target_path(cfg.target)).is_dir():
+        load_target_tokenizer(cfg.target, chat=True)  # a local tokenizer that cannot load or has no chat template
 
 
 def trained_for_warnings(specs: typing.Sequence[str], target: str) -> list[str]:

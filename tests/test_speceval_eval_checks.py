@@ -4,6 +4,7 @@ before any note about the run (a tuned setting it takes)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -27,6 +28,11 @@ def world(tmp_path_factory):
     tuned = dict(written_by="drafterkit tune", machine=host_info("cpu"), dtype="fp32",
                  winners={"1": dict(tree="chain", k=3, draft_threshold=0.0, speedup=1.3, tau=2.0)})
     (drafter / "decoding.json").write_text(json.dumps(dict(tuned=tuned)))
+    shutil.copytree(root / "target", root / "nochat")
+    config = json.loads((root / "nochat" / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (root / "nochat" / "tokenizer_config.json").write_text(json.dumps(config))
+    (root / "nochat" / "chat_template.jinja").unlink(missing_ok=True)
     prompts = root / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "hello world"}) + "\n")
     return dict(target=root / "target", drafter=drafter, prompts=prompts, root=root)
@@ -43,11 +49,13 @@ def _eval(world, *extra: str) -> list[str]:
     (["--draft-threshold", "1.5"], "--draft-threshold values must be in [0, 1)"),
     (["--tree", "3,x"], "--tree '3,x'"),
     (["--target", "/nonexistent/target"], "target /nonexistent/target does not exist"),
+    (["--target", "NOCHAT"], "its tokenizer has no chat template"),
 ])
 def test_usage_errors_come_before_the_tuned_note(world, capsys, extra, error):
     """A tuned checkpoint's note ("decoding settings taken from it") is said only once every argument passed: an
     argument error is the only thing printed (it used to follow the note, as if the run had started)."""
     capsys.readouterr()
+    extra = [str(world["root"] / "nochat") if x == "NOCHAT" else x for x in extra]
     assert cli(_eval(world, *extra)) == 2
     out, err = capsys.readouterr()
     assert out == "", out
