@@ -108,6 +108,40 @@ def target_load_problem(target: str | None) -> str | None:
     return None
 
 
+#: The head sizes vLLM 0.32's CPU attention backend runs (``v1/attention/backends/cpu_attn.py``,
+#: ``CPUAttentionBackend.get_supported_head_sizes``); its kernel (``csrc/cpu/cpu_attn_impl.hpp``) stops any other at the
+#: first forward with "RuntimeError: Unsupported CPU attention configuration: head_dim=N". Re-read it when the
+#: vLLM pinned in scripts/vllm-venv.sh changes.
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def attention_head_dim(config: dict | None) -> int | None:
+    """The attention head size of a transformers ``config.json`` dict: ``head_dim``, else ``hidden_size //
+    num_attention_heads`` (a multimodal config's ``text_config`` when the top level has neither), or None when the
+    config gives neither (no config, or no attention: a Medusa export)."""
+    if not isinstance(config, dict):
+        return None
+    if "hidden_size" not in config and "head_dim" not in config and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    head_dim, hidden, heads = config.get("head_dim"), config.get("hidden_size"), config.get("num_attention_heads")
+    if type(head_dim) is int and head_dim > 0:
+        return head_dim
+    return hidden // heads if type(hidden) is int and type(heads) is int and heads > 0 else None
+
+
+def cpu_attention_problem(config: dict | None, who: str) -> str | None:
+    """Why vLLM :data:`VLLM_VERSION` on a CPU cannot run the attention of ``config`` (a ``config.json`` dict; ``who``
+    names the model in the sentence): its head size is not in :data:`CPU_ATTENTION_HEAD_SIZES`; or None."""
+    head_dim = attention_head_dim(config)
+    if head_dim is None or head_dim in CPU_ATTENTION_HEAD_SIZES:
+        return None
+    sizes = ", ".join(map(str, CPU_ATTENTION_HEAD_SIZES))
+    return (f"{who} has attention head_dim {head_dim}, which vLLM {VLLM_VERSION}'s CPU attention does not run (it "
+            f"takes head_dim {sizes}; it would stop at its first forward with \"RuntimeError: Unsupported CPU "
+            f"attention configuration: head_dim={head_dim}\"); serve-check it with a model of a supported head_dim, "
+            "or with vLLM on a GPU (a vLLM venv made with DRAFTERKIT_VLLM_PACKAGE=vllm)")
+
+
 def _transformers_backend_can_wrap(architecture: str) -> bool:
     """Whether vLLM's registry falls back to its Transformers backend for ``architecture`` absent from its tables:
     transformers (the installed one) has a ``PreTrainedModel`` class of that name whose attention the backend can

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark", default="mt-bench", help=f"{', '.join(BENCHMARKS)} or a .jsonl file")
     parser.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by both engines")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
-    parser.add_argument("--k", type=int, default=5, help="draft tokens per step (Medusa: at most its heads)")
+    parser.add_argument("--k", type=int, default=None, help="draft tokens per step (default 5, cut to what the export "
+                                                            "drafts: Medusa at most its heads, DFlash block_size - 1)")
     parser.add_argument("--venv", default=None, help="the vLLM venv (default: $DRAFTERKIT_VLLM_VENV, else "
                                                      "$DRAFTERKIT_HOME/vllm-venv, made by scripts/vllm-venv.sh)")
     parser.add_argument("--device", default="cpu", help="drafterkit's device (vLLM picks its own)")

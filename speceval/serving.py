@@ -50,10 +50,11 @@ from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture, target_load_problem
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
+from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, drafter_source_problem, k_problem,
+                                             vllm_on_cpu)
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
-MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete
 # other causal LMs: draft_model
 VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa", "DFlashDraftModel": "dflash"}
 # methods whose drafter reads the target's auxiliary hidden states (vLLM's SupportsEagle3 interface on the target)
@@ -147,8 +148,11 @@ def source_checkpoint(export_dir, method: str, checkpoint: str | None) -> str | 
 
     Raises:
         ServeCheckError: that record is absent, its folder is gone or holds other weights (names the fix:
-            ``--drafter CHECKPOINT``).
+            ``--drafter CHECKPOINT``); a ``checkpoint`` whose weights are not the recorded ones
+            (:func:`speceval.serve_checks.drafter_source_problem`).
     """
+    if checkpoint is not None and (problem := drafter_source_problem(export_dir, checkpoint)):
+        raise ServeCheckError(problem)
     if checkpoint is not None or method == "draft_model":
         return checkpoint
     try:
@@ -356,12 +360,18 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
                         for (e, c), info in zip(exports, infos)])
         try:  # a target folder without a loadable tokenizer or chat template, before the vLLM venv is looked for
             load_target_tokenizer(target, chat=True)
-            for export_dir, source, _ in checked[-1]:  # a drafter trained for another target: said, or refused
-                if source is not None and (line := trained_for_problem(source, target, label=str(export_dir))):
+            for (export_dir, source, _), (_, given) in zip(checked[-1], exports):  # trained for another target
+                label = str(given if given is not None else export_dir)  # the folder the user named
+                if source is not None and (line := trained_for_problem(source, target, label=label)):
                     warnings.warn(line, UserWarning, stacklevel=2)
         except (TargetLoadError, DrafterLoadError) as exc:
             raise ServeCheckError(str(exc)) from None
     python = vllm_python(venv)
+    if vllm_on_cpu(python):  # vLLM's CPU attention runs a few head sizes only; it would stop at the first forward
+        for (target, _), exports in zip(groups, checked):
+            for export_dir, _, info in exports:
+                if problem := cpu_attention_refusal(target, export_dir, info["method"]):
+                    raise ServeCheckError(problem)
     plans, jobs = [], []
     for (target, _), exports in zip(groups, checked):
         try:
@@ -406,8 +416,8 @@ def format_report(r: dict) -> str:
         return f"serve-check {r['export']}: vLLM {r['vllm_version']} ({r['method']}, K={r['k']}) failed: {r['error']}"
     c = r["comparison"]
     head = (f"serve-check {r['export']}: vLLM {r['vllm_version']} ({r['method']}, K={r['k']}, {r['vllm']['device']}) "
-            f"vs drafterkit's decoder; {r['benchmark']}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
-            "greedy, fp32")
+            f"vs drafterkit's decoder; {r['benchmark']}, {r['prompts']} prompt{'s' * (r['prompts'] != 1)} x "
+            f"{r['max_new_tokens']} new tokens, greedy, fp32")
     lines = [head, f"  outputs identical       {c['outputs_identical']}/{c['prompts']}",
              f"  draft chains identical  {c['chains_identical']}/{c['chains']}",
              f"  {'(drafterkit convention)':<28} {'tau':<6} {'accept':<7} per position"]
@@ -427,7 +437,7 @@ def format_report(r: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """``drafterkit serve-check``: 0 when outputs and chains match, 1 when they differ, 2 on a usage error
     (message on stderr), 3 when vLLM itself failed (the end of its log on stderr)."""
-    if args.num_prompts < 1 or args.max_new_tokens < 1 or args.k < 1:
+    if args.num_prompts < 1 or args.max_new_tokens < 1 or (args.k is not None and args.k < 1):
         print("drafterkit serve-check: error: --num-prompts, --max-new-tokens and --k must be >= 1", file=sys.stderr)
         return 2
     try:
@@ -436,8 +446,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"drafterkit serve-check: error: {exc}", file=sys.stderr)
         return 2
     try:
+        if args.k is not None and (problem := k_problem(args.export, inspect_export(args.export), args.k)):
+            raise ServeCheckError(problem)  # a K the export cannot draft, refused as `drafterkit eval` does
         (report,) = check_exports([(args.export, args.drafter)], args.target, benchmark=args.benchmark,
-                                  num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
+                                  num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k or 5,
                                   venv=args.venv, device=args.device)
     except ServeCheckError as exc:
         print(f"drafterkit serve-check: error: {exc}", file=sys.stderr)

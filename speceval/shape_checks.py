@@ -191,9 +191,15 @@ def check_k(drafters: list[str], ks: list[int], flag: str = "--k", who: str = "-
         if found is None or max(ks, default=0) <= found[1]:
             continue
         kind, cap = found
-        raise ValueError(f"{flag} {max(ks)}: {who}{spec}: {cap_words(kind, cap)}; give {flag} values up to {cap}"
-                         + ({"--k": f" (without --k its rows use K={cap})"}.get(flag, "") if who == "--drafter " else
-                            f" (without {flag} it tries K up to {cap})"))
+        raise ValueError(cap_refusal(flag, max(ks), f"{who}{spec}", kind, cap,
+                                     {"--k": f" (without --k its rows use K={cap})"}.get(flag, "")
+                                     if who == "--drafter " else f" (without {flag} it tries K up to {cap})"))
+
+
+def cap_refusal(flag: str, k: int, label: str, kind: str, cap: int, default: str = "") -> str:
+    """The line refusing ``flag`` ``k`` for the ``kind`` drafter ``label`` (a spec, a checkpoint or an export) that
+    drafts at most ``cap`` tokens a round (:func:`cap_words`); ``default`` says what runs without the flag."""
+    return f"{flag} {k}: {label}: {cap_words(kind, cap)}; give {flag} values up to {cap}{default}"
 
 
 def check_thresholds(drafters: list[str], thresholds: list[float],
@@ -216,6 +222,6 @@ def check_thresholds(drafters: list[str], thresholds: list[float],
                      f"--draft-threshold, or {fix}")
 
 
-__all__ = ["MODEL_FREE", "base_spec", "chain_only", "check_hf_assisted", "check_k", "check_thresholds",
+__all__ = ["MODEL_FREE", "base_spec", "cap_refusal", "chain_only", "check_hf_assisted", "check_k", "check_thresholds",
            "check_tree_shapes", "check_tune_flags", "checkpoint_kind", "distinct_trees", "draft_cap", "has_hf_path",
            "refuse_trees"]
