@@ -336,10 +336,29 @@ def _hub_id_of_cache(path: Path) -> str | None:
     return None
 
 
+#: the files a target's tokenizer is read from (those present are hashed by :func:`_folder_fingerprint`)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def _tokenizer_bytes(file: Path) -> bytes:
+    """What :func:`_folder_fingerprint` hashes of a tokenizer file: a JSON file's content re-dumped with sorted keys
+    (a re-save that only reorders or re-indents hashes the same), any other file's bytes."""
+    data = file.read_bytes()
+    if file.suffix == ".json":
+        try:
+            return json.dumps(json.loads(data.decode("utf-8-sig")), sort_keys=True).encode()
+        except ValueError:
+            pass
+    return data
+
+
 def _folder_fingerprint(path: Path) -> str | None:
-    """A hash of what a target folder holds: its ``config.json`` (save-time fields left out) and each weight file's
-    name, size and :data:`_SAMPLES` chunks read evenly over it, so a copy of the folder hashes the same and a
-    fine-tune (same shapes, other values) does not. None where there is no readable config."""
+    """A hash of what a target folder holds: its ``config.json`` (save-time fields left out), its tokenizer files
+    (:data:`_TOKENIZER_FILES`: a copy whose tokenizer maps a token to another id is another target, whatever its
+    weights) and each weight file's name, size and :data:`_SAMPLES` chunks read evenly over it, so a copy of the
+    folder hashes the same and a fine-tune (same shapes, other values) does not. None where there is no readable
+    config."""
     import hashlib
 
     try:
@@ -350,6 +369,9 @@ def _folder_fingerprint(path: Path) -> str | None:
         return None
     h = hashlib.sha256(json.dumps({k: v for k, v in config.items() if k not in _SAVE_FIELDS}, sort_keys=True,
                                   default=str).encode())
+    for name in _TOKENIZER_FILES:
+        if (path / name).is_file():
+            h.update(name.encode() + b":" + hashlib.sha256(_tokenizer_bytes(path / name)).digest())
     for file in sorted([*path.glob("*.safetensors"), *path.glob("pytorch_model*.bin")]):
         size = file.stat().st_size
         h.update(f"{file.name}:{size}".encode())
@@ -363,7 +385,7 @@ def _folder_fingerprint(path: Path) -> str | None:
 def same_target(a: str, b: str) -> bool:
     """Whether the target names ``a`` and ``b`` (``"smollm2-135m"``, a local folder, a Hub id) are the same model:
     the same folder once the default alias is resolved and paths are made absolute (``./t``, ``/abs/t`` and a
-    symlink to it agree), two local folders with the same config and weights (a copy), a Hugging Face cache
+    symlink to it agree), two local folders with the same config, tokenizer and weights (a copy), a Hugging Face cache
     snapshot of a Hub id and that id, or two equal Hub ids (case-insensitive, as the Hub). Nothing is loaded: at
     most each weight file is sampled (:func:`_folder_fingerprint`)."""
     if a == b:

@@ -18,13 +18,14 @@ alias naming it and a copy of it are the same target):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
-from drafterkit.assets.target import TargetLoadError, load_target_tokenizer, same_target
+from drafterkit.assets.target import TargetLoadError, load_target_tokenizer, resolve_target_path, same_target
 from drafterkit.drafters import resolve_checkpoint
-from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.base import DrafterLoadError, read_config
 
 #: the kinds that read the target's hidden states (a draft LM reads only token ids: any target sharing its
 #: vocabulary is its target)
@@ -88,8 +89,57 @@ def trained_for_problem(folder: str | Path, target: str, *, label: str | None = 
             f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), whose vocabulary "
             f"differs from target {target}'s ({n} token(s) have other ids), so its draft token ids would name other "
             f"tokens; {fix}")
-    compared = "the same vocabulary" if mine is not None and theirs is not None else \
-        f"a vocabulary not compared ({recorded}'s tokenizer is not available here)"
-    return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), not {target}; both "
-            f"have the same hidden size and layer count and {compared}, so it runs, but it reads features it was "
-            f"not fitted to: right for a fine-tune of {recorded}, otherwise {fix}")
+    shapes = shapes_match(folder, target)
+    if shapes is False:
+        return None  # the target's shape error (drafters.feature_head.check_target_shape) says it all
+    vocab = "the same vocabulary" if mine is not None and theirs is not None else \
+        f"a vocabulary not compared ({(recorded if mine is None else target)}'s tokenizer is not available here)"
+    shape = "the hidden size and layer count the drafter reads" if shapes else \
+        f"hidden size and layer count not compared ({target}'s config.json is not available here)"
+    return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), not {target}; "
+            f"{target} has {shape} and {vocab}, but the drafter reads features it was not fitted to: right for a "
+            f"fine-tune of {recorded}, otherwise {fix}")
+
+
+def shapes_match(folder: str | Path, target: str) -> bool | None:
+    """Whether target ``target``'s ``config.json`` (a local folder or the default alias's) gives the hidden size
+    and decoder layer count the feature-level drafter in ``folder`` records (its ``config.json``'s ``hidden_size``
+    and ``target_num_layers``, :func:`drafters.base.read_config`: what ``drafters.feature_head.check_target_shape``
+    compares once both are loaded); None where either is not readable here (a Hub id, a drafter config without
+    them)."""
+    try:
+        mine = read_config(folder)[1]
+        theirs = json.loads((Path(resolve_target_path(target)).expanduser() / "config.json").read_text())
+    except (DrafterLoadError, OSError, ValueError):
+        return None
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+        return None
+    theirs = theirs.get("text_config", theirs) if isinstance(theirs.get("text_config"), dict) else theirs
+    want = (mine.get("hidden_size"), mine.get("target_num_layers"))
+    got = (theirs.get("hidden_size"), theirs.get("num_hidden_layers"))
+    if None in want or None in got:
+        return None
+    return want == got
+
+
+def target_from_records(folders: dict[str, Path | None], *, flag: str = "--target") -> tuple[str, str] | None:
+    """The target to use when ``flag`` is not given: ``(target, label)``, the target the drafter folders'
+    training recipes record (:func:`trained_target`; ``folders`` maps each drafter's label, such as
+    ``--drafter SPEC``, to its resolved folder or None) and the label of the first drafter recording it; None
+    where none records one (the caller keeps its default target).
+
+    Raises:
+        ValueError: two drafters record different targets (:func:`assets.target.same_target`): one line naming
+            both, asking for ``flag``.
+    """
+    found: tuple[str, str] | None = None
+    for label, folder in folders.items():
+        recorded = trained_target(folder) if folder is not None else None
+        if recorded is None:
+            continue
+        if found is None:
+            found = (recorded, label)
+        elif not same_target(found[0], recorded):
+            raise ValueError(f"{found[1]} was trained for target {found[0]} but {label} for {recorded} (their "
+                             f"recipe.yaml): pass {flag} to say which target to measure them with")
+    return found

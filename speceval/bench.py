@@ -54,7 +54,7 @@ from drafterkit.assets.target import (
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
-from drafterkit.drafters.trained_for import trained_for_problem
+from drafterkit.drafters.trained_for import target_from_records, trained_for_problem
 from drafterkit.drafters.datastore import cached_datastore
 from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
 from drafterkit.drafters.tuned_free import FREE_SPECS
@@ -421,7 +421,9 @@ def command_line(config: dict, *, threads: int | None = None, output: str | Path
 
 def run(args: argparse.Namespace) -> int:
     """``drafterkit eval``: 0 on success, 2 on a usage error (message on stderr). Flags of
-    ``speceval.eval_args.RECORDED`` not given take the values the drafters' ``decoding.json`` records."""
+    ``speceval.eval_args.RECORDED`` not given take the values the drafters' ``decoding.json`` records; ``--target``
+    not given, the target the drafters' training recipe records (``drafters.trained_for.target_from_records``;
+    refused when they record different ones), else the default one."""
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_progress:
@@ -431,6 +433,11 @@ def run(args: argparse.Namespace) -> int:
         if problem := output_problem(args.output):
             raise ValueError(problem)
         cfg = config_from_args(args)
+        if args.target is None and (found := target_from_records({f"--drafter {d}": checkpoint_folder(d)
+                                                                   for d in cfg.drafters})):
+            cfg.target = found[0]  # the target the checkpoint was trained for, not the default one
+            print(f"drafterkit eval: --target {cfg.target} (the target {found[1]} was trained for, its recipe.yaml)",
+                  flush=True)
         check_plots_dir(args.plots_dir, cfg)
         given = {name for name in RECORDED if getattr(args, name) is not None}
         recorded = apply_recorded(cfg, given=given)

@@ -87,7 +87,9 @@ class EvalConfig:
     ``metadata["help"]`` (lists are comma-separated values, ``metadata["action"] == "append"`` a repeatable
     flag, a bool that defaults to True a ``--no-<field>`` switch)."""
 
-    target: str = field(default="smollm2-135m", metadata={"help": "smollm2-135m | local folder | Hub id"})
+    target: str = field(default="smollm2-135m", metadata={"unset": True, "help": (
+        "smollm2-135m | local folder | Hub id (default: the target the --drafter checkpoints' recipe.yaml "
+        "records, else smollm2-135m)")})
     drafters: list[str] = field(default_factory=lambda: ["ngram"], metadata={
         "flag": "--drafter", "action": "append", "metavar": "SPEC",
         "help": " | ".join(f"{form} ({what})" if what else form for form, what in DRAFTER_SPECS) + "; repeatable"})
@@ -278,13 +280,14 @@ def field_flag(f: dataclasses.Field, hint: Any) -> tuple[str, dict]:
     field's name (``no_<name>`` for a ``--no-<name>`` switch)."""
     meta = dict(f.metadata)
     flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
+    unset = meta.pop("unset", False)  # a default the verb works out when the flag is not given (--target)
     default = f.default_factory() if f.default is dataclasses.MISSING else f.default
     kwargs = dict(dest=f.name, **meta)
     if hint is bool:
         if default:
             return "--no-" + flag[2:], dict(kwargs, dest=f"no_{f.name}", action="store_true")
         return flag, dict(kwargs, action="store_true")
-    unset = kwargs.get("action") == "append" or f.name in RECORDED
+    unset = unset or kwargs.get("action") == "append" or f.name in RECORDED
     if unset and "default" not in kwargs["help"]:
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
         kwargs["help"] += f" (default: {shown})"

@@ -37,6 +37,7 @@ import torch
 
 from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import resolve_device
+from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.assets.target import TargetLoadError, load_target
 from drafterkit.decode.dynamic_tree import parse_tree
 from drafterkit.decode.exact import exact_mode
@@ -44,7 +45,7 @@ from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
 from drafterkit.drafters.tuned_free import FREE_SPECS, record_path, write_free_tuned
 from drafterkit.drafters.hybrid import drafts_trees
-from drafterkit.drafters.trained_for import trained_for_problem
+from drafterkit.drafters.trained_for import target_from_records, trained_for_problem
 from drafterkit.drafters.tuned import (
     DECODING_FILE,
     LOOKUP_SUFFIXES,
@@ -347,6 +348,12 @@ def run(args: argparse.Namespace) -> int:
         check_tune_flags(args.checkpoint, args.k, args.trees, args.dynamic, args.thresholds, args.incumbent)
         if args.dtype is None:
             args.dtype = recorded_dtype(args.checkpoint)
+        if args.target is None:  # the target the checkpoint was trained for, else the default one
+            found = target_from_records({f"tune {args.checkpoint}": _folder(args.checkpoint)})
+            args.target = found[0] if found else DEFAULT_TARGET_ALIAS
+            if found:
+                print(f"drafterkit tune: --target {args.target} (the target {args.checkpoint} was trained for, its "
+                      "recipe.yaml)", flush=True)
         rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                    concurrency=args.concurrency, ks=ks, trees=trees, dynamic=dynamic,

@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datastore", default=None,
                    help="the corpus PATH+rest retrieves from (suffix's and PATH+suffix's corpus suffix tree): "
                         "sharegpt or a ShareGPT / chat JSON(L) file (default: sharegpt, as drafterkit eval)")
-    p.add_argument("--target", default="smollm2-135m", help="target model (name or folder)")
+    p.add_argument("--target", default=None,
+                   help="target model (name or folder; default: the target the checkpoint's recipe.yaml records, "
+                        "else smollm2-135m)")
     p.add_argument("--dtype", default=None,
                    help="fp32 | bf16 | fp16 | auto (default: the dtype the drafter's decoding.json records, as "
                         "drafterkit eval uses it, else fp32)")

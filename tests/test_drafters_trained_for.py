@@ -18,15 +18,18 @@ from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 from drafterkit.assets.target import same_target
 from drafterkit.cli import main as cli
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.trained_for import trained_for_problem, trained_target
+from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.trained_for import shapes_match, trained_for_problem, trained_target
 from drafterkit.train.recipe import recipe_from_dict
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """``a`` (the target trained for), ``a-copy`` (a copy of its folder), ``b`` (same family and shapes, other
-    weights: a fine-tune's stand-in), ``c`` (``b`` with two token ids swapped in its tokenizer), ``run`` (a training
-    run whose checkpoints/best holds an EAGLE-3 head for ``a`` and its recipe.yaml), a prompt file."""
+    weights: a fine-tune's stand-in), ``c`` (``b`` with two token ids swapped in its tokenizer), ``a-swapped``
+    (``a``'s weights with ``c``'s tokenizer), ``wide`` (another hidden size), ``run`` (a training run whose
+    checkpoints/best holds an EAGLE-3 head for ``a`` and its recipe.yaml), ``run-b`` (the same head, its recipe
+    naming ``b``), a prompt file."""
     root = tmp_path_factory.mktemp("trained-for")
     model, _ = save_family("llama3", root / "a")
     save_family("llama3", root / "b", seed=1)
@@ -37,6 +40,9 @@ def world(tmp_path_factory):
     x, y = [t for t, i in vocab.items() if i in (10, 11)]
     vocab[x], vocab[y] = vocab[y], vocab[x]
     (root / "c" / "tokenizer.json").write_text(json.dumps(tok))
+    shutil.copytree(root / "a", root / "a-swapped")  # a's weights, c's swapped token ids
+    shutil.copy(root / "c" / "tokenizer.json", root / "a-swapped" / "tokenizer.json")
+    save_family("llama3", root / "wide", hidden_size=32)  # another hidden size: the head cannot read it
     recipe = recipe_from_dict({"output_dir": str(root / "run"), "target": {"name_or_path": str(root / "a")},
                                "drafter": {"kind": "eagle3", "options": {"draft_vocab_size": 64}}})
     torch.manual_seed(0)
@@ -45,6 +51,9 @@ def world(tmp_path_factory):
     best = root / "run" / "checkpoints" / "best"
     head.save_pretrained(best / "drafter")
     recipe.save(best)
+    shutil.copytree(root / "run", root / "run-b")
+    recipe_b = root / "run-b" / "checkpoints" / "best" / "recipe.yaml"
+    recipe_b.write_text(recipe_b.read_text().replace(str(root / "a"), str(root / "b")))
     (root / "p.jsonl").write_text(json.dumps({"prompt": "hello world"}) + "\n")
     return root
 
@@ -146,3 +155,62 @@ def test_the_quickstart_refuses_another_target(world, capsys):
     assert err.startswith(f"drafterkit quickstart: error: target.name_or_path {world / 'b'}: the quickstart trains "
                           "and measures a drafter for the default target") and len(err.splitlines()) == 1
     assert not (world / "qs").exists()
+
+
+def test_a_copy_with_another_tokenizer_is_another_target(world, capsys):
+    """Same config and weights, two token ids swapped in tokenizer.json: not the same target, so the vocabulary
+    check runs and refuses it (it used to pass as a copy of ``a``)."""
+    assert not same_target(str(world / "a-swapped"), str(world / "a"))
+    with pytest.raises(DrafterLoadError, match="whose vocabulary differs"):
+        trained_for_problem(world / "run", str(world / "a-swapped"))
+    capsys.readouterr()
+    assert cli(_eval(world, str(world / "a-swapped"))) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("drafterkit eval: error: ") and "2 token(s) have other ids" in err
+
+
+def test_eval_and_tune_without_target_use_the_recorded_one(world, capsys):
+    """No --target: the target the checkpoint's recipe.yaml records, said in one line, not the default one."""
+    argv = _eval(world, "x")
+    del argv[1:3]  # no --target
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(argv) == 0
+    out = capsys.readouterr().out
+    assert f"drafterkit eval: --target {world / 'a'} (the target --drafter {world / 'run'} was trained for" in out
+    assert _trained_for_lines(caught) == []
+    assert json.loads((world / "out.json").read_text())["config"]["target"] == str(world / "a")
+    assert cli(["tune", str(world / "run"), "--benchmark", str(world / "p.jsonl"), "--num-prompts", "1",
+                "--max-new-tokens", "4", "--k", "2", "--tree", "2,1", "--dynamic", "", "--draft-threshold", "0",
+                "--incumbent", "none", "--concurrency", "1", "--no-write", "--no-progress", "--device", "cpu"]) == 0
+    assert f"drafterkit tune: --target {world / 'a'} (the target {world / 'run'} was trained for" in \
+        capsys.readouterr().out
+
+
+def test_drafters_recording_different_targets_need_a_target(world, capsys):
+    argv = _eval(world, "x")
+    del argv[1:3]
+    argv += ["--drafter", str(world / "run-b")]
+    capsys.readouterr()
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"drafterkit eval: error: --drafter {world / 'run'} was trained for target {world / 'a'} but "
+                   f"--drafter {world / 'run-b'} for {world / 'b'} (their recipe.yaml): pass --target to say which "
+                   "target to measure them with")
+
+
+def test_a_target_of_another_shape_gets_the_shape_error_alone(world, capsys):
+    """The warning said "both have the same hidden size and layer count ... so it runs" before the shape error that
+    contradicted it; now the shape error stands alone."""
+    assert shapes_match(world / "run" / "checkpoints" / "best" / "drafter", str(world / "wide")) is False
+    assert trained_for_problem(world / "run", str(world / "wide")) is None
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(_eval(world, str(world / "wide"))) == 2
+    assert _trained_for_lines(caught) == []
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("drafterkit eval: error: ") and "hidden 32" in err and len(err.splitlines()) == 1
+    line = trained_for_problem(world / "run", str(world / "b"))
+    assert f"{world / 'b'} has the hidden size and layer count the drafter reads" in line and "so it runs" not in line

@@ -403,7 +403,7 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         text = capsys.readouterr().out
         if verb == "eval":
             for shown in ("computes it natively, else fp32) (default: fp32)", "prompts measured (default: 8)",
-                          "(default: smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
+                          "records, else smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
                           "(default: sharegpt;", "left out, their rows use that bound) (default: 5)",
                           "--no-exact", "decoder's exact mode (decode.exact_mode, on by default here"):
                 assert shown in text
