@@ -10,6 +10,7 @@ kind from ``config.json`` and loads strictly. ``eval`` and ``export`` use the sa
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from drafterkit.assets.target import safetensors_problem, weights_problem
 from drafterkit.drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
 from drafterkit.drafters.draft_lm import DraftLM, check_vocab_match
 from drafterkit.drafters.kinds import KINDS, Kind
+from drafterkit.drafters.target_record import drafter_problem
 from drafterkit.drafters.tuned import has_tuned, read_tuned
 
 TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
@@ -167,7 +169,7 @@ def load_transformers_drafter(path: str | Path, target=None):
     return DraftLM.from_model(model).eval()
 
 
-def load_drafter(path: str | Path, target=None) -> Drafter:
+def load_drafter(path: str | Path, target=None, *, trained_for: bool = True) -> Drafter:
     """Load a drafter from ``path`` (anything :func:`resolve_checkpoint` accepts, including a plain
     transformers causal-LM folder, loaded as an independent draft model); ``target`` supplies
     modules borrowed from it, and the drafter takes its device and floating dtype (measured: an
@@ -176,12 +178,21 @@ def load_drafter(path: str | Path, target=None) -> Drafter:
     ``tuned_decoding`` (``{"tree", "k", "draft_threshold", ...}`` or None) and ``tuned_note`` (why):
     ``decode.generate(..., tree="auto")`` uses it (:mod:`drafters.tuned`).
 
+    With ``trained_for`` (the default) and a ``target`` loaded from a folder or Hub id (its ``name_or_path``),
+    a feature-level head whose training recipe records another target gets the warning line the CLI prints
+    (``warnings.warn``, ``UserWarning``; :func:`drafters.target_record.drafter_problem`); the CLI's verbs, which
+    said it before loading, pass False.
+
     Raises:
         DrafterLoadError: ``path`` holds no drafter (the message says what it holds), is a
             ``drafterkit export`` folder (the message says which checkpoint to load instead), a torn
-            or partial weights file, or a tensor mismatch.
+            or partial weights file, a tensor mismatch, or (``trained_for``) a head trained for a target whose
+            tokenizer maps tokens to other ids than ``target``'s.
     """
     folder, kind = resolve_checkpoint(path, allow_transformers=True)
+    name = getattr(target, "name_or_path", None) if trained_for else None
+    if name and (line := drafter_problem(folder, kind, str(name), flag="a target loaded from")):
+        warnings.warn(line, UserWarning, stacklevel=2)
     if kind == TRANSFORMERS_KIND:
         return attach_tuned(load_transformers_drafter(folder, target), folder, target)
     if problem := safetensors_problem(folder / "model.safetensors"):

@@ -1,74 +1,23 @@
-"""The target a trained drafter was trained for, and what every command says when it is given another.
-
-A feature-level head (EAGLE, EAGLE-3, P-EAGLE, Medusa, DFlash) reads the target's hidden states: loaded next to
-another target of the same hidden size and layer count it runs (``drafters.feature_head.check_target_shape``
-compares only shapes), and decodes exactly, but drafts from features it was never fitted to. The training
-checkpoint around the drafter folder records its target (``recipe.yaml``'s ``target.name_or_path``);
-:func:`trained_for_problem` compares it with the target given (:func:`assets.target.same_target`: a folder, the
-alias naming it and a copy of it are the same target):
-
-* the same target, or no record (a bare drafter folder): nothing to say;
-* another target whose tokenizer maps some token to another id: refused (``DrafterLoadError``), since the
-  head's draft token ids would name other tokens (the DESIGN's contract: a drafter whose vocabulary cannot match
-  the target is refused before any token is generated);
-* another target with the same vocabulary: a warning line naming both and the fix. Not an error, since a
-  fine-tuned sibling of the trained target is a legitimate use (the acceptance then measures how far its
-  features moved).
-"""
+"""What every command says when a drafter checkpoint is used with another target than the one it was trained for:
+:func:`trained_for_problem` resolves the checkpoint path (``drafters.resolve_checkpoint``) and asks
+:func:`drafters.target_record.drafter_problem` (the rules, and the record read, are described there)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
-
-from drafterkit.assets.target import TargetLoadError, load_target_tokenizer, resolve_target_path, same_target
 from drafterkit.drafters import resolve_checkpoint
-from drafterkit.drafters.base import DrafterLoadError, read_config
-
-#: the kinds that read the target's hidden states (a draft LM reads only token ids: any target sharing its
-#: vocabulary is its target)
-FEATURE_KINDS = ("eagle", "eagle3", "peagle", "medusa", "dflash")
-
-
-def trained_target(folder: str | Path) -> str | None:
-    """The target the drafter folder ``folder`` was trained for: ``target.name_or_path`` of the ``recipe.yaml``
-    of the training checkpoint holding it (``.../checkpoints/<name>/drafter``), or None (a bare drafter folder,
-    or an unreadable recipe)."""
-    folder = Path(folder)
-    if folder.name != "drafter":
-        return None
-    try:
-        recipe = yaml.safe_load((folder.parent / "recipe.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    target = recipe.get("target") if isinstance(recipe, dict) else None
-    name = target.get("name_or_path") if isinstance(target, dict) else None
-    return str(name) if name else None
-
-
-def _tokenizer(name: str):
-    """The tokenizer of target ``name``, or None where it cannot be loaded here (a Hub id offline, a folder gone)."""
-    try:
-        return load_target_tokenizer(name)
-    except (TargetLoadError, OSError, ValueError):
-        return None
-
-
-def vocabulary_difference(a, b) -> int:
-    """How many tokens of tokenizer ``a`` have another id in tokenizer ``b`` (or none there), plus how many more
-    tokens ``b`` holds; 0 when both map every token text to the same id."""
-    va, vb = a.get_vocab(), b.get_vocab()
-    return sum(1 for t, i in va.items() if vb.get(t) != i) + max(0, len(vb) - len(va))
+from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.target_record import (FEATURE_KINDS, drafter_problem, shapes_match, target_from_records,
+                                               trained_target, vocabulary_difference)
 
 
 def trained_for_problem(folder: str | Path, target: str, *, label: str | None = None,
                         flag: str = "--target") -> str | None:
-    """The warning line for the drafter checkpoint ``folder`` (resolved by ``drafters.resolve_checkpoint``) used with
-    ``target`` (a name, folder or Hub id, as
-    ``flag`` gave it), or None: not a feature-level kind, no recorded target, or the same target
-    (:func:`assets.target.same_target`). ``label`` names the drafter in the line (default: the folder).
+    """The warning line for the drafter checkpoint ``folder`` (anything ``drafters.resolve_checkpoint`` accepts)
+    used with ``target`` (a name, folder or Hub id, as ``flag`` gave it), or None (see
+    :func:`drafters.target_record.drafter_problem`; also None for a path holding no drafter: loading it reports
+    that). ``label`` names the drafter in the line (default: the resolved folder).
 
     Raises:
         DrafterLoadError: the recorded target's tokenizer maps tokens to other ids than ``target``'s (both
@@ -78,68 +27,8 @@ def trained_for_problem(folder: str | Path, target: str, *, label: str | None = 
         folder, kind = resolve_checkpoint(folder)
     except DrafterLoadError:
         return None  # loading the drafter reports it
-    recorded = trained_target(folder)
-    if kind not in FEATURE_KINDS or recorded is None or same_target(recorded, target):
-        return None
-    label = label or str(folder)
-    fix = f"pass {flag} {recorded}, or train a drafter for {target}"
-    mine, theirs = _tokenizer(recorded), _tokenizer(target)
-    if mine is not None and theirs is not None and (n := vocabulary_difference(mine, theirs)):
-        raise DrafterLoadError(
-            f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), whose vocabulary "
-            f"differs from target {target}'s ({n} token(s) have other ids), so its draft token ids would name other "
-            f"tokens; {fix}")
-    shapes = shapes_match(folder, target)
-    if shapes is False:
-        return None  # the target's shape error (drafters.feature_head.check_target_shape) says it all
-    vocab = "the same vocabulary" if mine is not None and theirs is not None else \
-        f"a vocabulary not compared ({(recorded if mine is None else target)}'s tokenizer is not available here)"
-    shape = "the hidden size and layer count the drafter reads" if shapes else \
-        f"hidden size and layer count not compared ({target}'s config.json is not available here)"
-    return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), not {target}; "
-            f"{target} has {shape} and {vocab}, but the drafter reads features it was not fitted to: right for a "
-            f"fine-tune of {recorded}, otherwise {fix}")
+    return drafter_problem(folder, kind, target, label=label, flag=flag)
 
 
-def shapes_match(folder: str | Path, target: str) -> bool | None:
-    """Whether target ``target``'s ``config.json`` (a local folder or the default alias's) gives the hidden size
-    and decoder layer count the feature-level drafter in ``folder`` records (its ``config.json``'s ``hidden_size``
-    and ``target_num_layers``, :func:`drafters.base.read_config`: what ``drafters.feature_head.check_target_shape``
-    compares once both are loaded); None where either is not readable here (a Hub id, a drafter config without
-    them)."""
-    try:
-        mine = read_config(folder)[1]
-        theirs = json.loads((Path(resolve_target_path(target)).expanduser() / "config.json").read_text())
-    except (DrafterLoadError, OSError, ValueError):
-        return None
-    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
-        return None
-    theirs = theirs.get("text_config", theirs) if isinstance(theirs.get("text_config"), dict) else theirs
-    want = (mine.get("hidden_size"), mine.get("target_num_layers"))
-    got = (theirs.get("hidden_size"), theirs.get("num_hidden_layers"))
-    if None in want or None in got:
-        return None
-    return want == got
-
-
-def target_from_records(folders: dict[str, Path | None], *, flag: str = "--target") -> tuple[str, str] | None:
-    """The target to use when ``flag`` is not given: ``(target, label)``, the target the drafter folders'
-    training recipes record (:func:`trained_target`; ``folders`` maps each drafter's label, such as
-    ``--drafter SPEC``, to its resolved folder or None) and the label of the first drafter recording it; None
-    where none records one (the caller keeps its default target).
-
-    Raises:
-        ValueError: two drafters record different targets (:func:`assets.target.same_target`): one line naming
-            both, asking for ``flag``.
-    """
-    found: tuple[str, str] | None = None
-    for label, folder in folders.items():
-        recorded = trained_target(folder) if folder is not None else None
-        if recorded is None:
-            continue
-        if found is None:
-            found = (recorded, label)
-        elif not same_target(found[0], recorded):
-            raise ValueError(f"{found[1]} was trained for target {found[0]} but {label} for {recorded} (their "
-                             f"recipe.yaml): pass {flag} to say which target to measure them with")
-    return found
+__all__ = ["FEATURE_KINDS", "shapes_match", "target_from_records", "trained_for_problem", "trained_target",
+           "vocabulary_difference"]

@@ -234,7 +234,8 @@ def _assistant_kwargs(d) -> dict:
 def _load_checkpoint(spec: str, target, flag: str = "--drafter") -> DrafterSpec:
     path, kind = resolve_checkpoint(spec, allow_transformers=True)  # checked by check_drafter_spec
     try:
-        d = load_drafter(path, target=target)  # a transformers folder: vocabulary checked against target
+        # a transformers folder: vocabulary checked against target; another trained-for target: said by the verb
+        d = load_drafter(path, target=target, trained_for=False)
     except ValueError as exc:
         raise ValueError(f"{flag} {spec}: {exc}") from None
     p = next(target.parameters())

@@ -172,7 +172,7 @@ def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | No
     """
     checkpoint = source_checkpoint(export_dir, method, checkpoint)
     try:
-        drafter = (load_drafter(checkpoint, target=target) if checkpoint is not None
+        drafter = (load_drafter(checkpoint, target=target, trained_for=False) if checkpoint is not None
                    else load_transformers_drafter(export_dir, target))
     except (DrafterLoadError, ValueError) as exc:
         raise ServeCheckError(f"--drafter {checkpoint or export_dir}: {exc}") from None

@@ -18,6 +18,7 @@ from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 from drafterkit.assets.target import same_target
 from drafterkit.cli import main as cli
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters import load_drafter
 from drafterkit.drafters.base import DrafterLoadError
 from drafterkit.drafters.trained_for import shapes_match, trained_for_problem, trained_target
 from drafterkit.train.recipe import recipe_from_dict
@@ -214,3 +215,23 @@ def test_a_target_of_another_shape_gets_the_shape_error_alone(world, capsys):
     assert err.startswith("drafterkit eval: error: ") and "hidden 32" in err and len(err.splitlines()) == 1
     line = trained_for_problem(world / "run", str(world / "b"))
     assert f"{world / 'b'} has the hidden size and layer count the drafter reads" in line and "so it runs" not in line
+
+
+def test_load_drafter_warns_as_the_cli_does(world):
+    """The Python API says what the CLI says: a head loaded next to another target than its recipe records."""
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(world / "b")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_drafter(world / "run", target=other)
+    lines = _trained_for_lines(caught)
+    assert len(lines) == 1 and lines[0].startswith(f"{world / 'run' / 'checkpoints' / 'best' / 'drafter'}: this "
+                                                   f"eagle3 drafter was trained for target {world / 'a'}")
+    assert f"pass a target loaded from {world / 'a'}" in lines[0]
+    same = AutoModelForCausalLM.from_pretrained(world / "a-copy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_drafter(world / "run", target=same)
+        load_drafter(world / "run", target=other, trained_for=False)
+    assert _trained_for_lines(caught) == []
