@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from families import save_family
+from families import build_family, save_family
 
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 from drafterkit.assets.target import same_target
@@ -20,6 +20,7 @@ from drafterkit.cli import main as cli
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters import load_drafter
 from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.trained_for import shapes_match, trained_for_problem, trained_target
 from drafterkit.train.recipe import recipe_from_dict
 
@@ -30,7 +31,7 @@ def world(tmp_path_factory):
     weights: a fine-tune's stand-in), ``c`` (``b`` with two token ids swapped in its tokenizer), ``a-swapped``
     (``a``'s weights with ``c``'s tokenizer), ``wide`` (another hidden size), ``run`` (a training run whose
     checkpoints/best holds an EAGLE-3 head for ``a`` and its recipe.yaml), ``run-b`` (the same head, its recipe
-    naming ``b``), a prompt file."""
+    naming ``b``), ``lm-run`` (a draft LM trained for ``b``), a prompt file."""
     root = tmp_path_factory.mktemp("trained-for")
     model, _ = save_family("llama3", root / "a")
     save_family("llama3", root / "b", seed=1)
@@ -52,6 +53,10 @@ def world(tmp_path_factory):
     best = root / "run" / "checkpoints" / "best"
     head.save_pretrained(best / "drafter")
     recipe.save(best)
+    lm_best = root / "lm-run" / "checkpoints" / "best"  # a draft LM trained for b (reads token ids only)
+    DraftLM.from_target(build_family("llama3", seed=1)[0], num_layers=1).save_pretrained(lm_best / "drafter")
+    recipe_from_dict({"output_dir": str(root / "lm-run"), "target": {"name_or_path": str(root / "b")},
+                      "drafter": {"kind": "draft_lm"}}).save(lm_best)
     shutil.copytree(root / "run", root / "run-b")
     recipe_b = root / "run-b" / "checkpoints" / "best" / "recipe.yaml"
     recipe_b.write_text(recipe_b.read_text().replace(str(root / "a"), str(root / "b")))
@@ -187,6 +192,11 @@ def test_eval_and_tune_without_target_use_the_recorded_one(world, capsys):
                 "--incumbent", "none", "--concurrency", "1", "--no-write", "--no-progress", "--device", "cpu"]) == 0
     assert f"drafterkit tune: --target {world / 'a'} (the target {world / 'run'} was trained for" in \
         capsys.readouterr().out
+    argv[argv.index("--drafter") + 1] = str(world / "lm-run")  # a draft LM: its recorded target too
+    assert cli(argv) == 0
+    out = capsys.readouterr().out
+    assert f"drafterkit eval: --target {world / 'b'} (the target --drafter {world / 'lm-run'} was trained" in out
+    assert json.loads((world / "out.json").read_text())["config"]["target"] == str(world / "b")
 
 
 def test_drafters_recording_different_targets_need_a_target(world, capsys):
