@@ -67,6 +67,19 @@ def _drafterkit_env_is_left_as_found():
                     "them in a finally block", pytrace=False)
 
 
+def require_vllm_python() -> str:
+    """vLLM's venv python (``scripts/vllm-venv.sh``) for the tests that run real vLLM: they skip without it, except
+    where ``DRAFTERKIT_REQUIRE_VLLM=1`` (CI) makes its absence a failure, so a green CI means they ran."""
+    from drafterkit.speceval import serving
+
+    try:
+        return serving.vllm_python()
+    except serving.ServeCheckError as exc:
+        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
+            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
+        pytest.skip(str(exc))
+
+
 def pytest_configure(config):
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.drafters import DrafterLoadError, load_drafter
 from drafterkit.drafters.ngram import NGramConfig, NGramDrafter, lookup
-from drafterkit.speceval import serving
+from conftest import require_vllm_python
 
 
 def test_lookup_prefers_longest_then_earliest_match():
@@ -104,12 +104,7 @@ print(json.dumps([find(np.array(c["tokens"], dtype=np.int32), c["min_n"], c["max
 def test_lookup_equals_vllm_ngram_method():
     """The same draft as vLLM's ``ngram`` method (its own function, run in the vLLM venv) on random rows over a
     4-token vocabulary (many matches, ties between occurrences) and repetition loops, for several n ranges."""
-    try:
-        python = serving.vllm_python()
-    except serving.ServeCheckError as exc:
-        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
-        pytest.skip(str(exc))
+    python = require_vllm_python()
     rng = random.Random(0)
     rows = [[rng.randrange(4) for _ in range(rng.randrange(1, 40))] for _ in range(300)]
     rows += [[rng.randrange(9)] + [1, 2, 3][:p] * 8 for p in (1, 2, 3) for _ in range(10)]

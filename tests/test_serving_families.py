@@ -27,6 +27,7 @@ from families import FAMILIES, build_family, family_prompts
 
 from drafterkit.drafters.export import export
 from drafterkit.speceval import serving
+from conftest import require_vllm_python
 
 pytestmark = [pytest.mark.matrix, pytest.mark.serving, pytest.mark.slow]
 
@@ -96,12 +97,7 @@ def served(request, tmp_path_factory):
     process."""
     selected = {(i.callspec.params["family"], i.callspec.params["fmt"]) for i in request.session.items
                 if getattr(i, "originalname", None) == "test_serves"}
-    try:
-        serving.vllm_python()
-    except serving.ServeCheckError as exc:
-        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
-        pytest.skip(str(exc))
+    require_vllm_python()
     root = tmp_path_factory.mktemp("serving-families")
     groups, cells, prompts = [], [], {}
     for family in FAMILIES:

@@ -8,7 +8,6 @@ MT-bench prompts x 32 new tokens, and skips where that venv is absent. The other
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from drafterkit.speceval.prompts import select_prompts
 from drafterkit.cli import main as cli
 from drafterkit.train.recipe import recipe_from_dict
 from drafterkit.train.strategies import get_strategy
+from conftest import require_vllm_python
 
 
 def test_counters_convert_to_our_per_position_convention():
@@ -159,12 +159,7 @@ def test_a_peagle_export_is_served_as_eagle3_with_parallel_drafting(tmp_path):
 def vllm_python():
     """vLLM's venv; the parity tests skip without it, except where ``DRAFTERKIT_REQUIRE_VLLM=1`` (CI) makes
     its absence a failure, so a green CI means they ran."""
-    try:
-        return serving.vllm_python()
-    except serving.ServeCheckError as exc:
-        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
-        pytest.skip(str(exc))
+    return require_vllm_python()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from drafterkit.assets.pinned import default_target_dir, home
 from drafterkit.decode.protocol import DecodeState
 from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter
-from drafterkit.speceval import serving
+from conftest import require_vllm_python
 
 TEXTS = ["Write a Python function that returns the list of prime numbers below n, then explain it.",
          "List five tips for a healthy morning routine, each with a one-line reason.",
@@ -29,12 +29,7 @@ TEXTS = ["Write a Python function that returns the list of prime numbers below n
 @pytest.fixture(scope="module")
 def vllm_python():
     """vLLM's venv python (skips without it, fails where ``DRAFTERKIT_REQUIRE_VLLM=1``, as the serving tests)."""
-    try:
-        return serving.vllm_python()
-    except serving.ServeCheckError as exc:
-        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
-        pytest.skip(str(exc))
+    return require_vllm_python()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ attention takes no head size 16) and skips without the vLLM venv (``scripts/vllm
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from drafterkit.drafters.export import export
 from drafterkit.drafters.vllm_registry import NATIVE_ARCHITECTURES
 from drafterkit.drafters.vllm_support import EAGLE3_TARGET_ARCHITECTURES, eagle3_serve_problem, vllm_model_class
 from drafterkit.speceval import serving
+from conftest import require_vllm_python
 
 #: a tiny SmolLM3 (2 heads of 64, 1 KV head, 4 layers) with the shared tiny tokenizer's vocabulary
 SMOLLM3 = {"vocab_size": VOCAB, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 4,
@@ -83,12 +83,7 @@ def test_serve_check_does_not_refuse_a_smollm3_target(tmp_path, capsys, kind):
 def test_vllm_serves_an_eagle3_export_next_to_a_smollm3_target(tmp_path):
     """vLLM 0.32 loads the EAGLE-3 export next to a SmolLM3 target through its Transformers backend and drafts
     as drafterkit does (same outputs and draft chains on 2 prompts x 8 new tokens)."""
-    try:
-        serving.vllm_python()
-    except serving.ServeCheckError as exc:
-        if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
-        pytest.skip(str(exc))
+    require_vllm_python()
     folder = tmp_path / "smollm3"
     out = _export("eagle3", _save_smollm3(folder), tmp_path)
     before = torch.get_num_threads()
