@@ -353,6 +353,15 @@ def _tokenizer_bytes(file: Path) -> bytes:
     return data
 
 
+def read_config_dict(path: Path) -> dict | None:
+    """``path/config.json`` as a dict, or None where it is missing, unreadable, not JSON or not a JSON object."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def _folder_fingerprint(path: Path) -> str | None:
     """A hash of what a target folder holds: its ``config.json`` (save-time fields left out), its tokenizer files
     (:data:`_TOKENIZER_FILES`: a copy whose tokenizer maps a token to another id is another target, whatever its
@@ -361,11 +370,8 @@ def _folder_fingerprint(path: Path) -> str | None:
     config."""
     import hashlib
 
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = read_config_dict(path)
+    if config is None:
         return None
     h = hashlib.sha256(json.dumps({k: v for k, v in config.items() if k not in _SAVE_FIELDS}, sort_keys=True,
                                   default=str).encode())

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from drafterkit.assets.target import safetensors_problem, weights_problem
+from drafterkit.assets.target import read_config_dict, safetensors_problem, weights_problem
 from drafterkit.drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
 from drafterkit.drafters.draft_lm import DraftLM, check_vocab_match
 from drafterkit.drafters.kinds import KINDS, Kind
@@ -35,14 +35,6 @@ def get_kind(kind: str) -> type[Drafter]:
     return KINDS[kind].drafter_class()
 
 
-def _read_config_dict(path: Path) -> dict | None:
-    try:
-        data = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _has_hf_weights(path: Path) -> bool:
     return any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")) or \
         any(path.glob("pytorch_model*.bin"))
@@ -51,7 +43,7 @@ def _has_hf_weights(path: Path) -> bool:
 def _folder_kind(path: Path) -> str | None:
     """``kind`` of a drafterkit drafter folder, :data:`TRANSFORMERS_KIND` for a transformers model
     folder (``config.json`` with ``model_type``, weights present), else ``None``."""
-    data = _read_config_dict(path) if path.is_dir() else None
+    data = read_config_dict(path) if path.is_dir() else None
     if data is None:
         return None
     if "kind" in data:
@@ -72,7 +64,7 @@ def _export_format(data: dict) -> str:
 def export_error(path: Path) -> DrafterLoadError:
     """The error for a folder written by ``drafterkit export`` (serving-engine layout): it names the
     format and points at the training checkpoint the export came from."""
-    fmt = _export_format(_read_config_dict(path) or {"drafterkit": {}})
+    fmt = _export_format(read_config_dict(path) or {"drafterkit": {}})
     head = (f"{path} is a {fmt} export (written by `drafterkit export --format {fmt}` for serving engines such "
             "as vLLM and SGLang, with their tensor names), not a drafter checkpoint drafterkit loads. ")
     try:

@@ -27,7 +27,6 @@ draft LM (Mistral, Gemma-2/3, gpt-oss) gets its window in the 4-D masks instead 
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ import torch
 from transformers import DynamicCache
 
 from drafterkit import decode
+from drafterkit.assets.target import read_config_dict
 from drafterkit.drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
 from drafterkit.drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
 from drafterkit.train import losses
@@ -202,11 +202,8 @@ class DraftLMStrategy:
         a missing one, one with a config.json but no weights (``None``: its own message says it best)."""
         if not path.exists():
             return f"{path} does not exist; {wanted}"
-        try:
-            config = json.loads((path / "config.json").read_text(encoding="utf-8-sig"))
-        except (OSError, ValueError):
-            return None
-        if not isinstance(config, dict):
+        config = read_config_dict(path)
+        if config is None:
             return None
         if "kind" in config and not (path / "model.safetensors").is_file():
             return (f"{path} holds a drafterkit {config['kind']} config.json but no model.safetensors (an interrupted "
