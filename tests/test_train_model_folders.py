@@ -69,6 +69,10 @@ def _write_broken_folders(root: Path, target, tok) -> None:
     other_vocab = tiny_llama(2, vocab_size=128, hidden_size=32, layers=1)
     other_vocab.save_pretrained(root / "hf-vocab128")
     DraftLM.from_model(other_vocab).save_pretrained(root / "draft-vocab128")
+    padded = tiny_llama(3, vocab_size=VOCAB + 64, hidden_size=32, layers=1)  # within decoding's padding allowance
+    padded.config.eos_token_id = tok.eos_token_id
+    padded.save_pretrained(root / "hf-vocab+64")
+    DraftLM.from_model(padded).save_pretrained(root / "draft-vocab+64")
     draft = DraftLM.from_target(target, 1)
     draft.save_pretrained(root / "draft-good")
     draft.save_pretrained(root / "draft-torn")
@@ -114,8 +118,6 @@ CHECKPOINT_CASES = [
     ("eagle", "is a eagle checkpoint, init: checkpoint needs a draft_lm checkpoint"),
     ("eagle3", "is a eagle3 checkpoint, init: checkpoint needs a draft_lm checkpoint"),
     ("run-eagle3", "is a eagle3 checkpoint"),
-    ("hf-vocab128", "has a vocabulary of 128 tokens but the target has 49152"),
-    ("draft-vocab128", "has a vocabulary of 128 tokens but the target has 49152"),
     ("hf-torn", "has model.safetensors, which is torn or partial (its header describes"),
     ("draft-torn", "model.safetensors is torn or partial (its header describes"),
 ]
@@ -129,6 +131,38 @@ def test_a_broken_draft_checkpoint_is_a_one_line_cli_error(world, tmp_path, caps
     assert rc == 2
     assert "drafter.options.checkpoint" in line and str(world / case) in line and says in line, line
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any training
+
+
+VOCAB_CASES = [("hf-vocab128", 128), ("draft-vocab128", 128), ("hf-vocab+64", VOCAB + 64),
+               ("draft-vocab+64", VOCAB + 64)]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("case, size", VOCAB_CASES, ids=[c for c, _ in VOCAB_CASES])
+def test_a_checkpoint_of_another_vocabulary_is_refused_when_the_recipe_is_validated(world, tmp_path, capsys, case,
+                                                                                     size, lora):
+    # Training compares the drafter's distribution with the target's over the whole vocabulary, so even the
+    # LM-head padding rows decoding tolerates (64 here) are refused, before the target loads.
+    from drafterkit.train.recipe import RecipeError, load_recipe
+
+    says = (f"drafter.options.checkpoint: {world / case} has a vocabulary of {size} tokens but the target has "
+            f"{VOCAB}: a draft LM trains on the target's distribution over its whole vocabulary")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(world / "recipe.yaml", _checkpoint(world / case, lora))
+    assert says in str(exc.value) and "init=truncated" in str(exc.value)
+    rc, err = _train(world, tmp_path, capsys, *_checkpoint(world / case, lora))
+    assert rc == 2 and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_hub_target_gets_the_same_vocabulary_refusal_from_the_loaded_models(world):
+    # A target whose config is not local is checked by the build, on the loaded models, with the same line.
+    from drafterkit.assets.target import load_target
+    from drafterkit.train.strategies.draft_lm import DraftLMStrategy
+
+    target, _ = load_target(str(world / "target"))
+    with pytest.raises(ValueError, match=rf"has a vocabulary of {VOCAB + 64} tokens but the target has {VOCAB}:"):
+        DraftLMStrategy._from_checkpoint(str(world / "hf-vocab+64"), target)
 
 
 TARGET_CASES = [

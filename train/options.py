@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
+from drafterkit.train.local_target import local_config, local_layer_count, meta_target, vocab_size
 
 
 def _drafters(module: str, name: str) -> Callable:
@@ -327,51 +327,48 @@ def draft_vocab_for(options: Any, vocab_size: int) -> int:
 
 def _check_local_draft_vocab(recipe: Any, options: Any) -> None:
     """:func:`draft_vocab_refusal` against the target's config when local files alone give it."""
-    config = local_config(recipe.target.name_or_path)
-    text = config.get_text_config() if config is not None else None
-    if why := draft_vocab_refusal(options, getattr(text, "vocab_size", None)):
+    if why := draft_vocab_refusal(options, vocab_size(local_config(recipe.target.name_or_path))):
         raise ValueError(why)
 
 
-def local_layer_count(name_or_path: str) -> int | None:
-    """The target's ``num_hidden_layers`` when local files alone give its config (a folder, the default
-    target once built, a Hub id in the local Hugging Face cache), else None: never downloads, converts or
-    loads weights, so a recipe can be checked before any model loads."""
-    config = local_config(name_or_path)
-    n = getattr(config, "num_hidden_layers", None) if config is not None else None
-    return int(n) if n is not None else None
+def draft_lm_vocab_refusal(folder: Any, draft_vocab: int | None, target_vocab: int | None) -> str | None:
+    """Why the draft LM in ``folder`` (``drafter.options.checkpoint``), of ``draft_vocab`` tokens, cannot train
+    against a target of ``target_vocab`` tokens (one line naming both sizes and the fix), or None (equal, or a
+    size unknown). Training compares the drafter's next-token distribution with the target's over the whole
+    vocabulary (``train/losses.py``), so the sizes must be equal: decoding's allowance for LM-head padding rows
+    (``decode.draft_model.check_vocab_match``) does not apply."""
+    if draft_vocab is None or target_vocab is None or draft_vocab == target_vocab:
+        return None
+    return (f"drafter.options.checkpoint: {folder} has a vocabulary of {draft_vocab} tokens but the target has "
+            f"{target_vocab}: a draft LM trains on the target's distribution over its whole vocabulary, so the two "
+            "must be equal; start from a checkpoint with the target's tokenizer and vocab_size, or set "
+            "drafter.options.init=truncated (the target's first layers) or init=scratch")
 
 
-def local_config(name_or_path: str):
-    """The target's transformers config when local files alone give it (see :func:`local_layer_count`), else None."""
-    from transformers import AutoConfig
+def check_draft_lm_recipe(recipe: Any) -> None:
+    """:func:`check_init_from_target`, plus: with ``init: checkpoint``, the checkpoint's vocabulary must be the
+    target's (:func:`draft_lm_vocab_refusal`), read from both config.json files when local files give them (the
+    build checks the loaded models otherwise, and names what is wrong with a folder that does not resolve).
 
-    path = name_or_path
-    if name_or_path == DEFAULT_TARGET_ALIAS:
-        built = built_target_dir()
-        if built is None:
-            return None
-        path = str(built)
+    Raises:
+        ValueError: one line naming both vocabulary sizes and the fix.
+    """
+    check_init_from_target(recipe)
+    o: DraftLMOptions = recipe.drafter.parsed_options()
+    if o.init != "checkpoint" or not o.checkpoint:
+        return
+    drafters = importlib.import_module("drafterkit.drafters")  # torch: only a recipe starting from a checkpoint
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def meta_target(name_or_path: str):
-    """The target's causal LM built from its local config on the meta device (modules and shapes, no
-    weights, no memory), or None when the config is not readable locally or names no causal-LM class."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    config = local_config(name_or_path)
-    if config is None:
-        return None
-    try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
-    except Exception:  # any config transformers cannot build here: the build itself reports it
-        return None
+        folder, kind = drafters.resolve_checkpoint(o.checkpoint, allow_transformers=True)
+    except drafters.DrafterLoadError:
+        return
+    draft_vocab = None
+    if kind == "draft_lm":  # drafterkit's config.json: {"kind": "draft_lm", "config": {"vocab_size": ...}}
+        draft_vocab = (drafters.read_config_dict(folder) or {}).get("config", {}).get("vocab_size")
+    elif kind == drafters.TRANSFORMERS_KIND:
+        draft_vocab = vocab_size(local_config(str(folder)))
+    if why := draft_lm_vocab_refusal(folder, draft_vocab, vocab_size(local_config(recipe.target.name_or_path))):
+        raise ValueError(why)
 
 
 def check_init_from_target(recipe: Any) -> None:
@@ -438,7 +435,7 @@ class KindRecipe:
 
 
 KINDS: dict[str, KindRecipe] = {
-    "draft_lm": KindRecipe(DraftLMOptions, "DraftLMStrategy", False, check_init_from_target),
+    "draft_lm": KindRecipe(DraftLMOptions, "DraftLMStrategy", False, check_draft_lm_recipe),
     "medusa": KindRecipe(MedusaOptions, "MedusaStrategy", True, check_medusa_recipe),
     "eagle": KindRecipe(EagleOptions, "EagleStrategy", True, check_eagle_recipe),
     "eagle3": KindRecipe(Eagle3Options, "Eagle3Strategy", True, check_eagle3_recipe),

@@ -39,7 +39,7 @@ from drafterkit.drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafte
 from drafterkit.drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
 from drafterkit.train import losses
 from drafterkit.train.data import collate, shift_for_next_token
-from drafterkit.train.options import DraftLMOptions, LoraOptions
+from drafterkit.train.options import DraftLMOptions, LoraOptions, draft_lm_vocab_refusal
 from drafterkit.train.strategies.base import check_common_batch, unwrap
 
 
@@ -193,6 +193,8 @@ class DraftLMStrategy:
             drafter = load_drafter(folder)  # no target: the weights as saved (fp32 for a transformers folder)
         except DrafterLoadError as exc:
             raise ValueError(f"{key}: {exc}") from None
+        if why := draft_lm_vocab_refusal(folder, lm_head_rows(drafter.lm), lm_head_rows(target)):
+            raise ValueError(why)  # a target whose config was not local (the recipe check compares the configs)
         check_vocab_match(target, drafter.lm, what=f"{key} {folder}")
         return drafter
 
