@@ -524,6 +524,25 @@ def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
         train(grown, target=target, tokenizer=tok)
 
 
+def test_resuming_a_checkpoint_of_another_kind_names_both_kinds_before_anything_loads(world, tmp_path):
+    """A recipe of one kind rerun into a run of another kind: one RecipeError naming the checkpoint's kind, the
+    recipe's and the fixes, from the checks that load no model (``preflight``), not torch's size mismatch."""
+    from drafterkit.train.loop import train
+    from drafterkit.train.prepare import preflight
+
+    target, tok = _load(world)
+    train(_recipe(world, tmp_path / "run", **{"train.max_steps": 1}), target=target, tokenizer=tok)
+    medusa = _recipe(world, tmp_path / "run", **{"train.resume": "auto", "drafter.kind": "medusa",
+                                                 "drafter.options": "{num_heads: 2}"})
+    says = (rf"cannot resume {tmp_path / 'run' / 'checkpoints' / 'last'}: it is a draft_lm checkpoint and this "
+            r"recipe trains drafter.kind=medusa; .*output_dir=.*drafter.kind=draft_lm")
+    with pytest.raises(RecipeError, match=says) as exc:
+        preflight(medusa)
+    assert "\n" not in str(exc.value) and "size mismatch" not in str(exc.value)
+    with pytest.raises(RecipeError, match=says):
+        train(medusa, target=target, tokenizer=tok)
+
+
 def test_a_stop_signal_does_not_wait_for_the_evaluation_due_at_that_step(world, tmp_path, monkeypatch):
     from drafterkit.train import loop
 

@@ -215,6 +215,15 @@ def find_resume(recipe) -> Path | None:
     return path
 
 
+def saved_kind(path: str | Path) -> str | None:
+    """The drafter kind of the checkpoint ``path`` (``drafter/config.json``'s ``kind``), or None when unreadable."""
+    try:
+        kind = json.loads((Path(path) / "drafter" / "config.json").read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
 def load_checkpoint(path: Path, accelerator, sharded=None, optimizer=None, scheduler=None) -> TrainerState:
     """Restore model, optimizer, scheduler and RNG states (all prepared with ``accelerator``, or the sharded
     drafter's: ``sharded.load_state``) from ``path/state`` and return the

@@ -18,7 +18,7 @@ import torch
 
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.records import unwritable_folder
-from drafterkit.train.checkpoint import find_resume
+from drafterkit.train.checkpoint import find_resume, saved_kind
 from drafterkit.train.data import DataError
 from drafterkit.train.distributed import (
     check_distributed_request,
@@ -91,7 +91,8 @@ def preflight(recipe: Recipe) -> None:
             (:func:`check_distributed_request`); ``train.shard`` in a single process
             (:func:`check_shard_world`); ``train.shard: zero2 | zero3`` where DeepSpeed cannot run
             (:func:`train.zero.check_zero_request`); a resume from a checkpoint whose drafter another engine
-            trained (:func:`train.sharding.saved_engine`), or from a ZeRO checkpoint on another number of
+            trained (:func:`train.sharding.saved_engine`) or whose drafter is another kind
+            (:func:`train.checkpoint.saved_kind`), or from a ZeRO checkpoint on another number of
             processes (:func:`train.zero.check_zero_resume`).
     """
     check_distributed_request(recipe)
@@ -100,6 +101,12 @@ def preflight(recipe: Recipe) -> None:
         raise RecipeError(f"output_dir {recipe.output_dir}: {why}; give a folder you can write (output_dir=DIR)")
     cfg, ckpts = recipe.train, recipe.paths.checkpoints
     resume = None if cfg.overwrite else find_resume(recipe)
+    kind = saved_kind(resume) if resume is not None else None
+    if kind not in (None, recipe.drafter.kind):
+        raise RecipeError(f"cannot resume {resume}: it is a {kind} checkpoint and this recipe trains "
+                          f"drafter.kind={recipe.drafter.kind}; train into another output_dir (output_dir=DIR), or "
+                          f"continue that run with drafter.kind={kind} and its options (its recipe.yaml), or start "
+                          "over with train.resume=never train.overwrite=true")
     if resume is not None and saved_engine(resume / "state") != drafter_engine(recipe):
         saved = ENGINE_NAMES[saved_engine(resume / "state")]
         raise RecipeError(f"cannot resume {resume} with train.shard={cfg.shard}: its drafter was {saved} when it was "
