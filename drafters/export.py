@@ -23,7 +23,8 @@ Formats:
   ``dflash_config`` (``mask_token_id``, ``target_layer_ids`` = drafterkit ids - 1); :func:`load_dflash_export`.
 * ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight`` / ``.bias``
   (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is written once as
-  ``lm_heads.0.weight`` with ``original_lm_head: true`` (needs ``--target``); ``config.json`` also carries the
+  ``lm_heads.0.weight`` with ``original_lm_head: true`` (from ``--target``, else the target the training recipe
+  records); ``config.json`` also carries the
   FasterDecoding/Medusa keys ``medusa_num_heads`` / ``medusa_num_layers``.
 * ``hf-assistant`` (a ``draft_lm`` checkpoint): a plain transformers folder, usable as ``model.generate(...,
   assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``; with ``--target`` its tokenizer is saved too.
@@ -75,6 +76,7 @@ from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layou
 )
 from drafterkit.drafters.kinds import export_formats
 from drafterkit.drafters.model_card import recorded_target, vllm_serve_problem, write_model_card
+from drafterkit.drafters.target_record import trained_target
 from drafterkit.drafters.trained_for import trained_for_problem
 
 FORMATS = export_formats()  # --format -> the kind it exports, from each kind's exports in drafters.kinds.KINDS
@@ -154,7 +156,8 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
     """Write vLLM's Medusa layout of the ``medusa`` checkpoint ``ckpt`` into ``out``.
 
     Raises:
-        ExportError: the heads share the target's LM head and ``target`` was not given.
+        ExportError: the heads share the target's LM head and ``target`` was not given (:func:`export` gives
+            ``--target``, else the target the training recipe records).
     """
     _, cfg = read_config(ckpt)
     state = read_weights(ckpt)
@@ -167,8 +170,9 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
             tensors[k] = v
     if cfg["share_lm_head"]:
         if target is None:
-            raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold; "
-                              "pass --target NAME_OR_PATH so it can be written as lm_heads.0.weight")
+            raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold, "
+                              "and no training recipe beside it records the target; pass --target NAME_OR_PATH so "
+                              "it can be written as lm_heads.0.weight")
         model = load_target_model(target)
         tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
     config = {
@@ -236,7 +240,9 @@ def push_to_hub(folder: Path, repo: str, timeout: float = 3.0) -> str:
 def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None = None,
            dtype: str | None = None, repo: str | None = None) -> Path:
     """Export the drafter at ``ckpt`` (resolved by ``drafters.resolve_checkpoint``) as ``fmt`` into
-    ``output``, with its model card ``README.md`` (:mod:`drafters.model_card`; ``repo``: the Hub repo it
+    ``output``, with its model card ``README.md``. The target the export is for is ``target`` (``--target``), else
+    the one the training checkpoint around ``ckpt`` records (:func:`drafters.target_record.trained_target`): Medusa
+    heads sharing its LM head write it from there (:mod:`drafters.model_card`; ``repo``: the Hub repo it
     will be pushed to, named in the card's serve commands). Returns ``output``. A ``vllm-eagle3`` /
     ``vllm-peagle`` export for a target architecture vLLM cannot serve EAGLE-3 for
     (:mod:`drafters.vllm_support`) is written with a one-line warning on stderr, said in the card too.
@@ -272,7 +278,7 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     elif fmt == "vllm-dflash":
         export_dflash(ckpt, output, dt)
     elif fmt == "medusa":
-        export_medusa(ckpt, output, target, dt)
+        export_medusa(ckpt, output, target or trained_target(ckpt), dt)
     else:
         export_hf_assistant(ckpt, output, target, dt)
     if fmt != "hf-assistant":  # a draft LM export is a plain transformers model, compared as it is

@@ -233,6 +233,34 @@ def test_medusa_export_shared_head_needs_the_target(tmp_path):
     assert torch.equal(w["lm_heads.0.weight"], target.lm_head.weight)
 
 
+def _in_a_training_checkpoint(drafter, run, target: str):
+    """Save ``drafter`` as training leaves it: ``run/checkpoints/last/drafter`` beside a ``recipe.yaml`` whose
+    ``target.name_or_path`` is ``target``. Returns the checkpoint folder."""
+    import yaml
+
+    ckpt = run / "checkpoints" / "last"
+    drafter.save_pretrained(ckpt / "drafter")
+    (ckpt / "recipe.yaml").write_text(yaml.safe_dump({"target": {"name_or_path": target}}))
+    return ckpt
+
+
+def test_medusa_export_reads_the_recorded_target_and_target_still_overrides_it(tmp_path, capsys):
+    # as every format: without --target, the target the training recipe records; --target, where given, wins
+    target, other = tiny_llama(0), tiny_llama(7)
+    target.save_pretrained(tmp_path / "target")
+    other.save_pretrained(tmp_path / "other")
+    d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target)
+    ckpt = _in_a_training_checkpoint(d, tmp_path / "run", str(tmp_path / "target"))
+    assert cli(["export", str(ckpt), "--format", "medusa", "--output", str(tmp_path / "out")]) == 0, \
+        capsys.readouterr().err
+    assert torch.equal(load_file(str(tmp_path / "out" / "model.safetensors"))["lm_heads.0.weight"],
+                       target.lm_head.weight)
+    assert cli(["export", str(ckpt), "--format", "medusa", "--output", str(tmp_path / "out2"),
+                "--target", str(tmp_path / "other")]) == 0
+    assert torch.equal(load_file(str(tmp_path / "out2" / "model.safetensors"))["lm_heads.0.weight"],
+                       other.lm_head.weight)
+
+
 def test_medusa_export_own_heads(tmp_path):
     target = tiny_llama(0)
     d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)

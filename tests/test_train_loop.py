@@ -79,9 +79,10 @@ def test_training_smoke_moves_drafter_keeps_target_bit_identical(world, tmp_path
 
 
 def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_path, capsys, monkeypatch):
-    """The hint after training is copy-pasteable: a Medusa export needs --target (it writes the target's
-    LM head), so the hint names it and the export CLI accepts the line as printed; it writes where the
-    README's export and serve commands read (exports/<kind>, from where the command runs)."""
+    """The hint after training is copy-pasteable: a Medusa export writes the target's LM head from the target
+    the checkpoint's recipe.yaml records, as every format reads it, so the hint needs no --target and the export
+    CLI accepts the line as printed; it writes where the README's export and serve commands read
+    (exports/<kind>, from where the command runs)."""
     import shlex
 
     from drafterkit.drafters.export import run
@@ -93,7 +94,7 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
     train(recipe, target=target, tokenizer=tok)
     line = next(x for x in capsys.readouterr().out.splitlines() if "drafterkit export" in x)
     argv = shlex.split(line.split("drafterkit export", 1)[1].split("   (formats")[0])
-    assert "--target" in argv and argv[argv.index("--output") + 1] == "exports/medusa"
+    assert "--target" not in argv and argv[argv.index("--output") + 1] == "exports/medusa"
     monkeypatch.chdir(tmp_path)  # the printed --output is relative to where the command runs
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -339,9 +339,8 @@ def _report_drafter(ctx: RunContext, state: TrainerState, result: TrainResult, r
     lines += [f"drafter: {drafter} ({how})", f"  evaluate: drafterkit eval --drafter {drafter}"]
     formats = [f for f, kind in FORMATS.items() if kind == recipe.drafter.kind]
     if formats:
-        # a Medusa export writes the target's LM head too (drafters.export), so it names the target
-        needs_target = f" --target {recipe.target.name_or_path}" if recipe.drafter.kind == "medusa" else ""
-        lines.append(f"  export:   drafterkit export {drafter} --format {formats[0]}{needs_target} "
+        # every export reads the target the checkpoint's recipe.yaml records (a Medusa one writes its LM head)
+        lines.append(f"  export:   drafterkit export {drafter} --format {formats[0]} "
                      f"--output {suggested_output(recipe.drafter.kind)}"
                      + (f"   (formats: {', '.join(formats)})" if len(formats) > 1 else ""))
     acc.print("\n".join(lines))
