@@ -75,7 +75,7 @@ from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layou
     sglang_default_layers,
 )
 from drafterkit.drafters.kinds import export_formats
-from drafterkit.drafters.model_card import recorded_target, vllm_serve_problem, write_model_card
+from drafterkit.drafters.model_card import vllm_serve_problem, write_model_card
 from drafterkit.drafters.target_record import trained_target
 from drafterkit.drafters.trained_for import trained_for_problem
 
@@ -242,10 +242,11 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     """Export the drafter at ``ckpt`` (resolved by ``drafters.resolve_checkpoint``) as ``fmt`` into
     ``output``, with its model card ``README.md``. The target the export is for is ``target`` (``--target``), else
     the one the training checkpoint around ``ckpt`` records (:func:`drafters.target_record.trained_target`): Medusa
-    heads sharing its LM head write it from there (:mod:`drafters.model_card`; ``repo``: the Hub repo it
-    will be pushed to, named in the card's serve commands). Returns ``output``. A ``vllm-eagle3`` /
-    ``vllm-peagle`` export for a target architecture vLLM cannot serve EAGLE-3 for
-    (:mod:`drafters.vllm_support`) is written with a one-line warning on stderr, said in the card too.
+    heads sharing its LM head write it from there, and a ``vllm-eagle3`` / ``vllm-peagle`` / ``vllm-dflash`` export
+    for a target architecture vLLM cannot serve next to (:mod:`drafters.vllm_support`) is written with a one-line
+    warning on stderr naming it. The model card ``README.md`` (:mod:`drafters.model_card`; ``repo``: the Hub repo
+    it will be pushed to, named in its serve commands) names the target the drafter was trained for. Returns
+    ``output``.
 
     Raises:
         ExportError: unknown format, the checkpoint's kind does not fit the format, or (EAGLE-3) feature
@@ -271,6 +272,7 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     if target is not None and (line := trained_for_problem(ckpt, target)):  # e.g. Medusa's LM head from another
         warnings.warn(line, UserWarning, stacklevel=2)
     dt = resolve_dtype(dtype) if dtype else None
+    used = target or trained_target(ckpt)  # the target the export is for: --target, else the recorded one
     if fmt.endswith("eagle3"):
         export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
     elif fmt == "vllm-peagle":
@@ -278,13 +280,13 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     elif fmt == "vllm-dflash":
         export_dflash(ckpt, output, dt)
     elif fmt == "medusa":
-        export_medusa(ckpt, output, target or trained_target(ckpt), dt)
+        export_medusa(ckpt, output, used, dt)
     else:
         export_hf_assistant(ckpt, output, target, dt)
     if fmt != "hf-assistant":  # a draft LM export is a plain transformers model, compared as it is
         record_source(output, ckpt)
-    if problem := vllm_serve_problem(fmt, recorded_target(ckpt, target)):  # the card says so too
-        print(f"drafterkit export: warning: {problem}", file=sys.stderr)
+    if problem := vllm_serve_problem(fmt, used):
+        print(f"drafterkit export: warning: target {used}: {problem}", file=sys.stderr)
     write_model_card(output, fmt, kind, ckpt, target=target, repo=repo)
     return output
 

@@ -102,12 +102,6 @@ def hub_base_model(target: str | None) -> str | None:
     return None
 
 
-def recorded_target(ckpt: Path, target: str | None = None) -> str | None:
-    """The target the drafter folder ``ckpt`` was trained for: the one its training checkpoint's
-    ``recipe.yaml`` records, else ``target`` (``--target``), else None."""
-    return recipe_section(training_record(ckpt)["recipe"], "target").get("name_or_path") or target
-
-
 def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
     """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.vllm_support`: an EAGLE-3 /
     P-EAGLE head or a DFlash drafter for a target architecture vLLM gives no auxiliary hidden states), or None."""

@@ -589,6 +589,27 @@ def test_an_eagle3_export_for_a_target_vllm_cannot_serve_warns_and_its_card_says
         assert "**vLLM cannot serve this export yet.** vLLM 0.32.0 cannot serve" in card and "SupportsEagle3" in card
 
 
+def test_the_vllm_warning_judges_and_names_the_target_passed_not_the_recorded_one(tmp_path, capsys):
+    # --target is the target the export is for (as for Medusa's LM head); without it, the recorded one
+    from families import save_family
+
+    d, _ = _eagle3_ckpt(tmp_path)
+    for family in ("gemma3", "llama3"):
+        save_family(family, tmp_path / family)
+    for recorded, passed, warned in (("llama3", "gemma3", "gemma3"), ("gemma3", "llama3", None),
+                                     ("gemma3", None, "gemma3")):
+        ckpt = _in_a_training_checkpoint(d, tmp_path / f"run-{recorded}", str(tmp_path / recorded))
+        out = tmp_path / f"out-{recorded}-{passed}"
+        argv = ["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(out)]
+        assert cli(argv + (["--target", str(tmp_path / passed)] if passed else [])) == 0
+        lines = [x for x in capsys.readouterr().err.splitlines() if "cannot serve" in x]
+        if warned is None:
+            assert not lines, lines
+            continue
+        assert len(lines) == 1 and lines[0].startswith(f"drafterkit export: warning: target {tmp_path / warned}: ")
+        assert "Gemma3ForCausalLM target" in lines[0]
+
+
 def test_a_dflash_export_for_a_target_vllm_cannot_serve_warns(tmp_path, capsys):
     """vLLM's DFlash proposer reads the target's auxiliary hidden states as EAGLE-3 does (SupportsEagle3)."""
     from families import save_family
