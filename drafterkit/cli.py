@@ -34,7 +34,7 @@ class Verb(NamedTuple):
 VERBS = {
     "train": Verb("drafterkit.train.train_args", "drafterkit.train.run:run",
                   "train a drafter from a YAML recipe (same as `accelerate launch -m drafterkit.train`)"),
-    "features": Verb("drafterkit.train.features_args", "drafterkit.train.feature_cache:run",
+    "features": Verb("drafterkit.train.features_args", "drafterkit.train.features_run:run",
                      "build the target-feature cache a recipe trains a head from (once, resumable)"),
     "eval": Verb("drafterkit.speceval.eval_args", "drafterkit.speceval.bench:run",
                  "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),

@@ -346,13 +346,14 @@ def test_mixed_precision_reads_false_and_off_as_no_and_its_error_lists_every_acc
 
 
 #: what a refused recipe must not have imported: the model and training libraries (seconds to import, tens of
-#: seconds on a loaded machine), and the training loop itself
-HEAVY = ("torch", "transformers", "datasets", "accelerate", "numpy", "drafterkit.train.loop")
+#: seconds on a loaded machine), the training loop and the feature cache builder
+HEAVY = ("torch", "transformers", "datasets", "accelerate", "numpy", "drafterkit.train.loop",
+         "drafterkit.train.feature_cache")
 REFUSE = """import json, sys
 entry, argv = sys.argv[1], sys.argv[2:]
-if entry == "cli":
+if entry in ("cli", "features"):
     from drafterkit.cli import main
-    rc = main(["train", *argv])
+    rc = main(["train" if entry == "cli" else "features", *argv])
 else:
     from drafterkit.train.run import main
     rc = main(argv)
@@ -360,7 +361,7 @@ print(json.dumps({"rc": rc, "loaded": [m for m in %r if m in sys.modules]}))
 """ % (HEAVY,)
 
 
-@pytest.mark.parametrize("entry", ["cli", "module"])
+@pytest.mark.parametrize("entry", ["cli", "module", "features"])
 @pytest.mark.parametrize("overrides, error", [
     (["bogus_key=1"], "bogus_key: unknown key 'bogus_key'"),
     (["optim.lr=abc"], "optim.lr: Input should be a valid number"),
@@ -368,10 +369,10 @@ print(json.dumps({"rc": rc, "loaded": [m for m in %r if m in sys.modules]}))
     (["train.shard=zero3", "train.mixed_precision=fp16"], "train.shard=zero3: DeepSpeed's engine steps fp32"),
 ])
 def test_a_bad_recipe_is_refused_before_torch_or_the_training_loop_loads(entry, overrides, error):
-    """``drafterkit train`` and ``python -m drafterkit.train`` validate the recipe before the heavy imports: the
-    shipped EAGLE-3 recipe (``target.dtype: auto``, resolved only after the schema passes) with a typo, a wrong
-    type, an unknown option or an option that cannot apply is refused in one error line, exit 2, with none of
-    :data:`HEAVY` imported (they are imported only for a recipe that will train)."""
+    """``drafterkit train``, ``python -m drafterkit.train`` and ``drafterkit features`` validate the recipe before
+    the heavy imports: the shipped EAGLE-3 recipe (``target.dtype: auto``, resolved only after the schema passes)
+    with a typo, a wrong type, an unknown option or an option that cannot apply is refused in one error line, exit
+    2, with none of :data:`HEAVY` imported (they are imported only for a recipe that will run)."""
     out = subprocess.run([sys.executable, "-c", REFUSE, entry, str(ROOT / "recipes" / "eagle3.yaml"), *overrides],
                          capture_output=True, text=True, timeout=120)
     got = json.loads(out.stdout.strip().splitlines()[-1])

@@ -36,7 +36,6 @@ with EAGLE-3: 32 KB per token, 32 GB per million tokens.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -72,8 +71,8 @@ from drafterkit.train.feature_shards import (
     write_manifest,
 )
 from drafterkit.train.features_args import SHARD_MB
-from drafterkit.train.options import feature_kinds, kind_recipe
-from drafterkit.train.recipe import RecipeError, load_recipe
+from drafterkit.train.features_run import require_feature_kind
+from drafterkit.train.recipe import RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
 from drafterkit.train.strategies import get_strategy
 
@@ -312,14 +311,6 @@ def recipe_cache_root(recipe) -> Path:
     return home() / "features" if setting in ("auto", "off") else Path(setting).expanduser()
 
 
-def require_feature_kind(kind: str) -> None:
-    """Raise ``train.recipe.RecipeError`` for a drafter kind that reads no target features."""
-    if not kind_recipe(kind).reads_features:
-        kinds = feature_kinds()
-        raise RecipeError(f"drafter kind {kind!r} reads no target features (it needs the target's logits on "
-                          f"every batch), so it has no feature cache; feature caches serve {kinds}")
-
-
 def feature_layers(recipe, target) -> list[int]:
     """The layers the recipe's drafter kind reads (its strategy's ``feature_layers``).
 
@@ -377,17 +368,15 @@ def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache
     return FeatureCache(spec.path, layers, hash_check=False)  # the build hashed every shard it kept or wrote
 
 
-def run(args: argparse.Namespace) -> int:
-    """Build (or resume, verify, repair) the recipe's feature cache; print a JSON summary (last line).
+def build_for_recipe(recipe, batch_size: int, shard_mb: float) -> int:
+    """``drafterkit features``' work once its recipe is valid (:func:`train.features_run.run`): load the target and
+    the training data as ``drafterkit train`` does, then build (or resume, verify, repair) the cache; print a JSON
+    summary (last line).
 
-    Returns 0; 2 on a user error (bad recipe, a kind without features, a missing data file, too little
-    disk); 130 when interrupted (rerun the same command to resume).
+    Returns 0; 2 on a user error (a missing data file, layers that do not fit the target, too little disk); 130
+    when interrupted (rerun the same command to resume).
     """
     try:
-        recipe = load_recipe(args.recipe, args.overrides)
-        if args.batch_size < 1 or args.shard_mb <= 0:
-            raise RecipeError("--batch-size must be >= 1 and --shard-mb > 0")
-        require_feature_kind(recipe.drafter.kind)  # before the target loads
         recipe_data_file(recipe.data)
         device = resolve_device("cpu" if recipe.train.cpu else "auto")
         target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
@@ -398,7 +387,7 @@ def run(args: argparse.Namespace) -> int:
             raise RecipeError(f"data: {exc}") from None
         spec = cache_spec(recipe_cache_root(recipe), target, ds, feature_layers(recipe, target),
                           target_name=recipe.target.name_or_path)
-        report = build_feature_cache(spec, target, ds, batch_size=args.batch_size, shard_mb=args.shard_mb)
+        report = build_feature_cache(spec, target, ds, batch_size=batch_size, shard_mb=shard_mb)
     except (RecipeError, FileNotFoundError, OSError) as exc:
         print(f"drafterkit features: error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
 """``drafterkit features``' arguments, importable without torch: ``drafterkit features --help`` and its usage
-errors answer before anything heavy loads (the verb itself runs in :mod:`train.feature_cache`)."""
+errors answer before anything heavy loads (the verb itself runs in :mod:`train.features_run`)."""
 
 from __future__ import annotations
 
