@@ -1,11 +1,15 @@
 """Console helpers every verb shares, training and evaluation alike: the ``rich`` console drafterkit's tables
-print to, and the switch for progress bars. Imports nothing heavy (no torch), so a verb that only prints a
-table (``drafterkit assets list``) starts at once."""
+print to, the switch for progress bars, drafterkit's warnings as one line (:func:`user_warnings`) and the
+third-party notices that say nothing about the run (:func:`datasets_quiet`, :func:`deepspeed_quiet`). Imports
+nothing heavy (no torch), so a verb that only prints a table (``drafterkit assets list``) starts at once."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import warnings
+from pathlib import Path
 
 MIN_TABLE_WIDTH = 160  # columns: the eval table's headers stay legible in a pipe, a log or CI
 
@@ -53,3 +57,51 @@ def datasets_quiet():
     finally:
         if was_on:
             datasets.enable_progress_bars()
+
+
+#: drafterkit's own package folders (this file is ``<root>/assets/console.py``, in the repository as installed)
+_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name)
+                  for name in ("assets", "decode", "drafters", "speceval", "train"))
+
+
+@contextlib.contextmanager
+def user_warnings():
+    """Within it, drafterkit's own ``UserWarning``s (a torn data file, fewer prompts than asked) print as one
+    line, ``drafterkit: warning: <message>``, on a line of their own, instead of Python's ``path:line:
+    UserWarning: ...`` followed by the source line. Other warnings keep Python's format. Every entry point wraps
+    its verb in it: ``drafterkit VERB`` and ``python -m drafterkit.train`` (what ``torchrun`` and ``accelerate
+    launch`` start in each process)."""
+    plain = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):
+        if issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGES):
+            return f"\ndrafterkit: warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    warnings.formatwarning = fmt
+    try:
+        yield
+    finally:
+        warnings.formatwarning = plain
+
+
+class _DropAcceleratorGuess(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Setting accelerator to CPU" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def deepspeed_quiet():
+    """Within it, DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
+    detect it." is dropped. Where DeepSpeed is installed, accelerate imports it whatever the run (its
+    ``extract_model_from_parallel``, behind every ``unwrap_model`` and transformers' ``save_pretrained``, looks
+    for DeepSpeed's engine class), and its import logs that guess on a machine without a GPU: noise for a run
+    that uses no DeepSpeed engine, and a ZeRO run sets and checks DeepSpeed's accelerator against its own device
+    itself (``train.zero.check_zero_request``, one line naming a mismatch). Nothing else DeepSpeed logs is
+    filtered; the filter sits on the ``DeepSpeed`` logger before DeepSpeed creates it, and is removed on exit."""
+    flt, logger = _DropAcceleratorGuess(), logging.getLogger("DeepSpeed")
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)

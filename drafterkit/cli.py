@@ -13,13 +13,12 @@ verb's own parser with ``parse_intermixed_args``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import sys
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
+
+from drafterkit.assets.console import deepspeed_quiet, user_warnings
 
 
 class Verb(NamedTuple):
@@ -120,29 +119,6 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
     return args
 
 
-_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name)
-                  for name in ("assets", "decode", "drafters", "speceval", "train"))  # drafterkit's own
-
-
-@contextlib.contextmanager
-def user_warnings():
-    """While a verb runs, drafterkit's own ``UserWarning``s (a torn data file, fewer prompts than asked)
-    print as one line, ``drafterkit: warning: <message>``, on a line of their own, instead of Python's
-    ``path:line: UserWarning: ...`` followed by the source line. Other warnings keep Python's format."""
-    plain = warnings.formatwarning
-
-    def fmt(message, category, filename, lineno, line=None):
-        if issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGES):
-            return f"\ndrafterkit: warning: {message}\n"
-        return plain(message, category, filename, lineno, line)
-
-    warnings.formatwarning = fmt
-    try:
-        yield
-    finally:
-        warnings.formatwarning = plain
-
-
 def requested_verb(argv: list[str]) -> str:
     """The verb ``argv`` names (its first word that is a verb), or ``""`` when it names none (``--help``, a
     typo: the top-level parser answers those without importing any verb module)."""
@@ -155,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(build_parser(only=verb), argv)
         run = load_runner(args.verb)  # imports torch and the verb's modules: seconds
-        with user_warnings():
+        with user_warnings(), deepspeed_quiet():
             return int(run(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C while the verb loads, or in one that keeps no handler (train, features do)
         print(f"\ndrafterkit{' ' + verb if verb else ''}: interrupted (Ctrl-C); what it had measured or written so "

@@ -359,7 +359,7 @@ def test_cli_prints_drafterkit_warnings_as_one_plain_line():
     import warnings
 
     from drafterkit.assets import conversations as prompts
-    from drafterkit.cli import user_warnings
+    from drafterkit.assets.console import user_warnings
 
     with user_warnings():
         ours = warnings.formatwarning("x.jsonl: skipped 1 unreadable line (6)", UserWarning, prompts.__file__, 10)

@@ -544,6 +544,30 @@ def test_resuming_a_checkpoint_of_another_kind_names_both_kinds_before_anything_
         train(medusa, target=target, tokenizer=tok)
 
 
+def test_each_process_prints_drafterkit_warnings_as_one_line_and_no_deepspeed_guess(world, tmp_path):
+    """``python -m drafterkit.train``, what torchrun and accelerate launch start in each process, prints
+    drafterkit's warnings as ``drafterkit VERB`` does (one ``drafterkit: warning:`` line, not Python's
+    ``path:line: UserWarning`` and a source line); neither it nor ``drafterkit export`` prints DeepSpeed's
+    "Setting accelerator to CPU" guess (accelerate imports DeepSpeed where it is installed, as here, whatever the
+    run) when no DeepSpeed engine runs."""
+    import subprocess
+    import sys
+
+    recipe = _recipe(world, tmp_path / "run", **{"train.max_steps": 1, "data.num_examples": 500}).save(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+    out = subprocess.run([sys.executable, "-m", "drafterkit.train", str(recipe)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "\ndrafterkit: warning: " in out.stderr and "fewer than the 500 asked" in out.stderr, out.stderr
+    assert "UserWarning" not in out.stderr and "warnings.warn(" not in out.stderr, out.stderr
+    export = subprocess.run([sys.executable, "-m", "drafterkit.cli", "export", str(tmp_path / "run"), "--format",
+                             "hf-assistant", "--output", str(tmp_path / "hf")], capture_output=True, text=True,
+                            cwd=ROOT, timeout=600, env=env)
+    assert export.returncode == 0, export.stderr
+    for printed in (out, export):
+        assert "Setting accelerator" not in printed.stdout + printed.stderr
+
+
 def test_a_stop_signal_does_not_wait_for_the_evaluation_due_at_that_step(world, tmp_path, monkeypatch):
     from drafterkit.train import loop
 
