@@ -180,6 +180,18 @@ def test_an_eagle3_feature_layer_id_equal_to_the_layer_count_is_refused(tmp_path
         Eagle3Config.from_target(target, feature_layers=[1, 2, 4])
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+def test_feature_layers_that_are_not_three_ids_are_refused_in_a_self_contained_line(kind):
+    # the line states the default rule itself, rather than pointing at code the user does not see
+    data = {"output_dir": "runs/x", "drafter": {"kind": kind, "options": {"feature_layers": [1, 2]}}}
+    with pytest.raises(RecipeError) as exc:
+        recipe_from_dict(data)
+    msg = str(exc.value)
+    assert "drafter.options.feature_layers" in msg and "got [1, 2]" in msg, msg
+    assert "(2, L//2, L-3) from 7 layers, (1, L//2, L-1) for 4 to 6, (0, 1, 2) for 3" in msg, msg
+    assert "below" not in msg.replace("below 3 layers", "") and "default_feature_layers" not in msg, msg
+
+
 def test_a_dflash_feature_layer_vllm_cannot_capture_is_refused(tmp_path):
     """DFlash ids must be increasing in [1, L-1] (vLLM's target_layer_ids = id - 1 >= 0, id < L): refused when
     the recipe is validated against a local target config."""

@@ -123,8 +123,9 @@ class Eagle3Options(BaseModel):
     @classmethod
     def _three_ids(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (len(v) != 3 or min(v) < 0):
-            raise ValueError("give 3 hidden_states ids 0 <= i < L (low, mid, high), or null for the default "
-                             f"((2, L//2, L-3) from 7 layers; drafters.eagle3.default_feature_layers below); got {v}")
+            raise ValueError("give 3 hidden_states ids 0 <= i < L for a target of L decoder layers (low, mid, high), "
+                             "or null for the default: (2, L//2, L-3) from 7 layers, (1, L//2, L-1) for 4 to 6, "
+                             f"(0, 1, 2) for 3, the last id three times below 3 layers; got {v}")
         return v
 
 
