@@ -27,7 +27,10 @@ Feature layer ids: id ``i`` is ``hidden_states[i]`` (the output of target layer 
 ``id + 1``), so valid ids are ``1 <= i <= L-1``.
 
 Decoding: each row keeps its context keys/values per layer (a cache re-synchronised with
-``num_stable``: the context of a committed token never changes); one block pass per round; draft
+``num_stable``: the context of a committed token never changes); one block pass per round over
+``[last committed token, mask x S]`` with ``S = mask_slots`` (``B-1``, the block trained on, unless set: vLLM
+runs ``S = num_speculative_tokens``, and since the block attends non-causally, fewer mask slots change the
+logits of every position, so serve-check sets ``mask_slots`` to vLLM's K); draft
 position ``j`` is chosen from its own distribution ``q_j`` (the block's positions do not read each
 other's draft tokens), so rejection sampling stays exact; ``draft_threshold`` cuts the chain where the
 product of ``q_j`` of its tokens falls below it (``decode.cutoff.ChainCutoff``).
@@ -193,6 +196,28 @@ class DFlashDrafter(Drafter):
             self.register_buffer("d2t", d2t)
             self.register_buffer("t2d", t2d)
         self.feature_layers = tuple(c.feature_layers)
+        self._mask_slots: int | None = None
+
+    @property
+    def mask_slots(self) -> int:
+        """Mask positions of the block at decoding (one draft token each): ``block_size - 1``, the block the
+        drafter was trained on, unless set. vLLM's ``DFlashProposer`` runs the block ``[bonus token, mask x K]``
+        with K = ``num_speculative_tokens``; because every block position attends every other, a shorter block
+        moves every position's logits (by a few hundredths in a 40-step drafter), so drafts equal vLLM's at K
+        only with ``mask_slots = K``. A decode-time setting, not saved; ``None`` restores the default.
+
+        Raises:
+            ValueError: (setting) not None or an int in ``[1, block_size - 1]``.
+        """
+        return self._mask_slots or self.config.block_size - 1
+
+    @mask_slots.setter
+    def mask_slots(self, value: int | None) -> None:
+        most = self.config.block_size - 1
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most):
+            raise ValueError(f"mask_slots must be None or an int in [1, {most}] (block_size - 1 mask positions "
+                             f"were trained), got {value!r}")
+        self._mask_slots = value
 
     # --- vocabulary ----------------------------------------------------------------------------------
     def draft_ids(self) -> torch.Tensor | None:
@@ -304,9 +329,9 @@ class DFlashDrafter(Drafter):
                      stable: list[int]) -> torch.Tensor:
         """One block pass for the decoder rows ``rows`` together (``tokens[b]``: row b's committed tokens,
         ``features[b] [len(tokens[b])-1, nF*H]``, ``stable[b]``: its ``num_stable``): logits ``[R, B-1, N]``
-        over the draft vocabulary; ``[r, j-1]`` drafts token ``len(tokens[rows[r]])-1+j``. Contexts of
-        different lengths are right-padded and masked."""
-        dev, blk = self.fc.weight.device, self.config.block_size
+        over the draft vocabulary, ``B-1`` = :attr:`mask_slots`; ``[r, j-1]`` drafts token
+        ``len(tokens[rows[r]])-1+j``. Contexts of different lengths are right-padded and masked."""
+        dev, blk = self.fc.weight.device, self.mask_slots + 1
         kvs = self._context_rows(rows, features, stable)
         lens = [kv[0][0].shape[2] for kv in kvs]
         cmax, r_n = max(lens), len(rows)
@@ -325,8 +350,8 @@ class DFlashDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        """Up to ``min(k, block_size - 1)`` draft tokens per row from ONE block pass over all rows (see the
-        module docstring); ``lengths`` caps the chain at ``block_size - 1`` and where ``draft_threshold``
+        """Up to ``min(k, mask_slots)`` draft tokens per row from ONE block pass over all rows (see the
+        module docstring); ``lengths`` caps the chain at :attr:`mask_slots` and where ``draft_threshold``
         cuts it. Rows without target context yet (one token) or inactive propose nothing.
 
         Raises:
@@ -349,7 +374,7 @@ class DFlashDrafter(Drafter):
             tokens[rows], lengths[rows] = t, n
             if probs is not None:
                 probs[rows] = q
-        capped = self.draft_threshold > 0 or k > self.config.block_size - 1
+        capped = self.draft_threshold > 0 or k > self.mask_slots
         return Proposal(tokens=tokens, probs=probs, lengths=lengths if capped else None)
 
     def _select(self, logits, k, sampling, generator, vocab_size):

@@ -85,6 +85,39 @@ def test_chain_is_capped_at_block_size_minus_one():
     assert prop.lengths is None
 
 
+def test_mask_slots_run_the_shorter_block_vllm_runs_at_k():
+    """vLLM drafts with the block ``[bonus, mask x K]`` (K = num_speculative_tokens). ``mask_slots = K`` gives the
+    logits of a drafter with the same weights and ``block_size = K + 1``; the trained block (B-1 mask slots) gives
+    other logits at the same positions, since every block position attends every other."""
+    from dataclasses import replace
+
+    target = tiny_llama(0)
+    d = build("dflash_reduced", target)  # block_size 4
+    short = DFlashDrafter(replace(d.config, block_size=3), target=target)
+    short.load_state_dict(d.state_dict())
+    ids = [5, 9, 17, 33, 2, 70, 71]
+    feats = _features(target, ids, d.feature_layers)[:-1]
+    with torch.no_grad():
+        d.reset(1)
+        full = d.block_logits([0], [ids], [feats], [0])[0]  # [3, N]
+        d.mask_slots = 2
+        d.reset(1)
+        two = d.block_logits([0], [ids], [feats], [0])[0]  # [2, N]
+        short.reset(1)
+        want = short.block_logits([0], [ids], [feats], [0])[0]
+    assert two.shape == want.shape == (2, d.config.draft_vocab_size)
+    torch.testing.assert_close(two, want, rtol=1e-5, atol=1e-5)
+    assert (full[:2] - two).abs().max() > 1e-3  # one mask slot more moves every position
+    d.reset(1)
+    prop = d.propose(_state(ids, feats), 3, SamplingParams(), None)
+    assert prop.lengths.tolist() == [2]  # capped at mask_slots
+    for bad in (0, 4, True, 2.0):
+        with pytest.raises(ValueError, match=r"mask_slots must be None or an int in \[1, 3\]"):
+            d.mask_slots = bad
+    d.mask_slots = None
+    assert d.mask_slots == 3
+
+
 def test_config_refuses_layers_and_sizes_vllm_cannot_serve():
     assert default_feature_layers(30) == [2, 15, 28]
     assert default_feature_layers(2) == [1]

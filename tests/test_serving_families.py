@@ -58,7 +58,10 @@ SERVED = [c for c in ALL if c not in REFUSED and (FULL or c in CI_CELLS)]
 
 def make_drafter(kind: str, target):
     """A seeded, untrained drafter of ``kind`` started from ``target`` (EAGLE-3 / P-EAGLE / DFlash with a draft
-    vocabulary of every other id, so the export's d2t mapping is exercised)."""
+    vocabulary of every other id, so the export's d2t mapping is exercised). DFlash's block is the shipped recipe's
+    (8: 7 mask slots) while vLLM drafts K=3, so vLLM runs the shorter block ``[bonus, mask x 3]``, and its LM head
+    rows stay random (not the target's): margins narrow enough that the trained block's drafts differ from the
+    shorter one's (Qwen2: 19 of 22 chains equal vLLM's), which drafterkit's side must run too (``mask_slots``)."""
     from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
     from drafterkit.drafters.draft_lm import DraftLM
     from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
@@ -73,9 +76,9 @@ def make_drafter(kind: str, target):
         return MedusaDrafter(MedusaConfig.from_target(target, num_heads=K), target=target)
     config, cls = {"eagle3": (Eagle3Config, Eagle3Drafter), "peagle": (PEagleConfig, PEagleDrafter),
                    "dflash": (DFlashConfig, DFlashDrafter)}[kind]
-    extra = {"block_size": K + 1} if kind == "dflash" else {}
+    extra = {"block_size": 8} if kind == "dflash" else {}
     drafter = cls(config.from_target(target, draft_vocab_size=vocab // 2, **extra), target=target)
-    drafter.set_draft_vocab(torch.arange(vocab // 2) * 2, target=target)
+    drafter.set_draft_vocab(torch.arange(vocab // 2) * 2, target=None if kind == "dflash" else target)
     return drafter
 
 

@@ -155,6 +155,21 @@ def test_a_peagle_export_is_served_as_eagle3_with_parallel_drafting(tmp_path):
     assert serving.load_check_drafter(out, "peagle", None, target).kind == "peagle"
 
 
+def test_serve_check_runs_a_dflash_drafter_with_the_block_vllm_runs_at_k(tmp_path):
+    """vLLM drafts DFlash with the block [bonus, mask x K]: serve-check's drafterkit side gets mask_slots = K (a
+    K below block_size - 1 drafts other tokens than the trained block would), and the trained block without K."""
+    from conftest import tiny_llama
+
+    from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
+
+    target = tiny_llama(0, layers=4)
+    d = DFlashDrafter(DFlashConfig.from_target(target, block_size=6), target=target)
+    out = export(d.save_pretrained(tmp_path / "df"), "vllm-dflash", tmp_path / "df-export")
+    assert serving.inspect_export(out) == {"method": "dflash", "num_heads": 5}
+    assert serving.load_check_drafter(out, "dflash", None, target, 3).mask_slots == 3
+    assert serving.load_check_drafter(out, "dflash", None, target).mask_slots == 5
+
+
 @pytest.fixture(scope="module")
 def vllm_python():
     """vLLM's venv; the parity tests skip without it, except where ``DRAFTERKIT_REQUIRE_VLLM=1`` (CI) makes
@@ -259,15 +274,16 @@ def test_exports_decode_and_draft_in_vllm_as_in_drafterkit(tmp_path, vllm_python
 def test_a_dflash_export_drafts_in_vllm_as_in_drafterkit(tmp_path, vllm_python, one_thread, capsys):
     """vllm-dflash next to the Llama target on vLLM's CPU backend (CPU_ATTN takes the non-causal block):
     a DFlash drafter with a reduced vocabulary (d2t), trained 30 steps on the target's answers, drafts the
-    same chains of 5 (block_size 6) in vLLM as in drafterkit's decoder."""
+    same chains of 5 in vLLM as in drafterkit's decoder. Its block_size is 8, so vLLM's block [bonus, mask x 5]
+    is shorter than the trained one: drafterkit's side runs it too (mask_slots = K)."""
     from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 
     target, tok = load_target("smollm2-135m")
     batch, used = _answers_batch(target, tok)
     vocab = used + [i for i in range(4096 + len(used)) if i not in set(used)][: 4096 - len(used)]
     torch.manual_seed(0)
-    options = {"draft_vocab_size": 4096, "block_size": 6, "num_anchors": 64}
-    d = DFlashDrafter(DFlashConfig.from_target(target, draft_vocab_size=4096, block_size=6), target=target)
+    options = {"draft_vocab_size": 4096, "block_size": 8, "num_anchors": 64}
+    d = DFlashDrafter(DFlashConfig.from_target(target, draft_vocab_size=4096, block_size=8), target=target)
     d.set_draft_vocab(torch.tensor(sorted(vocab)), target=target)
     d = _few_steps("dflash", d, target, batch, options, steps=30, lr=3e-3)
     ckpt = d.save_pretrained(tmp_path / "dflash")
