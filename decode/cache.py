@@ -26,8 +26,16 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from drafterkit.decode.attention import verification_attention
+
+#: The name of a transformers model's KV-cache argument and output field: ``cache`` in the releases that renamed
+#: it (5.2x, ``past_key_values`` deprecated until 5.40), ``past_key_values`` before (5.17, the GPU machine's).
+#: Read from the library, not from a model's ``forward`` signature, which a wrapper (peft) hides behind **kwargs.
+#: Under the wrong name a model takes the cache as an unknown keyword and ignores it, attending to the new
+#: tokens alone.
+CACHE_ARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class RaggedCache:
@@ -78,8 +86,9 @@ class RaggedCache:
             attention_mask = self._masks(seen, position_ids)
         with verification_attention(self.model, self.exact):  # multi-token passes without copying GQA K/V
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             position_ids=position_ids, cache=self.cache, use_cache=True, **kw)
-        self.cache = out.cache if getattr(out, "cache", None) is not None else self.cache
+                             position_ids=position_ids, use_cache=True, **{CACHE_ARG: self.cache}, **kw)
+        returned = getattr(out, CACHE_ARG, None)
+        self.cache = returned if returned is not None else self.cache
         return out
 
     def prefill(self, rows: list[list[int]], **kw: Any):

@@ -18,3 +18,21 @@ def test_ragged_cache_masks_and_crops():
     c.run(torch.tensor([[9, 9], [9, 9]]))
     c.keep(torch.tensor([1, 0]))
     assert c.length == 7 and c.cache.get_seq_length() == 7 and c.mask.shape[1] >= 7
+
+
+def test_the_model_fills_the_cache_under_the_installed_transformers_name():
+    """transformers renamed a model's ``past_key_values`` argument and output field ``cache`` (5.2x); 5.17 (the GPU
+    machine's) takes an unknown ``cache=`` into **kwargs and ignores it, attending to the new tokens alone.
+    RaggedCache passes and reads the cache under the installed release's name, so the model fills it."""
+    import inspect
+
+    from transformers import LlamaForCausalLM
+
+    from drafterkit.decode.cache import CACHE_ARG
+
+    assert CACHE_ARG in inspect.signature(LlamaForCausalLM.forward).parameters
+    c = RaggedCache(tiny_llama(0), 1, torch.device("cpu"))
+    c.prefill([[5, 6, 7]], logits_to_keep=1)
+    assert c.cache.get_seq_length() == 3
+    out = c.run(torch.tensor([[1, 2]]))
+    assert c.cache.get_seq_length() == 5 and getattr(out, CACHE_ARG) is c.cache
