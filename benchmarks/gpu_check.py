@@ -1,9 +1,10 @@
 """The GPU check: the bundled speculative decoder's exactness, speed and cost model, and EAGLE-3 training
 throughput, on random-weight targets of real shapes, in one run with no network.
 
-One-shot command for a CUDA machine (sized to finish in under 8 minutes on an H200):
+On a lent GPU machine it runs inside ``scripts/gpu-run.sh`` (with the wheels it lacks, then
+``scale_check.py``; docs/benchmarks/gpu.md). By itself, on a CUDA machine with drafterkit installed:
 
-    PYTHONUNBUFFERED=1 python benchmarks/gpu_check.py --max-minutes 6.5 --json $OUT/gpu_check.json
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_check.py --max-minutes 4 --json $OUT/gpu_check.json
 
 Dry mode (tiny shapes, any device, under a minute on a 2-core CPU; the test suite runs it):
 
@@ -25,15 +26,17 @@ after every section so a run cut short keeps what it measured):
   3,000 rows of one ``generate`` call; the exact joint law of the first three tokens enumerated with
   full target forwards; Pearson chi-square with cells of expected count < 5 pooled, p-value from
   scipy's chi2, or from the same regularised incomplete gamma in torch where scipy is missing).
-* ``speed``: batch 1 and 8, 256 new tokens after a 128-token prompt, bf16: the engine's plain
-  decoding (``decode.generate(drafter=None)``) vs transformers ``generate`` vs ``generate`` with
-  ``cache_implementation="static"`` (which transformers compiles with ``torch.compile`` on an
-  accelerator); ms per token and the fraction of the memory-bandwidth floor (``gpu_timing.speed_rows``).
 * ``cost``: verification cost of K = 1..8 draft tokens and of a 44-node tree relative to a plain step,
   and a self-draft's measured speedup against the ideal that cost model implies
   (``gpu_timing.cost_rows`` gives the formula).
 * ``train``: EAGLE-3 training steps per second and peak memory on the 8B-shaped target
   (``gpu_train.train_rows``).
+* ``speed``: batch 1 and 8, 256 new tokens after a 128-token prompt, bf16: the engine's plain
+  decoding (``decode.generate(drafter=None)``) vs transformers ``generate`` vs ``generate`` with
+  ``cache_implementation="static"`` (which transformers compiles with ``torch.compile`` on an
+  accelerator); ms per token and the fraction of the memory-bandwidth floor (``gpu_timing.speed_rows``).
+  Last: its compilations take the longest and vary the most, so ``--max-minutes`` cuts its rows rather
+  than the fixed-size sections before it.
 
 Timings are CUDA-synchronised wall times, warm-ups first, methods interleaved rep by rep, medians of
 ``--reps``. A unit that raises (an out-of-memory, a path that breaks on the device) becomes a failed row
@@ -54,15 +57,16 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-for _p in (str(HERE.parent), str(HERE)):  # the repository's packages, then gpu_exact, gpu_timing, gpu_train
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+# gpu_exact, gpu_timing, gpu_train beside this file. Not the checkout's root: its drafterkit/ folder holds only the
+# CLI and would hide the installed package (drafterkit.decode and the others map onto the root's other folders).
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
 from gpu_exact import chi_square_rows, exact_rows  # noqa: E402
 from gpu_timing import copy_bandwidth, cost_rows, speed_rows  # noqa: E402
 from gpu_train import train_rows  # noqa: E402
 
-SECTIONS = ("exact", "speed", "cost", "train")
+SECTIONS = ("exact", "cost", "train", "speed")
 SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, intermediate_size=1536, tie_word_embeddings=True,
@@ -218,12 +222,6 @@ def run(a: argparse.Namespace) -> dict:
     if "speed" in chosen or "cost" in chosen:
         report["copy_bandwidth_gbps"] = copy_bandwidth(dev, a.copy_mib)
         print(f"copy bandwidth {report['copy_bandwidth_gbps']:.0f} GB/s ({a.copy_mib} MiB device-to-device)")
-    if "speed" in chosen:
-        for b in [int(x) for x in a.batches.split(",")]:
-            for name in a.models.split(","):
-                unit("speed", f"{name} b{b}", lambda b=b, name=name: speed_rows(
-                    name, targets.get(name, "bf16"), b, a.prompt_len, a.new_tokens, a.reps,
-                    report["copy_bandwidth_gbps"], static=str(b) in a.compile_batches.split(",")))
     if "cost" in chosen:
         for name in a.cost_models.split(","):
             unit("cost", name, lambda name=name: cost_rows(name, targets.get(name, "bf16"), a.cost_context,
@@ -232,6 +230,12 @@ def run(a: argparse.Namespace) -> dict:
         unit("train", "llama-3.1-8b", lambda: train_rows("llama-3.1-8b", targets.get("llama-3.1-8b", "bf16"),
                                                          a.train_batch, a.train_seq, a.train_steps,
                                                          draft_vocab=64 if a.dry_run else 32000, ttt_steps=3))
+    if "speed" in chosen:
+        for b in [int(x) for x in a.batches.split(",")]:
+            for name in a.models.split(","):
+                unit("speed", f"{name} b{b}", lambda b=b, name=name: speed_rows(
+                    name, targets.get(name, "bf16"), b, a.prompt_len, a.new_tokens, a.reps,
+                    report["copy_bandwidth_gbps"], static=str(b) in a.compile_batches.split(",")))
     report["wall_s"] = time.perf_counter() - t0
     return report
 

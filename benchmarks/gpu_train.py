@@ -7,10 +7,8 @@ section and gets one row saying which wheels to bring and how.
 
 from __future__ import annotations
 
-import platform
 import resource
 import statistics
-import sys
 import tempfile
 from contextlib import nullcontext
 
@@ -19,11 +17,11 @@ from gpu_timing import timed
 
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 
-CARRY = ("the train section needs pydantic (train's recipe schema), which this machine lacks ({error}); datasets "
-         "and gguf are not needed here. On a machine with the network: `pip download pydantic --only-binary :all: "
-         "--python-version {py} --platform manylinux2014_{arch} -d wheels` (pydantic-core, annotated-types, "
-         "typing-inspection, typing-extensions come along, ~3 MB); bring wheels/ beside the repository, then "
-         "`pip install --no-index --find-links wheels pydantic` here and rerun with --sections train")
+CARRY = ("the train section needs pydantic (train's recipe schema), which this machine lacks ({error}). On a "
+         "machine with PyPI, `bash scripts/gpu-wheels.sh` puts its wheels (and the other packages a GPU machine "
+         "lacks) in .whl/; carry that folder here and run `bash scripts/gpu-run.sh`, which installs them offline "
+         "(docs/benchmarks/gpu.md), or by hand: `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` "
+         "and PYTHONPATH=/tmp/site, then rerun with --sections train")
 
 
 def train_rows(name: str, target, batch: int, seq_len: int, steps: int, draft_vocab: int, ttt_steps: int,
@@ -45,8 +43,7 @@ def train_rows(name: str, target, batch: int, seq_len: int, steps: int, draft_vo
         from drafterkit.train.strategies import get_strategy
         from drafterkit.train.strategies.heads import trainable_own
     except ImportError as e:
-        py, arch = f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine()
-        return [{**row, "status": "failed", "error": CARRY.format(error=f"{type(e).__name__}: {e}", py=py, arch=arch)}]
+        return [{**row, "status": "failed", "error": CARRY.format(error=f"{type(e).__name__}: {e}")}]
     dev = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     options = {"draft_vocab_size": draft_vocab, "ttt_steps": ttt_steps}

@@ -4,7 +4,10 @@ each timing row carries measured seconds."""
 
 import json
 import math
+import os
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,8 @@ def test_dry_run_covers_every_section_and_exactness_holds(tmp_path, capsys):
     report = json.loads(out.read_text())
     rows = report["rows"]
     assert report["dry_run"] and {r["section"] for r in rows} == set(gpu_check.SECTIONS)
+    order = [gpu_check.SECTIONS.index(r["section"]) for r in rows]
+    assert order == sorted(order) and gpu_check.SECTIONS[-1] == "speed"  # --max-minutes cuts speed, not the rest
 
     exact = [r for r in rows if r["section"] == "exact" and "identical" in r]
     assert len(exact) == 5 and all(r["status"] == "ran" and r["identical"] for r in exact), exact
@@ -89,3 +94,50 @@ def test_real_shapes_are_the_named_models_and_the_floor_counts_their_bytes():
         head_dim = shape["hidden_size"] // shape["num_attention_heads"]
         assert gpu_timing.kv_bytes(model, 8, 100) == 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] \
             * head_dim * 100 * 8 * 2
+
+
+def _probe_wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel (``gpu_run_probe`` 1.0), built here: the offline install needs no index."""
+    name = "gpu_run_probe-1.0"
+    files = {"gpu_run_probe.py": "VALUE = 1\n",
+             f"{name}.dist-info/METADATA": "Metadata-Version: 2.1\nName: gpu_run_probe\nVersion: 1.0\n",
+             f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+                                         "Tag: py3-none-any\n"}
+    path = folder / f"{name}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            z.writestr(member, text)
+        z.writestr(f"{name}.dist-info/RECORD", "".join(f"{m},,\n" for m in files) + f"{name}.dist-info/RECORD,,\n")
+    return path
+
+
+def test_the_gpu_run_script_runs_offline_in_its_dry_mode(tmp_path):
+    """scripts/gpu-run.sh, the one command of a lent GPU machine, in its dry mode on this CPU: the carried wheels
+    install offline and resolve from its scratch folder, drafterkit is imported from this checkout through its
+    link folder (no install, no build), gpu_check.py's exactness passes and scale_check.py runs, and $OUT holds
+    the four files (no folder), the scratch folder removed."""
+    from drafterkit.assets.pinned import default_target_dir
+
+    wheels, out = tmp_path / "wheels", tmp_path / "out"
+    wheels.mkdir()
+    _probe_wheel(wheels)
+    env = dict(os.environ, DRY="1", OUT=str(out), PYTHON=sys.executable, WHEELS_DIR=str(wheels), TMPDIR=str(tmp_path),
+               TOKENIZER=str(default_target_dir()), GPU_CHECK_ARGS="--sections exact", PIP_NO_INDEX="1")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-run.sh")], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-run.log", "gpu_check.json", "scale_check.json",
+                                                       "versions.json"]
+    versions = json.loads((out / "versions.json").read_text())
+    assert versions["failed"] == [] and versions["carried"] == {"gpu_run_probe": "1.0"}
+    assert set(versions["imported"].values()) == {"ok"}
+    linked = Path(versions["drafterkit_from"])
+    assert linked.name == "__init__.py" and linked.parent.name == "decode" and linked.parents[2].name == "path"
+    assert versions["drafterkit_resolved"] == str(ROOT / "decode" / "__init__.py")  # this checkout's, through it
+    exact = [r for r in json.loads((out / "gpu_check.json").read_text())["rows"] if r["section"] == "exact"]
+    assert len(exact) == 7 and all(r["status"] == "ran" for r in exact)
+    (one,) = json.loads((out / "scale_check.json").read_text())["rows"]
+    assert one["engine"] == "one" and one["status"] == "ran" and one["agrees"]
+    log = (out / "gpu-run.log").read_text()
+    assert "exactness: passed" in log and "exit 0" in log and "gpu_check: exit 0" in log
+    assert not list(tmp_path.glob("drafterkit-gpu-run.*"))
