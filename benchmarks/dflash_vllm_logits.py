@@ -8,9 +8,10 @@ vocabulary: every other id) trained ``--steps`` steps on the target's greedy ans
 (``vllm-dflash``) and decoded greedily in fp32 on 2 prompts x 32 new tokens at K = ``--k`` in both engines.
 
 drafterkit's side records, at every block pass, the drafter's logits with its trained block (``block_size - 1``
-mask slots) and with vLLM's block ``[bonus, mask x K]`` (``mask_slots = K``). vLLM's side is this file run by the
-vLLM venv's python (``--vllm-side REQUEST RESULT``; it imports ``speceval/vllm_runner.py`` by path, no drafterkit):
-it wraps ``DFlashQwen3ForCausalLM.precompute_and_store_context_kv`` / ``forward`` / ``compute_logits`` and saves
+mask slots, ``mask_slots = B-1``) and with vLLM's block ``[bonus, mask x K]`` (the decoder's default at K).
+vLLM's side is this file run by the vLLM venv's python (``--vllm-side REQUEST RESULT``; it imports
+``speceval/vllm_runner.py`` by path, no drafterkit): it wraps
+``DFlashQwen3ForCausalLM.precompute_and_store_context_kv`` / ``forward`` / ``compute_logits`` and saves
 each pass's context positions, block positions and ids, and logits. Printed per theta: serve-check's chain
 comparison against each drafterkit block, whether every shared pass had the same positions and ids, the largest
 ``|logit|`` difference from vLLM's logits for each block, and the draft positions whose argmax differs from vLLM's.
@@ -76,7 +77,7 @@ def build_case(theta: float, args, folder: Path) -> dict:
     exported = export(drafter.save_pretrained(folder / "dflash"), "vllm-dflash", folder / "export",
                       target=str(folder / "target"))
     ours = {}
-    for name, slots in (("its trained block", None), ("vLLM's block (mask_slots=K)", args.k)):
+    for name, slots in (("its trained block", drafter.config.block_size - 1), ("vLLM's block (the default)", None)):
         drafter.mask_slots = slots
         ours[name] = decode_recording(drafter, target, prompts, args.k, serving)
     torch.save(ours, folder / "ours.pt")
@@ -91,8 +92,8 @@ def decode_recording(drafter, target, prompts, k: int, serving) -> dict:
     passes: list = []
     original = type(drafter).block_logits
 
-    def block_logits(self, rows, tokens, features, stable):
-        out = original(self, rows, tokens, features, stable)
+    def block_logits(self, rows, tokens, features, stable, slots=None):
+        out = original(self, rows, tokens, features, stable, slots)
         passes.append((list(tokens[rows[0]]), out[0].clone()))
         return out
 

@@ -28,9 +28,10 @@ Feature layer ids: id ``i`` is ``hidden_states[i]`` (the output of target layer 
 
 Decoding: each row keeps its context keys/values per layer (a cache re-synchronised with
 ``num_stable``: the context of a committed token never changes); one block pass per round over
-``[last committed token, mask x S]`` with ``S = mask_slots`` (``B-1``, the block trained on, unless set: vLLM
-runs ``S = num_speculative_tokens``, and since the block attends non-causally, fewer mask slots change the
-logits of every position, so serve-check sets ``mask_slots`` to vLLM's K); draft
+``[last committed token, mask x S]`` where ``S = min(K, B-1)`` for K draft tokens asked, as vLLM's
+``DFlashProposer`` runs ``[bonus, mask x num_speculative_tokens]``: the block attends non-causally, so its length
+moves the logits of every position, and a drafter served at K drafts what it drafts here at K (``mask_slots``
+fixes S instead); draft
 position ``j`` is chosen from its own distribution ``q_j`` (the block's positions do not read each
 other's draft tokens), so rejection sampling stays exact; ``draft_threshold`` cuts the chain where the
 product of ``q_j`` of its tokens falls below it (``decode.cutoff.ChainCutoff``).
@@ -199,17 +200,17 @@ class DFlashDrafter(Drafter):
         self._mask_slots: int | None = None
 
     @property
-    def mask_slots(self) -> int:
-        """Mask positions of the block at decoding (one draft token each): ``block_size - 1``, the block the
-        drafter was trained on, unless set. vLLM's ``DFlashProposer`` runs the block ``[bonus token, mask x K]``
-        with K = ``num_speculative_tokens``; because every block position attends every other, a shorter block
-        moves every position's logits (by a few hundredths in a 40-step drafter), so drafts equal vLLM's at K
-        only with ``mask_slots = K``. A decode-time setting, not saved; ``None`` restores the default.
+    def mask_slots(self) -> int | None:
+        """Mask positions of every block pass, fixed (one draft token each), or None (the default): a pass asked
+        for K draft tokens then runs ``min(K, block_size - 1)`` slots, the block ``[bonus token, mask x K]``
+        vLLM's ``DFlashProposer`` runs at ``num_speculative_tokens = K``. Because every block position attends
+        every other, the block's length moves every position's logits (by a few hundredths in a 40-step
+        drafter), so only this rule drafts what vLLM drafts at each K. A decode-time setting, not saved.
 
         Raises:
             ValueError: (setting) not None or an int in ``[1, block_size - 1]``.
         """
-        return self._mask_slots or self.config.block_size - 1
+        return self._mask_slots
 
     @mask_slots.setter
     def mask_slots(self, value: int | None) -> None:
@@ -218,6 +219,11 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"mask_slots must be None or an int in [1, {most}] (block_size - 1 mask positions "
                              f"were trained), got {value!r}")
         self._mask_slots = value
+
+    def slots_for(self, k: int) -> int:
+        """Mask slots of a block pass asked for ``k`` draft tokens: :attr:`mask_slots` where set, else
+        ``min(k, block_size - 1)`` (vLLM's block at ``num_speculative_tokens = k``)."""
+        return self._mask_slots or max(1, min(k, self.config.block_size - 1))
 
     # --- vocabulary ----------------------------------------------------------------------------------
     def draft_ids(self) -> torch.Tensor | None:
@@ -326,12 +332,14 @@ class DFlashDrafter(Drafter):
         return [done[b] for b in rows]
 
     def block_logits(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
-                     stable: list[int]) -> torch.Tensor:
+                     stable: list[int], slots: int | None = None) -> torch.Tensor:
         """One block pass for the decoder rows ``rows`` together (``tokens[b]``: row b's committed tokens,
-        ``features[b] [len(tokens[b])-1, nF*H]``, ``stable[b]``: its ``num_stable``): logits ``[R, B-1, N]``
-        over the draft vocabulary, ``B-1`` = :attr:`mask_slots`; ``[r, j-1]`` drafts token
-        ``len(tokens[rows[r]])-1+j``. Contexts of different lengths are right-padded and masked."""
-        dev, blk = self.fc.weight.device, self.mask_slots + 1
+        ``features[b] [len(tokens[b])-1, nF*H]``, ``stable[b]``: its ``num_stable``; ``slots`` S: the block's
+        mask positions, default :meth:`slots_for` ``(block_size - 1)``): logits ``[R, S, N]`` over the draft
+        vocabulary; ``[r, j-1]`` drafts token ``len(tokens[rows[r]])-1+j``. Contexts of different lengths are
+        right-padded and masked."""
+        dev = self.fc.weight.device
+        blk = (slots or self.slots_for(self.config.block_size - 1)) + 1
         kvs = self._context_rows(rows, features, stable)
         lens = [kv[0][0].shape[2] for kv in kvs]
         cmax, r_n = max(lens), len(rows)
@@ -350,9 +358,9 @@ class DFlashDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        """Up to ``min(k, mask_slots)`` draft tokens per row from ONE block pass over all rows (see the
-        module docstring); ``lengths`` caps the chain at :attr:`mask_slots` and where ``draft_threshold``
-        cuts it. Rows without target context yet (one token) or inactive propose nothing.
+        """Up to ``k`` draft tokens per row from ONE block pass of :meth:`slots_for` ``(k)`` mask slots over all
+        rows (see the module docstring); ``lengths`` caps the chain at the block's slots and where
+        ``draft_threshold`` cuts it. Rows without target context yet (one token) or inactive propose nothing.
 
         Raises:
             ValueError: the decoder passed no features (``feature_layers`` was ignored).
@@ -367,14 +375,15 @@ class DFlashDrafter(Drafter):
         probs = None if sampling.greedy else F.one_hot(tokens, v).float()
         lengths = torch.zeros(b_all, dtype=torch.long)
         rows = [b for b in range(b_all) if state.active[b] and len(state.tokens[b]) >= 2]
+        slots = self.slots_for(k)
         if rows:
             with torch.no_grad():
-                logits = self.block_logits(rows, state.tokens, state.features, state.num_stable)  # [R, B-1, N]
+                logits = self.block_logits(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, N]
                 t, q, n = self._select(logits, k, sampling, generator, state.vocab_size)
             tokens[rows], lengths[rows] = t, n
             if probs is not None:
                 probs[rows] = q
-        capped = self.draft_threshold > 0 or k > self.mask_slots
+        capped = self.draft_threshold > 0 or k > slots
         return Proposal(tokens=tokens, probs=probs, lengths=lengths if capped else None)
 
     def _select(self, logits, k, sampling, generator, vocab_size):

@@ -116,7 +116,7 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "greedy in fp32; `pass (chains n/n)`: vLLM's outputs on 2 prompts of 40 tokens (past the 32-token "
              "window of Gemma-2, Gemma-3 and gpt-oss) x 12 new tokens equal drafterkit's, and every draft chain vLLM "
              "proposed (K=3) equals the one drafterkit's decoder proposed at that step (a DFlash drafter's block is 8: "
-             "vLLM runs the shorter block [bonus, mask x 3] and so does drafterkit's side, `mask_slots`) "
+             "vLLM runs the shorter block [bonus, mask x 3] and so does drafterkit's decoder at K=3) "
              "(`tests/test_serving_families.py`, `speceval.serving.check_targets`: every served cell in one vLLM "
              "process). `refused: ...`: `drafterkit serve-check` refuses before vLLM starts and `drafterkit "
              "export` warns (`drafters/vllm_support.py`: EAGLE-3, P-EAGLE and DFlash draft from the target's "

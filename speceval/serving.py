@@ -162,12 +162,9 @@ def source_checkpoint(export_dir, method: str, checkpoint: str | None) -> str | 
                               "export`)") from None
 
 
-def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | None, target, k: int | None = None):
+def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | None, target):
     """The drafterkit drafter to compare with the export: ``checkpoint`` (the training checkpoint the export
-    was written from) when given; a draft LM export (a plain transformers folder) is itself loadable. ``k``: the
-    draft tokens vLLM proposes per step; a DFlash drafter then runs vLLM's block ``[bonus token, mask x k]``
-    (``mask_slots = k``) rather than the ``block_size`` it was trained on, which drafts differently for
-    ``k < block_size - 1`` (the block attends non-causally).
+    was written from) when given; a draft LM export (a plain transformers folder) is itself loadable.
 
     Raises:
         ServeCheckError: an EAGLE-3 or Medusa export without ``checkpoint`` (exports do not record it), a
@@ -189,8 +186,6 @@ def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | No
         raise ServeCheckError(f"--drafter {checkpoint or export_dir}: {exc}") from None
     if getattr(drafter, "supports_draft_threshold", False):
         drafter.draft_threshold = 0.0  # vLLM always drafts K tokens
-    if k is not None and method == "dflash":
-        drafter.mask_slots = k
     return drafter
 
 
@@ -388,7 +383,7 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
         eos = sorted(resolve_eos(model, None, model.config.vocab_size))
         for export_dir, checkpoint, info in exports:
             kk = min(k, info["num_heads"]) if info["num_heads"] else k  # Medusa: one token per head; DFlash: B - 1
-            drafter = load_check_drafter(export_dir, info["method"], checkpoint, model, kk)
+            drafter = load_check_drafter(export_dir, info["method"], checkpoint, model)
             plans.append((target, model, ids, eos, str(export_dir), info["method"], kk, drafter))
             jobs.append({"target": str(resolve_target_path(target)), "draft": str(Path(export_dir).resolve()),
                          "method": info["method"], "k": kk, "max_new_tokens": max_new_tokens, "prompts": ids,

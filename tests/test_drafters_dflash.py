@@ -85,10 +85,11 @@ def test_chain_is_capped_at_block_size_minus_one():
     assert prop.lengths is None
 
 
-def test_mask_slots_run_the_shorter_block_vllm_runs_at_k():
-    """vLLM drafts with the block ``[bonus, mask x K]`` (K = num_speculative_tokens). ``mask_slots = K`` gives the
-    logits of a drafter with the same weights and ``block_size = K + 1``; the trained block (B-1 mask slots) gives
-    other logits at the same positions, since every block position attends every other."""
+def test_a_pass_asked_for_k_tokens_runs_the_block_vllm_runs_at_k():
+    """vLLM drafts with the block ``[bonus, mask x K]`` (K = num_speculative_tokens). A pass asked for K < B-1
+    draft tokens runs that block: the logits and drafts of a drafter with the same weights and
+    ``block_size = K + 1``; the trained block (B-1 mask slots) gives other logits at the same positions, since
+    every block position attends every other. ``mask_slots`` fixes the block instead."""
     from dataclasses import replace
 
     target = tiny_llama(0)
@@ -97,25 +98,34 @@ def test_mask_slots_run_the_shorter_block_vllm_runs_at_k():
     short.load_state_dict(d.state_dict())
     ids = [5, 9, 17, 33, 2, 70, 71]
     feats = _features(target, ids, d.feature_layers)[:-1]
+    assert d.mask_slots is None and [d.slots_for(k) for k in (1, 2, 3, 5)] == [1, 2, 3, 3]
     with torch.no_grad():
         d.reset(1)
-        full = d.block_logits([0], [ids], [feats], [0])[0]  # [3, N]
-        d.mask_slots = 2
+        full = d.block_logits([0], [ids], [feats], [0])[0]  # [3, N]: the trained block
         d.reset(1)
-        two = d.block_logits([0], [ids], [feats], [0])[0]  # [2, N]
+        two = d.block_logits([0], [ids], [feats], [0], slots=2)[0]  # [2, N]
         short.reset(1)
         want = short.block_logits([0], [ids], [feats], [0])[0]
     assert two.shape == want.shape == (2, d.config.draft_vocab_size)
     torch.testing.assert_close(two, want, rtol=1e-5, atol=1e-5)
     assert (full[:2] - two).abs().max() > 1e-3  # one mask slot more moves every position
     d.reset(1)
+    short.reset(1)
+    sampling = SamplingParams(temperature=1.0)
+    ours = d.propose(_state(ids, feats), 2, sampling, torch.Generator().manual_seed(0))
+    theirs = short.propose(_state(ids, feats), 2, sampling, torch.Generator().manual_seed(0))
+    assert ours.lengths is None and torch.equal(ours.tokens, theirs.tokens)
+    torch.testing.assert_close(ours.probs, theirs.probs, rtol=1e-5, atol=1e-6)
+    d.mask_slots = 2  # fixed: a pass asked for 3 runs 2 slots and caps the chain there
+    assert d.slots_for(3) == 2 and d.slots_for(1) == 2
+    d.reset(1)
     prop = d.propose(_state(ids, feats), 3, SamplingParams(), None)
-    assert prop.lengths.tolist() == [2]  # capped at mask_slots
+    assert prop.lengths.tolist() == [2]
     for bad in (0, 4, True, 2.0):
         with pytest.raises(ValueError, match=r"mask_slots must be None or an int in \[1, 3\]"):
             d.mask_slots = bad
     d.mask_slots = None
-    assert d.mask_slots == 3
+    assert d.mask_slots is None and d.slots_for(9) == 3
 
 
 def test_config_refuses_layers_and_sizes_vllm_cannot_serve():

@@ -156,8 +156,11 @@ def test_a_peagle_export_is_served_as_eagle3_with_parallel_drafting(tmp_path):
 
 
 def test_serve_check_runs_a_dflash_drafter_with_the_block_vllm_runs_at_k(tmp_path):
-    """vLLM drafts DFlash with the block [bonus, mask x K]: serve-check's drafterkit side gets mask_slots = K (a
-    K below block_size - 1 drafts other tokens than the trained block would), and the trained block without K."""
+    """vLLM drafts DFlash with the block [bonus, mask x K]: serve-check's drafterkit side at K=3 drafts the
+    chains of a drafter with the same weights and block_size 4 (a K below block_size - 1 drafts other tokens
+    than the trained block would)."""
+    from dataclasses import replace
+
     from conftest import tiny_llama
 
     from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
@@ -166,8 +169,13 @@ def test_serve_check_runs_a_dflash_drafter_with_the_block_vllm_runs_at_k(tmp_pat
     d = DFlashDrafter(DFlashConfig.from_target(target, block_size=6), target=target)
     out = export(d.save_pretrained(tmp_path / "df"), "vllm-dflash", tmp_path / "df-export")
     assert serving.inspect_export(out) == {"method": "dflash", "num_heads": 5}
-    assert serving.load_check_drafter(out, "dflash", None, target, 3).mask_slots == 3
-    assert serving.load_check_drafter(out, "dflash", None, target).mask_slots == 5
+    ours = serving.load_check_drafter(out, "dflash", None, target)
+    short = DFlashDrafter(replace(d.config, block_size=4), target=target)
+    short.load_state_dict(d.state_dict())
+    prompts = [[5, 9, 17, 33, 2, 70], [11, 12, 13]]
+    got = serving.run_drafterkit(target, ours, prompts, 3, 10, [])
+    want = serving.run_drafterkit(target, short, prompts, 3, 10, [])
+    assert got["chains"] == want["chains"] and got["outputs"] == want["outputs"]
 
 
 @pytest.fixture(scope="module")
