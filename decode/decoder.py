@@ -188,7 +188,7 @@ def proposer_view(dec: Decoder) -> DecodeState:
     or None); every row's tokens so far count as stable (``num_stable``) at its next call."""
     feats = None if dec.feats is None else [dec.feats[b, : len(t) - 1] for b, t in enumerate(dec.tokens)]
     state = DecodeState(tokens=dec.tokens, num_stable=dec.stable, features=feats, active=dec.active,
-                        vocab_size=dec.vocab)
+                        vocab_size=dec.vocab, num_draft_tokens=dec.k_max)
     dec.stable = [len(t) for t in dec.tokens]
     return state
 

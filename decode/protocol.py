@@ -63,6 +63,9 @@ class DecodeState:
             state that predicts ``tokens[b][t + 1]``. ``None`` when the proposer asks for none.
         active: per row, False once the row has finished (its proposals are ignored).
         vocab_size: the number of token ids that may be proposed (ids ``>= vocab_size`` never are).
+        num_draft_tokens: the K this decoding runs with (``num_draft_tokens``; a tree's depth), the most draft
+            tokens a round asks for: a round near ``max_new_tokens`` asks fewer, and a proposer whose pass is
+            shaped by K (DFlash's block, as vLLM runs it) reads K here. 0 where unknown.
     """
 
     tokens: list[list[int]]
@@ -70,6 +73,7 @@ class DecodeState:
     features: list[torch.Tensor] | None
     active: list[bool]
     vocab_size: int
+    num_draft_tokens: int = 0
 
 
 @dataclass

@@ -358,9 +358,11 @@ class DFlashDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        """Up to ``k`` draft tokens per row from ONE block pass of :meth:`slots_for` ``(k)`` mask slots over all
-        rows (see the module docstring); ``lengths`` caps the chain at the block's slots and where
-        ``draft_threshold`` cuts it. Rows without target context yet (one token) or inactive propose nothing.
+        """Up to ``k`` draft tokens per row from ONE block pass over all rows of :meth:`slots_for` ``(K)`` mask
+        slots, K = ``state.num_draft_tokens`` (the decoding's K: a round near the end asks fewer than K and
+        still runs K's block, as vLLM does), ``k`` where that is 0 (see the module docstring); ``lengths`` caps
+        the chain at the block's slots and where ``draft_threshold`` cuts it. Rows without target context yet
+        (one token) or inactive propose nothing.
 
         Raises:
             ValueError: the decoder passed no features (``feature_layers`` was ignored).
@@ -375,7 +377,7 @@ class DFlashDrafter(Drafter):
         probs = None if sampling.greedy else F.one_hot(tokens, v).float()
         lengths = torch.zeros(b_all, dtype=torch.long)
         rows = [b for b in range(b_all) if state.active[b] and len(state.tokens[b]) >= 2]
-        slots = self.slots_for(k)
+        slots = self.slots_for(state.num_draft_tokens or k)
         if rows:
             with torch.no_grad():
                 logits = self.block_logits(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, N]

@@ -35,6 +35,7 @@ Not a checkpoint kind: build it around a loaded drafter (``drafterkit eval --dra
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -210,8 +211,7 @@ class LookupHybrid:
             return Proposal(tokens=torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), probs=None,
                             lengths=torch.tensor([len(c) for c in conts], dtype=torch.long))
         self._stable = None
-        inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features, active=state.active,
-                            vocab_size=state.vocab_size)
+        inner = replace(state, num_stable=stable)
         prop = self.drafter.propose(inner, k, sampling, generator)
         tokens = prop.tokens.clone()
         lengths = (prop.lengths.clone() if prop.lengths is not None
@@ -280,8 +280,7 @@ class LookupHybrid:
             mask = torch.zeros(b_all, n, dtype=torch.bool)
         else:
             self._stable = None
-            inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features,
-                                active=state.active, vocab_size=state.vocab_size)
+            inner = replace(state, num_stable=stable)
             prop = self._drafter_tree(inner, tree, sampling, generator)
             tokens = torch.as_tensor(prop.tokens).clone().cpu()
             mask = (torch.ones(b_all, n, dtype=torch.bool) if prop.mask is None
@@ -323,8 +322,7 @@ class LookupHybrid:
             self._stable = stable
         else:
             self._stable = None
-            inner = DecodeState(tokens=state.tokens, num_stable=stable, features=state.features,
-                                active=state.active, vocab_size=state.vocab_size)
+            inner = replace(state, num_stable=stable)
             prop = self._drafter_tree(inner, spec, sampling, generator)
             rows = [row_tree_of(prop, b) for b in range(len(rows))]
         for b, cont in enumerate(conts):

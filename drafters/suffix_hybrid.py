@@ -13,6 +13,7 @@ drafts are deterministic (one-hot q).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -74,8 +75,7 @@ class SuffixHybrid(LookupHybrid):
             self._stable = stable
             return None
         self._stable = None
-        return DecodeState(tokens=state.tokens, num_stable=stable, features=state.features, active=state.active,
-                           vocab_size=state.vocab_size)
+        return replace(state, num_stable=stable)
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:

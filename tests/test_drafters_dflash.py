@@ -116,6 +116,11 @@ def test_a_pass_asked_for_k_tokens_runs_the_block_vllm_runs_at_k():
     theirs = short.propose(_state(ids, feats), 2, sampling, torch.Generator().manual_seed(0))
     assert ours.lengths is None and torch.equal(ours.tokens, theirs.tokens)
     torch.testing.assert_close(ours.probs, theirs.probs, rtol=1e-5, atol=1e-6)
+    d.reset(1)  # a round near the end asks fewer tokens than the decoding's K and still runs K's block
+    last = _state(ids, feats)
+    last.num_draft_tokens = 2
+    one = d.propose(last, 1, sampling, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(one.probs[:, 0], theirs.probs[:, 0], rtol=1e-5, atol=1e-6)
     d.mask_slots = 2  # fixed: a pass asked for 3 runs 2 slots and caps the chain there
     assert d.slots_for(3) == 2 and d.slots_for(1) == 2
     d.reset(1)
