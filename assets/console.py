@@ -68,21 +68,32 @@ _PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name)
 def user_warnings():
     """Within it, drafterkit's own ``UserWarning``s (a torn data file, fewer prompts than asked) print as one
     line, ``drafterkit: warning: <message>``, on a line of their own, instead of Python's ``path:line:
-    UserWarning: ...`` followed by the source line. Other warnings keep Python's format. Every entry point wraps
-    its verb in it: ``drafterkit VERB`` and ``python -m drafterkit.train`` (what ``torchrun`` and ``accelerate
-    launch`` start in each process)."""
-    plain = warnings.formatwarning
+    UserWarning: ...`` followed by the source line, and each such message once: a verb that reads the same data
+    twice (the quickstart plans the feature cache, then trains) warns once. Other warnings keep Python's format
+    and its own repetition rules. Every entry point wraps its verb in it: ``drafterkit VERB`` and ``python -m
+    drafterkit.train`` (what ``torchrun`` and ``accelerate launch`` start in each process)."""
+    plain, show, seen = warnings.formatwarning, warnings.showwarning, set()
+
+    def ours(category, filename) -> bool:
+        return issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGES)
 
     def fmt(message, category, filename, lineno, line=None):
-        if issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGES):
+        if ours(category, filename):
             return f"\ndrafterkit: warning: {message}\n"
         return plain(message, category, filename, lineno, line)
 
-    warnings.formatwarning = fmt
+    def show_once(message, category, filename, lineno, file=None, line=None):
+        if ours(category, filename):
+            if str(message) in seen:
+                return
+            seen.add(str(message))
+        show(message, category, filename, lineno, file, line)
+
+    warnings.formatwarning, warnings.showwarning = fmt, show_once
     try:
         yield
     finally:
-        warnings.formatwarning = plain
+        warnings.formatwarning, warnings.showwarning = plain, show
 
 
 class _DropAcceleratorGuess(logging.Filter):

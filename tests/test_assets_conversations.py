@@ -367,3 +367,27 @@ def test_cli_prints_drafterkit_warnings_as_one_plain_line():
     assert ours == "\ndrafterkit: warning: x.jsonl: skipped 1 unreadable line (6)\n"
     assert theirs.startswith("/elsewhere/mod.py:3: UserWarning: from elsewhere")
     assert warnings.formatwarning.__module__ == "warnings"  # restored after the verb
+
+
+def test_cli_prints_each_drafterkit_warning_once_per_verb():
+    """A verb that reads the same data twice (the quickstart plans the feature cache, then trains) shows its
+    warning once, wherever each call warned from; another message still shows, and other packages' warnings
+    keep Python's rules."""
+    import warnings
+
+    from drafterkit.assets import conversations as prompts
+    from drafterkit.assets.console import user_warnings
+
+    show_before = warnings.showwarning
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with user_warnings():
+            for line in (10, 20):
+                warnings.warn_explicit("x.jsonl: 3 conversations gave no example", UserWarning, prompts.__file__,
+                                       line)
+            warnings.warn_explicit("x.jsonl: fewer examples", UserWarning, prompts.__file__, 30)
+            for _ in range(2):
+                warnings.warn_explicit("from elsewhere", UserWarning, "/elsewhere/mod.py", 3)
+    assert [str(w.message) for w in shown] == ["x.jsonl: 3 conversations gave no example",
+                                               "x.jsonl: fewer examples", "from elsewhere", "from elsewhere"]
+    assert warnings.showwarning is show_before  # restored after the verb
