@@ -30,8 +30,8 @@
 # distributed engines; on a machine of N GPUs set N and add zero2,zero3 with GPU_WHEELS_DEEPSPEED=1 wheels),
 # SCALE_ARGS (more scale_check.py arguments), TOKENIZER (the tokenizer folder for scale_check.py; default
 # .whl/tokenizer when present, else scale_check.py's default), WHEELS_DIR (default .whl).
-# A second call in the same lease, for what the first left out, e.g.:
-#   GPU_CHECK_ARGS="--sections speed --batches 8" SCALE_ENGINES=none bash scripts/gpu-run.sh
+# A second call at once (the machine stays warm 30 s), for what the first left out, e.g.:
+#   GPU_CHECK_ARGS="--sections speed --batches 8" SCALE_ENGINES=none MAX_MINUTES=2 BUDGET_S=200 bash scripts/gpu-run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
