@@ -157,7 +157,8 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
 
     Raises:
         ExportError: the heads share the target's LM head and ``target`` was not given (:func:`export` gives
-            ``--target``, else the target the training recipe records).
+            ``--target``, else the target the training recipe records), or the heads do not fit ``target``
+            (:func:`medusa_target_check`, eval's check).
     """
     _, cfg = read_config(ckpt)
     state = read_weights(ckpt)
@@ -168,13 +169,15 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
             tensors[f"blocks.{parts[1]}.layers.{parts[2]}.{parts[-1]}"] = v
         elif parts[0] == "lm_heads":
             tensors[k] = v
-    if cfg["share_lm_head"]:
-        if target is None:
-            raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold, "
-                              "and no training recipe beside it records the target; pass --target NAME_OR_PATH so "
-                              "it can be written as lm_heads.0.weight")
+    if cfg["share_lm_head"] and target is None:
+        raise ExportError("these Medusa heads share the target's LM head, which the checkpoint does not hold, "
+                          "and no training recipe beside it records the target; pass --target NAME_OR_PATH so "
+                          "it can be written as lm_heads.0.weight")
+    if target is not None:  # the heads must fit the target they are exported for, checked as eval checks them
         model = load_target_model(target)
-        tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
+        medusa_target_check(ckpt, model, target)
+        if cfg["share_lm_head"]:
+            tensors["lm_heads.0.weight"] = model.get_output_embeddings().weight.detach().clone()
     config = {
         "architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": cfg["hidden_size"],
         "vocab_size": cfg["vocab_size"], "truncated_vocab_size": cfg["vocab_size"],
@@ -188,6 +191,21 @@ def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch
     save_tensors(cast_tensors(tensors, dtype), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def medusa_target_check(ckpt: Path, model: torch.nn.Module, target: str) -> None:
+    """Refuse exporting the Medusa heads of ``ckpt`` for the loaded ``model`` (named ``target``) when they do not
+    fit it, with the check ``drafterkit eval`` runs: the drafter loaded next to the target (its LM head
+    ``[vocab_size, hidden_size]``) and ``check_compatible`` (hidden size, layer count).
+
+    Raises:
+        ExportError: one line: eval's refusal, the target named.
+    """
+    try:
+        drafter = load_drafter(ckpt, target=model, trained_for=False)
+        drafter.check_compatible(model, model.get_output_embeddings().weight.shape[0])
+    except ValueError as exc:
+        raise ExportError(f"--target {target}: {exc}") from None
 
 
 def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:

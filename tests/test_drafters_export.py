@@ -261,6 +261,25 @@ def test_medusa_export_reads_the_recorded_target_and_target_still_overrides_it(t
                        other.lm_head.weight)
 
 
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("other", [{"hidden_size": 64}, {"vocab_size": 160}], ids=["hidden", "padded-vocab"])
+def test_medusa_export_refuses_a_target_of_other_shapes_as_eval_does(tmp_path, capsys, share, other):
+    # heads for a hidden-32 / vocab-128 target exported for another hidden size or a padded vocabulary: refused
+    # with the line eval gives (the drafter loaded next to the target), nothing written
+    target = tiny_llama(0)
+    tiny_llama(0, **other).save_pretrained(tmp_path / "other")
+    d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=share), target=target)
+    ckpt = d.save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # transformers' save progress
+    assert cli(["export", str(ckpt), "--format", "medusa", "--output", str(tmp_path / "out"),
+                "--target", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "Medusa config expects an LM head [128, 32] but the target's is" in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("drafterkit")]  # not transformers' load progress
+    assert len(lines) == 1 and lines[0].startswith("drafterkit export: error: --target ") and \
+        not (tmp_path / "out").exists()
+
+
 def test_medusa_export_own_heads(tmp_path):
     target = tiny_llama(0)
     d = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)
