@@ -69,8 +69,8 @@ def drafter_problem(folder: Path, kind: str, target: str, *, label: str | None =
     """The warning line for the ``kind`` drafter in the drafter folder ``folder`` (already resolved:
     ``drafters.resolve_checkpoint``) used with ``target`` (a name, folder or Hub id, as ``flag`` gave it), or None:
     not a feature-level kind, no recorded target, the same target (:func:`assets.target.same_target`), or a target
-    of another hidden size or layer count (:func:`shapes_match`: the shape error, raised when the drafter meets it,
-    says it all). ``label`` names the drafter in the line (default: the folder).
+    of another hidden size, layer count or LM head rows (:func:`shapes_match`: the shape error, raised when the
+    drafter meets it, says it all). ``label`` names the drafter in the line (default: the folder).
 
     Raises:
         DrafterLoadError: the recorded target's tokenizer maps tokens to other ids than ``target``'s (both
@@ -100,11 +100,12 @@ def drafter_problem(folder: Path, kind: str, target: str, *, label: str | None =
 
 
 def shapes_match(folder: str | Path, target: str) -> bool | None:
-    """Whether target ``target``'s ``config.json`` (a local folder or the default alias's) gives the hidden size
-    and decoder layer count the feature-level drafter in ``folder`` records (its ``config.json``'s ``hidden_size``
-    and ``target_num_layers``, :func:`drafters.base.read_config`: what ``drafters.feature_head.check_target_shape``
-    compares once both are loaded); None where either is not readable here (a Hub id, a drafter config without
-    them)."""
+    """Whether target ``target``'s ``config.json`` (a local folder or the default alias's) gives the hidden size,
+    decoder layer count and LM head rows the feature-level drafter in ``folder`` records (its ``config.json``'s
+    ``hidden_size``, ``target_num_layers`` and ``vocab_size``, :func:`drafters.base.read_config`: what
+    ``drafters.feature_head.check_target_shape`` and the heads' LM head checks compare once both are loaded; a copy
+    whose vocabulary is padded to more rows has the same tokenizer but not the same shapes); None where either is
+    not readable here (a Hub id, a drafter config without them)."""
     try:
         mine = read_config(folder)[1]
         theirs = json.loads((Path(resolve_target_path(target)).expanduser() / "config.json").read_text())
@@ -117,7 +118,8 @@ def shapes_match(folder: str | Path, target: str) -> bool | None:
     got = (theirs.get("hidden_size"), theirs.get("num_hidden_layers"))
     if None in want or None in got:
         return None
-    return want == got
+    rows = (mine.get("vocab_size"), theirs.get("vocab_size"))  # the LM head rows: a padded copy has more
+    return want == got and (None in rows or rows[0] == rows[1])
 
 
 def target_from_records(folders: dict[str, Path | None], *, flag: str = "--target") -> tuple[str, str] | None:

@@ -45,6 +45,7 @@ def world(tmp_path_factory):
     shutil.copytree(root / "a", root / "a-swapped")  # a's weights, c's swapped token ids
     shutil.copy(root / "c" / "tokenizer.json", root / "a-swapped" / "tokenizer.json")
     save_family("llama3", root / "wide", hidden_size=32)  # another hidden size: the head cannot read it
+    save_family("llama3", root / "padded", vocab_size=384)  # a's tokenizer, its LM head padded to more rows
     recipe = recipe_from_dict({"output_dir": str(root / "run"), "target": {"name_or_path": str(root / "a")},
                                "drafter": {"kind": "eagle3", "options": {"draft_vocab_size": 64}}})
     torch.manual_seed(0)
@@ -211,18 +212,20 @@ def test_drafters_recording_different_targets_need_a_target(world, capsys):
                    "target to measure them with")
 
 
-def test_a_target_of_another_shape_gets_the_shape_error_alone(world, capsys):
-    """The warning said "both have the same hidden size and layer count ... so it runs" before the shape error that
-    contradicted it; now the shape error stands alone."""
-    assert shapes_match(world / "run" / "checkpoints" / "best" / "drafter", str(world / "wide")) is False
-    assert trained_for_problem(world / "run", str(world / "wide")) is None
+@pytest.mark.parametrize("other, says", [("wide", "hidden 32"), ("padded", "LM head rows 384")])
+def test_a_target_of_another_shape_gets_the_shape_error_alone(world, capsys, other, says):
+    """The warning said "both have the same hidden size and layer count ... so it runs" (or, for a copy whose LM head
+    is padded to more rows, "... and the same vocabulary") before the shape error that contradicted it; now the
+    shape error stands alone."""
+    assert shapes_match(world / "run" / "checkpoints" / "best" / "drafter", str(world / other)) is False
+    assert trained_for_problem(world / "run", str(world / other)) is None
     capsys.readouterr()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert cli(_eval(world, str(world / "wide"))) == 2
+        assert cli(_eval(world, str(world / other))) == 2
     assert _trained_for_lines(caught) == []
     err = capsys.readouterr().err.strip()
-    assert err.startswith("drafterkit eval: error: ") and "hidden 32" in err and len(err.splitlines()) == 1
+    assert err.startswith("drafterkit eval: error: ") and says in err and len(err.splitlines()) == 1, err
     line = trained_for_problem(world / "run", str(world / "b"))
     assert f"{world / 'b'} has the hidden size and layer count the drafter reads" in line and "so it runs" not in line
 
