@@ -88,9 +88,16 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     left-hand side, which on an AVX2 CPU reads it once in a kernel made for that shape, where the
     stock ``x @ weight^T`` takes a small-M path that costs 2-3x the one-row product for 2-4 rows
     (SmolLM2-135M's linear layers, 2 threads: 2 rows 86 -> 42 ms, 4 rows 84 -> 39 ms; one row is
-    unchanged and gives the stock bits)."""
+    unchanged and gives the stock bits).
+
+    The product ``weight @ x^T`` is ``[out, rows]``; its transpose is copied to a row-major ``[rows, out]``
+    (``rows x out`` values, a small fraction of the GEMM's ``out x in`` weight reads; one row needs no copy) so
+    the output has the stock layout, a last dimension of stride 1: left transposed, its last dimension's stride
+    is ``rows``, and a model that reinterprets it through ``torch.view_as_complex`` (Llama-4's and DeepSeek-V2's
+    rotary embedding, whose ``.float()`` copies only a bf16 tensor) fails with "Tensor must have a last
+    dimension with stride 1"."""
     flat = x.reshape(-1, x.shape[-1])
-    y = torch.mm(weight, flat.t()).t()
+    y = torch.mm(weight, flat.t()).t().contiguous()
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -5,8 +5,9 @@ vocabulary (the family's own quirks kept: Llama-3's ``llama3`` RoPE scaling, Qwe
 experts, Gemma-2's logit soft-capping and sliding window, Phi-3's fused ``qkv_proj`` / ``gate_up_proj``,
 OLMo-2's post-norms, Granite's multipliers, gpt-oss's experts and attention sinks), with a small local
 byte-level BPE tokenizer (built with the ``tokenizers`` library, no Hub access) whose vocabulary matches
-the config, and a ChatML chat template. Used by the per-family tests (``tests/test_*_families*.py``) and
-reusable by any test::
+the config, and a ChatML chat template. Two more, Llama-4's text model and DeepSeek-V2
+(:data:`DECODER_FAMILIES`), are built the same way for the decoder's exactness tests only. Used by the
+per-family tests (``tests/test_*_families*.py``) and reusable by any test::
 
     from families import FAMILIES, build_family, save_family
 
@@ -63,6 +64,21 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}}),
 }
 
+#: families the decoder is checked on (greedy speculative decoding == plain decoding, fp32 and bf16) but that are
+#: not in :data:`FAMILIES`, which the support matrix, training and vLLM serving tests cover: Llama-4's text model
+#: (MoE layers with a shared expert, q/k norms, NoPE layers, chunked attention) and DeepSeek-V2 (multi-head latent
+#: attention, MoE with a shared expert). Their rotary embeddings go through ``torch.view_as_complex``, which needs
+#: a last dimension of stride 1 from the q/k projections. Built by the same :func:`build_family`.
+DECODER_FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "llama4": ("llama4_text", "Llama4ForCausalLM", {
+        "head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+        "intermediate_size_mlp": 96, "use_qk_norm": True, "no_rope_layer_interval": 4}),
+    "deepseek_v2": ("deepseek_v2", "DeepseekV2ForCausalLM", {
+        "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": None, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16, "v_head_dim": 16, "head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 48, "first_k_dense_replace": 1, "topk_method": "greedy"}),
+}
+
 _CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b\n",
            "List the days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.",
            "question answer user assistant system hello world 0123456789 ( ) [ ] { } , . ; : ! ?"]
@@ -72,11 +88,16 @@ _CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    
 SLIDING = ("mistral", "gemma2", "gemma3", "gpt_oss")
 
 
+def _spec(family: str) -> tuple[str, str, dict]:
+    return FAMILIES[family] if family in FAMILIES else DECODER_FAMILIES[family]
+
+
 def family_config(family: str, **overrides):
-    """The transformers config of ``family`` (tiny, see the module docstring), with ``overrides``."""
+    """The transformers config of ``family`` (a key of :data:`FAMILIES` or :data:`DECODER_FAMILIES`; tiny, see
+    the module docstring), with ``overrides``."""
     from transformers import AutoConfig
 
-    model_type, _, own = FAMILIES[family]
+    model_type, _, own = _spec(family)
     return AutoConfig.for_model(model_type, **{**_BASE, **own, **overrides})
 
 
@@ -89,7 +110,7 @@ def build_family(family: str, seed: int = 0, **overrides):
 
     cfg = family_config(family, **overrides)
     torch.manual_seed(seed)
-    model = getattr(transformers, FAMILIES[family][1])(cfg).eval()
+    model = getattr(transformers, _spec(family)[1])(cfg).eval()
     with torch.no_grad():
         if cfg.tie_word_embeddings:  # scaling the shared matrix would scale the inputs too: scale the final norm
             norm = model.model.norm  # Gemma's RMSNorm scales by (1 + weight), the others by weight
@@ -161,5 +182,5 @@ def family_prompts(n: int = 2, length: int = 6, seed: int = 0) -> list[list[int]
 
 def describe(family: str) -> str:
     """One line: the family's model type, class and the config fields that set it apart."""
-    model_type, cls, overrides = FAMILIES[family]
+    model_type, cls, overrides = _spec(family)
     return f"{family}: {cls} ({model_type}) {json.dumps(overrides, sort_keys=True)}"

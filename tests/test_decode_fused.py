@@ -46,7 +46,12 @@ def test_a_few_fp32_rows_compute_weight_times_input_with_the_stock_results():
     assert torch.equal(_few_rows(one, w, None), torch.nn.functional.linear(one, w))  # one row: the stock bits
     for rows in range(2, FEW_ROWS + 1):  # a verification pass: the same values up to fp32 rounding
         x = torch.randn(1, rows, 40, generator=g)
-        torch.testing.assert_close(_few_rows(x, w, b), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        for bias in (None, b):
+            got, want = _few_rows(x, w, bias), torch.nn.functional.linear(x, w, bias)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            # the stock layout (row-major, last dimension of stride 1), not the GEMM's transposed [out, rows]:
+            # torch.view_as_complex (Llama-4's, DeepSeek-V2's rotary embedding) refuses any other last stride
+            assert got.stride() == want.stride(), (rows, bias is None, got.stride())
 
 
 def test_the_model_is_untouched_and_bf16_copies_are_prepacked_with_the_same_outputs():

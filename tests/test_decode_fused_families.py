@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import FAMILIES, build_family, family_prompts, one_thread  # noqa: F401 (one_thread: a fixture)
+from families import (DECODER_FAMILIES, FAMILIES, build_family, family_prompts,  # noqa: F401 (one_thread: a fixture)
+                      one_thread)
 
 from drafterkit.decode import fused, generate
 
@@ -36,7 +37,7 @@ def test_merged_projections_apply_where_the_layers_match(family):
     assert covered == linears, family
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, *DECODER_FAMILIES])
 def test_decoding_is_unchanged_by_the_kernels(family, monkeypatch):
     target, _ = build_family(family)
     prompts = family_prompts(2)
