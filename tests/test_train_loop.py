@@ -544,6 +544,39 @@ def test_resuming_a_checkpoint_of_another_kind_names_both_kinds_before_anything_
         train(medusa, target=target, tokenizer=tok)
 
 
+def test_resuming_another_runs_checkpoint_starts_best_afresh_and_another_target_is_refused(world, tmp_path, capsys):
+    """``train.resume=<run a>/checkpoints/last`` into another output_dir keeps a's weights and step but not a's best
+    (its score measured a's evaluations: inherited, the new run would never write its own best/ and would report
+    a's score); a resume into a's own output_dir keeps it. A checkpoint trained for another target is refused
+    before anything loads, as the target mismatch checks refuse it."""
+    from drafterkit.train.loop import train
+    from drafterkit.train.prepare import preflight
+
+    target, tok = _load(world)
+    a = train(_recipe(world, tmp_path / "a", **{"train.max_steps": 2, "eval.at_end": "true"}), target=target,
+              tokenizer=tok)
+    assert a.best_score is not None
+    last = tmp_path / "a" / "checkpoints" / "last"
+    capsys.readouterr()
+    b = train(_recipe(world, tmp_path / "b", **{"train.max_steps": 3, "train.resume": str(last)}), target=target,
+              tokenizer=tok)
+    out = capsys.readouterr().out
+    assert b.global_step == 3 and len(b.losses) == 1 and b.best_score is None, b
+    assert "a checkpoint of another output_dir" in out and "best tracking starts afresh" in out
+    assert json.loads((tmp_path / "b" / "checkpoints" / "last" / "trainer_state.json").read_text())["best_step"] is None
+    same = train(_recipe(world, tmp_path / "a", **{"train.max_steps": 3, "train.resume": "auto"}), target=target,
+                 tokenizer=tok)
+    assert same.best_score == a.best_score and "another output_dir" not in capsys.readouterr().out
+    other = tmp_path / "other"  # another target: SmolLM2's tokenizer too, other weights
+    shutil.copytree(world / "target", other)
+    tiny_llama(5, vocab_size=target.config.vocab_size, hidden_size=32).save_pretrained(other)
+    shutil.copy(world / "target" / "config.json", other / "config.json")
+    moved = _recipe(world, tmp_path / "c", **{"train.resume": str(last), "target.name_or_path": str(other)})
+    with pytest.raises(RecipeError, match=rf"cannot resume {last}: it was trained for target {world / 'target'} "
+                                          rf"\(its recipe.yaml\), not this recipe's {other}.*target.name_or_path="):
+        preflight(moved)
+
+
 def test_each_process_prints_drafterkit_warnings_as_one_line_and_no_deepspeed_guess(world, tmp_path):
     """``python -m drafterkit.train``, what torchrun and accelerate launch start in each process, prints
     drafterkit's warnings as ``drafterkit VERB`` does (one ``drafterkit: warning:`` line, not Python's

@@ -145,7 +145,12 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
                               f"recipe builds ({why}); the drafter's options changed since it was saved. Train "
                               "into a new output_dir, restore the options it was trained with (its recipe.yaml), "
                               "or start over with train.resume=never train.overwrite=true") from None
-        acc.print(f"resumed from {resume} at step {state.global_step}")
+        note = ""
+        if resume.resolve().parent != paths.checkpoints.resolve():  # another run's checkpoint: its best is not ours
+            state.best_score, state.best_step = None, None
+            note = (f" (a checkpoint of another output_dir: its weights, optimizer, step and data position carry "
+                    f"over; best tracking starts afresh, so {paths.best} holds this run's evaluations only)")
+        acc.print(f"resumed from {resume} at step {state.global_step}{note}")
     elif cfg.resume == "auto":
         acc.print(f"no checkpoint to resume in {paths.checkpoints}; starting at step 0")
     if acc.is_main_process:

@@ -18,6 +18,8 @@ import torch
 
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.records import unwritable_folder
+from drafterkit.assets.target import same_target
+from drafterkit.drafters.target_record import trained_target
 from drafterkit.train.checkpoint import find_resume, saved_kind
 from drafterkit.train.data import DataError
 from drafterkit.train.distributed import (
@@ -93,7 +95,8 @@ def preflight(recipe: Recipe) -> None:
             (:func:`train.zero.check_zero_request`); a resume from a checkpoint whose drafter another engine
             trained (:func:`train.sharding.saved_engine`) or whose drafter is another kind
             (:func:`train.checkpoint.saved_kind`), or from a ZeRO checkpoint on another number of
-            processes (:func:`train.zero.check_zero_resume`).
+            processes (:func:`train.zero.check_zero_resume`), or from a checkpoint whose recipe.yaml records
+            another target (:func:`assets.target.same_target`, the rule of the target mismatch checks).
     """
     check_distributed_request(recipe)
     recipe_data_file(recipe.data)
@@ -114,6 +117,12 @@ def preflight(recipe: Recipe) -> None:
                           "output_dir")
     if resume is not None:
         check_zero_resume(resume / "state", recipe)
+        if (recorded := trained_target(resume / "drafter")) and not same_target(recorded, recipe.target.name_or_path):
+            raise RecipeError(f"cannot resume {resume}: it was trained for target {recorded} (its recipe.yaml), not "
+                              f"this recipe's {recipe.target.name_or_path}, whose features and distribution the "
+                              f"drafter was not fitted to; continue it with target.name_or_path={recorded}, or "
+                              f"train for {recipe.target.name_or_path} from step 0 (train.resume=never, in another "
+                              "output_dir)")
     check_shard_world(recipe)
     check_zero_request(recipe)
     if cfg.overwrite or not ckpts.is_dir() or resume is not None:
