@@ -436,7 +436,8 @@ def format_report(r: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``drafterkit serve-check``: 0 when outputs and chains match, 1 when they differ, 2 on a usage error
-    (message on stderr), 3 when vLLM itself failed (the end of its log on stderr)."""
+    (message on stderr), 3 when vLLM itself failed (the end of its log on stderr), 4 when drafterkit's own side
+    (loading, its decoder, the comparison) raised an exception (one line on stderr naming it)."""
     if args.num_prompts < 1 or args.max_new_tokens < 1 or (args.k is not None and args.k < 1):
         print("drafterkit serve-check: error: --num-prompts, --max-new-tokens and --k must be >= 1", file=sys.stderr)
         return 2
@@ -457,6 +458,12 @@ def run(args: argparse.Namespace) -> int:
     except VLLMRunError as exc:
         print(f"drafterkit serve-check: error: {exc}", file=sys.stderr)
         return 3
+    except Exception as exc:  # drafterkit's own side raised: not a difference between the two (1), nor vLLM's (3)
+        why = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+        print(f"drafterkit serve-check: error: drafterkit's own side failed ({type(exc).__name__}: {why}), so "
+              "nothing was compared; this is drafterkit's failure, not a difference from vLLM: report it with "
+              "this line and the command", file=sys.stderr)
+        return 4
     print(format_report(report))
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2))

@@ -92,6 +92,24 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
         assert needle in (err := capsys.readouterr().err), err
 
 
+def test_an_exception_on_drafterkits_side_has_its_own_status_not_outputs_differ(tmp_path, capsys, monkeypatch):
+    """Status 1 says "outputs or chains differ"; an exception raised by drafterkit's own side (no input triggers one
+    on purpose: a fault injected into the check it runs) exits 4 with one line naming it, no traceback."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Tensor must have a last dimension with stride 1\nsecond line")
+
+    monkeypatch.setattr(serving, "check_exports", fails)
+    assert cli(["serve-check", str(draft), "--target", "smollm2-135m"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("drafterkit serve-check: error: drafterkit's own side failed (RuntimeError: Tensor must "
+                          "have a last dimension with stride 1)") and len(err.strip().splitlines()) == 1, err
+    assert "not a difference from vLLM" in err and "Traceback" not in err
+
+
 def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_vllm_pass(tmp_path):
     """serve-check loads drafterkit's side first and checks it as the decoder will (a head trained for another
     target's layer count): one ServeCheckError, not a traceback after minutes of vLLM."""
