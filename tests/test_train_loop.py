@@ -347,8 +347,9 @@ def test_drafter_option_unfit_for_target_is_a_clean_error_before_data(world, tmp
     # option, the target's limit and the fix
     assert err.splitlines() == [
         f"drafterkit train: error: {recipe}: invalid recipe:",
-        "drafter.options.num_layers: 99 is not in [1, 2] for this llama target; "
-        "set drafter.options.num_layers to at most 2"]
+        "drafter.options.num_layers: 99 is not in [1, 1] for this llama target of 2 layers (init=truncated copies "
+        "its first num_layers layers, and the draft must be smaller than the target: 2 would copy it whole); "
+        "set drafter.options.num_layers to at most 1"]
     assert not (tmp_path / "run").exists()
 
 
@@ -517,9 +518,10 @@ def test_resuming_a_drafter_of_another_shape_is_a_recipe_error(world, tmp_path):
     from drafterkit.train.loop import train
 
     target, tok = _load(world)
-    train(_recipe(world, tmp_path / "run", **{"train.max_steps": 1}), target=target, tokenizer=tok)
-    grown = _recipe(world, tmp_path / "run", **{"train.max_steps": 2, "train.resume": "auto",
-                                                "drafter.options.num_layers": 2})
+    medusa = {"drafter.kind": "medusa", "drafter.options": "{num_heads: 3}"}
+    train(_recipe(world, tmp_path / "run", **{"train.max_steps": 1, **medusa}), target=target, tokenizer=tok)
+    grown = _recipe(world, tmp_path / "run", **{"train.max_steps": 2, "train.resume": "auto", **medusa,
+                                                "drafter.options": "{num_heads: 4}"})
     with pytest.raises(RecipeError,
                        match="cannot resume from .*does not fit the one this recipe builds.*new output_dir"):
         train(grown, target=target, tokenizer=tok)

@@ -57,5 +57,17 @@ def test_init_from_target_layers_that_do_not_map_is_refused_through_the_cli(tmp_
 
 def test_a_truncated_draft_lm_deeper_than_the_target_is_refused(tmp_path, neox):
     data = _recipe(tmp_path, neox, "draft_lm", {"init": "truncated", "num_layers": 3})
-    with pytest.raises(RecipeError, match=r"drafter.options.num_layers: 3 is not in \[1, 2\] for this gpt_neox"):
+    with pytest.raises(RecipeError, match=r"drafter.options.num_layers: 3 is not in \[1, 1\] for this gpt_neox"):
         recipe_from_dict(data)
+
+
+def test_a_truncated_draft_lm_of_all_the_targets_layers_is_refused(tmp_path, neox):
+    """recipes/draft_lm.yaml's num_layers 4 on a 4-layer target made the "truncated" draft a full copy of the
+    target (tau K + 1, loss 0.0) without a word: refused when the recipe is validated, the fix named."""
+    data = _recipe(tmp_path, neox, "draft_lm", {"init": "truncated", "num_layers": 2})
+    with pytest.raises(RecipeError) as exc:
+        recipe_from_dict(data)
+    assert ("drafter.options.num_layers: 2 is not in [1, 1] for this gpt_neox target of 2 layers (init=truncated "
+            "copies its first num_layers layers, and the draft must be smaller than the target: 2 would copy it "
+            "whole); set drafter.options.num_layers to at most 1") in str(exc.value)
+    recipe_from_dict(_recipe(tmp_path, neox, "draft_lm", {"init": "truncated", "num_layers": 1}))  # the fix

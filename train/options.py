@@ -405,15 +405,19 @@ def check_init_from_target(recipe: Any) -> None:
 
 def truncation_refusal(target: Any, num_layers: int) -> str | None:
     """Why the draft LM cannot be the target's first ``num_layers`` layers (one line naming the family and the
-    option), or None. ``target`` may live on the meta device."""
+    option), or None: ``num_layers`` must be below the target's layer count (as many would make the draft a full
+    copy of the target, accepting every token at the target's own cost). ``target`` may live on the meta device."""
     family = getattr(target.config, "model_type", type(target).__name__)
     total = getattr(target.config, "num_hidden_layers", None)
     if total is None or _drafters("target_layers", "decoder_layers")(target) is None:
         return (f"drafter.options.init: truncating the target is not defined for model type {family!r} (no "
                 "num_hidden_layers / model.layers); set drafter.options.init=scratch or init=checkpoint")
-    if not 1 <= num_layers <= total:
-        return (f"drafter.options.num_layers: {num_layers} is not in [1, {total}] for this {family} target; "
-                f"set drafter.options.num_layers to at most {total}")
+    if not 1 <= num_layers < total:  # all of them: the "draft" would be the target itself (tau = K + 1, loss 0)
+        fix = (f"set drafter.options.num_layers to at most {total - 1}" if total > 1 else
+               "set drafter.options.init=scratch or init=checkpoint")
+        return (f"drafter.options.num_layers: {num_layers} is not in [1, {total - 1}] for this {family} target of "
+                f"{total} layers (init=truncated copies its first num_layers layers, and the draft must be smaller "
+                f"than the target: {total} would copy it whole); {fix}")
     return None
 
 
