@@ -27,7 +27,8 @@ Formats:
   records); ``config.json`` also carries the
   FasterDecoding/Medusa keys ``medusa_num_heads`` / ``medusa_num_layers``.
 * ``hf-assistant`` (a ``draft_lm`` checkpoint): a plain transformers folder, usable as ``model.generate(...,
-  assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``; with ``--target`` its tokenizer is saved too.
+  assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``, with the tokenizer of the target (``--target``,
+  else the one the training recipe records).
 
 ``CKPT`` is anything ``drafters.resolve_checkpoint`` accepts: a drafter folder, a training checkpoint holding
 ``drafter/`` (``OUTPUT_DIR/checkpoints/last``) or a run's ``OUTPUT_DIR`` (``checkpoints/best``, else ``last``).
@@ -208,9 +209,25 @@ def medusa_target_check(ckpt: Path, model: torch.nn.Module, target: str) -> None
         raise ExportError(f"--target {target}: {exc}") from None
 
 
-def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
-    """Write the ``draft_lm`` checkpoint's transformers model as a plain folder (``assistant_model``)."""
+def export_hf_assistant(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None, *,
+                        recorded: str | None = None) -> Path:
+    """Write the ``draft_lm`` checkpoint's transformers model as a plain folder (``assistant_model``), with the
+    tokenizer of ``target`` (``--target``), else of ``recorded`` (the target the training recipe records), so
+    that the folder loads with ``AutoTokenizer`` as well.
+
+    Raises:
+        TargetLoadError: ``target``'s tokenizer cannot be loaded (before anything is written). A ``recorded``
+            target whose tokenizer cannot be loaded here (a Hub id offline, a folder gone) is a one-line warning
+            instead, and the folder is written without a tokenizer.
+    """
     tok = load_target_tokenizer(target) if target is not None else None  # a bad --target before anything is written
+    if tok is None and recorded is not None:
+        try:
+            tok = load_target_tokenizer(recorded)
+        except TargetLoadError as exc:
+            warnings.warn(f"the tokenizer of target {recorded} (the one the training recipe records) cannot be "
+                          f"loaded here ({exc}); the export holds no tokenizer: pass --target NAME_OR_PATH to save "
+                          "one", UserWarning, stacklevel=2)
     drafter = load_drafter(ckpt)
     lm = drafter.lm if dtype is None else drafter.lm.to(dtype)
     lm.save_pretrained(out)
@@ -300,7 +317,7 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     elif fmt == "medusa":
         export_medusa(ckpt, output, used, dt)
     else:
-        export_hf_assistant(ckpt, output, target, dt)
+        export_hf_assistant(ckpt, output, target, dt, recorded=used)
     if fmt != "hf-assistant":  # a draft LM export is a plain transformers model, compared as it is
         record_source(output, ckpt)
     if problem := vllm_serve_problem(fmt, used):

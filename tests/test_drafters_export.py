@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 
 import pytest
 import torch
@@ -299,6 +300,33 @@ def test_hf_assistant_export_loads_with_transformers(tmp_path):
     ids = torch.tensor([[3, 4, 5, 6]])
     with torch.no_grad():
         assert torch.allclose(lm(ids).logits, d.lm(ids).logits, atol=1e-5)
+
+
+def test_hf_assistant_export_saves_the_recorded_targets_tokenizer(tmp_path, capsys):
+    """The export line training prints for a draft LM has no --target: the export reads the target the checkpoint's
+    recipe.yaml records for the tokenizer, as Medusa reads it for the LM head; a recorded target gone from this
+    machine is one warning line and an export without a tokenizer."""
+    import shutil
+
+    from families import save_family
+    from transformers import AutoTokenizer
+
+    from drafterkit.drafters.draft_lm import DraftLM
+
+    model, tok = save_family("llama3", tmp_path / "target")
+    ckpt = _in_a_training_checkpoint(DraftLM.from_target(model, 1), tmp_path / "run", str(tmp_path / "target"))
+    assert cli(["export", str(ckpt), "--format", "hf-assistant", "--output", str(tmp_path / "hf")]) == 0
+    saved = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert saved.get_vocab() == tok.get_vocab()
+    shutil.rmtree(tmp_path / "target")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(["export", str(ckpt), "--format", "hf-assistant", "--output", str(tmp_path / "hf2")]) == 0
+    said = [str(w.message) for w in caught if "tokenizer" in str(w.message)]
+    assert len(said) == 1 and "\n" not in said[0] and said[0].startswith(
+        f"the tokenizer of target {tmp_path / 'target'} (the one the training recipe records) cannot be loaded") \
+        and said[0].endswith("pass --target NAME_OR_PATH to save one"), said
+    assert (tmp_path / "hf2" / "config.json").is_file() and not (tmp_path / "hf2" / "tokenizer.json").exists()
 
 
 def _open_mode(tmp_path) -> int:

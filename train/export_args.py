@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace what --output already holds (without it, a folder holding files is refused)")
     parser.add_argument("--target", default=None,
                         help="target name or folder (default: the one the drafter's training recipe records): "
-                             "Medusa heads sharing its LM head write it from there; for hf-assistant, --target's "
+                             "Medusa heads sharing its LM head write it from there; for hf-assistant, its "
                              "tokenizer is saved too")
     parser.add_argument("--dtype", default=None,
                         help="cast floating tensors (fp32 | bf16 | fp16 | auto; default: keep the checkpoint's)")
