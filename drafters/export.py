@@ -60,7 +60,8 @@ import torch
 from drafterkit.assets.device import resolve_dtype
 from drafterkit.assets.file_modes import apply_umask
 from drafterkit.assets.records import unwritable_folder
-from drafterkit.assets.target import TargetLoadError, hub_reachable, load_target_model, load_target_tokenizer
+from drafterkit.assets.target import (TargetLoadError, hub_reachable, load_target_model, load_target_tokenizer,
+                                     read_config_dict)
 from drafterkit.drafters import get_kind, load_drafter, resolve_checkpoint
 from drafterkit.drafters.base import (DrafterLoadError, ExportError, left_out, nonfinite_tensors, read_config,
                                       read_weights, save_tensors, weights_sha256)
@@ -79,6 +80,7 @@ from drafterkit.drafters.kinds import export_formats
 from drafterkit.drafters.model_card import vllm_serve_problem, write_model_card
 from drafterkit.drafters.target_record import trained_target
 from drafterkit.drafters.trained_for import trained_for_problem
+from drafterkit.drafters.vllm_support import draft_layer_types_problem
 
 FORMATS = export_formats()  # --format -> the kind it exports, from each kind's exports in drafters.kinds.KINDS
 
@@ -322,6 +324,9 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         record_source(output, ckpt)
     if problem := vllm_serve_problem(fmt, used):
         print(f"drafterkit export: warning: target {used}: {problem}", file=sys.stderr)
+    if fmt == "hf-assistant" and (problem := draft_layer_types_problem(read_config_dict(output),
+                                                                       f"the draft model of {output}")):
+        print(f"drafterkit export: warning: {problem}", file=sys.stderr)
     write_model_card(output, fmt, kind, ckpt, target=target, repo=repo)
     return output
 

@@ -108,6 +108,27 @@ def target_load_problem(target: str | None) -> str | None:
     return None
 
 
+def draft_layer_types_problem(config: dict | None, who: str) -> str | None:
+    """Why vLLM :data:`VLLM_VERSION` cannot draft with the draft model of ``config`` (an ``hf-assistant`` export's
+    ``config.json`` dict; ``who`` names it in the sentence), or None: its layers mix attention types
+    (``layer_types``, e.g. EXAONE-4's sliding-window and full attention). vLLM keeps one KV cache group per
+    attention type, and its draft-model proposer runs every drafting layer on one group's metadata
+    (``v1/spec_decode/llm_base_proposer.py``, ``validate_same_kv_cache_group``), so it stops at load with
+    "AssertionError: All drafting layers should belong to the same kv cache group"."""
+    if isinstance(config, dict) and "layer_types" not in config and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    types = config.get("layer_types") if isinstance(config, dict) else None
+    if not isinstance(types, list) or len(set(map(str, types))) < 2:
+        return None
+    counts = ", ".join(f"{types.count(t)} {t}" for t in dict.fromkeys(types))
+    same = next(i for i, t in enumerate(types) if t != types[0])
+    return (f"{who} mixes attention types in its layers ({counts}; config.json's layer_types), and vLLM "
+            f"{VLLM_VERSION} drafts only with layers of one KV cache group: it stops at load with \"AssertionError: "
+            "All drafting layers should belong to the same kv cache group\"; train a draft whose layers share one "
+            f"type (a truncated one: drafter.options.num_layers at most {same}, its first layers are "
+            f"{types[0]}) or serve it with transformers' assistant_model")
+
+
 #: The head sizes vLLM 0.32's CPU attention backend runs (``v1/attention/backends/cpu_attn.py``,
 #: ``CPUAttentionBackend.get_supported_head_sizes``); its kernel (``csrc/cpu/cpu_attn_impl.hpp``) stops any other at the
 #: first forward with "RuntimeError: Unsupported CPU attention configuration: head_dim=N". Re-read it when the

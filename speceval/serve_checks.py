@@ -7,7 +7,8 @@ targets vLLM cannot serve a method with), each in one line naming the fix:
 * a ``--k`` above what the export drafts in one round (Medusa's heads, DFlash's ``block_size - 1``), the rule
   ``drafterkit eval`` applies (:func:`speceval.shape_checks.cap_refusal`);
 * on vLLM's CPU build, a target or drafter whose attention head size vLLM's CPU attention does not run
-  (:func:`drafters.vllm_support.cpu_attention_problem`).
+  (:func:`drafters.vllm_support.cpu_attention_problem`);
+* a draft LM export whose layers mix attention types (:func:`drafters.vllm_support.draft_layer_types_problem`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import ExportError, recorded_source, weights_sha256
-from drafterkit.drafters.vllm_support import cpu_attention_problem, target_config
+from drafterkit.drafters.vllm_support import cpu_attention_problem, draft_layer_types_problem, target_config
 from drafterkit.speceval.shape_checks import cap_refusal
 
 MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete: "PACKAGE: versions"
@@ -85,3 +86,11 @@ def cpu_attention_refusal(target: str, export_dir: str | Path, method: str) -> s
     if method == "medusa":
         return None
     return cpu_attention_problem(_export_config(export_dir), f"the {method} drafter of {export_dir}")
+
+
+def draft_layers_refusal(export_dir: str | Path, method: str) -> str | None:
+    """Why vLLM cannot draft with the draft LM export ``export_dir`` (``method`` ``draft_model``): its layers mix
+    attention types (:func:`drafters.vllm_support.draft_layer_types_problem`); None for other methods."""
+    if method != "draft_model":
+        return None
+    return draft_layer_types_problem(_export_config(export_dir), f"the draft model of {export_dir}")

@@ -50,8 +50,8 @@ from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture, target_load_problem
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
-from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, drafter_source_problem, k_problem,
-                                             vllm_on_cpu)
+from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, draft_layers_refusal,
+                                             drafter_source_problem, k_problem, vllm_on_cpu)
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
@@ -356,6 +356,8 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
         for (export_dir, _), info in zip(exports, infos):  # before vLLM starts: it would stop at load, minutes in
             if problem := serve_refusal(info["method"], target):
                 raise ServeCheckError(f"{export_dir}: {problem}; serve-check needs a target vLLM can serve it with")
+            if problem := draft_layers_refusal(export_dir, info["method"]):
+                raise ServeCheckError(problem)
         checked.append([(e, source_checkpoint(e, info["method"], c), info)  # sources before loads
                         for (e, c), info in zip(exports, infos)])
         try:  # a target folder without a loadable tokenizer or chat template, before the vLLM venv is looked for

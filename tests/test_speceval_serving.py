@@ -110,6 +110,31 @@ def test_an_exception_on_drafterkits_side_has_its_own_status_not_outputs_differ(
     assert "not a difference from vLLM" in err and "Traceback" not in err
 
 
+def test_a_draft_lm_mixing_attention_types_is_warned_at_export_and_refused_before_vllm(tmp_path, capsys):
+    """A truncated EXAONE-4 / Gemma-3 draft whose layers mix sliding-window and full attention: vLLM 0.32 asserts
+    "All drafting layers should belong to the same kv cache group" at load. Export warns, serve-check refuses before
+    vLLM starts (here no vLLM venv is even looked for); a draft of one attention type passes both."""
+    from families import save_family
+
+    model, _ = save_family("gemma3", tmp_path / "target")  # sliding, sliding, full, sliding
+    for layers, mixed in ((3, True), (2, False)):
+        ckpt = DraftLM.from_target(model, layers).save_pretrained(tmp_path / f"dl{layers}")
+        out = tmp_path / f"hf{layers}"
+        capsys.readouterr()
+        assert cli(["export", str(ckpt), "--format", "hf-assistant", "--output", str(out)]) == 0
+        warned = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("drafterkit export: warning")]
+        says = (f"the draft model of {out} mixes attention types in its layers (2 sliding_attention, 1 full_attention; "
+                "config.json's layer_types)")
+        assert len(warned) == mixed and all(says in ln for ln in warned), warned
+        code = cli(["serve-check", str(out), "--target", str(tmp_path / "target"), "--venv", str(tmp_path / "none")])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        if mixed:
+            assert says in err and "drafter.options.num_layers at most 2" in err and "no vLLM venv" not in err, err
+        else:
+            assert "no vLLM venv" in err and "mixes attention types" not in err, err
+
+
 def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_vllm_pass(tmp_path):
     """serve-check loads drafterkit's side first and checks it as the decoder will (a head trained for another
     target's layer count): one ServeCheckError, not a traceback after minutes of vLLM."""
