@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from drafterkit.decode.recurrent import recurrent_problem
 from drafterkit.decode.chain_round import chain_round
 from drafterkit.decode.decoder import Decoder, prefill, sync
 from drafterkit.decode.dynamic_tree import DynamicTree, parse_tree
@@ -99,9 +100,13 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
             params, token ids (``input_ids``, ``eos_token_id``) outside the vocabulary or not ints, a
             drafter whose vocabulary / tokenizer does not match the target (all checked before any
             token is generated), a proposer returning tokens of a shape other than ``[B, k]`` (``[B, N]``
-            for a tree), a malformed ``tree``, or a ``tree`` with a drafter that cannot propose one.
+            for a tree), a malformed ``tree``, a ``tree`` with a drafter that cannot propose one, or a target with
+            recurrent / linear-attention layers (Mamba, Gated DeltaNet, ...), whose state verification cannot roll
+            back (``decode.recurrent.recurrent_problem``).
         TypeError: ``drafter`` is none of the accepted kinds.
     """
+    if problem := recurrent_problem(getattr(target, "config", {}), f"target {type(target).__name__}"):
+        raise ValueError(problem)
     max_new_tokens = check_count("max_new_tokens", max_new_tokens)
     num_draft_tokens = check_count("num_draft_tokens", num_draft_tokens)
     sampling = SamplingParams(float(temperature), int(top_k), float(top_p))

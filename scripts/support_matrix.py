@@ -74,6 +74,27 @@ def read_cells(junits: list[Path]) -> dict[str, dict[str, str]]:
     return cells
 
 
+#: the page's last section: the targets every verb refuses (``decode.recurrent``), not a run's result
+REFUSED_SECTION = [
+    '## Refused: targets with recurrent / linear-attention layers',
+    '',
+    ('Every verb refuses these targets before their weights load (`drafterkit train` when its recipe is '
+     'validated, `eval` with any drafter, ngram and suffix included, `tune`, `serve-check`; `quickstart` '
+     'runs the default target only), and `decode.generate` raises a `ValueError`, in one line naming the target, its'
+     ' family and layers: Qwen3-Next and Qwen3.5 (Gated DeltaNet linear attention), Jamba, Falcon-H1, '
+     'Bamba, Zamba, Granite-4.0-H and Nemotron-H (Mamba blocks), MiniMax-01 and Kimi-Linear (linear '
+     'attention), LFM2 (short convolutions), RecurrentGemma, Mamba, Mamba-2, Falcon-Mamba, RWKV and xLSTM.'
+     " Verification drops the rejected draft tokens from the target's cache; such a layer keeps one fixed-"
+     "size state with every token folded in, which drafterkit's verification cannot roll back "
+     '(transformers stops with "`crop` was called, but the current layer does not track past states"). The'
+     ' rule (`decode/recurrent.py`) reads the config: `layer_types` entries `linear_attention`, `conv`, '
+     "`hybrid` and `hybrid_sliding` (the layers transformers' cache keeps recurrent state for), "
+     '`layers_block_type`, `block_types` and `hybrid_override_pattern`, `mamba_*` / `ssm_*` keys, and the '
+     'all-recurrent model types; `tests/test_decode_recurrent.py` checks every entry point on tiny '
+     'Qwen3-Next, Falcon-H1 and Jamba configs.'),
+]
+
+
 def render(cells: dict[str, dict[str, str]]) -> str:
     """The markdown page."""
     from families import FAMILIES, describe
@@ -132,6 +153,7 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "Gemma2ForCausalLM\"; the tiny Gemma-2 here is tied).",
              "", "Families (the tiny config each row is built from):", ""]
     lines += [f"- `{describe(f)}`" for f in FAMILIES]
+    lines += ["", *REFUSED_SECTION]
     return "\n".join(lines) + "\n"
 
 

@@ -54,6 +54,7 @@ from drafterkit.assets.target import (
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.target_recurrent import recurrent_target_problem
 from drafterkit.drafters.trained_for import target_from_records, trained_for_problem
 from drafterkit.drafters.datastore import cached_datastore
 from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
@@ -209,12 +210,13 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
     (:meth:`EvalConfig.validate`), each drafter spec, the tree shapes, thresholds and swept K each drafter can
     take (from its ``config.json`` alone), and, unless ``target_loaded``, a local target folder
     (:func:`assets.target.target_source_problem`) and its tokenizer, which must have a chat template (the
-    default alias is not fetched here): a typo costs no model
+    default alias is not fetched here), and a target with recurrent / linear-attention layers
+    (``drafters.target_recurrent.recurrent_target_problem``): a typo costs no model
     load, and nothing is said about the run (a tuned setting's note) before it is refused.
 
     Raises:
-        ValueError: a bad flag or drafter spec, naming it and the fix; ``assets.target.TargetLoadError``: a
-            broken local target folder.
+        ValueError: a bad flag or drafter spec, naming it and the fix, or a target speculative decoding cannot
+            verify; ``assets.target.TargetLoadError``: a broken local target folder.
     """
     cfg.validate()
     for spec in cfg.drafters:
@@ -223,6 +225,8 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
     check_thresholds(cfg.drafters, cfg.draft_thresholds)
     if cfg.sweep:
         check_k(cfg.drafters, cfg.sweep_k, "--sweep-k")
+    if not target_loaded and (problem := recurrent_target_problem(cfg.target)):  # whatever else the folder holds
+        raise ValueError(problem)
     if not target_loaded and (problem := target_source_problem(cfg.target, check_alias=False)):
         raise TargetLoadError(problem)
     if not target_loaded and cfg.target != DEFAULT_TARGET_ALIAS and Path(resolve_target_path(cfg.target)).is_dir():

@@ -46,6 +46,7 @@ from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafterkit.drafters.base import ExportError, recorded_source
+from drafterkit.drafters.target_recurrent import recurrent_target_problem
 from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture, target_load_problem
 from drafterkit.speceval.methods import stats_record
@@ -318,7 +319,8 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
     Raises:
         ServeCheckError: no vLLM venv (the message gives the command), a folder that is not an export, an
             EAGLE-3 / P-EAGLE / DFlash export for a target architecture vLLM cannot serve it with
-            (:mod:`drafters.vllm_support`), a missing ``--drafter``, an unknown benchmark, an unloadable target.
+            (:mod:`drafters.vllm_support`), a missing ``--drafter``, an unknown benchmark, an unloadable target, a
+            target with recurrent / linear-attention layers (``drafters.target_recurrent``).
         VLLMRunError: vLLM failed (the message holds the end of its log).
     """
     (reports,) = check_targets([(target, exports)], benchmark=benchmark, num_prompts=num_prompts,
@@ -352,6 +354,8 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
     """
     checked = []
     for target, exports in groups:
+        if problem := recurrent_target_problem(target):  # drafterkit, the side compared with vLLM, cannot decode it
+            raise ServeCheckError(problem)
         infos = [inspect_export(e) for e, _ in exports]
         for (export_dir, _), info in zip(exports, infos):  # before vLLM starts: it would stop at load, minutes in
             if problem := serve_refusal(info["method"], target):

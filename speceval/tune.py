@@ -45,6 +45,7 @@ from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
 from drafterkit.drafters.tuned_free import FREE_SPECS, record_path, write_free_tuned
 from drafterkit.drafters.hybrid import drafts_trees
+from drafterkit.drafters.target_recurrent import recurrent_target_problem
 from drafterkit.drafters.trained_for import target_from_records, trained_for_problem
 from drafterkit.drafters.tuned import (
     DECODING_FILE,
@@ -354,6 +355,8 @@ def run(args: argparse.Namespace) -> int:
             if found:
                 print(f"drafterkit tune: --target {args.target} (the target {args.checkpoint} was trained for, its "
                       "recipe.yaml)", flush=True)
+        if problem := recurrent_target_problem(args.target):  # before the target and the drafter load
+            raise ValueError(problem)
         rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                    concurrency=args.concurrency, ks=ks, trees=trees, dynamic=dynamic,

@@ -1,0 +1,151 @@
+"""Targets with recurrent / linear-attention layers (Qwen3-Next's Gated DeltaNet, Falcon-H1's and Jamba's Mamba
+blocks) are refused by every verb before their weights load, and by ``decode.generate``, in one line: their state
+cannot be rolled back to the accepted draft tokens. Qwen3-Next used to train and then die in the at-end evaluation
+("`crop` was called, but the current layer does not track past states"); Falcon-H1 and Jamba were refused for the
+head kinds with advice to use draft_lm, which crashed the same way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from drafterkit.cli import main
+from drafterkit.decode import generate
+from drafterkit.decode.recurrent import recurrent_problem
+from drafterkit.drafters.target_recurrent import local_config_dict, recurrent_target_problem
+from families import FAMILIES, family_config
+
+_TINY = {"vocab_size": 320, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128,
+         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+#: family -> (model_type, causal-LM class, its recurrent blocks' config, what the refusal names)
+HYBRIDS = {
+    "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM", {
+        "head_dim": 16, "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 16}, "layers 0-2 of 4 linear_attention"),
+    "falcon_h1": ("falcon_h1", "FalconH1ForCausalLM", {
+        "head_dim": 16, "mamba_d_ssm": 32, "mamba_n_heads": 2, "mamba_d_head": 16, "mamba_d_state": 8,
+        "mamba_chunk_size": 16}, "mamba_"),
+    "jamba": ("jamba", "JambaForCausalLM", {
+        "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "num_experts": 2, "num_experts_per_tok": 1, "mamba_d_state": 8, "mamba_dt_rank": 4,
+        "use_mamba_kernels": False}, "mamba_"),
+}
+WHY = "whose state drafterkit's verification cannot roll back to the accepted draft tokens"
+
+
+def _config(family: str):
+    from transformers import AutoConfig
+
+    model_type, _, own, _ = HYBRIDS[family]
+    return AutoConfig.for_model(model_type, **{**_TINY, **own})
+
+
+def _config_only_folder(family: str, folder):
+    """A target folder holding only the family's config.json: a refusal that needs no weights or tokenizer."""
+    _config(family).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", sorted(HYBRIDS))
+def test_the_rule_reads_the_config_json_and_the_transformers_config(family, tmp_path):
+    """The saved ``config.json`` (read as JSON, no derived ``layer_types``) and the transformers config (Jamba and
+    Falcon-H1 derive ``layer_types`` from their blocks) are both refused, naming the family."""
+    folder = _config_only_folder(family, tmp_path)
+    raw = json.loads((folder / "config.json").read_text())
+    for config in (raw, _config(family)):
+        line = recurrent_problem(config, "target T")
+        assert line is not None and line.startswith(f"target T ({family}) has recurrent / linear-attention layers")
+        assert WHY in line and "speculative decoding with it is not supported" in line
+    assert HYBRIDS[family][3] in recurrent_problem(raw, "t")
+    derived = recurrent_problem(_config(family), "t")  # the resolved layer_types name the layers
+    assert "layer_types makes layers" in derived
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_attention_only_families_pass(family):
+    """Full, sliding-window and mixed attention (Gemma-3, gpt-oss), MoE and fused projections are not refused."""
+    config = family_config(family)
+    assert recurrent_problem(config) is None and recurrent_problem(config.to_dict()) is None
+
+
+def test_other_recurrent_configs():
+    """RecurrentGemma's ``block_types``, Nemotron-H's ``hybrid_override_pattern``, Mamba's model type, LFM2's conv."""
+    assert "recurrent" in recurrent_problem({"model_type": "recurrent_gemma",
+                                             "block_types": ["recurrent", "recurrent", "attention"]})
+    assert "layers 0, 2 of 4 Mamba" in recurrent_problem({"model_type": "nemotron_h",
+                                                          "hybrid_override_pattern": "M*M-"})
+    assert "every layer recurrent" in recurrent_problem({"model_type": "mamba"})
+    assert "conv_L_cache" in recurrent_problem({"model_type": "lfm2", "conv_L_cache": 3})
+    assert "layers 1 of 2 conv" in recurrent_problem({"model_type": "x", "text_config": {
+        "layer_types": ["full_attention", "conv"]}})
+
+
+def _one_error_line(err: str, verb: str, where: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("drafterkit")]
+    assert len(lines) == 1 and lines[0].startswith(f"drafterkit {verb}: error: ") and "Traceback" not in err, err
+    assert where in lines[0] and WHY in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "draft_lm"])
+def test_train_refuses_at_recipe_validation(kind, tmp_path, capsys):
+    """Before the recipe's kind check (which said "has no model.norm; set drafter.kind=draft_lm" for Falcon-H1)
+    and before any weights: the folder holds only config.json."""
+    target = _config_only_folder("falcon_h1", tmp_path / "target")
+    chats = tmp_path / "chat.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                              {"role": "assistant", "content": "Hello."}]}) + "\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({
+        "output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(target)},
+        "drafter": {"kind": kind, "options": {}}, "data": {"source": "jsonl", "path": str(chats), "max_length": 32},
+        "train": {"max_steps": 1, "batch_size": 1, "resume": "never"}, "logging": {"trackers": []}}))
+    capsys.readouterr()
+    assert main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err  # the recipe's error: "<recipe>: invalid recipe:", then the line
+    assert err.startswith("drafterkit train: error: ") and "Traceback" not in err and WHY in err
+    assert f"target.name_or_path: {target} (falcon_h1) has recurrent" in err
+    assert "model.norm" not in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("family", sorted(HYBRIDS))
+def test_eval_and_tune_refuse_before_the_weights(family, tmp_path, capsys):
+    """``eval`` (model-free drafters too: ngram, suffix) and ``tune`` on a folder holding only config.json: the
+    refusal, not a missing-weights line."""
+    target = _config_only_folder(family, tmp_path / "target")
+    capsys.readouterr()
+    for drafter in ("ngram", "suffix"):
+        assert main(["eval", "--target", str(target), "--drafter", drafter, "--num-prompts", "1",
+                     "--output", str(tmp_path / "x.json")]) == 2
+        _one_error_line(capsys.readouterr().err, "eval", f"target {target} ({family})")
+    assert main(["tune", "ngram", "--target", str(target), "--num-prompts", "1", "--no-write"]) == 2
+    _one_error_line(capsys.readouterr().err, "tune", f"target {target} ({family})")
+    assert WHY in recurrent_target_problem(str(target))
+    assert local_config_dict(str(tmp_path / "nothing")) is None and recurrent_target_problem("org/not-cached") is None
+
+
+def test_serve_check_refuses_before_vllm(tmp_path, capsys):
+    """serve-check meets the target when it reads its tokenizer, before the vLLM venv is looked for."""
+    target = _config_only_folder("jamba", tmp_path / "target")
+    export = tmp_path / "export"
+    family_config("llama3").save_pretrained(export)  # an hf-assistant export: a causal LM folder
+    capsys.readouterr()
+    assert main(["serve-check", "--target", str(target), str(export), "--venv", str(tmp_path / "no-venv")]) == 2
+    _one_error_line(capsys.readouterr().err, "serve-check", f"target {target} (jamba)")
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "jamba"])
+def test_generate_refuses_a_loaded_hybrid_target(family):
+    """``decode.generate`` with any drafter (none too: drafterkit's decoder keeps its own attention cache) raises
+    one ValueError before decoding; the model is real, seeded and tiny."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, HYBRIDS[family][1])(_config(family)).eval()
+    for drafter in (None, "ngram"):
+        with pytest.raises(ValueError, match=f"target {type(model).__name__} \\({family}\\) has recurrent"):
+            generate(model, [[5, 6, 7, 8]], drafter=drafter, max_new_tokens=4)
