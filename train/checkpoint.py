@@ -151,6 +151,14 @@ def save_checkpoint(final: Path, *, accelerator, strategy, drafter, state: Train
     return atomic_dir(final, write, accelerator.is_main_process, accelerator.wait_for_everyone)
 
 
+def update_trainer_state(path: str | Path, state: TrainerState) -> None:
+    """Rewrite the ``trainer_state.json`` of the checkpoint at ``path`` with ``state`` (an evaluation that ran after
+    the checkpoint was written: its score and history), atomically: a crash leaves the old file or the new one."""
+    tmp = Path(path) / ".trainer_state.json.tmp"
+    tmp.write_text(state.to_json())
+    os.replace(tmp, Path(path) / "trainer_state.json")
+
+
 def is_resumable(path: str | Path) -> bool:
     """True if ``path`` is a complete checkpoint with a training state (``state/`` + ``trainer_state.json``)."""
     path = Path(path)

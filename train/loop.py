@@ -3,9 +3,10 @@
     recipe -> preflight (data file, output_dir) -> accelerator -> frozen target -> strategy.build
     (drafter) -> data (-> the offline feature cache, built if missing) -> optimizer, schedule -> resume?
     -> for each optimizer step: grad_accum micro-batches (strategy.loss, backward), clip, step; log;
-    evaluate with decode.generate -> best/ by measured tau; save step-N -> last/ (also when the
+    save step-N (as due) -> evaluate with decode.generate -> best/ by measured tau -> last/ (also when the
     max_minutes budget runs out, and on SIGINT / SIGTERM: the current step finishes, last/ is saved,
-    training returns)
+    training returns). The checkpoints due are written before the evaluation (last/ before the at-end one), so
+    an evaluation that raises ends the run with its error but loses no trained step.
 
 The run's setup (everything before step 0) is ``train.prepare``; one optimizer step, the data order
 and the learning-rate schedule are ``train.step``.
@@ -43,6 +44,7 @@ from drafterkit.train.checkpoint import (
     load_checkpoint,
     prune_step_checkpoints,
     save_checkpoint,
+    update_trainer_state,
 )
 from drafterkit.train.distributed import peak_memory_per_process, reset_peak_memory
 from drafterkit.train.evaluate import evaluate
@@ -211,13 +213,20 @@ def _run_steps(ctx: RunContext, data: Iterator[dict], state: TrainerState, resul
         # a stop signal reached some process: no evaluation now (a stop does not wait for one), step checkpoint
         # as due, then out (train() saves last/)
         stopping = acc.check_trigger() and state.global_step < cfg.max_steps
-        ev = None if stopping else _maybe_evaluate(ctx, state, final=state.global_step == cfg.max_steps)
-        if ev is not None:
-            result.evals.append(ev)
-        if cfg.save_every and state.global_step % cfg.save_every == 0:  # after the eval: its score is in the state
+        final, step_due = state.global_step == cfg.max_steps, cfg.save_every and state.global_step % cfg.save_every == 0
+        evaluating = not stopping and _eval_due(ctx, state, final)
+        # the checkpoints due are written before the evaluation, so one that raises loses no trained step
+        if step_due:
             _save(ctx, paths.step(state.global_step), state)
             if cfg.save_total_limit and acc.is_main_process:
                 prune_step_checkpoints(paths.checkpoints, cfg.save_total_limit)
+        if evaluating and final:
+            _save(ctx, paths.last, state)  # train() saves last/ again after it, with the evaluation's score
+        ev = _maybe_evaluate(ctx, state, final) if evaluating else None
+        if ev is not None:
+            result.evals.append(ev)
+            if step_due and acc.is_main_process:  # the step checkpoint's state records the evaluation too
+                update_trainer_state(paths.step(state.global_step), state)
         if stopping:
             result.stopped = "interrupted"
             break
@@ -281,12 +290,18 @@ def _flat_config(recipe: Recipe) -> dict[str, Any]:
     return out
 
 
+def _eval_due(ctx: RunContext, state: TrainerState, final: bool) -> bool:
+    """Whether an evaluation is due now: at ``eval.every`` steps and, where ``final``, ``eval.at_end``; not twice at
+    one step."""
+    every, step = ctx.recipe.eval.every, state.global_step
+    due = (every > 0 and step % every == 0) or (final and ctx.recipe.eval.at_end)
+    return due and ctx.last_eval_step != step
+
+
 def _maybe_evaluate(ctx: RunContext, state: TrainerState, final: bool) -> dict | None:
     """Evaluate at ``eval.every`` steps and at the end; keep best/ by measured (tau, tokens/s)."""
-    recipe, acc = ctx.recipe, ctx.accelerator
-    every, step = recipe.eval.every, state.global_step
-    due = (every > 0 and step % every == 0) or (final and recipe.eval.at_end)
-    if not due or ctx.last_eval_step == step:
+    recipe, acc, step = ctx.recipe, ctx.accelerator, state.global_step
+    if not _eval_due(ctx, state, final):
         return None
     ctx.last_eval_step = step
     result, sharded = None, ctx.sharded
