@@ -502,8 +502,9 @@ def test_a_resumed_time_bound_run_continues_its_budget_and_schedule(world, tmp_p
     real_progress = BudgetSchedule.progress
     BudgetSchedule.progress = lambda self, step: seen.append(self.elapsed_s) or real_progress(self, step)
     try:
-        more = train(_recipe(world, tmp_path / "r", **over, **{"train.resume": "auto", "train.max_minutes": 0.05}),
-                     target=target, tokenizer=tok)
+        more = train(_recipe(world, tmp_path / "r", **over, **{"train.resume": "auto",
+                                                               "train.max_minutes": (spent + 3) / 60}),
+                     target=target, tokenizer=tok)  # 3 s past what the first run spent, however slow the machine
     finally:
         BudgetSchedule.progress = real_progress
     assert more.stopped == "max_minutes" and more.global_step > 3
