@@ -57,7 +57,7 @@ def world(tmp_path_factory):
     lm_best = root / "lm-run" / "checkpoints" / "best"  # a draft LM trained for b (reads token ids only)
     DraftLM.from_target(build_family("llama3", seed=1)[0], num_layers=1).save_pretrained(lm_best / "drafter")
     recipe_from_dict({"output_dir": str(root / "lm-run"), "target": {"name_or_path": str(root / "b")},
-                      "drafter": {"kind": "draft_lm"}}).save(lm_best)
+                      "drafter": {"kind": "draft_lm", "options": {"num_layers": 1}}}).save(lm_best)
     shutil.copytree(root / "run", root / "run-b")
     recipe_b = root / "run-b" / "checkpoints" / "best" / "recipe.yaml"
     recipe_b.write_text(recipe_b.read_text().replace(str(root / "a"), str(root / "b")))
