@@ -299,6 +299,16 @@ def built_target_dir() -> Path | None:
     return folder if _target_marker_ok(folder) else None
 
 
+def local_target_source(name_or_path: str) -> str | None:
+    """``name_or_path`` as local files give it, for cheap checks that read a target's config before loading it:
+    the default target's alias becomes its built folder (None until it is built: never fetches or converts);
+    anything else (a folder, a Hub id) is returned unchanged."""
+    if name_or_path != DEFAULT_TARGET_ALIAS:
+        return name_or_path
+    built = built_target_dir()
+    return None if built is None else str(built)
+
+
 def default_target_dir(*, force: bool = False) -> Path:
     """The default target as a plain transformers folder (safetensors fp32 + config + tokenizer).
 

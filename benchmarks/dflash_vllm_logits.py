@@ -155,7 +155,7 @@ def compare_case(folder: Path, k: int) -> str:
     """One theta's lines: chains (serve-check's comparison), positions, logit differences, argmax flips."""
     from drafterkit.speceval import serving
 
-    ours, theirs = torch.load(folder / "ours.pt", weights_only=False), torch.load(folder / "vllm.pt")
+    ours, theirs = (torch.load(folder / name, weights_only=True) for name in ("ours.pt", "vllm.pt"))
     result = theirs["result"]
     lines = []
     vllm_per_prompt: list[list] = []

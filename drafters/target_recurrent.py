@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
+from drafterkit.assets.pinned import local_target_source
 from drafterkit.decode.recurrent import recurrent_problem
 
 __all__ = ["local_config_dict", "recurrent_target_problem"]
@@ -21,12 +21,9 @@ __all__ = ["local_config_dict", "recurrent_target_problem"]
 def local_config_dict(name_or_path: str) -> dict | None:
     """The target's ``config.json`` as a dict when local files alone give it (the default alias once built, a
     folder, a Hub id in the local Hugging Face cache); None otherwise. Never downloads, converts or loads."""
-    path = name_or_path
-    if name_or_path == DEFAULT_TARGET_ALIAS:
-        built = built_target_dir()
-        if built is None:
-            return None
-        path = str(built)
+    path = local_target_source(name_or_path)
+    if path is None:
+        return None
     try:
         folder = Path(path).expanduser()
         if folder.is_dir():

@@ -134,3 +134,12 @@ def test_assets_cli_names_sizes_and_the_target_alias(tmp_path, monkeypatch, caps
     assert len(calls) == 1 and "smollm2-135m" in out and "mt-bench" not in out
     assert assets_cli.format_size(44877) == "44.9 kB" and assets_cli.format_size(512) == "512 B"
     assert assets_cli.format_size(538_090_408) == "538.1 MB"
+
+
+def test_local_target_source_resolves_the_alias_only_once_built(monkeypatch, tmp_path):
+    """The config readers' one alias rule: a folder or Hub id passes unchanged; the default alias is its built
+    folder, or None before it is built (never fetched or converted for a cheap check)."""
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path))
+    assert assets.local_target_source("some/folder") == "some/folder"
+    assert assets.local_target_source(assets.DEFAULT_TARGET_ALIAS) is None
+    assert not any(tmp_path.iterdir())  # nothing fetched or written

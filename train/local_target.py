@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, built_target_dir
+from drafterkit.assets.pinned import local_target_source
 
 
 def vocab_size(config: Any) -> int | None:
@@ -28,12 +28,9 @@ def local_config(name_or_path: str):
     """The target's transformers config when local files alone give it (see :func:`local_layer_count`), else None."""
     from transformers import AutoConfig
 
-    path = name_or_path
-    if name_or_path == DEFAULT_TARGET_ALIAS:
-        built = built_target_dir()
-        if built is None:
-            return None
-        path = str(built)
+    path = local_target_source(name_or_path)
+    if path is None:
+        return None
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError):
