@@ -141,6 +141,19 @@ def save_tiny_target(folder: Path, *, layers: int = 2):
     return model, tok
 
 
+CHAT_WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
+
+
+def random_chats(answer_words: list[int], prompt_words: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Synthetic (prompt, answer) pairs of :data:`CHAT_WORDS` drawn with ``random.Random(seed)``: one pair per
+    entry of ``answer_words`` (that answer's word count), each prompt ``prompt_words`` words."""
+    import random
+
+    rnd = random.Random(seed)
+    return [(" ".join(rnd.choices(CHAT_WORDS, k=prompt_words)), " ".join(rnd.choices(CHAT_WORDS, k=n)))
+            for n in answer_words]
+
+
 def write_chats(path: Path, chats: list[tuple[str, str]]) -> Path:
     """A chat JSONL (``{"id": "c<i>", "messages": [user, assistant]}`` per line) of ``(user, assistant)`` pairs."""
     with open(path, "w") as f:

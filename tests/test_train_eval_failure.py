@@ -3,24 +3,18 @@ checkpoints due are written before it (``last/`` before the at-end evaluation, `
 A failing at-end evaluation used to leave no ``checkpoints/`` folder at all, even with ``train.save_every`` set."""
 
 import json
-import random
 
 import pytest
 import torch
-from conftest import training_world
+from conftest import random_chats, training_world
 
 from drafterkit.train.recipe import recipe_from_dict
-
-WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny target folder (hidden 32, the real SmolLM2 tokenizer) and a synthetic chat JSONL."""
     root = tmp_path_factory.mktemp("eval-failure")
-    rnd = random.Random(0)
-    chats = [(" ".join(rnd.choices(WORDS, k=6)), " ".join(rnd.choices(WORDS, k=12))) for _ in range(24)]
-    with training_world(root, chats) as loaded:
+    with training_world(root, random_chats([12] * 24, 6)) as loaded:
         yield root, loaded
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import training_world
+from conftest import random_chats, training_world
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
 KINDS = {
     "draft_lm": "{init: truncated, num_layers: 1}",
     "eagle3": "{draft_vocab_size: 512, ttt_steps: 3}",
@@ -35,10 +33,7 @@ KINDS = {
 def world(tmp_path_factory):
     """A tiny target (vocab 49152, real tokenizer) and 8 training chats with very different reply lengths."""
     root = tmp_path_factory.mktemp("invariance")
-    rnd = random.Random(0)
-    chats = [(" ".join(rnd.choices(WORDS, k=5)), " ".join(rnd.choices(WORDS, k=n_words)))
-             for n_words in [1, 40, 3, 25, 2, 12, 1, 30]]
-    with training_world(root, chats):
+    with training_world(root, random_chats([1, 40, 3, 25, 2, 12, 1, 30], 5)):
         yield root
 
 

@@ -10,21 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama, training_world
+from conftest import CHAT_WORDS, random_chats, tiny_llama, training_world
 
 from drafterkit.train.recipe import RecipeError, load_recipe, recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny target folder (vocab 49152, hidden 32, real tokenizer) and a synthetic chat JSONL."""
     root = tmp_path_factory.mktemp("train")
-    rnd = random.Random(0)
-    chats = [(" ".join(rnd.choices(WORDS, k=6)), " ".join(rnd.choices(WORDS, k=12))) for _ in range(40)]
-    with training_world(root, chats):
+    with training_world(root, random_chats([12] * 40, 6)):
         yield root
 
 
@@ -321,8 +318,8 @@ def test_data_path_is_read_for_sharegpt_source_and_a_missing_one_fails_first(wor
 
     monkeypatch.setattr("drafterkit.assets.pinned.fetch", no_asset)
     rnd = random.Random(1)
-    records = [{"id": f"s{i}", "conversations": [{"from": "human", "value": " ".join(rnd.choices(WORDS, k=5))},
-                                                  {"from": "gpt", "value": " ".join(rnd.choices(WORDS, k=9))}]}
+    records = [{"id": f"s{i}", "conversations": [{"from": "human", "value": " ".join(rnd.choices(CHAT_WORDS, k=5))},
+                                                  {"from": "gpt", "value": " ".join(rnd.choices(CHAT_WORDS, k=9))}]}
                for i in range(40)]
     sharegpt = tmp_path / "mine.json"
     sharegpt.write_text(json.dumps(records))
