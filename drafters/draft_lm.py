@@ -81,6 +81,31 @@ def _hf_config_dict(model: nn.Module, **overrides: Any) -> dict:
     return cfg
 
 
+def _truncated_layers(hf: dict, total: int, n: int) -> dict:
+    """A config dict's per-layer fields cut to the first ``n`` of ``total`` layers: every list (or pattern string)
+    with one entry per layer (``layer_types``, Nemotron-H's ``layers_block_type`` / ``hybrid_override_pattern``,
+    Falcon-H1's and Jamba's block lists) and a heterogeneous config's ``per_layer_config`` (Gemma-4)."""
+    for key, value in list(hf.items()):
+        per_layer = (isinstance(value, list) and key.endswith(("_types", "_type"))) or \
+            (isinstance(value, str) and key.endswith("_pattern"))
+        if per_layer and len(value) == total:
+            hf[key] = value[:n]
+    per_layer = hf.get("per_layer_config")
+    if isinstance(per_layer, dict):
+        hf["per_layer_config"] = {k: v for k, v in per_layer.items() if int(k) < n}
+    return hf
+
+
+def _first_layers(t: torch.Tensor, shape: torch.Size, total: int, n: int) -> torch.Tensor:
+    """A target tensor stacked over its ``total`` layers (Gemma-4's per-layer input embeddings
+    ``[V', total * h]`` and their projection ``[total * h, H]``) cut to the first ``n`` layers' part, the shape
+    the truncated model holds; any other tensor as is (a mismatch the strict load then names)."""
+    diff = [d for d in range(t.dim()) if t.shape[d] != shape[d]] if t.dim() == len(shape) else []
+    if len(diff) == 1 and shape[diff[0]] * total == t.shape[diff[0]] * n:
+        return t.narrow(diff[0], 0, shape[diff[0]])
+    return t
+
+
 def _llama_fields(model: nn.Module) -> dict:
     """The :class:`DraftLMConfig` Llama fields a transformers config has (for a readable config.json)."""
     c, out = model.config, {}
@@ -121,19 +146,21 @@ class DraftLM(Drafter):
         total = target.config.num_hidden_layers
         if not 1 <= num_layers <= total:
             raise ValueError(f"num_layers must be in [1, {total}] for this target, got {num_layers}")
-        hf = _hf_config_dict(target, num_hidden_layers=num_layers)
-        for key in ("layer_types",):
-            if isinstance(hf.get(key), list):
-                hf[key] = hf[key][:num_layers]
+        hf = _truncated_layers(_hf_config_dict(target, num_hidden_layers=num_layers), total, num_layers)
         cfg = DraftLMConfig(**_llama_fields(target), num_layers=num_layers, init="truncated_target",
                             hf_config=hf, vocab_size=lm_head_rows(target))
         drafter = cls(cfg)
+        built = getattr(getattr(drafter.lm, "model", None), "layers", None)
+        if built is not None and len(built) != num_layers:
+            raise ValueError(f"truncating this {hf.get('model_type')} target to {num_layers} layers built "
+                             f"{len(built)}: its config lists its layers in a field drafterkit does not cut")
         src = target.state_dict()
         own = drafter.lm.state_dict()
         missing = [k for k in own if k not in src]
         if missing:
             raise ValueError(f"target has no tensors for {missing[:4]}; truncation needs a decoder-only LM")
-        drafter.lm.load_state_dict({k: src[k].detach().clone() for k in own}, strict=True)
+        drafter.lm.load_state_dict({k: _first_layers(src[k], own[k].shape, total, num_layers).detach().clone()
+                                    for k in own}, strict=True)
         param = next(target.parameters())
         return drafter.to(device=param.device, dtype=param.dtype).eval()
 

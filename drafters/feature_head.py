@@ -33,7 +33,13 @@ from drafterkit.drafters.layers import (
     rope_theta_of,
     ttt_attention_mask,
 )
-from drafterkit.drafters.target_layers import copy_matching, decoder_layers, init_refusal, llama_layer_tensors
+from drafterkit.drafters.target_layers import (
+    copy_matching,
+    decoder_layers,
+    layer_config,
+    llama_layer_tensors,
+    source_layer_ids,
+)
 
 
 def check_target_shape(drafter: Drafter, target: nn.Module) -> None:
@@ -388,15 +394,27 @@ def trim_kv(past, n: int):
 
 
 def target_shape_fields(target: nn.Module) -> dict:
-    """The target's sizes a feature-level head copies (vocab, hidden, heads, head_dim, MLP, norm, RoPE)."""
+    """The target's sizes a feature-level head copies (vocab, hidden, heads, head_dim, MLP, norm, RoPE), read from
+    the decoder layer the head starts from (``drafters.target_layers.source_layer_ids``: the last one whose attention
+    maps; a hybrid target's last full-attention layer) through that layer's config (Gemma-4's full-attention layers
+    have their own ``head_dim``), and the MLP width of its dense MLP where it has one (LFM2's is not its config's
+    ``intermediate_size``)."""
     c = target.config
+    ids = source_layer_ids(target)
+    lc = layer_config(c, ids[-1] if ids else c.num_hidden_layers - 1)
+    mlp = llama_layer_tensors(decoder_layers(target)[ids[-1]], lc).get("mlp.up_proj.weight") if ids else None
+    layer_types = getattr(c, "layer_types", None)
     return {"vocab_size": target.get_output_embeddings().weight.shape[0], "hidden_size": c.hidden_size,
-            "target_num_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
-            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            "intermediate_size": c.intermediate_size,
-            "rms_norm_eps": getattr(c, "rms_norm_eps", None) or getattr(c, "layer_norm_eps", None) or 1e-6,
-            "rope_theta": rope_theta_of(c)}
+            "target_num_layers": c.num_hidden_layers, "num_attention_heads": lc.num_attention_heads,
+            "num_key_value_heads": getattr(lc, "num_key_value_heads", None) or lc.num_attention_heads,
+            "head_dim": getattr(lc, "head_dim", None) or c.hidden_size // lc.num_attention_heads,
+            "intermediate_size": mlp.shape[0] if mlp is not None else c.intermediate_size,
+            "rms_norm_eps": next((v for v in (getattr(c, n, None) for n in _EPS_NAMES) if v), 1e-6),
+            "rope_theta": rope_theta_of(c, layer_types[ids[-1]] if ids and layer_types else None)}
+
+
+#: the config fields of a target's norm epsilon, by family (Nemotron-H: layer_norm_epsilon; LFM2: norm_eps)
+_EPS_NAMES = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
 
 
 def borrow(target: nn.Module | None, config, kind: str) -> tuple[nn.Module, nn.Module]:
@@ -412,15 +430,14 @@ def borrow(target: nn.Module | None, config, kind: str) -> tuple[nn.Module, nn.M
 
 
 def init_layer_from_target(layer: DraftDecoderLayer, target: nn.Module) -> list[str]:
-    """Copy the target's LAST decoder layer into ``layer`` where it maps (EAGLE-1 practice), any family:
-    fused projections split, norms by their effective scale, post-norms and MoE MLPs left at their default
-    init (``drafters.target_layers``). Returns the parameter names copied.
-
-    Raises:
-        ValueError: the target's layers cannot start a head (``drafters.target_layers.init_refusal``).
-    """
-    why = init_refusal(target, "drafter.options.init_from_target_layer")
-    if why:
-        raise ValueError(why)
-    last = decoder_layers(target)[-1]
-    return copy_matching(layer, llama_layer_tensors(last, target.config))
+    """Copy the target's last decoder layer whose attention maps (the last layer of an attention-only target, the
+    last full-attention layer of a hybrid one; ``drafters.target_layers.source_layer_ids``) into ``layer`` where it
+    maps (EAGLE-1 practice), any family: fused projections split, norms by their effective scale, post-norms and MoE
+    MLPs left at their default init (``drafters.target_layers``). Returns the parameter names copied: none where no
+    layer maps (DeepSeek's latent attention), the layer then keeping its fresh init (training prints
+    ``drafters.target_layers.fresh_init_note``)."""
+    ids = source_layer_ids(target)
+    if not ids:
+        return []
+    src = decoder_layers(target)[ids[-1]]
+    return copy_matching(layer, llama_layer_tensors(src, layer_config(target.config, ids[-1])))

@@ -14,9 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def rope_theta_of(config) -> float:
-    """RoPE base of a transformers config (``rope_parameters['rope_theta']`` or ``rope_theta``)."""
+def rope_theta_of(config, layer_type: str | None = None) -> float:
+    """RoPE base of a transformers config (``rope_parameters['rope_theta']`` or ``rope_theta``); where the
+    parameters are given per layer type (Gemma-3 / 4: ``{"full_attention": {...}, "sliding_attention": {...}}``),
+    those of ``layer_type`` (default: ``full_attention``)."""
     params = getattr(config, "rope_parameters", None) or {}
+    if "rope_theta" not in params and isinstance(params.get(layer_type or "full_attention"), dict):
+        params = params[layer_type or "full_attention"]
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 

@@ -22,10 +22,20 @@ names where the mapping is well defined:
   are not copied; an MLP with another activation (Gemma's GeLU-tanh) is copied as weights, a starting
   point rather than the target's own function.
 
-A target whose decoder layers are not found (``model.layers`` or ``get_decoder().layers``) or whose
-attention has neither q/k/v nor a ``qkv_proj`` that splits by the config's head counts cannot start a
-drafter from its layers: :func:`init_refusal` says why, and the recipe is refused when validated
-(``train.options``) naming the option to change.
+Hybrid targets (Qwen3.5, Qwen3-Next, Nemotron-H, Granite-4.0-H, Falcon-H1, LFM2) mix recurrent layers (Gated
+DeltaNet, Mamba-2, short convolutions) with attention; a recurrent layer has no q/k/v to copy, so the layer a drafter
+starts from is the LAST decoder layer whose attention maps (:func:`source_layer_ids`; the last layer itself for
+an attention-only target). Their layouts map too: Nemotron-H's attention block is ``mixer`` under ``norm``; LFM2's
+attention has ``out_proj`` and ``{q,k}_layernorm``, its MLP ``w1`` / ``w3`` / ``w2`` (gate, up, down) under
+``operator_norm`` / ``ffn_norm``; Falcon-H1's MLP is ``feed_forward`` after ``pre_ff_layernorm``; the gated
+attention of Qwen3.5 / Qwen3-Next (``q_proj`` of ``2 n_q d`` rows, per head the query then its output gate) gives
+its query rows, the gate having no place in the drafter. A heterogeneous config (Gemma-4: full-attention layers
+take ``global_head_dim``) is read per layer (:func:`layer_config`), never through its ambiguous global attributes.
+
+A target whose decoder layers are not found (``model.layers`` or ``get_decoder().layers``) or none of whose layers
+has attention that maps (q/k/v or a ``qkv_proj`` that splits by the head counts; DeepSeek's multi-head latent
+attention has neither) cannot start a drafter from its layers: the drafter's layers then start fresh (their
+default init), and :func:`fresh_init_note` is the one line training prints to say so.
 """
 
 from __future__ import annotations
@@ -33,8 +43,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["copy_matching", "decoder_layers", "feature_refusal", "init_refusal", "llama_layer_tensors",
-           "norm_scale"]
+__all__ = ["copy_matching", "decoder_layers", "feature_refusal", "fresh_init_note", "layer_config",
+           "llama_layer_tensors", "norm_scale", "source_layer_ids", "target_body"]
 
 
 def decoder_layers(target: nn.Module) -> list[nn.Module] | None:
@@ -55,24 +65,49 @@ def _weight(module: nn.Module | None, name: str) -> torch.Tensor | None:
     return w if isinstance(w, torch.Tensor) and w.dim() == 2 else None
 
 
+def layer_config(config, index: int):
+    """The config decoder layer ``index`` is built from: a heterogeneous config's per-layer view (Gemma-4, whose
+    global ``head_dim`` is ambiguous: transformers raises on reading it), else ``config`` itself."""
+    try:
+        heterogeneous = bool(getattr(config, "is_heterogeneous", False))
+    except Exception:  # a config whose properties read fields it lacks
+        heterogeneous = False
+    return config.per_layer_config[index] if heterogeneous else config
+
+
 def _head_sizes(config) -> tuple[int, int]:
-    """``(n_q * d, n_kv * d)``: the rows of q and of k (= v) in the target's attention."""
+    """``(n_q * d, n_kv * d)``: the rows of q and of k (= v) in the target's attention (a layer's config)."""
     heads = config.num_attention_heads
     d = getattr(config, "head_dim", None) or config.hidden_size // heads
     return heads * d, (getattr(config, "num_key_value_heads", None) or heads) * d
 
 
+def _attention_module(layer: nn.Module) -> nn.Module | None:
+    """The layer's attention: ``self_attn``, or Nemotron-H's ``mixer`` where it is attention (has q/k/v)."""
+    for name in ("self_attn", "mixer"):
+        attn = getattr(layer, name, None)
+        if isinstance(attn, nn.Module) and any(_weight(attn, n) is not None for n in ("q_proj", "qkv_proj")):
+            return attn
+    return None
+
+
 def _attention(layer: nn.Module, config) -> dict[str, torch.Tensor] | None:
-    """``{q,k,v,o}_proj`` weights of the layer's attention (fused ``qkv_proj`` split), or None."""
-    attn = getattr(layer, "self_attn", None)
+    """``{q,k,v,o}_proj`` weights of the layer's attention (fused ``qkv_proj`` split, a gated query's gate rows
+    dropped), or None. ``config``: the layer's (:func:`layer_config`)."""
+    attn = _attention_module(layer)
     q, k, v = (_weight(attn, n) for n in ("q_proj", "k_proj", "v_proj"))
     o = _weight(attn, "o_proj")
+    if o is None:
+        o = _weight(attn, "out_proj")  # LFM2
     if q is None or k is None or v is None:
         fused = _weight(attn, "qkv_proj")
         q_rows, kv_rows = _head_sizes(config)
         if fused is None or fused.shape[0] != q_rows + 2 * kv_rows:
             return None
         q, k, v = fused.split([q_rows, kv_rows, kv_rows], 0)
+    elif q.shape[0] == 2 * _head_sizes(config)[0] and getattr(attn, "head_dim", None):
+        d = attn.head_dim  # Qwen3.5 / Qwen3-Next: per head [query (d rows); output gate (d rows)]
+        q = q.view(-1, 2 * d, q.shape[1])[:, :d].reshape(-1, q.shape[1])
     if o is None:
         return None
     return {"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v,
@@ -80,11 +115,15 @@ def _attention(layer: nn.Module, config) -> dict[str, torch.Tensor] | None:
 
 
 def _mlp(layer: nn.Module) -> dict[str, torch.Tensor]:
-    """``mlp.{gate,up,down}_proj`` weights of a dense gated MLP (fused ``gate_up_proj`` split); ``{}`` for
-    anything else (experts, an ungated MLP)."""
+    """``mlp.{gate,up,down}_proj`` weights of a dense gated MLP (fused ``gate_up_proj`` split; Falcon-H1's
+    ``feed_forward``, LFM2's ``w1`` / ``w3`` / ``w2``); ``{}`` for anything else (experts, an ungated MLP)."""
     mlp = getattr(layer, "mlp", None)
+    if mlp is None:
+        mlp = getattr(layer, "feed_forward", None)
     down = _weight(mlp, "down_proj")
     gate, up = _weight(mlp, "gate_proj"), _weight(mlp, "up_proj")
+    if down is None and _weight(mlp, "w2") is not None:  # LFM2: w2(silu(w1 x) * w3 x)
+        gate, up, down = _weight(mlp, "w1"), _weight(mlp, "w3"), _weight(mlp, "w2")
     if gate is None or up is None:
         fused = _weight(mlp, "gate_up_proj")
         if fused is None or fused.shape[0] % 2:
@@ -110,17 +149,28 @@ def norm_scale(norm: nn.Module | None) -> torch.Tensor | None:
         return norm(x).reshape(-1).to(w.dtype)
 
 
+def _first(module: nn.Module | None, names: tuple[str, ...]) -> nn.Module | None:
+    for name in names:
+        sub = getattr(module, name, None)
+        if isinstance(sub, nn.Module):
+            return sub
+    return None
+
+
 def _norms(layer: nn.Module, attn: nn.Module | None) -> dict[str, torch.Tensor]:
     """The pre-attention / pre-MLP norms and the per-head q/k norms, under their Llama names."""
     out = {}
-    pre_attn = getattr(layer, "input_layernorm", None)
+    pre_attn = _first(layer, ("input_layernorm", "operator_norm"))  # LFM2: operator_norm
+    if pre_attn is None and getattr(layer, "mixer", None) is attn:  # Nemotron-H: a block is norm -> mixer
+        pre_attn = _first(layer, ("norm",))
     if pre_attn is not None:
-        pre_mlp = getattr(layer, "pre_feedforward_layernorm", None) or getattr(layer, "post_attention_layernorm", None)
+        pre_mlp = _first(layer, ("pre_feedforward_layernorm", "post_attention_layernorm", "pre_ff_layernorm",
+                                 "ffn_norm"))
     else:  # a post-norm layer (OLMo-2): no norm sits before attention or the MLP
         pre_mlp = None
     for name, norm in (("input_layernorm.weight", pre_attn), ("post_attention_layernorm.weight", pre_mlp),
-                       ("self_attn.q_norm.weight", getattr(attn, "q_norm", None)),
-                       ("self_attn.k_norm.weight", getattr(attn, "k_norm", None))):
+                       ("self_attn.q_norm.weight", _first(attn, ("q_norm", "q_layernorm"))),
+                       ("self_attn.k_norm.weight", _first(attn, ("k_norm", "k_layernorm")))):
         s = norm_scale(norm)
         if s is not None:
             out[name] = s
@@ -132,7 +182,7 @@ def llama_layer_tensors(layer: nn.Module, config) -> dict[str, torch.Tensor]:
 
     Args:
         layer: a transformers decoder layer of any family.
-        config: the target's config (head counts, to split a fused ``qkv_proj``).
+        config: the layer's config (:func:`layer_config`; head counts, to split a fused ``qkv_proj``).
 
     Returns:
         ``{llama name: tensor}`` for every part that maps (``self_attn.{q,k,v,o}_proj.weight`` ``[out, in]``,
@@ -146,31 +196,57 @@ def llama_layer_tensors(layer: nn.Module, config) -> dict[str, torch.Tensor]:
     attn = _attention(layer, config)
     if attn is None:
         raise ValueError(f"{type(layer).__name__} has no q/k/v (or qkv_proj) and o_proj projections to copy")
-    return {**attn, **_mlp(layer), **_norms(layer, getattr(layer, "self_attn", None))}
+    return {**attn, **_mlp(layer), **_norms(layer, _attention_module(layer))}
 
 
-def init_refusal(target: nn.Module, option: str) -> str | None:
-    """Why a drafter cannot start from ``target``'s decoder layers, as one line naming the family and the
-    recipe ``option`` to change; None when it can. ``target`` may live on the meta device (built from its
-    config alone, as the recipe check does)."""
-    family = getattr(target.config, "model_type", type(target).__name__)
+def source_layer_ids(target: nn.Module, count: int = 1) -> list[int]:
+    """Indices of the last ``count`` decoder layers whose attention maps onto the drafter's (fewer when fewer
+    have it; ``[]`` when none does or the layers are not found): the last layers of an attention-only target,
+    the last full-attention layers of a hybrid one. ``target`` may live on the meta device."""
     layers = decoder_layers(target)
     if layers is None:
-        return (f"{option}: initialising from the target's decoder layers is not defined for model type "
-                f"{family!r} ({type(target).__name__} has no model.layers); set {option}=false")
-    if _attention(layers[-1], target.config) is None:
-        return (f"{option}: initialising from the target's decoder layers is not defined for model type "
-                f"{family!r} ({type(layers[-1]).__name__} has no q/k/v or qkv_proj and o_proj projections); "
-                f"set {option}=false")
-    return None
+        return []
+    ids = [i for i, layer in enumerate(layers) if _attention(layer, layer_config(target.config, i)) is not None]
+    return ids[-count:] if count > 0 else []
+
+
+def fresh_init_note(target: nn.Module, kind: str) -> str | None:
+    """The one line training prints when drafter ``kind`` asked to start from the target's decoder layers
+    (``init_from_target_layer``) but none maps onto its Llama layer, so its layers start fresh (their default
+    init); None when a layer maps. ``target`` may live on the meta device."""
+    if source_layer_ids(target):
+        return None
+    family = getattr(target.config, "model_type", type(target).__name__)
+    layers = decoder_layers(target)
+    what = (f"{type(target).__name__} has no model.layers" if layers is None else
+            f"no {type(layers[-1]).__name__} has q/k/v (or qkv_proj) and o_proj projections to copy")
+    return (f"drafter.options.init_from_target_layer: the {kind} drafter's layers start fresh (default init): "
+            f"{what} in this {family} target; set drafter.options.init_from_target_layer=false to say so")
+
+
+#: the body's input embedding and final norm, by family: ``embed_tokens`` / ``norm`` (Llama and most), Nemotron-H's
+#: ``embeddings`` / ``norm_f``, Falcon-H1's ``final_layernorm``, LFM2's ``embedding_norm`` (applied after the last
+#: layer, whatever its name says)
+_EMBED_NAMES = ("embed_tokens", "embeddings")
+_FINAL_NORM_NAMES = ("norm", "norm_f", "final_layernorm", "embedding_norm")
+
+
+def target_body(target: nn.Module) -> tuple[nn.Module | None, nn.ModuleList | None, nn.Module | None]:
+    """``(input embedding, decoder layers, final norm)`` of ``target.model`` (None where absent): the modules
+    whose outputs are ``hidden_states[0]``, ``hidden_states[1..L-1]`` and ``hidden_states[L]`` (``train.features``
+    hooks them)."""
+    body = getattr(target, "model", None)
+    layers = getattr(body, "layers", None)
+    return (_first(body, _EMBED_NAMES), layers if isinstance(layers, nn.ModuleList) else None,
+            _first(body, _FINAL_NORM_NAMES))
 
 
 def feature_refusal(target: nn.Module, kind: str) -> str | None:
-    """Why drafter ``kind`` cannot read ``target``'s hidden states (training hooks the body's
-    ``embed_tokens``, ``layers`` and final ``norm``, ``train.features``), as one line naming the family and
-    the kind to use instead; None when it can. ``target`` may live on the meta device."""
-    body = getattr(target, "model", None)
-    missing = [n for n in ("embed_tokens", "layers", "norm") if not isinstance(getattr(body, n, None), nn.Module)]
+    """Why drafter ``kind`` cannot read ``target``'s hidden states (training hooks the body's input embedding,
+    ``layers`` and final norm, :func:`target_body`), as one line naming the family and the kind to use instead;
+    None when it can. ``target`` may live on the meta device."""
+    parts = dict(zip(("embed_tokens", "layers", "norm"), target_body(target)))
+    missing = [n for n, module in parts.items() if module is None]
     if not missing:
         return None
     family = getattr(target.config, "model_type", type(target).__name__)

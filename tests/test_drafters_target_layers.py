@@ -1,7 +1,8 @@
 """Drafters started from the target's layers, per family (``drafters.target_layers``): what maps computes what
 the target's part computes (fused projections split, Gemma's ``1 + weight`` norms, the pre-MLP norm found by
-role), what does not map (post-norms, experts) keeps its default init, and a layer that cannot map is refused
-with the family and the option named. Tiny seeded random targets of each family (``tests/families.py``)."""
+role), what does not map (post-norms, experts) keeps its default init, and a target none of whose layers maps
+starts the drafter fresh, said in one line naming the family and the option. Tiny seeded random targets of each
+family (``tests/families.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from families import FAMILIES, build_family
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, copy_final_norm
-from drafterkit.drafters.target_layers import decoder_layers, init_refusal, llama_layer_tensors
+from drafterkit.drafters.target_layers import decoder_layers, fresh_init_note, llama_layer_tensors
 from drafterkit.train.strategies.dflash import init_layers_from_target
 from drafterkit.train.strategies.eagle3 import init_split_attention_from_target
 
@@ -99,22 +100,26 @@ def test_the_final_norm_starts_at_the_targets_effective_scale():
     assert torch.allclose(head.norm(x), target.model.norm(x), atol=1e-5)
 
 
-def test_a_layer_without_mappable_attention_is_refused_naming_family_and_option():
+def test_a_target_without_mappable_attention_starts_the_drafter_fresh_in_one_line():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     cfg = GPTNeoXConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64)
+    torch.manual_seed(0)
     target = GPTNeoXForCausalLM(cfg)
-    why = init_refusal(target, "drafter.options.init_from_target_layer")
-    assert why == ("drafter.options.init_from_target_layer: initialising from the target's decoder layers is not "
-                   "defined for model type 'gpt_neox' (GPTNeoXLayer has no q/k/v or qkv_proj and o_proj "
-                   "projections); set drafter.options.init_from_target_layer=false")
-    with pytest.raises(ValueError, match="not defined for model type 'gpt_neox'"):
-        EagleDrafter(EagleConfig.from_target(target), target=target, init_from_target=True)
+    assert fresh_init_note(target, "eagle") == (
+        "drafter.options.init_from_target_layer: the eagle drafter's layers start fresh (default init): no "
+        "GPTNeoXLayer has q/k/v (or qkv_proj) and o_proj projections to copy in this gpt_neox target; set "
+        "drafter.options.init_from_target_layer=false to say so")
+    torch.manual_seed(1)
+    fresh = EagleDrafter(EagleConfig.from_target(target), target=target).layer.state_dict()
+    torch.manual_seed(1)
+    asked = EagleDrafter(EagleConfig.from_target(target), target=target, init_from_target=True).layer.state_dict()
+    assert all(torch.equal(asked[k], v) for k, v in fresh.items())  # nothing copied, nothing raised
     with pytest.raises(ValueError, match=r"GPTNeoXLayer has no q/k/v \(or qkv_proj\)"):
         llama_layer_tensors(decoder_layers(target)[-1], cfg)
     for family in FAMILIES:
-        assert init_refusal(build_family(family)[0], "x") is None, family
+        assert fresh_init_note(build_family(family)[0], "x") is None, family
 
 
 def test_a_target_without_a_llama_body_is_refused_for_the_feature_kinds():

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from drafterkit.drafters.target_layers import target_body
+
 
 def _check_layers(target: torch.nn.Module, layers: Sequence[int]) -> int:
     n = target.config.num_hidden_layers
@@ -54,7 +56,7 @@ def target_hidden(target: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         return [hs[int(i)] for i in layers]
     if method != "hooks":
         raise ValueError(f"unknown feature method {method!r}; use 'hooks' or 'hidden_states'")
-    model = target.model
+    embed, decoder, norm = target_body(target)  # embed_tokens / layers / norm, by family
     got: dict[int, torch.Tensor] = {}
 
     def keep(idx):
@@ -64,7 +66,7 @@ def target_hidden(target: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
     handles = []
     for i in sorted({int(i) for i in layers}):
-        mod = model.embed_tokens if i == 0 else (model.norm if i == n else model.layers[i - 1])
+        mod = embed if i == 0 else (norm if i == n else decoder[i - 1])
         handles.append(mod.register_forward_hook(keep(i)))
     try:
         target.model(**kw)  # the body only: no [B, T, V] logits
@@ -83,10 +85,13 @@ def target_features(target, input_ids, attention_mask, layers: Sequence[int], me
 def target_logits(target: torch.nn.Module, last_hidden: torch.Tensor) -> torch.Tensor:
     """The target's logits from its final-norm hidden state: ``[..., H] -> [..., V]`` (no grad), as its own
     forward computes them: the LM head, then the family's logit transform where its config has one
-    (Granite's ``logits_scaling`` divides; Gemma-2's ``final_logit_softcapping`` caps with ``c * tanh(x / c)``)."""
+    (Granite's ``logits_scaling`` divides; Falcon-H1's ``lm_head_multiplier`` multiplies; Gemma-2's
+    ``final_logit_softcapping`` caps with ``c * tanh(x / c)``)."""
     head = target.get_output_embeddings()
     logits = head(last_hidden.to(head.weight.dtype))
     c = target.config
+    if getattr(c, "lm_head_multiplier", None):
+        logits = logits * c.lm_head_multiplier
     if getattr(c, "logits_scaling", None):
         logits = logits / c.logits_scaling
     cap = getattr(c, "final_logit_softcapping", None)

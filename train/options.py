@@ -373,8 +373,9 @@ def check_draft_lm_recipe(recipe: Any) -> None:
 
 
 def check_init_from_target(recipe: Any) -> None:
-    """A feature kind needs a target whose hidden states it can read (``drafters.target_layers.feature_refusal``);
-    with ``init_from_target_layer`` its layers must map onto the drafter's (``init_refusal``); a ``draft_lm``
+    """A feature kind needs a target whose hidden states it can read (``drafters.target_layers.feature_refusal``;
+    with ``init_from_target_layer`` and no target layer that maps, its layers start fresh, which training says in
+    one line: never a refusal); a ``draft_lm``
     with ``init: truncated`` needs a decoder-only target whose first ``num_layers`` layers form a model of the
     same family. Checked on the target built on
     the meta device from its local config; skipped when the config is not readable locally (the build
@@ -393,13 +394,7 @@ def check_init_from_target(recipe: Any) -> None:
     why = None if kind == "draft_lm" else _drafters("target_layers", "feature_refusal")(target, kind)
     if why:
         raise ValueError(why)
-    if not getattr(o, "init_from_target_layer", False) and not truncated:
-        return
-    if truncated:
-        why = truncation_refusal(target, o.num_layers)
-    else:
-        why = _drafters("target_layers", "init_refusal")(target, "drafter.options.init_from_target_layer")
-    if why:
+    if truncated and (why := truncation_refusal(target, o.num_layers)):
         raise ValueError(why)
 
 

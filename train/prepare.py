@@ -19,6 +19,7 @@ import torch
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.records import unwritable_folder
 from drafterkit.assets.target import same_target
+from drafterkit.drafters.target_layers import fresh_init_note as layers_fresh_init_note
 from drafterkit.drafters.target_record import trained_target
 from drafterkit.train.checkpoint import find_resume, saved_kind
 from drafterkit.train.data import DataError
@@ -54,6 +55,14 @@ def assert_frozen(target: torch.nn.Module) -> None:
     if bad:
         raise RuntimeError(f"target parameters {bad[:4]} require grad; the target must stay frozen "
                            "(load it with assets.target.load_target)")
+
+
+def fresh_init_note(recipe: Recipe, target: torch.nn.Module) -> str | None:
+    """The one line saying the drafter's layers start fresh although ``init_from_target_layer`` asked to start
+    them from the target's (none of its layers maps: DeepSeek's latent attention), or None."""
+    if not getattr(recipe.drafter.parsed_options(), "init_from_target_layer", False):
+        return None
+    return layers_fresh_init_note(target, recipe.drafter.kind)
 
 
 def make_accelerator(recipe: Recipe):
@@ -163,7 +172,7 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     target.eval()
     strategy = get_strategy(recipe.drafter.kind)
     # A target loaded sharded: the layers the drafter's build copies are gathered whole meanwhile (every process)
-    whole = gathered_layers(target, layers_read_at_build(recipe, len(target.model.layers))) if target_sharded \
+    whole = gathered_layers(target, layers_read_at_build(recipe, target)) if target_sharded \
         else contextlib.nullcontext()
     # The main process builds (and caches) the data first: dataset building and regeneration write shared
     # cache folders; the other processes then read them.
@@ -174,6 +183,8 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
             raise RecipeError(f"data: {exc}") from None
         except ValueError as exc:
             raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
+        if note := fresh_init_note(recipe, target):
+            acc.print(note)
         params = [p for p in drafter.parameters() if p.requires_grad]
         if not params:
             raise RecipeError(f"the {recipe.drafter.kind} drafter has no trainable parameters; check drafter.options")

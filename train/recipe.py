@@ -344,9 +344,8 @@ class Recipe(Section):
     def _kind_can_train_this(self) -> Recipe:
         # a loss term, data setting or option value the drafter kind cannot train on is refused here, with the
         # key, the kind and the fix (the kind's recipe check, see train.options)
-        check_target = importlib.import_module("drafterkit.drafters.target_recurrent").recurrent_target_problem
-        if why := check_target(self.target.name_or_path, f"target.name_or_path: {self.target.name_or_path}"):
-            raise ValueError(why)  # before a kind's check reads the target's layers
+        if why := importlib.import_module("drafterkit.train.target_decoding").decoding_refusal(self):
+            raise ValueError(why)  # what decodes with a target the decoder cannot verify with (train.target_decoding)
         check = kind_recipe(self.drafter.kind).check
         if check is not None:
             check(self)

@@ -35,6 +35,7 @@ from torch import nn
 
 from drafterkit.assets import target as assets_target
 from drafterkit.assets.device import resolve_device, resolve_dtype
+from drafterkit.drafters.target_layers import source_layer_ids
 from drafterkit.train.sharding import shard_target
 
 
@@ -209,14 +210,15 @@ def whole_target_needed(recipe) -> str | None:
     return None
 
 
-def layers_read_at_build(recipe, n_layers: int) -> list[int]:
+def layers_read_at_build(recipe, target: nn.Module) -> list[int]:
     """Indices of the target's decoder layers the drafter's build copies (``init_from_target_layer``: the last
-    layer for the EAGLE heads, the last ``num_layers`` for DFlash)."""
+    layer whose attention maps for the EAGLE heads, the last ``num_layers`` such for DFlash;
+    ``drafters.target_layers.source_layer_ids``)."""
     o = recipe.drafter.parsed_options()
     if not getattr(o, "init_from_target_layer", False):
         return []
     count = getattr(o, "num_layers", 1) if recipe.drafter.kind == "dflash" else 1
-    return list(range(max(0, n_layers - count), n_layers))
+    return source_layer_ids(target, count)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,13 @@ import torch
 
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle3 import copy_final_norm, select_draft_vocab
-from drafterkit.drafters.target_layers import copy_matching, decoder_layers, init_refusal, llama_layer_tensors
+from drafterkit.drafters.target_layers import (
+    copy_matching,
+    decoder_layers,
+    layer_config,
+    llama_layer_tensors,
+    source_layer_ids,
+)
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
 from drafterkit.train.options import DFlashOptions
@@ -59,19 +65,16 @@ def sample_anchors(labels: torch.Tensor, count: int, generator: torch.Generator 
 
 @torch.no_grad()
 def init_layers_from_target(drafter: DFlashDrafter, target: torch.nn.Module) -> None:
-    """Copy the target's last ``num_layers`` decoder layers into the draft layers where they map, any family
-    (``drafters.target_layers``: fused projections split, norms by effective scale, per-head q/k norms where
-    the target has them; post-norms, MoE MLPs and whole-width q/k norms (OLMo-2) keep the default init).
-
-    Raises:
-        ValueError: the target's layers cannot start the drafter (named by ``init_refusal``).
-    """
-    why = init_refusal(target, "drafter.options.init_from_target_layer")
-    if why:
-        raise ValueError(why)
-    src_layers = decoder_layers(target)[-len(drafter.layers):]
-    for mine, theirs in zip(drafter.layers, src_layers):
-        copy_matching(mine, llama_layer_tensors(theirs, target.config))
+    """Copy the target's last ``num_layers`` decoder layers whose attention maps (a hybrid target's last
+    full-attention layers; ``drafters.target_layers.source_layer_ids``) into the last draft layers, where they map,
+    any family (``drafters.target_layers``: fused projections split, norms by effective scale, per-head q/k norms
+    where the target has them; post-norms, MoE MLPs and whole-width q/k norms (OLMo-2) keep the default init).
+    Draft layers with no such target layer left (fewer attention layers than draft layers; none for DeepSeek's
+    latent attention) keep their fresh init, as training's one line says (``fresh_init_note``)."""
+    ids = source_layer_ids(target, len(drafter.layers))
+    layers = decoder_layers(target)
+    for mine, i in zip(list(drafter.layers)[len(drafter.layers) - len(ids):], ids):
+        copy_matching(mine, llama_layer_tensors(layers[i], layer_config(target.config, i)))
 
 
 class DFlashStrategy(FeatureHeadStrategy):

@@ -39,7 +39,7 @@ import torch
 
 from drafterkit.drafters.feature_head import init_layer_from_target
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
-from drafterkit.drafters.target_layers import decoder_layers, llama_layer_tensors
+from drafterkit.drafters.target_layers import decoder_layers, layer_config, llama_layer_tensors, source_layer_ids
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
 from drafterkit.train.options import Eagle3Options, draft_vocab_for, draft_vocab_refusal
@@ -146,12 +146,16 @@ def init_fc_last_feature(drafter) -> None:
 
 @torch.no_grad()
 def init_split_attention_from_target(layer, target) -> None:
-    """Copy the target's last-layer q/k/v ``[out, H]`` (split from a fused ``qkv_proj``) into both ``H``-wide
+    """Copy the q/k/v ``[out, H]`` of the target's layer the head starts from (its last whose attention maps; split
+    from a fused ``qkv_proj``) into both ``H``-wide
     halves of the head's 2H-input projections, and its pre-attention norm scale into ``hidden_norm``
     (``input_layernorm`` shares the Llama name, so :func:`drafters.feature_head.init_layer_from_target` has already
     copied it); a post-norm target (OLMo-2) has no such norm and ``hidden_norm`` stays at ones
     (``drafters.target_layers``)."""
-    src = llama_layer_tensors(decoder_layers(target)[-1], target.config)
+    ids = source_layer_ids(target)
+    if not ids:  # no layer maps: the head starts fresh (fresh_init_note)
+        return
+    src = llama_layer_tensors(decoder_layers(target)[ids[-1]], layer_config(target.config, ids[-1]))
     for name in ("q_proj", "k_proj", "v_proj"):
         mine, theirs = getattr(layer.self_attn, name, None), src.get(f"self_attn.{name}.weight")
         if mine is None or theirs is None or mine.weight.shape != (theirs.shape[0], 2 * theirs.shape[1]):
