@@ -16,6 +16,12 @@ Each pass then gets an explicit 4-D mask per layer type, so :func:`decode.attent
 eager attention: Gemma-2 and gpt-oss have no SDPA path) computes each query over exactly its window's keys.
 Memory: a sliding layer's cache grows with the sequence, as a full-attention layer's does (for gpt-oss, half of
 its layers keep ``L`` keys instead of 128): the price of rolling back rejected draft tokens exactly.
+
+**Recurrent layers** (hybrid targets: Mamba-2, Gated DeltaNet, short convolutions) have no columns to mask or
+crop: :class:`decode.recurrent_cache.RecurrentStates` records their state at every position of a pass and
+:meth:`RaggedCache.keep` selects, per row, the state after its kept tokens (vLLM's per-position states); a caller
+that drops tokens later (a draft model's draft steps) takes :meth:`RaggedCache.mark` first. Tree passes over them
+are refused.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from drafterkit.decode.attention import verification_attention
+from drafterkit.decode.recurrent_cache import RecurrentStates
 
 #: The name of a transformers model's KV-cache argument and output field: ``cache`` in the releases that renamed
 #: it (5.2x, ``past_key_values`` deprecated until 5.40), ``past_key_values`` before (5.17, the GPU machine's).
@@ -45,16 +52,24 @@ class RaggedCache:
     columns (= the row's tokens processed so far = the RoPE position of its next token). All rows
     share the cache length ``length``. ``exact``: every pass runs :func:`decode.attention.exact_sdpa`, so
     each query's attention is computed as a plain decoding step computes it (the engine's target cache).
+    ``rollback`` (models with recurrent layers): record their per-position states so that :meth:`keep` leaves
+    each row the state after its kept tokens; False (plain decoding: every active row keeps its one token)
+    skips the recording, and a row keeping fewer tokens than a pass fed (a finished row) then holds a state
+    past them.
     """
 
     def __init__(self, model: nn.Module, batch_size: int, device: torch.device, capacity: int = 256,
-                 exact: bool = False):
-        self.model, self.exact = model, exact
+                 exact: bool = False, rollback: bool = True):
+        self.model, self.exact, self.rollback = model, exact, rollback
         self.cache = DynamicCache(config=model.config)
         self.window, self.all_sliding = _sliding_layers(model.config)
         for i, layer in enumerate(self.cache.layers):  # full layers: a sliding one cannot crop a full window
             if getattr(layer, "is_sliding", False):
                 self.cache.layers[i] = DynamicLayer()
+        self.recurrent = RecurrentStates(self.cache)  # falsy for an attention-only model
+        # the first layer that holds keys (a hybrid's layer 0 may be recurrent: its length is a token count)
+        self._attn_layer = next((i for i, layer in enumerate(self.cache.layers) if hasattr(layer, "keys")), 0)
+        self._mark: tuple[int, torch.Tensor, list] | None = None
         self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.length = 0
@@ -110,6 +125,10 @@ class RaggedCache:
         out = self._forward(ids, pos, **kw)
         self.length = p
         self.n_real = torch.tensor([len(r) for r in rows], dtype=torch.long, device=dev)
+        if self.recurrent:  # from here on every pass keeps its per-position states until keep selects
+            if self.rollback:
+                self.recurrent.record()
+            self.recurrent.set_length(p)
         return out
 
     def run(self, input_ids: torch.Tensor, **kw: Any):
@@ -139,6 +158,9 @@ class RaggedCache:
         """
         b, m = input_ids.shape
         p = self._pending
+        if self.recurrent:
+            raise NotImplementedError(f"{type(self.model).__name__} has recurrent layers: a tree pass would need a "
+                                      "state per node, which decode.cache.RaggedCache does not keep; use chain drafts")
         if tuple(tree_mask.shape[-2:]) != (m, p + m) or tree_mask.dim() not in (2, 3) or (
                 tree_mask.dim() == 3 and tree_mask.shape[0] != b):
             raise ValueError(f"tree_mask must be [m, P + m] = [{m}, {p + m}] or [B, m, P + m], got "
@@ -210,20 +232,51 @@ class RaggedCache:
         vmax = int(valid.max()) if valid_max is None else valid_max
         cols = torch.arange(m, device=valid.device)
         self.mask[:, start: start + m] = (cols[None, :] < valid[:, None]).long()
-        self.truncate(start + vmax)
+        if self.recurrent and self.rollback:
+            self.recurrent.select(valid, m)
+        self._crop(start + vmax)
         self.n_real = self.n_real + valid
-        self._pending = 0
+
+    def mark(self) -> None:
+        """Remember this point (length, ``n_real`` and, for recurrent layers, their states) for a later
+        :meth:`truncate` back to it: the only length a cache with recurrent layers can be truncated to."""
+        self._mark = (self.length, self.n_real.clone(), self.recurrent.snapshot() if self.recurrent else [])
+
+    def cache_length(self) -> int:
+        """Columns the attention layers hold (0 before the first pass)."""
+        return int(self.cache.get_seq_length(self._attn_layer))
 
     def truncate(self, length: int, n_real: torch.Tensor | None = None) -> None:
-        """Drop cache columns ``>= length`` (optionally resetting ``n_real``)."""
-        current = self.cache.get_seq_length()
+        """Drop cache columns ``>= length`` (optionally resetting ``n_real``).
+
+        Raises:
+            RuntimeError: the model has recurrent layers and ``length`` is neither the current length (with no
+                pending columns) nor the length at the last :meth:`mark`.
+        """
+        if self.recurrent and (length != self.length or self._pending):
+            if self._mark is None or self._mark[0] != length:
+                raise RuntimeError(f"{type(self.model).__name__} has recurrent layers, whose state cannot be cut "
+                                   f"back to {length} columns without RaggedCache.mark() taken there")
+            self.recurrent.restore(self._mark[2])
+        self._crop(length)
+        if n_real is not None:
+            self.n_real = n_real.clone()
+
+    def _crop(self, length: int) -> None:
+        """Crop the attention layers to ``length`` columns (a recurrent layer keeps its state: :meth:`keep`
+        selected it) and end the pending pass."""
+        current = self.cache_length()
         if current > length:
-            self.cache.crop(length - current)
+            for layer in self.cache.layers:
+                if not self.recurrent or all(layer is not r for r in self.recurrent.layers):
+                    layer.crop(length - current)
+                elif isinstance(layer, DynamicLayer):  # a hybrid layer's attention part, not its recurrent part
+                    DynamicLayer.crop(layer, length - current)
+        if self.recurrent:
+            self.recurrent.set_length(length)
         self.length = length
         self._pending = 0
         self._pending_pos = self._pending_pos[:, :0]
-        if n_real is not None:
-            self.n_real = n_real.clone()
 
 
 def _sliding_layers(config) -> tuple[int | None, bool]:

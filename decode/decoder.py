@@ -103,7 +103,9 @@ class Decoder:
         self.tokens = [list(r) for r in self.tokens]
         self.device = next(self.target.parameters()).device
         self.out, self.reasons, self.stable = [[] for _ in range(b)], [None] * b, [0] * b
-        self.cache = RaggedCache(self.target, b, self.device, capacity=self.capacity(), exact=attention.EXACT)
+        # plain decoding (no proposer) rolls nothing back: a recurrent layer's per-position states are not recorded
+        self.cache = RaggedCache(self.target, b, self.device, capacity=self.capacity(), exact=attention.EXACT,
+                                 rollback=self.proposer is not None)
         self.counts = DecodeCounts(batch_size=b, reached=[0] * self.k_max, accepted_at=[0] * self.k_max)
         self.layers = getattr(self.proposer, "feature_layers", None) if self.proposer is not None else None
 
@@ -215,7 +217,7 @@ def notify(dec: Decoder, drafts: list[list[int]] | None = None) -> None:
     if not _ROUND_HOOKS:
         return
     c = dec.cache
-    info = RoundInfo(dec.round, c.cache.get_seq_length(), c.length, c.mask[:, : c.length].sum(1).tolist(),
+    info = RoundInfo(dec.round, c.cache_length(), c.length, c.mask[:, : c.length].sum(1).tolist(),
                      c.n_real.tolist(), [list(t) for t in dec.tokens], dec.active, drafts or [[] for _ in dec.tokens])
     for hook in _ROUND_HOOKS:
         hook(info)

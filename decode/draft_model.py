@@ -118,6 +118,7 @@ class DraftModel:
         logits = self._catch_up(state)
         c = self._cache
         self._snapshot_len, self._snapshot_n = c.length, c.n_real.clone()
+        c.mark()  # a draft model with recurrent layers gets their states back at the next round's truncate
         tokens, probs = [], []
         cut = ChainCutoff(draft_threshold, len(state.tokens), k)
         for i in range(k):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import PretrainedConfig
 
 from drafterkit.decode.recurrent import recurrent_problem
 from drafterkit.decode.chain_round import chain_round
@@ -41,6 +42,20 @@ from drafterkit.decode.metrics import DecodeCounts, DecodeStats, compute_stats
 from drafterkit.decode.protocol import SamplingParams
 from drafterkit.decode.sampling import check_sampling_params
 from drafterkit.decode.tree_round import tree_round
+
+
+def _recurrent_drafting_problem(target: torch.nn.Module, proposer: Any, tree: bool) -> str | None:
+    """``decode.recurrent.recurrent_problem`` for the drafting setup: a tree over a target with recurrent layers,
+    and a draft LM with recurrent layers (a ``DraftModel``'s or a drafter's ``lm``) of a family not rolled back
+    or drafting a tree; None when all is covered."""
+    if tree and (problem := recurrent_problem(target.config, f"target {type(target).__name__}", for_trees=True)):
+        return problem
+    for module in proposer_modules(proposer):
+        lm = getattr(module, "lm", module)
+        if isinstance(getattr(lm, "config", None), PretrainedConfig):
+            if problem := recurrent_problem(lm.config, f"draft model {type(lm).__name__}", for_trees=tree):
+                return problem
+    return None
 
 
 @dataclass
@@ -100,12 +115,13 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
             params, token ids (``input_ids``, ``eos_token_id``) outside the vocabulary or not ints, a
             drafter whose vocabulary / tokenizer does not match the target (all checked before any
             token is generated), a proposer returning tokens of a shape other than ``[B, k]`` (``[B, N]``
-            for a tree), a malformed ``tree``, a ``tree`` with a drafter that cannot propose one, or a target with
-            recurrent / linear-attention layers (Mamba, Gated DeltaNet, ...), whose state verification cannot roll
-            back (``decode.recurrent.recurrent_problem``).
+            for a tree), a malformed ``tree``, a ``tree`` with a drafter that cannot propose one, a target with
+            recurrent / linear-attention layers (Mamba, Gated DeltaNet, ...) of a family whose state the decoder does
+            not roll back, or such a target with a ``tree`` (chains only: ``decode.recurrent.recurrent_problem``).
         TypeError: ``drafter`` is none of the accepted kinds.
     """
-    if problem := recurrent_problem(getattr(target, "config", {}), f"target {type(target).__name__}"):
+    target_name = f"target {type(target).__name__}"
+    if problem := recurrent_problem(getattr(target, "config", {}), target_name):  # a family not rolled back
         raise ValueError(problem)
     max_new_tokens = check_count("max_new_tokens", max_new_tokens)
     num_draft_tokens = check_count("num_draft_tokens", num_draft_tokens)
@@ -142,6 +158,8 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
             raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: every "
                              f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "
                              "proposes chains only: pass tree=None")
+    if problem := _recurrent_drafting_problem(target, proposer, draft_tree is not None):
+        raise ValueError(problem)  # a hybrid target (or draft model) drafts and verifies chains only
     k_max = (draft_tree.max_depth if draft_tree is not None else num_draft_tokens) if proposer is not None else 0
     # inference mode, not only no_grad: no autograd bookkeeping (version counters, view tracking) on the
     # ~1,000 small ops of a round; on this project's CPU that made plain and speculative decoding

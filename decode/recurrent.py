@@ -1,15 +1,17 @@
-"""Refuse targets whose layers keep recurrent state: speculative decoding cannot roll it back.
+"""Which targets with recurrent state ``decode.generate`` verifies exactly, and a one-line refusal for the rest.
 
 Verification runs the target over the draft tokens and then drops the rejected ones: drafterkit's decoder crops
 each attention layer's KV cache back to the accepted prefix (as vLLM and transformers' assisted generation do). A
 layer that folds every token into one fixed-size state -- a Mamba / SSM block (Jamba, Falcon-H1, Bamba, Zamba,
-Nemotron-H, Mamba itself), a linear-attention block (Qwen3-Next's Gated DeltaNet, MiniMax, Kimi-Linear), a short
-convolution (LFM2), RecurrentGemma's RG-LRU or RWKV -- has no per-token entries to drop, so the rejected tokens
-stay mixed into it (transformers raises "`crop` was called, but the current layer does not track past states").
-:func:`recurrent_problem` reads that from the target's config alone: ``decode.generate`` refuses a loaded target
-with it, and every verb refuses a target folder (its ``config.json``) before the weights load
-(``drafters.target_recurrent.recurrent_target_problem``: train when its recipe is validated, eval, tune,
-serve-check).
+Nemotron-H, Granite-4.0-H, Mamba itself), a linear-attention block (Qwen3.5's and Qwen3-Next's Gated DeltaNet,
+MiniMax, Kimi-Linear), a short convolution (LFM2), RecurrentGemma's RG-LRU or RWKV -- has no per-token entries to
+drop. For the families of :data:`ROLLBACK_MODEL_TYPES` the decoder keeps the state at every position of a
+verification pass and selects, per row, the one after the accepted tokens (``decode.recurrent_cache``, vLLM's
+per-position states): chain drafts, single rows and ragged batches, are exact there, as plain decoding is. Still
+refused, by :func:`recurrent_problem`: tree drafts on any target with recurrent layers (``for_trees=True``: a state
+per tree node is not kept), and every recurrent family outside that set (not proven, or every layer recurrent).
+``decode.generate`` asks it for a loaded target, and the verbs ask it for a target folder (its ``config.json``)
+before the weights load (``drafters.target_recurrent.recurrent_target_problem``).
 
 The rule follows transformers' own cache: ``DynamicCache`` builds one layer per entry of the text config's
 ``layer_types`` and gives ``conv`` / ``linear_attention`` / ``hybrid`` / ``hybrid_sliding`` entries a
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RECURRENT_LAYER_TYPES", "recurrent_problem"]
+__all__ = ["RECURRENT_LAYER_TYPES", "ROLLBACK_MODEL_TYPES", "recurrent_layers", "recurrent_problem"]
 
 #: ``layer_types`` / ``layers_block_type`` / ``block_types`` entries of layers that keep recurrent state
 RECURRENT_LAYER_TYPES = frozenset({"conv", "linear_attention", "hybrid", "hybrid_sliding", "mamba", "mamba2",
@@ -35,6 +37,10 @@ _RECURRENT_MODEL_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "
 #: config keys that configure a recurrent block (present only in configs that have one)
 _RECURRENT_KEY_PREFIXES = ("mamba_", "ssm_", "conv_L_", "linear_conv_", "linear_num_", "linear_key_", "linear_value_")
 _LAYER_LISTS = ("layer_types", "layers_block_type", "block_types")
+#: model types (a multimodal config's text model type) whose recurrent state ``decode.generate`` rolls back exactly
+#: after a chain verification pass: transformers 5.25 records their per-position states
+#: (``Cache.activate_past_recording``); each is proven on a tiny target by tests/test_decode_hybrid_targets.py
+ROLLBACK_MODEL_TYPES = frozenset({"qwen3_5_text", "qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1", "lfm2"})
 
 
 def _fields(config: Any) -> tuple[dict, dict]:
@@ -59,42 +65,68 @@ def _fields(config: Any) -> tuple[dict, dict]:
     return values, listed
 
 
-def recurrent_problem(config: Any, where: str = "the target") -> str | None:
-    """Why a target of ``config`` cannot be verified by speculative decoding (its layers keep recurrent state
-    that rejected draft tokens cannot be removed from), as one line naming ``where``, the family, the layers
-    and what to do; ``None`` for a target whose layers are all attention (full, sliding-window, chunked).
-
-    Args:
-        config: a transformers config (a multimodal one's text config is read) or a ``config.json`` dict.
-        where: how the message names the target (a folder, a Hub id).
-    """
+def _recurrent(config: Any) -> tuple[str, str | None, list[int] | None]:
+    """``(family, description, layers)``: the config's model type, how its recurrent layers show (None: none do)
+    and their indices (None where only the model type or the config keys say so)."""
     values, listed = _fields(config)
     family = values.get("model_type") or "unknown"
-    layers: list[str] = []
     for key in _LAYER_LISTS:
         entries = listed.get(key)
         if isinstance(entries, (list, tuple)):
             hits = [i for i, t in enumerate(entries) if str(t).lower() in RECURRENT_LAYER_TYPES]
             if hits:
                 kinds = sorted({str(entries[i]) for i in hits})
-                layers.append(f"its {key} makes layers {_ranges(hits)} of {len(entries)} {' / '.join(kinds)}")
-                break
+                return family, f"its {key} makes layers {_ranges(hits)} of {len(entries)} {' / '.join(kinds)}", hits
     pattern = listed.get("hybrid_override_pattern")
-    if not layers and isinstance(pattern, str) and "M" in pattern:
+    if isinstance(pattern, str) and "M" in pattern:
         mamba = [i for i, c in enumerate(pattern) if c == "M"]
-        layers.append(f"its hybrid_override_pattern makes layers {_ranges(mamba)} of {len(pattern)} Mamba")
-    if not layers and family in _RECURRENT_MODEL_TYPES:
-        layers.append("every layer recurrent")
-    if not layers:
-        keys = sorted(k for k in values if isinstance(k, str) and k.startswith(_RECURRENT_KEY_PREFIXES))
-        if keys:
-            layers.append(f"its config sets {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}: Mamba / SSM / "
-                          "linear-attention blocks")
-    if not layers:
+        return family, f"its hybrid_override_pattern makes layers {_ranges(mamba)} of {len(pattern)} Mamba", mamba
+    if family in _RECURRENT_MODEL_TYPES:
+        return family, "every layer recurrent", None
+    keys = sorted(k for k in values if isinstance(k, str) and k.startswith(_RECURRENT_KEY_PREFIXES))
+    if keys:
+        return family, (f"its config sets {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}: Mamba / SSM / "
+                        "linear-attention blocks"), None
+    return family, None, None
+
+
+def recurrent_layers(config: Any) -> list[int] | None:
+    """Indices of the decoder layers that keep recurrent state (Mamba / SSM, linear attention, short convolution),
+    as transformers' cache builds them: ``[]`` for a target whose layers are all attention, None where the config
+    says it has recurrent blocks but not which layers (a ``config.json`` read as JSON whose layer list transformers
+    derives, or a model type recurrent throughout).
+
+    Args:
+        config: a transformers config (a multimodal one's text config is read) or a ``config.json`` dict.
+    """
+    _, description, layers = _recurrent(config)
+    return [] if description is None else layers
+
+
+def recurrent_problem(config: Any, where: str = "the target", *, for_trees: bool = False) -> str | None:
+    """Why ``decode.generate`` cannot verify draft tokens exactly on a target of ``config``, as one line naming
+    ``where``, the family, the recurrent layers and what to do; ``None`` for a target whose layers are all
+    attention (full, sliding-window, chunked) or a hybrid of :data:`ROLLBACK_MODEL_TYPES` verifying chains.
+
+    Args:
+        config: a transformers config (a multimodal one's text config is read) or a ``config.json`` dict.
+        where: how the message names the target (a folder, a Hub id).
+        for_trees: the drafts are trees (static or dynamic): refused on any recurrent layer, since a tree node's
+            state is not the state after a prefix of the pass.
+    """
+    family, description, _ = _recurrent(config)
+    if description is None:
         return None
-    return (f"{where} ({family}) has recurrent / linear-attention layers ({layers[0]}) whose state drafterkit's "
-            "verification cannot roll back to the accepted draft tokens; speculative decoding with it is not "
-            "supported: use a target whose layers are all attention (full or sliding-window)")
+    if family in ROLLBACK_MODEL_TYPES:
+        if not for_trees:
+            return None
+        return (f"{where} ({family}) has recurrent / linear-attention layers ({description}): tree drafts would need "
+                "a recurrent state per tree node, which drafterkit's decoder does not keep; use chain drafts "
+                "(tree=None; drafterkit eval --tree chain)")
+    return (f"{where} ({family}) has recurrent / linear-attention layers ({description}) whose state drafterkit's "
+            "verification cannot roll back to the accepted draft tokens: exact rollback covers "
+            f"{', '.join(sorted(ROLLBACK_MODEL_TYPES))} only; speculative decoding with it is not supported: use one "
+            "of those or a target whose layers are all attention (full or sliding-window)")
 
 
 def _ranges(ids: list[int]) -> str:

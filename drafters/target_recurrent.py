@@ -1,4 +1,5 @@
-"""Refuse a target with recurrent / linear-attention layers by its name, before any weights load.
+"""Refuse a target with recurrent / linear-attention layers the decoder cannot verify, by its name, before any
+weights load (any such target when the drafts are trees; a hybrid family it rolls back verifies chains).
 
 Every verb that decodes with a target (train when its recipe is validated, eval, tune, serve-check) asks
 :func:`recurrent_target_problem` first: it reads the target's ``config.json`` from local files alone (a folder,
@@ -38,9 +39,11 @@ def local_config_dict(name_or_path: str) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def recurrent_target_problem(name_or_path: str, where: str | None = None) -> str | None:
+def recurrent_target_problem(name_or_path: str, where: str | None = None, *, for_trees: bool = False) -> str | None:
     """Why speculative decoding cannot verify with the target ``name_or_path`` (recurrent / linear-attention
-    layers, ``decode.recurrent.recurrent_problem``), one line naming it as ``where`` (default ``target NAME``);
-    None when its layers are all attention or its config is not local."""
+    layers of a family the decoder does not roll back, or any with ``for_trees``:
+    ``decode.recurrent.recurrent_problem``), one line naming it as ``where`` (default ``target NAME``); None when
+    the decoder verifies it (its layers all attention, or a hybrid it rolls back, drafting chains) or its config is
+    not local."""
     config = local_config_dict(name_or_path)
-    return recurrent_problem(config, where or f"target {name_or_path}") if config else None
+    return recurrent_problem(config, where or f"target {name_or_path}", for_trees=for_trees) if config else None

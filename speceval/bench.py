@@ -227,6 +227,9 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
         check_k(cfg.drafters, cfg.sweep_k, "--sweep-k")
     if not target_loaded and (problem := recurrent_target_problem(cfg.target)):  # whatever else the folder holds
         raise ValueError(problem)
+    trees = [t for t in cfg.trees or [] if t not in ("chain", AUTO)]  # a hybrid target verifies chains only
+    if not target_loaded and trees and (problem := recurrent_target_problem(cfg.target, for_trees=True)):
+        raise ValueError(f"--tree {trees[0]}: {problem}")
     if not target_loaded and (problem := target_source_problem(cfg.target, check_alias=False)):
         raise TargetLoadError(problem)
     if not target_loaded and cfg.target != DEFAULT_TARGET_ALIAS and Path(resolve_target_path(cfg.target)).is_dir():

@@ -41,6 +41,7 @@ from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.assets.target import TargetLoadError, load_target
 from drafterkit.decode.dynamic_tree import parse_tree
 from drafterkit.decode.exact import exact_mode
+from drafterkit.decode.recurrent import recurrent_problem
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
 from drafterkit.drafters.tuned_free import FREE_SPECS, record_path, write_free_tuned
@@ -109,6 +110,10 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
             default, so the shape chosen is the fastest under the cost eval measures); the record's ``exact_mode``
             says which; the mode found before is restored on return.
 
+    A target with recurrent layers (a hybrid whose chains the decoder verifies, ``decode.recurrent``) is tuned over
+    chains only: ``trees`` and ``dynamic`` are not swept, a tree incumbent becomes :data:`FREE_INCUMBENT`, and the
+    record's ``search.chains_only`` gives the reason (None for other targets).
+
     Raises:
         ValueError: an evaluation benchmark as ``benchmark``, a bad setting, no drafter at ``checkpoint``, or
             ``write`` for a spec with no folder to write into (``draft:N``): all before anything loads.
@@ -140,6 +145,10 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     spec = build_drafter(checkpoint, target, corpus, flag="tune")
     if spec.max_k is not None:  # Medusa / DFlash draft at most max_k tokens a round: a larger K is that one again
         ks = sorted({min(int(k), spec.max_k) for k in ks})
+    chains_only = recurrent_problem(target.config, f"target {target_name}", for_trees=True)
+    if chains_only:  # a hybrid target verifies chains only (decode.recurrent): the default trees are not swept
+        trees, dynamic = (), ()
+        incumbent = incumbent if incumbent is None or incumbent.startswith("chain:") else FREE_INCUMBENT
     cands = candidates(spec.drafter, ks, trees, dynamic, thresholds)
     incumbent, incumbent_note = parse_incumbent(incumbent, spec.drafter)
     prompts = _prompts(benchmark, tok, num_prompts)
@@ -162,6 +171,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
                                ids=[p.id for p in prompts]),
                   search=dict(method="successive halving", eta=eta, first_batches=first, candidates=len(cands),
                               incumbent=incumbent.label if incumbent else None, incumbent_note=incumbent_note,
+                              chains_only=chains_only,
                               seconds=round(time.perf_counter() - t0, 1)),
                   winners=winners, table=table)
     if behind == "+rest" or checkpoint == "rest":
@@ -357,6 +367,11 @@ def run(args: argparse.Namespace) -> int:
                       "recipe.yaml)", flush=True)
         if problem := recurrent_target_problem(args.target):  # before the target and the drafter load
             raise ValueError(problem)
+        shaped = [*(args.trees or []), *(args.dynamic or [])]  # trees asked for: a hybrid target verifies chains only
+        if args.incumbent not in (None, "auto", "none") and not args.incumbent.startswith("chain:"):
+            shaped.append(args.incumbent)
+        if shaped and (problem := recurrent_target_problem(args.target, for_trees=True)):
+            raise ValueError(f"{shaped[0]}: {problem}")
         rec = tune(args.checkpoint, target_name=args.target, dtype=args.dtype, device=args.device,
                    benchmark=args.benchmark, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                    concurrency=args.concurrency, ks=ks, trees=trees, dynamic=dynamic,

@@ -1,8 +1,8 @@
 """Targets with recurrent / linear-attention layers (Qwen3-Next's Gated DeltaNet, Falcon-H1's and Jamba's Mamba
-blocks) are refused by every verb that decodes before their weights load, and by ``decode.generate``, in one line:
-their state cannot be rolled back to the accepted draft tokens. Training, which only reads the target's hidden states,
-takes them, refusing only what of a recipe decodes (tests/test_train_hybrid_families.py). Qwen3-Next used to train
-and then die in the at-end evaluation ("`crop` was called, but the current layer does not track past states")."""
+blocks) are refused by every verb before their weights load, and by ``decode.generate``, in one line: their state
+cannot be rolled back to the accepted draft tokens. Qwen3-Next used to train and then die in the at-end evaluation
+("`crop` was called, but the current layer does not track past states"); Falcon-H1 and Jamba were refused for the
+head kinds with advice to use draft_lm, which crashed the same way."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 
 from drafterkit.cli import main
 from drafterkit.decode import generate
-from drafterkit.decode.recurrent import recurrent_problem
+from drafterkit.decode.recurrent import recurrent_layers, recurrent_problem
+from drafterkit.drafters.ngram import NGramDrafter
 from drafterkit.drafters.target_recurrent import local_config_dict, recurrent_target_problem
 from families import FAMILIES, family_config
 
@@ -54,16 +55,24 @@ def _config_only_folder(family: str, folder):
 @pytest.mark.parametrize("family", sorted(HYBRIDS))
 def test_the_rule_reads_the_config_json_and_the_transformers_config(family, tmp_path):
     """The saved ``config.json`` (read as JSON, no derived ``layer_types``) and the transformers config (Jamba and
-    Falcon-H1 derive ``layer_types`` from their blocks) are both refused, naming the family."""
+    Falcon-H1 derive ``layer_types`` from their blocks) are both read, naming the family: Jamba is refused, Qwen3-Next
+    and Falcon-H1 (rolled back by the decoder, tests/test_decode_hybrid_targets.py) only for tree drafts."""
     folder = _config_only_folder(family, tmp_path)
     raw = json.loads((folder / "config.json").read_text())
+    covered = family in ("qwen3_next", "falcon_h1")
     for config in (raw, _config(family)):
-        line = recurrent_problem(config, "target T")
+        assert (recurrent_problem(config, "target T") is None) == covered
+        line = recurrent_problem(config, "target T", for_trees=covered)
         assert line is not None and line.startswith(f"target T ({family}) has recurrent / linear-attention layers")
-        assert WHY in line and "speculative decoding with it is not supported" in line
-    assert HYBRIDS[family][3] in recurrent_problem(raw, "t")
-    derived = recurrent_problem(_config(family), "t")  # the resolved layer_types name the layers
+        if covered:
+            assert "tree drafts would need a recurrent state per tree node" in line and "use chain drafts" in line
+        else:
+            assert WHY in line and "speculative decoding with it is not supported" in line
+    assert HYBRIDS[family][3] in recurrent_problem(raw, "t", for_trees=True)
+    derived = recurrent_problem(_config(family), "t", for_trees=True)  # the resolved layer_types name the layers
     assert "layer_types makes layers" in derived
+    assert recurrent_layers(_config(family)) == ([0, 1, 2] if family == "qwen3_next" else
+                                                 [0, 1, 2, 3] if family == "falcon_h1" else [0, 2])
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -78,32 +87,61 @@ def test_other_recurrent_configs():
     assert "recurrent" in recurrent_problem({"model_type": "recurrent_gemma",
                                              "block_types": ["recurrent", "recurrent", "attention"]})
     assert "layers 0, 2 of 4 Mamba" in recurrent_problem({"model_type": "nemotron_h",
-                                                          "hybrid_override_pattern": "M*M-"})
+                                                          "hybrid_override_pattern": "M*M-"}, for_trees=True)
     assert "every layer recurrent" in recurrent_problem({"model_type": "mamba"})
-    assert "conv_L_cache" in recurrent_problem({"model_type": "lfm2", "conv_L_cache": 3})
+    assert "conv_L_cache" in recurrent_problem({"model_type": "lfm2", "conv_L_cache": 3}, for_trees=True)
+    assert recurrent_problem({"model_type": "lfm2", "conv_L_cache": 3}) is None  # chains: rolled back
+    assert recurrent_layers({"model_type": "nemotron_h", "hybrid_override_pattern": "M*M-"}) == [0, 2]
+    assert recurrent_layers({"model_type": "mamba"}) is None and recurrent_layers({"model_type": "llama"}) == []
     assert "layers 1 of 2 conv" in recurrent_problem({"model_type": "x", "text_config": {
         "layer_types": ["full_attention", "conv"]}})
 
 
-def _one_error_line(err: str, verb: str, where: str) -> None:
+def _one_error_line(err: str, verb: str, where: str, why: str = WHY) -> None:
     lines = [line for line in err.splitlines() if line.startswith("drafterkit")]
     assert len(lines) == 1 and lines[0].startswith(f"drafterkit {verb}: error: ") and "Traceback" not in err, err
-    assert where in lines[0] and WHY in lines[0], lines[0]
+    assert where in lines[0] and why in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "draft_lm"])
+def test_train_refuses_at_recipe_validation(kind, tmp_path, capsys):
+    """Before the recipe's kind check (which said "has no model.norm; set drafter.kind=draft_lm" for Falcon-H1)
+    and before any weights: the folder holds only config.json."""
+    target = _config_only_folder("jamba", tmp_path / "target")
+    chats = tmp_path / "chat.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                              {"role": "assistant", "content": "Hello."}]}) + "\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({
+        "output_dir": str(tmp_path / "run"), "target": {"name_or_path": str(target)},
+        "drafter": {"kind": kind, "options": {}}, "data": {"source": "jsonl", "path": str(chats), "max_length": 32},
+        "train": {"max_steps": 1, "batch_size": 1, "resume": "never"}, "logging": {"trackers": []}}))
+    capsys.readouterr()
+    assert main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err  # the recipe's error: "<recipe>: invalid recipe:", then the line
+    assert err.startswith("drafterkit train: error: ") and "Traceback" not in err and WHY in err
+    assert f"target.name_or_path: {target} (jamba) has recurrent" in err
+    assert "model.norm" not in err and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("family", sorted(HYBRIDS))
 def test_eval_and_tune_refuse_before_the_weights(family, tmp_path, capsys):
     """``eval`` (model-free drafters too: ngram, suffix) and ``tune`` on a folder holding only config.json: the
-    refusal, not a missing-weights line."""
+    refusal, not a missing-weights line: Jamba's always, Qwen3-Next's and Falcon-H1's for the trees asked for."""
     target = _config_only_folder(family, tmp_path / "target")
+    covered = family in ("qwen3_next", "falcon_h1")
+    why = "tree drafts would need a recurrent state per tree node" if covered else WHY
+    trees = ["--tree", "3,2,1"] if covered else []
     capsys.readouterr()
     for drafter in ("ngram", "suffix"):
-        assert main(["eval", "--target", str(target), "--drafter", drafter, "--num-prompts", "1",
+        assert main(["eval", "--target", str(target), "--drafter", drafter, "--num-prompts", "1", *trees,
                      "--output", str(tmp_path / "x.json")]) == 2
-        _one_error_line(capsys.readouterr().err, "eval", f"target {target} ({family})")
-    assert main(["tune", "ngram", "--target", str(target), "--num-prompts", "1", "--no-write"]) == 2
-    _one_error_line(capsys.readouterr().err, "tune", f"target {target} ({family})")
-    assert WHY in recurrent_target_problem(str(target))
+        _one_error_line(capsys.readouterr().err, "eval", f"target {target} ({family})", why)
+    for shape in (["--tree", "3,2,1"], ["--dynamic", "dynamic:12:4:3"]) if covered else [[]]:
+        assert main(["tune", "ngram", "--target", str(target), "--num-prompts", "1", "--no-write", *shape]) == 2
+        _one_error_line(capsys.readouterr().err, "tune", f"target {target} ({family})", why)
+    assert why in recurrent_target_problem(str(target), for_trees=covered)
+    assert (recurrent_target_problem(str(target)) is None) == covered
     assert local_config_dict(str(tmp_path / "nothing")) is None and recurrent_target_problem("org/not-cached") is None
 
 
@@ -119,12 +157,20 @@ def test_serve_check_refuses_before_vllm(tmp_path, capsys):
 
 @pytest.mark.parametrize("family", ["qwen3_next", "jamba"])
 def test_generate_refuses_a_loaded_hybrid_target(family):
-    """``decode.generate`` with any drafter (none too: drafterkit's decoder keeps its own attention cache) raises
-    one ValueError before decoding; the model is real, seeded and tiny."""
+    """``decode.generate`` raises one ValueError before decoding: on Jamba with any drafter (none too: its rollback
+    is not proven), on Qwen3-Next with a tree (its chains and plain decoding run); the model is real, seeded and
+    tiny."""
     import transformers
 
     torch.manual_seed(0)
     model = getattr(transformers, HYBRIDS[family][1])(_config(family)).eval()
     for drafter in (None, "ngram"):
+        if family == "qwen3_next":
+            proposer = None if drafter is None else NGramDrafter()
+            assert len(generate(model, [[5, 6, 7, 8]], drafter=proposer, max_new_tokens=4).sequences[0]) <= 4
+            continue
         with pytest.raises(ValueError, match=f"target {type(model).__name__} \\({family}\\) has recurrent"):
             generate(model, [[5, 6, 7, 8]], drafter=drafter, max_new_tokens=4)
+    if family == "qwen3_next":
+        with pytest.raises(ValueError, match=r"\(qwen3_next\) has recurrent.*tree drafts would need"):
+            generate(model, [[5, 6, 7, 8]], drafter=NGramDrafter(), tree="2,1", max_new_tokens=4)

@@ -1,0 +1,112 @@
+"""Exact rollback of recurrent layer state after a verification pass: per-position states, vLLM's way.
+
+A hybrid target (Qwen3.5 and Qwen3-Next's Gated DeltaNet, Nemotron-H's, Granite-4.0-H's and Falcon-H1's Mamba-2,
+LFM2's short convolutions) keeps, per recurrent layer, a convolution state (the last ``K`` inputs of its causal
+convolution, ``[B, C, K]``) and, except LFM2, an SSM / linear-attention state (``[B, H, ...]``) that folds in every
+token it is fed. A verification pass feeds ``m`` tokens (the last committed one and the draft tokens), of which row
+``b`` keeps only the first ``kept[b]``; its recurrent state must then be the state after exactly those tokens.
+
+vLLM keeps the state after every position of the pass and selects the accepted one (its hybrid models'
+speculative decoding); transformers 5.25 can do the same for assisted generation
+(``Cache.activate_past_recording``), but crops every row by the same count. :class:`RecurrentStates` switches that
+recording on for every recurrent layer after the prompt pass, with no bound on the states a pass keeps, so a pass
+of ``m`` tokens runs each recurrent layer one token at a time (the step plain decoding runs, no chunked scan) and
+leaves the convolution inputs of all ``m`` tokens (``[B, C, K + m]``) and the state before each token beside the
+last one; :meth:`RecurrentStates.select` then keeps, per row, the convolution window and the state after its
+``kept[b]`` tokens. Nothing is re-run. Attention layers are cropped by :class:`decode.cache.RaggedCache` as
+before. A drafter that steps a draft model and later drops its draft tokens takes :meth:`RecurrentStates.snapshot`
+first and :meth:`RecurrentStates.restore` after.
+
+Trees are not covered: a tree's nodes are not a sequence, so a node's state is not a prefix state of the pass
+(``decode.recurrent.recurrent_problem(..., for_trees=True)`` refuses them up front).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+__all__ = ["RecurrentStates"]
+
+#: states a pass keeps per recurrent layer: all of them (transformers computes that many tokens step by step)
+_EVERY_POSITION = 1 << 30
+
+
+class RecurrentStates:
+    """The recurrent layers of one transformers ``DynamicCache`` (``LinearAttentionLayer`` and the hybrid
+    ``LinearAttention...AttentionLayer`` entries), and their per-row rollback. Falsy when the cache has none."""
+
+    def __init__(self, cache) -> None:
+        self.layers = [layer for layer in getattr(cache, "layers", [])
+                       if isinstance(layer, LinearAttentionCacheLayerMixin)]
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    def record(self) -> None:
+        """After the prompt pass: every later pass keeps the convolution inputs and the state at every position
+        (until :meth:`select`). Each state index gets its own history list (transformers shares one)."""
+        for layer in self.layers:
+            layer.activate_past_recording(recurrent_states_to_keep=_EVERY_POSITION)
+            layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
+
+    def select(self, kept: torch.Tensor, m: int) -> None:
+        """After a pass of ``m`` tokens: row ``b`` keeps the state after its first ``kept[b]`` tokens
+        (``kept [B]``, ``0 <= kept <= m``; 0 = the state before the pass).
+
+        Raises:
+            RuntimeError: a layer's recorded convolution inputs or states do not cover the pass (recording was
+                not on, or a pass went unselected).
+        """
+        kept = kept.to(torch.long)
+        for layer in self.layers:
+            kept_here = kept.to(layer.device) if layer.device is not None else kept
+            for i in range(layer.number_of_states):
+                if layer.is_conv_states_initialized[i]:
+                    k = layer.conv_kernel_size[i]
+                    layer.conv_states[i] = _conv_window(layer.conv_states[i], k, kept_here, m)
+                if layer.is_recurrent_states_initialized[i]:
+                    history = layer.recurrent_states_history[i]
+                    if len(history) != m:
+                        raise RuntimeError(f"a recurrent layer recorded {len(history)} states for a pass of {m} "
+                                           "tokens; RecurrentStates.record must run after the prompt pass and select "
+                                           "after every pass")
+                    states = torch.stack([*history, layer.recurrent_states[i]])  # [m + 1, B, ...]
+                    rows = torch.arange(states.shape[1], device=states.device)
+                    layer.recurrent_states[i].copy_(states[kept_here, rows])
+                    layer.recurrent_states_history[i] = []
+
+    def set_length(self, length: int) -> None:
+        """Set every recurrent layer's token count (``get_seq_length``) to ``length`` cache columns, as the
+        attention layers hold."""
+        for layer in self.layers:
+            layer.cumulative_length_linear.fill_(int(length))
+
+    def snapshot(self) -> list:
+        """Copies of every layer's convolution and recurrent states (recorded histories must be empty)."""
+        return [([None if s is None else s.clone() for s in layer.conv_states.values()],
+                 [None if s is None else s.clone() for s in layer.recurrent_states.values()]) for layer in self.layers]
+
+    def restore(self, snap: list) -> None:
+        """Put back the states of :meth:`snapshot` and drop any recorded history."""
+        for layer, (convs, recs) in zip(self.layers, snap):
+            for i, (conv, rec) in enumerate(zip(convs, recs)):
+                if conv is not None:
+                    layer.conv_states[i] = conv.clone()
+                if rec is not None:
+                    layer.recurrent_states[i].copy_(rec)
+                if getattr(layer, "record_past", False):
+                    layer.recurrent_states_history[i] = []
+
+
+def _conv_window(full: torch.Tensor, k: int, kept: torch.Tensor, m: int) -> torch.Tensor:
+    """``full [B, ..., K + m]`` (the window before a pass, then its ``m`` inputs) -> ``[B, ..., K]``: row ``b``'s
+    window after its first ``kept[b]`` inputs."""
+    if full.shape[-1] != k + m:
+        raise RuntimeError(f"a recurrent layer's convolution holds {full.shape[-1]} inputs after a pass of {m} tokens "
+                           f"(kernel {k}); RecurrentStates.record must run after the prompt pass and select after "
+                           "every pass")
+    b = full.shape[0]
+    cols = kept[:, None] + torch.arange(k, device=full.device)  # [B, K]
+    cols = cols.view(b, *([1] * (full.dim() - 2)), k).expand(*full.shape[:-1], k)
+    return full.gather(-1, cols)

@@ -1,0 +1,224 @@
+"""Exact decoding on hybrid targets (recurrent layers beside attention): Qwen3.5 and Qwen3-Next (Gated DeltaNet),
+Nemotron-H, Granite-4.0-H and Falcon-H1 (Mamba-2), LFM2 (short convolutions), each a tiny seeded random target
+built from its transformers 5.25 config.
+
+Plain decoding through the engine equals transformers' greedy ``generate``; chain speculative decoding (prompt
+lookup, and a draft LM of the same family whose head is perturbed, so drafts are partly rejected and the draft
+model's own recurrent state is rolled back too) equals plain decoding token for token in fp32, single rows and
+ragged batches; after a verification round each recurrent layer's state is the state after only the accepted tokens
+(``decode.recurrent_cache``); the first tokens at temperature 1 follow the target's law (chi-square, as
+tests/test_decode_distribution.py); trees are refused before any token is generated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig
+
+from drafterkit.decode import generate
+from drafterkit.decode.cache import RaggedCache
+from drafterkit.decode.chain_round import chain_round
+from drafterkit.decode.decoder import Decoder, prefill
+from drafterkit.decode.draft_model import DraftModel
+from drafterkit.decode.protocol import SamplingParams
+from drafterkit.decode.recurrent import ROLLBACK_MODEL_TYPES, recurrent_layers, recurrent_problem
+from drafterkit.decode.sampling import logits_to_probs
+from drafterkit.drafters.ngram import NGramDrafter
+from drafterkit.speceval.tune import tune
+from conftest import tiny_llama
+from families import one_thread, tiny_tokenizer  # noqa: F401 -- one_thread: autouse, one intra-op thread here
+from test_decode_distribution import _chi2
+
+_BASE = {"vocab_size": 320, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256,
+         "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+_DELTANET = {"head_dim": 16,
+             "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+             "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 8,
+             "linear_value_head_dim": 8}
+#: family -> (model_type, causal-LM class, config overrides): recurrent layers mixed with attention
+HYBRIDS = {
+    "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", _DELTANET),
+    "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM", {
+        **_DELTANET, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 16}),
+    "nemotron_h": ("nemotron_h", "NemotronHForCausalLM", {
+        "head_dim": 16, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "mamba_head_dim": 8,
+        "ssm_state_size": 8, "n_groups": 1, "chunk_size": 16}),
+    "granite_h": ("granitemoehybrid", "GraniteMoeHybridForCausalLM", {
+        "layer_types": ["mamba", "attention", "mamba", "attention"], "mamba_n_heads": 4, "mamba_d_head": 16,
+        "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 16, "num_local_experts": 2,
+        "num_experts_per_tok": 1, "shared_intermediate_size": 48}),
+    "falcon_h1": ("falcon_h1", "FalconH1ForCausalLM", {
+        "head_dim": 16, "mamba_d_ssm": 32, "mamba_n_heads": 2, "mamba_d_head": 16, "mamba_d_state": 8,
+        "mamba_chunk_size": 16}),
+    "lfm2": ("lfm2", "Lfm2ForCausalLM", {"layer_types": ["conv", "full_attention", "conv", "full_attention"],
+                                         "conv_L_cache": 3, "block_ff_dim": 48}),
+}
+# repeated spans, so prompt lookup drafts; different lengths, so a batch of them is ragged (left-padded)
+ROWS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 11, 12], [20, 21, 22, 23, 24, 25, 26, 20, 21, 22, 23]]
+NEW = 24
+
+
+def build(family: str, seed: int = 0, noise: float = 0.0, **overrides):
+    """A seeded random fp32 target of ``family`` (eval mode, frozen, LM head scaled 8x so greedy decoding is no
+    tie-break); ``noise`` perturbs its LM head by that many of its standard deviations (a draft model that agrees
+    with the seed-``seed`` target often)."""
+    model_type, cls, own = HYBRIDS[family]
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls)(AutoConfig.for_model(model_type, **{**_BASE, **own, **overrides})).eval()
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.mul_(8.0)
+        if noise:
+            head.add_(noise * head.std() * torch.randn(head.shape, generator=torch.Generator().manual_seed(seed + 1)))
+    model.requires_grad_(False)
+    model.generation_config.eos_token_id = model.config.eos_token_id
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRIDS))
+def hybrid(request):
+    """``(family, target, plain)``: plain greedy decoding of each of :data:`ROWS` through the engine."""
+    target = build(request.param)
+    plain = [generate(target, [r], max_new_tokens=NEW, eos_token_id=[]).sequences[0] for r in ROWS]
+    return request.param, target, plain
+
+
+def test_the_families_are_hybrids_the_decoder_rolls_back(hybrid):
+    family, target, _ = hybrid
+    assert target.config.model_type in ROLLBACK_MODEL_TYPES and recurrent_problem(target.config) is None
+    assert recurrent_layers(target.config)  # recurrent layers beside attention ones
+    assert RaggedCache(target, 1, torch.device("cpu")).recurrent
+
+
+def test_plain_equals_transformers_greedy(hybrid):
+    _, target, plain = hybrid
+    for row, out in zip(ROWS, plain):
+        ref = target.generate(torch.tensor([row]), max_new_tokens=NEW, do_sample=False, eos_token_id=None)
+        assert out == ref[0, len(row):].tolist()
+
+
+def test_chains_equal_plain_single_and_ragged(hybrid):
+    """Prompt lookup and a perturbed draft LM of the family (a hybrid draft model: its draft steps are rolled back
+    from RaggedCache.mark) as chains, each row alone and the three rows as one ragged batch."""
+    family, target, plain = hybrid
+    for drafter in (NGramDrafter(), build(family, noise=0.5)):
+        singles = [generate(target, [r], drafter=drafter, max_new_tokens=NEW, eos_token_id=[]) for r in ROWS]
+        assert [s.sequences[0] for s in singles] == plain
+        batch = generate(target, ROWS, drafter=drafter, max_new_tokens=NEW, num_draft_tokens=4, eos_token_id=[])
+        assert batch.sequences == plain
+    assert 0 < batch.stats.accepted < batch.stats.drafted  # the draft LM's drafts accepted and rejected
+
+
+def _states(cache: RaggedCache, row: int) -> list[torch.Tensor]:
+    """Row ``row``'s convolution windows and SSM / linear-attention states, layer by layer."""
+    out = []
+    for layer in cache.recurrent.layers:
+        out += [layer.conv_states[i][row] for i in range(layer.number_of_states) if layer.is_conv_states_initialized[i]]
+        out += [layer.recurrent_states[i][row] for i in range(layer.number_of_states)
+                if layer.is_recurrent_states_initialized[i]]
+    return out
+
+
+def test_rollback_leaves_the_state_of_the_accepted_tokens(hybrid):
+    """Chain rounds of a ragged batch with a draft LM whose drafts are partly rejected: after every round, every
+    row's recurrent state is the one a fresh cache reaches by feeding that row's prompt and then its committed
+    tokens one at a time."""
+    family, target, _ = hybrid
+    dec = Decoder(target, DraftModel(build(family, noise=0.5)), SamplingParams(0.0), None, 4, NEW, frozenset(), 320,
+                  None, ROWS)
+    dec.proposer.reset(len(ROWS))
+    prefill(dec)
+    for _ in range(4):
+        chain_round(dec)
+        for b, row in enumerate(ROWS):
+            ref = RaggedCache(target, 1, torch.device("cpu"))
+            ref.prefill([row])
+            for t in dec.tokens[b][len(row): -1]:  # the last committed token is the next pass's input
+                ref.run(torch.tensor([[t]]))
+                ref.keep(torch.ones(1, dtype=torch.long))
+            assert int(dec.cache.n_real[b]) == len(dec.tokens[b]) - 1 == int(ref.n_real[0])
+            for got, want in zip(_states(dec.cache, b), _states(ref, 0), strict=True):
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=f"{family} row {b}")
+    assert 0 < dec.counts.accepted < dec.counts.drafted  # rows kept some draft tokens and dropped others
+
+
+@pytest.mark.parametrize("tree", ["2,1", "dynamic:4:2:2"])
+def test_trees_are_refused_up_front(hybrid, tree):
+    family, target, _ = hybrid
+    with pytest.raises(ValueError, match=r"tree drafts would need a recurrent state per tree node.*use chain drafts"):
+        generate(target, ROWS, drafter=NGramDrafter(), tree=tree, max_new_tokens=NEW)
+
+
+def test_a_hybrid_draft_model_drafts_chains_only():
+    """A draft LM with recurrent layers (a Qwen3.5 one, before an attention target) drafts chains, rolled back from
+    its mark, and is refused with a tree before any token is generated."""
+    target, draft = tiny_llama(0, vocab_size=320), build("qwen3_5", noise=0.5)
+    plain = generate(target, ROWS, max_new_tokens=NEW, eos_token_id=[]).sequences
+    assert generate(target, ROWS, drafter=draft, max_new_tokens=NEW, eos_token_id=[]).sequences == plain
+    with pytest.raises(ValueError, match=r"draft model Qwen3_5ForCausalLM \(qwen3_5_text\) has recurrent.*tree drafts"):
+        generate(target, ROWS, drafter=draft, tree="2,1", max_new_tokens=NEW)
+
+
+V, PROMPT, RUNS = 16, [1, 5, 9], 3000
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_first_tokens_follow_target_distribution(family):
+    """Temperature 1, prompt lookup with every id in the prompt: the first round verifies one draft token per row
+    (accepted or rejected, so the rows' states diverge); the first three tokens keep the target's joint law,
+    enumerated with cache-free forwards."""
+    target = build(family, vocab_size=V)
+    prompt = list(range(V)) + PROMPT
+    res = generate(target, [prompt] * RUNS, drafter=NGramDrafter(), max_new_tokens=3, temperature=1.0, seed=1234,
+                   eos_token_id=[])
+    seqs = torch.tensor(res.sequences)  # [RUNS, 3]
+    params = SamplingParams(1.0)
+    with torch.no_grad():
+        p1 = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], params).double()
+        p2 = logits_to_probs(target(torch.tensor([prompt + [a] for a in range(V)])).logits[:, -1], params).double()
+        three = torch.tensor([prompt + [a, b] for a in range(V) for b in range(V)])
+        p3 = logits_to_probs(target(three).logits[:, -1], params).double().reshape(V, V, V)
+    joint = p1[:, None, None] * p2[:, :, None] * p3
+    c12 = torch.bincount(seqs[:, 0] * V + seqs[:, 1], minlength=V * V).double()
+    assert _chi2(c12, joint.sum(2).flatten()) > 1e-3
+    c23 = torch.bincount(seqs[:, 1] * V + seqs[:, 2], minlength=V * V).double()
+    assert _chi2(c23, joint.sum(0).flatten()) > 1e-3
+    assert 0 < res.stats.accepted < res.stats.drafted
+
+
+def test_other_recurrent_families_stay_refused():
+    """Families whose rollback is not proven (Jamba, RecurrentGemma, all-recurrent Mamba) are refused, naming the
+    ones that are covered; a loaded Jamba target is refused by generate before decoding."""
+    for config in ({"model_type": "jamba", "layers_block_type": ["mamba", "attention"]},
+                   {"model_type": "recurrent_gemma", "block_types": ["recurrent", "attention"]},
+                   {"model_type": "mamba"}):
+        line = recurrent_problem(config, "target T")
+        assert line.startswith(f"target T ({config['model_type']}) has recurrent") and "exact rollback covers" in line
+        assert "qwen3_next" in line and "\n" not in line
+    torch.manual_seed(0)
+    jamba = transformers.JambaForCausalLM(AutoConfig.for_model("jamba", **{
+        **_BASE, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "num_experts": 2, "num_experts_per_tok": 1, "mamba_d_state": 8, "mamba_dt_rank": 4,
+        "use_mamba_kernels": False})).eval()
+    with pytest.raises(ValueError, match=r"target JambaForCausalLM \(jamba\) has recurrent.*exact rollback covers"):
+        generate(jamba, [[5, 6, 7]], max_new_tokens=2)
+
+
+@pytest.mark.filterwarnings("ignore:.*CPU cores are busy")  # a shared test machine; the search's shape is checked
+def test_tune_sweeps_chains_only_on_a_hybrid_target(tmp_path):
+    """``drafterkit tune``'s search on a hybrid target: the default trees and dynamic trees are not swept and the
+    incumbent is a chain; the record says why."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"the cat sat on the mat {i} the cat sat"}) + "\n"
+                               for i in range(2)))
+    rec = tune("ngram", target_name="tiny-qwen3_5", target=build("qwen3_5"), tok=tiny_tokenizer(),
+               benchmark=str(prompts), num_prompts=2, max_new_tokens=4, concurrency=1, ks=[2, 3],
+               thresholds=[0.0], eta=2, first=1, progress=False, write=False)
+    assert "tree drafts would need a recurrent state per tree node" in rec["search"]["chains_only"]
+    assert rec["search"]["incumbent"].startswith("chain") and rec["winners"]["1"]["tree"] == "chain"
+    assert {r["tree"] for r in rec["table"]} == {"chain"} and len(rec["table"]) >= 2
