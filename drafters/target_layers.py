@@ -43,8 +43,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from drafterkit.decode.recurrent import recurrent_layers
+
 __all__ = ["copy_matching", "decoder_layers", "feature_refusal", "fresh_init_note", "layer_config",
-           "llama_layer_tensors", "norm_scale", "source_layer_ids", "target_body"]
+           "llama_layer_tensors", "norm_scale", "recurrent_truncation_refusal", "source_layer_ids", "target_body"]
 
 
 def decoder_layers(target: nn.Module) -> list[nn.Module] | None:
@@ -222,6 +224,27 @@ def fresh_init_note(target: nn.Module, kind: str) -> str | None:
             f"no {type(layers[-1]).__name__} has q/k/v (or qkv_proj) and o_proj projections to copy")
     return (f"drafter.options.init_from_target_layer: the {kind} drafter's layers start fresh (default init): "
             f"{what} in this {family} target; set drafter.options.init_from_target_layer=false to say so")
+
+
+def recurrent_truncation_refusal(target: nn.Module, num_layers: int) -> str | None:
+    """Why a draft LM made of a hybrid target's first ``num_layers`` layers could not decode, one line naming the
+    option and the fix, or None: when those layers are all recurrent (Qwen3.5's Gated DeltaNet, Mamba, LFM2's
+    convolutions) the draft has no attention layer, and transformers builds its attention masks from the cache's
+    attention layers ("`get_mask_sizes` can only be called on Attention layers"), so it cannot run with a cache,
+    in ``decode.generate`` or in its own ``generate``. ``target`` may live on the meta device."""
+    if not recurrent_layers(target.config):  # attention throughout ([]), or nothing the check can read
+        return None
+    layers = decoder_layers(target) or []
+    with_attention = [i for i, layer in enumerate(layers) if _attention_module(layer) is not None
+                      or isinstance(getattr(layer, "self_attn", None), nn.Module)]
+    if not with_attention or with_attention[0] < num_layers:
+        return None
+    first, family = with_attention[0], getattr(target.config, "model_type", type(target).__name__)
+    fix = (f"set drafter.options.num_layers to at least {first + 1}" if first + 1 < len(layers) else
+           "set drafter.options.init=scratch")
+    return (f"drafter.options.num_layers: the first {num_layers} layers of this {family} target are all recurrent "
+            f"(its first attention layer is layer {first}), and a draft LM without an attention layer cannot decode "
+            f"(transformers builds its attention masks from the cache's attention layers); {fix}")
 
 
 #: the body's input embedding and final norm, by family: ``embed_tokens`` / ``norm`` (Llama and most), Nemotron-H's

@@ -35,6 +35,8 @@ KIND_OPTIONS = {  # tiny, 2 steps; the EAGLE-3-layout heads over the whole 320-t
     "peagle": {"num_depths": 3},
     "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},
 }
+#: a truncated draft LM reaches the family's first attention layer (all-recurrent first layers are refused)
+DRAFT_LM_LAYERS = {"qwen3_5": 3, "qwen3_next": 3, "nemotron_h": 2, "granite_h": 2, "lfm2": 3}
 CHATS = [(f"question {i}: list the days of the week", f"answer {i}: Monday, Tuesday, Wednesday.") for i in range(6)]
 NO_EVAL = {"every": 0, "at_end": False, "k": 2}
 CHAINS_ONLY = ("tree drafts need", "dynamic trees need")  # decode's refusal of DFlash's trees
@@ -68,7 +70,8 @@ def _folder(home: Path, family: str) -> Path:
 
 def _recipe(home: Path, family: str, kind: str, **sections) -> dict:
     return {"output_dir": str(home / "runs" / f"{family}-{kind}"), "target": {"name_or_path": str(home / family)},
-            "drafter": {"kind": kind, "options": KIND_OPTIONS[kind]},
+            "drafter": {"kind": kind, "options": {**KIND_OPTIONS[kind], **(
+                {"num_layers": DRAFT_LM_LAYERS.get(family, 1)} if kind == "draft_lm" else {})}},
             "data": {"source": "jsonl", "path": str(home / "chat.jsonl"), "max_length": 48},
             "train": {"max_steps": 2, "batch_size": 2, "resume": "never"}, "eval": NO_EVAL,
             "logging": {"trackers": []}, **sections}
@@ -202,8 +205,24 @@ def test_what_decodes_is_refused_at_validation_while_the_decoder_refuses_the_tar
     assert line.endswith("training alone reads only the target's hidden states and trains every drafter kind on it: "
                          "set eval.every=0 eval.at_end=false data.regenerate=false and measure the drafter once the "
                          "decoder verifies this target")
-    for kind in KIND_OPTIONS:
-        recipe_from_dict(_recipe(tmp_path, "jamba", kind))
+    for kind in KIND_OPTIONS:  # a draft LM reaches Jamba's first attention layer (1)
+        recipe_from_dict(_recipe(tmp_path, "jamba", kind), ["drafter.options.num_layers=2"] * (kind == "draft_lm"))
+
+
+@pytest.mark.parametrize("family", sorted(DRAFT_LM_LAYERS))
+def test_a_draft_lm_of_recurrent_layers_only_is_refused(home, family):
+    """The first layer of these targets is recurrent: a one-layer truncated draft LM would have no attention layer,
+    which transformers cannot run with a cache; refused at validation naming the layer count that works."""
+    _folder(home, family)
+    data = _recipe(home, family, "draft_lm")
+    data["drafter"]["options"]["num_layers"] = 1
+    with pytest.raises(RecipeError) as err:
+        recipe_from_dict(data)
+    first = DRAFT_LM_LAYERS[family] - 1
+    assert str(err.value).splitlines()[-1].endswith(
+        f"target are all recurrent (its first attention layer is layer {first}), and a draft LM without an attention "
+        "layer cannot decode (transformers builds its attention masks from the cache's attention layers); set "
+        f"drafter.options.num_layers to at least {first + 1}")
 
 
 @pytest.mark.parametrize("family", RECURRENT)

@@ -401,7 +401,9 @@ def check_init_from_target(recipe: Any) -> None:
 def truncation_refusal(target: Any, num_layers: int) -> str | None:
     """Why the draft LM cannot be the target's first ``num_layers`` layers (one line naming the family and the
     option), or None: ``num_layers`` must be below the target's layer count (as many would make the draft a full
-    copy of the target, accepting every token at the target's own cost). ``target`` may live on the meta device."""
+    copy of the target, accepting every token at the target's own cost), and on a hybrid target reach its first
+    attention layer (``drafters.target_layers.recurrent_truncation_refusal``). ``target`` may live on the meta
+    device."""
     family = getattr(target.config, "model_type", type(target).__name__)
     total = getattr(target.config, "num_hidden_layers", None)
     if total is None or _drafters("target_layers", "decoder_layers")(target) is None:
@@ -413,7 +415,7 @@ def truncation_refusal(target: Any, num_layers: int) -> str | None:
         return (f"drafter.options.num_layers: {num_layers} is not in [1, {total - 1}] for this {family} target of "
                 f"{total} layers (init=truncated copies its first num_layers layers, and the draft must be smaller "
                 f"than the target: {total} would copy it whole); {fix}")
-    return None
+    return _drafters("target_layers", "recurrent_truncation_refusal")(target, num_layers)
 
 
 # --- the kinds -----------------------------------------------------------------------------------
