@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, get_layer_types_and_kwargs
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from drafterkit.decode.attention import verification_attention
@@ -67,8 +67,9 @@ class RaggedCache:
             if getattr(layer, "is_sliding", False):
                 self.cache.layers[i] = DynamicLayer()
         self.recurrent = RecurrentStates(self.cache)  # falsy for an attention-only model
-        # the first layer that holds keys (a hybrid's layer 0 may be recurrent: its length is a token count)
-        self._attn_layer = next((i for i, layer in enumerate(self.cache.layers) if hasattr(layer, "keys")), 0)
+        # the first attention layer (a hybrid's layer 0 may be recurrent or MLP-only: no columns to count)
+        self._attn_layer = next((i for i, layer in enumerate(self.cache.layers)
+                                 if isinstance(layer, CacheLayerMixin)), 0)
         self._mark: tuple[int, torch.Tensor, list] | None = None
         self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)

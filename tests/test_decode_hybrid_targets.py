@@ -46,7 +46,7 @@ HYBRIDS = {
         **_DELTANET, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
         "shared_expert_intermediate_size": 16}),
     "nemotron_h": ("nemotron_h", "NemotronHForCausalLM", {
-        "head_dim": 16, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "mamba_head_dim": 8,
+        "head_dim": 16, "hybrid_override_pattern": "M-M*", "mamba_num_heads": 4, "mamba_head_dim": 8,
         "ssm_state_size": 8, "n_groups": 1, "chunk_size": 16}),
     "granite_h": ("granitemoehybrid", "GraniteMoeHybridForCausalLM", {
         "layer_types": ["mamba", "attention", "mamba", "attention"], "mamba_n_heads": 4, "mamba_d_head": 16,
