@@ -5,8 +5,8 @@ Granite-4.0-H, Falcon-H1, LFM2) and on the 2026 attention families Gemma-4 (per-
 
 Training reads only the target's hidden states, so nothing is refused for its recurrent layers; what of a recipe
 decodes with the target (the in-training evaluation, ``data.regenerate``) is refused at recipe validation in one line
-while ``decode.generate`` refuses the target (``train.target_decoding``), so these runs set ``eval.every=0
-eval.at_end=false``. Heads start from the target's last layer whose attention maps (a hybrid's last full-attention
+while ``decode.generate`` refuses the target (``train.target_decoding``); the training cells set ``eval.every=0
+eval.at_end=false``, and one test runs the at-end evaluation where the decoder verifies the target's chains. Heads start from the target's last layer whose attention maps (a hybrid's last full-attention
 layer), or fresh with one printed line where none maps (DeepSeek-V3). Each trained drafter then decodes equal to
 transformers' greedy generate or is refused by ``decode.generate`` up front, and the test records which
 (``scripts/support_matrix.py`` writes the cells into docs/support-matrix.md)."""
@@ -22,7 +22,8 @@ import pytest
 import torch
 import yaml
 from families import one_thread  # noqa: F401 (an autouse fixture: one intra-op thread)
-from families_hybrid import HYBRID_FAMILIES, RECURRENT, build_hybrid, save_hybrid
+from conftest import write_chats
+from families_hybrid import HYBRID_FAMILIES, RECURRENT, build_hybrid, hybrid_config, save_hybrid
 
 from drafterkit.cli import main
 from drafterkit.train.recipe import RecipeError, recipe_from_dict
@@ -183,6 +184,27 @@ def test_decodes_exactly_or_is_refused_up_front(home, family, record_property):
     record_property("cell", cell)
     if family in ("gemma4", "deepseek_v3"):  # attention throughout: everything decodes (DFlash drafts chains only)
         assert len(done) == 1 + 3 * len(KIND_OPTIONS) - 2, refused
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_the_in_training_evaluation_runs_where_the_decoder_verifies_the_target(home, family, tmp_path):
+    """Where ``decode.generate`` verifies a hybrid target's chains, the recipe's in-training evaluation is not
+    refused: the at-end evaluation decodes held-out prompts with the trained drafter and saves best/ by its tau."""
+    from drafterkit.decode.recurrent import recurrent_problem
+    from drafterkit.train.loop import train
+
+    if recurrent_problem(hybrid_config(family)) is not None:
+        pytest.skip(f"decode.generate does not verify {family} yet: {recurrent_problem(hybrid_config(family))}")
+    _folder(home, family)
+    chats = write_chats(tmp_path / "chat.jsonl", CHATS * 5)
+    data = _recipe(home, family, "eagle3", eval={"at_end": True, "k": 2, "num_prompts": 2, "max_new_tokens": 6})
+    data["output_dir"], data["data"] = str(tmp_path / "run"), {**data["data"], "path": str(chats),
+                                                               "heldout_fraction": 0.2}
+    recipe = recipe_from_dict(data)
+    result = train(recipe)
+    assert result.global_step == 2 and math.isfinite(result.losses[-1])
+    ev = json.loads((recipe.paths.best / "eval.json").read_text())
+    assert ev["tau"] >= 1.0 and ev["committed"] > 0
 
 
 def test_what_decodes_is_refused_at_validation_while_the_decoder_refuses_the_target(tmp_path):
