@@ -6,8 +6,9 @@ Granite-4.0-H, Falcon-H1, LFM2) and on the 2026 attention families Gemma-4 (per-
 Training reads only the target's hidden states, so nothing is refused for its recurrent layers; what of a recipe
 decodes with the target (the in-training evaluation, ``data.regenerate``) is refused at recipe validation in one line
 while ``decode.generate`` refuses the target (``train.target_decoding``); the training cells set ``eval.every=0
-eval.at_end=false``, and one test runs the at-end evaluation where the decoder verifies the target's chains. Heads start from the target's last layer whose attention maps (a hybrid's last full-attention
-layer), or fresh with one printed line where none maps (DeepSeek-V3). Each trained drafter then decodes equal to
+eval.at_end=false``, and one test runs the at-end evaluation where the decoder verifies the target's chains. Heads
+start from the target's last layer whose attention maps (a hybrid's last full-attention layer), or fresh with one
+printed line where none maps (DeepSeek-V3). Each trained drafter then decodes equal to
 transformers' greedy generate or is refused by ``decode.generate`` up front, and the test records which
 (``scripts/support_matrix.py`` writes the cells into docs/support-matrix.md)."""
 
