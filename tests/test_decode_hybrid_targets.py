@@ -112,6 +112,11 @@ def test_chains_equal_plain_single_and_ragged(hybrid):
         batch = generate(target, ROWS, drafter=drafter, max_new_tokens=NEW, num_draft_tokens=4, eos_token_id=[])
         assert batch.sequences == plain
     assert 0 < batch.stats.accepted < batch.stats.drafted  # the draft LM's drafts accepted and rejected
+    # an EOS that ends the rows at different rounds: a finished row stays in the batch keeping no tokens
+    eos = plain[1][6]
+    cut = [p[: p.index(eos) + 1] if eos in p else p for p in plain]
+    assert len({len(c) for c in cut}) > 1
+    assert generate(target, ROWS, drafter=NGramDrafter(), max_new_tokens=NEW, eos_token_id=eos).sequences == cut
 
 
 def _states(cache: RaggedCache, row: int) -> list[torch.Tensor]:
