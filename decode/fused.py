@@ -42,7 +42,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-from drafterkit.decode import attention
+from drafterkit.decode import attention, invariance
 
 #: inputs of more rows (batch x tokens) than this run the stock layers. SmolLM2-135M body, bf16, this
 #: project's CPU: 1 row 31.8 -> 21.7 ms, 6 rows 36.1 -> 22.7, 48 rows 79.7 -> 62.8, 200 rows 202 -> 196,
@@ -52,10 +52,9 @@ MAX_ROWS = 256
 #: weight values sampled per tensor to notice edits that bypass PyTorch's version counter
 SAMPLES = 256
 
-#: bf16 / fp16 inputs of one row are computed as two (the row repeated) so that a decoding step's row gets
-#: the bits a verification pass gives the same row (on this project's CPU oneDNN's one-row GEMM rounds
-#: differently from its several-row GEMM for about 1 in 6,000 outputs at K = 1536; 2..64 rows agree); set it
-#: with ``decode.exact_mode`` (off by default)
+#: bf16 / fp16 rows are computed in GEMM calls of one shape (``decode.invariance``), so a row gets the same bits
+#: in a decoding step, a verification pass and a prefill, alone or in a batch; set it with
+#: ``decode.exact_mode`` (off by default)
 ROW_INVARIANT = False
 
 #: set to ``False`` to run the stock layers everywhere (``benchmarks/engine_kernels.py`` compares both)
@@ -149,21 +148,24 @@ class _Group:
         return not all(_plain(lin) for lin in self.layers)
 
     def forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() > MAX_ROWS * x.shape[-1]:  # a prefill: the stock layer (see MAX_ROWS)
+        invariant = ROW_INVARIANT and x.dtype in (torch.bfloat16, torch.float16)
+        if not invariant and x.numel() > MAX_ROWS * x.shape[-1]:  # a prefill: the stock layer (see MAX_ROWS)
             lin = self.layers[i]
             return torch.nn.functional.linear(x, lin.weight, lin.bias)
         local = self._local
         if x is not getattr(local, "input", None):  # holding ``input`` keeps its id from being reused
             local.input = x
-            if ROW_INVARIANT and x.dtype in (torch.bfloat16, torch.float16) and x.numel() == x.shape[-1]:
-                # one row runs as two: a one-row GEMM takes another kernel, which rounds an output an ulp
-                # apart from the same row in a verification pass (SmolLM2's down_proj, K = 1536)
-                row = x.reshape(1, x.shape[-1])  # a 1-D input (e.g. a learned [H] vector) is one row too
-                y = self._matmul(torch.cat([row, row], 0))[:1].reshape(*x.shape[:-1], -1)
-            else:
-                y = self._matmul(x)
+            y = self._invariant(x) if invariant else self._matmul(x)
             local.outputs = y.split(self.sizes, -1) if len(self.sizes) > 1 else (y,)
         return local.outputs[i]
+
+    def _invariant(self, x: torch.Tensor) -> torch.Tensor:
+        """``_matmul(x)`` with each row's bits independent of the row count (``decode.invariance``): every call
+        of :data:`decode.invariance.CHUNK` rows, whatever pass the rows belong to."""
+        rows = x.reshape(-1, x.shape[-1])  # a 1-D input (e.g. a learned [H] vector) is one row too
+        invariance.check((self.packed is not None, self.bias is not None), self._matmul, rows.shape[-1],
+                         sum(self.sizes), rows.dtype, rows.device)
+        return invariance.run(self._matmul, rows).reshape(*x.shape[:-1], -1)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -193,12 +195,13 @@ def _build(model: nn.Module) -> list[_Group]:
                    and lin.weight.device == w0.device and (lin.bias is None) == (b0 is None) for lin in layers):
                 groups.append(_Group(layers))
                 grouped.update(id(lin) for lin in layers)
-    for lin in model.modules():  # the other layers gain from packing (bf16) and from _few_rows (fp32)
-        if _plain(lin) and id(lin) not in grouped and lin.weight.dtype in (torch.bfloat16, torch.float32):
-            g = _Group([lin])
-            if g.packed is not None or lin.weight.dtype == torch.float32:
-                groups.append(g)
-                grouped.add(id(lin))
+    # the other layers gain from packing (bf16) and from _few_rows (fp32); in bf16 / fp16 exact mode needs
+    # every linear layer's rows computed in decode.invariance's calls of one shape
+    for lin in model.modules():
+        if _plain(lin) and id(lin) not in grouped and lin.weight.dtype in (torch.bfloat16, torch.float16,
+                                                                            torch.float32):
+            groups.append(_Group([lin]))
+            grouped.add(id(lin))
     return groups
 
 
@@ -264,12 +267,14 @@ def _installed(groups: list[_Group]) -> Iterator[None]:
 
 def bitwise_exact(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether greedy speculative decoding through ``decode.generate`` equals greedy plain decoding token for
-    token for a target in ``dtype`` on ``device``, bit for bit and not only up to near-ties: fp32 anywhere (as
-    before: its rounding differences stay far below a logit gap), and bf16 / fp16 on a CPU while the decoder's
-    exact mode (``decode.exact_mode``: exact attention and one-row invariance, :data:`ROW_INVARIANT`) and its
-    linear layers (:data:`ENABLED`) are on. Off the CPU in bf16 / fp16 a GEMM's rounding may depend on
-    its row count (not checked there), so a greedy output may leave plain decoding at a near-tie."""
+    token for a target in ``dtype`` on ``device``, bit for bit and not only up to near-ties: fp32 anywhere (its
+    rounding differences stay far below a logit gap), and bf16 / fp16 on a CPU while the decoder's exact mode
+    (``decode.exact_mode``: exact attention, linear layers in calls of one shape, :data:`ROW_INVARIANT`) and
+    its linear layers (:data:`ENABLED`) are on, unless a checked GEMM gave a row other bits at another place
+    in a call or for the same call (``decode.invariance.holds``). Off the CPU in bf16 / fp16 a GEMM's rounding
+    may depend on its row count (not controlled there), so a greedy output may leave plain decoding at a
+    near-tie."""
     if dtype == torch.float32:
         return True
     return (torch.device(device).type == "cpu" and dtype in (torch.bfloat16, torch.float16) and attention.EXACT
-            and ENABLED and ROW_INVARIANT)
+            and ENABLED and ROW_INVARIANT and invariance.holds())

@@ -9,13 +9,17 @@
 # an isolated build would download (a CUDA wheel) only to read torch's cmake path. So it is built without
 # isolation by the vLLM venv's python (torch 2.13 cpu), its other build requirements (nanobind 2.9.2, ninja,
 # grpcio-tools, protobuf 5.29.5) installed into a scratch folder first. Only the suffix-tree extension
-# (C++, nanobind) is compiled; no CUDA.
+# (C++, nanobind) is compiled; no CUDA. Idempotent: a folder that already imports is left alone.
 set -euo pipefail
 
 HOME_DIR="${DRAFTERKIT_HOME:-$HOME/.cache/drafterkit}"
 DEST="${1:-$HOME_DIR/arctic-inference}"
 VENV="${DRAFTERKIT_VLLM_VENV:-$HOME_DIR/vllm-venv}"
 PKG="${ARCTIC_INFERENCE_PACKAGE:-arctic-inference==0.3.0}"
+if PYTHONPATH="$DEST" "$VENV/bin/python" -c "from arctic_inference.suffix_decoding import SuffixDecodingCache" 2>/dev/null; then
+    echo "arctic-inference: $DEST is ready (delete the folder to rebuild it)"
+    exit 0
+fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
@@ -24,6 +28,10 @@ trap 'rm -rf "$WORK"' EXIT
 tar xzf "$WORK"/src/*.tar.gz -C "$WORK/src"
 (cd "$WORK"/src/*/ && PYTHONPATH="$WORK/deps" PATH="$WORK/deps/bin:$PATH" \
     "$VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$WORK/wheel" .)
-"$VENV/bin/pip" install -q --no-deps --target "$DEST" "$WORK"/wheel/*.whl
-PYTHONPATH="$DEST" "$VENV/bin/python" -c "from arctic_inference.suffix_decoding import SuffixDecodingCache"
+# installed beside DEST, then moved into place, so an interrupted build never leaves a half folder
+"$VENV/bin/pip" install -q --no-deps --target "$WORK/dest" "$WORK"/wheel/*.whl
+PYTHONPATH="$WORK/dest" "$VENV/bin/python" -c "from arctic_inference.suffix_decoding import SuffixDecodingCache"
+rm -rf "$DEST"
+mkdir -p "$(dirname "$DEST")"
+mv "$WORK/dest" "$DEST"
 echo "arctic-inference: built into $DEST (run vLLM with PYTHONPATH=$DEST)"

@@ -8,18 +8,23 @@ end-to-end tests decode tiny seeded bf16 targets with every draft shape and draf
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import tiny_llama
 
-from drafterkit.decode import attention, exact_mode, fused, generate
-from drafterkit.decode.cache import RaggedCache
-from drafterkit.decode.fused import fused_projections
+from drafterkit.decode import attention, exact_mode, generate
 from drafterkit.decode.tree import DraftTree
 from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.ngram import NGramDrafter
 
-N = 8  # tokens replayed after the prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+try:
+    from exactness_replay import SHAPES, replay  # the diagnosis tool: which tensor a round computes apart
+finally:
+    sys.path.pop(0)
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +36,7 @@ def exact():
 
 @pytest.fixture(scope="module")
 def target():
-    """bf16, K = 1536 in the MLP's down projection (SmolLM2-135M's, where a one-row GEMM rounds apart)."""
+    """bf16, K = 1536 in the MLP's down projection (SmolLM2-135M's)."""
     return tiny_llama(3, hidden_size=64, heads=4, kv_heads=2, intermediate=1536, layers=2).to(torch.bfloat16)
 
 
@@ -39,88 +44,23 @@ def _prompt(seed: int, n: int) -> list[int]:
     return torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _record(model):
-    """Forward hooks on every module; returns (records, handles): ``(name, first output tensor)`` per call."""
-    rec, handles = [], []
-    for name, mod in model.named_modules():
-        def hook(m, args, out, name=name):
-            t = out[0] if isinstance(out, (tuple, list)) else out
-            if isinstance(t, torch.Tensor):
-                rec.append((name, t.detach().clone()))
-        handles.append(mod.register_forward_hook(hook))
-    return rec, handles
-
-
-def _run(cache: RaggedCache, fn):
-    rec, handles = _record(cache.model)
-    try:
-        fn()
-    finally:
-        for h in handles:
-            h.remove()
-    return rec
-
-
-def _plain_steps(model, prompt: list[int], toks: list[int], exact: bool):
-    """Per token of ``toks``, the records of the plain decoding step that processes it."""
-    c = RaggedCache(model, 1, torch.device("cpu"), exact=exact)
-    c.prefill([prompt], logits_to_keep=1)
-    out = []
-    for t in toks:
-        out.append(_run(c, lambda t=t: c.run(torch.tensor([[t]]), logits_to_keep=1)))
-        c.keep(torch.tensor([1]), valid_max=1)
-    return out
-
-
-def first_difference(step: list, wide: list, b: int, col: int, m: int) -> str | None:
-    """The first module output (forward order) whose row ``col`` of batch row ``b`` in the verification pass
-    (``wide``, ``m`` new columns) differs bitwise from the plain step's (``step``); None when none does."""
-    assert [n for n, _ in step] == [n for n, _ in wide]
-    for (name, a), (_, w) in zip(step, wide):
-        if a.dim() >= 2 and w.dim() >= 2 and w.shape[1] == m and a.shape[1] == 1:
-            if not torch.equal(a[:1], w[b: b + 1, col: col + 1]):
-                return name
-    return None
-
-
-def _replay(model, exact: bool, shape: str, length: int = 45) -> list[str | None]:
-    """One verification pass of ``shape`` against plain steps: per committed row, the first differing tensor."""
-    prompt = _prompt(0, length)
-    seq = generate(model, [prompt], max_new_tokens=N + 1, eos_token_id=[]).sequences[0]
-    with torch.inference_mode(), fused_projections(model):
-        plain = _plain_steps(model, prompt, seq[:N], exact)
-        c = RaggedCache(model, 2 if shape == "ragged" else 1, torch.device("cpu"), exact=exact)
-        rows = [prompt, _prompt(1, 30)] if shape == "ragged" else [prompt]
-        c.prefill(rows, logits_to_keep=1)
-        for t in seq[:2]:  # two plain steps first, so the pass runs over a cache that decoding grew
-            c.run(torch.tensor([[t]] * len(rows)), logits_to_keep=1)
-            c.keep(torch.ones(len(rows), dtype=torch.long), valid_max=1)
-        path = seq[2:N]
-        if shape == "tree":  # the true path as the rank-1 branch beside a wrong rank-0 leaf: nodes in between
-            tree = DraftTree.parse([[0]] + [[1] + [0] * d for d in range(len(path) - 1)])
-            ids = {(0,): (path[1] + 1) % 128}
-            ids.update({(1,) + (0,) * d: path[d + 1] for d in range(len(path) - 1)})
-            toks = [path[0]] + [ids[p] for p in tree.paths]  # [root = the last committed token, nodes]
-            cols = [0] + [tree.paths.index((1,) + (0,) * d) + 1 for d in range(len(path) - 1)]
-            wide = _run(c, lambda: c.run_tree(torch.tensor([toks]), torch.tensor((0,) + tree.depths),
-                                              tree.attention_mask(), logits_to_keep=len(toks)))
-            return [first_difference(plain[2 + d], wide, 0, cols[d], len(toks)) for d in range(len(path))]
-        ids = torch.tensor([path] * len(rows))
-        wide = _run(c, lambda: c.run(ids, logits_to_keep=len(path)))
-        return [first_difference(plain[2 + j], wide, 0, j, len(path)) for j in range(len(path))]
-
-
-@pytest.mark.parametrize("shape", ["chain", "tree", "ragged"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_a_round_computes_committed_tokens_as_plain_steps_do(target, shape):
-    assert _replay(target, True, shape) == [None] * (N - 2)
+    assert replay(target, True, shape) == [None] * 6
 
 
-def test_the_replay_names_the_one_row_gemm_of_plain_steps(target, monkeypatch):
-    """Plain steps' one-row linear layers (a separate oneDNN kernel) round the down projection's output
-    apart from the same row of a several-row pass; the replay names it."""
-    monkeypatch.setattr(fused, "ROW_INVARIANT", False)
-    for shape in ("chain", "tree", "ragged"):
-        assert "model.layers.0.mlp.down_proj" in _replay(target, True, shape), shape
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_replay_names_the_first_tensor_a_pass_computes_apart(target, shape):
+    """The diagnosis tool itself: a module whose output moves by one ulp in passes of several columns (a
+    verification pass, not a plain step) is the one the replay names, for every committed token."""
+    def ulp_in_wide_passes(module, args, out):
+        return out if out.shape[1] == 1 else torch.nextafter(out, out + 1)
+
+    handle = target.model.layers[0].mlp.down_proj.register_forward_hook(ulp_in_wide_passes)
+    try:
+        assert replay(target, True, shape) == ["model.layers.0.mlp.down_proj"] * 6
+    finally:
+        handle.remove()
 
 
 class _Attn(torch.nn.Module):
@@ -129,28 +69,26 @@ class _Attn(torch.nn.Module):
 
 
 def test_exact_attention_gives_each_verification_row_the_plain_steps_bits():
-    """SmolLM2's attention shape (9 query heads over 3 KV heads of 64) in bf16: a packed verification pass
-    over an ``L + 6`` key axis under a causal mask gives some rows other bits than the plain step that sees
-    exactly ``L + t + 1`` keys; :func:`exact_sdpa` gives every row the plain step's bits, for a chain's
-    causal rows and for tree rows that see an interleaved subset of the new columns."""
+    """SmolLM2's attention shape (9 query heads over 3 KV heads of 64) in bf16: :func:`exact_sdpa` over a
+    verification pass (an ``L + 6`` key axis under a mask) gives every row the bits of the plain step that sees
+    exactly ``L + t + 1`` keys (the same function over one query and those keys, no mask: what a plain step
+    runs in exact mode), for a chain's causal rows and for tree rows that see an interleaved subset of the new
+    columns. Whether the packed fast-path pass differs is the kernel's business, not asserted here."""
     g = torch.Generator().manual_seed(0)
-    mod, m, packed_rows, exact_rows = _Attn(), 6, 0, 0
+    mod, m, exact_rows = _Attn(), 6, 0
     for past in (50, 200, 333):
         q = torch.randn(1, 9, m, 64, generator=g).bfloat16()
         k, v = (torch.randn(1, 3, past + m, 64, generator=g).bfloat16() for _ in range(2))
         tree = DraftTree.parse("2,1,1").attention_mask()[:m, :m]  # rows: root, 2 children, a chain below one
         for new in (torch.tril(torch.ones(m, m, dtype=torch.bool)), tree):
             mask = torch.cat([torch.ones(m, past, dtype=torch.bool), new], 1)[None, None]
-            packed, _ = attention.packed_gqa_sdpa(mod, q, k, v, mask, scaling=0.125)
             exact, _ = attention.exact_sdpa(mod, q, k, v, mask, scaling=0.125)
             for t in range(m):
                 keys = mask[0, 0, t].nonzero().reshape(-1)  # what the plain step of this token holds, in order
-                step = torch.nn.functional.scaled_dot_product_attention(
-                    q[:, :, t: t + 1], k[:, :, keys], v[:, :, keys], scale=0.125, enable_gqa=True).transpose(1, 2)
-                packed_rows += torch.equal(packed[:, t: t + 1], step)
+                step, _ = attention.exact_sdpa(mod, q[:, :, t: t + 1], k[:, :, keys].contiguous(),
+                                               v[:, :, keys].contiguous(), None, scaling=0.125)
                 exact_rows += torch.equal(exact[:, t: t + 1], step)
     assert exact_rows == 36
-    assert packed_rows < 36  # the inexact pass this replaces (it must differ somewhere, or the test shows nothing)
 
 
 def test_a_padded_prompt_runs_as_its_own_causal_prefill():
