@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -25,13 +26,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ["tests/test_train_families.py", "tests/test_decode_families.py", "tests/test_serving_families.py"]
+TESTS = ["tests/test_train_families.py", "tests/test_decode_families.py", "tests/test_serving_families.py",
+         "tests/test_train_hybrid_families.py"]
 COMMAND = "python scripts/support_matrix.py"
 COLUMNS = ["plain", "past window", "suffix", "draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash",
            "hf-assistant", "medusa export", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]
 SERVED = ["hf-assistant", "medusa", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]  # the vLLM table's columns
-_NAME = re.compile(r"test_(plain|suffix|kind|export|serves|serves_refused|"
+_NAME = re.compile(r"test_(plain|suffix|kind|export|serves|serves_refused|kind_trains|"
+                   r"decodes_exactly_or_is_refused_up_front|"
                    r"speculative_decoding_past_the_sliding_window_equals_plain)\[(.+)\]")
+KINDS = ["draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash"]
 
 
 def run_tests(junit: Path) -> int:
@@ -58,6 +62,8 @@ def read_cells(junits: list[Path]) -> dict[str, dict[str, str]]:
             column = f"vLLM {column}"
         elif what.startswith("speculative"):
             family, column = params, "past window"
+        elif what.startswith("decodes"):  # the hybrid and 2026 families (tests/test_train_hybrid_families.py)
+            family, column = params, "decodes"
         elif what == "export" and column == "medusa":
             column = "medusa export"
         problem = case.find("failure") if case.find("failure") is not None else case.find("error")
@@ -74,25 +80,48 @@ def read_cells(junits: list[Path]) -> dict[str, dict[str, str]]:
     return cells
 
 
-#: the page's last section: the targets every verb refuses (``decode.recurrent``), not a run's result
-REFUSED_SECTION = [
-    '## Refused: targets with recurrent / linear-attention layers',
-    '',
-    ('Every verb refuses these targets before their weights load (`drafterkit train` when its recipe is '
-     'validated, `eval` with any drafter, ngram and suffix included, `tune`, `serve-check`; `quickstart` '
-     'runs the default target only), and `decode.generate` raises a `ValueError`, in one line naming the target, its'
-     ' family and layers: Qwen3-Next and Qwen3.5 (Gated DeltaNet linear attention), Jamba, Falcon-H1, '
-     'Bamba, Zamba, Granite-4.0-H and Nemotron-H (Mamba blocks), MiniMax-01 and Kimi-Linear (linear '
-     'attention), LFM2 (short convolutions), RecurrentGemma, Mamba, Mamba-2, Falcon-Mamba, RWKV and xLSTM.'
-     " Verification drops the rejected draft tokens from the target's cache; such a layer keeps one fixed-"
-     "size state with every token folded in, which drafterkit's verification cannot roll back "
-     '(transformers stops with "`crop` was called, but the current layer does not track past states"). The'
-     ' rule (`decode/recurrent.py`) reads the config: `layer_types` entries `linear_attention`, `conv`, '
-     "`hybrid` and `hybrid_sliding` (the layers transformers' cache keeps recurrent state for), "
-     '`layers_block_type`, `block_types` and `hybrid_override_pattern`, `mamba_*` / `ssm_*` keys, and the '
-     'all-recurrent model types; `tests/test_decode_recurrent.py` checks every entry point on tiny '
-     'Qwen3-Next, Falcon-H1 and Jamba configs.'),
-]
+def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
+    """The hybrid and 2026 families' section: a row per family of ``tests/families_hybrid.py``, a column per drafter
+    kind (trained through the CLI) and one for decoding (``tests/test_train_hybrid_families.py``), then what the
+    decoder refuses (``decode.recurrent``, read when the page is written)."""
+    from families_hybrid import HYBRID_FAMILIES, RECURRENT
+
+    from drafterkit.decode.recurrent import ROLLBACK_MODEL_TYPES
+
+    rows = [f"| {f} | " + " | ".join(cells.get(f, {}).get(c, "not run").replace("|", "/") for c in [*KINDS, "decodes"])
+            + " |" for f in HYBRID_FAMILIES]
+    configs = [f"- `{f}: {cls} ({mt}) {json.dumps(o, sort_keys=True)}`" for f, (mt, cls, o) in HYBRID_FAMILIES.items()]
+    rolled = ", ".join(f"`{t}`" for t in sorted(ROLLBACK_MODEL_TYPES))
+    return [
+        "## Hybrid and 2026 targets", "",
+        f"Hybrid targets mix recurrent layers with attention ({', '.join(RECURRENT)}: Gated DeltaNet, Mamba-2, "
+        "short convolutions); Gemma-4 (per-layer `head_dim`) and DeepSeek-V3 (multi-head latent attention) are "
+        "attention throughout. Each cell is a test of `tests/test_train_hybrid_families.py` on a tiny seeded random "
+        "target of the family (`tests/families_hybrid.py`):", "",
+        "- **a kind**: `trains`: 2 steps through `drafterkit train` with the in-training evaluation off, the loss "
+        "finite, the drafter's trainable tensors moved, the target frozen. Heads start from the target's last layer "
+        "whose attention maps (a hybrid's last full-attention layer); `fresh layers`: none maps (DeepSeek's latent "
+        "attention), the run says so in one line. A truncated draft LM must reach the target's first attention "
+        "layer (refused at validation otherwise).",
+        "- **decodes**: plain decoding and each trained kind as a chain (K=3), a static tree (`2,2,1`) and a dynamic "
+        "tree (`dynamic:6:3:2`): `exact`: equal to transformers' greedy `generate` token for token in fp32; "
+        "`refused up front`: `decode.generate` raised one ValueError before any token, with its reason (DFlash's "
+        "trees are refused on every target: it proposes chains only).",
+        "- Not covered here yet: exports and vLLM serving of drafters for these families.", "",
+        "| family | " + " | ".join([*KINDS, "decodes"]) + " |", "|---|" + "---|" * (len(KINDS) + 1), *rows, "",
+        "Families (the tiny config each row is built from):", "", *configs, "",
+        "## Targets with recurrent / linear-attention layers", "",
+        ("`drafterkit train` takes them for every kind: training reads only the target's hidden states "
+         "(`train.features` hooks each family's embedding, layers and final norm). What of a recipe decodes with the "
+         "target (`eval.every` / `eval.at_end`, `data.regenerate`, on-policy batches of a truncated draft LM) is "
+         "refused when the recipe is validated, in one line naming those keys, for a target `decode.generate` "
+         "refuses (`train/target_decoding.py`). The decoder (`decode/recurrent.py`) verifies chain drafts on the "
+         f"model types whose recurrent state it rolls back ({rolled}); it refuses tree drafts on any target with "
+         "recurrent layers, and every verb that decodes (`eval`, `tune`, `serve-check`, `decode.generate`) refuses "
+         "the other recurrent families (Jamba, Bamba, Zamba, MiniMax-01, Kimi-Linear, RecurrentGemma, Mamba, "
+         "Mamba-2, Falcon-Mamba, RWKV, xLSTM) before their weights load, in one line naming the target, its family "
+         "and layers: their state cannot be rolled back to the accepted draft tokens."),
+    ]
 
 
 def render(cells: dict[str, dict[str, str]]) -> str:
@@ -153,7 +182,7 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "Gemma2ForCausalLM\"; the tiny Gemma-2 here is tied).",
              "", "Families (the tiny config each row is built from):", ""]
     lines += [f"- `{describe(f)}`" for f in FAMILIES]
-    lines += ["", *REFUSED_SECTION]
+    lines += ["", *hybrid_section(cells)]
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
-"""scripts/support_matrix.py reads each matrix test's outcome into its cell (the vLLM columns included), and the
-committed docs/support-matrix.md is a complete run: every family, every column, no cell left unrun or failed."""
+"""scripts/support_matrix.py reads each matrix test's outcome into its cell (the vLLM columns and the hybrid and
+2026 families' table included), and the committed docs/support-matrix.md is a complete run: every family, every
+column, no cell left unrun or failed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 from pathlib import Path
 
 from families import FAMILIES
+from families_hybrid import HYBRID_FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +33,9 @@ def test_cells_from_junit_include_the_vllm_suffix_and_peagle_columns(tmp_path):
         _case("test_serves_refused[gemma3-vllm-eagle3]", "refused: vLLM 0.32.0 cannot serve"),
         _case("test_serves[qwen3-vllm-peagle]", failure="AssertionError: chains 3/20"),
         _case("test_suffix[qwen3_moe]", "pass"), _case("test_kind[qwen3-peagle]", "pass"),
-        _case("test_export[qwen3-vllm-peagle]", "pass")]) + "</testsuite></testsuites>")
+        _case("test_export[qwen3-vllm-peagle]", "pass"), _case("test_kind_trains[qwen3_5-eagle3]", "trains"),
+        _case("test_decodes_exactly_or_is_refused_up_front[lfm2]", "exact: 7 of 7 chains")])
+        + "</testsuite></testsuites>")
     (tmp_path / "b.xml").write_text("<testsuites><testsuite>" + _case("test_serves[qwen3-vllm-peagle]", "pass (rerun)")
                                     + "</testsuite></testsuites>")
     cells = sm.read_cells([tmp_path / "a.xml"])
@@ -40,8 +44,10 @@ def test_cells_from_junit_include_the_vllm_suffix_and_peagle_columns(tmp_path):
     assert cells["qwen3"]["vLLM vllm-peagle"] == "FAIL: AssertionError: chains 3/20"
     assert cells["qwen3_moe"]["suffix"] == cells["qwen3"]["peagle"] == cells["qwen3"]["vllm-peagle"] == "pass"
     assert sm.read_cells([tmp_path / "a.xml", tmp_path / "b.xml"])["qwen3"]["vLLM vllm-peagle"] == "pass (rerun)"
+    assert cells["qwen3_5"]["eagle3"] == "trains" and cells["lfm2"]["decodes"] == "exact: 7 of 7 chains"
     page = sm.render(cells)
     assert "## Serves in vLLM" in page and "| gemma2 | pass (chains 20/20) |" in page
+    assert "| lfm2 | not run | not run | not run | not run | not run | not run | exact: 7 of 7 chains |" in page
 
 
 def test_the_committed_page_is_a_complete_run():
@@ -53,6 +59,8 @@ def test_the_committed_page_is_a_complete_run():
     for header in (sm.COLUMNS, sm.SERVED):
         assert "| family | " + " | ".join(header) + " |" in page, header
     table = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| family")]
-    assert len(table) == 2 * len(FAMILIES)
+    assert len(table) == 2 * len(FAMILIES) + len(HYBRID_FAMILIES)  # the hybrid and 2026 families: one table
+    assert "| family | " + " | ".join([*sm.KINDS, "decodes"]) + " |" in page
+    assert set(HYBRID_FAMILIES) <= set(rows)
     assert not [line for line in table if "not run" in line or "FAIL" in line], "regenerate: python " \
         "scripts/support_matrix.py"
