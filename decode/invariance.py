@@ -17,8 +17,8 @@ exactly :data:`CHUNK` rows (the last one zero-padded), so every call a layer mak
 bits can depend only on its own values and its place in a call. That last dependence is what :func:`check`
 probes, once per layer shape and thread count: seeded rows run at two alignments (each row at positions ``p``
 and ``p + CHUNK / 2``) must give the same bits, and the same call twice must too (a deterministic GEMM). A
-shape that fails is recorded (:func:`holds` is False): ``decode.fused.bitwise_exact`` then says exactness is not
-guaranteed and an eval reports its texts' differences as unchecked, instead of claiming them.
+shape that fails is recorded (:func:`holds` is False) with one warning: ``decode.fused.bitwise_exact`` then says
+exactness is not guaranteed and an eval reports its texts' differences as unchecked, instead of claiming them.
 
 Cost (SmolLM2-135M in bf16, all its linear layers, 1 thread, docs/benchmarks/exactness.md): a one-row step
 run as 16 rows costs what the one-row GEMMs cost (memory-bound: the weights are read once either way); a
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -114,6 +115,13 @@ def check(key: tuple, matmul: Callable[[torch.Tensor], torch.Tensor], in_feature
             if found is None:
                 with torch.inference_mode():
                     found = _checks[full] = _check(matmul, in_features, out_features, dtype, device)
+                if not found.holds:
+                    what = "rows at another place in a call" if found.deterministic else "the same call twice"
+                    warnings.warn(f"exact mode: the {str(dtype).removeprefix('torch.')} GEMM of a "
+                                  f"{out_features}x{in_features} linear layer gave other bits for {what} on this "
+                                  "CPU, so greedy speculative output is not guaranteed to equal plain decoding's "
+                                  "(differences at near-ties are reported, not hidden); fp32 is exact",
+                                  UserWarning, stacklevel=3)
     return found
 
 

@@ -20,6 +20,7 @@ import torch
 
 from drafterkit.assets.device import cpu_model, crowded
 from drafterkit.assets.records import plural
+from drafterkit.decode import invariance
 from drafterkit.decode.exact import exact_mode_enabled
 from drafterkit.decode.fused import bitwise_exact
 from drafterkit.speceval.methods import Method, engine_method, hf_method
@@ -59,8 +60,11 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype,
 
     Returns:
         ``{"checked", "reason", "mismatches": {method: n}, "mismatched_prompts": {method: [ids]},
-        "hf_vs_engine_mismatches", "differs_from_plain", "same_text", "prompts_compared", "exact_mode"}``
-        (``exact_mode``: whether the decoder's exact mode was on, ``decode.exact_mode``); counts are
+        "hf_vs_engine_mismatches", "differs_from_plain", "same_text", "prompts_compared", "exact_mode",
+        "gemm_checks"}`` (``exact_mode``: whether the decoder's exact mode was on, ``decode.exact_mode``;
+        ``gemm_checks``: in bf16 / fp16 exact mode, ``decode.invariance.checks()``, per linear-layer shape
+        whether its GEMM kept each row's bits at another place in a call and for the same call; when one did
+        not, ``reason`` says so and the texts are compared but not checked); counts are
         ``None`` when not checked (temperature > 0, or a dtype and device where the engine does not promise
         bitwise exactness, ``decode.fused.bitwise_exact``: fp32 anywhere and bf16 / fp16 on a CPU in exact mode,
         ``decode.exact_mode``, are checked; elsewhere near-ties may flip legitimately; or no plain engine run).
@@ -75,12 +79,18 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype,
     checked = temperature == 0 and bitwise_exact(dtype, device) and bool(plain)
     mode = exact_mode_enabled()
     name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-    reason = (f"temperature 0, {name}{', exact mode' if mode and name != 'fp32' else ''}: speculative output must "
-              "equal plain decoding token for token" if checked
-              else "only checked at temperature 0 with the engine baseline run, in fp32, or in bf16 / fp16 on a CPU "
-              "in exact mode" + ("" if mode else " (this run measured the fast path: --no-exact)"))
+    voided = mode and name != "fp32" and not invariance.holds()
+    if voided:  # decode.invariance warned when the check failed
+        reason = gemm_check_failure()
+    elif checked:
+        reason = (f"temperature 0, {name}{', exact mode' if mode and name != 'fp32' else ''}: speculative output "
+                  "must equal plain decoding token for token")
+    else:
+        reason = ("only checked at temperature 0 with the engine baseline run, in fp32, or in bf16 / fp16 on a CPU "
+                  "in exact mode" + ("" if mode else " (this run measured the fast path: --no-exact)"))
     out = dict(checked=checked, reason=reason, mismatches={}, mismatched_prompts={}, hf_vs_engine_mismatches=None,
-               differs_from_plain=None, same_text=None, prompts_compared=len(plain), exact_mode=mode)
+               differs_from_plain=None, same_text=None, prompts_compared=len(plain), exact_mode=mode,
+               gemm_checks=invariance.checks() if mode and name != "fp32" else None)
     if temperature != 0 or not plain:
         return out
     differs, prompts, hf = {}, {}, 0  # one comparison with plain per run; what it means depends on the dtype
@@ -100,6 +110,16 @@ def check_exactness(runs: list[dict], temperature: float, dtype: torch.dtype,
         out["differs_from_plain"] = differs
         out["same_text"] = same_text_speedups(runs, plain)
     return out
+
+
+def gemm_check_failure() -> str:
+    """One line naming the linear-layer shapes whose GEMM failed exact mode's check (``decode.invariance``), so
+    bf16 / fp16 outputs are compared with plain decoding's but not promised equal."""
+    bad = [k for k, c in invariance.checks().items() if not (c["position_invariant"] and c["deterministic"])]
+    return (f"this CPU's GEMM gave a row other bits at another place in a call, or for the same call, at "
+            f"{', '.join(bad)} (decode.invariance), so speculative bf16 / fp16 output is not guaranteed to equal "
+            "plain decoding's: differences are reported, not counted as failures; use --dtype fp32 for a "
+            "guaranteed comparison")
 
 
 def same_text_speedups(runs: list[dict], plain: dict[int, list[int]]) -> dict[str, dict]:

@@ -64,7 +64,8 @@ def test_a_gemm_whose_rows_depend_on_their_place_or_that_is_not_deterministic_vo
             y = x @ W.t()
             return torch.nextafter(y, y + 1) if len(calls) == 1 else y
 
-    found = invariance.check((), gemm, 80, 96, torch.bfloat16, torch.device("cpu"))
+    with pytest.warns(UserWarning, match="exact mode: the bfloat16 GEMM of a 96x80 linear layer gave other bits"):
+        found = invariance.check((), gemm, 80, 96, torch.bfloat16, torch.device("cpu"))
     assert not found.holds
     with exact_mode():
         assert not invariance.holds()

@@ -459,6 +459,23 @@ def test_bf16_off_the_cpu_records_how_many_outputs_differ_from_plain_without_cal
     assert not fast["checked"] and fast["differs_from_plain"] == {"a": 1, "b": 0} and "--no-exact" in fast["reason"]
 
 
+
+def test_a_cpu_whose_gemm_fails_exact_modes_check_gets_its_bf16_texts_compared_not_promised(monkeypatch):
+    """A GEMM that gave a row other bits at another place in a call (``decode.invariance``): the record says so
+    in its reason, names the shape, and counts differing texts without calling them mismatches."""
+    from drafterkit.decode import invariance
+
+    monkeypatch.setattr(invariance, "_checks", {(576, 1536, torch.bfloat16, 2): invariance.Check(False, True, 0.1)})
+    runs = [dict(role="plain", method="engine", prompt=0, prompt_id="p0", output_ids=[1, 2]),
+            dict(role="spec", method="a", prompt=0, prompt_id="p0", output_ids=[1, 3])]
+    with exact_mode():
+        ex = check_exactness(runs, 0.0, torch.bfloat16, "cpu")
+    assert "bf16 576x1536, 2 threads" in ex["reason"]
+    assert not ex["checked"] and ex["mismatches"] == {} and ex["differs_from_plain"] == {"a": 1}
+    assert "--dtype fp32" in ex["reason"] and not ex["gemm_checks"]["bf16 576x1536, 2 threads"]["position_invariant"]
+    fp32 = check_exactness(runs, 0.0, torch.float32)
+    assert fp32["checked"] and fp32["gemm_checks"] is None
+
 def test_eval_measures_in_exact_mode_unless_told_and_its_record_says_which(tiny_dir, prompts_file, tmp_path):
     """bf16 on a CPU: eval measures in the decoder's exact mode (rows checked token for token against plain
     decoding, as fp32's are), ``--no-exact`` the fast path (rows not checked, divergences counted); the record
