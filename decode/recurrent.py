@@ -40,7 +40,8 @@ _LAYER_LISTS = ("layer_types", "layers_block_type", "block_types")
 #: model types (a multimodal config's text model type) whose recurrent state ``decode.generate`` rolls back exactly
 #: after a chain verification pass: transformers 5.25 records their per-position states
 #: (``Cache.activate_past_recording``); each is proven on a tiny target by tests/test_decode_hybrid_targets.py
-ROLLBACK_MODEL_TYPES = frozenset({"qwen3_5_text", "qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1", "lfm2"})
+ROLLBACK_MODEL_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "granitemoehybrid",
+                                  "falcon_h1", "lfm2", "lfm2_moe"})
 
 
 def _fields(config: Any) -> tuple[dict, dict]:

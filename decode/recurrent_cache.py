@@ -58,22 +58,26 @@ class RecurrentStates:
             RuntimeError: a layer's recorded convolution inputs or states do not cover the pass (recording was
                 not on, or a pass went unselected).
         """
-        kept = kept.to(torch.long)
+        counts = [int(n) for n in kept.tolist()]  # one host read; the rows' counts pick the states below
+        same = counts[0] if len(set(counts)) == 1 else None  # one row, or every row kept alike: no gather
         for layer in self.layers:
-            kept_here = kept.to(layer.device) if layer.device is not None else kept
             for i in range(layer.number_of_states):
                 if layer.is_conv_states_initialized[i]:
-                    k = layer.conv_kernel_size[i]
-                    layer.conv_states[i] = _conv_window(layer.conv_states[i], k, kept_here, m)
+                    layer.conv_states[i] = _conv_window(layer.conv_states[i], layer.conv_kernel_size[i], counts, m)
                 if layer.is_recurrent_states_initialized[i]:
-                    history = layer.recurrent_states_history[i]
+                    history = layer.recurrent_states_history[i]  # the state before each token of the pass
                     if len(history) != m:
                         raise RuntimeError(f"a recurrent layer recorded {len(history)} states for a pass of {m} "
                                            "tokens; RecurrentStates.record must run after the prompt pass and select "
                                            "after every pass")
-                    states = torch.stack([*history, layer.recurrent_states[i]])  # [m + 1, B, ...]
-                    rows = torch.arange(states.shape[1], device=states.device)
-                    layer.recurrent_states[i].copy_(states[kept_here, rows])
+                    state = layer.recurrent_states[i]  # [B, ...], after all m tokens
+                    if same is not None:
+                        if same < m:
+                            state.copy_(history[same])
+                    else:
+                        for b, n in enumerate(counts):
+                            if n < m:
+                                state[b].copy_(history[n][b])
                     layer.recurrent_states_history[i] = []
 
     def set_length(self, length: int) -> None:
@@ -99,14 +103,13 @@ class RecurrentStates:
                     layer.recurrent_states_history[i] = []
 
 
-def _conv_window(full: torch.Tensor, k: int, kept: torch.Tensor, m: int) -> torch.Tensor:
+def _conv_window(full: torch.Tensor, k: int, counts: list[int], m: int) -> torch.Tensor:
     """``full [B, ..., K + m]`` (the window before a pass, then its ``m`` inputs) -> ``[B, ..., K]``: row ``b``'s
-    window after its first ``kept[b]`` inputs."""
+    window after its first ``counts[b]`` inputs."""
     if full.shape[-1] != k + m:
         raise RuntimeError(f"a recurrent layer's convolution holds {full.shape[-1]} inputs after a pass of {m} tokens "
                            f"(kernel {k}); RecurrentStates.record must run after the prompt pass and select after "
                            "every pass")
-    b = full.shape[0]
-    cols = kept[:, None] + torch.arange(k, device=full.device)  # [B, K]
-    cols = cols.view(b, *([1] * (full.dim() - 2)), k).expand(*full.shape[:-1], k)
-    return full.gather(-1, cols)
+    if len(set(counts)) == 1:
+        return full[..., counts[0]: counts[0] + k].contiguous()
+    return torch.stack([full[b, ..., n: n + k] for b, n in enumerate(counts)])

@@ -1,6 +1,6 @@
-"""Exact decoding on hybrid targets (recurrent layers beside attention): Qwen3.5 and Qwen3-Next (Gated DeltaNet),
-Nemotron-H, Granite-4.0-H and Falcon-H1 (Mamba-2), LFM2 (short convolutions), each a tiny seeded random target
-built from its transformers 5.25 config.
+"""Exact decoding on hybrid targets (recurrent layers beside attention): Qwen3.5 (dense and MoE) and Qwen3-Next
+(Gated DeltaNet), Nemotron-H, Granite-4.0-H and Falcon-H1 (Mamba-2), LFM2 (dense and MoE: short convolutions), each a
+tiny seeded random target built from its transformers 5.25 config.
 
 Plain decoding through the engine equals transformers' greedy ``generate``; chain speculative decoding (prompt
 lookup, and a draft LM of the same family whose head is perturbed, so drafts are partly rejected and the draft
@@ -42,6 +42,9 @@ _DELTANET = {"head_dim": 16,
 #: family -> (model_type, causal-LM class, config overrides): recurrent layers mixed with attention
 HYBRIDS = {
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", _DELTANET),
+    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {
+        **_DELTANET, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 16}),
     "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM", {
         **_DELTANET, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
         "shared_expert_intermediate_size": 16}),
@@ -57,6 +60,9 @@ HYBRIDS = {
         "mamba_chunk_size": 16}),
     "lfm2": ("lfm2", "Lfm2ForCausalLM", {"layer_types": ["conv", "full_attention", "conv", "full_attention"],
                                          "conv_L_cache": 3, "block_ff_dim": 48}),
+    "lfm2_moe": ("lfm2_moe", "Lfm2MoeForCausalLM", {
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"], "conv_L_cache": 3, "num_experts": 2,
+        "num_experts_per_tok": 1, "moe_intermediate_size": 16, "num_dense_layers": 1}),
 }
 # repeated spans, so prompt lookup drafts; different lengths, so a batch of them is ragged (left-padded)
 ROWS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 11, 12], [20, 21, 22, 23, 24, 25, 26, 20, 21, 22, 23]]
