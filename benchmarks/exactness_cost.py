@@ -3,15 +3,17 @@
 Exact mode (off in ``decode.generate`` by default, on in ``drafterkit eval`` / ``tune`` / ``quickstart``) is two
 things: every query of a target pass attends through
 ``decode.attention.exact_sdpa`` (one-query SDPA over exactly its visible keys, where a verification pass ran
-one masked SDPA over all its rows) and a one-row linear layer runs as two rows
-(``decode.fused.ROW_INVARIANT``). This decodes ``--num-prompts`` prompts greedily, interleaved prompt by
-prompt, plain and speculative (``--drafter``, a spec as ``drafterkit eval`` takes; ``ngram`` by default),
-each with exact mode on and off, and prints tokens/s, the ratio exact / inexact per run, and how many
-speculative texts differ from plain decoding's in each mode (exact mode: 0).
+one masked SDPA over all its rows) and every linear layer's GEMM runs in calls of one shape, 16 rows
+(``decode.invariance``, ``decode.fused.ROW_INVARIANT``). This decodes ``--num-prompts`` prompts greedily,
+interleaved prompt by prompt, plain and speculative (``--drafter``, a spec as ``drafterkit eval`` takes;
+``ngram`` by default), each with exact mode on and off, and prints tokens/s, the ratio exact / inexact per
+run, and how many speculative texts differ from plain decoding's in each mode (exact mode: 0); ``--batch``
+adds plain decoding of all prompts as one ragged batch in each mode, against each prompt decoded alone.
 
     OMP_NUM_THREADS=1 python benchmarks/exactness_cost.py --drafter ngram --tree chain --num-prompts 4
     OMP_NUM_THREADS=1 python benchmarks/exactness_cost.py --drafter ngram --tree 3,2,1,1,1 --num-prompts 4
     python benchmarks/exactness_cost.py --drafter runs/qs/train/checkpoints/last+rest --tree 3,2,1,1,1
+    OMP_NUM_THREADS=1 python benchmarks/exactness_cost.py --num-prompts 4 --batch   # + a ragged batch, plain
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def main() -> None:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--draft-threshold", type=float, default=0.1)
     p.add_argument("--datastore", default="sharegpt")
+    p.add_argument("--batch", action="store_true", help="also decode all prompts as one ragged batch, plain, "
+                                                        "each mode, against each prompt decoded alone")
     a = p.parse_args()
 
     from drafterkit import decode
@@ -82,6 +86,35 @@ def main() -> None:
             line += (f"  x plain {tps[r] / tps['plain ' + mode]:.3f}  texts differing from plain: {differ} of "
                      f"{len(prompts)}")
         print(line)
+    if a.batch:
+        _ragged(target, prompts, a.max_new_tokens, texts)
+
+
+def _ragged(target, prompts: list[list[int]], max_new: int, texts: dict) -> None:
+    """Plain decoding of all prompts as one ragged batch, exact mode on and off (alternated, twice each): its
+    tokens/s, and how many rows differ from the same prompt decoded alone in that mode (batch invariance)."""
+    from drafterkit import decode
+    from drafterkit.decode import invariance
+
+    sums = {True: [0, 0.0], False: [0, 0.0]}
+    differ = {}
+    for _ in range(2):
+        for exact in (True, False):
+            with decode.exact_mode(exact):
+                t0 = time.perf_counter()
+                out = decode.generate(target, prompts, max_new_tokens=max_new).sequences
+                sums[exact][1] += time.perf_counter() - t0
+                sums[exact][0] += sum(len(o) for o in out)
+            alone = texts["plain exact" if exact else "plain inexact"]
+            differ[exact] = sum(o != q for o, q in zip(out, alone))
+    tps = {k: n / t for k, (n, t) in sums.items()}
+    print(f"ragged batch of {len(prompts)} prompts, plain decoding, twice each mode:")
+    for exact in (True, False):
+        line = f"  batch {'exact' if exact else 'inexact':8s} tokens/s {tps[exact]:7.2f}"
+        if exact:
+            line += f"  exact / inexact {tps[True] / tps[False]:.3f}"
+        print(line + f"  rows differing from the prompt decoded alone: {differ[exact]} of {len(prompts)}")
+    print("GEMM checks (decode.invariance):", invariance.checks())
 
 
 if __name__ == "__main__":

@@ -3,21 +3,26 @@ greedy plain decoding token for token in bf16 / fp16 on a CPU.
 
 In fp32 the speculative decoder's output equals plain decoding's in either mode (its rounding differences stay
 far below a logit gap). In bf16 they do not by default: a verification pass computes a committed token's logits
-through other kernels than the plain step that would have computed it, and at a near-tie a last-bit difference
-picks another token, after which the texts diverge. Exact mode removes both differences found
-(tests/test_decode_exact.py replays a round against plain steps and names the first tensor that differs):
+through other kernels than the plain step that would have computed it, a ragged batch's prefill through other
+kernels than the same prompt's prefill alone, and at a near-tie a last-bit difference picks another token, after
+which the texts diverge. Exact mode removes the differences by construction, assuming nothing of one CPU's
+kernels (``benchmarks/exactness_replay.py`` replays a round against plain steps and names the first tensor that
+differs):
 
 * every query of a target pass attends through ``decode.attention.exact_sdpa``, against exactly the keys it
   may see, in cache order, with no mask (``decode.attention.EXACT``), where the fast path runs one masked SDPA
-  over all the rows of a verification pass;
-* a one-row bf16 / fp16 linear layer runs as two rows (``decode.fused.ROW_INVARIANT``), because oneDNN's
-  one-row GEMM rounds differently from its several-row GEMM for about 1 output in 6,000 at K = 1536.
+  over all the rows of a verification pass; so a query's attention is the same call whichever pass runs it;
+* every bf16 / fp16 linear layer runs its GEMM in calls of one shape, 16 rows, the last zero-padded
+  (``decode.invariance``, ``decode.fused.ROW_INVARIANT``), so a row's bits never depend on how many rows
+  shared the pass (a CPU GEMM picks its kernel by row count: oneDNN's one-row kernel on an AMD EPYC, its AMX
+  kernel past 32 rows on an Intel Xeon, each round apart). What remains assumed, that a row keeps its bits at
+  another place in a call and that the same call is deterministic, is checked once per layer shape; a shape
+  that fails voids the guarantee with one warning (``decode.fused.bitwise_exact`` is False, an eval reports
+  its texts' differences instead of checking them).
 
-What it costs (``benchmarks/exactness_cost.py``, SmolLM2-135M in bf16, 1 thread, 4 MT-bench prompts x 128 new
-tokens, interleaved; docs/benchmarks/exactness.md): exact / fast tokens/s = 0.946 for plain decoding and 0.943
-for prompt lookup as a chain of 5; 1.000 and 0.886 for prompt lookup with the tree 3,2,1,1,1. Trees cost ~11%,
-so the fast path is ``decode.generate``'s default, and ``drafterkit eval`` / ``tune`` / ``quickstart`` turn exact
-mode on for their tables (``--no-exact`` turns it off) so that every timed row decodes the same text.
+What it costs is measured in docs/benchmarks/exactness.md (``benchmarks/exactness_cost.py``, per CPU). Trees
+cost most, so the fast path is ``decode.generate``'s default, and ``drafterkit eval`` / ``tune`` / ``quickstart``
+turn exact mode on for their tables (``--no-exact`` turns it off) so that every timed row decodes the same text.
 
 The mode is process-wide, like ``torch.set_num_threads``: it applies to every ``decode.generate`` call in every
 thread until changed (a decode reads it when it starts its cache and on every linear call, so change it between
@@ -47,13 +52,12 @@ class exact_mode:  # noqa: N801 -- a switch used as a function and a context man
 
     Guarantee while on: greedy speculative decoding through ``decode.generate`` (chains, static and dynamic
     trees, ragged batches, every drafter kind) equals greedy plain decoding token for token for a bf16 / fp16
-    target on a CPU (``decode.fused.bitwise_exact`` says which dtype and device it covers; fp32 is exact in
-    either mode; off the CPU a GEMM's rounding may depend on its row count, which this mode does not control).
-    Sampled decoding keeps its distribution in either mode.
+    target on a CPU, and a ragged batch's rows equal each prompt decoded alone (``decode.fused.bitwise_exact``
+    says which dtype and device it covers, and whether this CPU's GEMMs passed exact mode's checks,
+    ``decode.invariance``; fp32 is exact in either mode; off the CPU a GEMM's rounding may depend on its row
+    count, which this mode does not control). Sampled decoding keeps its distribution in either mode.
 
-    Cost, measured on a 2-core AMD EPYC CPU (SmolLM2-135M, bf16, 1 thread; docs/benchmarks/exactness.md): ~5%
-    of plain decoding's and a chain's tokens/s, ~11% of a tree's (exact / fast 0.946 plain, 0.943 prompt
-    lookup chain of 5, 0.886 prompt lookup tree 3,2,1,1,1). The fast path (off) is the default.
+    Cost: docs/benchmarks/exactness.md, measured per CPU. The fast path (off) is the default.
 
     Args:
         enabled: True for exact mode, False for the fast path.

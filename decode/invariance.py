@@ -81,9 +81,11 @@ def run(matmul: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor) -> t
     n = rows.shape[0]
     pad = -n % CHUNK
     if pad:
-        rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[-1])])
-    outs = [matmul(rows[s: s + CHUNK]) for s in range(0, n + pad, CHUNK)]
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        rows = torch.nn.functional.pad(rows, (0, 0, 0, pad))
+    if n + pad == CHUNK:  # a decoding step or a verification pass: one call
+        out = matmul(rows)
+    else:
+        out = torch.cat([matmul(rows[s: s + CHUNK]) for s in range(0, n + pad, CHUNK)])
     return out[:n] if pad else out
 
 
