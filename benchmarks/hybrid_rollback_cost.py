@@ -9,7 +9,8 @@ the four runs interleaved prompt by prompt after an untimed warm-up, and prints 
 lookup / plain per target (each pair measured side by side), tau, and whether the texts equal plain decoding's.
 Then the rollback alone: the median time of one verification pass of ``--k + 1`` tokens through the hybrid's
 ``decode.cache.RaggedCache`` keeping 2 of them, with rollback (states recorded per position, then selected) and
-without (transformers' chunked pass, the state left past the kept tokens: wrong, timed only), interleaved.
+without (transformers' chunked pass, the state left past the kept tokens: wrong, timed only), and a plain
+decoding step of one token, interleaved.
 
     OMP_NUM_THREADS=1 python benchmarks/hybrid_rollback_cost.py --family qwen3_5 --num-prompts 6
 """
@@ -99,30 +100,31 @@ def main() -> None:
         print(f"{name}: plain {tps_plain:.1f} tok/s, lookup {tps_look:.1f} tok/s, lookup / plain "
               f"{tps_look / tps_plain:.3f}, tau {look[2] / max(look[3], 1):.2f}, "
               f"texts differing from plain {differ[name]} of {a.num_prompts}")
-    with_rb, without = pass_cost(targets[a.family], prompts[0], a.k)
-    print(f"{a.family}: one verification pass of {a.k + 1} tokens keeping 2: with rollback {1000 * with_rb:.2f} ms, "
-          f"without {1000 * without:.2f} ms, with / without {with_rb / without:.3f}")
+    cost = pass_cost(targets[a.family], prompts[0], a.k)
+    print(f"{a.family}: one verification pass of {a.k + 1} tokens keeping 2: with rollback "
+          f"{1000 * cost['rollback']:.2f} ms, without {1000 * cost['chunked']:.2f} ms, with / without "
+          f"{cost['rollback'] / cost['chunked']:.3f}; a plain one-token step {1000 * cost['step']:.2f} ms, pass with "
+          f"rollback / step {cost['rollback'] / cost['step']:.3f}")
 
 
-def pass_cost(target, prompt: list[int], k: int, reps: int = 40) -> tuple[float, float]:
-    """Median seconds of a verification pass of ``k + 1`` tokens keeping 2 (both caches grow alike), with and
-    without rollback."""
+def pass_cost(target, prompt: list[int], k: int, reps: int = 40) -> dict[str, float]:
+    """Median seconds, interleaved (the caches grow alike): a verification pass of ``k + 1`` tokens keeping 2 with
+    rollback (``"rollback"``) and without (``"chunked"``), and a plain decoding step of one token (``"step"``)."""
     from drafterkit.decode.cache import RaggedCache
 
-    caches = {flag: RaggedCache(target, 1, torch.device("cpu"), rollback=flag) for flag in (True, False)}
-    times: dict[bool, list[float]] = {True: [], False: []}
+    runs = {"rollback": (True, k + 1, 2), "chunked": (False, k + 1, 2), "step": (False, 1, 1)}
+    caches = {name: RaggedCache(target, 1, torch.device("cpu"), rollback=flag) for name, (flag, _, _) in runs.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     with torch.inference_mode():
         for cache in caches.values():
             cache.prefill([prompt])
-        ids, kept = torch.tensor([prompt[-k - 1:]]), torch.tensor([2])
         for _ in range(reps):
-            for flag, cache in caches.items():
+            for name, (_, m, kept) in runs.items():
                 t0 = time.perf_counter()
-                cache.run(ids)
-                cache.keep(kept)
-                times[flag].append(time.perf_counter() - t0)
-    med = {f: sorted(t)[len(t) // 2] for f, t in times.items()}
-    return med[True], med[False]
+                caches[name].run(torch.tensor([prompt[-m:]]))
+                caches[name].keep(torch.tensor([kept]))
+                times[name].append(time.perf_counter() - t0)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 if __name__ == "__main__":
