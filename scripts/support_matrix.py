@@ -33,9 +33,10 @@ COLUMNS = ["plain", "past window", "suffix", "draft_lm", "medusa", "eagle", "eag
            "hf-assistant", "medusa export", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]
 SERVED = ["hf-assistant", "medusa", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]  # the vLLM table's columns
 _NAME = re.compile(r"test_(plain|suffix|kind|export|serves|serves_refused|kind_trains|"
-                   r"decodes_exactly_or_is_refused_up_front|"
+                   r"decodes_exactly_or_is_refused_up_front|exports_load_back|"
                    r"speculative_decoding_past_the_sliding_window_equals_plain)\[(.+)\]")
 KINDS = ["draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash"]
+HYBRID_COLUMNS = [*KINDS, "decodes", "exports"]
 
 
 def run_tests(junit: Path) -> int:
@@ -62,8 +63,8 @@ def read_cells(junits: list[Path]) -> dict[str, dict[str, str]]:
             column = f"vLLM {column}"
         elif what.startswith("speculative"):
             family, column = params, "past window"
-        elif what.startswith("decodes"):  # the hybrid and 2026 families (tests/test_train_hybrid_families.py)
-            family, column = params, "decodes"
+        elif what.startswith(("decodes", "exports")):  # the hybrid and 2026 families (test_train_hybrid_families)
+            family, column = params, what.split("_")[0]
         elif what == "export" and column == "medusa":
             column = "medusa export"
         problem = case.find("failure") if case.find("failure") is not None else case.find("error")
@@ -88,7 +89,7 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
 
     from drafterkit.decode.recurrent import ROLLBACK_MODEL_TYPES
 
-    rows = [f"| {f} | " + " | ".join(cells.get(f, {}).get(c, "not run").replace("|", "/") for c in [*KINDS, "decodes"])
+    rows = [f"| {f} | " + " | ".join(cells.get(f, {}).get(c, "not run").replace("|", "/") for c in HYBRID_COLUMNS)
             + " |" for f in HYBRID_FAMILIES]
     configs = [f"- `{f}: {cls} ({mt}) {json.dumps(o, sort_keys=True)}`" for f, (mt, cls, o) in HYBRID_FAMILIES.items()]
     rolled = ", ".join(f"`{t}`" for t in sorted(ROLLBACK_MODEL_TYPES))
@@ -107,8 +108,11 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
         "tree (`dynamic:6:3:2`): `exact`: equal to transformers' greedy `generate` token for token in fp32; "
         "`refused up front`: `decode.generate` raised one ValueError before any token, with its reason (DFlash's "
         "trees are refused on every target: it proposes chains only).",
-        "- Not covered here yet: exports and vLLM serving of drafters for these families.", "",
-        "| family | " + " | ".join([*KINDS, "decodes"]) + " |", "|---|" + "---|" * (len(KINDS) + 1), *rows, "",
+        "- **exports**: each trained kind's export (hf-assistant, medusa, vllm-eagle3, vllm-peagle, vllm-dflash) "
+        "loads back (drafterkit's export loaders, transformers; Medusa's safetensors), and where the decoder "
+        "verifies the target a chain of the loaded export equals transformers' greedy `generate`.",
+        "- Not covered here yet: vLLM serving of drafters next to these targets.", "",
+        "| family | " + " | ".join(HYBRID_COLUMNS) + " |", "|---|" + "---|" * len(HYBRID_COLUMNS), *rows, "",
         "Families (the tiny config each row is built from):", "", *configs, "",
         "## Targets with recurrent / linear-attention layers", "",
         ("`drafterkit train` takes them for every kind: training reads only the target's hidden states "

@@ -187,6 +187,53 @@ def test_decodes_exactly_or_is_refused_up_front(home, family, record_property):
         assert len(done) == 1 + 3 * len(KIND_OPTIONS) - 2, refused
 
 
+EXPORTS = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle3", "peagle": "vllm-peagle",
+           "dflash": "vllm-dflash"}
+
+
+@pytest.mark.parametrize("family", list(HYBRID_FAMILIES))
+def test_exports_load_back(home, family, record_property):
+    """Each trained kind's export (``drafters.export.export``) loads back (the engine layouts with drafterkit's
+    export loaders, hf-assistant in transformers; Medusa's as its safetensors), and where ``decode.generate``
+    verifies the target a chain of the loaded export equals transformers' greedy generate."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from drafterkit.decode import generate
+    from drafterkit.drafters.export import export, load_dflash_export, load_eagle3_export, load_peagle_export
+    from families import family_prompts
+
+    target, _ = build_hybrid(family)
+    prompts = family_prompts()
+    ref = [target.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    loaders = {"vllm-eagle3": load_eagle3_export, "vllm-peagle": load_peagle_export,
+               "vllm-dflash": load_dflash_export}
+    loaded, exact = [], []
+    for kind, fmt in EXPORTS.items():
+        if (family, kind) not in _TRAINED:
+            continue  # its training test failed (or was deselected): that test says why
+        out = export(_TRAINED[family, kind], fmt, home / "exports" / f"{family}-{fmt}", target=str(home / family))
+        if fmt == "medusa":
+            assert all(torch.isfinite(t).all() for t in load_file(str(out / "model.safetensors")).values())
+            loaded.append(fmt)
+            continue
+        drafter = AutoModelForCausalLM.from_pretrained(out).eval() if fmt == "hf-assistant" else \
+            loaders[fmt](out, target)
+        loaded.append(fmt)
+        try:
+            got = generate(target, prompts, drafter=drafter, max_new_tokens=8, eos_token_id=[],
+                           num_draft_tokens=3).sequences
+        except ValueError as exc:  # the decoder refuses the target up front
+            assert "recurrent" in str(exc), exc
+            continue
+        assert got == ref, fmt
+        exact.append(fmt)
+    assert len(loaded) == len(EXPORTS)
+    record_property("cell", f"{len(loaded)} of {len(EXPORTS)} load back; chains exact: {len(exact)} of "
+                            f"{len(loaded) - 1} (medusa's layout: weights only)")
+
+
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
 def test_the_in_training_evaluation_runs_where_the_decoder_verifies_the_target(home, family, tmp_path):
     """Where ``decode.generate`` verifies a hybrid target's chains, the recipe's in-training evaluation is not
