@@ -178,27 +178,30 @@ def test_a_hybrid_draft_model_drafts_chains_only():
 V, PROMPT, RUNS = 16, [1, 5, 9], 3000
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
-def test_first_tokens_follow_target_distribution(family):
-    """Temperature 1, prompt lookup with every id in the prompt: the first round verifies one draft token per row
-    (accepted or rejected, so the rows' states diverge); the first three tokens keep the target's joint law,
-    enumerated with cache-free forwards."""
+@pytest.mark.parametrize("family,kind", [("qwen3_5", "ngram"), ("nemotron_h", "ngram"), ("lfm2", "draft_lm")])
+def test_first_tokens_follow_target_distribution(family, kind):
+    """Temperature 1, chains of 2 (prompt lookup with every id in the prompt, or a perturbed draft LM of the family
+    with its q): the first round verifies two draft tokens per row, accepted, or rejected at either, so the rows'
+    states diverge; the first four tokens keep the target's joint law (each pair of neighbours tested), enumerated
+    with cache-free forwards."""
     target = build(family, vocab_size=V)
+    drafter = NGramDrafter() if kind == "ngram" else build(family, noise=0.5, vocab_size=V)
     prompt = list(range(V)) + PROMPT
-    res = generate(target, [prompt] * RUNS, drafter=NGramDrafter(), max_new_tokens=3, temperature=1.0, seed=1234,
-                   eos_token_id=[])
-    seqs = torch.tensor(res.sequences)  # [RUNS, 3]
+    res = generate(target, [prompt] * RUNS, drafter=drafter, max_new_tokens=4, num_draft_tokens=2, temperature=1.0,
+                   seed=1234, eos_token_id=[])
+    seqs = torch.tensor(res.sequences)  # [RUNS, 4]
     params = SamplingParams(1.0)
     with torch.no_grad():
         p1 = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], params).double()
         p2 = logits_to_probs(target(torch.tensor([prompt + [a] for a in range(V)])).logits[:, -1], params).double()
         three = torch.tensor([prompt + [a, b] for a in range(V) for b in range(V)])
         p3 = logits_to_probs(target(three).logits[:, -1], params).double().reshape(V, V, V)
-    joint = p1[:, None, None] * p2[:, :, None] * p3
-    c12 = torch.bincount(seqs[:, 0] * V + seqs[:, 1], minlength=V * V).double()
-    assert _chi2(c12, joint.sum(2).flatten()) > 1e-3
-    c23 = torch.bincount(seqs[:, 1] * V + seqs[:, 2], minlength=V * V).double()
-    assert _chi2(c23, joint.sum(0).flatten()) > 1e-3
+        four = torch.tensor([prompt + [a, b, c] for a in range(V) for b in range(V) for c in range(V)])
+        p4 = logits_to_probs(target(four).logits[:, -1], params).double().reshape(V, V, V, V)
+    joint = p1[:, None, None, None] * p2[:, :, None, None] * p3[:, :, :, None] * p4  # [V, V, V, V]
+    for pos, marg in ((0, joint.sum((2, 3))), (1, joint.sum((0, 3))), (2, joint.sum((0, 1)))):
+        pairs = torch.bincount(seqs[:, pos] * V + seqs[:, pos + 1], minlength=V * V).double()
+        assert _chi2(pairs, marg.flatten()) > 1e-3, f"tokens {pos + 1} and {pos + 2}"
     assert 0 < res.stats.accepted < res.stats.drafted
 
 
