@@ -51,7 +51,7 @@ from torch import nn
 from drafterkit.drafters.eagle import EagleConfig
 from drafterkit.drafters.feature_head import FeatureHeadDrafter, target_shape_fields
 from drafterkit.drafters.layers import DraftDecoderLayer, RMSNorm
-from drafterkit.drafters.target_layers import norm_scale
+from drafterkit.drafters.target_layers import norm_scale, target_body
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -171,7 +171,7 @@ def copy_final_norm(drafter: nn.Module, target: nn.Module | None) -> None:
     """Start ``drafter.norm`` from the target's final norm (its LM head reads normed states of that scale),
     by its effective scale (``drafters.target_layers.norm_scale``: Gemma's ``1 + weight``); a no-op without
     ``target`` or where the shapes differ."""
-    scale = norm_scale(getattr(getattr(target, "model", None), "norm", None))
+    scale = norm_scale(target_body(target)[2]) if target is not None else None  # the family's final norm
     if scale is not None and scale.shape == drafter.norm.weight.shape:
         with torch.no_grad():
             drafter.norm.weight.copy_(scale)

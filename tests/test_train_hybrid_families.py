@@ -339,3 +339,20 @@ def test_the_head_starts_from_the_last_attention_layer(family):
     assert torch.equal(mine.k_proj.weight, attn.k_proj.weight) and torch.equal(mine.v_proj.weight, attn.v_proj.weight)
     o = getattr(attn, "o_proj", None) or attn.out_proj
     assert torch.equal(mine.o_proj.weight, o.weight)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "falcon_h1", "lfm2"])
+def test_the_heads_final_norm_starts_from_the_familys_final_norm(family):
+    """Nemotron-H's ``norm_f``, Falcon-H1's ``final_layernorm``, LFM2's ``embedding_norm`` (after the last layer):
+    the EAGLE-3 head's final norm starts at its scale."""
+    from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, copy_final_norm
+    from drafterkit.drafters.target_layers import target_body
+
+    target, _ = build_hybrid(family)
+    final = target_body(target)[2]
+    with torch.no_grad():
+        final.weight.normal_()
+    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=64), target=target)
+    copy_final_norm(head, target)
+    x = torch.randn(3, target.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(head.norm(x), final(x), atol=1e-5)
