@@ -208,8 +208,20 @@ def source_layer_ids(target: nn.Module, count: int = 1) -> list[int]:
     layers = decoder_layers(target)
     if layers is None:
         return []
-    ids = [i for i, layer in enumerate(layers) if _attention(layer, layer_config(target.config, i)) is not None]
+    ids = [i for i, layer in enumerate(layers) if _attention_maps(layer, layer_config(target.config, i))]
     return ids[-count:] if count > 0 else []
+
+
+def _attention_maps(layer: nn.Module, config) -> bool:
+    """Whether :func:`_attention` maps the layer, read from the weights' shapes alone (no view of them: a sharded
+    target's layers are checked before they are gathered)."""
+    attn = _attention_module(layer)
+    if attn is None or (_weight(attn, "o_proj") is None and _weight(attn, "out_proj") is None):
+        return False
+    if all(_weight(attn, n) is not None for n in ("q_proj", "k_proj", "v_proj")):
+        return True
+    fused, (q_rows, kv_rows) = _weight(attn, "qkv_proj"), _head_sizes(config)
+    return fused is not None and fused.shape[0] == q_rows + 2 * kv_rows
 
 
 def fresh_init_note(target: nn.Module, kind: str) -> str | None:
