@@ -18,6 +18,7 @@ import torch
 import transformers
 from transformers import AutoConfig
 
+from drafterkit.cli import main
 from drafterkit.decode import generate
 from drafterkit.decode.cache import RaggedCache
 from drafterkit.decode.chain_round import chain_round
@@ -236,3 +237,20 @@ def test_tune_sweeps_chains_only_on_a_hybrid_target(tmp_path):
     assert "tree drafts would need a recurrent state per tree node" in rec["search"]["chains_only"]
     assert rec["search"]["incumbent"].startswith("chain") and rec["winners"]["1"]["tree"] == "chain"
     assert {r["tree"] for r in rec["table"]} == {"chain"} and len(rec["table"]) >= 2
+
+
+@pytest.mark.filterwarnings("ignore:.*CPU cores are busy")
+def test_eval_measures_prompt_lookup_on_a_hybrid_target_folder(tmp_path, capsys):
+    """``drafterkit eval`` on a saved hybrid target (weights, tokenizer with its chat template): prompt lookup beside
+    the engine's plain decoding and transformers' ``generate``, 0 outputs differing from plain decoding."""
+    target = tmp_path / "target"
+    build("nemotron_h").save_pretrained(target)
+    tiny_tokenizer().save_pretrained(target)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "the cat sat on the mat, the cat sat on the"}) + "\n")
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--target", str(target), "--drafter", "ngram", "--benchmark", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "12", "--output", str(out)]) == 0, capsys.readouterr().err
+    record = json.loads(out.read_text())
+    assert record["exactness"]["checked"] and record["exactness"]["mismatches"] == {"ngram": 0}
+    assert {row["method"] for row in record["summary"]} >= {"ngram", "engine"}
