@@ -3,7 +3,10 @@
 Rows of a ragged batch are left-padded; stale and padding cache columns are masked in a 2-D attention
 mask and each row carries explicit RoPE positions (see ``decode.cache.RaggedCache``). Finished rows stay
 in the batch as masked dummies. ``drafter=None`` runs the chain round with k = 0: plain decoding, the
-honest baseline. Statistics count per draft position (a tree's per depth; ``decode.metrics``).
+honest baseline. Statistics count per draft position (a tree's per depth; ``decode.metrics``). A hybrid target
+(recurrent layers beside attention: Qwen3.5, Qwen3-Next, Nemotron-H, Granite-4.0-H, Falcon-H1, LFM2) verifies chains
+with its recurrent state rolled back per row (``decode.recurrent_cache``); trees on it are refused up front
+(``decode.recurrent.recurrent_problem``).
 
 Where each step lives: ``generate`` (this module) checks the arguments and runs the loop over one
 :class:`decode.decoder.Decoder`; ``decode.chain_round.chain_round`` (Leviathan et al. 2023; Chen et al.
