@@ -96,9 +96,10 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
     return [
         "## Hybrid and 2026 targets", "",
         f"Hybrid targets mix recurrent layers with attention ({', '.join(RECURRENT)}: Gated DeltaNet, Mamba-2, "
-        "short convolutions); Gemma-4 (per-layer `head_dim`) and DeepSeek-V3 (multi-head latent attention) are "
-        "attention throughout. Each cell is a test of `tests/test_train_hybrid_families.py` on a tiny seeded random "
-        "target of the family (`tests/families_hybrid.py`):", "",
+        "short convolutions); the 2026 attention families ("
+        f"{', '.join(f for f in HYBRID_FAMILIES if f not in RECURRENT)}) include Gemma-4's per-layer `head_dim` "
+        "and DeepSeek-V3's multi-head latent attention. Each cell is a test of `tests/test_train_hybrid_families.py` "
+        "on a tiny seeded random target of the family (`tests/families_hybrid.py`):", "",
         "- **a kind**: `trains`: 2 steps through `drafterkit train` with the in-training evaluation off, the loss "
         "finite, the drafter's trainable tensors moved, the target frozen. Heads start from the target's last layer "
         "whose attention maps (a hybrid's last full-attention layer); `fresh layers`: none maps (DeepSeek's latent "

@@ -6,8 +6,9 @@ Hybrid families mix recurrent layers with attention: Qwen3.5 and Qwen3-Next (Gat
 gated full attention), Nemotron-H (Mamba-2, attention and MLP-only blocks from ``hybrid_override_pattern``),
 Granite-4.0-H (Mamba-2 and attention layers, MoE), Falcon-H1 (Mamba-2 beside attention in every layer) and LFM2
 (short convolutions and attention). The 2026 attention families: Gemma-4 (per-layer ``head_dim``: full-attention
-layers take ``global_head_dim``; per-layer input embeddings) and DeepSeek-V3 (multi-head latent attention, MoE).
-Each keeps at least one attention layer, so a drafter head can start from it::
+layers take ``global_head_dim``; per-layer input embeddings), DeepSeek-V3 (multi-head latent attention, MoE),
+Llama-4, OLMo-3, Seed-OSS, GLM-4.5, EXAONE-4, ERNIE-4.5, MiniMax-M2 and SmolLM3. Each hybrid keeps at least one
+attention layer, so a drafter head can start from it::
 
     from families_hybrid import HYBRID_FAMILIES, save_hybrid
 
@@ -56,6 +57,22 @@ HYBRID_FAMILIES: dict[str, tuple[str, str, dict]] = {
         "qk_rope_head_dim": 16, "v_head_dim": 16, "head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1,
         "num_experts_per_tok": 2, "moe_intermediate_size": 48, "first_k_dense_replace": 1, "n_group": 1,
         "topk_group": 1}),
+    # the other 2026 attention families: Llama-4 (chunked attention, NoPE layers, MoE), OLMo-3 (post-norms, sliding
+    # window), Seed-OSS, GLM-4.5 (MoE), EXAONE-4 (post-norms, sliding window), ERNIE-4.5, MiniMax-M2 (whole-width
+    # q/k norms, MoE), SmolLM3 (NoPE layers)
+    "llama4": ("llama4_text", "Llama4ForCausalLM", {
+        "head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+        "intermediate_size_mlp": 96, "use_qk_norm": True, "no_rope_layer_interval": 4, "attention_chunk_size": 16}),
+    "olmo3": ("olmo3", "Olmo3ForCausalLM", {"sliding_window": 32}),
+    "seed_oss": ("seed_oss", "SeedOssForCausalLM", {"head_dim": 16}),
+    "glm4_moe": ("glm4_moe", "Glm4MoeForCausalLM", {
+        "head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "n_shared_experts": 1}),
+    "exaone4": ("exaone4", "Exaone4ForCausalLM", {"head_dim": 16, "sliding_window": 32, "sliding_window_pattern": 4}),
+    "ernie4_5": ("ernie4_5", "Ernie4_5ForCausalLM", {"head_dim": 16}),
+    "minimax_m2": ("minimax_m2", "MiniMaxM2ForCausalLM", {
+        "head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1, "rotary_dim": 8}),
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 4}),
 }
 #: the families with recurrent layers (the others are attention throughout)
 RECURRENT = ("qwen3_5", "qwen3_next", "nemotron_h", "granite_h", "falcon_h1", "lfm2")
