@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, ClassVar
@@ -343,8 +344,8 @@ class ExportError(ValueError):
 
 
 def recorded_source(export_dir: str | Path) -> Path:
-    """The drafter folder an export was written from (:func:`drafters.export.record_source`), checked to still
-    hold the same weights.
+    """The drafter folder an export was written from (:func:`drafters.export.record_source`: relative to the
+    export folder, absolute in older exports), absolute, checked to still hold the same weights.
 
     Raises:
         ExportError: the export records no source (written by an older drafterkit, or an ``hf-assistant``
@@ -354,11 +355,16 @@ def recorded_source(export_dir: str | Path) -> Path:
     config = json.loads((Path(export_dir) / "config.json").read_text())
     block = config.get("drafterkit")
     source = block.get("source") if isinstance(block, dict) else None  # a hand-edited config may hold anything
+    if isinstance(source, dict) and source.get("drafter") is None and isinstance(source.get("model_sha256"), str):
+        raise ExportError(f"{export_dir}/config.json does not record where its drafter folder is (an export names "
+                          "no machine path, and it was written outside the folder tree holding the drafter): name "
+                          "the drafter folder it was exported from")
     if not isinstance(source, dict) or not isinstance(source.get("drafter"), str) \
             or not isinstance(source.get("model_sha256"), str):
         raise ExportError(f"{export_dir}/config.json records no source drafter folder (exported by an older "
                           "drafterkit): export it again, or name the folder it was exported from")
-    folder = Path(source["drafter"])
+    # relative to the export folder (drafters.portable.source_link); an older export recorded it absolute
+    folder = Path(os.path.normpath(Path(export_dir).resolve() / source["drafter"]))
     try:
         digest = weights_sha256(folder)
     except OSError:

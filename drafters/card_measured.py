@@ -16,6 +16,7 @@ from pathlib import Path
 from drafterkit.assets.device import busy_note
 from drafterkit.assets.records import FEW_PROPOSALS, position_rates
 from drafterkit.drafters.base import weights_sha256
+from drafterkit.drafters.portable import scrubbed, shown_path
 
 
 def read_json(path: Path) -> dict | None:
@@ -79,6 +80,22 @@ def measured_shape(decoding: dict | None) -> dict | None:
     return dict(tree=tree, k=k, threshold=next(iter(decoding.get("draft_thresholds") or []), 0.0))
 
 
+def served_chain(ckpt: Path) -> dict | None:
+    """The chain a serving engine runs, as ``drafterkit tune`` measured it for the drafter folder ``ckpt`` (its
+    ``decoding.json`` ``tuned`` table): among the chains at batch size 1 without a draft threshold (engines have
+    none), the one measured furthest into the search (the latest rung), fastest there; ``{"k", "tau", "speedup",
+    "batches"}``, or None when tune measured no such chain."""
+    tuned = (read_json(ckpt / "decoding.json") or {}).get("tuned")
+    table = tuned.get("table") if isinstance(tuned, dict) else None
+    rows = [r for r in table or [] if isinstance(r, dict) and r.get("tree") == "chain" and r.get("concurrency") == 1
+            and not r.get("draft_threshold") and isinstance(r.get("k"), int)
+            and all(isinstance(r.get(x), (int, float)) for x in ("tau", "speedup"))]
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: (r.get("rung") or 0, r["speedup"]))
+    return dict(k=best["k"], tau=float(best["tau"]), speedup=float(best["speedup"]), batches=best.get("batches"))
+
+
 def tree_words(tree: str, depth: int) -> str:
     """``the static draft tree `3,2,1` (branching factors per depth, depth 3)`` or, for ``dynamic:...``, the
     EAGLE-2 dynamic tree."""
@@ -95,8 +112,8 @@ def recipe_section(recipe: dict | None, name: str) -> dict:
 def eval_command(ckpt: Path, target: str | None, k: int) -> str:
     """The ``drafterkit eval`` line that measures the checkpoint at ``ckpt`` (tau, acceptance, tokens/s and
     the speedup over plain decoding, on MT-bench); ``TARGET`` stands for a target nothing recorded."""
-    tgt = f" --target {shlex.quote(target)}" if target else " --target TARGET"
-    return f"drafterkit eval{tgt} --drafter {shlex.quote(str(ckpt))} --benchmark mt-bench --k {k}"
+    tgt = f" --target {shlex.quote(scrubbed(target))}" if target else " --target TARGET"
+    return f"drafterkit eval{tgt} --drafter {shlex.quote(shown_path(ckpt))} --benchmark mt-bench --k {k}"
 
 
 def _pct(values, reached=None) -> str:
@@ -148,8 +165,8 @@ def quickstart_section(qs: dict) -> list[str]:
                f"tokens") + (f", draft threshold {shape['threshold']:g}" if shape["threshold"] else "")
     lines = ["## Measured", "",
              f"Measured by `drafterkit quickstart` with drafterkit's decoder (exact verification, greedy), recorded "
-             f"in `{qs['source']}`. The drafter alone, against plain decoding through the same engine in the same "
-             "run: this is what `drafterkit export` carries to a serving engine.", "",
+             f"in `{shown_path(qs['source'])}`. The drafter alone, against plain decoding through the same engine "
+             "in the same run: this is what `drafterkit export` carries to a serving engine.", "",
              "| benchmark | prompts x new tokens | tau (bonus included) | acceptance rate | acceptance per draft "
              f"position (`-`: no proposal reached it; `(n=...)`: fewer than {FEW_PROPOSALS} did) | speed vs plain "
              "decoding |", "|---|---|---|---|---|---|", *rows,
@@ -163,7 +180,7 @@ def quickstart_section(qs: dict) -> list[str]:
         lines += ["", "**Not carried by this export**: drafterkit's decoder also measured the drafter behind "
                   "prompt lookup and retrieval from ShareGPT (`+rest`), which serving engines do not run with it:",
                   "", *extra]
-    commands = [c for c in dec.get("commands") or [] if isinstance(c, str)]
+    commands = [scrubbed(c) for c in dec.get("commands") or [] if isinstance(c, str)]
     if commands:
         lines += ["", "Reproduce (the same rows, side by side with plain decoding):", "", "```bash", *commands, "```"]
     return lines + [""]

@@ -34,8 +34,10 @@ Formats:
 ``drafter/`` (``OUTPUT_DIR/checkpoints/last``) or a run's ``OUTPUT_DIR`` (``checkpoints/best``, else ``last``).
 
 Every export but ``hf-assistant`` records the drafter folder it was written from under the ``drafterkit`` block of
-``config.json`` (engines ignore it): ``"source": {"drafter": ABSOLUTE PATH, "model_sha256": ...}``, which
-:func:`recorded_source` reads back for ``drafterkit serve-check``.
+``config.json`` (engines ignore it): ``"source": {"drafter": PATH RELATIVE TO THE EXPORT, "model_sha256": ...}``
+(``drafter`` is null where that relative path would climb to the root or through the home folder), which
+:func:`recorded_source` reads back for ``drafterkit serve-check``. No file of an export names an absolute path
+(:mod:`drafters.portable`): exports are uploaded as they are.
 
 Every export also holds ``README.md``, a model card (Hub metadata, serve commands, training record,
 measured numbers or the command that measures them; see :mod:`drafters.model_card`).
@@ -78,6 +80,7 @@ from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layou
 )
 from drafterkit.drafters.kinds import export_formats
 from drafterkit.drafters.model_card import vllm_serve_problem, write_model_card
+from drafterkit.drafters.portable import source_link
 from drafterkit.drafters.target_record import trained_target
 from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.vllm_support import draft_layer_types_problem
@@ -86,10 +89,11 @@ FORMATS = export_formats()  # --format -> the kind it exports, from each kind's 
 
 
 def record_source(out: Path, ckpt: Path) -> None:
-    """Add ``"source": {"drafter", "model_sha256"}`` (the drafter folder ``ckpt``, absolute, and the sha256 of
-    its ``model.safetensors``) to the ``drafterkit`` block of ``out/config.json``."""
+    """Add ``"source": {"drafter", "model_sha256"}`` (the drafter folder ``ckpt`` relative to ``out``, or None where
+    that path would name the machine's folders (:func:`drafters.portable.source_link`), and the sha256 of its
+    ``model.safetensors``) to the ``drafterkit`` block of ``out/config.json``: an export names no absolute path."""
     config = json.loads((out / "config.json").read_text())
-    config["drafterkit"]["source"] = {"drafter": str(ckpt.resolve()), "model_sha256": weights_sha256(ckpt)}
+    config["drafterkit"]["source"] = {"drafter": source_link(ckpt, out), "model_sha256": weights_sha256(ckpt)}
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 

@@ -39,12 +39,14 @@ import yaml
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.drafters.base import read_config
 from drafterkit.drafters.kinds import max_draft_tokens
+from drafterkit.drafters.portable import scrubbed, shown_path
 from drafterkit.drafters.card_measured import (
     measured_section,
     measured_shape,
     quickstart_record,
     read_json,
     recipe_section,
+    served_chain,
     tree_words,
 )
 from drafterkit.drafters.tuned import DECODING_FILE, TUNED, beats_plain
@@ -102,6 +104,62 @@ def hub_base_model(target: str | None) -> str | None:
     return None
 
 
+#: the license of drafterkit's pinned default target (HuggingFaceTB/SmolLM2-135M-Instruct's model card)
+PINNED_TARGET_LICENSE = "apache-2.0"
+_LICENSE = re.compile(r"^[A-Za-z0-9][\w.+-]*$")
+
+
+def _front_license(text: str) -> str | None:
+    """The ``license`` of a model card's YAML front matter (``---`` ... ``---``), or None."""
+    if not text.startswith("---"):
+        return None
+    try:
+        meta = yaml.safe_load(text.split("---", 2)[1])
+    except (yaml.YAMLError, IndexError):
+        return None
+    value = meta.get("license") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) and _LICENSE.match(value) else None
+
+
+def target_license(target: str | None) -> str | None:
+    """The license ``target`` states: the pinned default target's; a folder's ``config.json`` ``license`` or its
+    ``README.md`` front matter; a Hub id's model card where the Hub cache holds it (no network); else None."""
+    if not target:
+        return None
+    if target == DEFAULT_TARGET_ALIAS:
+        return PINNED_TARGET_LICENSE
+    folder = Path(target)
+    cards = [folder / "README.md"] if folder.is_dir() else []
+    if folder.is_dir():
+        value = (read_json(folder / "config.json") or {}).get("license")
+        if isinstance(value, str) and _LICENSE.match(value):
+            return value
+    elif _HUB_ID.match(target):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(target, "README.md")
+        cards += [Path(cached)] if isinstance(cached, str) else []
+    for card in cards:
+        try:
+            if found := _front_license(card.read_text(encoding="utf-8", errors="replace")):
+                return found
+        except OSError:
+            continue
+    return None
+
+
+def card_license(target: str | None, recipe: dict | None) -> tuple[str, str]:
+    """The card's ``license`` (Hub metadata) and the line saying where it comes from: the target's
+    (:func:`target_license`), else the training recipe's ``license``, else ``other``."""
+    if found := target_license(target):
+        return found, f"License: `{found}`, the target's (a drafter is trained on the target's outputs)."
+    value = (recipe or {}).get("license")
+    if isinstance(value, str) and _LICENSE.match(value):
+        return value, f"License: `{value}`, as the training recipe's `license` sets it."
+    return "other", ("License: `other`: neither the target's config / model card nor the training recipe states "
+                     "one; set the recipe's `license` (or edit this card's `license`) before publishing.")
+
+
 def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
     """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.vllm_support`: an EAGLE-3 /
     P-EAGLE head or a DFlash drafter for a target architecture vLLM gives no auxiliary hidden states), or None."""
@@ -110,8 +168,8 @@ def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
     return eagle3_serve_problem(target_architecture(target))
 
 
-def _front_matter(fmt: str, kind: str, target: str | None) -> str:
-    meta: dict[str, Any] = {}
+def _front_matter(fmt: str, kind: str, target: str | None, license_id: str) -> str:
+    meta: dict[str, Any] = {"license": license_id}
     if base := hub_base_model(target):
         meta["base_model"] = base
     meta["library_name"] = LIBRARIES[fmt]
@@ -122,12 +180,25 @@ def _front_matter(fmt: str, kind: str, target: str | None) -> str:
 def _shell_target(target: str | None) -> str:
     if target == DEFAULT_TARGET_ALIAS:
         return PINNED_TARGET_DIR
-    return shlex.quote(target) if target else "TARGET"
+    return shlex.quote(scrubbed(target)) if target else "TARGET"
 
 
-def shape_lines(fmt: str, shape: dict | None, k: int) -> list[str]:
-    """Markdown lines: the decoding shape drafterkit measured (``shape``, :func:`measured_shape`) beside the
-    chain of ``k`` draft tokens the commands below serve."""
+def shape_lines(fmt: str, shape: dict | None, k: int, served: dict | None = None) -> list[str]:
+    """Markdown lines: the chain of ``k`` draft tokens the commands below serve, with its measured figures
+    (``served``, :func:`drafters.card_measured.served_chain`), beside the decoding shape drafterkit measured
+    otherwise (``shape``, :func:`measured_shape`)."""
+    if served:
+        batches = f", {served['batches']} batches" if served.get("batches") else ""
+        lines = [f"**Served shape: a chain of {k} draft tokens**, what the commands below run. `drafterkit tune` "
+                 f"measured that chain at tau {served['tau']:.2f} (tokens per target forward, bonus included), "
+                 f"{served['speedup']:.2f}x plain decoding (batch size 1, no draft threshold{batches}, on the "
+                 "machine under Tuned decoding).", ""]
+        if shape and (shape["tree"] is not None or shape["threshold"]):
+            other = tree_words(shape["tree"], shape["k"]) if shape["tree"] else f"a chain of {shape['k']}"
+            thr = f" with draft threshold {shape['threshold']:g}" if shape["threshold"] else ""
+            lines += [f"The other figures below (Tuned decoding's winner, Measured) are drafterkit's own decoder "
+                      f"in {other}{thr}, a shape the engines do not run.", ""]
+        return lines
     if not shape:
         return []
     thr = f" with draft threshold {shape['threshold']:g} (draft tokens whose path probability under the " \
@@ -144,18 +215,21 @@ def shape_lines(fmt: str, shape: dict | None, k: int) -> list[str]:
 
 
 def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
-                  shape: dict | None = None) -> list[str]:
+                  shape: dict | None = None, served: dict | None = None) -> list[str]:
     """Markdown lines: how to serve the export ``model`` (a Hub repo id or a folder) next to ``target``,
     ``k`` draft tokens per verification; ``shape``: the decoding shape drafterkit measured
     (:func:`measured_shape`), stated beside the chain served."""
     t, m = _shell_target(target), shlex.quote(model)
-    lines = ["## Serve it", "", *shape_lines(fmt, shape, k)]
+    lines = ["## Serve it", "", *shape_lines(fmt, shape, k, served)]
     if target == DEFAULT_TARGET_ALIAS:
         lines += ["Serve the target it was trained for: drafterkit's pinned SmolLM2-135M-Instruct, dequantized "
                   "from its Q4_1 GGUF into `$DRAFTERKIT_HOME/smollm2-135m-instruct-hf` (`drafterkit assets fetch "
                   "smollm2-135m` builds it); the Hub's full-precision weights differ.", ""]
     elif target is None:
         lines += ["`TARGET` is the model the drafter was trained for (not recorded with the checkpoint).", ""]
+    elif hub_base_model(target) is None:  # a local folder: named as the card names paths (drafters.portable)
+        lines += [f"`{scrubbed(target)}` stands for the local target folder the drafter was trained for (an export "
+                  "names no folder of the machine that wrote it): serve those weights.", ""]
     if fmt == "sglang-eagle3":
         lines += ["```bash", f"python -m sglang.launch_server --model-path {t} --speculative-algorithm EAGLE3 \\",
                   f"    --speculative-draft-model-path {m} \\",
@@ -174,7 +248,8 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
     lines += ["vLLM:", "", "```bash", f"vllm serve {t} --speculative-config {shlex.quote(spec)}", "```"]
     if fmt == "hf-assistant":
         py_target = ('os.path.join(os.environ.get("DRAFTERKIT_HOME", os.path.expanduser("~/.cache/drafterkit")), '
-                     '"smollm2-135m-instruct-hf")' if target == DEFAULT_TARGET_ALIAS else repr(target or "TARGET"))
+                     '"smollm2-135m-instruct-hf")' if target == DEFAULT_TARGET_ALIAS
+                     else repr(scrubbed(target) or "TARGET"))
         lines += ["", "transformers (assisted generation):", "", "```python"]
         lines += ["import os"] if target == DEFAULT_TARGET_ALIAS else []
         lines += ["from transformers import AutoModelForCausalLM, AutoTokenizer", f"target_path = {py_target}",
@@ -241,13 +316,13 @@ def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None
     data, loss, optim, train = (recipe_section(recipe, n) for n in ("data", "loss", "optim", "train"))
     if recipe is not None:
         fmt = "ShareGPT conversations" if data.get("source") == "sharegpt" else "chat JSONL"
-        source = f"`{data['path']}` ({fmt})" if data.get("path") else \
+        source = f"`{shown_path(data['path'])}` ({fmt})" if data.get("path") else \
             "ShareGPT V3 unfiltered cleaned split (drafterkit's pinned `sharegpt` asset)"
         extra = ", responses regenerated by the target" if data.get("regenerate") else ""
         extra += f", on-policy fraction {data['on_policy_fraction']}" if data.get("on_policy_fraction") else ""
         terms = loss.get("weights") or {loss.get("name", "?"): 1.0}
         lines += [
-            f"- Target: `{target.get('name_or_path')}` ({target.get('dtype', '?')}).",
+            f"- Target: `{scrubbed(target.get('name_or_path'))}` ({target.get('dtype', '?')}).",
             f"- Options: {_options(drafter.get('options') or {}, cfg)}.",
             f"- Data: {source}, {data.get('num_examples') or 'all'} conversations, "
             f"sequences of at most {data.get('max_length')} tokens, held-out fraction "
@@ -265,7 +340,8 @@ def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None
     if recipe is not None:
         lines += ["", "<details><summary>The resolved recipe (<code>recipe.yaml</code> of the training checkpoint; "
                   "<code>drafterkit train recipe.yaml</code> reruns it)</summary>", "", "```yaml",
-                  yaml.safe_dump(_resolved(recipe, cfg), sort_keys=False).rstrip(), "```", "", "</details>"]
+                  yaml.safe_dump(scrubbed(_resolved(recipe, cfg)), sort_keys=False).rstrip(), "```", "",
+                  "</details>"]
     return lines + [""]
 
 
@@ -292,12 +368,15 @@ def tuned_section(ckpt: Path) -> tuple[list[str], int | None]:
         lines.append(f"| {c} | {w.get('tree')} | {w.get('k')} | {w.get('draft_threshold')} | "
                      f"{w.get('speedup', float('nan')):.2f}x | {w.get('tau', float('nan')):.2f} |")
     k = int(winners["1"]["k"]) if "1" in winners and beats_plain(winners["1"]) else None
-    if "1" in winners and k is None:
+    if served := served_chain(ckpt):
+        lines += ["", f"The serve commands above run the chain the engines can: the fastest chain without a draft "
+                  f"threshold this search measured at batch size 1 (K={served['k']}, under Serve it)."]
+    elif "1" in winners and k is None:
         lines += ["", "No setting beat plain decoding at batch size 1 on that machine: the serve commands above do "
                   "not take their K from this search."]
-    if k is not None:
+    elif k is not None:
         lines += ["", f"The serve commands above use the batch-size-1 winner's K as `num_speculative_tokens` ({k}); "
-                  "a tree's K is its depth."]
+                  "a tree's K is its depth (the search measured no chain without a draft threshold)."]
     return lines + [""], k
 
 
@@ -322,19 +401,24 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     rec["quickstart"] = quickstart_record(ckpt)
     shape = measured_shape(rec["quickstart"]["decoding"]) if rec["quickstart"] else None
     target = recipe_section(rec["recipe"], "target").get("name_or_path") or target
+    license_id, license_line = card_license(target, rec["recipe"])
     k = shape["k"] if shape else int(recipe_section(rec["recipe"], "eval").get("k") or 5)
     tuned_lines, tuned_k = tuned_section(ckpt)
     if tuned_k:  # a setting drafterkit tune measured wins over the quickstart's: its shape is stated, tree or chain
         k, shape = tuned_k, tuned_shape(ckpt)
+    if served := served_chain(ckpt):  # the engines serve a chain: the fastest one tune measured, K and figures
+        k = served["k"]
     if (cap := max_draft_tokens(kind, cfg)) is not None:  # Medusa's heads, DFlash's one block
         k = min(k, cap)
     export_config = read_json(out / "config.json")
-    title = f"{KIND_TITLES[kind]} for `{target}`" if target else KIND_TITLES[kind]
-    lines = [_front_matter(fmt, kind, target), f"# {title}", "",
+    title = f"{KIND_TITLES[kind]} for `{scrubbed(target)}`" if target else KIND_TITLES[kind]
+    lines = [_front_matter(fmt, kind, target, license_id), f"# {title}", "",
              f"A speculative-decoding drafter trained with drafterkit and exported as "
-             f"`{fmt}` from `{ckpt}`. The target verifies every draft token, so the output is the target's own "
-             "(greedy: token for token; sampling: in distribution); the drafter only changes the speed.", ""]
-    lines += serve_section(fmt, cfg, repo or str(out), target, k, shape) + [""]
+             f"`{fmt}` from `{shown_path(ckpt)}`. The target verifies every draft token, so the output is the "
+             "target's own (greedy: token for token; sampling: in distribution); the drafter only changes the speed.",
+             "", license_line, ""]
+    # the export is named by the Hub repo it is pushed to, else by its folder's name: never by a machine path
+    lines += serve_section(fmt, cfg, repo or f"./{out.name}", target, k, shape, served) + [""]
     lines += training_section(kind, cfg, rec, export_config)
     lines += tuned_lines
     lines += measured_section(rec, ckpt, target, k)

@@ -14,6 +14,7 @@ targets vLLM cannot serve a method with), each in one line naming the fix:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
@@ -54,8 +55,10 @@ def drafter_source_problem(export_dir: str | Path, checkpoint: str) -> str | Non
         fix = f"drop --drafter (the export records {recorded_source(export_dir)}) or pass that folder"
     except (ExportError, OSError, ValueError):
         fix = "pass the checkpoint it was exported from"
+    link = source.get("drafter")  # relative to the export folder (drafters.portable.source_link), or None
+    where = f" from {os.path.normpath(Path(export_dir).resolve() / link)}" if isinstance(link, str) else ""
     return (f"--drafter {checkpoint} is not the drafter {export_dir} was exported from (its model.safetensors has "
-            f"sha256 {digest[:12]}..., the export records {recorded[:12]}... from {source.get('drafter')}), so "
+            f"sha256 {digest[:12]}..., the export records {recorded[:12]}...{where}), so "
             f"their draft chains would differ; {fix}, or export {checkpoint} and serve-check that export")
 
 

@@ -162,7 +162,7 @@ def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, c
         ckpt = drafter.save_pretrained(tmp_path / name)
         out = export(ckpt, fmt, tmp_path / f"{name}-export")
         source = json.loads((out / "config.json").read_text())["drafterkit"]["source"]
-        assert source["drafter"] == str(ckpt.resolve()) and len(source["model_sha256"]) == 64
+        assert source["drafter"] == f"../{name}" and len(source["model_sha256"]) == 64  # relative: no machine path
         assert recorded_source(out) == ckpt.resolve()
         # no --drafter: the recorded folder is found (the run then stops at the missing vLLM venv, before any load)
         argv = ["serve-check", str(out), "--target", "smollm2-135m", "--venv", str(tmp_path / "none")]

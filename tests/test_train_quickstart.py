@@ -17,6 +17,7 @@ from drafterkit.assets.target import load_target
 from drafterkit.drafters.datastore import Datastore, cached_datastore
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters.export import export
+from drafterkit.drafters.portable import scrubbed
 from drafterkit.speceval import report
 from drafterkit.train import quickstart
 from drafterkit.train import quickstart_stages as qstages
@@ -224,7 +225,8 @@ def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickst
     write_report(root / "qs", dict(timings={"eval": 1.0}, train=train, evals=records, reproduce=reproduce,
                                    exactness=exactness_summary(records, "the measured rows")))
     card = (export(ckpt, "vllm-eagle3", tmp_path / "e") / "README.md").read_text()
-    assert "Not measured" not in card and f"recorded in `{(root / 'qs' / 'report.json').resolve()}`" in card
+    assert "Not measured" not in card and "recorded in `report.json`" in card  # by name: no machine path
+    assert str(root) not in card and str(root.resolve()) not in card
     assert "the static draft tree `3,2,1,1,1` (branching factors per depth, depth 5) with draft threshold 0.1" in card
     assert '"num_speculative_tokens": 5' in card and "vLLM drafts chains" in card
     for bench, rec in records.items():
@@ -237,7 +239,8 @@ def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickst
         assert f"- {bench}: `{spec['method']}`: {spec['ratio']:.2f}x the engine's plain decoding" in card
     carried, not_carried = card.split("**Not carried by this export**")
     assert "+rest" not in carried.split("## Measured")[1] and "+rest" in not_carried
-    assert all(c in card for c in reproduce["commands"]) and "- Machine: cpu," in card and "dtype fp32" in card
+    assert all(scrubbed(c) in card for c in reproduce["commands"]) and "- Machine: cpu," in card
+    assert "dtype fp32" in card
 
     moved = tmp_path / "moved"  # copied elsewhere with its decoding.json: the same weights, still measured
     moved.mkdir()

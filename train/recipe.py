@@ -306,6 +306,7 @@ class Recipe(Section):
     """A whole training run. Build with :func:`load_recipe` / :func:`recipe_from_dict`."""
 
     output_dir: str
+    license: str | None = None  # the export's model card license (e.g. mit) where the target states none
     target: TargetSection = Field(default_factory=TargetSection)
     drafter: DrafterSection = Field(default_factory=DrafterSection)
     data: DataSection = Field(default_factory=DataSection)
