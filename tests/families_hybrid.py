@@ -2,12 +2,13 @@
 ``tests/families.py`` builds the attention families (hidden 64, 4 layers, the 320-token tokenizer with its ChatML
 template saved beside them).
 
-Hybrid families mix recurrent layers with attention: Qwen3.5 and Qwen3-Next (Gated DeltaNet linear attention and
-gated full attention), Nemotron-H (Mamba-2, attention and MLP-only blocks from ``hybrid_override_pattern``),
-Granite-4.0-H (Mamba-2 and attention layers, MoE), Falcon-H1 (Mamba-2 beside attention in every layer) and LFM2
-(short convolutions and attention). The 2026 attention families: Gemma-4 (per-layer ``head_dim``: full-attention
-layers take ``global_head_dim``; per-layer input embeddings), DeepSeek-V3 (multi-head latent attention, MoE),
-Llama-4, OLMo-3, Seed-OSS, GLM-4.5, EXAONE-4, ERNIE-4.5, MiniMax-M2 and SmolLM3. Each hybrid keeps at least one
+Hybrid families mix recurrent layers with attention: Qwen3.5 (dense and MoE) and Qwen3-Next (Gated DeltaNet
+linear attention and gated full attention), Nemotron-H (Mamba-2, attention and MLP-only blocks from
+``hybrid_override_pattern``), Granite-4.0-H (Mamba-2 and attention layers, MoE), Falcon-H1 (Mamba-2 beside attention
+in every layer) and LFM2 (dense and MoE: short convolutions and attention). The 2026 attention families: Gemma-4
+(per-layer ``head_dim``: full-attention layers take ``global_head_dim``; per-layer input embeddings), DeepSeek-V3
+(multi-head latent attention, MoE), Llama-4, OLMo-3, Seed-OSS, GLM-4.5, EXAONE-4, ERNIE-4.5, MiniMax-M2 and SmolLM3.
+Each hybrid keeps at least one
 attention layer, so a drafter head can start from it::
 
     from families_hybrid import HYBRID_FAMILIES, save_hybrid
@@ -33,6 +34,9 @@ _GATED_DELTANET = {"head_dim": 16, "layer_types": ["linear_attention", "linear_a
 #: family -> (model_type, causal-LM class name, config overrides); the recurrent families first
 HYBRID_FAMILIES: dict[str, tuple[str, str, dict]] = {
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", dict(_GATED_DELTANET)),
+    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {
+        **_GATED_DELTANET, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32}),
     "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM", {
         **_GATED_DELTANET, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 32}),
@@ -48,6 +52,9 @@ HYBRID_FAMILIES: dict[str, tuple[str, str, dict]] = {
         "mamba_chunk_size": 16}),
     "lfm2": ("lfm2", "Lfm2ForCausalLM", {"layer_types": ["conv", "conv", "full_attention", "conv"],
                                          "conv_L_cache": 3, "block_ff_dim": 96}),
+    "lfm2_moe": ("lfm2_moe", "Lfm2MoeForCausalLM", {
+        "layer_types": ["conv", "conv", "full_attention", "conv"], "conv_L_cache": 3, "num_experts": 2,
+        "num_experts_per_tok": 1, "moe_intermediate_size": 32, "num_dense_layers": 1}),
     "gemma4": ("gemma4_text", "Gemma4ForCausalLM", {
         "head_dim": 16, "global_head_dim": 32, "sliding_window": 32, "hidden_size_per_layer_input": 16,
         "vocab_size_per_layer_input": VOCAB,
@@ -75,7 +82,7 @@ HYBRID_FAMILIES: dict[str, tuple[str, str, dict]] = {
     "smollm3": ("smollm3", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 4}),
 }
 #: the families with recurrent layers (the others are attention throughout)
-RECURRENT = ("qwen3_5", "qwen3_next", "nemotron_h", "granite_h", "falcon_h1", "lfm2")
+RECURRENT = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granite_h", "falcon_h1", "lfm2", "lfm2_moe")
 
 
 def hybrid_config(family: str, **overrides):

@@ -38,7 +38,8 @@ KIND_OPTIONS = {  # tiny, 2 steps; the EAGLE-3-layout heads over the whole 320-t
     "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},
 }
 #: a truncated draft LM reaches the family's first attention layer (all-recurrent first layers are refused)
-DRAFT_LM_LAYERS = {"qwen3_5": 3, "qwen3_next": 3, "nemotron_h": 2, "granite_h": 2, "lfm2": 3}
+DRAFT_LM_LAYERS = {"qwen3_5": 3, "qwen3_5_moe": 3, "qwen3_next": 3, "nemotron_h": 2, "granite_h": 2, "lfm2": 3,
+                   "lfm2_moe": 3}
 CHATS = [(f"question {i}: list the days of the week", f"answer {i}: Monday, Tuesday, Wednesday.") for i in range(6)]
 NO_EVAL = {"every": 0, "at_end": False, "k": 2}
 CHAINS_ONLY = ("tree drafts need", "dynamic trees need")  # decode's refusal of DFlash's trees
