@@ -72,6 +72,17 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device | 
     return _DTYPES[key]
 
 
+#: the flag spelling of each dtype :func:`resolve_dtype` gives (``--dtype bf16``)
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def dtype_name(dtype: str | torch.dtype | None, device: str | torch.device | None = None) -> str:
+    """``dtype`` resolved by :func:`resolve_dtype` (``"auto"``: bf16 where ``device`` has bf16 units, else fp32)
+    and spelled as the ``--dtype`` flags take it (``fp32``, ``bf16``, ``fp16``): what a record and a printed command
+    hold, so that they name what ran. Raises ``ValueError`` for an unknown name."""
+    return DTYPE_NAMES[resolve_dtype(dtype, device)]
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """Turn ``"auto" | "cpu" | "cuda" | "cuda:1" | "mps" | None`` into a torch device.
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from drafterkit.assets.console import disable_progress_bars, make_console
-from drafterkit.assets.device import resolve_device, resolve_dtype
+from drafterkit.assets.device import dtype_name, resolve_device
 from drafterkit.assets.records import plural, unwritable_folder
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.assets.target import (
@@ -166,7 +166,7 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
     t0 = time.perf_counter()
     runs = measure(prompts, methods, cfg.max_new_tokens, cfg.seed, desc=cfg.benchmark, progress=cfg.progress)
     timings["eval_s"] = time.perf_counter() - t0
-    exact = check_exactness(runs, cfg.temperature, resolve_dtype(cfg.dtype, cfg.device), target.device)
+    exact = check_exactness(runs, cfg.temperature, next(target.parameters()).dtype, target.device)  # what ran
     summary = report.summarize_eval([m.meta() for m in methods], runs)
     for row in summary:
         if row["role"] == "spec":
@@ -448,6 +448,9 @@ def run(args: argparse.Namespace) -> int:
         check_plots_dir(args.plots_dir, cfg)
         given = {name for name in RECORDED if getattr(args, name) is not None}
         recorded = apply_recorded(cfg, given=given)
+        if str(cfg.dtype).lower() == "auto":  # recorded and printed as what ran, so the printed commands reproduce it
+            cfg.dtype = dtype_name("auto", cfg.device)
+            print(f"drafterkit eval: --dtype auto -> {cfg.dtype} on this device", flush=True)
         notes = [recorded_message(recorded, tree_auto=cfg.trees == [AUTO])] if recorded else []
         if untuned := [d for d in cfg.drafters if cfg.trees == [AUTO] and d not in ("none", *FREE_SPECS)
                        and no_checkpoint(d)]:  # draft:N: nothing to tune (ngram, suffix: their own records)

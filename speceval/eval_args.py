@@ -121,8 +121,10 @@ class EvalConfig:
                 "checkpoint with the chain / tree, K and threshold drafterkit tune recorded for it on this machine "
                 "(as decode.generate(tree='auto')). Tree rows ignore --k (their K column is the tree's depth) and "
                 "the --sweep over K covers chain rows only. A chain-only drafter (dflash) is refused with a tree"})
-    dtype: str = field(default="fp32", metadata={
-        "help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively, else fp32)"})
+    dtype: str = field(default="auto", metadata={
+        "help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively: a CPU with AVX512-BF16 / AMX "
+                "units or a GPU with bf16, as drafterkit quickstart picks; else fp32, since emulated bf16 is several "
+                "times slower); the run prints and records what auto chose"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
     exact: bool = field(default=True, metadata={"help": (
         "measure the fast path instead of the decoder's exact mode (decode.exact_mode, on by default here: greedy "

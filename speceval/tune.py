@@ -5,9 +5,12 @@ No chain length, tree or confidence threshold is best for every drafter, target 
 measures them: tokens/s of ``decode.generate`` with each candidate over plain decoding through the same
 engine, on held-out prompts that are not the evaluation benchmarks (by default ShareGPT conversations
 of the held-out split training never reads, past the ones ``drafterkit eval --benchmark sharegpt`` and
-training's own evaluation draw), at batch size 1 and at one larger concurrency. Candidates: chains of
-each K, static trees, EAGLE-2 dynamic trees (``decode.dynamic_tree``), each at each confidence
-threshold the drafter supports.
+training's own evaluation draw), at batch size 1 and at one larger concurrency (``--concurrency``; on the command
+line only with ``--thorough`` unless given). Candidates: chains of each K, static trees, EAGLE-2 dynamic trees
+(``decode.dynamic_tree``), each at each confidence threshold the drafter supports. The command's default search
+is the short one of :mod:`speceval.tune_args` (``QUICK_*``: a few minutes on a 2-core CPU); ``--thorough`` (and
+:func:`tune`'s own defaults) is the full one (``DEFAULT_*``). The dtype, not given and not recorded by the
+drafter's ``decoding.json``, is ``auto`` (:func:`assets.device.dtype_name`), recorded as what it chose.
 
 The search (:mod:`speceval.tune_search`) is successive halving (Jamieson & Talwalkar 2016; the same idea as
 Hyperband's inner loop): every candidate runs on a few prompts, the best ``1/eta`` by speedup go on to twice
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 
 from drafterkit.assets.console import disable_progress_bars, make_console
-from drafterkit.assets.device import resolve_device
+from drafterkit.assets.device import dtype_name, resolve_device
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.assets.target import TargetLoadError, load_target
 from drafterkit.decode.dynamic_tree import parse_tree
@@ -72,6 +75,12 @@ from drafterkit.speceval.tune_args import (
     DEFAULT_THRESHOLDS,
     DEFAULT_TREES,
     FREE_INCUMBENT,
+    QUICK_CONCURRENCY,
+    QUICK_DYNAMIC,
+    QUICK_KS,
+    QUICK_THRESHOLDS,
+    QUICK_TREES,
+    THOROUGH_CONCURRENCY,
 )
 from drafterkit.speceval.tune_search import Candidate, candidates, halving
 
@@ -192,7 +201,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
 
 def recorded_dtype(checkpoint: str) -> str:
     """The dtype ``checkpoint``'s ``decoding.json`` records (what ``drafterkit eval --drafter`` measures it in,
-    so a tuned setting matches it), said on stdout; ``fp32`` where none is recorded.
+    so a tuned setting matches it), said on stdout; ``auto`` where none is recorded (bf16 where the device has bf16
+    units, as ``drafterkit eval`` and ``quickstart`` pick, else fp32: :func:`assets.device.dtype_name`).
 
     Raises:
         ValueError: an unreadable ``decoding.json`` (``speceval.recorded.read_decoding``).
@@ -201,7 +211,7 @@ def recorded_dtype(checkpoint: str) -> str:
     path = folder / DECODING_FILE if folder is not None else None
     dtype = read_decoding(path).get("dtype") if path is not None and path.is_file() else None
     if dtype is None:
-        return "fp32"
+        return "auto"
     print(f"drafterkit tune: --dtype {dtype}, as {path} records it (the dtype drafterkit eval measures this drafter "
           "in); give --dtype to tune another")
     return dtype
@@ -348,10 +358,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.no_progress:
         disable_progress_bars()
-    trees = args.trees if args.trees else list(DEFAULT_TREES)
-    ks = args.k if args.k is not None else list(DEFAULT_KS)
-    dynamic = args.dynamic if args.dynamic is not None else list(DEFAULT_DYNAMIC)
-    thresholds = args.thresholds if args.thresholds is not None else list(DEFAULT_THRESHOLDS)
+    full = args.thorough  # the full search; without it the short one (speceval.tune_args)
+    trees = args.trees if args.trees else list(DEFAULT_TREES if full else QUICK_TREES)
+    ks = args.k if args.k is not None else list(DEFAULT_KS if full else QUICK_KS)
+    dynamic = args.dynamic if args.dynamic is not None else list(DEFAULT_DYNAMIC if full else QUICK_DYNAMIC)
+    thresholds = args.thresholds if args.thresholds is not None else \
+        list(DEFAULT_THRESHOLDS if full else QUICK_THRESHOLDS)
+    if args.concurrency is None:
+        args.concurrency = THOROUGH_CONCURRENCY if full else QUICK_CONCURRENCY
     try:
         resolve_device(args.device)  # an unknown or absent device, before anything loads
         check_settings(ks, trees, dynamic, args.max_new_tokens, thresholds)
@@ -359,6 +373,9 @@ def run(args: argparse.Namespace) -> int:
         check_tune_flags(args.checkpoint, args.k, args.trees, args.dynamic, args.thresholds, args.incumbent)
         if args.dtype is None:
             args.dtype = recorded_dtype(args.checkpoint)
+        if str(args.dtype).lower() == "auto":  # recorded as what ran (eval matches a tuned setting by its dtype)
+            args.dtype = dtype_name("auto", args.device)
+            print(f"drafterkit tune: --dtype auto -> {args.dtype} on this device", flush=True)
         if args.target is None:  # the target the checkpoint was trained for, else the default one
             found = target_from_records({f"tune {args.checkpoint}": _folder(args.checkpoint)})
             args.target = found[0] if found else DEFAULT_TARGET_ALIAS

@@ -402,7 +402,7 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         assert exc.value.code == 0
         text = capsys.readouterr().out
         if verb == "eval":
-            for shown in ("computes it natively, else fp32) (default: fp32)", "prompts measured (default: 8)",
+            for shown in ("chose (default: auto); not given, the value", "prompts measured (default: 8)",
                           "records, else smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
                           "(default: sharegpt;", "left out, their rows use that bound) (default: 5)",
                           "--no-exact", "decoder's exact mode (decode.exact_mode, on by default here"):
@@ -516,7 +516,7 @@ def test_the_command_line_of_a_config_parses_back_to_it():
     assert (args.threads, args.output) == (1, "out/e.json")
     plain = bench.command_line(dataclasses.asdict(bench.EvalConfig()))  # defaults: only the settings always said
     assert plain == ("drafterkit eval --drafter ngram --benchmark mt-bench --num-prompts 8 --max-new-tokens 128 "
-                     "--k 5 --draft-threshold 0 --tree chain --dtype fp32 --baselines engine,hf,hf-assisted")
+                     "--k 5 --draft-threshold 0 --tree chain --dtype auto --baselines engine,hf,hf-assisted")
 
 
 def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
@@ -547,7 +547,7 @@ def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
     assert applied("--drafter", "ngram", "--drafter", str(b)) == (bench.EvalConfig(drafters=["ngram", str(b)]), None)
     write_decoding(b, dict(dtype="fp32", trees=["chain"], k=5, draft_thresholds=[0.0]), written_by="someone")
     cfg, info = applied("--drafter", str(a), "--drafter", str(b))  # two records that disagree: neither applies
-    assert info["applied"] == {} and "record different decoding settings" in info["note"] and cfg.dtype == "fp32"
+    assert info["applied"] == {} and "record different decoding settings" in info["note"] and cfg.dtype == "auto"
     (b / "decoding.json").write_text("[1]")
     with pytest.raises(ValueError, match=r"decoding.json: expected a JSON object"):
         applied("--drafter", str(b))
@@ -626,3 +626,22 @@ def test_recorded_message_says_which_setting_is_used_and_why_not(tmp_path):
     assert message(("trees",), trees=["2,1"]).endswith(
         "decoding settings taken from it: --dtype fp32 --k 5 --draft-threshold 0.1; the command line's own --tree "
         "kept (flags given explicitly win)")
+
+
+def test_eval_defaults_to_auto_dtype_resolved_as_the_quickstart_resolves_it(monkeypatch, capsys, tmp_path):
+    """Without --dtype (and no decoding.json saying one), eval measures in bf16 where the machine has bf16 units,
+    else fp32, says which, and hands the concrete dtype on (the record and its commands name what ran)."""
+    from drafterkit.assets.device import dtype_name
+
+    seen = []
+
+    def fake_evaluate(cfg, **kw):
+        seen.append(cfg.dtype)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(bench, "evaluate", fake_evaluate)
+    argv = ["eval", "--drafter", "ngram", "--target", "x/y", "--output", str(tmp_path / "e.json")]
+    assert main(argv) == 2 and seen == [dtype_name("auto")]
+    assert f"drafterkit eval: --dtype auto -> {seen[0]} on this device" in capsys.readouterr().out
+    assert main([*argv, "--dtype", "fp32"]) == 2 and seen[-1] == "fp32"
+    assert "--dtype auto" not in capsys.readouterr().out

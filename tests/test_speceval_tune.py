@@ -48,6 +48,7 @@ def test_tune_writes_decoding_json_that_eval_then_uses(world, tmp_path, capsys):
     root, ckpt, prompts = world  # tune: 6 candidates, 2 rungs at batch size 1, one rung at concurrency 2
     assert main(["tune", str(ckpt), "--target", str(root / "target"), "--benchmark", str(prompts),
                  "--num-prompts", "2", "--max-new-tokens", "6", "--concurrency", "2", "--k", "2", "--tree", "2,1",
+                 "--dtype", "fp32",
                  "--dynamic", "dynamic:4:2:2", "--draft-threshold", "0,0.1", "--first", "1", "--incumbent", "none",
                  "--no-progress"]) == 0
     data = json.loads((ckpt / DECODING_FILE).read_text())
@@ -318,7 +319,7 @@ def test_tune_behind_lookup_records_its_own_entry_that_eval_tree_auto_uses(world
         for i in range(40)))
     common = ["--target", str(root / "target"), "--benchmark", str(prompts), "--num-prompts", "2",
               "--max-new-tokens", "6", "--concurrency", "1", "--tree", "2,1", "--dynamic", "",
-              "--draft-threshold", "0", "--first", "1", "--incumbent", "none", "--no-progress"]
+              "--draft-threshold", "0", "--first", "1", "--incumbent", "none", "--no-progress", "--dtype", "fp32"]
     assert main(["tune", f"{folder}+rest", "--k", "3", "--datastore", str(corpus), *common]) == 0
     assert "(tuned+rest)" in capsys.readouterr().out
     data = json.loads((folder / DECODING_FILE).read_text())
@@ -356,11 +357,44 @@ def test_tune_takes_the_dtype_the_drafter_is_measured_in_unless_given(tmp_path, 
     target = tiny_llama(0)
     folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).save_pretrained(
         tmp_path / "m")
-    assert recorded_dtype(str(folder)) == "fp32"  # nothing recorded: fp32, silently
+    assert recorded_dtype(str(folder)) == "auto"  # nothing recorded: auto (bf16 where the CPU has bf16 units), silently
     assert capsys.readouterr().out == ""
     (folder / DECODING_FILE).write_text(json.dumps(dict(dtype="bf16", trees=["3,2,1"], k=5, draft_thresholds=[0.1])))
     assert recorded_dtype(str(folder)) == "bf16" and recorded_dtype(f"{folder}+rest") == "bf16"
     assert "--dtype bf16, as" in capsys.readouterr().out
+
+
+def test_tune_defaults_to_a_short_search_in_auto_dtype_and_thorough_runs_the_full_one(tmp_path, monkeypatch, capsys):
+    """Without flags: dtype auto resolved as the quickstart resolves it (said, and recorded as what ran), the short
+    search at batch size 1; --thorough: the full search at batch sizes 1 and 4; flags given win over either."""
+    import drafterkit.speceval.tune as tune_mod
+    from drafterkit.assets.device import dtype_name
+    from drafterkit.speceval import tune_args as ta
+
+    target = tiny_llama(0)
+    folder = MedusaDrafter(MedusaConfig.from_target(target, num_heads=3), target=target).save_pretrained(
+        tmp_path / "m")
+    seen = []
+
+    def fake_tune(checkpoint, **kw):
+        seen.append(kw)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(tune_mod, "tune", fake_tune)
+    assert main(["tune", str(folder), "--target", "x/y", "--no-write"]) == 2
+    quick = seen[-1]
+    assert quick["dtype"] == dtype_name("auto") and f"--dtype auto -> {quick['dtype']}" in capsys.readouterr().out
+    assert (quick["ks"], quick["trees"], quick["dynamic"], quick["thresholds"], quick["concurrency"]) == (
+        list(ta.QUICK_KS), list(ta.QUICK_TREES), list(ta.QUICK_DYNAMIC), list(ta.QUICK_THRESHOLDS), 1)
+    assert main(["tune", str(folder), "--target", "x/y", "--no-write", "--thorough", "--dtype", "fp32"]) == 2
+    full = seen[-1]
+    assert full["dtype"] == "fp32" and (full["ks"], full["trees"], full["dynamic"], full["thresholds"],
+                                        full["concurrency"]) == (list(ta.DEFAULT_KS), list(ta.DEFAULT_TREES),
+                                                                 list(ta.DEFAULT_DYNAMIC),
+                                                                 list(ta.DEFAULT_THRESHOLDS), 4)
+    assert main(["tune", str(folder), "--target", "x/y", "--no-write", "--thorough", "--k", "2",
+                 "--concurrency", "2"]) == 2
+    assert seen[-1]["ks"] == [2] and seen[-1]["concurrency"] == 2 and seen[-1]["trees"] == list(ta.DEFAULT_TREES)
 
 
 def test_tune_says_what_was_kept_and_never_calls_a_slower_setting_the_best(tmp_path, monkeypatch, capsys):

@@ -34,14 +34,15 @@ def world(tmp_path_factory):
 def _tune(world, spec, *extra):
     return main(["tune", spec, "--target", str(world / "target0"), "--benchmark", str(world / "tune.jsonl"),
                  "--num-prompts", "2", "--max-new-tokens", "6", "--concurrency", "1", "--k", "2,3", "--tree", "2,1",
-                 "--dynamic", "dynamic:4:2:2", "--first", "1", "--incumbent", "none", "--no-progress", *extra])
+                 "--dynamic", "dynamic:4:2:2", "--first", "1", "--incumbent", "none", "--no-progress",
+                 "--dtype", "fp32", *extra])
 
 
 def _eval(world, tmp_path, spec, *extra, target="target0"):
     out = tmp_path / "e.json"
     rc = main(["eval", "--target", str(world / target), "--drafter", spec, "--benchmark", str(world / "eval.jsonl"),
                "--num-prompts", "1", "--max-new-tokens", "6", "--baselines", "engine", "--no-progress", "--tree",
-               "auto", "--output", str(out), *extra])
+               "auto", "--output", str(out), "--dtype", "fp32", *extra])
     return rc, (json.loads(out.read_text()) if rc == 0 else None)
 
 

@@ -71,7 +71,7 @@ from pathlib import Path
 import torch
 
 from drafterkit.assets.console import datasets_quiet, disable_progress_bars
-from drafterkit.assets.device import resolve_dtype
+from drafterkit.assets.device import dtype_name, resolve_dtype
 from drafterkit.assets.pinned import AssetError, fetch_all
 from drafterkit.assets.records import unwritable_folder
 from drafterkit.assets.target import load_target, same_target
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"drafterkit quickstart: error: --dtype: {exc}", file=sys.stderr)
         return 2
     if str(args.dtype).lower() == "auto":  # recorded and printed as what ran, so the printed commands reproduce it
-        args.dtype = "bf16" if resolve_dtype("auto", args.device) == torch.bfloat16 else "fp32"
+        args.dtype = dtype_name("auto", args.device)
         print(f"drafterkit quickstart: --dtype auto -> {args.dtype} on this device")
     if args.no_progress:
         disable_progress_bars()
