@@ -143,3 +143,30 @@ def test_local_target_source_resolves_the_alias_only_once_built(monkeypatch, tmp
     assert assets.local_target_source("some/folder") == "some/folder"
     assert assets.local_target_source(assets.DEFAULT_TARGET_ALIAS) is None
     assert not any(tmp_path.iterdir())  # nothing fetched or written
+
+
+def test_assets_list_shows_everything_under_the_home_with_sizes_and_how_to_remove_each(tmp_path, monkeypatch, capsys):
+    """Not only the pinned assets: the datastores, feature caches, vLLM's venv and anything else under
+    $DRAFTERKIT_HOME, each with its size, what removing it costs and the command; the total is what is there."""
+    from drafterkit.assets.home_usage import KNOWN, home_usage
+    from drafterkit.cli import main
+
+    root = tmp_path / "home"
+    monkeypatch.setenv("DRAFTERKIT_HOME", str(root))
+    monkeypatch.setenv("COLUMNS", "250")
+    for name, size in (("datastores/a.npz", 3000), ("features/k/shard-0.safetensors", 5000),
+                       ("vllm-venv/lib/x.py", 700), ("vllm-venv/bin/python", 100), ("mine/notes.txt", 10)):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x" * size)
+    (root / "vllm-venv" / "bin" / "python3").symlink_to("python")  # a link counts as itself, never followed
+    rows = {r["name"]: r for r in home_usage()}
+    assert [r["name"] for r in home_usage()][:3] == ["features", "datastores", "vllm-venv"]  # largest first
+    assert rows["features"]["size_bytes"] == 5000 and rows["vllm-venv"]["files"] == 3
+    assert rows["datastores"]["after_removal"] == KNOWN["datastores"][1] and rows["mine"]["after_removal"] is None
+    assert main(["assets", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("datastores", "features", "vllm-venv", "mine", "smollm2-135m-gguf"):  # the pinned table, then all
+        assert name in out
+    total = sum(r["size_bytes"] for r in rows.values())
+    assert f"total: {total / 1e3:.1f} kB in {root}" in out
+    assert f"rm -rf {root / 'features'}    # 5.0 kB" in out and "look inside before removing it" in out

@@ -33,7 +33,8 @@ def needs_lines(args, out) -> list[str]:
             f"({plural(args.num_prompts, 'prompt')} x up to {args.max_new_tokens} new tokens per row and benchmark)",
             "  memory: about 2.5 GB in fp32, 7 GB in bf16 (the peak resident memory of the whole default run on a "
             "2-core CPU" + (")" if args.no_hybrid else ", the ~0.3 GB ShareGPT datastore of the eval included)"),
-            f"  disk: about 1 GB of pinned assets and datastore in $DRAFTERKIT_HOME (once), about 0.55 GB in {out} "
+            f"  disk: about 1.2 GB of pinned assets (0.77 GB) and datastores (~0.4 GB) in $DRAFTERKIT_HOME (once; "
+            f"drafterkit assets list shows them), about 0.55 GB in {out} "
             "(last/ and one step checkpoint, ~260 MB each with optimizer state, and the report)"]
 
 
