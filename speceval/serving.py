@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, draft_layers_refusal,
                                              drafter_source_problem, k_problem, vllm_on_cpu)
+from drafterkit.speceval.vllm_process import run_watched
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
@@ -233,15 +233,9 @@ def run_vllm(jobs: list[dict], python: Path, timeout: float = 1800.0, log: Path 
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         log = log or Path(tmp) / "vllm.log"
         req.write_text(json.dumps({"jobs": jobs, "keep_going": keep_going}))
-        with open(log, "w") as f:
-            try:
-                proc = subprocess.run([str(python), str(RUNNER), str(req), str(res)], env=env, stdout=f,
-                                      stderr=subprocess.STDOUT, timeout=timeout, check=False)
-                failed = proc.returncode != 0 or not res.is_file()
-                why = f"exit status {proc.returncode}"
-            except subprocess.TimeoutExpired:
-                failed, why = True, f"no result after {timeout:.0f} s"
-        if failed:
+        # stages and a heartbeat on stderr while vLLM starts and decodes (speceval.vllm_process): minutes on a CPU
+        status, why = run_watched([str(python), str(RUNNER), str(req), str(res)], env, log, timeout)
+        if status != 0 or not res.is_file():
             text = log.read_text(errors="replace")
             tail = "\n".join(text.splitlines()[-25:])
             cause = f": {exc}" if (exc := last_exception(text)) else ""
@@ -403,6 +397,8 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
         if "error" in theirs:
             by_target[target].append({**head, "match": False, "error": theirs["error"]})
             continue
+        print(f"drafterkit serve-check: decoding the same {len(ids)} prompts with drafterkit's decoder ({export_dir}, "
+              f"K={kk})", file=sys.stderr, flush=True)
         ours = run_drafterkit(model, drafter, ids, kk, max_new_tokens, eos)
         cmp = compare(ours, theirs)
         by_target[target].append({

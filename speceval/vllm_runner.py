@@ -40,6 +40,16 @@ import sys
 import time
 from itertools import zip_longest
 
+#: what a progress line starts with: ``drafterkit serve-check`` shows these lines while this runs
+#: (``speceval.vllm_process.STAGE``, the same text: this script imports nothing of drafterkit)
+STAGE = "[drafterkit-stage] "
+
+
+def stage(line: str) -> None:
+    """Announce a stage (on stdout, which the caller reads from the log as it grows)."""
+    print(STAGE + line, flush=True)
+
+
 #: job methods that are a vLLM method with options: P-EAGLE is EAGLE-3 with parallel drafting (all K draft tokens
 #: from one pass over the mask slots; ``vllm/config/speculative.py``, ``v1/spec_decode/llm_base_proposer.py``)
 SPEC_METHODS = {"peagle": {"method": "eagle3", "parallel_drafting": True}}
@@ -124,6 +134,8 @@ def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
     else:
         spec["model"] = job["draft"]
     t0 = time.perf_counter()
+    stage(f"{job.get('label', 'job')}: starting vLLM with the target and the drafter ({job['method']}, K={job['k']}): "
+          "loading, compiling, allocating its KV cache")
     llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, seed=0,
               max_model_len=longest + job["max_new_tokens"] + job["k"] + 16,
               max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), disable_log_stats=False,
@@ -132,9 +144,12 @@ def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], stop_token_ids=job["eos"],
                             ignore_eos=False, detokenize=False)
     before = spec_metrics(llm)
+    stage(f"{job.get('label', 'job')}: vLLM ready in {load_s:.0f} s; decoding {len(job['prompts'])} prompts x up to "
+          f"{job['max_new_tokens']} new tokens")
     t0 = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["prompts"]], params, use_tqdm=False)
     seconds = time.perf_counter() - t0
+    stage(f"{job.get('label', 'job')}: decoded in {seconds:.0f} s")
     after = spec_metrics(llm)
     by_prompt = {tuple(e["prompt"]): e["steps"] for e in record.values()}
     result = {
@@ -166,6 +181,7 @@ def run(req: dict) -> dict:
     """Every job of ``req["jobs"]`` in turn, in this one process (vLLM imports once)."""
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
+    stage("importing vLLM")
     import torch
     import vllm
 
@@ -176,7 +192,8 @@ def run(req: dict) -> dict:
         record_calls = []
         install_suffix_hook(record_calls)
     results = []
-    for job in req["jobs"]:
+    for i, job in enumerate(req["jobs"]):
+        job = {**job, "label": f"{'export' if job.get('draft') else job['method']} {i + 1} of {len(req['jobs'])}"}
         try:
             results.append(run_job(job, record, record_calls))
         except Exception as exc:  # noqa: BLE001 (keep_going: vLLM's reason is the job's result)

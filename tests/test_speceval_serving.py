@@ -443,3 +443,27 @@ def test_a_failed_vllm_run_names_its_last_exception_line(tmp_path):
     assert serving.last_exception(log) == ("RuntimeError: Model does not support EAGLE3 interface but "
                                            "aux_hidden_state_outputs was requested")
     assert serving.last_exception("Traceback (most recent call last):\n  raise ValueError(x)\n") is None
+
+
+def test_serve_check_says_what_vllm_is_doing_while_it_starts(tmp_path, capsys):
+    """vLLM's start takes minutes on a CPU: each stage the runner announces is printed as it happens, and a
+    heartbeat names the stage it is still at, so the command never sits silent (it printed nothing for 7 minutes)."""
+    import sys
+
+    from drafterkit.speceval.vllm_process import STAGE, run_watched
+    from drafterkit.speceval.vllm_runner import STAGE as RUNNER_STAGE
+
+    assert STAGE == RUNNER_STAGE
+    script = (f"import time\nprint({STAGE!r} + 'importing vLLM', flush=True)\nprint('INFO noise', flush=True)\n"
+              "time.sleep(1.5)\n"
+              f"print({STAGE!r} + 'export 1 of 1: starting vLLM', flush=True)\ntime.sleep(0.3)\n")
+    status, why = run_watched([sys.executable, "-c", script], {}, tmp_path / "log", 60, heartbeat=0.6, poll=0.1)
+    err = capsys.readouterr().err
+    assert (status, why) == (0, "exit status 0") and "noise" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("drafterkit serve-check: ")]
+    assert "starting vLLM" in lines[0] and str(tmp_path / "log") in lines[0]
+    assert "importing vLLM" in lines[1] and "still running (importing vLLM)" in err
+    assert lines[-1].endswith("export 1 of 1: starting vLLM")
+    status, why = run_watched([sys.executable, "-c", "import time; time.sleep(30)"], {}, tmp_path / "log2", 1,
+                              poll=0.1)
+    assert status is None and why == "no result after 1 s"

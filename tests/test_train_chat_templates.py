@@ -166,6 +166,9 @@ def test_truncation_losses_are_reported_but_not_counted_against_the_share(tmp_pa
                            max_skipped_fraction=0.0)
     assert len(ds) == 3
     assert any("3 no_supervised_token_after_truncation" in str(w.message) for w in caught)
+    said = next(str(w.message) for w in caught if "gave no example" in str(w.message))
+    assert ("in 3 conversations, 50% of the split the text before the first assistant reply fills data.max_length "
+            "(160 tokens), so no reply token is left to learn from; raise data.max_length") in said  # why, the fix
 
 
 def test_recipe_max_skipped_fraction_reaches_the_data(tmp_path):

@@ -222,7 +222,7 @@ def build_dataset(source: str | Path, tokenizer, *, max_length: int, num_example
     stats.cache_hit, stats.cache_key = not ran, key
     stats.wall_s = time.perf_counter() - start
     _warn_dropped(path, built, len(ds), num_examples, split)
-    check_skips(path, built, split, max_skipped_fraction)
+    check_skips(path, built, split, max_skipped_fraction, max_length)
     return ds
 
 
@@ -252,9 +252,11 @@ def skip_summary(built: DataStats, split: str) -> str:
     return line
 
 
-def check_skips(path: Path, built: DataStats, split: str, max_skipped_fraction: float | None) -> None:
+def check_skips(path: Path, built: DataStats, split: str, max_skipped_fraction: float | None,
+                max_length: int | None = None) -> None:
     """Raise :class:`DataError` when more than ``max_skipped_fraction`` of the split's conversations were lost
-    (truncation aside); else warn with :func:`skip_summary` when anything was skipped or merged."""
+    (truncation aside); else warn with :func:`skip_summary` and :func:`skip_advice` (why, what to change;
+    ``max_length``: the examples' token limit) when anything was skipped or merged."""
     lost = sum(n for reason, n in built.skipped.items() if reason != TRUNCATION_SKIP)
     counted = built.examples + lost
     if max_skipped_fraction is not None and counted and lost / counted > max_skipped_fraction:
@@ -264,7 +266,22 @@ def check_skips(path: Path, built: DataStats, split: str, max_skipped_fraction: 
                         "allows; refusing to train on the rest: "
                         + "; ".join(fixes + ["or raise data.max_skipped_fraction to train on what is left"]))
     if built.skipped or built.system_merged:
-        warnings.warn(f"{path}: {skip_summary(built, split)}", UserWarning, stacklevel=3)
+        warnings.warn(f"{path}: {skip_summary(built, split)}{skip_advice(built, max_length)}", UserWarning,
+                      stacklevel=3)
+
+
+def skip_advice(built: DataStats, max_length: int | None = None) -> str:
+    """Why the conversations were skipped and what to change, per reason (:data:`SKIP_FIXES`; for
+    :data:`TRUNCATION_SKIP`, that the prompt fills ``data.max_length`` and raising it trains on them), or ``""``."""
+    said = []
+    if n := built.skipped.get(TRUNCATION_SKIP):
+        limit = f"data.max_length ({max_length} tokens)" if max_length else "data.max_length"
+        share = f", {n / (built.examples + sum(built.skipped.values())):.0%} of the split"
+        said.append(f"{TRUNCATION_SKIP}: in {plural(n, 'conversation')}{share} the text before the first assistant "
+                    f"reply fills {limit}, so no reply token is left to learn from; raise data.max_length to train "
+                    "on them (each token more costs memory and time per step), or leave it: the others train")
+    said += [f"{reason}: {SKIP_FIXES[reason]}" for reason in built.skipped if reason in SKIP_FIXES]
+    return ". Why and what to change: " + "; ".join(said) if said else ""
 
 
 def _warn_dropped(path: Path, built: DataStats, examples: int, num_examples: int | None, split: str) -> None:
