@@ -57,6 +57,7 @@ from drafterkit.drafters.tuned import (
     SLOWER_NOT_USED,
     beats_plain,
     search_outcome,
+    setting_label,
     tuned_key,
 )
 from drafterkit.speceval import report
@@ -319,8 +320,7 @@ def plot_tuning(table: list[dict], winners: dict, path: Path) -> Path:
         ax.barh([f"{r['label']} (rung {r['rung']})" for r in rows], [r["speedup"] for r in rows], color=colors)
         ax.axvline(1.0, color="gray", lw=0.8)
         ax.set_xlabel("tokens/s over plain decoding (same rung)")
-        ax.set_title(f"concurrency {c}: winner {win['tree'] if win['tree'] != 'chain' else 'chain'} "
-                     f"K={win['k']} @{win['draft_threshold']:g}")
+        ax.set_title(f"concurrency {c}: kept {setting_label(win)}")  # a tree's depth is no K: its label names it
         ax.tick_params(axis="y", labelsize=7)
     return save_figure(fig, path)
 

@@ -310,7 +310,7 @@ def test_acceptance_points_resting_on_few_proposals_are_hollow(tmp_path):
     hollow = plots.plot_positions(ax, [0.5, 0.4, 0.3, 0.0], [200, 40, 7, 0], "head")
     assert hollow == 1  # position 3 (7 proposals); position 4 (none reached) is left out
     line, few = ax.lines
-    assert list(line.get_xdata()) == [1, 2, 3] and list(few.get_xdata()) == [3]
+    assert list(line.get_xdata()) == [1, 2] and list(few.get_xdata()) == [3]  # no line drawn down to a rate of 7
     assert few.get_markerfacecolor() == "white" and few.get_linestyle() == "None"
     assert [t.get_text() for t in ax.texts] == ["n=7"]
     assert plots.plot_positions(ax, [0.5, 0.4], None, "no counts") == 0  # counts unknown: all solid
@@ -318,4 +318,28 @@ def test_acceptance_points_resting_on_few_proposals_are_hollow(tmp_path):
     row = dict(role="spec", method="m", tokens_per_s=1.0, accept_per_position=[0.5, 0.2], reached_per_position=[100, 5])
     path = plots.plot_eval_summary({"b": [row]}, tmp_path)[1]
     assert path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_legends_sit_outside_the_data_and_the_loss_plot_shows_its_running_mean(tmp_path, monkeypatch):
+    """A legend inside the axes covered bars and points: every legend is placed right of the plotting area, and
+    the saved image is wide enough to hold it; the training loss is drawn raw and as a running mean."""
+    from drafterkit.train.quickstart_report import plot_losses
+
+    plt = plots.pyplot()
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [3.0, 4.0], label="a")
+    plots.outside_legend(ax)
+    fig.canvas.draw()
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 >= axes.x1  # wholly right of the data
+    plt.close(fig)
+    rows = [dict(method=m, tokens_per_s=t, role="spec", accept_per_position=[0.5], reached_per_position=[50])
+            for m, t in (("a", 3.0), ("b", 4.0))]
+    png = plots.plot_eval_summary({"mt-bench": rows}, tmp_path)[0]
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    captured, real = [], plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: captured.append(
+        [ln.get_label() for ln in fig.axes[0].lines]) or real(fig, path))
+    plot_losses([2.0, 1.0] * 60, tmp_path / "loss.png")
+    assert captured == [["per step", "mean of the last 50 steps"]]
 

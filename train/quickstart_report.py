@@ -208,10 +208,16 @@ def write_report(out: Path, report_data: dict) -> dict:
 
 
 def plot_losses(losses: list[float], path: Path) -> Path:
-    """``train_loss.png``: the mean loss of every optimizer step."""
+    """``train_loss.png``: the mean loss of every optimizer step (faint) and its running mean over the last
+    :data:`LOSS_WINDOW` steps (the trend the per-step noise hides)."""
     plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(range(1, len(losses) + 1), losses)
+    steps = range(1, len(losses) + 1)
+    ax.plot(steps, losses, alpha=0.35, linewidth=0.8, label="per step")
+    n = min(LOSS_WINDOW, len(losses))
+    running = [sum(losses[max(0, i - n + 1):i + 1]) / (i + 1 - max(0, i - n + 1)) for i in range(len(losses))]
+    ax.plot(steps, running, linewidth=1.6, label=f"mean of the last {n} steps")
+    plots.outside_legend(ax)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.set_title("Training loss")
