@@ -160,12 +160,12 @@ class _Group:
         return local.outputs[i]
 
     def _invariant(self, x: torch.Tensor) -> torch.Tensor:
-        """``_matmul(x)`` with each row's bits independent of the row count (``decode.invariance``): every call
-        of :data:`decode.invariance.CHUNK` rows, whatever pass the rows belong to."""
+        """``_matmul(x)`` with each row's bits independent of the row count (``decode.invariance``): calls of the
+        row counts this layer's check allows, whatever pass the rows belong to."""
         rows = x.reshape(-1, x.shape[-1])  # a 1-D input (e.g. a learned [H] vector) is one row too
-        invariance.check((self.packed is not None, self.bias is not None), self._matmul, rows.shape[-1],
-                         sum(self.sizes), rows.dtype, rows.device)
-        return invariance.run(self._matmul, rows).reshape(*x.shape[:-1], -1)
+        key = ("prepacked",) * (self.packed is not None) + ("bias",) * (self.bias is not None)
+        found = invariance.check(key, self._matmul, rows.shape[-1], sum(self.sizes), rows.dtype, rows.device)
+        return invariance.run(self._matmul, rows, found.shapes).reshape(*x.shape[:-1], -1)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:

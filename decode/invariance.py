@@ -1,4 +1,4 @@
-"""Row-count invariant linear layers for the decoder's exact mode: every GEMM call of one shape.
+"""Row-count invariant linear layers for the decoder's exact mode: GEMM calls of a few fixed, checked shapes.
 
 Greedy speculative decoding equals plain decoding token for token only if every committed token's logits get
 the same bits whichever pass computed them: a plain step (one row per sequence), a verification pass (K + 1
@@ -12,18 +12,18 @@ output's last bit. Seen in bf16 (``benchmarks/exactness_replay.py``, docs/benchm
   the small-M kernel's (every output of SmolLM2's LM head), so a ragged batch's prefill (one GEMM over all its
   prompts' tokens) left plain decoding of the same prompts alone.
 
-So exact mode assumes nothing of how a kernel picks its path by M: :func:`run` computes every input in calls of
-exactly :data:`CHUNK` rows (the last one zero-padded), so every call a layer makes has one shape, and each row's
-bits can depend only on its own values and its place in a call. That last dependence is what :func:`check`
-probes, once per layer shape and thread count: seeded rows run at two alignments (each row at positions ``p``
-and ``p + CHUNK / 2``) must give the same bits, and the same call twice must too (a deterministic GEMM). A
-shape that fails is recorded (:func:`holds` is False) with one warning: ``decode.fused.bitwise_exact`` then says
-exactness is not guaranteed and an eval reports its texts' differences as unchecked, instead of claiming them.
+So exact mode assumes nothing of how a kernel picks its path by M: :func:`run` computes every input in calls of a
+few fixed row counts (:data:`SHAPES`, the last call zero-padded), and a layer uses a wider shape than the base
+one (8 rows: a plain step, a chain of up to 7 draft tokens) only where :func:`check` found that rows get the
+base shape's bits in it. The check runs once per layer shape and thread count on seeded rows: each row at two
+places in a base call (a row's bits must depend on its own values alone), the same call twice (a deterministic
+GEMM), then each wider shape against the base, stopping at the first that differs (on the Intel Xeon above: 8,
+16 and 32 agree, 64 runs the AMX kernel). A layer whose base shape fails is recorded (:func:`holds` is False)
+with one warning: ``decode.fused.bitwise_exact`` then says exactness is not guaranteed and an eval reports its
+texts' differences as unchecked, instead of claiming them. The wider shapes' agreement is sampled (2^16 outputs
+per shape), so a rare last-bit difference could go unseen; eval still compares every text with plain decoding's.
 
-Cost (SmolLM2-135M in bf16, all its linear layers, 1 thread, docs/benchmarks/exactness.md): a one-row step
-run as 16 rows costs what the one-row GEMMs cost (memory-bound: the weights are read once either way); a
-200-token prefill as 13 calls of 16 rows ~3x the stock one-call prefill (the AMX kernel is not used), a few
-percent of a 128-token decode.
+What it costs, per CPU: docs/benchmarks/exactness.md.
 """
 
 from __future__ import annotations
@@ -36,13 +36,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CHUNK", "Check", "check", "checks", "holds", "run"]
+__all__ = ["BASE", "SHAPES", "Check", "check", "checks", "holds", "run"]
 
-#: rows per GEMM call in exact mode: at least a chain's K + 1 and a small tree's nodes, so that a verification
-#: pass is one call, and below the row counts where CPU GEMMs switch to their large-M kernels
-CHUNK = 16
+#: the row counts exact mode calls a GEMM with: the base shape (a plain step's rows, a chain's K + 1 up to 8) and
+#: the wider shapes a bigger pass (a tree's nodes, a ragged batch, a prefill) may use where the check found that
+#: each row gets the base shape's bits in them; CPU GEMMs switch kernels by row count (oneDNN's AMX kernel from 33
+#: rows on an Intel Xeon), so which ones agree is machine-dependent and checked, not assumed
+SHAPES = (8, 16, 32, 64, 128)
+BASE = SHAPES[0]
 
-#: outputs compared per check (rows x out_features), at least 4 calls' worth of rows
+#: outputs compared per check (rows x out_features), at least one call of the widest shape
 CHECK_OUTPUTS = 1 << 16
 
 _lock = threading.Lock()
@@ -54,11 +57,15 @@ class Check:
     """What :func:`check` found for one layer shape.
 
     Attributes:
-        position_invariant: each row got the same bits at two places in a :data:`CHUNK`-row call.
+        shapes: the call shapes (row counts) rows may run in: :data:`BASE` and every wider one of
+            :data:`SHAPES`, in order, that gave each row the base shape's bits (stopping at the first that
+            did not).
+        position_invariant: each row got the same bits at two places in a base-shape call.
         deterministic: the same call gave the same bits twice.
         seconds: how long the check took (wall clock).
     """
 
+    shapes: tuple[int, ...]
     position_invariant: bool
     deterministic: bool
     seconds: float
@@ -68,46 +75,57 @@ class Check:
         return self.position_invariant and self.deterministic
 
 
-def run(matmul: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-    """``matmul(rows)`` computed in calls of exactly :data:`CHUNK` rows, the last zero-padded.
+def run(matmul: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,
+        shapes: tuple[int, ...] = (BASE,)) -> torch.Tensor:
+    """``matmul(rows)`` computed in calls of one of ``shapes``' row counts, zero-padded: one call of the
+    smallest shape that holds every row, else calls of the widest.
 
     Args:
         matmul: a linear layer's GEMM, ``[M, in] -> [M, out]``.
         rows: ``[M, in]``.
+        shapes: allowed row counts per call, ascending (:attr:`Check.shapes`).
 
     Returns:
-        ``[M, out]``; row ``i``'s bits come from a call of the same shape whatever ``M`` is.
+        ``[M, out]``; row ``i``'s bits come from a call of an allowed shape whatever ``M`` is.
     """
     n = rows.shape[0]
-    pad = -n % CHUNK
+    size = next((s for s in shapes if s >= n), shapes[-1])
+    pad = -n % size
     if pad:
         rows = torch.nn.functional.pad(rows, (0, 0, 0, pad))
-    if n + pad == CHUNK:  # a decoding step or a verification pass: one call
+    if n + pad == size:  # a decoding step, a verification pass: one call
         out = matmul(rows)
     else:
-        out = torch.cat([matmul(rows[s: s + CHUNK]) for s in range(0, n + pad, CHUNK)])
+        out = torch.cat([matmul(rows[s: s + size]) for s in range(0, n + pad, size)])
     return out[:n] if pad else out
 
 
 def _check(matmul: Callable[[torch.Tensor], torch.Tensor], in_features: int, out_features: int,
            dtype: torch.dtype, device: torch.device) -> Check:
     start = time.perf_counter()
-    n = CHUNK * max(4, -(-CHECK_OUTPUTS // (CHUNK * out_features)))
+    widest = SHAPES[-1]
+    n = widest * max(1, -(-CHECK_OUTPUTS // (widest * out_features)))
     x = torch.randn(n, in_features, generator=torch.Generator().manual_seed(in_features)).to(device, dtype)
-    first = run(matmul, x)
-    half = CHUNK // 2  # the same rows, each half a call further on
-    shifted = run(matmul, torch.cat([x.new_zeros(half, in_features), x]))[half:]
-    return Check(torch.equal(first, shifted), torch.equal(run(matmul, x[:CHUNK]), first[:CHUNK]),
-                 time.perf_counter() - start)
+    base = run(matmul, x)
+    half = BASE // 2  # the same rows, each half a call further on
+    shifted = run(matmul, torch.nn.functional.pad(x, (0, 0, half, 0)))[half:]
+    deterministic = torch.equal(run(matmul, x[:BASE]), base[:BASE])
+    shapes = [BASE]
+    for size in SHAPES[1:]:
+        if not torch.equal(run(matmul, x, (size,)), base):
+            break
+        shapes.append(size)
+    return Check(tuple(shapes), torch.equal(base, shifted), deterministic, time.perf_counter() - start)
 
 
 def check(key: tuple, matmul: Callable[[torch.Tensor], torch.Tensor], in_features: int, out_features: int,
           dtype: torch.dtype, device: torch.device) -> Check:
     """The :class:`Check` of the GEMM ``matmul`` (``[M, in_features] -> [M, out_features]``), run on first use
-    and cached under ``key + (out_features, in_features, dtype, torch.get_num_threads())``.
+    and cached under ``(out_features, in_features, dtype, torch.get_num_threads()) + key``.
 
     Args:
-        key: what else selects the GEMM's kernel (prepacked weight, bias).
+        key: words for what else selects the GEMM's kernel (``("prepacked",)``, ``("bias",)``), part of the
+            name :func:`checks` reports it under.
     """
     full = (out_features, in_features, dtype, torch.get_num_threads(), *key)
     found = _checks.get(full)
@@ -128,13 +146,15 @@ def check(key: tuple, matmul: Callable[[torch.Tensor], torch.Tensor], in_feature
 
 
 def checks() -> dict[str, dict]:
-    """Every check run in this process, for reports: ``{"bf16 576x1536, 2 threads": {"position_invariant",
-    "deterministic", "seconds"}}`` (``out_features x in_features``)."""
+    """Every check run in this process, for reports: ``{"bf16 576x1536 prepacked, 2 threads": {"shapes",
+    "position_invariant", "deterministic", "seconds"}}`` (``out_features x in_features``)."""
     out = {}
-    for (n_out, k, dtype, threads, *_), c in sorted(_checks.items(), key=str):
+    for (n_out, k, dtype, threads, *key), c in sorted(_checks.items(), key=str):
         name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-        out[f"{name} {n_out}x{k}, {threads} thread{'s' if threads > 1 else ''}"] = dict(
-            position_invariant=c.position_invariant, deterministic=c.deterministic, seconds=round(c.seconds, 3))
+        what = "".join(f" {part}" for part in key)
+        out[f"{name} {n_out}x{k}{what}, {threads} thread{'s' if threads > 1 else ''}"] = dict(
+            shapes=list(c.shapes), position_invariant=c.position_invariant, deterministic=c.deterministic,
+            seconds=round(c.seconds, 3))
     return out
 
 

@@ -465,7 +465,8 @@ def test_a_cpu_whose_gemm_fails_exact_modes_check_gets_its_bf16_texts_compared_n
     in its reason, names the shape, and counts differing texts without calling them mismatches."""
     from drafterkit.decode import invariance
 
-    monkeypatch.setattr(invariance, "_checks", {(576, 1536, torch.bfloat16, 2): invariance.Check(False, True, 0.1)})
+    failed = invariance.Check((8,), False, True, 0.1)
+    monkeypatch.setattr(invariance, "_checks", {(576, 1536, torch.bfloat16, 2): failed})
     runs = [dict(role="plain", method="engine", prompt=0, prompt_id="p0", output_ids=[1, 2]),
             dict(role="spec", method="a", prompt=0, prompt_id="p0", output_ids=[1, 3])]
     with exact_mode():
