@@ -38,6 +38,7 @@ from pathlib import Path
 
 from drafterkit.assets import pinned
 from drafterkit.assets.device import resolve_device
+from drafterkit.assets.records import plural
 from drafterkit.assets.target import TargetLoadError, load_target, load_target_tokenizer, resolve_target_path
 from drafterkit.decode import generate
 from drafterkit.decode.decoder import watch_rounds
@@ -397,8 +398,8 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
         if "error" in theirs:
             by_target[target].append({**head, "match": False, "error": theirs["error"]})
             continue
-        print(f"drafterkit serve-check: decoding the same {len(ids)} prompts with drafterkit's decoder ({export_dir}, "
-              f"K={kk})", file=sys.stderr, flush=True)
+        print(f"drafterkit serve-check: decoding the same {plural(len(ids), 'prompt')} with drafterkit's decoder "
+              f"({export_dir}, K={kk})", file=sys.stderr, flush=True)
         ours = run_drafterkit(model, drafter, ids, kk, max_new_tokens, eos)
         cmp = compare(ours, theirs)
         by_target[target].append({

@@ -144,8 +144,9 @@ def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], stop_token_ids=job["eos"],
                             ignore_eos=False, detokenize=False)
     before = spec_metrics(llm)
-    stage(f"{job.get('label', 'job')}: vLLM ready in {load_s:.0f} s; decoding {len(job['prompts'])} prompts x up to "
-          f"{job['max_new_tokens']} new tokens")
+    n = len(job["prompts"])
+    stage(f"{job.get('label', 'job')}: vLLM ready in {load_s:.0f} s; decoding {n} prompt{'s' if n != 1 else ''} x up "
+          f"to {job['max_new_tokens']} new tokens")
     t0 = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["prompts"]], params, use_tqdm=False)
     seconds = time.perf_counter() - t0
