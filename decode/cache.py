@@ -66,16 +66,20 @@ class RaggedCache:
         for i, layer in enumerate(self.cache.layers):  # full layers: a sliding one cannot crop a full window
             if getattr(layer, "is_sliding", False):
                 self.cache.layers[i] = DynamicLayer()
-        self.recurrent = RecurrentStates(self.cache)  # falsy for an attention-only model
-        # the first attention layer (a hybrid's layer 0 may be recurrent or MLP-only: no columns to count)
-        self._attn_layer = next((i for i, layer in enumerate(self.cache.layers)
-                                 if isinstance(layer, CacheLayerMixin)), 0)
+        self._scan_layers()
         self._mark: tuple[int, torch.Tensor, list] | None = None
         self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.length = 0
         self._pending = 0
         self._pending_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # tree nodes' positions
+
+    def _scan_layers(self) -> None:
+        """Find the recurrent layers (:class:`RecurrentStates`, falsy for an attention-only model) and the first
+        attention layer, whose length counts the cache columns (a hybrid's layer 0 may be recurrent or MLP-only)."""
+        self.recurrent = RecurrentStates(self.cache)
+        self._attn_layer = next((i for i, layer in enumerate(self.cache.layers)
+                                 if isinstance(layer, CacheLayerMixin)), 0)
 
     def _reserve(self, extra: int) -> None:
         need = self.length + extra
@@ -126,6 +130,7 @@ class RaggedCache:
         out = self._forward(ids, pos, **kw)
         self.length = p
         self.n_real = torch.tensor([len(r) for r in rows], dtype=torch.long, device=dev)
+        self._scan_layers()  # a cache that makes its layers on first use holds them now
         if self.recurrent:  # from here on every pass keeps its per-position states until keep selects
             if self.rollback:
                 self.recurrent.record()
