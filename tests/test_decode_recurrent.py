@@ -1,8 +1,7 @@
-"""Targets with recurrent / linear-attention layers (Qwen3-Next's Gated DeltaNet, Falcon-H1's and Jamba's Mamba
-blocks) are refused by every verb before their weights load, and by ``decode.generate``, in one line: their state
-cannot be rolled back to the accepted draft tokens. Qwen3-Next used to train and then die in the at-end evaluation
-("`crop` was called, but the current layer does not track past states"); Falcon-H1 and Jamba were refused for the
-head kinds with advice to use draft_lm, which crashed the same way."""
+"""Targets with recurrent / linear-attention layers the decoder cannot roll back (Jamba's Mamba blocks, ...) are
+refused by every verb that decodes before their weights load, and by ``decode.generate``, in one line. Training,
+which only reads the target's hidden states, takes them, refusing only what of a recipe decodes
+(tests/test_train_hybrid_families.py); the hybrids the decoder rolls back are in tests/test_decode_hybrid_targets.py."""
 
 from __future__ import annotations
 
