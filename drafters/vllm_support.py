@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 from drafterkit.assets.target import resolve_target_path
+from drafterkit.decode.recurrent import recurrent_layers
 from drafterkit.drafters.vllm_registry import (
     NATIVE_ARCHITECTURES,
     TRANSFORMERS_BACKEND_CLASSES,
@@ -207,3 +208,38 @@ def eagle3_serve_problem(architecture: str | None) -> str | None:
                 "target whose architecture vLLM supports")
     return (f"vLLM {VLLM_VERSION} cannot serve an EAGLE-3 / P-EAGLE head or a DFlash drafter for a {architecture} "
             f"target: {VLLM_REASON}; it stops at load with \"RuntimeError: Model does not support EAGLE3 interface\"")
+
+
+# What vLLM 0.32's CPU build does with a hybrid target (recurrent layers beside attention), found by running it on
+# tiny fp32 targets saved by transformers (tests/test_serving_hybrid.py): Qwen3.5's module does not import in the
+# venv (its image processor needs torchvision, which scripts/vllm-venv.sh removes), Gated DeltaNet's CPU kernel runs
+# bf16 only (layers/mamba/ops/cpu/gdn_attention.py), and the Mamba-2 / short-convolution targets decode plainly
+# (Nemotron-H, Granite-4.0-H and Falcon-H1 equal to transformers' greedy decoding) but not speculatively.
+_GDN_FP32 = "its Gated DeltaNet layers run on vLLM's CPU build in bf16 only (\"AssertionError: CPU GDN attention " \
+            "requires BF16.\"), and serve-check compares in fp32"
+_NO_TORCHVISION = ("vLLM's Qwen3.5 module imports Qwen3-VL's image processor, which needs torchvision, and the "
+                   "CPU venv has none (scripts/vllm-venv.sh removes it: it fails to import beside the local torch), "
+                   "so vLLM stops at load with \"ModuleNotFoundError: No module named 'torchvision'\"; besides, "
+                   + _GDN_FP32)
+_STATE_SPEC = "vLLM's CPU build decodes it plainly but not speculatively: the first speculative step stops in a " \
+              "Triton kernel vLLM's CPU build lacks (\"TypeError: 'function' object is not subscriptable\", " \
+              "precopy_mamba_align_fused_kernel in v1/worker/mamba_utils.py, the state copy of prefix caching's " \
+              "'align' mode), and with prefix caching off its outputs differ from the target's own greedy decoding"
+#: model_type -> why vLLM :data:`VLLM_VERSION` for CPU cannot serve a drafter next to such a target
+CPU_HYBRID_REASONS = {"qwen3_5_text": _NO_TORCHVISION, "qwen3_5_moe_text": _NO_TORCHVISION, "qwen3_5": _NO_TORCHVISION,
+                      "qwen3_5_moe": _NO_TORCHVISION, "qwen3_next": _GDN_FP32}
+
+
+def cpu_hybrid_problem(config: dict | None, who: str) -> str | None:
+    """Why vLLM :data:`VLLM_VERSION` on a CPU cannot serve a drafter next to the hybrid target of ``config`` (a
+    ``config.json`` dict; ``who`` names it): any target with recurrent layers (Mamba-2, Gated DeltaNet, short
+    convolutions; ``decode.recurrent.recurrent_layers``), with vLLM's reason for its family (:data:`CPU_HYBRID_REASONS`,
+    else the speculative state copy every Mamba / convolution hybrid hits); None for a target of attention layers."""
+    if not isinstance(config, dict) or recurrent_layers(config) == []:
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    arch = (config.get("architectures") or ["?"])[0]
+    why = CPU_HYBRID_REASONS.get(text.get("model_type"), _STATE_SPEC)
+    return (f"vLLM {VLLM_VERSION} for CPU cannot serve a drafter next to {who} ({arch}, recurrent layers beside "
+            f"attention): {why}; serve-check it with vLLM on a GPU (a vLLM venv made with "
+            "DRAFTERKIT_VLLM_PACKAGE=vllm)")

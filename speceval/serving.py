@@ -48,7 +48,8 @@ from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformer
 from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.drafters.target_recurrent import recurrent_target_problem
 from drafterkit.drafters.trained_for import trained_for_problem
-from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture, target_load_problem
+from drafterkit.drafters.vllm_support import (cpu_hybrid_problem, eagle3_serve_problem, target_architecture,
+                                              target_config, target_load_problem)
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, draft_layers_refusal,
@@ -370,6 +371,8 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
     python = vllm_python(venv)
     if vllm_on_cpu(python):  # vLLM's CPU attention runs a few head sizes only; it would stop at the first forward
         for (target, _), exports in zip(groups, checked):
+            if problem := cpu_hybrid_problem(target_config(target), f"target {target}"):
+                raise ServeCheckError(problem)  # its recurrent layers: vLLM's CPU build cannot decode speculatively
             for export_dir, _, info in exports:
                 if problem := cpu_attention_refusal(target, export_dir, info["method"]):
                     raise ServeCheckError(problem)
