@@ -224,7 +224,9 @@ _NO_TORCHVISION = ("vLLM's Qwen3.5 module imports Qwen3-VL's image processor, wh
 _STATE_SPEC = "vLLM's CPU build decodes it plainly but not speculatively: the first speculative step stops in a " \
               "Triton kernel vLLM's CPU build lacks (\"TypeError: 'function' object is not subscriptable\", " \
               "precopy_mamba_align_fused_kernel in v1/worker/mamba_utils.py, the state copy of prefix caching's " \
-              "'align' mode), and with prefix caching off its outputs differ from the target's own greedy decoding"
+              "'align' mode), and with prefix caching off its outputs differ from the target's own greedy " \
+              "decoding (its CPU causal_conv1d_update drops num_accepted_tokens, so a rejected draft token stays in " \
+              "the convolution state)"
 #: model_type -> why vLLM :data:`VLLM_VERSION` for CPU cannot serve a drafter next to such a target
 CPU_HYBRID_REASONS = {"qwen3_5_text": _NO_TORCHVISION, "qwen3_5_moe_text": _NO_TORCHVISION, "qwen3_5": _NO_TORCHVISION,
                       "qwen3_5_moe": _NO_TORCHVISION, "qwen3_next": _GDN_FP32}
