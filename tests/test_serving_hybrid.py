@@ -42,7 +42,7 @@ STATE_COPY = "TypeError: 'function' object is not subscriptable"
 
 
 @pytest.mark.parametrize("family", RECURRENT)
-def test_serve_check_refuses_hybrid_on_cpu(tmp_path, family, record_property):
+def test_serves_on_cpu_refused(tmp_path, family, record_property):
     """serve-check refuses a hybrid target on vLLM's CPU build in one line quoting vLLM's reason and naming the fix."""
     python = require_vllm_python()
     if not serving.vllm_on_cpu(python):

@@ -1,6 +1,6 @@
-"""scripts/support_matrix.py reads each matrix test's outcome into its cell (the vLLM columns and the hybrid and
-2026 families' table included), and the committed docs/support-matrix.md is a complete run: every family, every
-column, no cell left unrun or failed."""
+"""scripts/support_matrix.py reads each matrix test's outcome into its cell (the vLLM columns, the hybrid and
+2026 families' table and the hybrid targets' vLLM table included), and the committed docs/support-matrix.md is a
+complete run: every family, every column, no cell left unrun or failed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 from families import FAMILIES
-from families_hybrid import HYBRID_FAMILIES
+from families_hybrid import HYBRID_FAMILIES, RECURRENT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,8 @@ def test_cells_from_junit_include_the_vllm_suffix_and_peagle_columns(tmp_path):
         _case("test_serves[qwen3-vllm-peagle]", failure="AssertionError: chains 3/20"),
         _case("test_suffix[qwen3_moe]", "pass"), _case("test_kind[qwen3-peagle]", "pass"),
         _case("test_export[qwen3-vllm-peagle]", "pass"), _case("test_kind_trains[qwen3_5-eagle3]", "trains"),
-        _case("test_decodes_exactly_or_is_refused_up_front[lfm2]", "exact: 7 of 7 chains")])
+        _case("test_decodes_exactly_or_is_refused_up_front[lfm2]", "exact: 7 of 7 chains"),
+        _case("test_serves_on_cpu_refused[nemotron_h]", "refused: vLLM's CPU build cannot decode it speculatively")])
         + "</testsuite></testsuites>")
     (tmp_path / "b.xml").write_text("<testsuites><testsuite>" + _case("test_serves[qwen3-vllm-peagle]", "pass (rerun)")
                                     + "</testsuite></testsuites>")
@@ -45,10 +46,13 @@ def test_cells_from_junit_include_the_vllm_suffix_and_peagle_columns(tmp_path):
     assert cells["qwen3_moe"]["suffix"] == cells["qwen3"]["peagle"] == cells["qwen3"]["vllm-peagle"] == "pass"
     assert sm.read_cells([tmp_path / "a.xml", tmp_path / "b.xml"])["qwen3"]["vLLM vllm-peagle"] == "pass (rerun)"
     assert cells["qwen3_5"]["eagle3"] == "trains" and cells["lfm2"]["decodes"] == "exact: 7 of 7 chains"
+    assert cells["nemotron_h"]["vLLM for CPU"].startswith("refused: vLLM's CPU build")
     page = sm.render(cells)
     assert "## Serves in vLLM" in page and "| gemma2 | pass (chains 20/20) |" in page
     assert "| lfm2 | not run | not run | not run | not run | not run | not run | exact: 7 of 7 chains | not run |" \
         in page
+    assert "| nemotron_h | refused: vLLM's CPU build cannot decode it speculatively |" in page
+    assert "| lfm2 | not run |" in page  # the hybrid serving table's row
 
 
 def test_the_committed_page_is_a_complete_run():
@@ -60,7 +64,8 @@ def test_the_committed_page_is_a_complete_run():
     for header in (sm.COLUMNS, sm.SERVED):
         assert "| family | " + " | ".join(header) + " |" in page, header
     table = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| family")]
-    assert len(table) == 2 * len(FAMILIES) + len(HYBRID_FAMILIES)  # the hybrid and 2026 families: one table
+    # the hybrid and 2026 families: one table; the hybrid families again in their vLLM table
+    assert len(table) == 2 * len(FAMILIES) + len(HYBRID_FAMILIES) + len(RECURRENT)
     assert "| family | " + " | ".join(sm.HYBRID_COLUMNS) + " |" in page
     assert set(HYBRID_FAMILIES) <= set(rows)
     assert not [line for line in table if "not run" in line or "FAIL" in line], "regenerate: python " \
