@@ -213,23 +213,24 @@ def eagle3_serve_problem(architecture: str | None) -> str | None:
 # What vLLM 0.32's CPU build does with a hybrid target (recurrent layers beside attention), found by running it on
 # tiny fp32 targets saved by transformers (tests/test_serving_hybrid.py): Qwen3.5's module does not import in the
 # venv (its image processor needs torchvision, which scripts/vllm-venv.sh removes), Gated DeltaNet's CPU kernel runs
-# bf16 only (layers/mamba/ops/cpu/gdn_attention.py), and the Mamba-2 / short-convolution targets decode plainly
-# (Nemotron-H, Granite-4.0-H and Falcon-H1 equal to transformers' greedy decoding) but not speculatively.
+# bf16 only (layers/mamba/ops/cpu/gdn_attention.py), and speculative decoding next to any of them stops at a Triton
+# kernel (Qwen3-Next, the Mamba-2 / short-convolution targets; Nemotron-H, Granite-4.0-H and Falcon-H1 decode plainly,
+# equal to transformers' greedy decoding).
 _GDN_FP32 = "its Gated DeltaNet layers run on vLLM's CPU build in bf16 only (\"AssertionError: CPU GDN attention " \
             "requires BF16.\"), and serve-check compares in fp32"
 _NO_TORCHVISION = ("vLLM's Qwen3.5 module imports Qwen3-VL's image processor, which needs torchvision, and the "
                    "CPU venv has none (scripts/vllm-venv.sh removes it: it fails to import beside the local torch), "
                    "so vLLM stops at load with \"ModuleNotFoundError: No module named 'torchvision'\"; besides, "
                    + _GDN_FP32)
-_STATE_SPEC = "vLLM's CPU build cannot decode it speculatively: the first speculative step stops in a " \
-              "Triton kernel it lacks (\"TypeError: 'function' object is not subscriptable\", " \
-              "precopy_mamba_align_fused_kernel in v1/worker/mamba_utils.py, the state copy of prefix caching's " \
-              "'align' mode), and with prefix caching off its outputs differ from the target's own greedy " \
-              "decoding (its CPU causal_conv1d_update drops num_accepted_tokens, so a rejected draft token stays in " \
-              "the convolution state)"
+_STATE_COPY = "the first speculative step stops in a Triton kernel vLLM's CPU build lacks (\"TypeError: 'function' " \
+              "object is not subscriptable\", precopy_mamba_align_fused_kernel in v1/worker/mamba_utils.py, the " \
+              "recurrent-state copy of prefix caching's 'align' mode)"
+_STATE_SPEC = "vLLM's CPU build cannot decode it speculatively: " + _STATE_COPY + ", and with prefix caching off " \
+              "its outputs differ from the target's own greedy decoding (its CPU causal_conv1d_update drops " \
+              "num_accepted_tokens, so a rejected draft token stays in the convolution state)"
 #: model_type -> why vLLM :data:`VLLM_VERSION` for CPU cannot serve a drafter next to such a target
 CPU_HYBRID_REASONS = {"qwen3_5_text": _NO_TORCHVISION, "qwen3_5_moe_text": _NO_TORCHVISION, "qwen3_5": _NO_TORCHVISION,
-                      "qwen3_5_moe": _NO_TORCHVISION, "qwen3_next": _GDN_FP32}
+                      "qwen3_5_moe": _NO_TORCHVISION, "qwen3_next": _STATE_COPY + "; besides, " + _GDN_FP32}
 
 
 def cpu_hybrid_problem(config: dict | None, who: str) -> str | None:
