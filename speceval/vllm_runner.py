@@ -205,7 +205,8 @@ def run(req: dict) -> dict:
 
             traceback.print_exc()
             results.append({"error": (f"{type(exc).__name__}: {exc}".splitlines() or [""])[0][:400]})
-            free_engine()
+        if "error" in results[-1]:  # here, not in the except block: the traceback held the failed engine, which
+            free_engine()  # collected later would tear down the next job's parallel groups ("... not initialized")
     return {"vllm_version": vllm.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
             "results": results}
 
