@@ -21,7 +21,8 @@ its layers keep ``L`` keys instead of 128): the price of rolling back rejected d
 crop: :class:`decode.recurrent_cache.RecurrentStates` records their state at every position of a pass and
 :meth:`RaggedCache.keep` selects, per row, the state after its kept tokens (vLLM's per-position states); a caller
 that drops tokens later (a draft model's draft steps) takes :meth:`RaggedCache.mark` first. Tree passes over them
-are refused.
+are refused. A model recurrent throughout (Mamba, Falcon-Mamba, Mamba-2) gets a 2-D mask of the new tokens only:
+it has no keys to mask, and Mamba and Falcon-Mamba multiply their inputs by the mask as given.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ class RaggedCache:
         """Find the recurrent layers (:class:`RecurrentStates`, falsy for an attention-only model) and the first
         attention layer, whose length counts the cache columns (a hybrid's layer 0 may be recurrent or MLP-only)."""
         self.recurrent = RecurrentStates(self.cache)
-        self._attn_layer = next((i for i, layer in enumerate(self.cache.layers)
-                                 if isinstance(layer, CacheLayerMixin)), 0)
+        attention = [i for i, layer in enumerate(self.cache.layers) if isinstance(layer, CacheLayerMixin)]
+        self._attn_layer, self._attention = (attention or [0])[0], bool(attention) or not self.recurrent
 
     def _reserve(self, extra: int) -> None:
         need = self.length + extra
@@ -95,7 +96,9 @@ class RaggedCache:
         columns + pending + m): which keys each query may see; None = the valid columns, causally over the new
         ones (a 2-D mask to transformers unless a layer slides)."""
         m = input_ids.shape[1]
-        if seen is None and self.window is None:
+        if seen is None and not self._attention:  # recurrent throughout (Mamba): the new tokens' padding only
+            attention_mask = self.mask[:, self.length: self.length + m]
+        elif seen is None and self.window is None:
             attention_mask = self.mask[:, : self.length + m]
         else:
             if seen is None:

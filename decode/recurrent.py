@@ -7,9 +7,12 @@ Nemotron-H, Granite-4.0-H, Mamba itself), a linear-attention block (Qwen3.5's an
 MiniMax, Kimi-Linear), a short convolution (LFM2), RecurrentGemma's RG-LRU or RWKV -- has no per-token entries to
 drop. For the families of :data:`ROLLBACK_MODEL_TYPES` the decoder keeps the state at every position of a
 verification pass and selects, per row, the one after the accepted tokens (``decode.recurrent_cache``, vLLM's
-per-position states): chain drafts, single rows and ragged batches, are exact there, as plain decoding is. Still
-refused, by :func:`recurrent_problem`: tree drafts on any target with recurrent layers (``for_trees=True``: a state
-per tree node is not kept), and every recurrent family outside that set (not proven, or every layer recurrent).
+per-position states): chain drafts, single rows and ragged batches, are exact there, as plain decoding is -- hybrids
+(Qwen3.5, Qwen3-Next, Nemotron-H, Granite-4.0-H, Falcon-H1, LFM2, Jamba, Bamba, Zamba2, Kimi-Linear, OLMo-hybrid)
+and the all-recurrent Mamba, Mamba-2 and Falcon-Mamba. Still refused, by :func:`recurrent_problem`: tree drafts on
+any target with recurrent layers (``for_trees=True``: a state per tree node is not kept), and every recurrent family
+outside that set, each of :data:`UNRECORDED` with the reason its state cannot be recorded per position (Zamba,
+RecurrentGemma, MiniMax, xLSTM, RWKV).
 ``decode.generate`` asks it for a loaded target, and the verbs ask it for a target folder (its ``config.json``)
 before the weights load (``drafters.target_recurrent.recurrent_target_problem``).
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RECURRENT_LAYER_TYPES", "ROLLBACK_MODEL_TYPES", "recurrent_layers", "recurrent_problem"]
+__all__ = ["RECURRENT_LAYER_TYPES", "ROLLBACK_MODEL_TYPES", "UNRECORDED", "recurrent_layers", "recurrent_problem"]
 
 #: ``layer_types`` / ``layers_block_type`` / ``block_types`` entries of layers that keep recurrent state
 RECURRENT_LAYER_TYPES = frozenset({"conv", "linear_attention", "hybrid", "hybrid_sliding", "mamba", "mamba2",
@@ -41,7 +44,22 @@ _LAYER_LISTS = ("layer_types", "layers_block_type", "block_types")
 #: after a chain verification pass: transformers 5.25 records their per-position states
 #: (``Cache.activate_past_recording``); each is proven on a tiny target by tests/test_decode_hybrid_targets.py
 ROLLBACK_MODEL_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "granitemoehybrid",
-                                  "falcon_h1", "lfm2", "lfm2_moe"})
+                                  "falcon_h1", "lfm2", "lfm2_moe", "jamba", "bamba", "zamba2", "mamba", "mamba2",
+                                  "falcon_mamba", "kimi_linear", "olmo_hybrid"})
+#: recurrent model types checked on a tiny target and refused, with what stops their exact rollback
+#: (tests/test_decode_recurrent.py checks each reason on a loaded target)
+UNRECORDED = {
+    "zamba": "transformers runs Zamba's Mamba scan over a pass at once and keeps only its final state, so no "
+             "per-position state is recorded to roll back to",
+    "recurrent_gemma": "RecurrentGemma keeps its RG-LRU and convolution states on the model's modules, outside the "
+                       "cache, so no per-position state is recorded to roll back to",
+    "minimax": "MiniMax runs only with its own MiniMaxCache, not the cache whose per-position states the decoder "
+               "records",
+    "xlstm": "xLSTM keeps its state in its own xLSTMCache, not the cache whose per-position states the decoder "
+             "records",
+    "rwkv": "RWKV carries its state through its own `state` argument, not a transformers cache, so no per-position "
+            "state is recorded to roll back to",
+}
 
 
 def _fields(config: Any) -> tuple[dict, dict]:
@@ -124,8 +142,9 @@ def recurrent_problem(config: Any, where: str = "the target", *, for_trees: bool
         return (f"{where} ({family}) has recurrent / linear-attention layers ({description}): tree drafts would need "
                 "a recurrent state per tree node, which drafterkit's decoder does not keep; use chain drafts "
                 "(tree=None; drafterkit eval --tree chain)")
+    why = f" ({UNRECORDED[family]})" if family in UNRECORDED else ""
     return (f"{where} ({family}) has recurrent / linear-attention layers ({description}) whose state drafterkit's "
-            "verification cannot roll back to the accepted draft tokens: exact rollback covers "
+            f"verification cannot roll back to the accepted draft tokens{why}: exact rollback covers "
             f"{', '.join(sorted(ROLLBACK_MODEL_TYPES))} only; speculative decoding with it is not supported: use one "
             "of those or a target whose layers are all attention (full or sliding-window)")
 

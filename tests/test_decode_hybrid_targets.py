@@ -1,6 +1,7 @@
-"""Exact decoding on hybrid targets (recurrent layers beside attention): Qwen3.5 (dense and MoE) and Qwen3-Next
-(Gated DeltaNet), Nemotron-H, Granite-4.0-H and Falcon-H1 (Mamba-2), LFM2 (dense and MoE: short convolutions), each a
-tiny seeded random target built from its transformers 5.25 config.
+"""Exact decoding on targets with recurrent layers: the hybrids Qwen3.5 (dense and MoE), Qwen3-Next and OLMo-hybrid
+(Gated DeltaNet), Kimi-Linear (Kimi Delta Attention), Nemotron-H, Granite-4.0-H, Falcon-H1, Bamba and Zamba2
+(Mamba-2), Jamba (Mamba), LFM2 (dense and MoE: short convolutions), and Mamba, Mamba-2 and Falcon-Mamba, recurrent
+throughout; each a tiny seeded random target built from its transformers 5.25 config.
 
 Plain decoding through the engine equals transformers' greedy ``generate``; chain speculative decoding (prompt
 lookup, and a draft LM of the same family whose head is perturbed, so drafts are partly rejected and the draft
@@ -25,7 +26,7 @@ from drafterkit.decode.chain_round import chain_round
 from drafterkit.decode.decoder import Decoder, prefill
 from drafterkit.decode.draft_model import DraftModel
 from drafterkit.decode.protocol import SamplingParams
-from drafterkit.decode.recurrent import ROLLBACK_MODEL_TYPES, recurrent_layers, recurrent_problem
+from drafterkit.decode.recurrent import ROLLBACK_MODEL_TYPES, UNRECORDED, recurrent_layers, recurrent_problem
 from drafterkit.decode.sampling import logits_to_probs
 from drafterkit.drafters.ngram import NGramDrafter
 from drafterkit.speceval.tune import tune
@@ -64,6 +65,26 @@ HYBRIDS = {
     "lfm2_moe": ("lfm2_moe", "Lfm2MoeForCausalLM", {
         "layer_types": ["conv", "full_attention", "conv", "full_attention"], "conv_L_cache": 3, "num_experts": 2,
         "num_experts_per_tok": 1, "moe_intermediate_size": 16, "num_dense_layers": 1}),
+    "jamba": ("jamba", "JambaForCausalLM", {
+        "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "num_experts": 2, "num_experts_per_tok": 1, "mamba_d_state": 8, "mamba_dt_rank": 4}),
+    "bamba": ("bamba", "BambaForCausalLM", {
+        "attn_layer_indices": [1, 3], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8,
+        "mamba_n_groups": 1, "mamba_chunk_size": 16}),
+    "zamba2": ("zamba2", "Zamba2ForCausalLM", {  # Mamba-2 layers, two with the shared attention block
+        "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"], "mamba_d_state": 8, "n_mamba_heads": 4,
+        "chunk_size": 16, "attention_head_dim": 16}),
+    "kimi_linear": ("kimi_linear", "KimiLinearForCausalLM", {  # Kimi Delta Attention beside latent attention
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        "num_key_value_heads": 2, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+        "head_dim": 8, "linear_attn_config": {"head_dim": 16, "num_heads": 2, "short_conv_kernel_size": 4},
+        "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": 16}),
+    "olmo_hybrid": ("olmo_hybrid", "OlmoHybridForCausalLM", {}),  # Gated DeltaNet layers, then attention
+    # recurrent throughout: no attention layer
+    "mamba": ("mamba", "MambaForCausalLM", {"state_size": 8}),
+    "mamba2": ("mamba2", "Mamba2ForCausalLM", {"num_heads": 4, "head_dim": 16, "state_size": 8, "n_groups": 1,
+                                               "chunk_size": 16}),
+    "falcon_mamba": ("falcon_mamba", "FalconMambaForCausalLM", {"state_size": 8}),
 }
 # repeated spans, so prompt lookup drafts; different lengths, so a batch of them is ragged (left-padded)
 ROWS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 11, 12], [20, 21, 22, 23, 24, 25, 26, 20, 21, 22, 23]]
@@ -179,7 +200,8 @@ def test_a_hybrid_draft_model_drafts_chains_only():
 V, PROMPT, RUNS = 16, [1, 5, 9], 3000
 
 
-@pytest.mark.parametrize("family,kind", [("qwen3_5", "ngram"), ("nemotron_h", "ngram"), ("lfm2", "draft_lm")])
+@pytest.mark.parametrize("family,kind", [("qwen3_5", "ngram"), ("nemotron_h", "ngram"), ("lfm2", "draft_lm"),
+                                         ("jamba", "ngram"), ("mamba2", "draft_lm")])
 def test_first_tokens_follow_target_distribution(family, kind):
     """Temperature 1, chains of 2 (prompt lookup with every id in the prompt, or a perturbed draft LM of the family
     with its q): the first round verifies two draft tokens per row, accepted, or rejected at either, so the rows'
@@ -207,21 +229,21 @@ def test_first_tokens_follow_target_distribution(family, kind):
 
 
 def test_other_recurrent_families_stay_refused():
-    """Families whose rollback is not proven (Jamba, RecurrentGemma, all-recurrent Mamba) are refused, naming the
-    ones that are covered; a loaded Jamba target is refused by generate before decoding."""
-    for config in ({"model_type": "jamba", "layers_block_type": ["mamba", "attention"]},
+    """Families whose state transformers keeps where it cannot be recorded per position (Zamba, RecurrentGemma,
+    RWKV, ...) are refused with that reason, naming the ones that are covered; a loaded Zamba target is refused by
+    generate before decoding."""
+    for config in ({"model_type": "zamba", "layers_block_type": ["mamba", "hybrid"]},
                    {"model_type": "recurrent_gemma", "block_types": ["recurrent", "attention"]},
-                   {"model_type": "mamba"}):
+                   {"model_type": "rwkv"}):
         line = recurrent_problem(config, "target T")
         assert line.startswith(f"target T ({config['model_type']}) has recurrent") and "exact rollback covers" in line
-        assert "qwen3_next" in line and "\n" not in line
+        assert UNRECORDED[config["model_type"]] in line and "jamba" in line and "\n" not in line
     torch.manual_seed(0)
-    jamba = transformers.JambaForCausalLM(AutoConfig.for_model("jamba", **{
-        **_BASE, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
-        "num_experts": 2, "num_experts_per_tok": 1, "mamba_d_state": 8, "mamba_dt_rank": 4,
-        "use_mamba_kernels": False})).eval()
-    with pytest.raises(ValueError, match=r"target JambaForCausalLM \(jamba\) has recurrent.*exact rollback covers"):
-        generate(jamba, [[5, 6, 7]], max_new_tokens=2)
+    zamba = transformers.ZambaForCausalLM(AutoConfig.for_model("zamba", **{
+        **_BASE, "attn_layer_period": 2, "attn_layer_offset": 1, "mamba_d_state": 8, "n_mamba_heads": 2,
+        "attention_head_dim": 16})).eval()
+    with pytest.raises(ValueError, match=r"target ZambaForCausalLM \(zamba\) has recurrent.*keeps only its final"):
+        generate(zamba, [[5, 6, 7]], max_new_tokens=2)
 
 
 @pytest.mark.filterwarnings("ignore:.*CPU cores are busy")  # a shared test machine; the search's shape is checked
