@@ -248,7 +248,9 @@ def recurrent_truncation_refusal(target: nn.Module, num_layers: int) -> str | No
         return None
     layers = decoder_layers(target) or []
     with_attention = [i for i, layer in enumerate(layers) if _attention_module(layer) is not None
-                      or isinstance(getattr(layer, "self_attn", None), nn.Module)]
+                      or isinstance(getattr(layer, "self_attn", None), nn.Module)
+                      or isinstance(getattr(getattr(layer, "shared_transformer", None), "self_attn", None), nn.Module)]
+    # (Zamba2's hybrid layers run its shared attention block: ``shared_transformer.self_attn``)
     if not with_attention or with_attention[0] < num_layers:
         return None
     first, family = with_attention[0], getattr(target.config, "model_type", type(target).__name__)

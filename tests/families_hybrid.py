@@ -2,13 +2,14 @@
 ``tests/families.py`` builds the attention families (hidden 64, 4 layers, the 320-token tokenizer with its ChatML
 template saved beside them).
 
-Hybrid families mix recurrent layers with attention: Qwen3.5 (dense and MoE) and Qwen3-Next (Gated DeltaNet
-linear attention and gated full attention), Nemotron-H (Mamba-2, attention and MLP-only blocks from
+Hybrid families mix recurrent layers with attention: Qwen3.5 (dense and MoE) and Qwen3-Next (Gated DeltaNet linear
+attention and gated full attention), Nemotron-H (Mamba-2, attention and MLP-only blocks from
 ``hybrid_override_pattern``), Granite-4.0-H (Mamba-2 and attention layers, MoE), Falcon-H1 (Mamba-2 beside attention
-in every layer) and LFM2 (dense and MoE: short convolutions and attention). The 2026 attention families: Gemma-4
-(per-layer ``head_dim``: full-attention layers take ``global_head_dim``; per-layer input embeddings), DeepSeek-V3
-(multi-head latent attention, MoE), Llama-4, OLMo-3, Seed-OSS, GLM-4.5, EXAONE-4, ERNIE-4.5, MiniMax-M2 and SmolLM3.
-Each hybrid keeps at least one
+in every layer), LFM2 (dense and MoE: short convolutions and attention), Jamba (Mamba and attention layers, MoE),
+Bamba (Mamba-2 and attention layers) and Zamba2 (Mamba-2 layers, two running its shared attention block). The 2026
+attention families: Gemma-4 (per-layer ``head_dim``: full-attention layers take ``global_head_dim``; per-layer input
+embeddings), DeepSeek-V3 (multi-head latent attention, MoE), Llama-4, OLMo-3, Seed-OSS, GLM-4.5, EXAONE-4,
+ERNIE-4.5, MiniMax-M2 and SmolLM3. Each hybrid keeps at least one
 attention layer, so a drafter head can start from it::
 
     from families_hybrid import HYBRID_FAMILIES, save_hybrid
@@ -55,6 +56,15 @@ HYBRID_FAMILIES: dict[str, tuple[str, str, dict]] = {
     "lfm2_moe": ("lfm2_moe", "Lfm2MoeForCausalLM", {
         "layer_types": ["conv", "conv", "full_attention", "conv"], "conv_L_cache": 3, "num_experts": 2,
         "num_experts_per_tok": 1, "moe_intermediate_size": 32, "num_dense_layers": 1}),
+    "jamba": ("jamba", "JambaForCausalLM", {
+        "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "num_experts": 2, "num_experts_per_tok": 1, "mamba_d_state": 16, "mamba_dt_rank": 8, "mamba_expand": 1}),
+    "bamba": ("bamba", "BambaForCausalLM", {
+        "attn_layer_indices": [1, 3], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16,
+        "mamba_n_groups": 1, "mamba_chunk_size": 16, "mamba_expand": 1}),
+    "zamba2": ("zamba2", "Zamba2ForCausalLM", {
+        "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"], "mamba_d_state": 16, "n_mamba_heads": 4,
+        "mamba_expand": 1, "chunk_size": 16, "attention_head_dim": 16}),
     "gemma4": ("gemma4_text", "Gemma4ForCausalLM", {
         "head_dim": 16, "global_head_dim": 32, "sliding_window": 32, "hidden_size_per_layer_input": 16,
         "vocab_size_per_layer_input": VOCAB,
@@ -82,7 +92,8 @@ HYBRID_FAMILIES: dict[str, tuple[str, str, dict]] = {
     "smollm3": ("smollm3", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 4}),
 }
 #: the families with recurrent layers (the others are attention throughout)
-RECURRENT = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granite_h", "falcon_h1", "lfm2", "lfm2_moe")
+RECURRENT = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granite_h", "falcon_h1", "lfm2", "lfm2_moe",
+             "jamba", "bamba", "zamba2")
 
 
 def hybrid_config(family: str, **overrides):

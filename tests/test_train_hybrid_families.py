@@ -1,16 +1,17 @@
 """Every drafter kind trains on hybrid targets (recurrent layers beside attention: Qwen3.5, Qwen3-Next, Nemotron-H,
-Granite-4.0-H, Falcon-H1, LFM2) and on the 2026 attention families Gemma-4 (per-layer ``head_dim``) and DeepSeek-V3
-(multi-head latent attention): tiny seeded random targets (``tests/families_hybrid.py``) trained 2 steps through
-``drafterkit train``'s path, the loss finite, trainable parameters moved, the target untouched.
+Granite-4.0-H, Falcon-H1, LFM2, Jamba, Bamba, Zamba2) and on the 2026 attention families Gemma-4 (per-layer
+``head_dim``) and DeepSeek-V3 (multi-head latent attention): tiny seeded random targets
+(``tests/families_hybrid.py``) trained 2 steps through ``drafterkit train``'s path, the loss finite, trainable
+parameters moved, the target untouched.
 
 Training reads only the target's hidden states, so nothing is refused for its recurrent layers; what of a recipe
-decodes with the target (the in-training evaluation, ``data.regenerate``) is refused at recipe validation in one line
-while ``decode.generate`` refuses the target (``train.target_decoding``); the training cells set ``eval.every=0
+decodes with the target (the in-training evaluation, ``data.regenerate``) is refused at recipe validation in one
+line while ``decode.generate`` refuses the target (``train.target_decoding``); the training cells set ``eval.every=0
 eval.at_end=false``, and one test runs the at-end evaluation where the decoder verifies the target's chains. Heads
 start from the target's last layer whose attention maps (a hybrid's last full-attention layer), or fresh with one
-printed line where none maps (DeepSeek-V3). Each trained drafter then decodes equal to
-transformers' greedy generate or is refused by ``decode.generate`` up front, and the test records which
-(``scripts/support_matrix.py`` writes the cells into docs/support-matrix.md)."""
+printed line where none maps (DeepSeek-V3; Zamba2, whose shared attention reads twice the hidden width). Each
+trained drafter then decodes equal to transformers' greedy generate or is refused by ``decode.generate`` up front,
+and the test records which (``scripts/support_matrix.py`` writes the cells into docs/support-matrix.md)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ KIND_OPTIONS = {  # tiny, 2 steps; the EAGLE-3-layout heads over the whole 320-t
 }
 #: a truncated draft LM reaches the family's first attention layer (all-recurrent first layers are refused)
 DRAFT_LM_LAYERS = {"qwen3_5": 3, "qwen3_5_moe": 3, "qwen3_next": 3, "nemotron_h": 2, "granite_h": 2, "lfm2": 3,
-                   "lfm2_moe": 3}
+                   "lfm2_moe": 3, "jamba": 2, "bamba": 2, "zamba2": 2}
 CHATS = [(f"question {i}: list the days of the week", f"answer {i}: Monday, Tuesday, Wednesday.") for i in range(6)]
 NO_EVAL = {"every": 0, "at_end": False, "k": 2}
 CHAINS_ONLY = ("tree drafts need", "dynamic trees need")  # decode's refusal of DFlash's trees
@@ -121,6 +122,9 @@ def _check_trained(recipe, report: dict) -> None:
     assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
 
 
+#: families whose heads start fresh: the decoder layer class with no attention to copy (DeepSeek-V3's latent
+#: attention; Zamba2's shared attention block reads the hidden state beside the embeddings, twice the width)
+FRESH = {"deepseek_v3": "DeepseekV3DecoderLayer", "zamba2": "Zamba2HybridLayer"}
 _TRAINED: dict[tuple[str, str], Path] = {}  # (family, kind) -> the drafter folder test_kind_trains trained
 
 
@@ -129,15 +133,15 @@ _TRAINED: dict[tuple[str, str], Path] = {}  # (family, kind) -> the drafter fold
 def test_kind_trains(home, family, kind, capsys, record_property):
     """Each kind on each family, 2 steps through the CLI: finite loss, trainable tensors moved, target frozen.
     Qwen3.5's full-attention layer (2 of 4) is gated (its q_proj holds each head's query and output gate); a
-    DeepSeek-V3 head starts fresh and the run says so in one line (the others print no such line)."""
+    DeepSeek-V3 or Zamba2 head starts fresh and the run says so in one line (the others print no such line)."""
     _folder(home, family)
     report, out, recipe = _train_cli(home, family, kind, capsys)
     _check_trained(recipe, report)
     fresh = [line for line in out.splitlines() if "start fresh" in line]
-    if family == "deepseek_v3" and kind in ("eagle", "eagle3", "peagle", "dflash"):
+    if family in FRESH and kind in ("eagle", "eagle3", "peagle", "dflash"):
         assert fresh == [f"drafter.options.init_from_target_layer: the {kind} drafter's layers start fresh (default "
-                         "init): no DeepseekV3DecoderLayer has q/k/v (or qkv_proj) and o_proj projections to copy in "
-                         "this deepseek_v3 target; set drafter.options.init_from_target_layer=false to say so"]
+                         f"init): no {FRESH[family]} has q/k/v (or qkv_proj) and o_proj projections to copy in "
+                         f"this {family} target; set drafter.options.init_from_target_layer=false to say so"]
     else:
         assert fresh == [], fresh
     _TRAINED[family, kind] = recipe.paths.last / "drafter"
@@ -235,7 +239,7 @@ def test_exports_load_back(home, family, record_property):
                             f"{len(loaded) - 1} (medusa's layout: weights only)")
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "jamba"])
 def test_the_in_training_evaluation_runs_where_the_decoder_verifies_the_target(home, family, tmp_path):
     """Where ``decode.generate`` verifies a hybrid target's chains, the recipe's in-training evaluation is not
     refused: the at-end evaluation decodes held-out prompts with the trained drafter and saves best/ by its tau."""
@@ -257,27 +261,28 @@ def test_the_in_training_evaluation_runs_where_the_decoder_verifies_the_target(h
 
 
 def test_what_decodes_is_refused_at_validation_while_the_decoder_refuses_the_target(tmp_path):
-    """Jamba (Mamba layers; ``decode.generate`` refuses it): the default in-training evaluation and
-    ``data.regenerate`` are refused in one line naming the keys and the fix; without them the recipe validates.
-    The folder holds only config.json: nothing loads."""
+    """Zamba (Mamba layers whose state is not recorded per position; ``decode.generate`` refuses it): the default
+    in-training evaluation and ``data.regenerate`` are refused in one line naming the keys and the fix; without them
+    the recipe validates. The folder holds only config.json: nothing loads."""
     from transformers import AutoConfig
 
-    AutoConfig.for_model("jamba", vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-                         num_attention_heads=2, num_key_value_heads=1, attn_layer_period=2, attn_layer_offset=1,
-                         expert_layer_period=2, expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
-                         mamba_d_state=8, mamba_dt_rank=4, use_mamba_kernels=False).save_pretrained(tmp_path / "jamba")
-    data = _recipe(tmp_path, "jamba", "eagle3", eval={"every": 5, "k": 2})
+    AutoConfig.for_model("zamba", vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, attention_head_dim=16, attn_layer_period=2,
+                         attn_layer_offset=1, mamba_d_state=8, n_mamba_heads=2,
+                         tie_word_embeddings=False).save_pretrained(tmp_path / "zamba")
+    data = _recipe(tmp_path, "zamba", "eagle3", eval={"every": 5, "k": 2})
     data["data"]["regenerate"] = True
     with pytest.raises(RecipeError) as err:
         recipe_from_dict(data)
     line = str(err.value).splitlines()[-1].removeprefix("(top level): ")
     assert line.startswith(f"eval.every=5 eval.at_end=true data.regenerate=true: these decode with the target, and "
-                           f"target.name_or_path: {tmp_path / 'jamba'} (jamba) has recurrent / linear-attention layers")
+                           f"target.name_or_path: {tmp_path / 'zamba'} (zamba) has recurrent / linear-attention layers")
+    assert "keeps only its final state" in line
     assert line.endswith("training alone reads only the target's hidden states and trains every drafter kind on it: "
                          "set eval.every=0 eval.at_end=false data.regenerate=false and measure the drafter once the "
                          "decoder verifies this target")
-    for kind in KIND_OPTIONS:  # a draft LM reaches Jamba's first attention layer (1)
-        recipe_from_dict(_recipe(tmp_path, "jamba", kind), ["drafter.options.num_layers=2"] * (kind == "draft_lm"))
+    for kind in KIND_OPTIONS:  # a draft LM reaches Zamba's first layer with shared attention (2)
+        recipe_from_dict(_recipe(tmp_path, "zamba", kind), ["drafter.options.num_layers=3"] * (kind == "draft_lm"))
 
 
 @pytest.mark.parametrize("family", sorted(DRAFT_LM_LAYERS))
@@ -314,7 +319,8 @@ def test_features_read_by_hooks_are_transformers_hidden_states(family):
 
 
 #: family -> the decoder layer a head starts from (its last whose attention maps)
-SOURCE = {"qwen3_5": 2, "qwen3_next": 2, "nemotron_h": 1, "granite_h": 1, "falcon_h1": 3, "lfm2": 2, "gemma4": 3}
+SOURCE = {"qwen3_5": 2, "qwen3_next": 2, "nemotron_h": 1, "granite_h": 1, "falcon_h1": 3, "lfm2": 2, "gemma4": 3,
+          "jamba": 3, "bamba": 3}
 
 
 @pytest.mark.parametrize("family", sorted(SOURCE))

@@ -2,7 +2,8 @@
 
 Training itself only reads the target's hidden states and logits (one forward per batch, or the offline feature
 cache), so a target with recurrent / linear-attention layers (Qwen3.5, Qwen3-Next, Nemotron-H, Granite-4.0-H,
-Falcon-H1, LFM2) trains every drafter kind. What decodes does not, while ``decode.generate`` refuses such a target
+Falcon-H1, LFM2, Jamba, Bamba, Zamba2) trains every drafter kind. What decodes does not, while
+``decode.generate`` refuses such a target (Zamba, RecurrentGemma, MiniMax, xLSTM, RWKV)
 (``decode.recurrent.recurrent_problem``, applied to the target's local config by
 ``drafters.target_recurrent.recurrent_target_problem``): the in-training evaluation (``eval.every``,
 ``eval.at_end``), ``data.regenerate`` (the target writes the responses) and on-policy batches of a draft LM
