@@ -87,9 +87,9 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
     """The hybrid and 2026 families' section: a row per family of ``tests/families_hybrid.py``, a column per drafter
     kind (trained through the CLI) and one for decoding (``tests/test_train_hybrid_families.py``), then what the
     decoder refuses (``decode.recurrent``, read when the page is written)."""
-    from families_hybrid import HYBRID_FAMILIES, RECURRENT
+    from families_hybrid import HYBRID_FAMILIES, HYBRID_RECURRENT
 
-    from drafterkit.decode.recurrent import ROLLBACK_MODEL_TYPES
+    from drafterkit.decode.recurrent import ROLLBACK_MODEL_TYPES, UNRECORDED
 
     rows = [f"| {f} | " + " | ".join(cells.get(f, {}).get(c, "not run").replace("|", "/") for c in HYBRID_COLUMNS)
             + " |" for f in HYBRID_FAMILIES]
@@ -97,9 +97,9 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
     rolled = ", ".join(f"`{t}`" for t in sorted(ROLLBACK_MODEL_TYPES))
     return [
         "## Hybrid and 2026 targets", "",
-        f"Hybrid targets mix recurrent layers with attention ({', '.join(RECURRENT)}: Gated DeltaNet, Mamba-2, "
+        f"Hybrid targets mix recurrent layers with attention ({', '.join(HYBRID_RECURRENT)}: Gated DeltaNet, Mamba, "
         "short convolutions); the 2026 attention families ("
-        f"{', '.join(f for f in HYBRID_FAMILIES if f not in RECURRENT)}) include Gemma-4's per-layer `head_dim` "
+        f"{', '.join(f for f in HYBRID_FAMILIES if f not in HYBRID_RECURRENT)}) include Gemma-4's per-layer `head_dim` "
         "and DeepSeek-V3's multi-head latent attention. Each cell is a test of `tests/test_train_hybrid_families.py` "
         "on a tiny seeded random target of the family (`tests/families_hybrid.py`):", "",
         "- **a kind**: `trains`: 2 steps through `drafterkit train` with the in-training evaluation off, the loss "
@@ -124,11 +124,12 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
          "target (`eval.every` / `eval.at_end`, `data.regenerate`, on-policy batches of a truncated draft LM) is "
          "refused when the recipe is validated, in one line naming those keys, for a target `decode.generate` "
          "refuses (`train/target_decoding.py`). The decoder (`decode/recurrent.py`) verifies chain drafts on the "
-         f"model types whose recurrent state it rolls back ({rolled}); it refuses tree drafts on any target with "
-         "recurrent layers, and every verb that decodes (`eval`, `tune`, `serve-check`, `decode.generate`) refuses "
-         "the other recurrent families (Jamba, Bamba, Zamba, MiniMax-01, Kimi-Linear, RecurrentGemma, Mamba, "
-         "Mamba-2, Falcon-Mamba, RWKV, xLSTM) before their weights load, in one line naming the target, its family "
-         "and layers: their state cannot be rolled back to the accepted draft tokens."),
+         f"model types whose recurrent state it rolls back ({rolled}; `mamba`, `mamba2` and `falcon_mamba` are "
+         "recurrent throughout; each checked on a tiny target by `tests/test_decode_hybrid_targets.py`); it refuses "
+         "tree drafts on any target with recurrent layers, and every verb that decodes (`eval`, `tune`, "
+         "`serve-check`, `decode.generate`) refuses the other recurrent families before their weights load, in one "
+         "line naming the target, its family, its layers and why its state cannot be rolled back to the accepted "
+         "draft tokens: " + "; ".join(f"`{t}`: {why}" for t, why in sorted(UNRECORDED.items())) + "."),
     ]
 
 

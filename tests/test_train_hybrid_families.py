@@ -25,7 +25,7 @@ import torch
 import yaml
 from families import one_thread  # noqa: F401 (an autouse fixture: one intra-op thread)
 from conftest import write_chats
-from families_hybrid import HYBRID_FAMILIES, RECURRENT, build_hybrid, hybrid_config, save_hybrid
+from families_hybrid import HYBRID_FAMILIES, HYBRID_RECURRENT, build_hybrid, hybrid_config, save_hybrid
 
 from drafterkit.cli import main
 from drafterkit.train.recipe import RecipeError, recipe_from_dict
@@ -188,7 +188,7 @@ def test_decodes_exactly_or_is_refused_up_front(home, family, record_property):
     if reasons:
         cell += f"; refused up front: {len(sum(refused.values(), []))} ({' / '.join(reasons)})"
     record_property("cell", cell)
-    if family not in RECURRENT:  # attention throughout: everything decodes (DFlash drafts chains only)
+    if family not in HYBRID_RECURRENT:  # attention throughout: everything decodes (DFlash drafts chains only)
         assert len(done) == 1 + 3 * len(KIND_OPTIONS) - 2, refused
 
 
@@ -301,7 +301,7 @@ def test_a_draft_lm_of_recurrent_layers_only_is_refused(home, family):
         f"drafter.options.num_layers to at least {first + 1}")
 
 
-@pytest.mark.parametrize("family", RECURRENT)
+@pytest.mark.parametrize("family", HYBRID_RECURRENT)
 def test_features_read_by_hooks_are_transformers_hidden_states(family):
     """The hooks training reads features through (the body's embedding, layers and final norm, named per family:
     Nemotron-H's ``embeddings`` / ``norm_f``, Falcon-H1's ``final_layernorm``, LFM2's ``embedding_norm``) give
