@@ -1,10 +1,12 @@
 """Exact rollback of recurrent layer state after a verification pass: per-position states, vLLM's way.
 
-A hybrid target (Qwen3.5 and Qwen3-Next's Gated DeltaNet, Nemotron-H's, Granite-4.0-H's and Falcon-H1's Mamba-2,
-LFM2's short convolutions) keeps, per recurrent layer, a convolution state (the last ``K`` inputs of its causal
-convolution, ``[B, C, K]``) and, except LFM2, an SSM / linear-attention state (``[B, H, ...]``) that folds in every
-token it is fed. A verification pass feeds ``m`` tokens (the last committed one and the draft tokens), of which row
-``b`` keeps only the first ``kept[b]``; its recurrent state must then be the state after exactly those tokens.
+A target with recurrent layers (Qwen3.5's, Qwen3-Next's and OLMo-hybrid's Gated DeltaNet, Kimi-Linear's Delta
+Attention, the Mamba-2 of Nemotron-H, Granite-4.0-H, Falcon-H1, Bamba, Zamba2 and Mamba-2, the Mamba of Jamba, Mamba
+and Falcon-Mamba, LFM2's short convolutions) keeps, per recurrent layer, a convolution state (the last ``K`` inputs
+of its causal convolution, ``[B, C, K]``) and, except LFM2, an SSM / linear-attention state (``[B, H, ...]``) that
+folds in every token it is fed. A verification pass feeds ``m`` tokens (the last committed one and the draft
+tokens), of which row ``b`` keeps only the first ``kept[b]``; its recurrent state must then be the state after
+exactly those tokens.
 
 vLLM keeps the state after every position of the pass and selects the accepted one (its hybrid models'
 speculative decoding); transformers 5.25 can do the same for assisted generation
