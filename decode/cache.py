@@ -36,6 +36,7 @@ from transformers.cache_utils import CacheLayerMixin, DynamicLayer, get_layer_ty
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from drafterkit.decode.attention import verification_attention
+from drafterkit.decode.recurrent import RECURRENT_LAYER_TYPES
 from drafterkit.decode.recurrent_cache import RecurrentStates
 
 #: The name of a transformers model's KV-cache argument and output field: ``cache`` in the releases that renamed
@@ -64,6 +65,8 @@ class RaggedCache:
         self.model, self.exact, self.rollback = model, exact, rollback
         self.cache = DynamicCache(config=model.config)
         self.window, self.all_sliding = _sliding_layers(model.config)
+        text = model.config.get_text_config(decoder=True)
+        self._recurrent_types = {t for t in getattr(text, "layer_types", None) or [] if t in RECURRENT_LAYER_TYPES}
         for i, layer in enumerate(self.cache.layers):  # full layers: a sliding one cannot crop a full window
             if getattr(layer, "is_sliding", False):
                 self.cache.layers[i] = DynamicLayer()
@@ -208,7 +211,11 @@ class RaggedCache:
         windowed = seen & (key_pos[:, None, :] > position_ids.expand(b, m)[:, :, None] - self.window)
         if self.all_sliding:
             return self._additive(windowed)
-        return {"full_attention": self._additive(seen), "sliding_attention": self._additive(windowed)}
+        masks = {"full_attention": self._additive(seen), "sliding_attention": self._additive(windowed)}
+        # a recurrent layer type in the mapping (LFM3's "conv"): its new tokens' padding, as transformers'
+        # create_recurrent_attention_mask gives it (None for one token)
+        padding = self.mask[:, self.length: self.length + m] if m > 1 else None
+        return {**{t: padding for t in self._recurrent_types}, **masks}
 
     def reorder(self, index: torch.Tensor) -> None:
         """After :meth:`run_tree`: new column ``j`` of row ``b`` takes the keys/values of new column

@@ -8,11 +8,11 @@ MiniMax, Kimi-Linear), a short convolution (LFM2), RecurrentGemma's RG-LRU or RW
 drop. For the families of :data:`ROLLBACK_MODEL_TYPES` the decoder keeps the state at every position of a
 verification pass and selects, per row, the one after the accepted tokens (``decode.recurrent_cache``, vLLM's
 per-position states): chain drafts, single rows and ragged batches, are exact there, as plain decoding is -- hybrids
-(Qwen3.5, Qwen3-Next, Nemotron-H, Granite-4.0-H, Falcon-H1, LFM2, Jamba, Bamba, Zamba2, Kimi-Linear, OLMo-hybrid)
-and the all-recurrent Mamba, Mamba-2 and Falcon-Mamba. Still refused, by :func:`recurrent_problem`: tree drafts on
-any target with recurrent layers (``for_trees=True``: a state per tree node is not kept), and every recurrent family
-outside that set, each of :data:`UNRECORDED` with the reason its state cannot be recorded per position (Zamba,
-RecurrentGemma, MiniMax, xLSTM, RWKV).
+(Qwen3.5, Qwen3-Next, Nemotron-H, Granite-4.0-H, Falcon-H1, LFM2, LFM3, Jamba, Bamba, Zamba2, Kimi-Linear,
+Bailing-hybrid, OLMo-hybrid) and the all-recurrent Mamba, Mamba-2 and Falcon-Mamba. Still refused, by
+:func:`recurrent_problem`: tree drafts on any target with recurrent layers (``for_trees=True``: a state per tree
+node is not kept), and every recurrent family outside that set, each of :data:`UNRECORDED` with the reason its state
+cannot be recorded per position (Zamba, RecurrentGemma, MiniMax, xLSTM, RWKV).
 ``decode.generate`` asks it for a loaded target, and the verbs ask it for a target folder (its ``config.json``)
 before the weights load (``drafters.target_recurrent.recurrent_target_problem``).
 
@@ -45,7 +45,7 @@ _LAYER_LISTS = ("layer_types", "layers_block_type", "block_types")
 #: (``Cache.activate_past_recording``); each is proven on a tiny target by tests/test_decode_hybrid_targets.py
 ROLLBACK_MODEL_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "granitemoehybrid",
                                   "falcon_h1", "lfm2", "lfm2_moe", "jamba", "bamba", "zamba2", "mamba", "mamba2",
-                                  "falcon_mamba", "kimi_linear", "olmo_hybrid"})
+                                  "falcon_mamba", "kimi_linear", "olmo_hybrid", "lfm3", "bailing_hybrid"})
 #: recurrent model types checked on a tiny target and refused, with what stops their exact rollback
 #: (tests/test_decode_recurrent.py checks each reason on a loaded target)
 UNRECORDED = {

@@ -1,6 +1,7 @@
 """Exact decoding on targets with recurrent layers: the hybrids Qwen3.5 (dense and MoE), Qwen3-Next and OLMo-hybrid
 (Gated DeltaNet), Kimi-Linear (Kimi Delta Attention), Nemotron-H, Granite-4.0-H, Falcon-H1, Bamba and Zamba2
-(Mamba-2), Jamba (Mamba), LFM2 (dense and MoE: short convolutions), and Mamba, Mamba-2 and Falcon-Mamba, recurrent
+(Mamba-2), Jamba (Mamba), LFM2 (dense and MoE) and LFM3 (short convolutions; LFM3's beside sliding-window
+attention), Bailing-hybrid (delta attention beside latent attention), and Mamba, Mamba-2 and Falcon-Mamba, recurrent
 throughout; each a tiny seeded random target built from its transformers 5.25 config.
 
 Plain decoding through the engine equals transformers' greedy ``generate``; chain speculative decoding (prompt
@@ -80,6 +81,14 @@ HYBRIDS = {
         "head_dim": 8, "linear_attn_config": {"head_dim": 16, "num_heads": 2, "short_conv_kernel_size": 4},
         "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": 16}),
     "olmo_hybrid": ("olmo_hybrid", "OlmoHybridForCausalLM", {}),  # Gated DeltaNet layers, then attention
+    "lfm3": ("lfm3", "Lfm3ForCausalLM", {  # short convolutions, sliding and full attention
+        "layer_types": ["conv", "sliding_attention", "conv", "full_attention"], "sliding_window": 8,
+        "conv_L_cache": 3, "block_ff_dim": 48}),
+    "bailing_hybrid": ("bailing_hybrid", "BailingHybridForCausalLM", {  # delta attention, latent attention
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        "num_key_value_heads": 2, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+        "head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1, "n_group": 1, "topk_group": 1,
+        "moe_intermediate_size": 16, "first_k_dense_replace": 1, "layer_group_size": 2}),
     # recurrent throughout: no attention layer
     "mamba": ("mamba", "MambaForCausalLM", {"state_size": 8}),
     "mamba2": ("mamba2", "Mamba2ForCausalLM", {"num_heads": 4, "head_dim": 16, "state_size": 8, "n_groups": 1,
