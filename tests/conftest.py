@@ -144,6 +144,19 @@ def save_tiny_target(folder: Path, *, layers: int = 2):
 CHAT_WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
 
 
+def private_home(root: Path, chats: list[tuple[str, str]]):
+    """A fixture body: ``DRAFTERKIT_HOME`` set to ``root / "home"`` and ``root / "chat.jsonl"`` written from
+    ``chats`` ((user, assistant) pairs) while the fixture lives; yields ``root``, then restores the variable."""
+    old = os.environ.get("DRAFTERKIT_HOME")
+    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
+    write_chats(root / "chat.jsonl", chats)
+    yield root
+    if old is None:
+        os.environ.pop("DRAFTERKIT_HOME", None)
+    else:
+        os.environ["DRAFTERKIT_HOME"] = old
+
+
 def random_chats(answer_words: list[int], prompt_words: int, seed: int = 0) -> list[tuple[str, str]]:
     """Synthetic (prompt, answer) pairs of :data:`CHAT_WORDS` drawn with ``random.Random(seed)``: one pair per
     entry of ``answer_words`` (that answer's word count), each prompt ``prompt_words`` words."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import private_home
 from families import FAMILIES, family_prompts, one_thread, save_family  # noqa: F401 (one_thread: a fixture)
 
 from drafterkit.cli import main
@@ -47,20 +48,7 @@ CHATS = [(f"question {i}: list the days of the week", f"answer {i}: Monday, Tues
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """One private DRAFTERKIT_HOME (dataset caches) for the module."""
-    import os
-
-    root = tmp_path_factory.mktemp("families")
-    old = os.environ.get("DRAFTERKIT_HOME")
-    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
-    with open(root / "chat.jsonl", "w") as f:
-        for i, (user, assistant) in enumerate(CHATS):
-            msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
-    yield root
-    if old is None:
-        os.environ.pop("DRAFTERKIT_HOME", None)
-    else:
-        os.environ["DRAFTERKIT_HOME"] = old
+    yield from private_home(tmp_path_factory.mktemp("families"), CHATS)
 
 
 _WORLDS: dict[str, tuple] = {}

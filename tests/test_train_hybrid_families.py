@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 from families import one_thread  # noqa: F401 (an autouse fixture: one intra-op thread)
-from conftest import write_chats
+from conftest import private_home, write_chats
 from families_hybrid import HYBRID_FAMILIES, HYBRID_RECURRENT, build_hybrid, hybrid_config, save_hybrid
 
 from drafterkit.cli import main
@@ -49,20 +49,7 @@ CHAINS_ONLY = ("tree drafts need", "dynamic trees need")  # decode's refusal of 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """One private DRAFTERKIT_HOME and chat JSONL for the module; target folders built on first use."""
-    import os
-
-    root = tmp_path_factory.mktemp("hybrids")
-    old = os.environ.get("DRAFTERKIT_HOME")
-    os.environ["DRAFTERKIT_HOME"] = str(root / "home")
-    with open(root / "chat.jsonl", "w") as f:
-        for i, (user, assistant) in enumerate(CHATS):
-            msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-            f.write(json.dumps({"id": f"c{i}", "messages": msgs}) + "\n")
-    yield root
-    if old is None:
-        os.environ.pop("DRAFTERKIT_HOME", None)
-    else:
-        os.environ["DRAFTERKIT_HOME"] = old
+    yield from private_home(tmp_path_factory.mktemp("hybrids"), CHATS)
 
 
 def _folder(home: Path, family: str) -> Path:
