@@ -129,7 +129,7 @@ class EvalConfig:
     exact: bool = field(default=True, metadata={"help": (
         "measure the fast path instead of the decoder's exact mode (decode.exact_mode, on by default here: greedy "
         "speculative rows decode the same text as plain decoding in bf16 / fp16 on a CPU too, and are checked "
-        "token for token; it costs ~5-12%% of tokens/s for plain decoding and chains, ~11-23%% for trees by CPU, "
+        "token for token; it costs ~5-10%% of tokens/s for plain decoding and chains, ~11-20%% for trees by CPU, "
         "SmolLM2-135M bf16, docs/benchmarks/exactness.md). Without exact mode bf16 rows may diverge from plain "
         "decoding at near-ties: the report then counts them and gives the speed over the texts that did not "
         "diverge")})

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-exact", action="store_true",
                    help="measure the fast path instead of the decoder's exact mode (decode.exact_mode, on by default "
                         "here as in drafterkit eval, so the shape chosen is the fastest under the cost eval measures: "
-                        "~5-12%% of tokens/s for chains, ~11-23%% for trees by CPU, SmolLM2-135M bf16, "
+                        "~5-10%% of tokens/s for chains, ~11-20%% for trees by CPU, SmolLM2-135M bf16, "
                         "docs/benchmarks/exactness.md); use it when the tuned shape will be evaluated with "
                         "drafterkit eval --no-exact")
     p.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's)")

@@ -1,5 +1,5 @@
 """decode.exact_mode: one switch for the decoder's bitwise-exact mode; ``decode.generate`` defaults to the fast
-path (exact mode costs ~5-23% of tokens/s by CPU and draft shape, docs/benchmarks/exactness.md), eval turns it on."""
+path (exact mode costs ~5-20% of tokens/s by CPU and draft shape, docs/benchmarks/exactness.md), eval turns it on."""
 
 from __future__ import annotations
 

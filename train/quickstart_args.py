@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-exact", action="store_true",
                    help="tune and measure the fast path instead of the decoder's exact mode (decode.exact_mode, on "
                         "by default here: the bf16 rows then decode plain decoding's text on a CPU and are checked "
-                        "token for token; it costs ~5-12%% of tokens/s for chains, ~11-23%% for trees by CPU, "
+                        "token for token; it costs ~5-10%% of tokens/s for chains, ~11-20%% for trees by CPU, "
                         "docs/benchmarks/exactness.md). Without it bf16 rows may diverge at near-ties: the report "
                         "counts them and the separate fp32 check (--exactness-prompts) runs")
     p.add_argument("--exactness-prompts", type=int, default=2,
