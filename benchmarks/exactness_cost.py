@@ -3,7 +3,7 @@
 Exact mode (off in ``decode.generate`` by default, on in ``drafterkit eval`` / ``tune`` / ``quickstart``) is two
 things: every query of a target pass attends through
 ``decode.attention.exact_sdpa`` (one-query SDPA over exactly its visible keys, where a verification pass ran
-one masked SDPA over all its rows) and every linear layer's GEMM runs in calls of one shape, 16 rows
+one masked SDPA over all its rows) and every linear layer's GEMM runs in calls of fixed row counts
 (``decode.invariance``, ``decode.fused.ROW_INVARIANT``). This decodes ``--num-prompts`` prompts greedily,
 interleaved prompt by prompt, plain and speculative (``--drafter``, a spec as ``drafterkit eval`` takes;
 ``ngram`` by default), each with exact mode on and off, and prints tokens/s, the ratio exact / inexact per

@@ -12,7 +12,7 @@ differs):
 * every query of a target pass attends through ``decode.attention.exact_sdpa``, against exactly the keys it
   may see, in cache order, with no mask (``decode.attention.EXACT``), where the fast path runs one masked SDPA
   over all the rows of a verification pass; so a query's attention is the same call whichever pass runs it;
-* every bf16 / fp16 linear layer runs its GEMM in calls of one shape, 16 rows, the last zero-padded
+* every bf16 / fp16 linear layer runs its GEMM in calls of a few fixed row counts, the last zero-padded
   (``decode.invariance``, ``decode.fused.ROW_INVARIANT``), so a row's bits never depend on how many rows
   shared the pass (a CPU GEMM picks its kernel by row count: oneDNN's one-row kernel on an AMD EPYC, its AMX
   kernel past 32 rows on an Intel Xeon, each round apart). What remains assumed, that a row keeps its bits at

@@ -52,8 +52,8 @@ MAX_ROWS = 256
 #: weight values sampled per tensor to notice edits that bypass PyTorch's version counter
 SAMPLES = 256
 
-#: bf16 / fp16 rows are computed in GEMM calls of one shape (``decode.invariance``), so a row gets the same bits
-#: in a decoding step, a verification pass and a prefill, alone or in a batch; set it with
+#: bf16 / fp16 rows are computed in GEMM calls of fixed row counts (``decode.invariance``), so a row gets the
+#: same bits in a decoding step, a verification pass and a prefill, alone or in a batch; set it with
 #: ``decode.exact_mode`` (off by default)
 ROW_INVARIANT = False
 
@@ -196,7 +196,7 @@ def _build(model: nn.Module) -> list[_Group]:
                 groups.append(_Group(layers))
                 grouped.update(id(lin) for lin in layers)
     # the other layers gain from packing (bf16) and from _few_rows (fp32); in bf16 / fp16 exact mode needs
-    # every linear layer's rows computed in decode.invariance's calls of one shape
+    # every linear layer's rows computed in decode.invariance's calls of fixed row counts
     for lin in model.modules():
         if _plain(lin) and id(lin) not in grouped and lin.weight.dtype in (torch.bfloat16, torch.float16,
                                                                             torch.float32):
@@ -269,7 +269,7 @@ def bitwise_exact(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether greedy speculative decoding through ``decode.generate`` equals greedy plain decoding token for
     token for a target in ``dtype`` on ``device``, bit for bit and not only up to near-ties: fp32 anywhere (its
     rounding differences stay far below a logit gap), and bf16 / fp16 on a CPU while the decoder's exact mode
-    (``decode.exact_mode``: exact attention, linear layers in calls of one shape, :data:`ROW_INVARIANT`) and
+    (``decode.exact_mode``: exact attention, linear layers in calls of fixed row counts, :data:`ROW_INVARIANT`) and
     its linear layers (:data:`ENABLED`) are on, unless a checked GEMM gave a row other bits at another place
     in a call or for the same call (``decode.invariance.holds``). Off the CPU in bf16 / fp16 a GEMM's rounding
     may depend on its row count (not controlled there), so a greedy output may leave plain decoding at a
