@@ -13,10 +13,14 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from drafterkit.train.recipe import Recipe, RecipeError
+
+if TYPE_CHECKING:
+    from drafterkit.train.step import RunContext
 
 #: what ``accelerate launch`` sets from an accelerate config's ``distributed_type`` -> the engine's name
 _ENGINES = {"ACCELERATE_USE_DEEPSPEED": "DEEPSPEED", "ACCELERATE_USE_FSDP": "FSDP"}
@@ -146,81 +150,128 @@ def fsdp_ignore_borrowed(acc, drafter: torch.nn.Module) -> None:
     acc.state.fsdp_plugin.ignored_modules = [drafter.get_submodule(n) for n in sorted(names)] or None
 
 
-def _engine(ctx):
-    """The DeepSpeed engine training the drafter (``train.zero.ZeroDrafter``), else ``None``."""
-    return getattr(ctx.sharded, "engine", None)
+class TrainEngine(Protocol):
+    """What runs one optimizer step's micro-batches for ``train.step.train_step``: one of :class:`AccelerateEngine`
+    (one process, or DDP through accelerate), :class:`Fsdp2Engine` (drafterkit's FSDP2, ``train.shard:
+    drafter``) or :class:`ZeroEngine` (DeepSpeed ZeRO-2 / ZeRO-3, ``train.shard: zero2 | zero3``); built by
+    :func:`make_engine`. The step calls, per micro-batch, ``with engine.sync(last): engine.loss(...)`` then
+    ``engine.backward(loss, last)``, and once per step ``engine.step(max_norm)``."""
+
+    name: str  #: the engine in words, for the run's first lines and its summary
+
+    def sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """The context of one micro-batch's forward and backward: gradients are synchronised across processes
+        only when ``last`` (the step's last micro-batch)."""
+
+    def loss(self, ctx: RunContext, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """``strategy.loss`` of one micro-batch: ``(scalar loss with grad, float metrics)``."""
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backpropagate an already normalised micro-batch loss (``train.step.train_step``), never dividing it
+        by the accumulation steps."""
+
+    def step(self, max_norm: float) -> float:
+        """Clip the drafter's gradients to a total L2 norm of ``max_norm`` (0: no clipping), step the optimizer
+        and zero the gradients; returns the norm before clipping (NaN without clipping)."""
 
 
-def gradient_sync(ctx: dict, sync: bool):
-    """A context for one micro-batch's backward: gradients are synchronised across processes only when
-    ``sync`` (the step's last micro-batch). DDP: ``no_sync`` otherwise; FSDP2 (``ctx.sharded``):
-    ``set_requires_gradient_sync`` (gradients accumulate unsharded, reduce-scattered on the last one);
-    DeepSpeed: its own micro-step count decides (``gradient_accumulation_steps`` is ``train.grad_accum``)."""
-    drafter = ctx.drafter
-    if _engine(ctx) is not None:
+class AccelerateEngine:
+    """One copy of the drafter per process, trained through accelerate: one process, or DDP over gloo (CPU) /
+    NCCL (GPUs) when launched with several; also accelerate's own FSDP on GPUs. Gradients are synchronised on the
+    last micro-batch only (``no_sync`` before it); accelerate's mixed-precision scaler runs the backward."""
+
+    def __init__(self, accelerator, drafter: torch.nn.Module, optimizer, params: list[torch.Tensor]):
+        self.accelerator, self.drafter, self.optimizer, self.params = accelerator, drafter, optimizer, params
+        kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
+        n = accelerator.num_processes
+        self.name = ("one process" if n == 1 else
+                     f"accelerate's FSDP over {n} processes" if kind == "FSDP" else f"DDP over {n} processes")
+
+    def sync(self, last: bool):
+        return contextlib.nullcontext() if last else self.accelerator.no_sync(self.drafter)
+
+    def loss(self, ctx: RunContext, batch: dict):
+        return ctx.strategy.loss(self.drafter, ctx.target, batch, ctx.recipe)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        # the accelerator is built with gradient_accumulation_steps=1: it does not divide the loss
+        self.accelerator.backward(loss)
+
+    def step(self, max_norm: float) -> float:
+        norm = float(self.accelerator.clip_grad_norm_(self.params, max_norm)) if max_norm else float("nan")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+class Fsdp2Engine(AccelerateEngine):
+    """drafterkit's FSDP2 (``train.sharding.ShardedDrafter``): gradients accumulate unsharded and are
+    reduce-scattered on the last micro-batch (``set_requires_gradient_sync``); sharded gradients (DTensors)
+    contribute their shards' norms across processes to the clipping norm, as one tensor would."""
+
+    def __init__(self, accelerator, sharded, optimizer, params: list[torch.Tensor], shard: str):
+        super().__init__(accelerator, sharded.module, optimizer, params)
+        self.name = f"FSDP2 over {accelerator.num_processes} processes (train.shard={shard})"
+
+    def sync(self, last: bool):
+        self.drafter.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
-    if ctx.sharded is not None:
-        drafter.set_requires_gradient_sync(sync)
-        return contextlib.nullcontext()
-    return contextlib.nullcontext() if sync else ctx.accelerator.no_sync(drafter)
+
+    def step(self, max_norm: float) -> float:
+        norm = float("nan")
+        if max_norm:
+            total = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            if hasattr(total, "full_tensor"):
+                total = total.full_tensor()
+            torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total)
+            norm = float(total)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
 
 
-def micro_batch_loss(ctx, batch: dict):
-    """``strategy.loss`` of one micro-batch: ``(loss, metrics)``. Under DeepSpeed through the engine's forward
-    (``train.zero``), which does ZeRO's per-micro-batch bookkeeping and ZeRO-3's parameter gathering."""
-    engine = _engine(ctx)
-    if engine is not None:
-        return engine(ctx.target, batch)
-    return ctx.strategy.loss(ctx.drafter, ctx.target, batch, ctx.recipe)
-
-
-def backward(ctx: dict, loss: torch.Tensor, last: bool = True) -> None:
-    """Backpropagate an already normalised micro-batch loss (``train.step.train_step``; ``last``: the step's
-    last micro-batch) through accelerate (its mixed-precision scaler; the accelerator is built with
-    ``gradient_accumulation_steps=1``, so it does not divide the loss), or DeepSpeed's engine
-    (``scale_wrt_gas=False``: it must not divide by the accumulation steps either; a micro-batch before the
-    last then ends with ``engine.step()``, which only counts it).
-
-    Raises:
-        RuntimeError: DeepSpeed's micro-step count disagrees with the step's (its boundary would be elsewhere).
-    """
-    engine = _engine(ctx)
-    if engine is None:
-        ctx.accelerator.backward(loss)
-        return
-    if engine.is_gradient_accumulation_boundary() != last:
-        raise RuntimeError(f"DeepSpeed's gradient accumulation boundary is off the step's (micro-batch last={last}); "
-                           "its gradient_accumulation_steps must equal train.grad_accum")
-    engine.backward(loss, scale_wrt_gas=False)
-    if not last:
-        engine.step()
-
-
-def optimizer_step(ctx: dict, max_norm: float) -> float:
-    """Clip the drafter's gradients to a total L2 norm of ``max_norm`` (0: no clipping), step the optimizer and
-    zero the gradients; returns the norm before clipping (NaN without clipping). Sharded gradients (DTensors)
-    contribute their shards' norms across processes, as one tensor would; DeepSpeed clips its partitions by
+class ZeroEngine:
+    """DeepSpeed's engine over the drafter (``train.zero.ZeroDrafter``): the micro-batch loss runs through the
+    engine's forward (ZeRO's bookkeeping, ZeRO-3's parameter gathering), its own micro-step count decides
+    synchronisation (``gradient_accumulation_steps`` is ``train.grad_accum``), and it clips its partitions by
     the global norm (``gradient_clipping``, ``train.zero.ds_config``) inside ``engine.step()``."""
-    engine = _engine(ctx)
-    if engine is not None:
-        engine.step()
-        norm = engine.get_global_grad_norm() if max_norm else None
+
+    def __init__(self, zero, processes: int):
+        self.engine = zero.engine
+        self.name = f"DeepSpeed ZeRO-{zero.stage} over {processes} processes (train.shard=zero{zero.stage})"
+
+    def sync(self, last: bool):
+        return contextlib.nullcontext()
+
+    def loss(self, ctx: RunContext, batch: dict):
+        return self.engine(ctx.target, batch)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """``scale_wrt_gas=False``: the engine must not divide by the accumulation steps; a micro-batch before
+        the last ends with ``engine.step()``, which only counts it.
+
+        Raises:
+            RuntimeError: DeepSpeed's micro-step count disagrees with the step's (its boundary would be elsewhere).
+        """
+        if self.engine.is_gradient_accumulation_boundary() != last:
+            raise RuntimeError(f"DeepSpeed's gradient accumulation boundary is off the step's (micro-batch "
+                               f"last={last}); its gradient_accumulation_steps must equal train.grad_accum")
+        self.engine.backward(loss, scale_wrt_gas=False)
+        if not last:
+            self.engine.step()
+
+    def step(self, max_norm: float) -> float:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm() if max_norm else None
         return float("nan") if norm is None else float(norm)
-    norm = clip_gradients(ctx, max_norm) if max_norm else float("nan")
-    ctx.optimizer.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
-    return norm
 
 
-def clip_gradients(ctx: dict, max_norm: float) -> float:
-    """Clip the drafter's gradients to a total L2 norm of ``max_norm``; returns the norm before clipping.
-    Sharded gradients (DTensors) contribute their shards' norms across processes, as one tensor would."""
-    params = ctx.params
-    if ctx.sharded is None:
-        return float(ctx.accelerator.clip_grad_norm_(params, max_norm))
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads)
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return float(total)
+def make_engine(recipe: Recipe, accelerator, drafter: torch.nn.Module, sharded, optimizer,
+                params: list[torch.Tensor]) -> TrainEngine:
+    """The :class:`TrainEngine` of a run set up by ``train.prepare.setup_run``: ``sharded`` is the
+    ``train.zero.ZeroDrafter`` (ZeRO), the ``train.sharding.ShardedDrafter`` (FSDP2) or None (accelerate)."""
+    if sharded is None:
+        return AccelerateEngine(accelerator, drafter, optimizer, params)
+    if hasattr(sharded, "engine"):
+        return ZeroEngine(sharded, accelerator.num_processes)
+    return Fsdp2Engine(accelerator, sharded, optimizer, params, recipe.train.shard)

@@ -28,6 +28,7 @@ from drafterkit.train.distributed import (
     check_distributed_result,
     check_shard_world,
     fsdp_ignore_borrowed,
+    make_engine,
 )
 from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
 from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache
@@ -222,7 +223,8 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
         raise RecipeError(f"eval prompts: {exc}") from None
     return RunContext(recipe=recipe, accelerator=acc, target=target, tokenizer=tokenizer, data=ds, strategy=strategy,
                       drafter=drafter, params=params, optimizer=optimizer, scheduler=scheduler, schedule=schedule,
-                      pad_id=pad, prompts=prompts, sharded=sharded)
+                      pad_id=pad, prompts=prompts, sharded=sharded,
+                      engine=make_engine(recipe, acc, drafter, sharded, optimizer, params))
 
 
 def _load_target(recipe: Recipe, acc, target, tokenizer):

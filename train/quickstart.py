@@ -1,61 +1,14 @@
 """``drafterkit quickstart``: fetch, train and evaluate a drafter for the default target, end to end.
 
-    drafterkit quickstart        # 14.5 min training; ~22 min in all on 2 cores with bf16 units, ~34 in fp32
+    drafterkit quickstart
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
-Before it starts, the quickstart states its plan and what it needs (time, memory, disk); each stage then
-prints a one-line header (what it does, its share of the time) and the seconds it took
-(``train.quickstart_plan``). Stages (each timed, in seconds, in ``report.json``):
-
-1. ``fetch``: the pinned assets (``assets.pinned.fetch_all``: target, ShareGPT, MT-bench, HumanEval),
-   a no-op when cached; then the target is loaded once and shared by the next stages.
-2. ``datastore``: the ShareGPT datastore the ``+rest`` row retrieves from (``drafters.datastore``:
-   every assistant turn outside the held-out split, tokenized; ~35 s once, then loaded from the
-   cache in ~5 s); skipped with ``--no-hybrid``.
-3. ``train``: the kind's recipe (``recipes/<kind>.yaml``, or ``--recipe``) with
-   ``train.max_minutes=<minutes>`` and ``output_dir=<output-dir>/train`` (plus any ``--set``). The
-   budget counts data preparation; no feature cache is built: a recipe reading the offline cache reads a
-   complete one when present, else computes the target's features online
-   (``train.quickstart_plan.feature_source``; docs/training.md has the measurement behind it). An
-   output folder already holding training checkpoints is refused unless ``--resume`` (continue that
-   training), ``--overwrite`` (delete it) or ``--no-train`` (skip this stage and measure its last checkpoint
-   again) says what to do with them.
-4. ``tune``: ``drafterkit tune`` on the trained drafter with a small search (:data:`QUICK_TUNE`: chains,
-   the fixed tree, EAGLE-2 dynamic trees, thresholds; held-out ShareGPT prompts, never the eval's),
-   recorded in the drafter's ``decoding.json``; the fixed tree is tune's incumbent, replaced only by a
-   candidate faster beyond the noise (``speceval.tune_search.halving``); then the drafter behind prompt lookup +
-   retrieval (``tuned+rest``). The eval stage measures the winner when it beat plain decoding and neither
-   ``--tree`` nor ``--draft-threshold`` was given, else the fixed tree. When both winners beat plain decoding,
-   prompt lookup and suffix decoding alone are tuned as well (``train.quickstart_stages.free_tune_stage``: a
-   3-candidate search each, from a chain of K, recorded under ``$DRAFTERKIT_HOME/tuned`` by
-   ``drafters.tuned_free``): the drafter is judged against the model-free baselines at their best, and each
-   search costs about a fifth of the drafter's (a model-free proposer drafts for free), well under a minute
-   for both on 2 cores by that ratio; if all four winners beat plain decoding, every row is measured in its
-   own tuned shape (``--tree auto``). ``--no-tune`` skips the stage.
-5. ``eval``: the last checkpoint (the end of the time-bound cosine schedule; the quickstart runs no
-   mid-run evaluations, which at this budget are too noisy to pick a checkpoint) on MT-bench first
-   turns and HumanEval prompts through ``speceval.bench.evaluate``: speculative decoding with the
-   drafter alone, prompt lookup alone (``ngram``), suffix decoding alone (``suffix``: vLLM's method, its
-   global tree over the same ShareGPT datastore) and the drafter behind prompt lookup plus retrieval
-   from that datastore (``PATH+rest``, ``drafters.hybrid.LookupHybrid``; ``--no-hybrid`` skips it and
-   ``suffix``, which read the datastore), with the tuned shape or the draft tree ``3,2,1,1,1``
-   (``--tree``, repeatable; ``chain`` = a chain
-   of K), vs plain
-   decoding through the same engine vs transformers ``generate`` (and its own assisted generation
-   where the drafter is a draft LM), interleaved prompt by prompt. Each benchmark's report splits
-   the speedup over ``generate`` into measured factors (``speceval.factors``).
-6. ``exactness``: unless the eval's rows are checked themselves (fp32, or bf16 / fp16 on a CPU in the exact
-   mode that tune and eval run in unless ``--no-exact``, where the engine is bitwise exact:
-   ``decode.fused.bitwise_exact``), a short fp32 greedy run of
-   the drafter's rows on ``--exactness-prompts`` prompts per benchmark, whose outputs must equal plain
-   decoding's token for token (``speceval.harness.check_exactness``).
-
-The settings the drafter was measured with go into its folder as ``decoding.json``
-(``speceval.recorded``), which ``drafterkit eval --drafter PATH`` reads; the ``drafterkit eval`` commands
-that reproduce the eval rows are printed at the end and kept in the report. The stages after training live in
-``train.quickstart_stages``. The report folder gets
-``report.json`` (stage timings, training summary, the eval records, the exactness check, those
-commands), ``report.md`` and PNGs (``train.quickstart_report``).
+Stages, each timed in ``report.json``: ``fetch`` (``assets.pinned.fetch_all``), ``datastore``
+(``drafters.datastore``), ``train`` (``train.loop.train`` on ``recipes/<kind>.yaml`` under a time budget),
+``tune`` and the model-free baselines' tune (``train.quickstart_stages``), ``eval`` (``speceval.bench.evaluate``)
+and ``exactness`` (``speceval.harness.check_exactness``); the plan and its needs come from
+``train.quickstart_plan``, the report and plots from ``train.quickstart_report``. What each stage does and
+its options, for users: docs/evaluation.md, "The quickstart".
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 
 from drafterkit.train.checkpoint import TrainerState
 from drafterkit.train.data import collate
-from drafterkit.train.distributed import backward, gradient_sync, micro_batch_loss, optimizer_step
+from drafterkit.train.distributed import TrainEngine
 from drafterkit.train.feature_cache import FeatureCache
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.strategies import Strategy
@@ -47,7 +47,10 @@ class RunContext:
         prompts: the eval prompts (token ids; empty when the recipe never evaluates).
         sharded: the ``train.sharding.ShardedDrafter`` under ``train.shard: drafter`` (``drafter`` is then its
             FSDP2 module, not prepared by accelerate), the ``train.zero.ZeroDrafter`` under ``zero2`` / ``zero3``
-            (``drafter`` is the plain drafter its DeepSpeed engine trains), else None.
+            (``drafter`` is the plain drafter its DeepSpeed engine trains), else None: what reads the drafter
+            whole (evaluation, saving) and writes its sharded training state.
+        engine: the ``train.distributed.TrainEngine`` that runs each step's micro-batches (one process / DDP
+            through accelerate, drafterkit's FSDP2, or DeepSpeed ZeRO); ``engine.name`` says which.
         last_eval_step: the step last evaluated (None before any), so the final evaluation is not run twice;
             the one field the loop changes.
     """
@@ -67,6 +70,7 @@ class RunContext:
     prompts: Any = ()
     last_eval_step: int | None = None
     sharded: Any = None  # ShardedDrafter / ZeroDrafter when train.shard shards the drafter (drafter is its module)
+    engine: TrainEngine | None = None
 
 
 def batches(ds, recipe: Recipe, state: TrainerState, rank: int, world: int, pad_id: int) -> Iterator[dict]:
@@ -124,7 +128,7 @@ def train_step(ctx: RunContext, data: Iterator[dict], state: TrainerState) -> di
         FloatingPointError: a non-finite loss.
         RuntimeError: a strategy's ``loss`` averaged over other units than its ``units`` counted.
     """
-    recipe, acc, strategy = ctx.recipe, ctx.accelerator, ctx.strategy
+    recipe, acc, strategy, engine = ctx.recipe, ctx.accelerator, ctx.strategy, ctx.engine
     micro_batches = [_next_batch(ctx, data, state, micro) for micro in range(recipe.train.grad_accum)]
     counts = [strategy.units(batch, recipe) for batch in micro_batches]
     units = _sum_over_processes(acc, float(sum(counts)))  # the whole step's supervised units
@@ -133,20 +137,20 @@ def train_step(ctx: RunContext, data: Iterator[dict], state: TrainerState) -> di
     seq_tokens = 0.0
     for micro, (batch, n) in enumerate(zip(micro_batches, counts)):
         last = micro == len(micro_batches) - 1
-        with gradient_sync(ctx, last), acc.autocast():
-            loss, metrics = micro_batch_loss(ctx, batch)
+        with engine.sync(last), acc.autocast():
+            loss, metrics = engine.loss(ctx, batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss {float(loss)} at step {state.global_step}; lower "
                                          "optim.lr or use mixed_precision: 'no'")
             if float(metrics.pop("tokens")) != n:
                 raise RuntimeError(f"the {recipe.drafter.kind} strategy's loss averaged over other units than "
                                    f"its units() counted ({n}); the step's normalisation would be wrong")
-            backward(ctx, loss * (n * scale), last)
+            engine.backward(loss * (n * scale), last)
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v * n
         seq_tokens += float(batch["attention_mask"].sum())
     sums = _reduce_metrics(acc, sums)
-    grad_norm = optimizer_step(ctx, recipe.optim.grad_clip)
+    grad_norm = engine.step(recipe.optim.grad_clip)
     ctx.scheduler.step()
     out = {k: v / units if units else 0.0 for k, v in sums.items()}
     out.update(tokens=units, seq_tokens=seq_tokens, lr=ctx.scheduler.get_last_lr()[0], grad_norm=grad_norm)

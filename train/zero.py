@@ -135,9 +135,9 @@ class ZeroDrafter(WholeCopy):
     """A drafter under a DeepSpeed ZeRO engine and what is needed to read it whole.
 
     ``module`` is the drafter (borrowed modules hidden, :func:`_hide_borrowed`); ``engine`` the
-    ``deepspeed.DeepSpeedEngine`` over it (``train.distributed``: :func:`micro_batch_loss`, ``backward``,
-    ``optimizer_step`` drive it). :meth:`materialize` / :meth:`release` read it whole (:class:`WholeCopy`);
-    :meth:`save_state` / :meth:`load_state` are the training state of a checkpoint.
+    ``deepspeed.DeepSpeedEngine`` over it (``train.distributed.ZeroEngine`` drives it). :meth:`materialize` /
+    :meth:`release` read it whole (:class:`WholeCopy`); :meth:`save_state` / :meth:`load_state` are the training
+    state of a checkpoint.
     """
 
     def __init__(self, drafter: nn.Module, strategy, recipe, optimizer: torch.optim.Optimizer, world: int,
