@@ -24,9 +24,8 @@ that at least ``datastore_share`` of the corpus matches agree with join the node
 or take the slots its threshold left free, and the target verifies both in the same pass; corpus
 branches stop at ``datastore_depth`` (3) tokens, past which they were rarely accepted. In chains,
 a row uses the corpus's majority continuation instead of the drafter's chain when at least
-``CHAIN_SHARE`` of the matches agree on its first token. Measured on MT-bench with the quickstart's
-EAGLE-3 head (BENCHMARKS.md, "Retrieval (REST)"): tau 1.91 -> 2.1-2.2, and the extra nodes cost ~5% more per
-verification. Merging the corpus into rows that already copy from their prompt was slower.
+``CHAIN_SHARE`` of the matches agree on its first token. Rows that copy from their prompt take no corpus
+branches. The measurements behind these rules: docs/benchmarks/lookup-and-retrieval.md, "Retrieval (REST)".
 
 Not a checkpoint kind: build it around a loaded drafter (``drafterkit eval --drafter PATH+ngram``, or
 ``PATH+rest`` for prompt lookup plus the datastore of ``--datastore``).
@@ -86,16 +85,14 @@ class LookupHybrid:
     Args:
         drafter: the fallback proposer (a loaded drafter: draft LM, Medusa, EAGLE, EAGLE-3).
         max_ngram: longest suffix of the row tried as the lookup key.
-        min_match: shortest key accepted (measured on MT-bench: 1 and 2 alike, 3 slower; BENCHMARKS.md,
-            "Prompt lookup (n-gram)").
+        min_match: shortest key accepted (docs/benchmarks/lookup-and-retrieval.md, the lookup key length).
         datastore: optional :class:`drafters.datastore.Datastore` looked up for rows without a match.
         datastore_share: a corpus branch joins a tree when at least this share of the matches agree
             with its whole path (and a chain is cut there); in ``(0, 1]``.
         datastore_matches: corpus matches read per lookup (evenly spaced over all of them).
         datastore_depth: the corpus proposes at most this many tokens per branch (trees) or chain.
-            Default 3: side by side on 12 MT-bench prompts, branches to depth 3 gave 1.73x over plain
-            decoding, against 1.70x to depth 5 (more nodes verified for the same tau) and 1.66x to
-            depth 2 (BENCHMARKS.md, "Retrieval (REST)").
+            Default 3, the fastest depth measured (docs/benchmarks/lookup-and-retrieval.md, "Retrieval
+            (REST)").
 
     ``datastore_share``, ``datastore_matches`` and ``datastore_depth`` may be changed on the object
     (``hybrid.datastore_depth = 2``); they are checked on every assignment, as in ``__init__``.
@@ -239,11 +236,8 @@ class LookupHybrid:
         """The drafter's tree. With a datastore, only the drafter's nodes that clear the corpus's bar
         get children: its ``expand_threshold`` is raised to ``datastore_share`` for the call, so a
         node between its ``draft_threshold`` and the share is verified as a leaf, without the drafter
-        pass that would draft its children. Measured (quickstart head, corpus at 0.2, 12 MT-bench
-        prompts side by side; BENCHMARKS.md, "Retrieval (REST)"): nodes at >= 0.1 with children only >= 0.2
-        gave tau 2.20 and 1.72x over plain decoding, against 2.14 / 1.67x for nodes held to 0.2
-        altogether and 2.02 / 1.61x for leaves down to 0.05 (they take the tree
-        slots the corpus's branches would use)."""
+        pass that would draft its children (the fastest of the rules measured in
+        docs/benchmarks/lookup-and-retrieval.md, "Retrieval (REST)")."""
         method = getattr(self.drafter, "propose_dynamic_tree" if isinstance(tree, DynamicTree) else "propose_tree")
         if self.datastore is None or not getattr(self.drafter, "supports_draft_threshold", False):
             return method(state, tree, sampling, generator)
@@ -261,8 +255,7 @@ class LookupHybrid:
         (:func:`drafters.ngram.fill_tree`; with one occurrence, prompt lookup's chain on the rank-0
         path); the other rows the drafter's tree, with the datastore's branches merged in when there is
         one (:func:`drafters.ngram.overlay_tree`, ``datastore_share``). When every active row has a
-        match the drafter is not run (measured: running it anyway and merging both raised tau but cost
-        more than it won).
+        match the drafter is not run (running it anyway raised tau but cost more than it won).
 
         Raises:
             ValueError: the wrapped drafter cannot propose trees.
