@@ -13,14 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from drafterkit.train.recipe import Recipe, RecipeError
-
-if TYPE_CHECKING:
-    from drafterkit.train.step import RunContext
 
 #: what ``accelerate launch`` sets from an accelerate config's ``distributed_type`` -> the engine's name
 _ENGINES = {"ACCELERATE_USE_DEEPSPEED": "DEEPSPEED", "ACCELERATE_USE_FSDP": "FSDP"}
@@ -163,8 +160,10 @@ class TrainEngine(Protocol):
         """The context of one micro-batch's forward and backward: gradients are synchronised across processes
         only when ``last`` (the step's last micro-batch)."""
 
-    def loss(self, ctx: RunContext, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """``strategy.loss`` of one micro-batch: ``(scalar loss with grad, float metrics)``."""
+    def loss(self, strategy: Any, target: torch.nn.Module, batch: dict,
+             recipe: Recipe) -> tuple[torch.Tensor, dict[str, float]]:
+        """``strategy.loss`` of one micro-batch (a ``train.strategies.Strategy``): ``(scalar loss with grad,
+        float metrics)``."""
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Backpropagate an already normalised micro-batch loss (``train.step.train_step``), never dividing it
@@ -190,8 +189,8 @@ class AccelerateEngine:
     def sync(self, last: bool):
         return contextlib.nullcontext() if last else self.accelerator.no_sync(self.drafter)
 
-    def loss(self, ctx: RunContext, batch: dict):
-        return ctx.strategy.loss(self.drafter, ctx.target, batch, ctx.recipe)
+    def loss(self, strategy, target: torch.nn.Module, batch: dict, recipe: Recipe):
+        return strategy.loss(self.drafter, target, batch, recipe)
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         # the accelerator is built with gradient_accumulation_steps=1: it does not divide the loss
@@ -243,8 +242,8 @@ class ZeroEngine:
     def sync(self, last: bool):
         return contextlib.nullcontext()
 
-    def loss(self, ctx: RunContext, batch: dict):
-        return self.engine(ctx.target, batch)
+    def loss(self, strategy, target: torch.nn.Module, batch: dict, recipe: Recipe):
+        return self.engine(target, batch)  # the engine's module runs strategy.loss (train.zero)
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """``scale_wrt_gas=False``: the engine must not divide by the accumulation steps; a micro-batch before

@@ -138,7 +138,7 @@ def train_step(ctx: RunContext, data: Iterator[dict], state: TrainerState) -> di
     for micro, (batch, n) in enumerate(zip(micro_batches, counts)):
         last = micro == len(micro_batches) - 1
         with engine.sync(last), acc.autocast():
-            loss, metrics = engine.loss(ctx, batch)
+            loss, metrics = engine.loss(strategy, ctx.target, batch, recipe)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss {float(loss)} at step {state.global_step}; lower "
                                          "optim.lr or use mixed_precision: 'no'")
