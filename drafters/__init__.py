@@ -56,7 +56,7 @@ def _folder_kind(path: Path) -> str | None:
 def _export_format(data: dict) -> str:
     """The ``drafterkit export --format`` that wrote an export's ``config.json``."""
     block = data["drafterkit"]
-    if block.get("kind") in ("eagle3", "dflash", "peagle"):
+    if block.get("kind") in ("eagle3", "dflash", "peagle", "dspark"):
         return f"{block.get('engine', 'vllm')}-{block['kind']}"
     return str(block.get("kind", "unknown"))
 

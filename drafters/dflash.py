@@ -169,6 +169,9 @@ class DFlashDrafter(Drafter):
     kind = "dflash"
     config_class = DFlashConfig
     supports_draft_threshold = True
+    #: block position 0 (the last committed token) drafts too (DSpark's anchor-as-first-prediction: a block of B
+    #: positions drafts B tokens, each the next token); False: DFlash's B-1 masked positions draft
+    anchor_predicts = False
 
     def __init__(self, config: DFlashConfig, target: nn.Module | None = None):
         super().__init__(config)
@@ -200,6 +203,12 @@ class DFlashDrafter(Drafter):
         self._mask_slots: int | None = None
 
     @property
+    def draft_slots(self) -> int:
+        """Draft tokens one full block pass proposes: ``block_size - 1`` (the masked positions), ``block_size``
+        where :attr:`anchor_predicts`."""
+        return self.config.block_size - (0 if self.anchor_predicts else 1)
+
+    @property
     def mask_slots(self) -> int | None:
         """Mask positions of every block pass, fixed (one draft token each), or None (the default): a pass asked
         for K draft tokens then runs ``min(K, block_size - 1)`` slots, the block ``[bonus token, mask x K]``
@@ -214,16 +223,16 @@ class DFlashDrafter(Drafter):
 
     @mask_slots.setter
     def mask_slots(self, value: int | None) -> None:
-        most = self.config.block_size - 1
+        most = self.draft_slots
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most):
-            raise ValueError(f"mask_slots must be None or an int in [1, {most}] (block_size - 1 mask positions "
-                             f"were trained), got {value!r}")
+            raise ValueError(f"mask_slots must be None or an int in [1, {most}] ({most} draft positions were "
+                             f"trained), got {value!r}")
         self._mask_slots = value
 
     def slots_for(self, k: int) -> int:
         """Mask slots of a block pass asked for ``k`` draft tokens: :attr:`mask_slots` where set, else
         ``min(k, block_size - 1)`` (vLLM's block at ``num_speculative_tokens = k``)."""
-        return self._mask_slots or max(1, min(k, self.config.block_size - 1))
+        return self._mask_slots or max(1, min(k, self.draft_slots))
 
     # --- vocabulary ----------------------------------------------------------------------------------
     def draft_ids(self) -> torch.Tensor | None:
@@ -276,8 +285,8 @@ class DFlashDrafter(Drafter):
                 ``a + 1`` tokens.
 
         Returns:
-            ``[B, A, B-1, N]`` draft logits (``[..., H]`` pre-norm outputs with ``return_hidden``): entry
-            ``[b, i, j-1]`` drafts token ``anchors[b, i] + j``.
+            ``[B, A, S, N]`` draft logits (``[..., H]`` pre-norm outputs with ``return_hidden``), S =
+            :attr:`draft_slots`: entry ``[b, i, s]`` drafts token ``anchors[b, i] + s + 1``.
         """
         bsz, t = input_ids.shape
         a_n, blk, dev = anchors.shape[1], self.config.block_size, input_ids.device
@@ -293,7 +302,8 @@ class DFlashDrafter(Drafter):
         blocks = torch.arange(a_n, device=dev).repeat_interleave(blk)
         same = (blocks[:, None] == blocks[None, :])[None].expand(bsz, -1, -1)
         mask = torch.cat([see_ctx, same], -1)[:, None]  # [B, 1, A*Bs, T + A*Bs]
-        out = self.block(ids.reshape(bsz, a_n * blk), pos, kv, mask).reshape(bsz, a_n, blk, -1)[:, :, 1:]
+        first = 0 if self.anchor_predicts else 1
+        out = self.block(ids.reshape(bsz, a_n * blk), pos, kv, mask).reshape(bsz, a_n, blk, -1)[:, :, first:]
         return out if return_hidden else self.draft_logits(out)
 
     # --- decoding ----------------------------------------------------------------------------------
@@ -333,13 +343,19 @@ class DFlashDrafter(Drafter):
 
     def block_logits(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
                      stable: list[int], slots: int | None = None) -> torch.Tensor:
+        """:meth:`block_hidden` through ``norm`` and the LM head: ``[R, S, N]`` draft-vocabulary logits."""
+        return self.draft_logits(self.block_hidden(rows, tokens, features, stable, slots))
+
+    def block_hidden(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
+                     stable: list[int], slots: int | None = None) -> torch.Tensor:
         """One block pass for the decoder rows ``rows`` together (``tokens[b]``: row b's committed tokens,
         ``features[b] [len(tokens[b])-1, nF*H]``, ``stable[b]``: its ``num_stable``; ``slots`` S: the block's
-        mask positions, default :meth:`slots_for` ``(block_size - 1)``): logits ``[R, S, N]`` over the draft
-        vocabulary; ``[r, j-1]`` drafts token ``len(tokens[rows[r]])-1+j``. Contexts of different lengths are
+        draft positions, default :meth:`slots_for` ``(block_size)``): pre-norm outputs ``[R, S, H]`` of the draft
+        positions; ``[r, s]`` drafts token ``len(tokens[rows[r]])+s``. Contexts of different lengths are
         right-padded and masked."""
         dev = self.fc.weight.device
-        blk = (slots or self.slots_for(self.config.block_size - 1)) + 1
+        first = 0 if self.anchor_predicts else 1
+        blk = (slots or self.slots_for(self.config.block_size)) + first
         kvs = self._context_rows(rows, features, stable)
         lens = [kv[0][0].shape[2] for kv in kvs]
         cmax, r_n = max(lens), len(rows)
@@ -354,7 +370,7 @@ class DFlashDrafter(Drafter):
         ids[:, 0] = torch.tensor([tokens[b][-1] for b in rows], device=dev)
         pos = torch.tensor([len(tokens[b]) - 1 for b in rows], device=dev)[:, None] + torch.arange(blk, device=dev)
         mask = see[:, None, None, :].expand(r_n, 1, blk, cmax + blk)
-        return self.draft_logits(self.block(ids, pos, kv, mask)[:, 1:])
+        return self.block(ids, pos, kv, mask)[:, first:]
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
@@ -425,6 +441,14 @@ def select_parallel(logits: torch.Tensor, k: int, sampling: SamplingParams, gene
             qs.append(q if ids is None else q.new_zeros(r_n, v).scatter_(1, ids[None].expand(r_n, -1), q))
     n = cut.lengths if cut.lengths is not None else torch.full((r_n,), steps, dtype=torch.long)
     tokens, q = torch.stack(picked, 1).cpu(), torch.stack(qs, 1).cpu() if qs else None
+    return pad_chains(tokens, q, n, k, v)
+
+
+def pad_chains(tokens: torch.Tensor, q: torch.Tensor | None, n: torch.Tensor, k: int, v: int):
+    """Chains of ``k`` from ``tokens [R, S]`` (``q [R, S, V]`` or None) of which row ``r`` keeps ``n[r]``: past a
+    row's length tokens repeat its last kept one (the first when none) and ``q`` is one-hot there. Returns
+    ``(tokens [R, k], q [R, k, V] or None, n)``."""
+    r_n, steps = tokens.shape
     fill = torch.arange(k)[None] >= n[:, None]  # [R, k]: past the row's length
     at = (n - 1).clamp(min=0)
     rep = tokens.gather(1, at[:, None])  # the last proposed token (or the first when none)

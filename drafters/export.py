@@ -21,6 +21,10 @@ Formats:
 * ``vllm-dflash`` (a ``dflash`` checkpoint): vLLM's ``DFlashDraftModel`` (``models/qwen3_dflash.py``): the
   tensors as saved (drafterkit uses the loader's names), a Qwen3 ``config.json`` with ``block_size`` and
   ``dflash_config`` (``mask_token_id``, ``target_layer_ids`` = drafterkit ids - 1); :func:`load_dflash_export`.
+* ``vllm-dspark`` (a ``dspark`` checkpoint): vLLM's ``Qwen3DSparkModel`` (``models/qwen3_dspark.py``): the
+  ``vllm-dflash`` layout plus ``markov_head.*`` / ``confidence_head.*`` and the config fields ``markov_rank``,
+  ``enable_confidence_head``, ``confidence_head_with_markov``, ``draft_vocab_size``, ``dspark_noise_token_id``,
+  ``sample_from_anchor: true``; :func:`export_dspark`. vLLM 0.32 serves it with Model Runner V2 only.
 * ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight`` / ``.bias``
   (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is written once as
   ``lm_heads.0.weight`` with ``original_lm_head: true`` (from ``--target``, else the target the training recipe
@@ -129,6 +133,32 @@ def export_dflash(ckpt: Path, out: Path, dtype: torch.dtype | None = None) -> Pa
     }
     out.mkdir(parents=True, exist_ok=True)
     save_tensors(cast_tensors(state, dtype), out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def export_dspark(ckpt: Path, out: Path, dtype: torch.dtype | None = None) -> Path:
+    """Write vLLM's DSpark layout (``Qwen3DSparkModel``, ``model_executor/models/qwen3_dspark.py``) of the ``dspark``
+    checkpoint ``ckpt`` into ``out``: :func:`export_dflash`'s layout and tensors (``markov_head.markov_w1.weight
+    [V, r]``, ``markov_head.markov_w2.weight [N, r]``, ``confidence_head.proj.{weight [1, H + r], bias [1]}``
+    among them, names as saved) and a ``config.json`` naming the architecture and DSpark's fields (the block is
+    vLLM's ``sample_from_anchor`` one: the bonus token drafts the first token).
+
+    Raises:
+        ExportError: not a dspark checkpoint.
+    """
+    _, cfg = read_config(ckpt)
+    if "markov_head.markov_w1.weight" not in read_weights(ckpt):
+        raise ExportError(f"{ckpt} lacks markov_head tensors; is it a dspark checkpoint?")
+    export_dflash(ckpt, out, dtype)
+    config = json.loads((out / "config.json").read_text())
+    config.update({
+        "architectures": ["Qwen3DSparkModel"], "draft_vocab_size": cfg["draft_vocab_size"],
+        "markov_rank": cfg["markov_rank"], "enable_confidence_head": bool(cfg["confidence_head"]),
+        "confidence_head_with_markov": bool(cfg["confidence_with_markov"]),
+        "dspark_noise_token_id": cfg["mask_token_id"], "sample_from_anchor": True,
+    })
+    config["drafterkit"]["kind"] = "dspark"
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
@@ -320,6 +350,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         export_peagle(ckpt, output, dt)
     elif fmt == "vllm-dflash":
         export_dflash(ckpt, output, dt)
+    elif fmt == "vllm-dspark":
+        export_dspark(ckpt, output, dt)
     elif fmt == "medusa":
         export_medusa(ckpt, output, used, dt)
     else:

@@ -66,6 +66,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("dflash", "DFlashDrafter", "DFlashConfig", exports=("vllm-dflash",), trees=False),
     Kind("suffix", "SuffixDrafter", "SuffixConfig", trainable=False),
     Kind("peagle", "PEagleDrafter", "PEagleConfig", exports=("vllm-peagle",)),
+    Kind("dspark", "DSparkDrafter", "DSparkConfig", exports=("vllm-dspark",), trees=False),
 )}
 
 
@@ -81,12 +82,15 @@ def chain_only_kinds() -> list[str]:
 
 def max_draft_tokens(kind: str, config: dict) -> int | None:
     """The most draft tokens a ``kind`` drafter whose ``config.json`` holds ``config`` proposes in one round:
-    Medusa's ``num_heads`` (one head per position), DFlash's ``block_size - 1`` (one block pass); ``None`` for
+    Medusa's ``num_heads`` (one head per position), DFlash's ``block_size - 1`` and DSpark's ``block_size`` (one
+    block pass); ``None`` for
     the kinds without a fixed bound (they draft one token per step, as many as asked)."""
     if kind == "medusa":
         return int(config["num_heads"])
     if kind == "dflash":
         return int(config["block_size"]) - 1
+    if kind == "dspark":
+        return int(config["block_size"])
     return None
 
 

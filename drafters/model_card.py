@@ -57,11 +57,12 @@ from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_archit
 PINNED_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PINNED_TARGET_DIR = '"${DRAFTERKIT_HOME:-$HOME/.cache/drafterkit}/smollm2-135m-instruct-hf"'
 
-KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model", "dflash": "dflash", "peagle": "p-eagle"}
+KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model", "dflash": "dflash", "peagle": "p-eagle",
+             "dspark": "dspark"}
 KIND_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft_lm": "Draft model",
-               "dflash": "DFlash block drafter", "peagle": "P-EAGLE head"}
+               "dflash": "DFlash block drafter", "peagle": "P-EAGLE head", "dspark": "DSpark block drafter"}
 LIBRARIES = {"vllm-eagle3": "vllm", "sglang-eagle3": "sglang", "medusa": "vllm", "hf-assistant": "transformers",
-             "vllm-dflash": "vllm", "vllm-peagle": "vllm"}
+             "vllm-dflash": "vllm", "vllm-peagle": "vllm", "vllm-dspark": "vllm"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -163,7 +164,7 @@ def card_license(target: str | None, recipe: dict | None) -> tuple[str, str]:
 def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
     """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.vllm_support`: an EAGLE-3 /
     P-EAGLE head or a DFlash drafter for a target architecture vLLM gives no auxiliary hidden states), or None."""
-    if fmt not in ("vllm-eagle3", "vllm-peagle", "vllm-dflash"):
+    if fmt not in ("vllm-eagle3", "vllm-peagle", "vllm-dflash", "vllm-dspark"):
         return None
     return eagle3_serve_problem(target_architecture(target))
 
@@ -238,7 +239,7 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
                   "`--speculative-num-draft-tokens`."]
         return lines
     method = {"vllm-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_model", "vllm-dflash": "dflash",
-              "vllm-peagle": "eagle3"}[fmt]
+              "vllm-peagle": "eagle3", "vllm-dspark": "dspark"}[fmt]
     parallel = {"parallel_drafting": True} if fmt == "vllm-peagle" else {}  # P-EAGLE: all K tokens in one pass
     spec = json.dumps({"method": method, "model": model, "num_speculative_tokens": k, **parallel})
     if problem := vllm_serve_problem(fmt, target):
@@ -246,6 +247,10 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
                   "it implements that interface for this architecture; until then use drafterkit's own decoder "
                   "(`drafterkit eval` / `decode.generate`).", ""]
     lines += ["vLLM:", "", "```bash", f"vllm serve {t} --speculative-config {shlex.quote(spec)}", "```"]
+    if fmt == "vllm-dspark":
+        lines += ["", "vLLM 0.32 runs DSpark with Model Runner V2 only, which needs Triton (a GPU; vLLM's CPU build "
+                  "refuses it). Add `\"enable_adaptive_verification\": true` to let the confidence head size the "
+                  "verified chain."]
     if fmt == "hf-assistant":
         py_target = ('os.path.join(os.environ.get("DRAFTERKIT_HOME", os.path.expanduser("~/.cache/drafterkit")), '
                      '"smollm2-135m-instruct-hf")' if target == DEFAULT_TARGET_ALIAS
@@ -282,6 +287,12 @@ def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
         return (f"DFlash: {cfg.get('num_layers')} draft layer(s) reading target layers {cfg.get('feature_layers')} "
                 f"(`hidden_states[i]`; vLLM `target_layer_ids` i - 1) as keys/values, one non-causal pass over a "
                 f"block of {cfg.get('block_size')} drafts {int(cfg.get('block_size', 2)) - 1} tokens, draft vocabulary "
+                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
+    if kind == "dspark":
+        return (f"DSpark: the DFlash backbone ({cfg.get('num_layers')} draft layer(s), target layers "
+                f"{cfg.get('feature_layers')}) drafting {cfg.get('block_size')} tokens per pass from the bonus token "
+                f"on, a rank-{cfg.get('markov_rank')} Markov head chaining them left to right"
+                f"{', a confidence head' if cfg.get('confidence_head') else ''}, draft vocabulary "
                 f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
     if kind == "medusa":
         return (f"Medusa: {cfg.get('num_heads')} heads of {cfg.get('num_layers')} residual block(s) on the target's "

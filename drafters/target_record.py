@@ -30,7 +30,7 @@ from drafterkit.drafters.base import DrafterLoadError, read_config
 
 #: the kinds that read the target's hidden states (a draft LM reads only token ids: any target sharing its
 #: vocabulary is its target)
-FEATURE_KINDS = ("eagle", "eagle3", "peagle", "medusa", "dflash")
+FEATURE_KINDS = ("eagle", "eagle3", "peagle", "medusa", "dflash", "dspark")
 
 
 def trained_target(folder: str | Path) -> str | None:

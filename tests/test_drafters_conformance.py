@@ -66,6 +66,14 @@ def build(kind: str, target):
         from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
         d = DFlashDrafter(DFlashConfig.from_target(target, block_size=4, draft_vocab_size=48), target=target)
         d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
+    elif kind == "dspark":
+        from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter
+        d = DSparkDrafter(DSparkConfig.from_target(target, num_layers=2, block_size=4, markov_rank=8), target=target)
+    elif kind == "dspark_reduced":  # reduced vocabulary: the Markov bias over draft ids, its input a target id
+        from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter
+        d = DSparkDrafter(DSparkConfig.from_target(target, block_size=4, draft_vocab_size=48, markov_rank=8),
+                          target=target)
+        d.set_draft_vocab(torch.arange(48) * 2 + 16, target=target)
     elif kind in ("peagle", "peagle_2layers"):
         from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
         d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=48, mask_token_id=3,
@@ -85,7 +93,7 @@ def build(kind: str, target):
 
 # besides the registered kinds: DFlash with a reduced vocabulary, EAGLE-3 / P-EAGLE with a stack of two layers
 KIND_PARAMS = [pytest.param(k) for k in sorted(KINDS)] + [
-    pytest.param(k) for k in ("dflash_reduced", "eagle3_2layers", "peagle_2layers")]
+    pytest.param(k) for k in ("dflash_reduced", "dspark_reduced", "eagle3_2layers", "peagle_2layers")]
 
 
 def _state(target, rows, layers):
@@ -144,7 +152,7 @@ _RESHAPE = {"draft_lm": lambda c: c["hf_config"].update(intermediate_size=40),
             "medusa": lambda c: c.update(num_heads=2),
             "eagle": lambda c: c.update(intermediate_size=40), "eagle3": lambda c: c.update(draft_vocab_size=40),
             "dflash": lambda c: c.update(num_layers=1), "peagle": lambda c: c.update(draft_vocab_size=40),
-            "dflash_reduced": lambda c: c.update(draft_vocab_size=40)}
+            "dflash_reduced": lambda c: c.update(draft_vocab_size=40), "dspark": lambda c: c.update(markov_rank=4)}
 
 
 @pytest.mark.parametrize("kind", sorted(_RESHAPE))
@@ -169,7 +177,7 @@ def test_a_config_json_that_disagrees_with_its_weights_is_named_before_the_targe
     with pytest.raises(DrafterLoadError, match="come from different saves"):
         load_drafter(path, target=target)
     fmt = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle3",
-           "peagle": "vllm-peagle"}.get(kind, "vllm-dflash")
+           "peagle": "vllm-peagle", "dspark": "vllm-dspark"}.get(kind, "vllm-dflash")
     if kind == "eagle":
         return  # no export format takes EAGLE-1
     assert cli(["export", str(path), "--format", fmt, "--output", str(tmp_path / "out")]) == 2

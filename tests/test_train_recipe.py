@@ -273,7 +273,7 @@ def test_the_training_table_lists_the_registrys_trainable_kinds():
 
 def test_an_unknown_kind_lists_the_trainable_kinds():
     with pytest.raises(RecipeError, match=r"drafter: no training strategy for drafter kind 'nope'; trainable kinds: "
-                                          r"\['dflash', 'draft_lm', 'eagle', 'eagle3', 'medusa', 'peagle'\]"):
+                                          r"\['dflash', 'draft_lm', 'dspark', 'eagle', 'eagle3', 'medusa', 'peagle'\]"):
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "nope"}})
 
 

@@ -8,7 +8,7 @@ import argparse
 
 #: the export formats, as ``drafters.export.FORMATS`` names them (its keys; ``tests/test_drafterkit_cli.py`` checks
 #: the two agree)
-FORMATS = ("hf-assistant", "medusa", "sglang-eagle3", "vllm-dflash", "vllm-eagle3", "vllm-peagle")
+FORMATS = ("hf-assistant", "medusa", "sglang-eagle3", "vllm-dflash", "vllm-dspark", "vllm-eagle3", "vllm-peagle")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

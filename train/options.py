@@ -192,6 +192,17 @@ class DFlashOptions(BaseModel):
         return v
 
 
+class DSparkOptions(DFlashOptions):
+    """``drafter.options`` for ``kind: dspark`` (``drafters.dspark``; DSpark, arXiv 2607.05147): DFlash's, with
+    ``block_size`` the draft tokens of one pass (the bonus token drafts the first), plus its two heads."""
+
+    block_size: int = Field(7, ge=2, le=32)  # S: one pass drafts S tokens (DSpark's paper: 7)
+    markov_rank: int = Field(64, ge=1, le=4096)  # r of the Markov head (V x r, r x N)
+    confidence_head: bool = True  # train (and export) the confidence head
+    confidence_with_markov: bool = True  # the confidence head also reads the Markov embedding of the previous token
+    confidence_weight: float = Field(0.1, ge=0.0)  # weight of its binary cross-entropy in the loss
+
+
 # --- recipe checks -------------------------------------------------------------------------------
 
 
@@ -290,6 +301,23 @@ def check_dflash_recipe(recipe: Any) -> None:
                          f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: "
                          f"{steps + 1}, "
                          "or loss.draft_steps: 1, or another loss")
+    _check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
+    check_init_from_target(recipe)
+
+
+def check_dspark_recipe(recipe: Any) -> None:
+    """As :func:`check_dflash_recipe` (DSpark's block is DFlash's backbone), naming ``dspark``; plus: a
+    ``confidence_weight`` above 0 needs ``confidence_head: true``.
+
+    Raises:
+        ValueError: naming the key, the kind and the fix.
+    """
+    if recipe.data.on_policy_fraction > 0:
+        check_head_recipe(recipe, "dspark", "block_size")
+    o: DSparkOptions = recipe.drafter.parsed_options()
+    if o.confidence_weight > 0 and not o.confidence_head:
+        raise ValueError("drafter.options.confidence_weight: drafter kind 'dspark' with confidence_head: false has no "
+                         "confidence head to train; set confidence_weight: 0, or confidence_head: true")
     _check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
     check_init_from_target(recipe)
 
@@ -443,6 +471,7 @@ KINDS: dict[str, KindRecipe] = {
     "eagle3": KindRecipe(Eagle3Options, "Eagle3Strategy", True, check_eagle3_recipe),
     "dflash": KindRecipe(DFlashOptions, "DFlashStrategy", True, check_dflash_recipe),
     "peagle": KindRecipe(PEagleOptions, "PEagleStrategy", True, check_peagle_recipe),
+    "dspark": KindRecipe(DSparkOptions, "DSparkStrategy", True, check_dspark_recipe),
 }
 
 

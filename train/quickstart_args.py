@@ -43,8 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="the output folder holds an earlier quickstart's training: delete its checkpoints, "
                             "logs and evals and train from step 0 (train.overwrite=true) instead of refusing to "
                             "start")
-    p.add_argument("--kind", default=None, help="drafter kind: eagle3 | peagle | dflash | eagle | medusa | draft_lm "
-                                                "(default: eagle3 if recipes/eagle3.yaml exists, else draft_lm)")
+    p.add_argument("--kind", default=None, help="drafter kind: eagle3 | peagle | dflash | dspark | eagle | medusa "
+                                                "| draft_lm (default: eagle3 if recipes/eagle3.yaml exists, else "
+                                                "draft_lm)")
     p.add_argument("--recipe", default=None, help="recipe YAML (default: recipes/<kind>.yaml)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="extra recipe override, repeatable (e.g. --set data.num_examples=200)")

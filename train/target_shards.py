@@ -217,7 +217,7 @@ def layers_read_at_build(recipe, target: nn.Module) -> list[int]:
     o = recipe.drafter.parsed_options()
     if not getattr(o, "init_from_target_layer", False):
         return []
-    count = getattr(o, "num_layers", 1) if recipe.drafter.kind == "dflash" else 1
+    count = getattr(o, "num_layers", 1) if recipe.drafter.kind in ("dflash", "dspark") else 1
     return source_layer_ids(target, count)
 
 

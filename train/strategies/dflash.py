@@ -8,11 +8,11 @@ features at positions ``< a`` only (``DFlashDrafter.forward``), exactly what dec
 ``a + 1`` tokens; all blocks of a batch go through the drafter in one pass.
 
 Loss: block position ``k`` (1-based) drafts token ``a + k``; it is compared with the target's distribution at
-position ``a + k - 1`` (its LM head on the final-norm state there), restricted to the draft vocabulary for a
-reduced one (as EAGLE-3: a row whose target argmax lies outside it is dropped), assuming the accepted tokens
-equal the data tokens (exact on data the target generated greedily, ``data.regenerate: true``). Every term of
-``recipe.loss`` applies per position with weight ``exp(-(k - 1) / position_weight_gamma)`` (DFlash's decaying
-weights), each a sum over its rows divided by the number of blocks (``train.strategies.heads.chain_loss``);
+position ``a + k - 1`` (:meth:`DFlashStrategy.block_rows`; its LM head on the final-norm state there), restricted to
+the draft vocabulary for a reduced one (as EAGLE-3: a row whose target argmax lies outside it is dropped), assuming
+the accepted tokens equal the data tokens (exact on data the target generated greedily, ``data.regenerate: true``).
+Every term of ``recipe.loss`` applies per position with weight ``exp(-(k - 1) / position_weight_gamma)`` (DFlash's
+decaying weights), each a sum over its rows divided by the number of blocks (``train.strategies.heads.chain_loss``);
 ``accept_len`` chains the first ``min(B - 1, loss.draft_steps)`` positions: a block IS the chain the decoder
 verifies (its positions do not read each other's draft tokens, so no unroll is needed).
 
@@ -82,6 +82,7 @@ class DFlashStrategy(FeatureHeadStrategy):
 
     kind = "dflash"
     options_model = DFlashOptions
+    drafter_class = DFlashDrafter
     min_tokens = 3
 
     def config(self, recipe: Any, target: torch.nn.Module) -> DFlashConfig:
@@ -93,7 +94,7 @@ class DFlashStrategy(FeatureHeadStrategy):
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
         o: DFlashOptions = recipe.drafter.parsed_options()
         cfg = self.config(recipe, target)
-        drafter = DFlashDrafter(cfg, target=target)
+        drafter = self.drafter_class(cfg, target=target)
         if drafter.full_vocab:
             copy_final_norm(drafter, target)
         else:
@@ -121,19 +122,45 @@ class DFlashStrategy(FeatureHeadStrategy):
 
     def loss(self, drafter, target, batch, recipe):
         """``(loss, metrics)`` over the blocks after sampled anchors, see the module docstring."""
+        rows = self.block_rows(drafter, target, batch, recipe)
+        return self.chain_terms(rows, recipe)
+
+    def chain_terms(self, rows: dict[str, Any], recipe: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """``recipe.loss`` over :meth:`block_rows`' positions, position ``s`` (0-based) weighted
+        ``exp(-s / position_weight_gamma)``."""
+        o: DFlashOptions = recipe.drafter.parsed_options()
+        weights = [math.exp(-s / o.position_weight_gamma) for s in range(len(rows["draft"]))]
+        loss, metrics = chain_loss(rows["draft"], rows["target"], rows["label"], weights, recipe.loss)
+        if rows["covered"]:
+            cov = torch.cat(rows["covered"]).float()
+            metrics["draft_vocab_coverage"] = float(cov.mean()) if cov.numel() else 0.0
+        return loss, metrics
+
+    def slot_logits(self, drafter: DFlashDrafter, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[N, Nv]`` of one block position's outputs ``hidden [N, H]``; ``prev [N]``: the data token
+        before the drafted one (unused by DFlash, whose positions do not read each other)."""
+        return drafter.draft_logits(hidden)
+
+    def block_rows(self, drafter, target, batch, recipe) -> dict[str, Any]:
+        """Per block position ``s`` (0-based, drafting token ``a + s + 1`` after anchor ``a``) over the sampled
+        blocks' N rows: ``draft`` / ``target`` logits ``[N, Nv]`` (draft vocabulary), ``label`` ``[N]`` (-100 where
+        unsupervised or, reduced vocabulary, the target's argmax lies outside it), ``prev`` ``[N]`` (token
+        ``a + s``), ``target_top`` ``[N]`` (the target's argmax, a target id), lists over positions; ``hidden``
+        ``[N, S, H]`` (pre-norm), ``covered`` (reduced vocabulary: in-vocabulary flags) and ``drafter``."""
         d, fused, last = self.fused_features(drafter, target, batch, recipe)  # [B, T, nF H], [B, T, H]
         o: DFlashOptions = recipe.drafter.parsed_options()
         ids, labels = batch["input_ids"], shift_for_next_token(batch)  # [B, T]
         anchors = sample_anchors(labels, o.num_anchors)  # [B, A]
-        hidden = drafter(ids, fused, anchors, return_hidden=True)  # [B, A, B-1, H]
+        hidden = drafter(ids, fused, anchors, return_hidden=True)  # [B, A, S, H]
         rows = torch.nonzero(anchors >= 0, as_tuple=True)
         b_idx, a_pos = rows[0], anchors[rows]  # [N]
-        hidden = hidden[rows]  # [N, B-1, H]
+        hidden = hidden[rows]  # [N, S, H]
         draft_ids = d.draft_ids()
         label_draft = None if draft_ids is None else torch.cumsum(d.t2d.long(), 0) - 1  # target id -> draft id
-        draft_rows, target_rows, label_rows, covered = [], [], [], []
-        for k in range(1, d.config.block_size):
-            p = a_pos + k - 1  # the target's state there predicts token a + k
+        out: dict[str, Any] = {"draft": [], "target": [], "label": [], "prev": [], "target_top": [], "covered": [],
+                               "hidden": hidden, "drafter": d}
+        for s in range(d.draft_slots):
+            p = a_pos + s  # the target's state there predicts token a + s + 1
             inside = p < ids.shape[1]
             pc = p.clamp(max=ids.shape[1] - 1)
             y = torch.where(inside, labels[b_idx, pc], torch.full_like(pc, -100))
@@ -143,17 +170,15 @@ class DFlashStrategy(FeatureHeadStrategy):
                 t_k, y_k = t_full, y
             else:
                 in_vocab = d.t2d[t_full.argmax(-1)]
-                covered.append(in_vocab[ok])
+                out["covered"].append(in_vocab[ok])
                 ok = ok & in_vocab
                 t_k = t_full[:, draft_ids]
                 yc = y.clamp(min=0)
                 y_k = torch.where(d.t2d[yc], label_draft[yc], t_k.argmax(-1))
-            draft_rows.append(d.draft_logits(hidden[:, k - 1]).float())
-            target_rows.append(t_k)
-            label_rows.append(torch.where(ok, y_k, torch.full_like(y_k, -100)))
-        weights = [math.exp(-(k - 1) / o.position_weight_gamma) for k in range(1, d.config.block_size)]
-        loss, metrics = chain_loss(draft_rows, target_rows, label_rows, weights, recipe.loss)
-        if covered:
-            cov = torch.cat(covered).float()
-            metrics["draft_vocab_coverage"] = float(cov.mean()) if cov.numel() else 0.0
-        return loss, metrics
+            prev = ids[b_idx, pc]
+            out["draft"].append(self.slot_logits(d, hidden[:, s], prev).float())
+            out["target"].append(t_k)
+            out["label"].append(torch.where(ok, y_k, torch.full_like(y_k, -100)))
+            out["prev"].append(prev)
+            out["target_top"].append(t_full.argmax(-1))
+        return out

@@ -1,0 +1,192 @@
+"""DSpark drafter (arXiv 2607.05147): the training pass is the decoder's block drafted from the anchor on, the
+Markov head chains positions left to right, the confidence head sizes the verified chain as vLLM's adaptive
+verification does (one request), training moves the heads and not the target, the export carries vLLM's
+``Qwen3DSparkModel`` names and fields."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+from conftest import tiny_llama
+from safetensors.torch import load_file
+from test_drafters_conformance import build
+
+from drafterkit.decode import engine
+from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter, verified_length
+
+
+def _features(target, ids, layers):
+    out = target(torch.tensor([ids]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in layers], -1)  # [T, nF*H]
+
+
+def _state(tokens, feats, k=4, vocab=128):
+    return DecodeState(tokens=[list(tokens)], num_stable=[0], features=[feats], active=[True], vocab_size=vocab,
+                       num_draft_tokens=k)
+
+
+def _strong_markov(d: DSparkDrafter, seed: int = 1) -> DSparkDrafter:
+    """A Markov head large enough to move the argmax (a fresh one adds zero)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        d.markov_head.markov_w1.weight.copy_(torch.randn(d.markov_head.markov_w1.weight.shape, generator=g))
+        d.markov_head.markov_w2.weight.copy_(torch.randn(d.markov_head.markov_w2.weight.shape, generator=g) * 3)
+    return d
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dspark_reduced"])
+def test_proposals_are_the_training_block_then_the_markov_chain(kind):
+    """forward() with anchor a, drafting from the anchor's position on (S = block_size outputs), is the block
+    propose() runs after tokens[:a+1]; the chain adds the Markov bias of each previously drafted token."""
+    target = tiny_llama(0)
+    d = _strong_markov(build(kind, target))
+    ids = [5, 9, 17, 33, 2, 70, 71, 72, 90, 11, 12]
+    feats = _features(target, ids, d.feature_layers)
+    anchors = torch.tensor([[1, 4, 6]])
+    s_n = d.config.block_size
+    with torch.no_grad():
+        hidden = d(torch.tensor([ids]), feats[None], anchors, return_hidden=True)  # [1, 3, S, H]
+    assert hidden.shape[:3] == (1, 3, s_n) and d.draft_slots == s_n
+    to_target = (lambda t: t) if d.draft_ids() is None else (lambda t: d.draft_ids()[t])
+    for i, a in enumerate(anchors[0].tolist()):
+        d.reset(1)
+        with torch.no_grad():
+            block = d.block_hidden([0], [ids[:a + 1]], [feats[:a]], [0])[0]
+            torch.testing.assert_close(block, hidden[0, i], rtol=1e-4, atol=1e-4)
+            prev, want = torch.tensor([ids[a]]), []
+            for s in range(s_n):
+                prev = to_target(d.markov_logits(hidden[0, i, s][None], prev).argmax(-1))
+                want.append(int(prev))
+        d.reset(1)
+        prop = d.propose(_state(ids[:a + 1], feats[:a], k=s_n), s_n, SamplingParams(), None)
+        assert prop.tokens[0].tolist() == want
+
+
+def test_the_markov_head_makes_later_positions_read_earlier_drafts():
+    """With the Markov head, position 1's token depends on position 0's draft: zeroing markov_w2 (the fresh
+    head) gives DFlash-style independent positions and, here, another chain."""
+    target = tiny_llama(0)
+    d = _strong_markov(build("dspark", target))
+    ids = [5, 9, 17, 33, 2, 70, 71]
+    feats = _features(target, ids, d.feature_layers)[:-1]
+    with torch.no_grad():
+        chained = d.propose(_state(ids, feats), 4, SamplingParams(), None).tokens
+        d.markov_head.markov_w2.weight.zero_()
+        d.reset(1)
+        plain = d.propose(_state(ids, feats), 4, SamplingParams(), None).tokens
+        base = d.draft_logits(d.block_hidden([0], [ids], [feats], [0], 4))[0].argmax(-1)
+    assert plain[0].tolist() == base.tolist() and chained[0].tolist() != plain[0].tolist()
+
+
+def test_verified_length_is_the_best_expected_tokens_per_cost():
+    """verified_length picks, per row, the b maximising (1 + sum of survivals of the first b) / (1 + cost b),
+    checked against brute force; cost 0 verifies everything, a huge cost nothing."""
+    g = torch.Generator().manual_seed(0)
+    conf = torch.rand(6, 5, generator=g)
+    conf[0] = torch.tensor([0.99, 0.98, 0.1, 0.9, 0.9])
+    for cost in (0.0, 0.05, 0.3, 1.0, 1e6):
+        got = verified_length(conf, cost)
+        for r in range(6):
+            surv = list(itertools.accumulate(conf[r].tolist(), lambda a, b: a * b))
+            scores = [(1 + sum(surv[:b])) / (1 + cost * b) for b in range(6)]
+            assert int(got[r]) == max(range(6), key=lambda b: (scores[b], -b)), (cost, r)
+    assert verified_length(conf, 0.0).tolist() == [5] * 6 and verified_length(conf, 1e6).tolist() == [0] * 6
+    assert int(verified_length(conf[:1], 0.3)[0]) == 2  # the 0.1 at position 2 ends the worthwhile chain
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_confidence_sized_chains_keep_the_output_exact(temperature):
+    """verify_cost on: the confidence head cuts chains (fewer drafted tokens per round), the greedy output stays
+    the target's and sampling stays valid; off (None), every drafted token is verified."""
+    target = tiny_llama(0)
+    d = build("dspark", target)
+    with torch.no_grad():
+        d.confidence_head.proj.bias.fill_(-1.0)  # a confidence near 0.27 everywhere: short chains are worth it
+    prompts = [[5, 6, 7, 8, 9, 5, 6], [20, 21], [1, 2, 3, 4]]
+    kw = dict(max_new_tokens=24, temperature=temperature, seed=3, num_draft_tokens=4)
+    plain = engine.generate(target, prompts, **{k: v for k, v in kw.items() if k != "num_draft_tokens"})
+    full = engine.generate(target, prompts, drafter=d, **kw)
+    d.verify_cost = 0.2
+    sized = engine.generate(target, prompts, drafter=d, **kw)
+    if temperature == 0.0:
+        assert full.sequences == plain.sequences == sized.sequences
+    per_round = [r.stats.drafted / max(r.stats.target_forwards, 1) for r in (full, sized)]
+    assert 0 < per_round[1] < per_round[0], per_round
+
+
+def test_verify_cost_is_refused_without_a_confidence_head_and_for_bad_values():
+    target = tiny_llama(0)
+    d = DSparkDrafter(DSparkConfig.from_target(target, block_size=4, markov_rank=4, confidence_head=False),
+                      target=target)
+    with pytest.raises(ValueError, match="confidence_head: false"):
+        d.verify_cost = 0.1
+    with pytest.raises(ValueError, match="number >= 0"):
+        build("dspark", target).verify_cost = -1
+    with pytest.raises(ValueError, match="markov_rank"):
+        DSparkConfig.from_target(target, markov_rank=0)
+
+
+def test_training_moves_backbone_and_both_heads_not_the_target():
+    """The strategy's loss: finite, it reaches the Markov head (through the chain terms) and the confidence head
+    (its BCE), the target does not move; the confidence label is greedy acceptance."""
+    from drafterkit.train.recipe import recipe_from_dict
+    from drafterkit.train.strategies import get_strategy
+
+    target = tiny_llama(0)
+    d = build("dspark", target).train()
+    torch.manual_seed(0)
+    ids = torch.randint(4, 128, (2, 24))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    recipe = recipe_from_dict({"output_dir": "/tmp/unused", "loss": {"name": "fkl"},
+                               "drafter": {"kind": "dspark", "options": {"block_size": 4, "num_anchors": 6,
+                                                                         "markov_rank": 8}}})
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    loss, metrics = get_strategy("dspark").loss(d, target, batch, recipe)
+    loss.backward()
+    assert torch.isfinite(loss) and metrics["tokens"] == 12 and 0 <= metrics["accepted_rate"] <= 1
+    assert "confidence_bce" in metrics and "fkl_step3" in metrics
+    for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight",
+                 "fc.weight"):
+        grad = dict(d.named_parameters())[name].grad
+        assert grad is not None and grad.abs().sum() > 0, name
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
+def test_recipe_validation_refuses_a_confidence_weight_without_the_head():
+    from drafterkit.train.recipe import recipe_from_dict
+
+    with pytest.raises(ValueError, match="confidence_weight: 0, or confidence_head: true"):
+        recipe_from_dict({"output_dir": "/tmp/unused", "drafter": {"kind": "dspark", "options": {
+            "confidence_head": False, "confidence_weight": 0.1}}})
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dspark_reduced"])
+def test_export_holds_vllm_qwen3_dspark_names_and_fields(kind, tmp_path):
+    """vllm-dspark: the tensors under the names vLLM 0.32's Qwen3DSparkForCausalLM.load_weights maps (d2t for a
+    reduced vocabulary; no embed_tokens, and no lm_head for the full one: shared from the target), and its
+    config fields (markov_rank, enable_confidence_head, confidence_head_with_markov, draft_vocab_size,
+    dspark_noise_token_id, sample_from_anchor, dflash_config.target_layer_ids = drafterkit ids - 1)."""
+    from drafterkit.drafters.export import export
+
+    target = tiny_llama(0)
+    d = build(kind, target)
+    out = export(d.save_pretrained(tmp_path / "ckpt"), "vllm-dspark", tmp_path / "export")
+    cfg = json.loads((out / "config.json").read_text())
+    tensors = load_file(str(out / "model.safetensors"))
+    c = d.config
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["markov_rank"] == 8 and cfg["enable_confidence_head"] and cfg["confidence_head_with_markov"]
+    assert cfg["sample_from_anchor"] is True and cfg["dspark_noise_token_id"] == c.mask_token_id
+    assert cfg["draft_vocab_size"] == c.draft_vocab_size and cfg["block_size"] == c.block_size
+    assert cfg["dflash_config"]["target_layer_ids"] == [i - 1 for i in c.feature_layers]
+    assert tuple(tensors["markov_head.markov_w1.weight"].shape) == (c.vocab_size, 8)
+    assert tuple(tensors["markov_head.markov_w2.weight"].shape) == (c.draft_vocab_size, 8)
+    assert tuple(tensors["confidence_head.proj.weight"].shape) == (1, c.hidden_size + 8)
+    assert tuple(tensors["confidence_head.proj.bias"].shape) == (1,)
+    assert not any(k.startswith("embed_tokens") for k in tensors)
+    assert ("lm_head.weight" in tensors) == ("d2t" in tensors) == (kind == "dspark_reduced")
+    assert '"method": "dspark"' in (out / "README.md").read_text()
