@@ -2,8 +2,10 @@
 via Training-Time Test"), in the layout vLLM / SGLang / SpecForge load.
 
 Features: the target's hidden states at three layers, ``feature_layers = (low, mid, high)`` as indices
-into transformers' ``output_hidden_states`` tuple (default ``(2, L//2, L-3)``; index ``i`` is the input
-of decoder layer ``i``, which is exactly vLLM's ``eagle_aux_hidden_state_layer_ids`` convention).
+into transformers' ``output_hidden_states`` tuple (default :func:`default_feature_layers`: vLLM's and SpecForge's
+``(2, L//2, L-3)`` from 7 layers, three distinct increasing ids on smaller targets, ``(1, 2, 3)`` for 4 layers;
+index ``i`` is the input of decoder layer ``i``, which is exactly vLLM's ``eagle_aux_hidden_state_layer_ids``
+convention).
 Head at position ``t``::
 
     g_t = fc([h_low; h_mid; h_high]_t)                              # 3H -> H, no bias
@@ -58,7 +60,8 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     """The default EAGLE-3 feature layer ids for a target of ``num_layers`` (L) decoder layers, increasing, each
     valid for :func:`check_feature_layers` (``0 <= i < L``):
 
-    * L >= 7: EAGLE-3 / SpecForge's ``(2, L//2, L-3)``;
+    * L >= 7: ``(2, L//2, L-3)``, what EAGLE-3, SpecForge and vLLM 0.32 (``get_eagle3_default_aux_hidden_state_layers``)
+      use when a config names no ids;
     * L of 4 to 6: ``(1, L//2, L-1)``, since ``(2, L//2, L-3)`` repeats an id there (an engine captures each layer
       once, so a repeated id would hand the head two features instead of three);
     * L = 3: ``(0, 1, 2)``, the only three distinct ids (0 is the embedding output, which vLLM reads, SGLang not);

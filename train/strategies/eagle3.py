@@ -68,8 +68,9 @@ class Eagle3Strategy(FeatureHeadStrategy):
         return start_from_target(Eagle3Drafter(cfg, target=target), o, recipe, target, tokenizer)
 
     def feature_layers(self, recipe: Any, target: torch.nn.Module) -> list[int]:
-        """The three fused layers (``drafter.options.feature_layers``, default ``(2, L//2, L-3)``) and the
-        last one, whose LM head gives the target's logits: what :meth:`loss` reads."""
+        """The three fused layers (``drafter.options.feature_layers``, default
+        ``drafters.eagle3.default_feature_layers``: ``(2, L//2, L-3)`` from 7 layers, distinct increasing ids below)
+        and the last one, whose LM head gives the target's logits: what :meth:`loss` reads."""
         o: Eagle3Options = recipe.drafter.parsed_options()
         cfg = Eagle3Config.from_target(target, feature_layers=list(o.feature_layers or []))
         return list(cfg.feature_layers) + [cfg.target_num_layers]
