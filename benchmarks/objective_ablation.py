@@ -24,7 +24,8 @@ Objectives (``--objectives``, comma-separated names; ``recipe`` keeps the recipe
 | name | recipe overrides |
 |---|---|
 | ``ce`` | ``loss.name=ce loss.ce_labels=target`` (hard label: the target's argmax) |
-| ``fkl`` / ``tvd`` / ``alpha`` / ``neg_log_alpha`` | ``loss.name=<name>`` at ``loss.temperature`` 1 |
+| ``fkl`` / ``tvd`` / ``alpha`` / ``neg_log_alpha`` (LK-alpha) | ``loss.name=<name>`` at ``loss.temperature`` 1 |
+| ``lk_lambda`` (LK-lambda) | ``loss.name=lk_lambda`` (``loss.lk_scale`` / ``lk_decay`` as the recipe sets) |
 | ``accept_len`` | ``loss.name=accept_len`` over ``--draft-steps`` on the drafter's own drafts |
 | ``fkl+accept_len`` | ``loss.weights={fkl: 1, accept_len: 1}`` |
 """
@@ -41,7 +42,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SINGLE = ("ce", "fkl", "rkl", "tvd", "alpha", "neg_log_alpha", "accept_len")
+SINGLE = ("ce", "fkl", "rkl", "tvd", "alpha", "neg_log_alpha", "lk_lambda", "accept_len")
 
 
 def objective_overrides(name: str, kind: str, draft_steps: int) -> list[str]:

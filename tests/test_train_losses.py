@@ -143,3 +143,63 @@ def test_shape_and_temperature_errors_are_clear():
         losses.fkl_loss(_logits(0, 3), _logits(1, 3), temperature=0.0)
     with pytest.raises(ValueError, match="mask shape"):
         losses.fkl_loss(_logits(0, 2, 3), _logits(1, 2, 3), torch.ones(3, 2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("scale,decay", [(1.0, 1.0), (0.6, 3.0)])
+def test_lk_lambda_blends_kl_and_rejection_by_a_weight_that_follows_acceptance(scale, decay):
+    """LK-lambda against a per-row reference: lam = scale * exp(-decay * mean alpha), the mean without gradient."""
+    from torch.distributions import Categorical, kl_divergence
+
+    d = _logits(2, 2, 5).requires_grad_(True)
+    t = _logits(3, 2, 5)
+    mask = torch.tensor([[1, 0, 1, 1, 1], [1, 1, 0, 0, 1]], dtype=torch.bool)
+    loss, metrics = losses.lk_lambda_loss(d, t, mask, 1.0, scale=scale, decay=decay)
+    (g,) = torch.autograd.grad(loss, d)
+
+    d2 = d.detach().clone().requires_grad_(True)
+    rows = mask.nonzero(as_tuple=True)
+    p, q = Categorical(logits=t[rows]), Categorical(logits=d2[rows])
+    alpha = torch.minimum(p.probs, q.probs).sum(-1)
+    lam = scale * torch.exp(-decay * alpha.mean().detach())
+    ref = (lam * kl_divergence(p, q) + (1 - lam) * (1 - alpha)).mean()
+    (g2,) = torch.autograd.grad(ref, d2)
+    assert torch.allclose(loss, ref, atol=1e-5) and torch.allclose(g, g2, atol=1e-5)
+    assert metrics["lk_weight"] == pytest.approx(float(lam), rel=1e-5)
+    assert g[~mask].abs().max() == 0
+    # at identical distributions alpha = 1 and KL = 0: the loss is 0 whatever the weight
+    same, _ = losses.lk_lambda_loss(t, t, mask, 1.0, scale=scale, decay=decay)
+    assert float(same) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_lk_lambda_settings_come_from_the_recipe_and_bad_ones_are_refused():
+    from drafterkit.train.recipe import RecipeError, recipe_from_dict
+
+    raw = {"output_dir": "o", "target": {"name_or_path": "t"}, "drafter": {"kind": "medusa"},
+           "data": {"source": "jsonl", "path": "d.jsonl"}, "loss": {"name": "lk_lambda", "lk_decay": 2.0}}
+    cfg = recipe_from_dict(raw).loss
+    d, t = _logits(4, 3, 4), _logits(5, 3, 4)
+    via_cfg, m = losses.distribution_loss("lk_lambda", d, t, None, cfg)
+    direct, _ = losses.lk_lambda_loss(d, t, None, cfg.temperature, scale=1.0, decay=2.0)
+    assert torch.equal(via_cfg, direct) and m["lk_weight"] < 1.0
+    with pytest.raises(RecipeError, match="lk_scale"):
+        recipe_from_dict({**raw, "loss": {"name": "lk_lambda", "lk_scale": 1.5}})
+
+
+def test_the_head_kinds_chain_loss_trains_lk_lambda_at_every_drafting_position():
+    from drafterkit.train.recipe import recipe_from_dict
+    from drafterkit.train.strategies.heads import chain_loss
+
+    cfg = recipe_from_dict({"output_dir": "o", "target": {"name_or_path": "t"}, "drafter": {"kind": "eagle3"},
+                            "data": {"source": "jsonl", "path": "d.jsonl"},
+                            "loss": {"weights": {"lk_lambda": 1.0, "ce": 0.5}}}).loss
+    drafts = [_logits(10 + j, 4).requires_grad_(True) for j in range(3)]
+    targets = [_logits(20 + j, 4) for j in range(3)]
+    labels = [torch.tensor([1, 2, -100, 3]), torch.tensor([1, -100, -100, 3]), torch.tensor([-100, -100, -100, 3])]
+    loss, metrics = chain_loss(drafts, targets, labels, [1.0, 0.8, 0.64], cfg)
+    loss.backward()
+    assert {"lk_lambda_step0", "lk_lambda_step2", "ce_step1"} <= metrics.keys()
+    expected = sum(w * losses.lk_lambda_loss(d.detach(), t, y != -100)[0] * int((y != -100).sum()) / 4
+                   for w, d, t, y in zip([1.0, 0.8, 0.64], drafts, targets, labels))
+    assert metrics["lk_lambda_step0"] + metrics["lk_lambda_step1"] * 0.8 + metrics["lk_lambda_step2"] * 0.64 \
+        == pytest.approx(float(expected), rel=1e-5)
+    assert all(d.grad is not None and d.grad[2].abs().sum() == 0 for d in drafts)  # row 2 is never supervised

@@ -21,7 +21,10 @@ Losses (name: per-token value; what decoding it targets):
   (Agarwal et al. 2024, GKD); both; bounded.
 * ``tvd``: ``TVD(p, q) = 1/2 sum_x |p - q|``; sampled decoding (DistillSpec, Zhou et al. 2024).
 * ``alpha``: ``1 - alpha`` with ``alpha = sum_x min(p, q)``; sampled decoding.
-* ``neg_log_alpha``: ``-log alpha``; sampled decoding; stronger gradient where alpha is small.
+* ``neg_log_alpha``: ``-log alpha``; sampled decoding; stronger gradient where alpha is small (LK-alpha of
+  Samarin et al. 2026, "LK Losses", arXiv 2602.23881).
+* ``lk_lambda``: ``lam KL(p || q) + (1 - lam)(1 - alpha)``, ``lam = lk_scale * exp(-lk_decay * mean alpha)``
+  (LK-lambda, the same paper): KL while acceptance is low, acceptance as it rises.
 * ``accept_len``: ``1 - E[L]/K`` over K drafted positions; chain speculation, sampled (and greedy, see
   below).
 
@@ -229,7 +232,42 @@ def accept_length_loss(alphas: torch.Tensor, step_mask: torch.Tensor | None = No
     return loss, metrics
 
 
+def lk_lambda_loss(draft_logits, target_logits, mask=None, temperature: float = 1.0, scale: float = 1.0,
+                   decay: float = 1.0):
+    """LK-lambda (Samarin et al. 2026, "LK Losses", arXiv 2602.23881): forward KL blended with ``1 - alpha``
+    by a weight that follows the drafter's acceptance, ``lam * KL(p || q) + (1 - lam) * (1 - alpha)`` per
+    supervised token with ``lam = scale * exp(-decay * mean alpha)``, the mean over this call's N rows and
+    without gradient: KL's strong gradients while acceptance is low, acceptance itself as it rises. The
+    defaults (1, 1) are SpecForge's (``kl_scale``, ``kl_decay``). The mean is over the rows of one call (one
+    micro-batch, one drafting position), so unlike the other losses the update depends slightly on how a step
+    is split into micro-batches. Returns ``(loss, metrics)``; metrics add ``lk_weight`` (``lam``).
+
+    Raises:
+        ValueError: ``scale`` outside (0, 1] or ``decay`` < 0.
+    """
+    if not 0.0 < scale <= 1.0 or decay < 0.0:
+        raise ValueError(f"lk_lambda needs 0 < scale <= 1 and decay >= 0, got scale {scale}, decay {decay}")
+    logq, logp = _pair(draft_logits, target_logits, mask, temperature)
+    kl = F.kl_div(logq, logp, log_target=True, reduction="none").sum(-1)  # [N]
+    alpha = torch.minimum(logq.exp(), logp.exp()).sum(-1)  # [N]
+    lam = scale * torch.exp(-decay * alpha.detach().mean()) if alpha.numel() else alpha.new_ones(())
+    loss, metrics = _finish("lk_lambda", lam * kl + (1.0 - lam) * (1.0 - alpha), logq, logp)
+    metrics["lk_weight"] = float(lam)
+    return loss, metrics
+
+
 DISTRIBUTION_LOSSES = {
     "fkl": fkl_loss, "rkl": rkl_loss, "jsd": jsd_loss, "tvd": tvd_loss,
-    "alpha": alpha_loss, "neg_log_alpha": neg_log_alpha_loss,
+    "alpha": alpha_loss, "neg_log_alpha": neg_log_alpha_loss, "lk_lambda": lk_lambda_loss,
 }
+
+
+def distribution_loss(name: str, draft_logits, target_logits, mask, cfg):
+    """The distribution loss ``name`` (a key of :data:`DISTRIBUTION_LOSSES`) with its settings from ``cfg``
+    (``recipe.loss``: ``temperature``, ``jsd_beta``, ``lk_scale``, ``lk_decay``). Returns ``(loss, metrics)``."""
+    if name == "jsd":
+        return jsd_loss(draft_logits, target_logits, mask, cfg.temperature, beta=cfg.jsd_beta)
+    if name == "lk_lambda":
+        return lk_lambda_loss(draft_logits, target_logits, mask, cfg.temperature, scale=cfg.lk_scale,
+                              decay=cfg.lk_decay)
+    return DISTRIBUTION_LOSSES[name](draft_logits, target_logits, mask, cfg.temperature)

@@ -167,13 +167,15 @@ class DataSection(Section):
         return self
 
 
-LOSS_NAMES = ("ce", "fkl", "rkl", "jsd", "tvd", "alpha", "neg_log_alpha", "accept_len")
+LOSS_NAMES = ("ce", "fkl", "rkl", "jsd", "tvd", "alpha", "neg_log_alpha", "lk_lambda", "accept_len")
 
 
 class LossSection(Section):
-    name: Literal["ce", "fkl", "rkl", "jsd", "tvd", "alpha", "neg_log_alpha", "accept_len"] = "fkl"
+    name: Literal["ce", "fkl", "rkl", "jsd", "tvd", "alpha", "neg_log_alpha", "lk_lambda", "accept_len"] = "fkl"
     temperature: float = Field(1.0, gt=0.0)  # for p and q; match the decoding temperature (>0)
     jsd_beta: float = Field(0.5, gt=0.0, lt=1.0)
+    lk_scale: float = Field(1.0, gt=0.0, le=1.0)  # lk_lambda's KL weight at zero acceptance (train.losses)
+    lk_decay: float = Field(1.0, ge=0.0)  # how fast lk_lambda's KL weight falls as acceptance rises
     ce_labels: Literal["target", "data"] = "target"  # ce on the target's argmax, or on the data tokens
     draft_steps: int = Field(4, ge=1, le=16)  # K of the accept_len objective
     weights: dict[str, float] | None = None  # optional mix, e.g. {fkl: 1.0, ce: 0.1}; overrides name

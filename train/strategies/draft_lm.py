@@ -266,10 +266,8 @@ class DraftLMStrategy:
             elif name == "ce":
                 y = t_logits.argmax(-1).masked_fill(~sup, -100) if cfg.ce_labels == "target" else labels
                 value, m = losses.ce_loss(d_logits, y)
-            elif name == "jsd":
-                value, m = losses.jsd_loss(d_logits, t_logits, sup, cfg.temperature, beta=cfg.jsd_beta)
             else:
-                value, m = losses.DISTRIBUTION_LOSSES[name](d_logits, t_logits, sup, cfg.temperature)
+                value, m = losses.distribution_loss(name, d_logits, t_logits, sup, cfg)
             total = total + weight * value
             metrics.update(m)
         metrics["tokens"] = float(sup.sum())  # every term above is a mean over these positions / chains

@@ -90,7 +90,8 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
         draft_rows / target_rows: K tensors ``[N, V]`` of draft / target logits for step k.
         label_rows: K LongTensors ``[N]``: the data token of step k, ``-100`` where unsupervised.
         step_weights: K floats (e.g. ``0.8 ** k``), multiplying each step's per-term loss.
-        loss_cfg: ``recipe.loss`` (``terms()``, ``temperature``, ``ce_labels``, ``jsd_beta``, ``draft_steps``).
+        loss_cfg: ``recipe.loss`` (``terms()``, ``temperature``, ``ce_labels``, ``draft_steps`` and the
+            settings :func:`train.losses.distribution_loss` reads).
 
     Returns:
         ``(loss, metrics)``; metrics hold ``{term}_step{k}`` (that step's sum / N), ``top1_step{k}`` (draft
@@ -116,10 +117,8 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
             if name == "ce":
                 y = t.argmax(-1) if loss_cfg.ce_labels == "target" else label_rows[j]
                 value, _ = losses.ce_loss(d, y.masked_fill(~v, -100))
-            elif name == "jsd":
-                value, _ = losses.jsd_loss(d, t, v, temp, beta=loss_cfg.jsd_beta)
             else:
-                value, _ = losses.DISTRIBUTION_LOSSES[name](d, t, v, temp)
+                value, _ = losses.distribution_loss(name, d, t, v, loss_cfg)
             value = value * (int(v.sum()) / max(n, 1))  # mean over this step's rows -> sum / N starts
             total = total + w * step_weights[j] * value
             metrics[f"{name}_step{j}"] = float(value.detach())
