@@ -441,41 +441,59 @@ def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world
     assert state["epoch"] * per_epoch + state["batch_in_epoch"] == state["global_step"]
 
 
-def test_a_time_bound_run_counts_its_progress_in_seconds_of_the_budget(capsys):
-    """With train.max_minutes the clock ends the run long before max_steps on a CPU: the bar counts the budget's
-    seconds (its remaining time is the time left) and names the step, instead of counting to max_steps."""
+def test_the_bar_counts_toward_the_bound_that_stops_the_run(capsys):
+    """With train.max_minutes either bound may end the run: the bar shows the share done toward the one reached
+    first at the pace so far (the clock on a CPU with the recipe's max_steps; max_steps in a short run), names it,
+    and ends at 100% naming the bound that ended it; a 20-step run shows no 28-minute countdown."""
     import time
     from types import SimpleNamespace
 
-    from drafterkit.train.loop import advance, finish, progress_bar
+    from drafterkit.train.loop import SHARE_TOTAL, advance, finish, progress_bar, run_share
 
+    assert run_share(SimpleNamespace(max_minutes=28, max_steps=20), 5, 6.0) == (0.25, "max_steps")
+    assert run_share(SimpleNamespace(max_minutes=14.5, max_steps=2000), 7, 87.0) == (0.1, "max_minutes")
+    assert run_share(SimpleNamespace(max_minutes=1, max_steps=20), 3, 600.0) == (1.0, "max_minutes")
     timed = SimpleNamespace(max_minutes=14.5, max_steps=2000)
     start = time.perf_counter() - 60  # the quickstart's budget counts from before data preparation
     bar = progress_bar(timed, 0, start, disable=False)
-    assert bar.total == 870 and bar.unit == "s" and 60 <= bar.n <= 62
-    advance(bar, timed, 7, start - 30, 2.5)
-    assert 90 <= bar.n <= 93 and bar.postfix == "step 7/2000, loss 2.5000"
+    assert bar.total == SHARE_TOTAL and 68 <= bar.n <= 72  # 60 s of 870
+    advance(bar, timed, 7, start - 30, 2.5)  # 7 of 2000 steps in 90 s: the clock comes first
+    assert 102 <= bar.n <= 108 and bar.postfix == "step 7/2000, loss 2.5000, ends at 14.5 min"
     advance(bar, timed, 8, start - 3600, 2.4)  # past the budget: the bar stops at its total
-    assert bar.n == 870
+    assert bar.n == SHARE_TOTAL
     bar.close()
     err = capsys.readouterr().err
-    assert "train (14.5 min budget)" in err and "/870 s" in err and "2000 [" not in err
+    assert "train (2000 steps or 14.5 min, whichever comes first)" in err
     steps = SimpleNamespace(max_minutes=None, max_steps=20)
     bar = progress_bar(steps, 3, time.perf_counter(), disable=False)
     advance(bar, steps, 4, time.perf_counter(), 1.0)
     assert (bar.total, bar.n, bar.unit) == (20, 4, "it")
     bar.close()
-    # max_steps ends a time-bounded run first: the bar still ends at 100% and says which bound stopped it
-    short = SimpleNamespace(max_minutes=14.5, max_steps=8)
-    bar = progress_bar(short, 0, time.perf_counter(), disable=False)
-    advance(bar, short, 8, time.perf_counter() - 87, 2.0)
-    assert 87 <= bar.n <= 89  # about 10% of the budget
-    finish(bar, short, 8, "max_steps")
-    assert bar.n == bar.total == 870 and bar.postfix == "step 8/8, done: max_steps 8 reached"
-    assert "100%" in capsys.readouterr().err
+    # a 20-step run with the recipe's 28 min budget: the bar counts toward step 20, not the budget
+    short = SimpleNamespace(max_minutes=28, max_steps=20)
+    start = time.perf_counter()
+    bar = progress_bar(short, 0, start, disable=False)
+    advance(bar, short, 5, start - 6, 2.0)
+    assert bar.n == 250 and bar.postfix == "step 5/20, loss 2.0000, ends at step 20"
+    advance(bar, short, 20, start - 24, 1.5)
+    assert bar.n == SHARE_TOTAL
+    finish(bar, short, 20, "max_steps")  # ending on max_steps: 100% of the run, not a jump to the budget
+    assert bar.n == bar.total == SHARE_TOTAL and bar.postfix == "step 20/20, done: max_steps 20 reached"
+    err = capsys.readouterr().err
+    assert "100%" in err and "28:0" not in err and "27:" not in err
     bar = progress_bar(short, 0, time.perf_counter() - 30, disable=False)
     finish(bar, short, 3, "interrupted")  # a signal: the bar stays where the run stopped and says why
     assert bar.n < bar.total and "interrupted" in bar.postfix
+
+
+def test_an_evaluation_past_the_budget_leaves_max_steps_as_the_stop_reason(world, tmp_path):
+    """max_steps ends training; the at-end evaluation that follows may run past train.max_minutes (here the budget
+    is spent before the first step ends), and the run still reports the bound that stopped training."""
+    from drafterkit.train.loop import train
+
+    res = train(_recipe(world, tmp_path / "r", **{"train.max_steps": 1, "train.max_minutes": 1e-6,
+                                                    "eval.at_end": "true"}))
+    assert res.global_step == 1 and res.stopped == "max_steps" and len(res.evals) == 1
 
 
 def test_a_resumed_time_bound_run_continues_its_budget_and_schedule(world, tmp_path):

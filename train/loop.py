@@ -53,7 +53,7 @@ from drafterkit.train.prepare import assert_frozen, preflight, setup_run
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.step import RunContext, agreed_elapsed, batches, train_step
 
-__all__ = ["StopOnSignal", "TrainResult", "advance", "finish", "progress_bar", "train"]
+__all__ = ["StopOnSignal", "TrainResult", "advance", "finish", "progress_bar", "run_share", "train"]
 
 
 @dataclass
@@ -192,7 +192,7 @@ def _run_steps(ctx: RunContext, data: Iterator[dict], state: TrainerState, resul
     seconds_before, loop_start = state.train_seconds, time.perf_counter()
     if cfg.max_minutes is not None:
         schedule.elapsed_s = agreed_elapsed(acc, start)  # the first step of a resumed run at its learning rate
-        if state.global_step and schedule.elapsed_s / 60.0 >= cfg.max_minutes:
+        if 0 < state.global_step < cfg.max_steps and schedule.elapsed_s / 60.0 >= cfg.max_minutes:
             result.stopped = "max_minutes"  # a resumed run whose budget is spent: nothing left to train
     while state.global_step < cfg.max_steps and result.stopped != "max_minutes":
         metrics = train_step(ctx, data, state)
@@ -230,6 +230,8 @@ def _run_steps(ctx: RunContext, data: Iterator[dict], state: TrainerState, resul
         if stopping:
             result.stopped = "interrupted"
             break
+        if final:  # max_steps ended training, however long its evaluation ran past the budget
+            break
         if cfg.max_minutes is not None:
             schedule.elapsed_s = agreed_elapsed(acc, start)
             if schedule.elapsed_s / 60.0 >= cfg.max_minutes:
@@ -239,28 +241,47 @@ def _run_steps(ctx: RunContext, data: Iterator[dict], state: TrainerState, resul
 
 
 def progress_bar(cfg, step: int, start: float, disable: bool = False) -> tqdm:
-    """The training progress bar. With ``train.max_minutes`` set, the clock bounds the run (on a CPU it
-    ends long before ``max_steps``), so the bar counts seconds of that budget since ``start``
-    (``time.perf_counter()``; total = the budget in seconds, so tqdm's remaining time is the time left)
-    and names the step in its postfix (:func:`advance`); without it, optimizer steps up to ``max_steps``."""
+    """The training progress bar, counting toward the bound that will stop the run.
+
+    Without ``train.max_minutes`` it counts optimizer steps up to ``max_steps``. With it, either bound may end
+    the run first (the clock on a CPU, long before the recipe's ``max_steps``; ``max_steps`` in a short run), so the
+    bar shows the share of the run done, :func:`run_share`: ``max(step / max_steps, seconds / budget)``, the
+    share toward whichever bound comes first at the pace so far, and its postfix names that bound
+    (:func:`advance`); tqdm's remaining time is then the time to that bound. ``start``: the
+    ``time.perf_counter()`` value the budget counts from."""
     if cfg.max_minutes is None:
         return tqdm(total=cfg.max_steps, initial=step, desc="train", disable=disable)
-    budget = 60.0 * cfg.max_minutes
-    return tqdm(total=round(budget), initial=round(min(time.perf_counter() - start, budget)), unit="s",
-                desc=f"train ({cfg.max_minutes:g} min budget)", disable=disable,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
+    share, _ = run_share(cfg, step, time.perf_counter() - start)
+    return tqdm(total=SHARE_TOTAL, initial=round(share * SHARE_TOTAL),
+                desc=f"train ({cfg.max_steps} steps or {cfg.max_minutes:g} min, whichever comes first)",
+                disable=disable, bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
+
+
+#: the units of a bar that counts shares of the run (:func:`progress_bar` with ``train.max_minutes``)
+SHARE_TOTAL = 1000
+
+
+def run_share(cfg, step: int, seconds: float) -> tuple[float, str]:
+    """``(share, bound)``: the share of the run done after optimizer step ``step`` and ``seconds`` of the
+    ``train.max_minutes`` budget, in ``[0, 1]``, and the bound that ends the run first if the pace so far
+    holds (``"max_steps"`` or ``"max_minutes"``). ``max_steps`` is reached at ``seconds / (step / max_steps)``
+    and the budget at ``60 * max_minutes``, so the bound reached first is the one with the larger share."""
+    by_steps, by_time = step / cfg.max_steps, seconds / (60.0 * cfg.max_minutes)
+    bound = "max_steps" if by_steps >= by_time else "max_minutes"
+    return min(max(by_steps, by_time), 1.0), bound
 
 
 def advance(bar: tqdm, cfg, step: int, start: float, loss: float) -> None:
-    """Move :func:`progress_bar` on after optimizer step ``step``: one step, or the budget's seconds
-    elapsed since ``start``, with the step of ``max_steps`` and the loss in the postfix."""
+    """Move :func:`progress_bar` on after optimizer step ``step``: one step, or to the run's share
+    (:func:`run_share`, ``start`` as there), with the step, the loss and the bound ahead in the postfix."""
     if cfg.max_minutes is None:
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}")
         return
-    elapsed = round(min(time.perf_counter() - start, bar.total))
-    bar.set_postfix_str(f"step {step}/{cfg.max_steps}, loss {loss:.4f}", refresh=False)
-    bar.update(max(elapsed - bar.n, 0))
+    share, bound = run_share(cfg, step, time.perf_counter() - start)
+    ahead = f"ends at step {cfg.max_steps}" if bound == "max_steps" else f"ends at {cfg.max_minutes:g} min"
+    bar.set_postfix_str(f"step {step}/{cfg.max_steps}, loss {loss:.4f}, {ahead}", refresh=False)
+    bar.update(max(round(share * SHARE_TOTAL) - bar.n, 0))
 
 
 def finish(bar: tqdm, cfg, step: int, stopped: str) -> None:
