@@ -15,6 +15,8 @@ the outcomes and each test's recorded ``cell`` property (``pass`` or the refusal
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -51,24 +53,40 @@ def home(tmp_path_factory):
     yield from private_home(tmp_path_factory.mktemp("families"), CHATS)
 
 
-_WORLDS: dict[str, tuple] = {}
-_TRAINED: dict[tuple[str, str], Path] = {}  # (family, kind) -> the drafter folder test_kind trained
+@pytest.fixture(scope="module")
+def world(home):
+    """``world(family)``: ``(folder, target, plain greedy sequences)`` of ``family``, built once per module."""
+    made: dict[str, tuple] = {}
+
+    def get(family: str):
+        if family not in made:
+            folder = home / family
+            target, _ = save_family(family, folder)
+            plain = generate(target, family_prompts(), max_new_tokens=NEW, eos_token_id=[]).sequences
+            made[family] = (folder, target, plain)
+        return made[family]
+
+    return get
 
 
-def world(home: Path, family: str):
-    """``(folder, target, plain greedy sequences)`` of ``family``, built once per module."""
-    if family not in _WORLDS:
-        folder = home / family
-        target, _ = save_family(family, folder)
-        plain = generate(target, family_prompts(), max_new_tokens=NEW, eos_token_id=[]).sequences
-        _WORLDS[family] = (folder, target, plain)
-    return _WORLDS[family]
+@pytest.fixture(scope="module")
+def trained(home, world):
+    """``trained(family, kind)``: ``(exit code, stderr, drafter folder)`` of 2 training steps through the CLI, run
+    once per module: :func:`test_kind` and :func:`test_export` share the run, and either selected alone trains it."""
+    runs: dict[tuple[str, str], tuple[int, str, Path]] = {}
+
+    def get(family: str, kind: str):
+        if (family, kind) not in runs:
+            runs[family, kind] = _train(home, world(family)[0], family, kind)
+        return runs[family, kind]
+
+    return get
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_plain(home, family, record_property):
+def test_plain(world, family, record_property):
     """Plain decoding through drafterkit's engine equals transformers' greedy generate."""
-    folder, target, plain = world(home, family)
+    folder, target, plain = world(family)
     for prompt, ours in zip(family_prompts(), plain):
         ids = torch.tensor([prompt])
         ref = target.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -76,7 +94,7 @@ def test_plain(home, family, record_property):
     record_property("cell", "pass")
 
 
-def _train(home: Path, folder: Path, family: str, kind: str, capsys) -> tuple[int, str, Path]:
+def _train(home: Path, folder: Path, family: str, kind: str) -> tuple[int, str, Path]:
     out = home / "runs" / f"{family}-{kind}"
     recipe = {"output_dir": str(out), "target": {"name_or_path": str(folder)},
               "drafter": {"kind": kind, "options": KIND_OPTIONS[kind]},
@@ -85,9 +103,10 @@ def _train(home: Path, folder: Path, family: str, kind: str, capsys) -> tuple[in
               "eval": {"every": 0, "at_end": False, "k": 2}, "logging": {"trackers": []}}
     path = home / f"{family}-{kind}.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    capsys.readouterr()
-    rc = main(["train", str(path)])
-    return rc, capsys.readouterr().err, out / "checkpoints" / "last" / "drafter"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["train", str(path)])
+    return rc, err.getvalue(), out / "checkpoints" / "last" / "drafter"
 
 
 def _decodes_exactly(target, drafter, plain, kind: str) -> str:
@@ -109,12 +128,12 @@ def _decodes_exactly(target, drafter, plain, kind: str) -> str:
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_suffix(home, family, record_property):
+def test_suffix(world, family, record_property):
     """Suffix decoding (model-free, nothing to train) decodes as a chain, a static and a dynamic tree equal to plain
     greedy; its global tree of earlier outputs then drafts tokens the target accepts."""
     from drafterkit.drafters.suffix import SuffixDrafter
 
-    folder, target, plain = world(home, family)
+    folder, target, plain = world(family)
     drafter = SuffixDrafter()
     cell = _decodes_exactly(target, drafter, plain, "suffix")
     again = generate(target, family_prompts(), drafter=drafter, max_new_tokens=NEW, eos_token_id=[],
@@ -125,13 +144,13 @@ def test_suffix(home, family, record_property):
 
 @pytest.mark.parametrize("kind", list(KIND_OPTIONS))
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_kind(home, family, kind, capsys, record_property):
+def test_kind(world, trained, family, kind, record_property):
     """Trains 2 steps through the CLI, then decodes as a chain, a static and a dynamic tree equal to plain
     greedy."""
     from drafterkit.drafters import load_drafter
 
-    folder, target, plain = world(home, family)
-    rc, err, ckpt = _train(home, folder, family, kind, capsys)
+    folder, target, plain = world(family)
+    rc, err, ckpt = trained(family, kind)
     assert "Traceback" not in err, err
     if rc == 2:  # refused when validated: one line naming the option to change
         reason = err.strip().splitlines()[-1]
@@ -141,16 +160,15 @@ def test_kind(home, family, kind, capsys, record_property):
     assert (family, kind) not in REFUSED, f"{family} x {kind} trained where a refusal was expected"
     assert rc == 0, err
     cell = _decodes_exactly(target, load_drafter(ckpt, target).eval(), plain, kind)
-    _TRAINED[family, kind] = ckpt
     record_property("cell", cell)
 
 
 @pytest.mark.parametrize("fmt", [f for fmts in EXPORTS.values() for f in fmts])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_export(home, family, fmt, record_property):
-    """The export of the checkpoint :func:`test_kind` trained loads back; where drafterkit decodes the
-    export, a chain equals plain greedy."""
-    from safetensors.torch import load_file
+def test_export(home, world, trained, family, fmt, record_property):
+    """The export of the checkpoint the kind's training run saved (the ``trained`` fixture) loads back; where
+    drafterkit decodes the export, a chain equals plain greedy; Medusa's layout holds the trained heads under
+    vLLM's names and a config that describes them."""
     from transformers import AutoModelForCausalLM
 
     from drafterkit.drafters.export import export, load_dflash_export, load_eagle3_export, load_peagle_export
@@ -159,9 +177,10 @@ def test_export(home, family, fmt, record_property):
     if (family, kind) in REFUSED:
         record_property("cell", f"refused: {kind} is refused for {family}")
         return
-    assert (family, kind) in _TRAINED, f"no {kind} checkpoint for {family}: test_kind[{family}-{kind}] failed"
-    folder, target, plain = world(home, family)
-    out = export(_TRAINED[family, kind], fmt, home / "exports" / f"{family}-{fmt}", target=str(folder))
+    folder, target, plain = world(family)
+    rc, err, ckpt = trained(family, kind)
+    assert rc == 0, err
+    out = export(ckpt, fmt, home / "exports" / f"{family}-{fmt}", target=str(folder))
     if fmt == "vllm-eagle3":
         drafter = load_eagle3_export(out, target)
     elif fmt == "vllm-peagle":
@@ -171,12 +190,37 @@ def test_export(home, family, fmt, record_property):
     elif fmt == "hf-assistant":
         drafter = AutoModelForCausalLM.from_pretrained(out).eval()
     else:  # medusa: the layout serving engines read; drafterkit decodes from its own checkpoint
-        tensors = load_file(str(out / "model.safetensors"))
-        assert tensors and all(torch.isfinite(t).all() for t in tensors.values())
-        assert json.loads((out / "config.json").read_text())
+        _check_medusa_export(out, ckpt, target)
         record_property("cell", "pass")
         return
     got = generate(target, family_prompts(), drafter=drafter, max_new_tokens=NEW, eos_token_id=[],
                    num_draft_tokens=3).sequences
     assert got == plain, fmt
     record_property("cell", "pass")
+
+
+def _check_medusa_export(out: Path, ckpt: Path, target) -> None:
+    """vLLM's Medusa layout of the trained heads: a config naming ``MedusaModel`` with the recipe's head count and
+    the target's width and vocabulary, and each trained tensor under its vLLM name, unchanged."""
+    from safetensors.torch import load_file
+
+    from drafterkit.drafters import load_drafter
+
+    heads, hidden = KIND_OPTIONS["medusa"]["num_heads"], target.config.hidden_size
+    vocab = target.get_output_embeddings().weight.shape[0]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["MedusaModel"] and cfg["model_type"] == "medusa"
+    assert (cfg["num_heads"], cfg["medusa_num_heads"], cfg["hidden_size"], cfg["vocab_size"]) == \
+        (heads, heads, hidden, vocab)
+    tensors = load_file(str(out / "model.safetensors"))
+    own = load_drafter(ckpt, target).own_state_dict()
+    blocks = {k: v for k, v in own.items() if k.startswith("blocks.")}  # blocks.{k}.{j}.linear.{weight,bias}
+    assert {f"blocks.{k.split('.')[1]}" for k in blocks} == {f"blocks.{i}" for i in range(heads)}
+    for name, value in blocks.items():
+        _, k, j, _, leaf = name.split(".")
+        assert torch.equal(tensors[f"blocks.{k}.layers.{j}.{leaf}"], value), name
+    if cfg["original_lm_head"]:  # heads sharing the target's LM head: written once, as lm_heads.0
+        assert torch.equal(tensors["lm_heads.0.weight"], target.get_output_embeddings().weight)
+    else:
+        assert sorted(k for k in tensors if k.startswith("lm_heads.")) == [f"lm_heads.{i}.weight" for i in range(heads)]
+        assert all(torch.equal(tensors[k], own[k]) for k in tensors if k.startswith("lm_heads."))
