@@ -27,6 +27,7 @@ Objectives (``--objectives``, comma-separated names; ``recipe`` keeps the recipe
 | ``fkl`` / ``tvd`` / ``alpha`` / ``neg_log_alpha`` (LK-alpha) | ``loss.name=<name>`` at ``loss.temperature`` 1 |
 | ``lk_lambda`` (LK-lambda) | ``loss.name=lk_lambda`` (``loss.lk_scale`` / ``lk_decay`` as the recipe sets) |
 | ``accept_len`` | ``loss.name=accept_len`` over ``--draft-steps`` on the drafter's own drafts |
+| ``dpace`` | ``ce`` with D-PACE's position weights (``loss.position_weights=dpace``) in place of the kind's decay |
 | ``fkl+accept_len`` | ``loss.weights={fkl: 1, accept_len: 1}`` |
 """
 
@@ -63,9 +64,12 @@ def objective_overrides(name: str, kind: str, draft_steps: int) -> list[str]:
     if name in SINGLE:
         extra = [f"loss.draft_steps={draft_steps}", *own] if name == "accept_len" else []
         return [f"loss.name={name}", "loss.weights=null", *extra]
+    if name == "dpace":
+        return ["loss.name=ce", "loss.ce_labels=target", "loss.weights=null", "loss.position_weights=dpace"]
     if name == "fkl+accept_len":
         return ["loss.weights={fkl: 1.0, accept_len: 1.0}", f"loss.draft_steps={draft_steps}", *own]
-    raise ValueError(f"unknown objective {name!r}; choose from recipe, ce, {', '.join(SINGLE[1:])}, fkl+accept_len")
+    raise ValueError(f"unknown objective {name!r}; choose from recipe, ce, {', '.join(SINGLE[1:])}, dpace, "
+                     "fkl+accept_len")
 
 
 def unseen_prompt_files(out: Path) -> dict[str, Path]:

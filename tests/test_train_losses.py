@@ -203,3 +203,45 @@ def test_the_head_kinds_chain_loss_trains_lk_lambda_at_every_drafting_position()
     assert metrics["lk_lambda_step0"] + metrics["lk_lambda_step1"] * 0.8 + metrics["lk_lambda_step2"] * 0.64 \
         == pytest.approx(float(expected), rel=1e-5)
     assert all(d.grad is not None and d.grad[2].abs().sum() == 0 for d in drafts)  # row 2 is never supervised
+
+
+def test_dpace_weights_are_suffix_sums_of_smoothed_confidence_products_worked_by_hand():
+    from drafterkit.train.strategies.heads import dpace_weights
+
+    q = torch.tensor([[0.8, 0.5, 0.2], [0.9, 0.9, 0.9]])
+    valid = torch.tensor([[True, True, True], [True, False, True]])
+    w = dpace_weights(-torch.log(q), valid, alpha=0.5)
+    r = 0.5 * q + 0.5  # smoothed confidence
+    a = r[0, 0]
+    b = a * r[0, 1]
+    c = b * r[0, 2]
+    assert torch.allclose(w[0], torch.stack([a + b + c, b + c, c]), atol=1e-6)
+    # the second chain ends at its unsupervised step: only its first step counts, by its own reach
+    assert torch.allclose(w[1], torch.tensor([float(r[1, 0]), 0.0, 0.0]), atol=1e-6)
+    assert torch.allclose(dpace_weights(-torch.log(q), torch.ones_like(valid), 1.0), torch.tensor([[3.0, 2, 1]] * 2))
+
+
+def test_dpace_replaces_the_fixed_step_decay_of_the_ce_term_and_is_refused_where_it_cannot_apply():
+    from drafterkit.train.recipe import RecipeError, recipe_from_dict
+    from drafterkit.train.strategies.heads import chain_loss, dpace_weights
+
+    raw = {"output_dir": "o", "target": {"name_or_path": "t"}, "drafter": {"kind": "medusa"},
+           "data": {"source": "jsonl", "path": "d.jsonl"},
+           "loss": {"name": "ce", "ce_labels": "data", "position_weights": "dpace", "dpace_alpha": 0.5}}
+    cfg = recipe_from_dict(raw).loss
+    drafts = [_logits(30 + j, 4).requires_grad_(True) for j in range(3)]
+    targets = [_logits(40 + j, 4) for j in range(3)]
+    labels = [torch.tensor([1, 2, -100, 3]), torch.tensor([4, -100, -100, 3]), torch.tensor([5, 6, -100, 3])]
+    loss, metrics = chain_loss(drafts, targets, labels, [1.0, 0.8, 0.64], cfg)
+    loss.backward()
+    ce = torch.stack([torch.nn.functional.cross_entropy(d.detach(), y.clamp_min(0), reduction="none")
+                      for d, y in zip(drafts, labels)], 1)
+    valid = torch.stack([y != -100 for y in labels], 1)
+    w = dpace_weights(ce, valid, 0.5)
+    assert float(loss) == pytest.approx(float((w * ce * valid).sum() / 4), rel=1e-5)  # not the 0.8 ** j decay
+    assert drafts[2].grad[1].abs().sum() == 0  # row 1's chain ended at step 1: its step 2 never counts
+    assert {"dpace_weight_step0", "ce_step2"} <= metrics.keys()
+    with pytest.raises(RecipeError, match="no ce term"):
+        recipe_from_dict({**raw, "loss": {"name": "fkl", "position_weights": "dpace"}})
+    with pytest.raises(RecipeError, match="draft_lm"):
+        recipe_from_dict({**raw, "drafter": {"kind": "draft_lm"}})

@@ -383,6 +383,11 @@ def check_draft_lm_recipe(recipe: Any) -> None:
         ValueError: one line naming both vocabulary sizes and the fix.
     """
     check_init_from_target(recipe)
+    if recipe.loss.position_weights == "dpace":
+        raise ValueError("loss.position_weights: dpace weighs a chained drafter's positions (heads, TTT steps, "
+                         "block positions) and kind 'draft_lm' trains every position as its own next-token "
+                         "prediction; set loss.position_weights: fixed (train a draft_lm on its own chains with "
+                         "the accept_len term)")
     o: DraftLMOptions = recipe.drafter.parsed_options()
     if o.init != "checkpoint" or not o.checkpoint:
         return

@@ -41,6 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from drafterkit.train.checkpoint import is_resumable
+from drafterkit.train.data_engines import DataEngines
 from drafterkit.train.options import feature_kinds, kind_recipe
 
 
@@ -107,7 +108,7 @@ class DrafterSection(Section):
         return kind_recipe(self.kind).options_model.model_validate(self.options)
 
 
-class DataSection(Section):
+class DataSection(Section, DataEngines):  # + the engines that make the data (train.data_engines)
     source: Literal["sharegpt", "jsonl"] = "sharegpt"
     # The file to train on (and draw held-out eval prompts from). source sharegpt: a ShareGPT JSON array
     # or JSONL ({"conversations": [{"from", "value"}]}), default the pinned ShareGPT V3 asset; source
@@ -176,6 +177,10 @@ class LossSection(Section):
     jsd_beta: float = Field(0.5, gt=0.0, lt=1.0)
     lk_scale: float = Field(1.0, gt=0.0, le=1.0)  # lk_lambda's KL weight at zero acceptance (train.losses)
     lk_decay: float = Field(1.0, ge=0.0)  # how fast lk_lambda's KL weight falls as acceptance rises
+    # how a chained kind weighs its drafting positions' ce term: the kind's fixed decay, or D-PACE's weights from
+    # the drafter's own confidence (train.strategies.heads.dpace_weights); dpace_alpha smooths that confidence
+    position_weights: Literal["fixed", "dpace"] = "fixed"
+    dpace_alpha: float = Field(0.5, gt=0.0, le=1.0)
     ce_labels: Literal["target", "data"] = "target"  # ce on the target's argmax, or on the data tokens
     draft_steps: int = Field(4, ge=1, le=16)  # K of the accept_len objective
     weights: dict[str, float] | None = None  # optional mix, e.g. {fkl: 1.0, ce: 0.1}; overrides name
@@ -191,6 +196,14 @@ class LossSection(Section):
         if not v or any(w < 0 for w in v.values()) or sum(v.values()) <= 0:
             raise ValueError("loss.weights must be non-negative with a positive sum")
         return v
+
+    @model_validator(mode="after")
+    def _dpace_needs_ce(self):
+        if self.position_weights == "dpace" and "ce" not in self.terms():
+            raise ValueError("loss.position_weights: dpace weighs the ce term's drafting positions (D-PACE is "
+                             "defined on cross-entropy) and this recipe's loss has no ce term; add it (loss.name: "
+                             "ce, or ce in loss.weights) or set loss.position_weights: fixed")
+        return self
 
     def terms(self) -> dict[str, float]:
         """Loss name -> weight (``{name: 1.0}`` unless ``weights`` is set)."""

@@ -3,7 +3,8 @@
 * :class:`FeatureHeadStrategy`: the batch check, the refusal of on-policy batches, ``save`` and
   ``feature_layers`` (what the recipe refuses for these kinds is checked by ``train.options``).
 * :func:`chain_loss`: ``recipe.loss`` over K draft steps at the same N start positions (Medusa heads,
-  the EAGLE-3 TTT unroll, EAGLE's single step), with per-step weights.
+  the EAGLE-3 TTT unroll, EAGLE's single step, P-EAGLE's depths, DFlash's block positions), with per-step
+  weights, or D-PACE's (:func:`dpace_weights`) on the ce term.
 * :func:`shifted_rows`: gather ``x[b, t + shift]`` at start positions (the label/target offset of step k).
 * :func:`feature_store`, :func:`trainable_own`, :func:`count_data_tokens`, :func:`register_train_vocab`,
   :func:`vocab_remap`: whether the run reads the offline feature cache, device/dtype of the trainable
@@ -89,7 +90,8 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
     Args:
         draft_rows / target_rows: K tensors ``[N, V]`` of draft / target logits for step k.
         label_rows: K LongTensors ``[N]``: the data token of step k, ``-100`` where unsupervised.
-        step_weights: K floats (e.g. ``0.8 ** k``), multiplying each step's per-term loss.
+        step_weights: K floats (e.g. ``0.8 ** k``), multiplying each step's per-term loss (the ce term's weights
+            are D-PACE's instead under ``loss.position_weights: dpace``, :func:`dpace_weights`).
         loss_cfg: ``recipe.loss`` (``terms()``, ``temperature``, ``ce_labels``, ``draft_steps`` and the
             settings :func:`train.losses.distribution_loss` reads).
 
@@ -112,6 +114,11 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
             total = total + w * value
             metrics.update(m)
             continue
+        if name == "ce" and loss_cfg.position_weights == "dpace":
+            value, m = _dpace_ce(draft_rows, target_rows, label_rows, valid, loss_cfg, n)
+            total = total + w * value
+            metrics.update(m)
+            continue
         for j in range(k_steps):
             d, t, v = draft_rows[j], target_rows[j], valid[j]
             if name == "ce":
@@ -130,6 +137,48 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
     metrics["tokens"] = float(n)
     metrics["loss"] = float(total.detach())
     return total, metrics
+
+
+def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE's position weights ("D-PACE: Dynamic Position-Aware Cross-Entropy for Parallel Speculative
+    Drafting", arXiv 2605.18810, Eqs. 7-8), without gradient.
+
+    Each chain's confidence at step i is ``q_i = exp(-ce_i)``, smoothed to ``r_i = (1 - alpha) q_i + alpha``;
+    step j weighs ``w_j = sum_{m >= j} prod_{i <= m} r_i``: the chance the chain reaches step j times the
+    accepted length still to come from there, so a step counts by its share of the expected accepted length.
+    A chain ends at its first unsupervised step (zero weight there and after).
+
+    Args:
+        ce: ``[N, K]`` cross-entropy of each chain's step (any value where not ``valid``).
+        valid: bool ``[N, K]``: the step is supervised.
+        alpha: smoothing in (0, 1] (the paper's default 0.5; 1 gives every step of a chain ``K - j``).
+
+    Returns:
+        ``[N, K]`` float weights, detached.
+    """
+    with torch.no_grad():
+        alive = losses.alive_steps(valid).float()
+        smoothed = ((1.0 - alpha) * torch.exp(-ce.float()) + alpha) * alive
+        reach = torch.cumprod(smoothed, dim=-1)  # [N, K]: prod_{i <= m} r_i, 0 past the chain's end
+        return torch.flip(torch.cumsum(torch.flip(reach, [-1]), -1), [-1]) * alive
+
+
+def _dpace_ce(draft_rows, target_rows, label_rows, valid, loss_cfg, n: int):
+    """The ce term weighted by :func:`dpace_weights` instead of the kind's fixed step decay: ``sum_{n, j} w_nj
+    ce_nj / N`` over the N chain starts (the normalisation D-PACE's author asks for, not the weights' sum)."""
+    ce = []
+    for j, (d, t, y) in enumerate(zip(draft_rows, target_rows, label_rows)):
+        labels = t.argmax(-1) if loss_cfg.ce_labels == "target" else y
+        labels = labels.masked_fill(~valid[j], 0)
+        ce.append(-torch.log_softmax(d.float(), -1).gather(-1, labels[:, None]).squeeze(-1))  # [N]
+    ce = torch.stack(ce, 1)  # [N, K]
+    mask = torch.stack(valid, 1)
+    weights = dpace_weights(ce.detach(), mask, loss_cfg.dpace_alpha)
+    value = (weights * torch.where(mask, ce, torch.zeros_like(ce))).sum() / max(n, 1)
+    metrics = {f"ce_step{j}": float((ce[:, j].detach() * mask[:, j]).sum() / max(n, 1)) for j in range(ce.shape[1])}
+    metrics.update({f"dpace_weight_step{j}": float(weights[:, j].sum() / max(int(mask[:, j].sum()), 1))
+                    for j in range(ce.shape[1])})
+    return value, metrics
 
 
 def _alpha_rows(d: torch.Tensor, t: torch.Tensor, temperature: float) -> torch.Tensor:
