@@ -1,6 +1,7 @@
 """drafterkit's speculative decoder core: the proposer protocol, the engine (propose -> verify ->
 accept), the KV cache and its rollback, greedy and exact sampling verification, chains and trees,
-stop handling and metrics. It imports no other package of drafterkit.
+stop handling and metrics. It imports no other package of drafterkit. ``decode/reference.py`` is one round
+(batch 1, greedy, chains) in one short file: read it first.
 
 ``generate`` is the public entry point (the project's decoder contract; metric definitions in
 ``decode/metrics.py`` and docs/evaluation.md, "Metrics"); ``exact_mode`` switches on the bitwise-exact mode
