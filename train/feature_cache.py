@@ -58,6 +58,7 @@ from tqdm.auto import tqdm
 
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.device import resolve_device, resolve_dtype
+from drafterkit.assets.target import resolve_target_path
 from drafterkit.assets.pinned import home
 from drafterkit.assets.console import progress_bars_off
 from drafterkit.train.data import collate
@@ -75,6 +76,7 @@ from drafterkit.train.features_run import require_feature_kind
 from drafterkit.train.recipe import RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
 from drafterkit.train.strategies import get_strategy
+from drafterkit.train.vllm_data import vllm_features
 
 VERSION = 1
 
@@ -94,7 +96,7 @@ class CacheSpec:
     dtype: torch.dtype
     hidden_size: int
     lengths: list[int]  # tokens of each example, in dataset order
-    target_name: str = ""
+    target_name: str = ""  # also the folder vLLM loads where identity["engine"] is "vllm"
 
     @property
     def bytes_per_token(self) -> int:
@@ -103,6 +105,10 @@ class CacheSpec:
     @property
     def tokens(self) -> int:
         return sum(self.lengths)
+
+    @property
+    def engine(self) -> str:
+        return self.identity.get("engine", "transformers")
 
 
 def examples_digest(ds) -> tuple[str, list[int]]:
@@ -129,15 +135,18 @@ def target_fingerprint(target: torch.nn.Module) -> str:
 
 
 def cache_spec(root: str | Path, target: torch.nn.Module, ds, layers: Sequence[int], *, target_name: str = "",
-               dtype: str = "bfloat16") -> CacheSpec:
+               dtype: str = "bfloat16", engine: str = "transformers") -> CacheSpec:
     """The cache for ``target``'s ``layers`` over the examples of ``ds`` (a ``datasets.Dataset`` or a
-    sequence of dicts with ``input_ids`` and ``loss_mask``), under ``root``."""
+    sequence of dicts with ``input_ids`` and ``loss_mask``), under ``root``, computed by ``engine``
+    (``"transformers"``, or ``"vllm"``: ``train.vllm_data.vllm_features``, a cache of its own)."""
     digest, lengths = examples_digest(ds)
     dt = resolve_dtype(dtype)
     identity = {"version": VERSION, "target_fingerprint": target_fingerprint(target),
                 "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
                 "examples_sha256": digest, "layers": [int(i) for i in layers],
                 "dtype": str(dt).removeprefix("torch.")}
+    if engine != "transformers":  # the transformers caches keep the key they always had
+        identity["engine"] = engine
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(target_name.rstrip("/")).name) or "target"
     name = f"{slug}-L{'.'.join(map(str, identity['layers']))}-{identity['dtype']}-{key}"
@@ -216,6 +225,12 @@ def _write_shard(path: Path, shard: dict, target, ds, spec: CacheSpec, batch_siz
     order = sorted(range(len(rows)), key=lambda j: -len(rows[j]["input_ids"]))
     dev = next(target.parameters()).device
     feats: list[torch.Tensor | None] = [None] * len(rows)
+    if spec.engine == "vllm":  # one vLLM run over the shard's examples (it batches them itself)
+        feats = [f.to(spec.dtype) for f in vllm_features(target, resolve_target_path(spec.target_name),
+                                                         [list(r["input_ids"]) for r in rows], spec.layers,
+                                                         batch_size=batch_size)[1]]
+        bar.update(len(rows))
+        order = []
     for b in range(0, len(order), batch_size):
         chunk = order[b:b + batch_size]
         batch = collate([rows[j] for j in chunk], pad_token_id=0)
@@ -325,12 +340,18 @@ def feature_layers(recipe, target) -> list[int]:
         raise RecipeError(f"drafter ({recipe.drafter.kind}, target {recipe.target.name_or_path}): {exc}") from None
 
 
+def recipe_cache_spec(recipe, target, ds, layers: list[int]) -> CacheSpec:
+    """The cache the recipe reads: its folder, ``data.feature_dtype`` and ``data.features_engine``."""
+    return cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path,
+                      dtype=recipe.data.feature_dtype, engine=recipe.data.features_engine)
+
+
 def recipe_cache_state(recipe, target, ds) -> tuple[CacheSpec, bool]:
     """``(spec, complete)``: the cache ``recipe`` reads over ``ds`` and whether it is complete (readable as it
     is, sizes and sha256s checked as :class:`FeatureCache` does); nothing is built. Raises as
     :func:`feature_layers`."""
     layers = feature_layers(recipe, target)
-    spec = cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path)
+    spec = recipe_cache_spec(recipe, target, ds, layers)
     try:
         FeatureCache(spec.path, layers)
         return spec, True
@@ -348,7 +369,7 @@ def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache
         FeatureCacheError: not ``write`` and the cache is not complete.
     """
     layers = feature_layers(recipe, target)
-    spec = cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path)
+    spec = recipe_cache_spec(recipe, target, ds, layers)
     try:
         cache = FeatureCache(spec.path, layers)
         if write:
@@ -385,8 +406,7 @@ def build_for_recipe(recipe, batch_size: int, shard_mb: float) -> int:
             ds = load_data(recipe, target, tokenizer)
         except (ValueError, FileNotFoundError) as exc:
             raise RecipeError(f"data: {exc}") from None
-        spec = cache_spec(recipe_cache_root(recipe), target, ds, feature_layers(recipe, target),
-                          target_name=recipe.target.name_or_path)
+        spec = recipe_cache_spec(recipe, target, ds, feature_layers(recipe, target))
         report = build_feature_cache(spec, target, ds, batch_size=batch_size, shard_mb=shard_mb)
     except (RecipeError, FileNotFoundError, OSError) as exc:
         print(f"drafterkit features: error: {exc}", file=sys.stderr)

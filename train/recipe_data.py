@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from drafterkit.assets.target import resolve_target_path
 from drafterkit.train.data import build_dataset
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.regenerate import regenerate_dataset
+from drafterkit.train.vllm_data import venv_problem
 
 
 def recipe_data_file(data) -> tuple[str | Path, str]:
@@ -20,8 +22,12 @@ def recipe_data_file(data) -> tuple[str | Path, str]:
     JSONL), else the pinned ShareGPT asset (``"sharegpt"``, its format detected as always).
 
     Raises:
-        train.recipe.RecipeError: ``data.path`` is not an existing file.
+        train.recipe.RecipeError: ``data.path`` is not an existing file; the recipe asks for a vLLM data engine
+            (``data.regenerate_engine``, ``data.features_engine``) and there is no vLLM venv
+            (``train.vllm_data.venv_problem``: the message names ``scripts/vllm-venv.sh``).
     """
+    if why := venv_problem(data):
+        raise RecipeError(why)
     if not data.path:
         return "sharegpt", "auto"
     if not Path(data.path).is_file():
@@ -43,6 +49,10 @@ def load_data(recipe: Recipe, target, tokenizer):
                        split="train", heldout_fraction=d.heldout_fraction, seed=recipe.train.seed, format=fmt,
                        eos_token_id=eos, max_skipped_fraction=d.max_skipped_fraction)
     if d.regenerate:
+        sampling = {"temperature": d.regenerate_temperature, "top_k": d.regenerate_top_k, "top_p": d.regenerate_top_p,
+                    "seed": recipe.train.seed}
         ds = regenerate_dataset(ds, target, max_new_tokens=d.regenerate_max_new_tokens,
-                                batch_size=d.regenerate_batch_size, max_length=d.max_length)
+                                batch_size=d.regenerate_batch_size, max_length=d.max_length,
+                                engine=d.regenerate_engine, target_path=resolve_target_path(recipe.target.name_or_path),
+                                sampling=sampling, thinking=d.thinking, tokenizer=tokenizer)
     return ds

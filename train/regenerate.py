@@ -4,14 +4,23 @@ Training a drafter on the target's own outputs instead of the fixed ShareGPT res
 distribution it will draft for at decode time (Medusa-2 self-distillation, Cai et al. 2024; EAGLE
 "fixed data" ablation, Li et al. 2024). For each example the prompt (every token up to and including
 the first assistant header, i.e. the position of the first supervised prediction) is continued by the
-target with ``decode.generate`` (greedy, ``data.regenerate_max_new_tokens`` tokens, prompts batched
-``data.regenerate_batch_size`` at a time in length order so left padding stays short); the new example
+target with ``decode.generate`` (greedy unless ``data.regenerate_temperature`` > 0,
+``data.regenerate_max_new_tokens`` tokens, prompts batched ``data.regenerate_batch_size`` at a time in length
+order so left padding stays short), or by the target in vLLM with ``data.regenerate_engine: vllm``
+(``train.vllm_data``: the same prompts, sampling and EOS ids, batched by vLLM); the new example
 is prompt + generated tokens with the loss mask on the generated tokens (EOS included). Only the first
 assistant turn survives, and only prompts that leave room for the whole generation inside
 ``max_length`` are kept (a longer prompt would be truncated before most of its generated tokens).
 The result is cached as a ``datasets`` folder under
 ``$DRAFTERKIT_HOME/regenerated/<key>``, key = sha256 of the target's config and weights fingerprint,
-the source dataset's fingerprint and the generation parameters.
+the source dataset's fingerprint and the generation parameters (engine, sampling, thinking mode).
+
+Thinking (``data.thinking``, reasoning templates such as Qwen3's). The data renders a last assistant turn without
+reasoning with the template's empty ``<think>\\n\\n</think>\\n\\n`` before the reply, unsupervised, so the
+prompt already ends in thinking-off mode. ``thinking: true`` removes that tail (the target then writes its own
+``<think>`` block, supervised with the reply); ``false`` makes sure it is there. The tail is read from the template
+(its generation prompt with ``enable_thinking`` on and off, :func:`thinking_tail`), the switch vLLM's
+``chat_template_kwargs={"enable_thinking": ...}`` passes to the same template: both engines get the same tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from tqdm.auto import tqdm
 from drafterkit import decode
 from drafterkit.assets.pinned import home
 from drafterkit.assets.console import progress_bars_off
+from drafterkit.train.vllm_data import dtype_name, vllm_generate
 
 
 def _target_fingerprint(target: torch.nn.Module) -> str:
@@ -37,51 +47,93 @@ def _target_fingerprint(target: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def thinking_tail(tokenizer) -> list[int]:
+    """The tokens a reasoning template's generation prompt gains with thinking off (Qwen3:
+    ``<think>\\n\\n</think>\\n\\n`` after the assistant header), read from the template itself.
+
+    Raises:
+        ValueError: the template has no thinking switch (``enable_thinking`` changes nothing in its generation
+            prompt, or changes more than a tail), so ``data.thinking`` cannot apply.
+    """
+    probe = [{"role": "user", "content": "Hi"}]
+    on, off = (tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, enable_thinking=t)
+               for t in (True, False))
+    if on == off or not off.startswith(on):
+        raise ValueError("data.thinking is set but the target's chat template has no thinking switch "
+                         "(enable_thinking does not add a tail to its generation prompt); drop data.thinking")
+    return tokenizer(off[len(on):], add_special_tokens=False)["input_ids"]
+
+
+def with_thinking(prompt: list[int], tail: list[int], thinking: bool | None) -> list[int]:
+    """``prompt`` (ending at the first supervised position) as the template writes it with thinking on (the
+    thinking-off ``tail`` removed, the target writes its own ``<think>`` block) or off (the tail present)."""
+    ends = len(tail) > 0 and prompt[-len(tail):] == tail
+    if thinking is True and ends:
+        return prompt[:-len(tail)]
+    if thinking is False and not ends:
+        return prompt + tail
+    return prompt
+
+
 def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batch_size: int = 32,
                        max_length: int | None = None, cache_dir: str | Path | None = None,
-                       progress: bool = True):
-    """Replace each example's response by the target's greedy continuation (see module docstring).
+                       progress: bool = True, engine: str = "drafterkit", target_path: str | None = None,
+                       sampling: dict | None = None, thinking: bool | None = None, tokenizer=None):
+    """Replace each example's response by the target's continuation (see module docstring).
 
     Args:
         ds: ``datasets.Dataset`` with ``input_ids`` and ``loss_mask`` (``train.data.build_dataset``).
         target: the frozen target. max_new_tokens: generated tokens per prompt.
-        batch_size: prompts per ``decode.generate`` call (CPU throughput of SmolLM2-135M in bf16 on 2
-            cores: ~120 generated tokens/s at 8, ~200 at 64). max_length: truncate examples to this;
-            prompts longer than ``max_length - max_new_tokens`` are dropped.
+        batch_size: prompts per ``decode.generate`` call, or vLLM's ``max_num_seqs`` (CPU throughput of
+            SmolLM2-135M in bf16 on 2 cores: ~120 generated tokens/s at 8, ~200 at 64). max_length: truncate
+            examples to this; prompts longer than ``max_length - max_new_tokens`` are dropped.
+        engine: ``"drafterkit"`` (``decode.generate``) or ``"vllm"`` (``train.vllm_data``; needs ``target_path``,
+            the target's transformers folder). sampling: ``{"temperature", "top_k", "top_p", "seed"}``
+            (default greedy). thinking: True / False puts each prompt in that mode (:func:`with_thinking`, needs
+            ``tokenizer``); None leaves the prompts as the data renders them.
 
     Returns:
         ``datasets.Dataset`` with ``input_ids``, ``loss_mask``, ``length``, in the source order.
 
     Raises:
-        ValueError: no prompt is short enough (names the sizes to change).
+        ValueError: no prompt is short enough (names the sizes to change); ``thinking`` set for a template
+            without a thinking switch. ``train.vllm_data.VLLMDataError``: vLLM failed.
     """
     import datasets
 
+    sampling = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, **(sampling or {})}
+    extra = {}  # the defaults (drafterkit's engine, greedy, prompts as rendered) keep the key they always had
+    if engine != "drafterkit":
+        extra["engine"] = engine
+    if thinking is not None:
+        extra["thinking"] = thinking
+    if sampling["temperature"] > 0:
+        extra["sampling"] = sampling
     key = hashlib.sha256(json.dumps(dict(target=_target_fingerprint(target), data=ds._fingerprint,
-                                         n=len(ds), new=max_new_tokens, max_length=max_length, v=2),
+                                         n=len(ds), new=max_new_tokens, max_length=max_length, v=2, **extra),
                                     sort_keys=True).encode()).hexdigest()[:32]
     root = Path(cache_dir) if cache_dir else home() / "regenerated"
     final = root / key
     if (final / "dataset_info.json").exists():
         return datasets.load_from_disk(str(final))
+    tail = thinking_tail(tokenizer) if thinking is not None else []
     room = max_length - max_new_tokens if max_length else None
     prompts = []
     for ex in ds:
         mask = list(ex["loss_mask"])
         first = mask.index(1) if 1 in mask else len(mask)
-        if 0 < first and (room is None or first <= room):
-            prompts.append(list(ex["input_ids"][:first]))
+        prompt = with_thinking(list(ex["input_ids"][:first]), tail, thinking) if first else []
+        if prompt and (room is None or len(prompt) <= room):
+            prompts.append(prompt)
     if not prompts:
         raise ValueError(f"no prompt of the {len(ds)} examples fits data.max_length ({max_length}) minus "
                          f"data.regenerate_max_new_tokens ({max_new_tokens}); raise max_length or lower "
                          "regenerate_max_new_tokens")
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    generated: dict[int, list[int]] = {}
-    bars = progress and not progress_bars_off()
-    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not bars):
-        idx = order[i:i + batch_size]
-        res = decode.generate(target, [prompts[j] for j in idx], max_new_tokens=max_new_tokens, temperature=0.0)
-        generated.update(zip(idx, (list(s) for s in res.sequences)))
+    if engine == "vllm":
+        generated = dict(enumerate(vllm_responses(target, target_path, prompts, max_new_tokens, batch_size,
+                                                  sampling)))
+    else:
+        generated = own_responses(target, prompts, max_new_tokens, batch_size, sampling, progress)
     rows = {"input_ids": [], "loss_mask": [], "length": []}
     for j, prompt in enumerate(prompts):
         new = generated[j]
@@ -98,3 +150,32 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return datasets.load_from_disk(str(final))
+
+
+def own_responses(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, sampling: dict,
+                  progress: bool = True) -> dict[int, list[int]]:
+    """drafterkit's engine answers ``prompts``: prompt index -> new token ids (batched in length order, so left
+    padding stays short)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    generated: dict[int, list[int]] = {}
+    bars = progress and not progress_bars_off()
+    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not bars):
+        idx = order[i:i + batch_size]
+        res = decode.generate(target, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
+                              temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
+                              seed=sampling["seed"] + i if sampling["temperature"] > 0 else None)
+        generated.update(zip(idx, (list(s) for s in res.sequences)))
+    return generated
+
+
+def vllm_responses(target, target_path: str | None, prompts: list[list[int]], max_new_tokens: int, batch_size: int,
+                   sampling: dict) -> list[list[int]]:
+    """vLLM answers ``prompts`` with the target at ``target_path`` (``train.vllm_data.vllm_generate``), stopping at
+    the target's EOS ids as ``decode.generate`` does."""
+    if target_path is None:
+        raise ValueError("data.regenerate_engine: vllm needs the target's transformers folder")
+    eos = getattr(target.generation_config, "eos_token_id", None)
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    res = vllm_generate(target_path, dtype_name(target), prompts, max_new_tokens=max_new_tokens, eos=eos,
+                        batch_size=batch_size, **sampling)
+    return res["outputs"]
