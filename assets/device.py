@@ -146,6 +146,16 @@ def crowded(busy: float | None, threads: int, cores: int) -> bool:
     return busy is not None and busy >= 0.5 and threads + busy > cores + 0.25
 
 
+def fitting_threads(busy: float | None, threads: int, cores: int) -> int:
+    """The torch threads to decode with beside other processes keeping ``busy`` cores busy: ``threads`` where they
+    fit (not :func:`crowded`), else the cores left free (at least 1). Decoding's ops are small, so threads past the
+    free cores wait on one another behind the other work at every op (measured on a 2-core CPU with both cores
+    busy: 2 threads decoded a tiny target at 3-6 tokens/s, 1 thread at 43-61)."""
+    if not crowded(busy, threads, cores):
+        return threads
+    return max(1, min(threads, int(cores + 0.25 - busy)))
+
+
 def busy_note(machine: dict) -> str | None:
     """The caveat a report prints beside speed figures measured on a :func:`crowded` CPU (``machine``: the
     record of ``speceval.harness.machine_info``, its ``busy_cores``, ``threads`` and ``cpu_count``), or None."""

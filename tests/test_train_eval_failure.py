@@ -42,11 +42,11 @@ def _failing_eval(monkeypatch, at_step: int | None = None):
     real = loop.evaluate
     seen = []
 
-    def evaluate(drafter, target, prompts, recipe):
+    def evaluate(drafter, target, prompts, recipe, **options):
         seen.append(True)
         if at_step is None or len(seen) == at_step:
             raise EvalFailed("the evaluation failed")
-        return real(drafter, target, prompts, recipe)
+        return real(drafter, target, prompts, recipe, **options)
 
     monkeypatch.setattr(loop, "evaluate", evaluate)
 

@@ -182,7 +182,8 @@ def test_the_eval_result_json_counts_the_skipped_prompts(tok, tmp_path, monkeypa
     fed = _spy_generate(monkeypatch)
     with pytest.warns(UserWarning, match="skipped 1 "):
         train(recipe, target=target, tokenizer=tok)
-    assert fed == [p.input_ids for p in load_prompts("mt-bench", tok, 24, max_prompt_tokens=300)]
+    chosen = [p.input_ids for p in load_prompts("mt-bench", tok, 24, max_prompt_tokens=300)]
+    assert fed == chosen[:1] + chosen  # one uncounted warm-up call, as drafterkit eval's, then every prompt once
     for path in (tmp_path / "run" / "eval" / "step-1.json", tmp_path / "run" / "checkpoints" / "best" / "eval.json"):
         rec = json.loads(path.read_text())["prompts"]
         assert (rec["benchmark"], rec["asked"], rec["used"], rec["skipped"]) == ("mt-bench", 24, 24, 1)

@@ -12,10 +12,19 @@ reads (``data.path``, ``train.seed``, ``data.heldout_fraction``). ``data.max_len
 sequence length) does not cut them: a prompt longer than the target's context
 (``max_position_embeddings``) minus ``eval.max_new_tokens`` is skipped whole, with a warning, and
 counted with its reason in every eval result (``prompts``).
+
+The decoding is ``drafterkit eval``'s: the decoder's exact mode (``decode.exact_mode``), one uncounted warm-up
+call first (``speceval.harness.WARMUP_TOKENS`` tokens of the first prompt), and, on a CPU whose cores other
+processes keep busy, only the torch threads that fit beside them (``assets.device.fitting_threads``; where
+``drafterkit eval`` warns and names ``--threads``, training has no such flag, so its evaluation picks them):
+torch's default of one thread per core made an evaluation inside ``drafterkit train`` decode a tiny target at
+3-6 tokens/s on a 2-core CPU both of whose cores a CI run kept busy, against 43-61 with one thread (training's
+drafter and target decode as fast as ``drafterkit eval``'s at the same thread count).
 """
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections import Counter
@@ -25,9 +34,12 @@ from typing import Any
 import torch
 
 from drafterkit import decode
+from drafterkit.assets.console import progress_bars_off
+from drafterkit.assets.device import fitting_threads
 from drafterkit.assets.pinned import resolve_source
 from drafterkit.assets.target import resolve_target_path
 from drafterkit.decode.metrics import pool_stats
+from drafterkit.speceval.harness import WARMUP_TOKENS, busy_cores
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.train.recipe_data import recipe_data_file
@@ -114,33 +126,58 @@ def merge_stats(results: list[Any]) -> dict[str, Any]:
 
 @torch.no_grad()
 def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: EvalPrompts | list[list[int]],
-             recipe) -> dict[str, Any]:
-    """Measure ``drafter`` (a ``drafters.Drafter``, unwrapped) on ``prompts`` with ``decode.generate``.
+             recipe, *, desc: str = "eval") -> dict[str, Any]:
+    """Measure ``drafter`` (a ``drafters.Drafter``, unwrapped) on ``prompts`` with ``decode.generate``, decoding as
+    ``drafterkit eval`` does (the module docstring: exact mode, a warm-up call, threads that fit a busy CPU), with a
+    progress bar over the prompts (``desc``; off where ``TQDM_DISABLE`` is set).
 
     Args:
         prompts: :func:`eval_prompt_ids`'s result, or plain token-id lists.
 
     Returns:
         dict with ``tau``, ``acceptance_rate``, ``accept_per_position`` (list), ``tokens_per_s``
-        (tokens/s), ``committed``, ``target_forwards``, ``drafted``, ``wall_s`` (seconds), and, given
-        an :class:`EvalPrompts`, ``prompts`` (:meth:`EvalPrompts.record`: used / skipped and why).
+        (tokens/s), ``committed``, ``target_forwards``, ``drafted``, ``wall_s`` (seconds, warm-up included),
+        ``threads`` (torch threads it decoded with), ``busy_cores`` (cores other processes kept busy, None off a
+        CPU), ``exact_mode`` (True), and, given an :class:`EvalPrompts`, ``prompts`` (:meth:`EvalPrompts.record`:
+        used / skipped and why).
     """
+    from tqdm.auto import tqdm
+
     cfg = recipe.eval
     info = prompts.record() if isinstance(prompts, EvalPrompts) else None
     prompts = prompts.ids if isinstance(prompts, EvalPrompts) else prompts
+    start, threads = time.perf_counter(), torch.get_num_threads()
+    busy = busy_cores() if next(target.parameters()).device.type == "cpu" else None
+    use = fitting_threads(busy, threads, os.cpu_count() or 1)
+    if use != threads:
+        warnings.warn(f"other processes keep this CPU's cores busy: evaluations inside training decode with {use} "
+                      f"torch thread{'s' if use > 1 else ''} instead of {threads}, the cores left free (threads past "
+                      "them wait on one another at every small decoding op: ~10x slower measured on a 2-core CPU); "
+                      "each eval result records its threads and busy_cores", UserWarning, stacklevel=1)
     was_training = drafter.training
     drafter.eval()
-    start, stats = time.perf_counter(), []
+    torch.set_num_threads(use)
+    stats = []
+    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", leave=False, disable=progress_bars_off())
+
+    def run(rows: list[list[int]], max_new: int, seed: int):
+        return decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, temperature=cfg.temperature,
+                               num_draft_tokens=cfg.k, seed=seed)
+
     try:
-        for i in range(0, len(prompts), cfg.batch_size):
-            res = decode.generate(target, prompts[i:i + cfg.batch_size], drafter=drafter,
-                                  max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                  num_draft_tokens=cfg.k, seed=recipe.train.seed + i)
-            stats.append(res)
+        with decode.exact_mode(True):
+            if prompts:  # uncounted: first-call costs, as drafterkit eval
+                run(prompts[:1], WARMUP_TOKENS, recipe.train.seed)
+            for i in range(0, len(prompts), cfg.batch_size):
+                stats.append(run(prompts[i:i + cfg.batch_size], cfg.max_new_tokens, recipe.train.seed + i))
+                bar.update(len(prompts[i:i + cfg.batch_size]))
+                bar.set_postfix_str(f"{merge_stats(stats)['tokens_per_s']:.1f} tokens/s", refresh=False)
     finally:
+        bar.close()
+        torch.set_num_threads(threads)
         drafter.train(was_training)
     out = merge_stats(stats)
-    out["wall_s"] = time.perf_counter() - start
+    out.update(wall_s=time.perf_counter() - start, threads=use, busy_cores=busy, exact_mode=True)
     if info is not None:
         out["prompts"] = info
     return out

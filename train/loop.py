@@ -328,7 +328,7 @@ def _maybe_evaluate(ctx: RunContext, state: TrainerState, final: bool) -> dict |
     result, sharded = None, ctx.sharded
     whole = acc.unwrap_model(ctx.drafter) if sharded is None else sharded.materialize()  # every process
     if acc.is_main_process:
-        result = evaluate(whole, ctx.target, ctx.prompts, recipe)
+        result = evaluate(whole, ctx.target, ctx.prompts, recipe, desc=f"eval at step {step}")
         result["step"] = step
         recipe.paths.eval.mkdir(parents=True, exist_ok=True)
         (recipe.paths.eval / f"step-{step}.json").write_text(json.dumps(result, indent=1))
