@@ -486,6 +486,20 @@ def test_the_bar_counts_toward_the_bound_that_stops_the_run(capsys):
     assert bar.n < bar.total and "interrupted" in bar.postfix
 
 
+def test_a_run_names_its_training_engine_and_precision_once(world, tmp_path, capsys, monkeypatch):
+    """One line at the start names the engine, the device and the precision; where ``accelerate launch`` passed its
+    default ``--mixed_precision no`` (the warning it prints), the line says the recipe's setting applies."""
+    from drafterkit.train.loop import train
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # what accelerate launch sets when no config names one
+    train(_recipe(world, tmp_path / "r", **{"train.max_steps": 1, "train.mixed_precision": "bf16",
+                                             "train.cpu": "true"}))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("training engine:")]
+    assert lines == ["training engine: a single process (no data parallelism) on cpu, bf16 autocast "
+                     "(train.mixed_precision); accelerate launch's --mixed_precision 'no' does not apply: the "
+                     "recipe's train.mixed_precision sets it"]
+
+
 def test_an_evaluation_past_the_budget_leaves_max_steps_as_the_stop_reason(world, tmp_path):
     """max_steps ends training; the at-end evaluation that follows may run past train.max_minutes (here the budget
     is spent before the first step ends), and the run still reports the bound that stopped training."""

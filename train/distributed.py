@@ -102,6 +102,38 @@ def check_distributed_result(acc, requested: str | None) -> None:
                           f"{acc.num_processes} ({got}): every process would train alone. {_CPU_DDP}")
 
 
+def engine_line(recipe: Recipe, acc) -> str:
+    """The one line a run prints at its start naming the training engine in use (a single process, DDP, FSDP2,
+    accelerate's FSDP or DeepSpeed ZeRO), over how many processes, on which device, and the mixed precision
+    ``train.mixed_precision`` gave; where ``accelerate launch`` passed another one (its ``--mixed_precision``
+    default ``'no'``, the warning it prints when no config names one), it says the recipe's applies."""
+    n, shard = acc.num_processes, recipe.train.shard
+    kind = getattr(acc.distributed_type, "name", str(acc.distributed_type))
+    parts = set(shard.split("+"))
+    stage = 2 if "zero2" in parts else 3 if "zero3" in parts else None
+    target = ", the target's layers sharded by FSDP2" if "target" in parts else ""
+    if stage:
+        engine = f"DeepSpeed ZeRO-{stage} over {n} processes (train.shard={shard}{target})"
+    elif "drafter" in parts:
+        engine = f"FSDP2 over {n} processes, the drafter sharded (train.shard={shard}{target})"
+    elif "target" in parts:
+        engine = f"DDP over {n} processes{target} (train.shard={shard})"
+    elif kind == "FSDP":
+        engine = f"accelerate's FSDP over {n} processes (the accelerate config's distributed_type)"
+    elif n > 1:
+        engine = f"DDP over {n} processes ({'nccl' if acc.device.type == 'cuda' else 'gloo'})"
+    else:
+        engine = "a single process (no data parallelism)"
+    mixed = acc.mixed_precision
+    precision = "fp32 (no autocast)" if mixed == "no" else f"{mixed} autocast"
+    line = f"training engine: {engine} on {acc.device.type}, {precision} (train.mixed_precision)"
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower()
+    if launched and launched != mixed:
+        line += (f"; accelerate launch's --mixed_precision {launched!r} does not apply: the recipe's "
+                 "train.mixed_precision sets it")
+    return line
+
+
 def peak_memory_mb(device: torch.device) -> float:
     """This process's peak memory in MiB since it started or since :func:`reset_peak_memory`: the CUDA caching
     allocator's peak allocation on ``device`` (``torch.cuda.max_memory_allocated``), else the peak resident

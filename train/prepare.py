@@ -27,6 +27,7 @@ from drafterkit.train.distributed import (
     check_distributed_request,
     check_distributed_result,
     check_shard_world,
+    engine_line,
     fsdp_ignore_borrowed,
     make_engine,
 )
@@ -166,6 +167,7 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     from accelerate.utils import set_seed
 
     acc = make_accelerator(recipe)
+    acc.print(engine_line(recipe, acc))
     _clear_output_dir(recipe, acc)
     set_seed(recipe.train.seed)
     target, tokenizer, target_sharded = _load_target(recipe, acc, target, tokenizer)
