@@ -17,10 +17,6 @@ STAGE = "[drafterkit-stage] "
 PREFIX = "drafterkit serve-check: "
 
 
-def _say(line: str) -> None:
-    print(PREFIX + line, file=sys.stderr, flush=True)
-
-
 def new_stages(log: Path, offset: int) -> tuple[list[str], int]:
     """The stage lines written to ``log`` past byte ``offset`` (complete lines only), and the offset after them."""
     try:
@@ -35,13 +31,19 @@ def new_stages(log: Path, offset: int) -> tuple[list[str], int]:
 
 
 def run_watched(cmd: list[str], env: dict, log: Path, timeout: float, *, heartbeat: float = 30.0,
-                poll: float = 0.5) -> tuple[int | None, str]:
+                poll: float = 0.5, prefix: str = PREFIX,
+                loads: str = "per export loading the target and the drafter") -> tuple[int | None, str]:
     """Run ``cmd`` with its stdout and stderr into ``log``, printing its stages and a heartbeat on stderr (see the
-    module docstring). Returns ``(exit status, why)``: the status None and ``why`` "no result after N s" when it
-    ran past ``timeout`` seconds (it is killed then), else ``why`` "exit status N"."""
+    module docstring), each line after ``prefix`` (the command's name; ``loads``: what the first line says vLLM
+    loads). Returns ``(exit status, why)``: the status None and ``why`` "no result after N s" when it ran past
+    ``timeout`` seconds (it is killed then), else ``why`` "exit status N"."""
     t0 = time.monotonic()
-    _say(f"starting vLLM: importing it, then per export loading the target and the drafter, compiling and "
-         f"allocating its cache take minutes on a CPU; its log: {log}")
+
+    def _say(line: str) -> None:
+        print(prefix + line, file=sys.stderr, flush=True)
+
+    _say(f"starting vLLM: importing it, then {loads}, compiling and allocating its cache take minutes on a CPU; its "
+         f"log: {log}")
     offset, stage, last = 0, "importing vLLM", t0
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)

@@ -72,7 +72,8 @@ def run_runner(request: dict, timeout: float = 7200.0) -> dict:
     with tempfile.TemporaryDirectory(prefix="drafterkit-vllm-data-") as tmp:
         req, res, log = Path(tmp) / "request.json", Path(tmp) / "result.json", Path(tmp) / "vllm.log"
         req.write_text(json.dumps(request))
-        status, why = run_watched([str(python), str(RUNNER), str(req), str(res)], env, log, timeout)
+        status, why = run_watched([str(python), str(RUNNER), str(req), str(res)], env, log, timeout,
+                                  prefix="drafterkit data (vLLM): ", loads="loading the target")
         if status != 0 or not res.is_file():
             text = log.read_text(errors="replace")
             cause = f": {exc}" if (exc := last_exception(text)) else ""
