@@ -15,6 +15,8 @@ import torch
 
 from drafterkit.assets.target import load_target, resolve_target_path
 from drafterkit.train import feature_cache as fc
+from drafterkit.speceval.prompts import chat_ids
+from drafterkit.train.evaluate import EvalPrompts, thinking_mode
 from drafterkit.train.features import target_features
 from drafterkit.train.recipe import RecipeError, recipe_from_dict
 from drafterkit.train.recipe_data import recipe_data_file
@@ -62,6 +64,21 @@ def test_regeneration_thinking_on_and_off(tmp_path):
     for a, b, p in zip(on, off, family_prompts(3, 6)):
         assert a["input_ids"][:6] == p and a["loss_mask"][:6] == [0] * 6 and a["loss_mask"][6] == 1
         assert b["input_ids"][:6 + len(tail)] == p + tail and b["loss_mask"][6 + len(tail)] == 1
+
+
+def test_eval_prompts_record_the_thinking_mode_they_measure():
+    tok = tiny_tokenizer()
+    tok.chat_template = (TEMPLATES / "qwen3.jinja").read_text()
+    prompts = [chat_ids(tok, [{"role": "user", "content": c}]) for c in ("Hi", "def add(a, b):")]
+    assert thinking_mode(tok, prompts, None) == (prompts, "on")  # Qwen3 renders a generation prompt thinking on
+    tail = thinking_tail(tok)
+    assert thinking_mode(tok, prompts, False) == ([p + tail for p in prompts], "off")
+    assert thinking_mode(tok, [p + tail for p in prompts], True) == (prompts, "on")
+    chatml = tiny_tokenizer()
+    assert thinking_mode(chatml, prompts, None) == (prompts, "no switch")
+    with pytest.raises(ValueError, match="no thinking switch"):
+        thinking_mode(chatml, prompts, True)
+    assert EvalPrompts("mt-bench", 2, prompts, thinking="off").record()["thinking"] == "off"
 
 
 def test_vllm_engines_refused_up_front_without_the_venv(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ from drafterkit.speceval.harness import WARMUP_TOKENS, busy_cores
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.train.recipe_data import recipe_data_file
+from drafterkit.train.regenerate import thinking_tail, with_thinking
 
 #: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
 BENCHMARKS = {"mt_bench": "mt-bench", "sharegpt_heldout": "sharegpt"}
@@ -58,11 +59,14 @@ class EvalPrompts:
     ids: list[list[int]]
     prompt_ids: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
+    thinking: str = "no switch"  # "on" | "off" (a reasoning template's mode, :func:`thinking_mode`) | "no switch"
 
     def record(self) -> dict[str, Any]:
         """What an eval result says about its prompts: benchmark, asked, used, skipped (count),
-        ``skip_reasons`` (reason -> count) and ``skipped_prompts`` (their ids and lengths in tokens)."""
+        ``skip_reasons`` (reason -> count), ``skipped_prompts`` (their ids and lengths in tokens) and ``thinking``
+        (the mode the prompts put a reasoning template in: ``on``, ``off``, or ``no switch``)."""
         return dict(benchmark=self.benchmark, asked=self.asked, used=len(self.ids), skipped=len(self.skipped),
+                    thinking=self.thinking,
                     skip_reasons=dict(Counter(s["reason"] for s in self.skipped)),
                     skipped_prompts=[dict(id=s["id"], tokens=s["tokens"]) for s in self.skipped])
 
@@ -102,14 +106,34 @@ def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) ->
         kwargs.update(heldout_source=resolve_source(source), heldout_seed=recipe.train.seed,
                       heldout_fraction=max(recipe.data.heldout_fraction, 1e-6))
     chosen = select_prompts(benchmark, tokenizer, cfg.num_prompts, **kwargs)
-    out = EvalPrompts(benchmark, cfg.num_prompts, [p.input_ids for p in chosen.prompts],
-                      [p.id for p in chosen.prompts], chosen.skipped)
+    ids, mode = thinking_mode(tokenizer, [p.input_ids for p in chosen.prompts], recipe.data.thinking)
+    out = EvalPrompts(benchmark, cfg.num_prompts, ids, [p.id for p in chosen.prompts], chosen.skipped, mode)
     if out.skipped:
         warnings.warn(f"eval prompts ({benchmark}): skipped {len(out.skipped)} "
                       f"({', '.join(s['id'] for s in out.skipped[:5])}{', ...' if len(out.skipped) > 5 else ''}): "
                       f"{out.skipped[0]['reason']}; they are counted in each eval result, never truncated",
                       UserWarning, stacklevel=2)
     return out
+
+
+def thinking_mode(tokenizer, prompts: list[list[int]], thinking: bool | None) -> tuple[list[list[int]], str]:
+    """``(prompts, mode)``: the eval prompts in the recipe's ``data.thinking`` mode (``train.regenerate.with_thinking``:
+    the mode the drafter was trained in; unset: as the template renders them) and the mode they measure, ``"on"``
+    or ``"off"`` for a template with a thinking switch (``"mixed"`` where the prompts differ), ``"no switch"`` for
+    one without (where ``data.thinking`` set is refused as for regeneration).
+
+    Raises:
+        ValueError: ``thinking`` set for a template without a thinking switch.
+    """
+    try:
+        tail = thinking_tail(tokenizer)
+    except (ValueError, TypeError, AttributeError):
+        if thinking is not None:
+            raise
+        return prompts, "no switch"
+    prompts = [with_thinking(p, tail, thinking) for p in prompts]
+    off = [len(p) >= len(tail) and p[-len(tail):] == tail for p in prompts]
+    return prompts, "off" if all(off) else "on" if not any(off) else "mixed"
 
 
 def merge_stats(results: list[Any]) -> dict[str, Any]:
