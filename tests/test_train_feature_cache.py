@@ -369,12 +369,20 @@ def test_cli_builds_the_cache_and_training_reads_it_with_no_target_forward(world
 
 
 def test_training_builds_a_missing_cache_first_and_refuses_draft_lm(world, tmp_path, capsys):
+    """A missing cache is built before the first step where the run reads each example more than once; a shorter
+    run computes features online and builds none (train.prepare.feature_cache_pays: a build costs a target pass per
+    example, about what an online step pays), saying why and how to build it for later runs."""
     from drafterkit.cli import main
 
     recipe, fc = str(world / "recipe.yaml"), f"data.feature_cache={tmp_path / 'fc'}"
-    assert main(["train", recipe, fc, f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]) == 0
-    out = capsys.readouterr().out
-    assert "feature cache" in out and "bytes/token" in out and _last_json(out)["global_step"] == 1
+    assert main(["train", recipe, fc, f"output_dir={tmp_path / 'short'}", "train.max_steps=2"]) == 0
+    out = capsys.readouterr().out  # 2 steps of batch 2 read 4 of the 24 examples
+    assert "features: online" in out and "and none is built: this run reads at most 4 examples" in out
+    assert "drafterkit features RECIPE" in out and not list((tmp_path / "fc").glob("*/manifest.json"))
+    assert "feature_cache: 'off'" in (tmp_path / "short" / "recipe.yaml").read_text()  # what ran
+    assert main(["train", recipe, fc, f"output_dir={tmp_path / 'run'}", "train.max_steps=13"]) == 0
+    out = capsys.readouterr().out  # 13 steps of batch 2 read 26: more than the 24 the cache holds
+    assert "feature cache" in out and "bytes/token" in out and _last_json(out)["global_step"] == 13
     assert list((tmp_path / "fc").glob("*/manifest.json"))
     assert main(["features", recipe, "drafter.kind=draft_lm", "drafter.options={num_layers: 1}"]) == 2
     assert "drafter kind 'draft_lm' reads no target features" in capsys.readouterr().err
@@ -392,6 +400,7 @@ def test_the_quickstart_reads_a_complete_cache_and_never_builds_one(world, tmp_p
     assert feature_source(recipe, target, tok) == "data.feature_cache=off"  # none yet: online, nothing built
     said = capsys.readouterr().out
     assert "features: online" in said and "drafterkit features RECIPE" in said and "examples (" in said
+    assert "the --minutes budget counts data preparation" in said  # train.prepare.feature_cache_pays, as train's
     assert not list(tmp_path.glob("fc/*/manifest.json"))
     assert main(["features", recipe_file, fc]) == 0  # built outside the budget: later quickstarts read it
     capsys.readouterr()

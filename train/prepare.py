@@ -32,7 +32,7 @@ from drafterkit.train.distributed import (
     make_engine,
 )
 from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
-from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache
+from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache, recipe_cache_state
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
 from drafterkit.train.sharding import (
@@ -195,6 +195,9 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
             ds = load_data(recipe, target, tokenizer)
         except (ValueError, FileNotFoundError) as exc:
             raise RecipeError(f"data: {exc}") from None
+        if recipe.data.feature_cache != "off" and (why := _cache_skipped(recipe, target, ds)):
+            acc.print(why)
+            recipe.data.feature_cache = "off"  # online features; the saved recipe.yaml says what ran
         if recipe.data.feature_cache != "off":  # batches carry the cached features: no target forward
             try:
                 ds = open_recipe_cache(recipe, target, ds, write=acc.is_main_process)
@@ -227,6 +230,44 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
                       drafter=drafter, params=params, optimizer=optimizer, scheduler=scheduler, schedule=schedule,
                       pad_id=pad, prompts=prompts, sharded=sharded,
                       engine=make_engine(recipe, acc, drafter, sharded, optimizer, params))
+
+
+def feature_cache_pays(recipe: Recipe, examples: int, *, budget_counts_build: bool = False) -> str | None:
+    """The one rule for building a missing offline feature cache (``data.feature_cache``): None where the build
+    pays back within the run, else why not (a clause for a message).
+
+    A build costs one target pass per example, about what an online step pays for that example, so a cache gives
+    time back only where training reads each example more than once: where ``train.max_steps`` x examples per
+    optimizer step (``batch_size`` x ``grad_accum`` x processes) exceeds the ``examples`` it holds (docs/training.md,
+    "Features in the quickstart": a 20-step run of recipes/eagle3.yaml built a 1.38 GB cache in 151 s to read 20 of
+    its 1,200 examples). Where a time budget counts the build (``budget_counts_build``: the quickstart's
+    ``--minutes`` counts data preparation), it never pays within the run: measured on a 2-core CPU in fp32, the
+    budget covered less than one pass over the data. ``drafterkit features`` builds it outside any run."""
+    if budget_counts_build:
+        return ("the --minutes budget counts data preparation, and a build costs a target pass per example, about "
+                "what an online step pays for it: within the budget it gives back less than it costs")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    t = recipe.train
+    read = t.max_steps * t.batch_size * t.grad_accum * world
+    if read > examples:
+        return None
+    return (f"this run reads at most {read:,} examples (train.max_steps {t.max_steps} x batch_size {t.batch_size} x "
+            f"grad_accum {t.grad_accum} x {world} process{'es' if world > 1 else ''}) of the {examples:,} a cache "
+            "would hold, and a build costs a target pass per example, about what an online step pays for it: it "
+            "pays only where training reads each example more than once")
+
+
+def _cache_skipped(recipe: Recipe, target, ds) -> str | None:
+    """Where the recipe reads the offline feature cache but it is missing or incomplete and building it does not
+    pay (:func:`feature_cache_pays`): the line saying this run computes features online, why, and how to build the
+    cache for later runs; else None (a complete cache is read, or one is built first)."""
+    spec, complete = recipe_cache_state(recipe, target, ds)
+    why = None if complete else feature_cache_pays(recipe, len(spec.lengths))
+    if why is None:
+        return None
+    return (f"features: online, one target forward per step; no complete feature cache for this data in "
+            f"{spec.path.parent}, and none is built: {why}. `drafterkit features RECIPE` builds it outside any run "
+            f"({spec.tokens:,} tokens, {spec.tokens * spec.bytes_per_token / 1e9:.2f} GB), and later runs read it")
 
 
 def _load_target(recipe: Recipe, acc, target, tokenizer):

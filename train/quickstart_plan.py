@@ -18,6 +18,7 @@ from drafterkit.assets.records import plural
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.fused import bitwise_exact
 from drafterkit.train.feature_cache import recipe_cache_state
+from drafterkit.train.prepare import feature_cache_pays
 from drafterkit.train.recipe_data import load_data
 
 
@@ -80,8 +81,9 @@ def feature_source(recipe, target, tok) -> str | None:
     its ``--minutes`` budget: the recipe's offline cache when a complete one is present (``data.feature_cache``
     ``auto`` or a folder), else online, one target forward per step (see docs/training.md, "Features in the
     quickstart": on a 2-core CPU in fp32 a cache build costs more target time per example than the budget
-    gives back). Returns the ``data.feature_cache=off`` override to apply, or None (keep the recipe's
-    setting); prints which it is and why.
+    gives back; the rule is ``train.prepare.feature_cache_pays``, the one ``drafterkit train`` applies). Returns
+    the ``data.feature_cache=off`` override to apply, or None (keep the recipe's setting); prints which it is and
+    why.
 
     Raises:
         train.recipe.RecipeError: the drafter kind's feature layers do not fit the target.
@@ -92,11 +94,11 @@ def feature_source(recipe, target, tok) -> str | None:
     if complete:
         print(f"features: the complete offline cache {spec.path} (no target forward while training)", flush=True)
         return None
+    why = feature_cache_pays(recipe, len(spec.lengths), budget_counts_build=True)  # drafterkit train's rule
     print(f"features: online, one target forward per step. No complete feature cache for this data in "
-          f"{spec.path.parent}: building it would cost a target pass over {len(spec.lengths):,} examples "
-          f"({spec.tokens:,} tokens, {spec.tokens * spec.bytes_per_token / 1e9:.2f} GB) before the first step, more "
-          f"than it saves in the --minutes budget; `drafterkit features RECIPE` builds it outside the budget for "
-          "later runs, which then read it", flush=True)
+          f"{spec.path.parent}, and none is built: {why} (a target pass over {len(spec.lengths):,} examples "
+          f"({spec.tokens:,} tokens, {spec.tokens * spec.bytes_per_token / 1e9:.2f} GB) before the first step); "
+          "`drafterkit features RECIPE` builds it outside the budget for later runs, which then read it", flush=True)
     return "data.feature_cache=off"
 
 
