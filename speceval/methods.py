@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import logging
 import time
 from contextlib import contextmanager
@@ -115,6 +116,8 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     if tail is not None and "/" not in tail and not Path(spec).exists():
         hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
                 if "@" in tail else "")
+        close = difflib.get_close_matches(tail, ("ngram", "rest", "suffix"), n=1, cutoff=0.7)
+        hint += f" (did you mean +{close[0]}?)" if close else ""
         raise ValueError(f"{flag} {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest, PATH+suffix{hint}")
     if spec.startswith("draft:"):
         if not spec.split(":", 1)[1].isdigit() or int(spec.split(":", 1)[1]) < 1:
@@ -123,7 +126,10 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     try:
         resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:
-        raise ValueError(f"{flag} {spec}: not {drafter_spec_forms()}. {exc}") from None
+        close = [] if "/" in spec or Path(spec).exists() else \
+            difflib.get_close_matches(spec.lower(), ("ngram", "rest", "suffix", "none"), n=1, cutoff=0.7)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"{flag} {spec}{hint}: not {drafter_spec_forms()}. {exc}") from None
 
 
 def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") -> DrafterSpec | None:

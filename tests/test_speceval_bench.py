@@ -170,6 +170,9 @@ def test_an_empty_baselines_flag_still_means_none():
 @pytest.mark.parametrize("drafter, message", [
     ("/nonexistent", "--drafter /nonexistent: not 'ngram', 'rest', 'suffix', 'draft:N'"),
     ("runs/eagle3+rset", "--drafter runs/eagle3+rset: unknown suffix '+rset'; valid: PATH+ngram, PATH+rest"),
+    ("runs/eagle3+sufix", "valid: PATH+ngram, PATH+rest, PATH+suffix (did you mean +suffix?)"),
+    ("ngramm", "--drafter ngramm (did you mean ngram?): not 'ngram', 'rest'"),  # a typo, as --benchmark says
+    ("Suffix", "--drafter Suffix (did you mean suffix?): not"),
     ("/nonexistent+rest", "--drafter /nonexistent: not 'ngram'"),
     ("draft:0", "--drafter draft:0: N must be an int >= 1"),
 ])
