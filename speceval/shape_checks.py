@@ -2,9 +2,9 @@
 ``drafterkit eval``, ``tune`` and ``quickstart`` refuse a shape a drafter cannot draft when their flags are
 validated (before the target loads) instead of measuring something else under its name.
 
-* Trees: a chain-only kind (``drafters.kinds.Kind.trees`` False: DFlash) drafts chains only, also behind
+* Trees: a chain-only kind (``drafters.kinds.Kind.trees`` False: DFlash, DSpark) drafts chains only, also behind
   ``+ngram`` / ``+rest`` / ``+suffix`` (the wrappers hand its rows to it).
-* K: Medusa drafts at most ``num_heads`` tokens a round, DFlash ``block_size - 1``
+* K: Medusa drafts at most ``num_heads`` tokens a round, DFlash ``block_size - 1``, DSpark ``block_size``
   (``drafters.kinds.max_draft_tokens``); a larger K given explicitly would be measured as that bound.
 * Confidence thresholds: the model-free proposers (``ngram``, ``rest``, ``suffix``) have no draft probability to
   cut at (``supports_draft_threshold`` False).
@@ -62,8 +62,10 @@ def draft_cap(spec: str) -> tuple[str, int] | None:
 
 def cap_words(kind: str, cap: int) -> str:
     """Why a ``kind`` drafter drafts at most ``cap`` tokens a round, in words."""
-    return (f"a medusa drafter with {cap} heads drafts at most {cap} tokens a round" if kind == "medusa" else
-            f"a {kind} drafter drafts at most {cap} tokens a round (block_size {cap + 1})")
+    if kind == "medusa":
+        return f"a medusa drafter with {cap} heads drafts at most {cap} tokens a round"
+    block = cap if kind == "dspark" else cap + 1  # DSpark's block drafts from its first position
+    return f"a {kind} drafter drafts at most {cap} tokens a round (block_size {block})"
 
 
 def check_tree_shapes(drafters: list[str], trees: list[str]) -> None:

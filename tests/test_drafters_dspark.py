@@ -287,3 +287,21 @@ def test_vllms_own_dspark_heads_draft_the_chain_and_confidences_drafterkit_does(
     res = json.loads((tmp_path / "res.json").read_text())
     assert res["tokens"] == tokens.tolist()
     torch.testing.assert_close(torch.tensor(res["confidence"]), conf, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tree", "3,2,1"], "--tree 3,2,1: --drafter {ckpt} is a dspark drafter, which drafts chains only"),
+    (["--k", "5"], "--k 5: --drafter {ckpt}: a dspark drafter drafts at most 4 tokens a round (block_size 4)"),
+])
+def test_eval_refuses_a_tree_or_a_k_past_the_block_before_the_target_loads(tmp_path, capsys, argv, message):
+    """Chains only, at most block_size tokens a round (the anchor drafts too): refused when eval's flags are
+    validated, in one line (the target named does not exist, so naming it would mean the check came too late)."""
+    from drafterkit.cli import main as cli
+
+    target = tiny_llama(0)
+    ckpt = DSparkDrafter(DSparkConfig.from_target(target, block_size=4, markov_rank=4), target=target).save_pretrained(
+        tmp_path / "ckpt")
+    rc = cli(["eval", "--target", str(tmp_path / "no-target"), "--num-prompts", "1", "--output",
+              str(tmp_path / "x.json"), "--drafter", str(ckpt), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and message.format(ckpt=ckpt) in err and "no-target" not in err, err
