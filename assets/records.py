@@ -168,6 +168,12 @@ def unwritable_folder(folder: str | Path) -> str | None:
     return None
 
 
+def a_or_an(word: str) -> str:
+    """``word`` with its indefinite article: ``"an eagle3"``, ``"a medusa"`` (``an`` before a vowel letter but
+    ``u``, the article of every drafter kind's name as read aloud)."""
+    return f"{'an' if word[:1].lower() in 'aeio' else 'a'} {word}"
+
+
 def plural(n: int, word: str) -> str:
     """``"1 prompt"``, ``"2 prompts"``: ``n`` and ``word``, with an ``s`` unless ``n`` is 1."""
     return f"{n} {word}{'' if n == 1 else 's'}"

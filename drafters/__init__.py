@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from drafterkit.assets.records import a_or_an
 from drafterkit.assets.target import read_config_dict, safetensors_problem, weights_problem
 from drafterkit.drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
 from drafterkit.drafters.draft_lm import DraftLM, check_vocab_match
@@ -97,7 +98,8 @@ def _describe(path: Path) -> str:
     if not isinstance(data, dict):
         return listing + " (config.json is JSON but not an object)"
     if "kind" in data:
-        return listing + f" (a {data['kind']!r} config.json but no model.safetensors)"
+        article = a_or_an(str(data["kind"])).split()[0]
+        return listing + f" ({article} {data['kind']!r} config.json but no model.safetensors)"
     if "model_type" in data:
         return listing + f" (a transformers {data['model_type']!r} config.json" + \
             (")" if _has_hf_weights(path) else " but no weights: model.safetensors / pytorch_model.bin)")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from drafterkit.assets import pinned
 from drafterkit.assets.device import resolve_device
-from drafterkit.assets.records import plural
+from drafterkit.assets.records import a_or_an, plural
 from drafterkit.assets.target import TargetLoadError, load_target, load_target_tokenizer, resolve_target_path
 from drafterkit.decode import generate
 from drafterkit.decode.decoder import watch_rounds
@@ -183,7 +183,7 @@ def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | No
     except (DrafterLoadError, ValueError) as exc:
         raise ServeCheckError(f"--drafter {checkpoint or export_dir}: {exc}") from None
     if getattr(drafter, "kind", None) != DRAFTER_KINDS[method]:
-        raise ServeCheckError(f"--drafter {checkpoint}: a {getattr(drafter, 'kind', type(drafter).__name__)} "
+        raise ServeCheckError(f"--drafter {checkpoint}: {a_or_an(getattr(drafter, 'kind', type(drafter).__name__))} "
                               f"drafter, but {export_dir} is a {method} export: give the "
                               f"{DRAFTER_KINDS[method]} checkpoint it was exported from")
     try:  # what drafterkit's decoder checks at its first call, checked before the vLLM pass rather than after it

@@ -170,3 +170,10 @@ def test_assets_list_shows_everything_under_the_home_with_sizes_and_how_to_remov
     total = sum(r["size_bytes"] for r in rows.values())
     assert f"total: {total / 1e3:.1f} kB in {root}" in out
     assert f"rm -rf {root / 'features'}    # 5.0 kB" in out and "look inside before removing it" in out
+
+
+def test_drafter_kinds_get_their_article():
+    from drafterkit.assets.records import a_or_an
+
+    assert [a_or_an(k) for k in ("eagle3", "eagle", "medusa", "draft_lm", "peagle", "dflash")] == [
+        "an eagle3", "an eagle", "a medusa", "a draft_lm", "a peagle", "a dflash"]

@@ -115,9 +115,9 @@ CHECKPOINT_CASES = [
                     "there with save_pretrained"),
     ("medusa", "is a medusa checkpoint, init: checkpoint needs a draft_lm checkpoint or a transformers causal-LM "
                "folder"),
-    ("eagle", "is a eagle checkpoint, init: checkpoint needs a draft_lm checkpoint"),
-    ("eagle3", "is a eagle3 checkpoint, init: checkpoint needs a draft_lm checkpoint"),
-    ("run-eagle3", "is a eagle3 checkpoint"),
+    ("eagle", "is an eagle checkpoint, init: checkpoint needs a draft_lm checkpoint"),
+    ("eagle3", "is an eagle3 checkpoint, init: checkpoint needs a draft_lm checkpoint"),
+    ("run-eagle3", "is an eagle3 checkpoint"),
     ("hf-torn", "has model.safetensors, which is torn or partial (its header describes"),
     ("draft-torn", "model.safetensors is torn or partial (its header describes"),
 ]

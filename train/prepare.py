@@ -17,7 +17,7 @@ import shutil
 import torch
 
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
-from drafterkit.assets.records import unwritable_folder
+from drafterkit.assets.records import a_or_an, unwritable_folder
 from drafterkit.assets.target import same_target
 from drafterkit.drafters.target_layers import fresh_init_note as layers_fresh_init_note
 from drafterkit.drafters.target_record import trained_target
@@ -117,7 +117,7 @@ def preflight(recipe: Recipe) -> None:
     resume = None if cfg.overwrite else find_resume(recipe)
     kind = saved_kind(resume) if resume is not None else None
     if kind not in (None, recipe.drafter.kind):
-        raise RecipeError(f"cannot resume {resume}: it is a {kind} checkpoint and this recipe trains "
+        raise RecipeError(f"cannot resume {resume}: it is {a_or_an(kind)} checkpoint and this recipe trains "
                           f"drafter.kind={recipe.drafter.kind}; train into another output_dir (output_dir=DIR), or "
                           f"continue that run with drafter.kind={kind} and its options (its recipe.yaml), or start "
                           "over with train.resume=never train.overwrite=true")

@@ -34,6 +34,7 @@ import torch
 from transformers import DynamicCache
 
 from drafterkit import decode
+from drafterkit.assets.records import a_or_an
 from drafterkit.assets.target import read_config_dict
 from drafterkit.drafters import TRANSFORMERS_KIND, DrafterLoadError, load_drafter, resolve_checkpoint
 from drafterkit.drafters.draft_lm import DraftLM, DraftLMConfig, check_vocab_match, lm_head_rows
@@ -187,8 +188,8 @@ class DraftLMStrategy:
         except DrafterLoadError as exc:
             raise ValueError(f"{key}: {DraftLMStrategy._broken_checkpoint(Path(path), key, wanted) or exc}") from None
         if kind not in ("draft_lm", TRANSFORMERS_KIND):
-            raise ValueError(f"{key}: {folder} is a {kind} checkpoint, {wanted}; a {kind} drafter trains with "
-                             f"drafter.kind: {kind}")
+            raise ValueError(f"{key}: {folder} is {a_or_an(kind)} checkpoint, {wanted}; {a_or_an(kind)} drafter "
+                             f"trains with drafter.kind: {kind}")
         try:
             drafter = load_drafter(folder)  # no target: the weights as saved (fp32 for a transformers folder)
         except DrafterLoadError as exc:
