@@ -80,8 +80,66 @@ def require_vllm_python() -> str:
         pytest.skip(str(exc))
 
 
+#: intra-op threads for the real target's tests (``slow``); every other test runs on one
+REAL_MODEL_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
 def pytest_configure(config):
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(1)
+
+
+# --- test tiers: `pytest -q` runs the fast tier, `pytest -q --all` every test (what .ci/run runs) ---
+
+#: markers of the tests the fast tier leaves out (pyproject.toml registers them)
+FULL_SUITE_ONLY = ("slow", "serving", "matrix", "multiprocess")
+_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", dest="all_tiers",
+                     help=f"run every test, the {' / '.join(FULL_SUITE_ONLY)} ones too (what .ci/run runs)")
+
+
+def _fast_tier(config) -> bool:
+    """The fast tier applies unless ``--all`` or ``-m EXPR`` is given, or every argument names a test file or a
+    test (``pytest tests/test_x.py`` runs all of that file's tests); a folder, or none, gets the fast tier."""
+    if config.getoption("all_tiers") or config.option.markexpr:
+        return False
+    args = [a.split("::")[0] for a in config.args]
+    return not args or any(Path(config.invocation_params.dir, a).is_dir() for a in args)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _fast_tier(config):
+        return
+    keep, left = [], []
+    for item in items:
+        (left if any(item.get_closest_marker(m) for m in FULL_SUITE_ONLY) else keep).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = keep
+        config.stash[_LEFT_OUT] = len(left)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left = config.stash.get(_LEFT_OUT, 0)
+    if left:
+        terminalreporter.write_line(f"fast tier: {left} {' / '.join(FULL_SUITE_ONLY)} tests left out; "
+                                    "`pytest -q --all` runs every test (README, \"Tests\")")
+
+
+@pytest.fixture(autouse=True)
+def _threads(request):
+    """One intra-op thread, except for ``slow`` tests (the real target): the tiny models' ops are too small to gain
+    from a second thread, and on a loaded 2-core machine the threads of each op wait for each other (a tiny
+    decoding test took 5-15x its one-thread time with two)."""
+    if request.node.get_closest_marker("slow") is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(REAL_MODEL_THREADS)
+    yield
+    torch.set_num_threads(before)
 
 
 def greedy_continuation_batch(target, n_prompts: int = 24, prompt_len: int = 4, new_tokens: int = 20, seed: int = 0):

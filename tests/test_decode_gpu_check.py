@@ -111,6 +111,7 @@ def _probe_wheel(folder: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_gpu_run_script_runs_offline_in_its_dry_mode(tmp_path):
     """scripts/gpu-run.sh, the one command of a lent GPU machine, in its dry mode on this CPU: the carried wheels
     install offline and resolve from its scratch folder, drafterkit is imported from this checkout through its

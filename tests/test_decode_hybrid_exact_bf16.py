@@ -11,10 +11,10 @@ import torch
 from drafterkit.decode import exact_mode, generate
 from drafterkit.drafters.ngram import NGramDrafter
 from families import one_thread  # noqa: F401 -- autouse, one intra-op thread here
-from test_decode_hybrid_targets import HYBRIDS, NEW, ROWS, build
+from test_decode_hybrid_targets import HYBRIDS, NEW, ROWS, build, per_family
 
 
-@pytest.mark.parametrize("family", sorted(HYBRIDS))
+@pytest.mark.parametrize("family", per_family(sorted(HYBRIDS)))
 def test_bf16_exact_mode_chains_and_batches_equal_plain(family):
     target = build(family).to(torch.bfloat16)
     drafter = build(family, noise=0.5).to(torch.bfloat16)

@@ -95,6 +95,21 @@ HYBRIDS = {
                                                "chunk_size": 16}),
     "falcon_mamba": ("falcon_mamba", "FalconMambaForCausalLM", {"state_size": 8}),
 }
+#: the families the fast tier decodes (Gated DeltaNet, Mamba-2 beside attention, short convolutions); `--all` adds
+#: the rest (marked ``matrix``)
+FAST_HYBRIDS = ("qwen3_5", "nemotron_h", "lfm2")
+
+
+def per_family(cases, fast=FAST_HYBRIDS) -> list:
+    """``cases`` (families, or tuples that start with one) as parameters, those of a family outside ``fast`` marked
+    ``matrix`` (run by the full suite only)."""
+    out = []
+    for case in cases:
+        values = case if isinstance(case, tuple) else (case,)
+        out.append(pytest.param(*values, marks=() if values[0] in fast else pytest.mark.matrix))
+    return out
+
+
 # repeated spans, so prompt lookup drafts; different lengths, so a batch of them is ragged (left-padded)
 ROWS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 11, 12], [20, 21, 22, 23, 24, 25, 26, 20, 21, 22, 23]]
 NEW = 24
@@ -117,7 +132,7 @@ def build(family: str, seed: int = 0, noise: float = 0.0, **overrides):
     return model
 
 
-@pytest.fixture(scope="module", params=sorted(HYBRIDS))
+@pytest.fixture(scope="module", params=per_family(sorted(HYBRIDS)))
 def hybrid(request):
     """``(family, target, plain)``: plain greedy decoding of each of :data:`ROWS` through the engine."""
     target = build(request.param)
@@ -209,8 +224,8 @@ def test_a_hybrid_draft_model_drafts_chains_only():
 V, PROMPT, RUNS = 16, [1, 5, 9], 3000
 
 
-@pytest.mark.parametrize("family,kind", [("qwen3_5", "ngram"), ("nemotron_h", "ngram"), ("lfm2", "draft_lm"),
-                                         ("jamba", "ngram"), ("mamba2", "draft_lm")])
+@pytest.mark.parametrize("family,kind", per_family([("qwen3_5", "ngram"), ("nemotron_h", "ngram"), ("lfm2", "draft_lm"),
+                                                     ("jamba", "ngram"), ("mamba2", "draft_lm")]))
 def test_first_tokens_follow_target_distribution(family, kind):
     """Temperature 1, chains of 2 (prompt lookup with every id in the prompt, or a perturbed draft LM of the family
     with its q): the first round verifies two draft tokens per row, accepted, or rejected at either, so the rows'

@@ -76,12 +76,14 @@ def _assert_equals_one_process(world, one, out, summary, stage: int) -> None:
     assert (state / "rng-rank-1.pt").is_file() and (state / "scheduler.pt").is_file()
 
 
+@pytest.mark.multiprocess
 @needs_deepspeed
 def test_deepspeed_zero2_under_two_processes_equals_one_process(world, one_process):
     out, summary = _zero_run(world, 2)
     _assert_equals_one_process(world, one_process, out, summary, 2)
 
 
+@pytest.mark.multiprocess
 @needs_deepspeed
 def test_deepspeed_zero3_under_two_processes_equals_one_process(world, one_process, zero3_run):
     out, summary = zero3_run
@@ -98,6 +100,7 @@ def test_deepspeed_zero3_under_two_processes_equals_one_process(world, one_proce
         assert not any(k.startswith("drafter.embed.") for k in states)
 
 
+@pytest.mark.multiprocess
 @needs_deepspeed
 def test_deepspeed_zero3_resume_equals_the_uninterrupted_run(world, zero3_run):
     """Resumed from the uninterrupted run's DeepSpeed checkpoint after step 1 into a new output_dir (its target

@@ -69,6 +69,7 @@ def test_an_accelerator_counting_fewer_processes_than_launched_is_refused(tmp_pa
         check_distributed_result(acc, "FSDP")
 
 
+@pytest.mark.multiprocess
 def test_the_scale_check_script_runs_and_reports_a_refused_engine(tmp_path, capsys):
     """benchmarks/scale_check.py (the GPU setup check) on this CPU: the one-process run is measured against
     itself and FSDP is listed as refused with drafterkit's reason, so the script cannot rot between GPU runs.

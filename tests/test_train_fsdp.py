@@ -66,6 +66,7 @@ def sharded_run(world):
     return out, summary
 
 
+@pytest.mark.multiprocess
 def test_fsdp_sharded_drafter_under_two_processes_equals_one_process(world, sharded_run, capsys):
     from drafterkit.cli import main
 
@@ -86,6 +87,7 @@ def test_fsdp_sharded_drafter_under_two_processes_equals_one_process(world, shar
     assert (state / "rng-rank-1.pt").is_file()
 
 
+@pytest.mark.multiprocess
 def test_fsdp_resume_from_a_sharded_checkpoint_equals_the_uninterrupted_run(world, sharded_run):
     """Stopped after step 1 and resumed (its target sharded too, which changes no number), the run ends where
     the uninterrupted sharded run ends."""
@@ -120,6 +122,7 @@ def _sharded_target_worker(rank: int, world: int, port: int, folder: str, result
     dist.destroy_process_group()
 
 
+@pytest.mark.multiprocess
 def test_fsdp_sharded_target_gives_the_replicated_targets_features_and_logits(world, tmp_path):
     import socket
 
@@ -157,6 +160,7 @@ def test_fsdp_settings_that_cannot_apply_are_refused_at_validation(world, tmp_pa
         preflight(recipe)
 
 
+@pytest.mark.multiprocess
 def test_wandb_logs_the_step_metrics_once_from_the_main_process_of_a_sharded_run(sharded_run):
     """The [wandb] extra really logs: the offline run folder holds every step's metrics, the same loss the
     TensorBoard tracker logged, and the other process wrote no run of its own."""

@@ -142,6 +142,7 @@ def test_logged_loss_is_the_mean_over_every_supervised_token_of_the_step(world, 
     assert abs(logged - sum(means) / len(means)) > 1e-3  # the two means differ on this data
 
 
+@pytest.mark.multiprocess
 def test_two_gloo_processes_give_the_one_process_update(world, tmp_path, capsys):
     recipe = _recipe_file(world, tmp_path, "draft_lm")
     one = _train_cli(recipe, tmp_path / "one", 8, 1, capsys)

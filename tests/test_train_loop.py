@@ -419,6 +419,7 @@ def test_max_minutes_stops_the_run_and_ends_the_cosine_schedule(world, tmp_path)
     assert (tmp_path / "timed" / "checkpoints" / "last").is_dir()
 
 
+@pytest.mark.multiprocess
 def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world, tmp_path):
     """``torchrun --nproc_per_node 2`` on CPU is one data-parallel run (accelerate MULTI_CPU over gloo),
     not two independent ones racing on the same folder; a max_minutes stop is agreed by both processes."""
@@ -609,6 +610,7 @@ def test_resuming_another_runs_checkpoint_starts_best_afresh_and_another_target_
         preflight(moved)
 
 
+@pytest.mark.multiprocess
 def test_each_process_prints_drafterkit_warnings_as_one_line_and_no_deepspeed_guess(world, tmp_path):
     """``python -m drafterkit.train``, what torchrun and accelerate launch start in each process, prints
     drafterkit's warnings as ``drafterkit VERB`` does (one ``drafterkit: warning:`` line, not Python's

@@ -129,6 +129,7 @@ def results(world):
     return [torch.load(world / f"r.{rank}", weights_only=True) for rank in range(2)]
 
 
+@pytest.mark.multiprocess
 def test_fsdp_target_loaded_shard_by_shard_gives_the_whole_targets_features_and_logits(results):
     for rank, r in enumerate(results):
         for case in ("llama3-float32", "llama3-bfloat16", "qwen3-float32"):
@@ -144,6 +145,7 @@ def test_fsdp_target_loaded_shard_by_shard_gives_the_whole_targets_features_and_
         assert r["run_target"] == {"sharded": True, "warnings": []}
 
 
+@pytest.mark.multiprocess
 def test_fsdp_target_loaded_shard_by_shard_holds_half_the_layers_per_process(results):
     for rank, r in enumerate(results):
         w = r["wide"]
