@@ -13,8 +13,10 @@ features`` beforehand to see the size and to pay the build once, outside a train
 The folder, ``<root>/<target>-L<layers>-<dtype>-<key>``, is keyed by everything that determines the
 features: the target (weights fingerprint and dtype), the training examples (sha256 of every example's
 token ids and loss mask: the data file, ``max_length``, ``num_examples``, the held-out split and seed,
-regeneration), the layers and the storage dtype. Changing any of them names a new folder, so a stale
-cache is never read. Features are computed in the target's dtype without autocast.
+regeneration), the layers, the storage dtype (``data.feature_dtype``: bf16 by default, or fp32) and, where it is
+not transformers, the engine that computed them (``data.features_engine: vllm``: ``train.vllm_data``, one vLLM
+run per shard). Changing any of them names a new folder, so a stale cache is never read. Features are computed in
+the target's dtype without autocast.
 
 Files: ``manifest.json`` and ``shard-NNNNN.safetensors``. A shard holds consecutive examples as flat
 tensors ``input_ids [N] int32``, ``loss_mask [N] int8``, ``offsets [n + 1] int64`` (example i is rows
