@@ -112,7 +112,16 @@ def _check_trained(recipe, report: dict) -> None:
 #: families whose heads start fresh: the decoder layer class with no attention to copy (DeepSeek-V3's latent
 #: attention; Zamba2's shared attention block reads the hidden state beside the embeddings, twice the width)
 FRESH = {"deepseek_v3": "DeepseekV3DecoderLayer", "zamba2": "Zamba2HybridLayer"}
-_TRAINED: dict[tuple[str, str], Path] = {}  # (family, kind) -> the drafter folder test_kind_trains trained
+_TRAINED: dict[tuple[str, str], Path] = {}  # (family, kind) -> the drafter folder trained for it
+
+
+def trained(home: Path, family: str, kind: str, capsys) -> Path:
+    """The drafter folder of ``kind`` trained 2 steps on ``family``, by whichever test asks first (the decoding and
+    export tests selected alone train what they read)."""
+    if (family, kind) not in _TRAINED:
+        _folder(home, family)
+        _TRAINED[family, kind] = _train_cli(home, family, kind, capsys)[2].paths.last / "drafter"
+    return _TRAINED[family, kind]
 
 
 @pytest.mark.parametrize("kind", list(KIND_OPTIONS))
@@ -126,9 +135,10 @@ def test_kind_trains(home, family, kind, capsys, record_property):
     _check_trained(recipe, report)
     fresh = [line for line in out.splitlines() if "start fresh" in line]
     if family in FRESH and kind in ("eagle", "eagle3", "peagle", "dflash"):
-        assert fresh == [f"drafter.options.init_from_target_layer: the {kind} drafter's layers start fresh (default "
-                         f"init): no {FRESH[family]} has q/k/v (or qkv_proj) and o_proj projections to copy in "
-                         f"this {family} target; set drafter.options.init_from_target_layer=false to say so"]
+        # one line naming the kind, the layer class found without attention to copy, the family and the option
+        (line,) = fresh
+        assert all(w in line for w in (f"the {kind} drafter", FRESH[family], f"this {family} target",
+                                       "drafter.options.init_from_target_layer=false")), line
     else:
         assert fresh == [], fresh
     _TRAINED[family, kind] = recipe.paths.last / "drafter"
@@ -136,7 +146,7 @@ def test_kind_trains(home, family, kind, capsys, record_property):
 
 
 @pytest.mark.parametrize("family", list(HYBRID_FAMILIES))
-def test_decodes_exactly_or_is_refused_up_front(home, family, record_property):
+def test_decodes_exactly_or_is_refused_up_front(home, family, capsys, record_property):
     """Plain decoding and each trained kind as a chain (K=3), a static and a dynamic tree: equal to transformers'
     greedy generate token for token, or refused by ``decode.generate`` before any token with one ValueError (a
     recurrent target the decoder does not roll back; trees on one it rolls back; DFlash's trees). Records what
@@ -152,9 +162,7 @@ def test_decodes_exactly_or_is_refused_up_front(home, family, record_property):
                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
     done, refused = [], {}
     for kind in [None, *KIND_OPTIONS]:
-        if kind is not None and (family, kind) not in _TRAINED:
-            continue  # its training test failed (or was deselected): that test says why
-        drafter = None if kind is None else load_drafter(_TRAINED[family, kind], target).eval()
+        drafter = None if kind is None else load_drafter(trained(home, family, kind, capsys), target).eval()
         for tree in (None, "2,2,1", "dynamic:6:3:2") if kind else (None,):
             try:
                 got = generate(target, prompts, drafter=drafter, max_new_tokens=8, eos_token_id=[],
@@ -184,7 +192,7 @@ EXPORTS = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle
 
 
 @pytest.mark.parametrize("family", list(HYBRID_FAMILIES))
-def test_exports_load_back(home, family, record_property):
+def test_exports_load_back(home, family, capsys, record_property):
     """Each trained kind's export (``drafters.export.export``) loads back (the engine layouts with drafterkit's
     export loaders, hf-assistant in transformers; Medusa's as its safetensors), and where ``decode.generate``
     verifies the target a chain of the loaded export equals transformers' greedy generate."""
@@ -203,9 +211,8 @@ def test_exports_load_back(home, family, record_property):
                "vllm-dflash": load_dflash_export}
     loaded, exact = [], []
     for kind, fmt in EXPORTS.items():
-        if (family, kind) not in _TRAINED:
-            continue  # its training test failed (or was deselected): that test says why
-        out = export(_TRAINED[family, kind], fmt, home / "exports" / f"{family}-{fmt}", target=str(home / family))
+        ckpt = trained(home, family, kind, capsys)
+        out = export(ckpt, fmt, home / "exports" / f"{family}-{fmt}", target=str(home / family))
         if fmt == "medusa":
             assert all(torch.isfinite(t).all() for t in load_file(str(out / "model.safetensors")).values())
             loaded.append(fmt)
