@@ -440,6 +440,8 @@ def run(args: argparse.Namespace) -> int:
         if problem := output_problem(args.output):
             raise ValueError(problem)
         cfg = config_from_args(args)
+        for spec in cfg.drafters:  # a broken drafter is the first thing said, before any note about the run
+            check_drafter_spec(spec)
         if args.target is None and (found := target_from_records({f"--drafter {d}": checkpoint_folder(d)
                                                                    for d in cfg.drafters})):
             cfg.target = found[0]  # the target the checkpoint was trained for, not the default one

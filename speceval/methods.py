@@ -24,6 +24,7 @@ import torch
 
 from drafterkit import decode
 from drafterkit.assets.device import resolve_dtype
+from drafterkit.assets.target import safetensors_problem
 from drafterkit.decode.dynamic_tree import parse_tree
 from drafterkit.decode.exact import exact_mode_enabled
 from drafterkit.decode.inputs import AUTO
@@ -124,12 +125,15 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
             raise ValueError(f"{flag} {spec}: N must be an int >= 1 (layers of the target kept)")
         return
     try:
-        resolve_checkpoint(spec, allow_transformers=True)
+        folder, kind = resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:
         close = [] if "/" in spec or Path(spec).exists() else \
             difflib.get_close_matches(spec.lower(), ("ngram", "rest", "suffix", "none"), n=1, cutoff=0.7)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ValueError(f"{flag} {spec}{hint}: not {drafter_spec_forms()}. {exc}") from None
+    weights = folder / "model.safetensors"  # torn: said first, not after notes that read the file (a tuned setting)
+    if kind != TRANSFORMERS_KIND and weights.is_file() and (problem := safetensors_problem(weights)):
+        raise ValueError(f"{flag} {spec}: {weights} {problem}; save the drafter again (or copy the checkpoint again)")
 
 
 def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") -> DrafterSpec | None:

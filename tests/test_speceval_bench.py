@@ -649,3 +649,25 @@ def test_eval_defaults_to_auto_dtype_resolved_as_the_quickstart_resolves_it(monk
     assert f"drafterkit eval: --dtype auto -> {seen[0]} on this device" in capsys.readouterr().out
     assert main([*argv, "--dtype", "fp32"]) == 2 and seen[-1] == "fp32"
     assert "--dtype auto" not in capsys.readouterr().out
+
+
+def test_a_torn_drafter_is_the_first_thing_eval_says(tmp_path, capsys):
+    """A drafter folder whose model.safetensors is cut short, with a tuned setting in its decoding.json (which
+    names the weights it was measured on): eval's first line is the torn file and the fix, before any note about
+    the run ('--dtype auto -> ...', or the tuned setting 'measured on other weights ... training resumed')."""
+    from drafterkit.assets.device import host_info
+    from drafterkit.drafters.base import weights_sha256
+    from drafterkit.speceval.recorded import write_tuned
+
+    folder = tmp_path / "drafter"
+    DraftLM.from_target(tiny_llama(0, vocab_size=49152, hidden_size=32), 1).save_pretrained(folder)
+    winner = {"tree": "chain", "k": 3, "draft_threshold": 0.0, "speedup": 1.5}
+    write_tuned(folder, {"winners": {"1": winner}, "weights_sha256": weights_sha256(folder), "dtype": "fp32",
+                         "machine": host_info("cpu")})
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main(["eval", "--drafter", str(folder), "--output", str(tmp_path / "x.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[0].startswith(f"drafterkit eval: error: --drafter {folder}: {weights} is "
+                                                       "torn or partial"), (out, err)
+    assert "save the drafter again" in err and "training resumed" not in err
