@@ -143,9 +143,10 @@ def test_vllm_features_equal_transformers_tiny(tmp_path):
 @pytest.mark.slow
 @pytest.mark.serving
 def test_vllm_features_equal_transformers_default_target():
-    """SmolLM2-135M in fp32: EAGLE-3's layers (2, 15, 27 and the last, after the final norm) and the embeddings."""
+    """SmolLM2-135M in fp32: the layers every kind reads there (EAGLE-3 2, 15, 27; DFlash 2, 15, 28; the last, after
+    the final norm, for all and alone for Medusa / EAGLE) and the embeddings."""
     require_vllm_python()
     target, _ = load_target("smollm2-135m", dtype="float32", device="cpu")
     g = torch.Generator().manual_seed(0)
     examples = [torch.randint(3, 49152, (n,), generator=g).tolist() for n in (5, 64, 300)]
-    assert_features_equal(target, resolve_target_path("smollm2-135m"), examples, [0, 2, 15, 27, 30])
+    assert_features_equal(target, resolve_target_path("smollm2-135m"), examples, [0, 2, 15, 27, 28, 30])
