@@ -230,7 +230,7 @@ def _write_shard(path: Path, shard: dict, target, ds, spec: CacheSpec, batch_siz
     if spec.engine == "vllm":  # one vLLM run over the shard's examples (it batches them itself)
         feats = [f.to(spec.dtype) for f in vllm_features(target, resolve_target_path(spec.target_name),
                                                          [list(r["input_ids"]) for r in rows], spec.layers,
-                                                         batch_size=batch_size)[1]]
+                                                         batch_size=batch_size, out=path)[1]]
         bar.update(len(rows))
         order = []
     for b in range(0, len(order), batch_size):

@@ -132,7 +132,8 @@ def vllm_features(target: torch.nn.Module, target_path: str, examples: list[list
                   batch_size: int = 32, out: str | Path | None = None) -> tuple[dict, list[torch.Tensor]]:
     """``train.features.target_features`` computed by vLLM: per example ``[T, len(layers) * H]`` in the target's
     dtype, ``layers`` as transformers ``hidden_states`` indices in ``[0, L]`` (module docstring: ``L`` gets the
-    target's final norm here).
+    target's final norm here). vLLM's files go to a temporary folder under ``out`` (default
+    ``$DRAFTERKIT_HOME``), deleted once read.
 
     Raises:
         ValueError: a layer outside ``[0, L]``. Others as :func:`run_runner`.
