@@ -492,12 +492,13 @@ def test_a_run_names_its_training_engine_and_precision_once(world, tmp_path, cap
     default ``--mixed_precision no`` (the warning it prints), the line says the recipe's setting applies."""
     from drafterkit.train.loop import train
 
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # what accelerate launch sets when no config names one
-    train(_recipe(world, tmp_path / "r", **{"train.max_steps": 1, "train.mixed_precision": "bf16",
-                                             "train.cpu": "true"}))
+    # as accelerate launch --mixed_precision bf16 sets it (its default 'no' the same way); accelerate's state is one
+    # per process, so the recipe keeps the precision the other tests of this module run with
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    train(_recipe(world, tmp_path / "r", **{"train.max_steps": 1, "train.mixed_precision": "no"}))
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("training engine:")]
-    assert lines == ["training engine: a single process (no data parallelism) on cpu, bf16 autocast "
-                     "(train.mixed_precision); accelerate launch's --mixed_precision 'no' does not apply: the "
+    assert lines == ["training engine: a single process (no data parallelism) on cpu, fp32 (no autocast) "
+                     "(train.mixed_precision); accelerate launch's --mixed_precision 'bf16' does not apply: the "
                      "recipe's train.mixed_precision sets it"]
 
 
