@@ -3,6 +3,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/vllm_data.py regenerate --prompts 32 --max-new 128
     OMP_NUM_THREADS=1 python benchmarks/vllm_data.py features --examples 16 --max-length 2048
+    OMP_NUM_THREADS=1 python benchmarks/vllm_data.py compress --examples 16 --max-length 2048
 
 ``regenerate``: the prompts of the first ``--prompts`` ShareGPT training examples (max_length 512, cut as
 ``train.regenerate`` cuts them) answered greedily in fp32 by each backend, one after the other in this process
@@ -14,7 +15,8 @@ responses are token-for-token equal (where not, the first position that differs)
 ``features``: EAGLE-3's layers (2, 15, 27, 30) over the first ``--examples`` ShareGPT examples at ``--max-length``:
 real cache files in fp32 and bf16 from transformers and (fp32) from vLLM, their bytes per token read from the
 files, scaled to 1,000 examples of 2,048 tokens, and a file of the supervised positions only (the rows whose
-loss mask is 1) written from the fp32 cache and measured the same way. Prints one JSON object per part.
+loss mask is 1) written from the fp32 cache and measured the same way. ``compress``: a bf16 cache of the same
+examples (by vLLM) compressed whole by zlib and lzma. Prints one JSON object per part.
 """
 
 from __future__ import annotations
@@ -112,6 +114,30 @@ def features(args) -> dict:
     return out
 
 
+def compress(args) -> dict:
+    """A bf16 cache (built by vLLM) and its shard compressed whole by zlib (levels 1 and 9) and lzma (preset 1):
+    the bytes each keeps, and the seconds each takes on one core."""
+    import lzma
+    import zlib
+
+    target, tok = load_target("smollm2-135m", dtype="float32", device="cpu", chat=True)
+    ds = examples(tok, args.examples, args.max_length)
+    out = {"part": "compress", "examples": len(ds), "layers": LAYERS}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = fc.cache_spec(tmp, target, ds, LAYERS, target_name="smollm2-135m", dtype="bfloat16", engine="vllm")
+        fc.build_feature_cache(spec, target, ds, batch_size=4, progress=False)
+        size, files = cache_bytes(spec)
+        data = b"".join(f.read_bytes() for f in files)
+    out["bf16_bytes"] = size
+    for name, fn in (("zlib-1", lambda b: zlib.compress(b, 1)), ("zlib-9", lambda b: zlib.compress(b, 9)),
+                     ("lzma-1", lambda b: lzma.compress(b, preset=1))):
+        t0 = time.perf_counter()
+        n = len(fn(data))
+        out[name] = {"bytes": n, "ratio": round(n / size, 3), "seconds": round(time.perf_counter() - t0, 1),
+                     "GB_per_1000x2048": round(n / spec.tokens * PER_1000 / 1e9, 2)}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="part", required=True)
@@ -122,9 +148,13 @@ def main() -> None:
     f = sub.add_parser("features")
     f.add_argument("--examples", type=int, default=16)
     f.add_argument("--max-length", type=int, default=2048)
+    c = sub.add_parser("compress")
+    c.add_argument("--examples", type=int, default=16)
+    c.add_argument("--max-length", type=int, default=2048)
     args = p.parse_args()
     torch.manual_seed(0)
-    print(json.dumps(regenerate(args) if args.part == "regenerate" else features(args)), flush=True)
+    part = {"regenerate": regenerate, "features": features, "compress": compress}[args.part]
+    print(json.dumps(part(args)), flush=True)
 
 
 if __name__ == "__main__":
