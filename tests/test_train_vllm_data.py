@@ -108,6 +108,24 @@ def test_vllm_regeneration_equals_drafterkit_greedy(tmp_path):
     assert len(answers) > 1  # not one degenerate answer whatever the prompt
 
 
+@pytest.mark.serving
+def test_vllm_sampled_regeneration_repeats_with_its_seed(tmp_path):
+    """temperature 1: the same seed gives the same responses run to run (prompt i samples from seed + i), within
+    max_new_tokens and ending at the first EOS; not the greedy ones."""
+    require_vllm_python()
+    target, _ = save_family("llama3", tmp_path / "t", **TINY)
+    ds = prompts_dataset(family_prompts(6, 7, seed=5), [9, 2])
+    kw = dict(max_new_tokens=16, engine="vllm", target_path=str(tmp_path / "t"),
+              sampling={"temperature": 1.0, "seed": 3})
+    a = regenerate_dataset(ds, target, cache_dir=tmp_path / "a", **kw)
+    b = regenerate_dataset(ds, target, cache_dir=tmp_path / "b", **kw)
+    greedy = regenerate_dataset(ds, target, max_new_tokens=16, cache_dir=tmp_path / "g")
+    assert a["input_ids"] == b["input_ids"] and a["input_ids"] != greedy["input_ids"]
+    for ids, mask in zip(a["input_ids"], a["loss_mask"]):
+        answer = [t for t, m in zip(ids, mask) if m]
+        assert 1 <= len(answer) <= 16 and 2 not in answer[:-1]
+
+
 def assert_features_equal(target, folder: str, examples: list[list[int]], layers: list[int]) -> None:
     _, got = vllm_features(target, folder, examples, layers)
     for ids, g in zip(examples, got):

@@ -69,9 +69,11 @@ def generate(req: dict) -> dict:
     llm = make_llm(req)
     load_s = time.perf_counter() - t0
     s = req["sampling"]
-    params = SamplingParams(temperature=s["temperature"], top_k=s.get("top_k") or 0, top_p=s.get("top_p", 1.0),
-                            max_tokens=s["max_tokens"], seed=s.get("seed"), stop_token_ids=req["stop_token_ids"],
-                            ignore_eos=False, detokenize=False)
+    seed = s.get("seed") if s["temperature"] > 0 else None  # prompt i samples from seed + i: runs repeat, and
+    params = [SamplingParams(temperature=s["temperature"], top_k=s.get("top_k") or 0, top_p=s.get("top_p", 1.0),
+                             max_tokens=s["max_tokens"], seed=None if seed is None else seed + i,  # prompts differ
+                             stop_token_ids=req["stop_token_ids"], ignore_eos=False, detokenize=False)
+              for i in range(len(req["prompts"]))]
     stage(f"vLLM ready in {load_s:.0f} s; generating {len(req['prompts'])} responses x up to {s['max_tokens']} tokens")
     t0 = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], params, use_tqdm=False)
