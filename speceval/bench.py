@@ -51,6 +51,7 @@ from drafterkit.assets.target import (
     resolve_target_path,
     target_source_problem,
 )
+from drafterkit.assets.thinking import thinking_mode
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
@@ -116,11 +117,12 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None, notes: typi
             check passed (:func:`check_config`), before anything loads.
 
     Returns:
-        ``{"config", "machine", "target", "prompts", "prompts_skipped", "methods", "summary", "factors",
+        ``{"config", "machine", "target", "prompts", "prompts_skipped", "thinking", "methods", "summary", "factors",
         "exactness", "runs", "timings", "retrieval"?, "sweep"?, "concurrency"?}`` (``prompts_skipped``: the
-        prompts passed over and why, ``speceval.prompts.PromptSelection.skipped``; see ``speceval.report`` for
-        the run and row fields; ``factors``: the speedup over ``generate`` split into measured factors,
-        ``speceval.factors.headline_factors``; ``retrieval``, with ``+rest`` drafters only:
+        prompts passed over and why, ``speceval.prompts.PromptSelection.skipped``; ``thinking``: the mode the
+        prompts put a reasoning template in, ``on`` / ``off`` / ``no switch``, ``assets.thinking``; see
+        ``speceval.report`` for the run and row fields; ``factors``: the speedup over ``generate`` split into
+        measured factors, ``speceval.factors.headline_factors``; ``retrieval``, with ``+rest`` drafters only:
         ``speceval.methods.retrieval_info``; ``suffix_decoding``, with suffix rows only: their knobs,
         ``speceval.methods.suffix_info``).
 
@@ -178,7 +180,7 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
                     parameters=sum(p.numel() for p in target.parameters()), eos_token_id=eos),
         prompts=[dict(index=i, id=p.id, category=p.category, prompt_tokens=len(p.input_ids))
                  for i, p in enumerate(prompts)],
-        prompts_skipped=chosen.skipped,
+        prompts_skipped=chosen.skipped, thinking=thinking_mode(tok, [p.input_ids for p in prompts])[1],
         methods=[dict(m.meta(), hf_kwargs=_public_kwargs(s.hf_kwargs, cfg.k) if m.role == "hf-assisted" else None)
                  for m in methods for s in [next((x for x in specs if x.label == m.drafter), None)]],
         summary=summary, factors=headline_factors(summary), exactness=exact, runs=runs, timings=timings)

@@ -49,7 +49,7 @@ def test_eval_cli_greedy_records_measured_speedups_and_exactness(tiny_dir, promp
     rec = json.loads(out.read_text())
     for key in ("config", "machine", "target", "prompts", "methods", "summary", "exactness", "runs", "timings"):
         assert key in rec
-    assert rec["prompts_skipped"] == []
+    assert rec["prompts_skipped"] == [] and rec["thinking"] == "no switch"  # the tiny target's ChatML template
     assert rec["machine"]["torch"] and rec["machine"]["threads"] >= 1 and rec["machine"]["device"] == "cpu"
     assert [p["category"] for p in rec["prompts"]] == ["mine", "mine"]
     rows = {r["method"]: r for r in rec["summary"]}

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from drafterkit.assets.target import load_target, resolve_target_path
+from drafterkit.assets.thinking import thinking_mode, thinking_tail, with_thinking
 from drafterkit.train import feature_cache as fc
 from drafterkit.speceval.prompts import chat_ids
-from drafterkit.train.evaluate import EvalPrompts, thinking_mode
+from drafterkit.train.evaluate import EvalPrompts
 from drafterkit.train.features import target_features
 from drafterkit.train.recipe import RecipeError, recipe_from_dict
 from drafterkit.train.recipe_data import recipe_data_file
-from drafterkit.train.regenerate import regenerate_dataset, thinking_tail, with_thinking
+from drafterkit.train.regenerate import regenerate_dataset
 from drafterkit.train.vllm_data import vllm_features
 from conftest import require_vllm_python
 from families import family_prompts, save_family, tiny_tokenizer

@@ -38,12 +38,12 @@ from drafterkit.assets.console import progress_bars_off
 from drafterkit.assets.device import fitting_threads
 from drafterkit.assets.pinned import resolve_source
 from drafterkit.assets.target import resolve_target_path
+from drafterkit.assets.thinking import thinking_mode
 from drafterkit.decode.metrics import pool_stats
 from drafterkit.speceval.harness import WARMUP_TOKENS, busy_cores
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.train.recipe_data import recipe_data_file
-from drafterkit.train.regenerate import thinking_tail, with_thinking
 
 #: ``eval.prompts`` -> the ``drafterkit eval --benchmark`` it measures
 BENCHMARKS = {"mt_bench": "mt-bench", "sharegpt_heldout": "sharegpt"}
@@ -59,7 +59,7 @@ class EvalPrompts:
     ids: list[list[int]]
     prompt_ids: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
-    thinking: str = "no switch"  # "on" | "off" (a reasoning template's mode, :func:`thinking_mode`) | "no switch"
+    thinking: str = "no switch"  # "on" | "off" (a reasoning template's mode, assets.thinking) | "no switch"
 
     def record(self) -> dict[str, Any]:
         """What an eval result says about its prompts: benchmark, asked, used, skipped (count),
@@ -114,26 +114,6 @@ def eval_prompt_ids(recipe, tokenizer, target: torch.nn.Module | None = None) ->
                       f"{out.skipped[0]['reason']}; they are counted in each eval result, never truncated",
                       UserWarning, stacklevel=2)
     return out
-
-
-def thinking_mode(tokenizer, prompts: list[list[int]], thinking: bool | None) -> tuple[list[list[int]], str]:
-    """``(prompts, mode)``: the eval prompts in the recipe's ``data.thinking`` mode (``train.regenerate.with_thinking``:
-    the mode the drafter was trained in; unset: as the template renders them) and the mode they measure, ``"on"``
-    or ``"off"`` for a template with a thinking switch (``"mixed"`` where the prompts differ), ``"no switch"`` for
-    one without (where ``data.thinking`` set is refused as for regeneration).
-
-    Raises:
-        ValueError: ``thinking`` set for a template without a thinking switch.
-    """
-    try:
-        tail = thinking_tail(tokenizer)
-    except (ValueError, TypeError, AttributeError):
-        if thinking is not None:
-            raise
-        return prompts, "no switch"
-    prompts = [with_thinking(p, tail, thinking) for p in prompts]
-    off = [len(p) >= len(tail) and p[-len(tail):] == tail for p in prompts]
-    return prompts, "off" if all(off) else "on" if not any(off) else "mixed"
 
 
 def merge_stats(results: list[Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ Thinking (``data.thinking``, reasoning templates such as Qwen3's). The data rend
 reasoning with the template's empty ``<think>\\n\\n</think>\\n\\n`` before the reply, unsupervised, so the
 prompt already ends in thinking-off mode. ``thinking: true`` removes that tail (the target then writes its own
 ``<think>`` block, supervised with the reply); ``false`` makes sure it is there. The tail is read from the template
-(its generation prompt with ``enable_thinking`` on and off, :func:`thinking_tail`), the switch vLLM's
+(its generation prompt with ``enable_thinking`` on and off, ``assets.thinking``), the switch vLLM's
 ``chat_template_kwargs={"enable_thinking": ...}`` passes to the same template: both engines get the same tokens.
 """
 
@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from drafterkit import decode
 from drafterkit.assets.pinned import home
 from drafterkit.assets.console import progress_bars_off
+from drafterkit.assets.thinking import thinking_tail, with_thinking
 from drafterkit.train.vllm_data import dtype_name, vllm_generate
 
 
@@ -45,34 +46,6 @@ def _target_fingerprint(target: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(p.detach().float().flatten()[:4096].cpu().numpy().tobytes())
     return h.hexdigest()
-
-
-def thinking_tail(tokenizer) -> list[int]:
-    """The tokens a reasoning template's generation prompt gains with thinking off (Qwen3:
-    ``<think>\\n\\n</think>\\n\\n`` after the assistant header), read from the template itself.
-
-    Raises:
-        ValueError: the template has no thinking switch (``enable_thinking`` changes nothing in its generation
-            prompt, or changes more than a tail), so ``data.thinking`` cannot apply.
-    """
-    probe = [{"role": "user", "content": "Hi"}]
-    on, off = (tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, enable_thinking=t)
-               for t in (True, False))
-    if on == off or not off.startswith(on):
-        raise ValueError("data.thinking is set but the target's chat template has no thinking switch "
-                         "(enable_thinking does not add a tail to its generation prompt); drop data.thinking")
-    return tokenizer(off[len(on):], add_special_tokens=False)["input_ids"]
-
-
-def with_thinking(prompt: list[int], tail: list[int], thinking: bool | None) -> list[int]:
-    """``prompt`` (ending at the first supervised position) as the template writes it with thinking on (the
-    thinking-off ``tail`` removed, the target writes its own ``<think>`` block) or off (the tail present)."""
-    ends = len(tail) > 0 and prompt[-len(tail):] == tail
-    if thinking is True and ends:
-        return prompt[:-len(tail)]
-    if thinking is False and not ends:
-        return prompt + tail
-    return prompt
 
 
 def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batch_size: int = 32,
