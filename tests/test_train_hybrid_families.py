@@ -113,6 +113,10 @@ def _check_trained(recipe, report: dict) -> None:
 #: attention; Zamba2's shared attention block reads the hidden state beside the embeddings, twice the width)
 FRESH = {"deepseek_v3": "DeepseekV3DecoderLayer", "zamba2": "Zamba2HybridLayer"}
 _TRAINED: dict[tuple[str, str], Path] = {}  # (family, kind) -> the drafter folder trained for it
+#: the families every kind trains, decodes and exports on in the fast tier (Gated DeltaNet, Mamba-2 beside
+#: attention, latent attention with fresh heads); the full suite (`--all`) adds the rest, marked ``matrix``
+FAST_FAMILIES = ("qwen3_5", "nemotron_h", "deepseek_v3")
+PER_FAMILY = [pytest.param(f, marks=() if f in FAST_FAMILIES else pytest.mark.matrix) for f in HYBRID_FAMILIES]
 
 
 def trained(home: Path, family: str, kind: str, capsys) -> Path:
@@ -125,7 +129,7 @@ def trained(home: Path, family: str, kind: str, capsys) -> Path:
 
 
 @pytest.mark.parametrize("kind", list(KIND_OPTIONS))
-@pytest.mark.parametrize("family", list(HYBRID_FAMILIES))
+@pytest.mark.parametrize("family", PER_FAMILY)
 def test_kind_trains(home, family, kind, capsys, record_property):
     """Each kind on each family, 2 steps through the CLI: finite loss, trainable tensors moved, target frozen.
     Qwen3.5's full-attention layer (2 of 4) is gated (its q_proj holds each head's query and output gate); a
@@ -145,7 +149,7 @@ def test_kind_trains(home, family, kind, capsys, record_property):
     record_property("cell", "trains" + (" (fresh layers: no q/k/v to copy)" if fresh else ""))
 
 
-@pytest.mark.parametrize("family", list(HYBRID_FAMILIES))
+@pytest.mark.parametrize("family", PER_FAMILY)
 def test_decodes_exactly_or_is_refused_up_front(home, family, capsys, record_property):
     """Plain decoding and each trained kind as a chain (K=3), a static and a dynamic tree: equal to transformers'
     greedy generate token for token, or refused by ``decode.generate`` before any token with one ValueError (a
@@ -191,7 +195,7 @@ EXPORTS = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle
            "dflash": "vllm-dflash"}
 
 
-@pytest.mark.parametrize("family", list(HYBRID_FAMILIES))
+@pytest.mark.parametrize("family", PER_FAMILY)
 def test_exports_load_back(home, family, capsys, record_property):
     """Each trained kind's export (``drafters.export.export``) loads back (the engine layouts with drafterkit's
     export loaders, hf-assistant in transformers; Medusa's as its safetensors), and where ``decode.generate``
