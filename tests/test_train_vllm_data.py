@@ -127,6 +127,23 @@ def test_vllm_sampled_regeneration_repeats_with_its_seed(tmp_path):
         assert 1 <= len(answer) <= 16 and 2 not in answer[:-1]
 
 
+@pytest.mark.slow
+@pytest.mark.serving
+def test_vllm_regeneration_equals_drafterkit_default_target(tmp_path):
+    """SmolLM2-135M in fp32, 4 MT-bench-like chat prompts x 32 greedy tokens: the same responses from both engines
+    (benchmarks/vllm_data.py regenerate measured 31 of 31 ShareGPT prompts x 128 tokens identical)."""
+    require_vllm_python()
+    target, tok = load_target("smollm2-135m", dtype="float32", device="cpu", chat=True)
+    prompts = [chat_ids(tok, [{"role": "user", "content": q}]) for q in (
+        "Write a haiku about the sea.", "What is 17 times 23?", "Explain recursion to a child.",
+        "def fib(n):\n    # complete this")]
+    ds = prompts_dataset(prompts, [tok.convert_tokens_to_ids("<|im_end|>")])
+    kw = dict(max_new_tokens=32, cache_dir=tmp_path / "r")
+    ours = regenerate_dataset(ds, target, **kw)
+    theirs = regenerate_dataset(ds, target, engine="vllm", target_path=resolve_target_path("smollm2-135m"), **kw)
+    assert theirs["input_ids"] == ours["input_ids"] and theirs["loss_mask"] == ours["loss_mask"]
+
+
 def assert_features_equal(target, folder: str, examples: list[list[int]], layers: list[int]) -> None:
     _, got = vllm_features(target, folder, examples, layers)
     for ids, g in zip(examples, got):
