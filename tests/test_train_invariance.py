@@ -26,6 +26,7 @@ KINDS = {
     "medusa": "{num_heads: 3, train_vocab_size: 512}",
     "eagle": "{train_vocab_size: 512}",
     "dflash": "{draft_vocab_size: 512, block_size: 4, num_anchors: 64}",
+    "dspark": "{draft_vocab_size: 512, block_size: 4, num_anchors: 64, markov_rank: 8}",
 }
 
 
