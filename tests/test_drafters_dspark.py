@@ -305,3 +305,43 @@ def test_eval_refuses_a_tree_or_a_k_past_the_block_before_the_target_loads(tmp_p
               str(tmp_path / "x.json"), "--drafter", str(ckpt), *argv])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and message.format(ckpt=ckpt) in err and "no-target" not in err, err
+
+
+_VLLM_BUDGET = r'''
+import json, sys, types
+import numpy as np
+from vllm.v1.worker.gpu.spec_decode.adaptive_verification import AdaptiveVerificationManager
+conf, cost = json.loads(sys.argv[1]), float(sys.argv[2])
+out = []
+for row in conf:  # one request per step: vLLM's budget for it alone
+    k = len(row)
+    stale = types.SimpleNamespace(np=np.array([row], dtype=np.float32))
+    req = types.SimpleNamespace(num_speculative_steps=k, req_id_to_index={"r": 0},
+                                num_computed_tokens_np=np.array([100]),
+                                prefill_len=types.SimpleNamespace(np=np.array([10])))
+    verify = 1.0 + cost * (np.arange(k + 2) - 1.0)  # a pass over n tokens (bonus + n - 1 drafts): 1 + cost (n - 1)
+    mgr = types.SimpleNamespace(req_states=req, _stale_confidences=[stale], _stale_idx=0, _max_total_logits=10 ** 6,
+                                num_bonus_tokens=1, num_speculative_steps=k, cost_tables=(np.zeros(2), verify))
+    total = AdaptiveVerificationManager.get_num_tokens(mgr, {"r": 1 + k}, {"r": list(range(k))})
+    out.append(total - 1)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.serving
+def test_verified_length_is_vllms_adaptive_verification_budget_for_one_request():
+    """verified_length equals vLLM 0.32's AdaptiveVerificationManager.get_num_tokens for one request whose step
+    costs grow linearly (no drafter cost, a verification pass of n tokens costing 1 + cost (n - 1)), run in the
+    vLLM venv on the same confidences."""
+    import subprocess
+
+    from conftest import require_vllm_python
+
+    python = require_vllm_python()
+    g = torch.Generator().manual_seed(1)
+    conf = torch.rand(12, 6, generator=g) ** 0.3
+    for cost in (0.02, 0.1, 0.5):
+        proc = subprocess.run([str(python), "-c", _VLLM_BUDGET, json.dumps(conf.tolist()), str(cost)], check=True,
+                              capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+        theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert theirs == verified_length(conf, cost).tolist(), cost
