@@ -45,18 +45,18 @@ def _chi2(counts, probs):
 @pytest.mark.parametrize("params,kind", [(SamplingParams(1.0), "draft_lm"), (SamplingParams(0.7, 5, 0.9), "draft_lm"),
                                          (SamplingParams(0.7, 5, 0.9), "ngram"), (SamplingParams(1.0), "hybrid"),
                                          (SamplingParams(1.0), "dflash"), (SamplingParams(0.7, 5, 0.9), "dflash"),
-                                         (SamplingParams(1.0), "eagle3_2layers")],
+                                         (SamplingParams(1.0), "eagle3_2layers"), (SamplingParams(1.0), "dspark")],
                          ids=["t1", "t07_k5_p09", "ngram", "hybrid", "dflash_t1", "dflash_t07_k5_p09",
-                              "eagle3_2layers_t1"])
+                              "eagle3_2layers_t1", "dspark_t1"])
 def test_first_tokens_follow_target_distribution(params, kind):
     target = tiny_llama(0, vocab_size=V)
     drafter = tiny_llama(3, vocab_size=V, layers=1) if kind == "draft_lm" else NGramDrafter()
     # prompt lookup proposes only where the last token occurred before: put every id in the prompt
-    prompt = PROMPT if kind in ("draft_lm", "dflash", "eagle3_2layers") else list(range(V)) + PROMPT
-    if kind == "dflash":  # one block pass drafts from the target's features (a chain clamped to 1 here)
+    prompt = PROMPT if kind in ("draft_lm", "dflash", "dspark", "eagle3_2layers") else list(range(V)) + PROMPT
+    if kind in ("dflash", "dspark"):  # one block pass drafts from the target's features (a chain clamped to 1 here)
         from test_drafters_conformance import build
 
-        drafter = build("dflash", target)
+        drafter = build(kind, target)  # dspark: its q includes the Markov head's bias from the bonus token
     if kind == "eagle3_2layers":  # a stack of two decoder layers over a reduced draft vocabulary (q 0 off it)
         from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
         from test_drafters_conformance import _perturb
