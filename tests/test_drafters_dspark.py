@@ -345,3 +345,40 @@ def test_verified_length_is_vllms_adaptive_verification_budget_for_one_request()
                               capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
         theirs = json.loads(proc.stdout.strip().splitlines()[-1])
         assert theirs == verified_length(conf, cost).tolist(), cost
+
+
+def test_sampled_chains_of_two_keep_the_targets_joint_distribution():
+    """Temperature 1, draft chains of 2 whose second token's q depends on the first through a strong Markov head:
+    the first four committed tokens follow the target's joint law (chi-square on the pair of tokens 2-3, drafted
+    as one chain, and on token 4)."""
+    from scipy import stats
+
+    from drafterkit.decode import generate
+    from drafterkit.decode.sampling import logits_to_probs
+
+    v, prompt, runs = 16, [1, 5, 9], 3000
+    target = tiny_llama(0, vocab_size=v)
+    d = _strong_markov(build("dspark", target))
+    params = SamplingParams(1.0)
+    with torch.no_grad():  # the exact joint of the first four tokens, [V, V, V, V]
+        joint = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], params).double()
+        for depth in range(1, 4):
+            seqs = torch.tensor([prompt + list(c) for c in itertools.product(range(v), repeat=depth)])
+            nxt = logits_to_probs(target(seqs).logits[:, -1], params).double().reshape(*[v] * depth, v)
+            joint = joint[..., None] * nxt
+    res = generate(target, [prompt] * runs, drafter=d, max_new_tokens=4, num_draft_tokens=3, temperature=1.0,
+                   seed=7, eos_token_id=[])
+    seqs = torch.tensor(res.sequences)  # [runs, 4]
+    assert res.stats.drafted > runs  # chains of 2 in the first round
+
+    def chi2(counts, probs):
+        n, big = counts.sum(), probs * counts.sum() >= 5
+        assert counts[probs == 0].sum() == 0
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([probs[big], probs[~big].sum()[None]]) * n
+        keep = exp > 0
+        return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+
+    pair = torch.bincount(seqs[:, 1] * v + seqs[:, 2], minlength=v * v).double()
+    assert chi2(pair, joint.sum((0, 3)).flatten()) > 1e-3
+    assert chi2(torch.bincount(seqs[:, 3], minlength=v).double(), joint.sum((0, 1, 2))) > 1e-3
