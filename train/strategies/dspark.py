@@ -35,7 +35,6 @@ class DSparkStrategy(DFlashStrategy):
     kind = "dspark"
     options_model = DSparkOptions
     drafter_class = DSparkDrafter
-    min_tokens = 2
 
     def config(self, recipe: Any, target: torch.nn.Module) -> DSparkConfig:
         o: DSparkOptions = recipe.drafter.parsed_options()
