@@ -84,8 +84,9 @@ class DSparkConfidenceHead(nn.Module):
         self.proj = nn.Linear(input_dim, 1, bias=True, dtype=torch.float32)
 
     def forward(self, hidden: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([hidden, embed], -1) if self.with_markov else hidden
-        return self.proj(x.float()).squeeze(-1)
+        x = torch.cat([hidden.float(), embed.float()], -1) if self.with_markov else hidden.float()
+        # in fp32 whatever the drafter's dtype, as vLLM's fp32 ReplicatedLinear
+        return F.linear(x, self.proj.weight.float(), self.proj.bias.float()).squeeze(-1)
 
 
 def verified_length(confidence: torch.Tensor, cost: float) -> torch.Tensor:

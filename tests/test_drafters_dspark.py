@@ -382,3 +382,12 @@ def test_sampled_chains_of_two_keep_the_targets_joint_distribution():
     pair = torch.bincount(seqs[:, 1] * v + seqs[:, 2], minlength=v * v).double()
     assert chi2(pair, joint.sum((0, 3)).flatten()) > 1e-3
     assert chi2(torch.bincount(seqs[:, 3], minlength=v).double(), joint.sum((0, 1, 2))) > 1e-3
+
+
+def test_a_bf16_drafter_sizes_chains_with_an_fp32_confidence_head():
+    target = tiny_llama(0).to(torch.bfloat16)
+    d = build("dspark", target).to(torch.bfloat16)
+    d.verify_cost = 0.1
+    plain = engine.generate(target, [[5, 6, 7, 8, 9]], max_new_tokens=12)
+    spec = engine.generate(target, [[5, 6, 7, 8, 9]], drafter=d, max_new_tokens=12, num_draft_tokens=4)
+    assert spec.stats.target_forwards > 0 and len(spec.sequences[0]) == len(plain.sequences[0]) == 12
