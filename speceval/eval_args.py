@@ -100,9 +100,8 @@ class EvalConfig:
     top_k: int = field(default=0, metadata={"help": "sample from the k likeliest tokens; 0: all"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
     k: int = field(default=5, metadata={"help": (
-        "draft tokens per verification (K) of chain rows, at most num_heads for a Medusa drafter, block_size - 1 "
-        "for DFlash and block_size for DSpark (a larger --k is refused for them; left out, their rows use that "
-        "bound)")})
+        "draft tokens per verification (K) of chain rows; at most Medusa's num_heads, DFlash's block_size - 1, "
+        "DSpark's block_size (a larger --k is refused; left out, their rows use that bound)")})
     draft_thresholds: list[float] = field(default_factory=lambda: [0.0], metadata={
         "flag": "--draft-threshold",
         "help": "confidence-based drafting: a chain stops, and tree nodes are pruned, once the drafter's path "

@@ -30,6 +30,9 @@ def _build(kind: str, target):
     if kind == "dflash":
         from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
         return DFlashDrafter(DFlashConfig.from_target(target, block_size=4), target=target)
+    if kind == "dspark":
+        from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter
+        return DSparkDrafter(DSparkConfig.from_target(target, block_size=4), target=target)
     if kind == "peagle":
         from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
         d = PEagleDrafter(PEagleConfig.from_target(target, draft_vocab_size=48, mask_token_id=3), target=target)
