@@ -101,7 +101,7 @@ class EvalConfig:
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
     k: int = field(default=5, metadata={"help": (
         "draft tokens per verification (K) of chain rows; at most Medusa's num_heads, DFlash's block_size - 1, "
-        "DSpark's block_size (a larger --k is refused; left out, their rows use that bound)")})
+        "DSpark's block_size (a larger --k is refused; left out, their rows use 5 or that bound if smaller)")})
     draft_thresholds: list[float] = field(default_factory=lambda: [0.0], metadata={
         "flag": "--draft-threshold",
         "help": "confidence-based drafting: a chain stops, and tree nodes are pruned, once the drafter's path "

@@ -194,7 +194,7 @@ def check_k(drafters: list[str], ks: list[int], flag: str = "--k", who: str = "-
             continue
         kind, cap = found
         raise ValueError(cap_refusal(flag, max(ks), f"{who}{spec}", kind, cap,
-                                     {"--k": f" (without --k its rows use K={cap})"}.get(flag, "")
+                                     {"--k": f" (without --k its rows use K={min(5, cap)})"}.get(flag, "")
                                      if who == "--drafter " else f" (without {flag} it tries K up to {cap})"))
 
 

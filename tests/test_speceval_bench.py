@@ -407,7 +407,7 @@ def test_help_shows_the_defaults(capsys, monkeypatch):
         if verb == "eval":
             for shown in ("chose (default: auto); not given, the value", "prompts measured (default: 8)",
                           "records, else smollm2-135m)", "(default: 1,2,3,4,5,6,7,8)", "(default: 0.0,0.5,1.0)",
-                          "(default: sharegpt;", "left out, their rows use that bound) (default: 5)",
+                          "(default: sharegpt;", "their rows use 5 or that bound if smaller) (default: 5)",
                           "--no-exact", "decoder's exact mode (decode.exact_mode, on by default here"):
                 assert shown in text
         # no noise: nothing to show for unset options and flags, and a default named in the help stays single

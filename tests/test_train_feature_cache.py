@@ -407,3 +407,17 @@ def test_the_quickstart_reads_a_complete_cache_and_never_builds_one(world, tmp_p
     assert feature_source(recipe, target, tok) is None
     assert "features: the complete offline cache" in capsys.readouterr().out
     assert feature_source(load_recipe(recipe_file, ["data.feature_cache=off"]), target, tok) is None
+
+
+def test_vllm_features_for_a_target_vllm_cannot_give_hidden_states_of_are_refused_before_vllm_starts():
+    from types import SimpleNamespace
+
+    from drafterkit.train.feature_cache import recipe_cache_spec
+    from drafterkit.train.recipe import RecipeError, recipe_from_dict
+
+    recipe = recipe_from_dict({"output_dir": "unused", "drafter": {"kind": "eagle3"},
+                               "data": {"features_engine": "vllm"}})
+    stablelm = SimpleNamespace(config=SimpleNamespace(architectures=["StableLmForCausalLM"]))
+    with pytest.raises(RecipeError, match=r"data.features_engine: vllm .* StableLmForCausalLM .* "
+                                          r"data.features_engine=transformers"):
+        recipe_cache_spec(recipe, stablelm, [], [1, 2, 3])

@@ -197,7 +197,8 @@ def test_the_head_kinds_chain_loss_trains_lk_lambda_at_every_drafting_position()
     labels = [torch.tensor([1, 2, -100, 3]), torch.tensor([1, -100, -100, 3]), torch.tensor([-100, -100, -100, 3])]
     loss, metrics = chain_loss(drafts, targets, labels, [1.0, 0.8, 0.64], cfg)
     loss.backward()
-    assert {"lk_lambda_step0", "lk_lambda_step2", "ce_step1"} <= metrics.keys()
+    assert {"lk_lambda_step0", "lk_lambda_step2", "ce_step1", "lk_weight_step0", "lk_weight_step2"} <= metrics.keys()
+    assert 0 < metrics["lk_weight_step0"] <= 1
     expected = sum(w * losses.lk_lambda_loss(d.detach(), t, y != -100)[0] * int((y != -100).sum()) / 4
                    for w, d, t, y in zip([1.0, 0.8, 0.64], drafts, targets, labels))
     assert metrics["lk_lambda_step0"] + metrics["lk_lambda_step1"] * 0.8 + metrics["lk_lambda_step2"] * 0.64 \

@@ -63,6 +63,7 @@ from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.target import resolve_target_path
 from drafterkit.assets.pinned import home
 from drafterkit.assets.console import progress_bars_off
+from drafterkit.drafters.vllm_support import eagle3_serve_problem
 from drafterkit.train.data import collate
 from drafterkit.train.features import target_features
 from drafterkit.train.feature_shards import (
@@ -343,7 +344,18 @@ def feature_layers(recipe, target) -> list[int]:
 
 
 def recipe_cache_spec(recipe, target, ds, layers: list[int]) -> CacheSpec:
-    """The cache the recipe reads: its folder, ``data.feature_dtype`` and ``data.features_engine``."""
+    """The cache the recipe reads: its folder, ``data.feature_dtype`` and ``data.features_engine``.
+
+    Raises:
+        train.recipe.RecipeError: ``data.features_engine: vllm`` for a target whose hidden states vLLM cannot give
+            (they come through its EAGLE-3 interface, ``drafters.vllm_support.eagle3_serve_problem``), before vLLM
+            starts.
+    """
+    if recipe.data.features_engine == "vllm":
+        arch = (getattr(target.config, "architectures", None) or [None])[0]
+        if problem := eagle3_serve_problem(arch):
+            raise RecipeError(f"data.features_engine: vllm takes the target's hidden states through vLLM's EAGLE-3 "
+                              f"interface, and {problem}; set data.features_engine=transformers")
     return cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path,
                       dtype=recipe.data.feature_dtype, engine=recipe.data.features_engine)
 

@@ -125,7 +125,9 @@ def chain_loss(draft_rows: list[torch.Tensor], target_rows: list[torch.Tensor], 
                 y = t.argmax(-1) if loss_cfg.ce_labels == "target" else label_rows[j]
                 value, _ = losses.ce_loss(d, y.masked_fill(~v, -100))
             else:
-                value, _ = losses.distribution_loss(name, d, t, v, loss_cfg)
+                value, m = losses.distribution_loss(name, d, t, v, loss_cfg)
+                if "lk_weight" in m:  # lk_lambda's KL weight at this drafting position
+                    metrics[f"lk_weight_step{j}"] = m["lk_weight"]
             value = value * (int(v.sum()) / max(n, 1))  # mean over this step's rows -> sum / N starts
             total = total + w * step_weights[j] * value
             metrics[f"{name}_step{j}"] = float(value.detach())
