@@ -130,6 +130,8 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
         close = [] if "/" in spec or Path(spec).exists() else \
             difflib.get_close_matches(spec.lower(), ("ngram", "rest", "suffix", "none"), n=1, cutoff=0.7)
         hint = f" (did you mean {close[0]}?)" if close else ""
+        if Path(spec).is_dir():  # a folder meant as a checkpoint: what is wrong with it comes first
+            raise ValueError(f"{flag} {spec}: {exc}") from None
         raise ValueError(f"{flag} {spec}{hint}: not {drafter_spec_forms()}. {exc}") from None
     weights = folder / "model.safetensors"  # torn: said first, not after notes that read the file (a tuned setting)
     if kind != TRANSFORMERS_KIND and weights.is_file() and (problem := safetensors_problem(weights)):

@@ -68,3 +68,15 @@ def test_the_tuned_note_is_said_when_the_arguments_pass(world, capsys):
     out = capsys.readouterr().out
     assert f"drafterkit eval: {world['drafter'] / 'decoding.json'}" in out and "taken from it" in out
     assert out.index("taken from it") < out.index("wrote ")
+
+
+def test_a_damaged_drafter_folder_is_named_with_what_is_wrong_first(tmp_path, capsys):
+    """A folder given as --drafter that holds no readable drafter: the error opens with what is wrong with it, not
+    with the list of spec forms a mistyped name gets."""
+    from drafterkit.speceval.methods import check_drafter_spec
+
+    (tmp_path / "config.json").write_text("{bad")
+    with pytest.raises(ValueError) as exc:
+        check_drafter_spec(str(tmp_path))
+    assert str(exc.value).startswith(f"--drafter {tmp_path}: {tmp_path} is not a drafter checkpoint")
+    assert "config.json is not valid JSON" in str(exc.value) and "not 'ngram'" not in str(exc.value)
