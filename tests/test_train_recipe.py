@@ -147,6 +147,58 @@ def test_accept_len_on_a_chain_of_several_own_drafts_validates(kind, options, lo
     recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind, "options": options}, "loss": loss})
 
 
+#: kind, its options, the most draft tokens one round proposes, the option that sets it
+BOUNDED = [("medusa", {"num_heads": 2}, 2, "num_heads"), ("dflash", {"block_size": 4}, 3, "block_size"),
+           ("dspark", {"block_size": 4}, 4, "block_size")]
+
+
+@pytest.mark.parametrize("kind,options,most,option", BOUNDED)
+def test_a_draft_length_above_the_drafters_bound_is_refused_naming_it(kind, options, most, option):
+    """``eval.k`` (and ``loss.draft_steps`` with accept_len) above what one round of a Medusa / DFlash / DSpark
+    drafter drafts is refused when the recipe is validated (no longer cut silently at decoding), one line naming
+    the bound and both fixes; ``draft_steps`` without accept_len is not read, so it is not refused."""
+    base = {"output_dir": "x", "drafter": {"kind": kind, "options": options}}
+    for extra, key in (({"eval": {"k": most + 1}}, "eval.k"),
+                       ({"loss": {"name": "accept_len", "draft_steps": most + 2}}, "loss.draft_steps")):
+        with pytest.raises(RecipeError) as err:
+            recipe_from_dict({**base, **extra})
+        line = str(err.value).splitlines()[-1]
+        assert line.startswith(f"{key}: ") and f"'{kind}'" in line and f"set {key} to at most {most}" in line, line
+        assert f"drafter.options.{option}: {options[option]}" in line and f"drafter.options.{option} to at " \
+            "least" in line, line
+    r = recipe_from_dict({**base, "eval": {"k": most}, "loss": {"name": "fkl", "draft_steps": most + 2}})
+    assert r.eval.k == most and r.loss.draft_steps == most + 2
+
+
+@pytest.mark.parametrize("kind,options,most,option", BOUNDED)
+def test_default_draft_lengths_follow_the_drafters_bound_in_the_saved_recipe(kind, options, most, option, tmp_path):
+    """Left out, ``eval.k`` (5) and ``loss.draft_steps`` (4, with accept_len) become the bound where it is
+    smaller; the saved recipe holds what runs and validates again as it is. A larger bound keeps the defaults."""
+    r = recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind, "options": options},
+                          "loss": {"name": "accept_len"}})
+    assert (r.eval.k, r.loss.draft_steps) == (min(5, most), min(4, most))
+    assert load_recipe(r.save(tmp_path)).eval.k == min(5, most)
+    wide = recipe_from_dict({"output_dir": "x", "drafter": {"kind": kind, "options": {option: 8}}})
+    assert wide.eval.k == 5
+
+
+@pytest.mark.parametrize("kind,options,most,option", BOUNDED)
+def test_the_recipes_draft_bound_is_the_drafters(kind, options, most, option):
+    """``train.draft_lengths.draft_bound`` (what the recipe checks, without torch) equals ``drafters.kinds.
+    max_draft_tokens`` of a drafter config with the same values (what eval and export read); the trainable kinds
+    without a fixed bound have none on either side."""
+    from drafterkit.drafters.kinds import max_draft_tokens
+    from drafterkit.train.draft_lengths import draft_bound
+    from drafterkit.train.options import KINDS
+
+    for size in (2, 5, 9):
+        parsed = KINDS[kind].options_model.model_validate({option: size}).model_dump()
+        assert draft_bound(kind, parsed) == (max_draft_tokens(kind, parsed), option)
+    assert draft_bound(kind, {**options}) == (most, option)
+    for other in set(KINDS) - {"medusa", "dflash", "dspark"}:
+        assert draft_bound(other, {}) is None and max_draft_tokens(other, {}) is None, other
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "dflash"])
 def test_on_policy_data_for_a_head_kind_is_refused_at_validation(kind):
     with pytest.raises(RecipeError, match=rf"data\.on_policy_fraction: drafter kind '{kind}'.*'draft_lm'.*"

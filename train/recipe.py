@@ -43,6 +43,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from drafterkit.train.checkpoint import is_resumable
 from drafterkit.train.recipe_loss import LOSS_NAMES, SECTION_CONFIG, LossSection  # noqa: F401
 from drafterkit.train.data_engines import DataEngines
+from drafterkit.train.draft_lengths import fit_draft_lengths
 from drafterkit.train.options import feature_kinds, kind_recipe
 
 
@@ -324,6 +325,11 @@ class Recipe(Section):
         check = kind_recipe(self.drafter.kind).check
         if check is not None:
             check(self)
+        return self
+
+    @model_validator(mode="after")
+    def _draft_lengths_fit_the_drafter(self) -> Recipe:
+        fit_draft_lengths(self)  # eval.k / loss.draft_steps vs the drafter's bound; after the kind's own checks
         return self
 
     @model_validator(mode="after")

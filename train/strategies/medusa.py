@@ -57,9 +57,6 @@ class MedusaStrategy(FeatureHeadStrategy):
 
     def build(self, recipe: Any, target: torch.nn.Module, tokenizer: Any):
         o: MedusaOptions = recipe.drafter.parsed_options()
-        if recipe.eval.k > o.num_heads:
-            raise ValueError(f"eval.k={recipe.eval.k} but Medusa with num_heads={o.num_heads} proposes at most "
-                             f"{o.num_heads} tokens per round; set eval.k <= {o.num_heads} or more heads")
         cfg = MedusaConfig.from_target(target, num_heads=o.num_heads, num_layers=o.num_layers,
                                        share_lm_head=o.share_lm_head)
         drafter = trainable_own(MedusaDrafter(cfg, target=target), target)
