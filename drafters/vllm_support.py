@@ -1,4 +1,4 @@
-"""Which targets vLLM can serve an EAGLE-3, P-EAGLE or DFlash drafter next to.
+"""Which targets vLLM can serve an EAGLE-3, P-EAGLE, DFlash or DSpark drafter next to.
 
 vLLM's EAGLE-3 drafter reads the target's auxiliary hidden states, so the TARGET's model class must
 implement vLLM's ``SupportsEagle3`` interface (``model_executor/models/interfaces.py``); otherwise vLLM's
@@ -6,8 +6,8 @@ model runner stops at load with ``RuntimeError: Model does not support EAGLE3 in
 aux_hidden_state_outputs was requested`` (``v1/worker/gpu_model_runner.py``,
 ``_setup_eagle3_aux_hidden_state_outputs``). P-EAGLE rides on the same path (``{"method": "eagle3",
 "parallel_drafting": true}``), and vLLM's DFlash proposer asks for the same auxiliary hidden states
-(``gpu_model_runner.py``: ``use_dflash()`` sets ``use_aux_hidden_state_outputs``), so the same list applies to all
-three. ``drafterkit export`` warns and
+(``gpu_model_runner.py``: ``use_dflash()`` sets ``use_aux_hidden_state_outputs``), as does DSpark's (its backbone is
+DFlash's), so the same list applies to all four. ``drafterkit export`` warns and
 ``drafterkit serve-check`` refuses before starting vLLM for a target vLLM would serve with a class lacking it.
 
 Which class vLLM serves a target with follows its registry's resolution (``registry.py``, ``_ModelRegistry.
@@ -193,10 +193,10 @@ def vllm_model_class(architecture: str) -> str | None:
 
 
 def eagle3_serve_problem(architecture: str | None) -> str | None:
-    """Why vLLM :data:`VLLM_VERSION` cannot serve an EAGLE-3 / P-EAGLE head or a DFlash drafter next to a target of
-    ``architecture`` (one sentence naming it, the version and the reason), or None when it can (a native class in
-    :data:`EAGLE3_TARGET_ARCHITECTURES` or the Transformers backend, :func:`vllm_model_class`) or the architecture
-    is unknown (None)."""
+    """Why vLLM :data:`VLLM_VERSION` cannot serve an EAGLE-3 / P-EAGLE head or a DFlash / DSpark drafter next to a
+    target of ``architecture`` (one sentence naming it, the version and the reason), or None when it can (a native
+    class in :data:`EAGLE3_TARGET_ARCHITECTURES` or the Transformers backend, :func:`vllm_model_class`) or the
+    architecture is unknown (None)."""
     if architecture is None:
         return None
     kind = vllm_model_class(architecture)
@@ -206,8 +206,9 @@ def eagle3_serve_problem(architecture: str | None) -> str | None:
         return (f"vLLM {VLLM_VERSION} has no model class for a {architecture} target: it is not in vLLM's model "
                 "registry and transformers has no class of that name its Transformers backend can wrap; serve a "
                 "target whose architecture vLLM supports")
-    return (f"vLLM {VLLM_VERSION} cannot serve an EAGLE-3 / P-EAGLE head or a DFlash drafter for a {architecture} "
-            f"target: {VLLM_REASON}; it stops at load with \"RuntimeError: Model does not support EAGLE3 interface\"")
+    return (f"vLLM {VLLM_VERSION} cannot serve an EAGLE-3 / P-EAGLE head or a DFlash / DSpark drafter for a "
+            f"{architecture} target: {VLLM_REASON}; it stops at load with \"RuntimeError: Model does not support "
+            "EAGLE3 interface\"")
 
 
 # What vLLM 0.32's CPU build does with a hybrid target (recurrent layers beside attention), found by running it on

@@ -159,7 +159,7 @@ def hybrid_serving(cells: dict[str, dict[str, str]]) -> list[str]:
         "state; Nemotron-H with EAGLE-3: 0 of 2 outputs and 4 of 22 chains equal drafterkit's). So `drafterkit "
         "serve-check` refuses every hybrid target on vLLM's CPU build before vLLM starts, in one line with vLLM's "
         "reason (`drafters/vllm_support.py`, `cpu_hybrid_problem`); with vLLM on a GPU (a venv made with "
-        "`DRAFTERKIT_VLLM_PACKAGE=vllm`) it runs, EAGLE-3 / P-EAGLE / DFlash next to the classes implementing "
+        "`DRAFTERKIT_VLLM_PACKAGE=vllm`) it runs, EAGLE-3 / P-EAGLE / DFlash / DSpark next to the classes implementing "
         "SupportsEagle3 (Qwen3.5, Qwen3-Next, Nemotron-H), not checked here. Each cell: "
         "`tests/test_serving_hybrid.py`, a Medusa export (a format no other rule refuses).", "",
         "| family | vLLM for CPU (every export format) |", "|---|---|", *rows, ""]
@@ -210,7 +210,7 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "vLLM runs the shorter block [bonus, mask x 3] and so does drafterkit's decoder at K=3) "
              "(`tests/test_serving_families.py`, `speceval.serving.check_targets`: every served cell in one vLLM "
              "process). `refused: ...`: `drafterkit serve-check` refuses before vLLM starts and `drafterkit "
-             "export` warns (`drafters/vllm_support.py`: EAGLE-3, P-EAGLE and DFlash draft from the target's "
+             "export` warns (`drafters/vllm_support.py`: EAGLE-3, P-EAGLE, DFlash and DSpark draft from the target's "
              "auxiliary hidden states, which vLLM gives only for target classes implementing its SupportsEagle3 "
              "interface; it would stop at load with \"RuntimeError: Model does not support EAGLE3 interface\"). "
              "This table needs `DRAFTERKIT_SERVING_MATRIX=full` (the script sets it; CI serves every refused cell "

@@ -317,7 +317,7 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
 
     Raises:
         ServeCheckError: no vLLM venv (the message gives the command), a folder that is not an export, an
-            EAGLE-3 / P-EAGLE / DFlash export for a target architecture vLLM cannot serve it with
+            EAGLE-3 / P-EAGLE / DFlash / DSpark export for a target architecture vLLM cannot serve it with
             (:mod:`drafters.vllm_support`), a missing ``--drafter``, an unknown benchmark, an unloadable target, a
             target with recurrent / linear-attention layers (``drafters.target_recurrent``).
         VLLMRunError: vLLM failed (the message holds the end of its log).
@@ -329,7 +329,7 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
 
 def serve_refusal(method: str, target: str) -> str | None:
     """Why drafterkit refuses, before vLLM starts, to serve-check a ``method`` export next to ``target``
-    (:mod:`drafters.vllm_support`: a target vLLM cannot load; EAGLE-3, P-EAGLE and DFlash drafting from the
+    (:mod:`drafters.vllm_support`: a target vLLM cannot load; EAGLE-3, P-EAGLE, DFlash and DSpark drafting from the
     auxiliary hidden states of a target class that gives none), or None."""
     if problem := target_load_problem(target):
         return problem
