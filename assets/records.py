@@ -9,6 +9,7 @@ a warning; a line that is not JSON is skipped whole (JSONL) or ends the read at 
 from __future__ import annotations
 
 import codecs
+import difflib
 import gzip
 import itertools
 import json
@@ -17,7 +18,7 @@ import os
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,13 @@ def a_or_an(word: str) -> str:
 def plural(n: int, word: str) -> str:
     """``"1 prompt"``, ``"2 prompts"``: ``n`` and ``word``, with an ``s`` unless ``n`` is 1."""
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """``" (did you mean eagle3?)"``: the closest of ``choices`` to ``word`` (``difflib``, case-insensitive, cutoff
+    0.7), with ``prefix`` before it (``"+"`` for a ``+ngram`` suffix), or ``""`` when none is close."""
+    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.7)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
 def _iter_json_array(path: Path, buf: str, chunks: Iterator[str], stats: LoaderStats) -> Iterator[Any]:

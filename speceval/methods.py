@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import logging
 import time
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ import torch
 
 from drafterkit import decode
 from drafterkit.assets.device import resolve_dtype
+from drafterkit.assets.records import did_you_mean
 from drafterkit.assets.target import safetensors_problem
 from drafterkit.decode.dynamic_tree import parse_tree
 from drafterkit.decode.exact import exact_mode_enabled
@@ -117,8 +117,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     if tail is not None and "/" not in tail and not Path(spec).exists():
         hint = (" (a threshold is not part of the spec: --draft-threshold T labels the row SPEC@T)"
                 if "@" in tail else "")
-        close = difflib.get_close_matches(tail, ("ngram", "rest", "suffix"), n=1, cutoff=0.7)
-        hint += f" (did you mean +{close[0]}?)" if close else ""
+        hint += did_you_mean(tail, ("ngram", "rest", "suffix"), prefix="+")
         raise ValueError(f"{flag} {spec}: unknown suffix '+{tail}'; valid: PATH+ngram, PATH+rest, PATH+suffix{hint}")
     if spec.startswith("draft:"):
         if not spec.split(":", 1)[1].isdigit() or int(spec.split(":", 1)[1]) < 1:
@@ -127,9 +126,7 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
     try:
         folder, kind = resolve_checkpoint(spec, allow_transformers=True)
     except DrafterLoadError as exc:
-        close = [] if "/" in spec or Path(spec).exists() else \
-            difflib.get_close_matches(spec.lower(), ("ngram", "rest", "suffix", "none"), n=1, cutoff=0.7)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        hint = "" if "/" in spec or Path(spec).exists() else did_you_mean(spec, ("ngram", "rest", "suffix", "none"))
         if Path(spec).is_dir():  # a folder meant as a checkpoint: what is wrong with it comes first
             raise ValueError(f"{flag} {spec}: {exc}") from None
         raise ValueError(f"{flag} {spec}{hint}: not {drafter_spec_forms()}. {exc}") from None

@@ -329,6 +329,14 @@ def test_an_unknown_kind_lists_the_trainable_kinds():
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "nope"}})
 
 
+@pytest.mark.parametrize("typo, meant", [("eagel3", "eagle3"), ("DSpark", "dspark"), ("dflsh", "dflash")])
+def test_a_misspelt_kind_gets_a_did_you_mean(typo, meant):
+    """As ``drafterkit eval --drafter ngramm`` does (``assets.records.did_you_mean``, one helper for both)."""
+    with pytest.raises(RecipeError) as err:
+        recipe_from_dict({"output_dir": "x", "drafter": {"kind": typo}})
+    assert f"drafter kind {typo!r} (did you mean {meant}?); trainable kinds: [" in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize("override, key, value", [
     ("train.mixed_precision=no", "train.mixed_precision", "no"),  # a Literal of strings: the word itself
     ("logging.run_name=off", "logging.run_name", "off"),  # a free string field keeps the word as written
@@ -430,6 +438,7 @@ print(json.dumps({"rc": rc, "loaded": [m for m in %r if m in sys.modules]}))
     (["bogus_key=1"], "bogus_key: unknown key 'bogus_key'"),
     (["optim.lr=abc"], "optim.lr: Input should be a valid number"),
     (["drafter.options.ttt_stpes=2"], "drafter.options.ttt_stpes: unknown key"),
+    (["drafter.kind=eagel3"], "drafter kind 'eagel3' (did you mean eagle3?)"),
     (["train.shard=zero3", "train.mixed_precision=fp16"], "train.shard=zero3: DeepSpeed's engine steps fp32"),
 ])
 def test_a_bad_recipe_is_refused_before_torch_or_the_training_loop_loads(entry, overrides, error):

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from drafterkit.train.local_target import local_config, local_layer_count, meta_target, vocab_size
 
+from drafterkit.assets.records import did_you_mean
 
 def _drafters(module: str, name: str) -> Callable:
     """``drafterkit.drafters.<module>.<name>``, imported on first use: the checks against the target's layers need
@@ -483,7 +484,8 @@ KINDS: dict[str, KindRecipe] = {
 def kind_recipe(kind: str) -> KindRecipe:
     """The recipe-side description of drafter ``kind``. Raises ``ValueError`` listing the trainable kinds."""
     if kind not in KINDS:
-        raise ValueError(f"no training strategy for drafter kind {kind!r}; trainable kinds: {sorted(KINDS)}")
+        raise ValueError(f"no training strategy for drafter kind {kind!r}{did_you_mean(kind, KINDS)}; trainable "
+                         f"kinds: {sorted(KINDS)}")
     return KINDS[kind]
 
 
