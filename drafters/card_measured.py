@@ -2,7 +2,8 @@
 weights exported, in this order: the ``drafterkit quickstart`` report the drafter folder's ``decoding.json``
 names (:func:`quickstart_record`, used while the folder still holds the weights whose sha256 it records: per
 benchmark, tau, acceptance, per-position acceptance with ``(n=...)`` where few proposals reached a position,
-and the drafter alone over the engine's plain decoding, the factor an export carries; the prompt lookup +
+and the drafter alone over the engine's plain decoding as vLLM serves it, a chain of K without a draft threshold, the
+factor an export carries; the drafter in drafterkit's own shape (a tree, a confidence cutoff) and the prompt lookup +
 retrieval figure apart, as not carried), else the evaluation recorded during training, else "Not measured"
 and the ``drafterkit eval`` command that measures it. Also the measured decoding shape (:func:`measured_shape`).
 """
@@ -131,21 +132,35 @@ def _spread(interval) -> str:
     return f"; 95% interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else ""
 
 
+def served_shape(factor: dict) -> bool:
+    """Whether a factor row (``speceval.factors``) measured the shape a serving engine drafts: a chain of K without a
+    confidence cutoff (reports written before the ``served`` row marked a tree row as carried too)."""
+    shape = factor.get("shape") or ""
+    return shape.startswith("chain of") and "cutoff" not in shape
+
+
 def quickstart_section(qs: dict) -> list[str]:
     """Markdown lines: the ``drafterkit quickstart`` measurement (:func:`quickstart_record`): per benchmark the
-    drafter alone (the factor an export carries: tau, acceptance, per-position acceptance, its speed over the
-    engine's plain decoding), then, labelled as not carried, the drafter behind prompt lookup + retrieval."""
-    dec, rep = qs["decoding"], qs["report"]
-    rows, extra, setup = [], [], None
-    for bench, ev in rep["evals"].items():
+    drafter alone as vLLM serves it, a chain of K without a draft threshold (the factor an export carries: tau,
+    acceptance, per-position acceptance, its speed over the engine's plain decoding), then, labelled as not carried,
+    the drafter in drafterkit's own shape (a tree, a cutoff) and behind prompt lookup + retrieval. A report that
+    measured no such chain gets a table of none and says so."""
+    rows, extra, own_lines, setup = [], [], [], None
+    for bench, ev in qs["report"]["evals"].items():
         factors = ev.get("factors") or []
-        alone = next((f for f in factors if f.get("export")), None)
+        alone = next((f for f in factors if f.get("export") and served_shape(f)), None)
+        own = next((f for f in factors if f.get("factor") == "drafter" and f is not alone), None)
         summary = {r["method"]: r for r in ev.get("summary") or []}
+        if own is not None and own.get("ratio") is not None:
+            own_lines.append(f"- {bench}: `{own['method']}` ({own.get('shape') or '?'}): {_fmt(own['ratio'])}x the "
+                             f"engine's plain decoding{_spread(own.get('interval'))}.")
+        setup = setup or ev
         row = summary.get(alone["method"]) if alone else None
         if row is None:
             continue
         rows.append(f"| {bench} | {row.get('prompts', '?')} x {ev['config'].get('max_new_tokens', '?')} | "
-                    f"{_fmt(row.get('tau'), '{:.3f}')} | {_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
+                    f"{row.get('k', '?')} | {_fmt(row.get('tau'), '{:.3f}')} | "
+                    f"{_fmt(row.get('acceptance_rate'), '{:.3f}')} | "
                     f"{_pct(row.get('accept_per_position'), row.get('reached_per_position'))} | "
                     f"{_fmt(alone['ratio'])}x "
                     f"({_fmt(alone['tokens_per_s'], '{:.1f}')} vs {_fmt(alone['over_tokens_per_s'], '{:.1f}')} "
@@ -156,26 +171,39 @@ def quickstart_section(qs: dict) -> list[str]:
         if spec is not None:
             extra.append(f"- {bench}: `{spec['method']}`: {_fmt(spec['ratio'])}x the engine's plain decoding"
                          + (f", {_fmt(e2e['ratio'])}x transformers `generate` end to end" if e2e else "") + ".")
-        setup = setup or ev
-    if not rows:
+    if setup is None:
         return []
+    return _quickstart_lines(qs, setup, rows, own_lines, extra)
+
+
+def _quickstart_lines(qs: dict, setup: dict, rows: list[str], own_lines: list[str], extra: list[str]) -> list[str]:
+    """The Measured section's lines around :func:`quickstart_section`'s table rows."""
+    dec = qs["decoding"]
     mach, cfg = setup.get("machine") or {}, setup.get("config") or {}
-    shape = measured_shape(dec)
-    drafted = (tree_words(shape["tree"], shape["k"]) if shape["tree"] else f"chains of {shape['k']} draft "
-               f"tokens") + (f", draft threshold {shape['threshold']:g}" if shape["threshold"] else "")
     lines = ["## Measured", "",
              f"Measured by `drafterkit quickstart` with drafterkit's decoder (exact verification, greedy), recorded "
-             f"in `{shown_path(qs['source'])}`. The drafter alone, against plain decoding through the same engine "
-             "in the same run: this is what `drafterkit export` carries to a serving engine.", "",
-             "| benchmark | prompts x new tokens | tau (bonus included) | acceptance rate | acceptance per draft "
-             f"position (`-`: no proposal reached it; `(n=...)`: fewer than {FEW_PROPOSALS} did) | speed vs plain "
-             "decoding |", "|---|---|---|---|---|---|", *rows,
-             "",
-             f"- Decoding: {drafted}, temperature {cfg.get('temperature', 0.0)}, dtype {dec.get('dtype', '?')}.",
-             f"- Machine: {mach.get('device', '?')}, {mach.get('cpu_count', '?')} CPUs, {mach.get('threads', '?')} "
-             f"threads, torch {mach.get('torch', '?')}, transformers {mach.get('transformers', '?')}."]
+             f"in `{shown_path(qs['source'])}`. The drafter alone as vLLM serves it (a chain of K draft tokens, no "
+             "draft threshold), against plain decoding through the same engine in the same run: the factor "
+             "`drafterkit export` carries to a serving engine.", ""]
+    if rows:
+        lines += ["| benchmark | prompts x new tokens | K | tau (bonus included) | acceptance rate | acceptance per "
+                  f"draft position (`-`: no proposal reached it; `(n=...)`: fewer than {FEW_PROPOSALS} did) | speed "
+                  "vs plain decoding |", "|---|---|---|---|---|---|---|", *rows, ""]
+    else:
+        lines += ["**Not measured as served**: this quickstart measured the drafter in drafterkit's own shape only "
+                  "(below), not as a chain of K without a draft threshold; `drafterkit eval --served-chain` with the "
+                  "commands under Reproduce measures it.", ""]
+    lines += [f"- Temperature {cfg.get('temperature', 0.0)}, dtype {dec.get('dtype', '?')}.",
+              f"- Machine: {mach.get('device', '?')}, {mach.get('cpu_count', '?')} CPUs, {mach.get('threads', '?')} "
+              f"threads, torch {mach.get('torch', '?')}, transformers {mach.get('transformers', '?')}."]
     if note := busy_note(mach):
         lines.append(f"- **Busy machine**: {note}.")
+    shape = measured_shape(dec)
+    if own_lines and shape:
+        drafted = (tree_words(shape["tree"], shape["k"]) if shape["tree"] else f"chains of {shape['k']} draft "
+                   "tokens") + (f", draft threshold {shape['threshold']:g}" if shape["threshold"] else "")
+        lines += ["", f"**Not carried by this export**: drafterkit's own decoder drafting {drafted} (a shape the "
+                  "engines do not serve), the same drafter alone:", "", *own_lines]
     if extra:
         lines += ["", "**Not carried by this export**: drafterkit's decoder also measured the drafter behind "
                   "prompt lookup and retrieval from ShareGPT (`+rest`), which serving engines do not run with it:",

@@ -156,7 +156,8 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
     prompts = chosen.prompts
     specs = build_drafters(cfg.drafters, target, cfg.draft_thresholds, cfg.trees,
                            datastore=(lambda: datastore) if datastore is not None
-                           else datastore_loader(cfg.datastore or DEFAULT_DATASTORE, tok, quiet=not cfg.progress))
+                           else datastore_loader(cfg.datastore or DEFAULT_DATASTORE, tok, quiet=not cfg.progress),
+                           served=cfg.served_chain)
     eos, pad = _eos_and_pad(target, tok)
     sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     methods = build_methods(target, specs, cfg.k, sampling, eos, pad, cfg.baselines)

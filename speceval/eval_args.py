@@ -121,6 +121,9 @@ class EvalConfig:
                 "checkpoint with the chain / tree, K and threshold drafterkit tune recorded for it on this machine "
                 "(as decode.generate(tree='auto')). Tree rows ignore --k (their K column is the tree's depth) and "
                 "the --sweep over K covers chain rows only. A chain-only drafter (dflash) is refused with a tree"})
+    served_chain: bool = field(default=False, metadata={"help": (
+        "also measure each checkpoint alone as a serving engine drafts it, a chain of --k without a draft threshold "
+        "(vLLM's num_speculative_tokens): the factor drafterkit export carries (added where no such row is measured)")})
     dtype: str = field(default="auto", metadata={
         "help": "fp32 | bf16 | fp16 | auto (bf16 where the device computes it natively: a CPU with AVX512-BF16 / AMX "
                 "units or a GPU with bf16, as drafterkit quickstart picks; else fp32, since emulated bf16 is several "

@@ -5,8 +5,13 @@ over ``generate``. That ratio is a product of ratios measured side by side in th
 
     (lookup + retrieval + drafter) / generate
         = engine / generate                        the engine's own kernels, no speculation
-        x drafter / engine                         the trained drafter alone (what an export carries)
+        x drafter / engine                         the trained drafter alone, in the shape drafterkit measured
         x (lookup + retrieval + drafter) / drafter prompt lookup and retrieval in front of it
+
+What ``drafterkit export`` carries to a serving engine is the drafter alone in the shape that engine drafts (vLLM: a
+chain of ``num_speculative_tokens``, no draft threshold): the ``served`` row, a measured chain of K beside a tree
+(``drafterkit eval --served-chain``), or the ``drafter`` row itself where that is such a chain. A tree or a
+confidence cutoff is drafterkit's own engine only.
 
 Each factor is a ratio of two pooled tokens/s of the eval summary (``speceval.report.summarize_eval``),
 never a model of speculation, with a 95% interval from a paired bootstrap over the prompts both rows
@@ -33,7 +38,9 @@ ROLES = ("factor", "reference", "subtotal", "headline")
 _WHAT = {
     "engine": "the engine's plain decoding vs transformers `generate`: the engine's own decoding loop and kernels "
               "(on a CPU, merged and prepacked linear layers), no drafter",
-    "drafter": "the drafter alone vs the engine's plain decoding",
+    "drafter": "the drafter alone vs the engine's plain decoding, in the shape measured here",
+    "served": "the drafter alone as a serving engine drafts it (a chain of K, no draft threshold: vLLM's "
+              "`num_speculative_tokens`) vs the engine's plain decoding",
     "lookup": "{lookup} in front of the drafter vs the drafter alone",
     "ngram": "prompt lookup alone (`ngram`, no drafter, no training) vs the engine's plain decoding",
     "rest": "prompt lookup + retrieval alone (`rest`, no drafter, no training) vs the engine's plain decoding",
@@ -93,12 +100,28 @@ def interval_words(interval: list[float] | None) -> str:
     return f"{interval[0]:.2f}-{interval[1]:.2f}x" if interval else "-"
 
 
-def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, **extra) -> dict:
+def _row(group: str, name: str, role: str, num: dict, den: dict, what: str, export: bool = False, **extra) -> dict:
     return dict(group=group, factor=name, role=role, what=what, method=num["method"], over=den["method"],
                 tokens_per_s=num["tokens_per_s"], over_tokens_per_s=den["tokens_per_s"],
                 ratio=_ratio(num["tokens_per_s"], den["tokens_per_s"]), interval=ratio_interval(num, den),
-                export=name == "drafter",
-                shape=draft_shape(num, cutoff=True) if name in ("drafter", *MODEL_FREE) else None, **extra)
+                export=export,
+                shape=draft_shape(num, cutoff=True) if name in ("drafter", "served", *MODEL_FREE) else None, **extra)
+
+
+def is_served_chain(row: dict) -> bool:
+    """Whether a drafter-alone row drafted the shape a serving engine drafts: a chain (no ``tree=``) without a
+    confidence cutoff (no ``@`` in its label)."""
+    label = str(row.get("method", "")).split(" ", 1)[0]
+    return _tree(str(row.get("method", ""))) is None and "@" not in label and bool(row.get("k"))
+
+
+def _served(base: dict, trained: list[dict]) -> dict | None:
+    """The row of ``base``'s drafter alone as a serving engine drafts it (:func:`is_served_chain`): ``base``
+    itself, else a row of the same drafter measured so (``--served-chain``), else None."""
+    if is_served_chain(base):
+        return base
+    same = [r for r in trained if not _lookup(r["method"]) and _name(r["method"]) == _name(base["method"])]
+    return next((r for r in same if is_served_chain(r)), None)
 
 
 def _tree(method: str) -> str | None:
@@ -158,12 +181,14 @@ def headline_factors(summary: list[dict]) -> list[dict]:
     engine x drafter).
 
     Returns:
-        rows ``{"group" (the headline row's method), "factor" ("engine" | "drafter" | "lookup" | "ngram" |
-        "suffix" | "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method", "over"
-        (the two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
-        :func:`ratio_interval`, or None), "export" (True on the drafter-alone row: the one factor ``drafterkit
-        export`` carries to a serving engine), "shape" (the draft shape in words of the drafter-alone, ``ngram``
-        and ``suffix`` rows, :func:`draft_shape` with its cutoff; None on the others)}``; the ``end to end`` row
+        rows ``{"group" (the headline row's method), "factor" ("engine" | "drafter" | "served" | "lookup" |
+        "ngram" | "suffix" | "speculation" | "end to end"), "role" (:data:`ROLES`), "what" (in words), "method",
+        "over" (the two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
+        :func:`ratio_interval`, or None), "export" (True on the row ``drafterkit export`` carries to a serving
+        engine: the drafter alone as a chain of K without a draft threshold, the ``drafter`` row where it drafted
+        so, else a ``served`` row of that chain where one was measured, else none), "shape" (the draft shape in
+        words of the drafter-alone, ``served``, ``ngram`` and ``suffix`` rows, :func:`draft_shape` with its cutoff;
+        None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
         floating-point rounding), the ``ngram`` and ``suffix`` rows ``"drafter_over"`` (``{"ratio",
         "interval"}``: the drafter alone over that model-free proposer alone, paired on the same prompts). Empty
@@ -188,7 +213,10 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         group_rows = []
         if hf is not None:
             group_rows.append(_row(group, "engine", "factor", plain, hf, _WHAT["engine"]))
-        group_rows.append(_row(group, "drafter", "factor", base, plain, _WHAT["drafter"]))
+        served = _served(base, trained)
+        group_rows.append(_row(group, "drafter", "factor", base, plain, _WHAT["drafter"], export=served is base))
+        if served is not None and served is not base:
+            group_rows.append(_row(group, "served", "reference", served, plain, _WHAT["served"], export=True))
         if suffix:
             group_rows.append(_row(group, "lookup", "factor", head, base, _WHAT["lookup"].format(lookup=words)))
         for name, refs in free.items():
@@ -241,6 +269,15 @@ def factor_cells(rows: list[dict]) -> list[dict]:
             if any(x["group"] == r["group"] and x["factor"] == "lookup" for x in rows):
                 role += " x lookup"
             role += f" = {r['product']:.2f}x" if r.get("product") is not None else ""
-        out.append(dict(r, role=role, interval=interval_words(r.get("interval")),
-                        export=f"yes: the drafter alone, measured here as {r['shape']}" if r["export"] else ""))
+        out.append(dict(r, role=role, interval=interval_words(r.get("interval")), export=_export_words(r)))
     return out
+
+
+def _export_words(row: dict) -> str:
+    """The ``carried by drafterkit export`` cell: ``yes`` on the chain an engine serves, ``no`` on a drafter row in
+    a shape only drafterkit's engine drafts (a tree, a confidence cutoff)."""
+    if row["export"]:
+        return f"yes: the drafter alone as vLLM serves it, measured here as {row['shape']}"
+    if row["factor"] == "drafter":
+        return f"no: {row['shape']} is drafterkit's engine only (vLLM serves a chain of K)"
+    return ""

@@ -44,7 +44,7 @@ from drafterkit.drafters.suffix_hybrid import SuffixHybrid
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
 from drafterkit.drafters.tuned_free import FREE_SPECS, attach_free_tuned
 from drafterkit.speceval.eval_args import drafter_spec_forms
-from drafterkit.speceval.shape_checks import distinct_trees, refuse_trees
+from drafterkit.speceval.shape_checks import distinct_trees, refuse_trees, serves_alone, serves_chain
 
 
 @dataclass
@@ -367,7 +367,7 @@ def build_methods(target, specs: list[DrafterSpec], k: int, sampling: dict, eos:
 
 
 def build_drafters(names: list[str], target, thresholds: list[float], trees: list[str] | None = None,
-                   datastore=None) -> list:
+                   datastore=None, served: bool = False) -> list:
     """:func:`build_drafter` for each spec; a drafter that supports a confidence-based draft length
     (``drafters.base.ChainCutoff``) is measured once per threshold, labelled ``<label>@<threshold>`` when
     the threshold is not 0, and one that can propose trees once per entry of ``trees`` (``"chain"`` or a
@@ -376,7 +376,9 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
     (:func:`tuned_row`, not crossed with ``thresholds``); given alone, the specs that are no checkpoint
     are measured as chains. A chain-only drafter (DFlash) given a tree raises ``ValueError``
     (``speceval.shape_checks.refuse_trees``). The same drafter given twice is
-    numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``."""
+    numbered on its name, before the threshold and tree: ``eagle3:run/best#2@0.1 tree=3,2,1``. With ``served``,
+    a checkpoint alone (no ``+rest`` / ``+ngram`` / ``+suffix``) measured in no chain without a threshold also gets
+    that row, labelled by its name alone: the chain of K a serving engine drafts (vLLM's ``num_speculative_tokens``)."""
     built: list[tuple] = []  # (spec labelled by its drafter name only, "@thr tree=..." suffix)
     trees = distinct_trees(trees or ["chain"])
     tuned, trees = AUTO in trees, [t for t in trees if t != AUTO]
@@ -401,6 +403,12 @@ def build_drafters(names: list[str], target, thresholds: list[float], trees: lis
                 built.append((s, suffix))
             if not getattr(first.drafter, "supports_draft_threshold", False):
                 break
+        if served and serves_alone(name) and not serves_chain(row, shapes, thresholds):
+            s = build_drafter(name, target, datastore)  # the chain of K an engine serves: no threshold
+            if s is not None and s.folder:
+                if getattr(s.drafter, "supports_draft_threshold", False):
+                    s.drafter.draft_threshold = 0.0
+                built.append((s, ""))
     # checkpoints whose short names collide (two quickstart runs are both `train/best`) are named by the
     # shortest path suffix that tells them apart
     folders: dict[str, set] = {}

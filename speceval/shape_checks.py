@@ -227,3 +227,20 @@ def check_thresholds(drafters: list[str], thresholds: list[float],
 __all__ = ["MODEL_FREE", "base_spec", "cap_refusal", "chain_only", "check_hf_assisted", "check_k", "check_thresholds",
            "check_tree_shapes", "check_tune_flags", "checkpoint_kind", "distinct_trees", "draft_cap", "has_hf_path",
            "refuse_trees"]
+
+
+def serves_alone(spec: str) -> bool:
+    """Whether a ``--drafter`` spec may name a checkpoint measured alone (not ``ngram`` / ``rest`` / ``suffix`` /
+    ``none`` / ``draft:N``, nor a drafter behind prompt lookup or suffix decoding): a shape a serving engine drafts
+    with an export of it (``--served-chain``)."""
+    return spec not in ("none", "ngram", "rest", "suffix") and not spec.startswith("draft:") \
+        and not spec.endswith(LOOKUP_SUFFIXES)
+
+
+def serves_chain(tuned: tuple | None, shapes: list[str], thresholds: list[float]) -> bool:
+    """Whether an eval already measures a spec as a chain without a draft threshold (the shape vLLM serves): its
+    ``--tree auto`` row (``tuned``: ``(spec, suffix)``, ``speceval.methods.tuned_row``) is one, or ``shapes``
+    holds ``chain`` and ``thresholds`` 0."""
+    if tuned is not None and tuned[0].tree is None and not tuned[1].startswith("@"):
+        return True
+    return "chain" in shapes and 0.0 in [float(t) for t in thresholds]

@@ -213,13 +213,33 @@ def test_the_measured_table_marks_rates_resting_on_few_proposals():
     position no proposal reached is ``-``."""
     from drafterkit.drafters.card_measured import quickstart_section
 
-    row = dict(method="m", prompts=8, tau=1.585, acceptance_rate=0.3, accept_per_position=[0.5, 0.4, 0.3, 0.0],
+    row = dict(method="m", prompts=8, k=5, tau=1.585, acceptance_rate=0.3, accept_per_position=[0.5, 0.4, 0.3, 0.0],
                reached_per_position=[100, 40, 3, 0])
-    factor = dict(export=True, method="m", ratio=1.5, tokens_per_s=30.0, over_tokens_per_s=20.0, group="g",
-                  factor="drafter")
-    ev = dict(factors=[factor], summary=[row], config=dict(max_new_tokens=128, temperature=0.0), machine={})
+    tree = dict(export=False, method="m@0.1 tree=3,2,1,1,1", ratio=1.24, tokens_per_s=31.0, over_tokens_per_s=25.0,
+                group="g", factor="drafter", shape="tree 3,2,1,1,1, confidence cutoff 0.1")
+    chain = dict(export=True, method="m", ratio=1.5, tokens_per_s=30.0, over_tokens_per_s=20.0, group="g",
+                 factor="served", shape="chain of 5")
+    ev = dict(factors=[tree, chain], summary=[row], config=dict(max_new_tokens=128, temperature=0.0), machine={})
     qs = dict(decoding=dict(trees=["3,2,1,1,1"], k=5, draft_thresholds=[0.1], dtype="bf16"),
               report=dict(evals={"mt-bench": ev}), source="report.json")
     body = "\n".join(quickstart_section(qs))
     assert "| 0.500, 0.400, 0.300 (n=3), - |" in body and "`(n=...)`: fewer than 20 did" in body
+    assert "| mt-bench | 8 x 128 | 5 | 1.585 |" in body  # the chain of K vLLM serves is the row carried
     assert "the static draft tree `3,2,1,1,1` (branching factors per depth, depth 5)" in body
+    assert "**Not carried by this export**: drafterkit's own decoder" in body and "1.24x" in body
+
+
+def test_a_tree_marked_carried_by_an_older_report_is_not_the_served_factor():
+    """A report written before the served chain was measured marked its tree row ``export``: the card keeps it
+    apart as drafterkit's own shape and says the served chain was not measured."""
+    from drafterkit.drafters.card_measured import quickstart_section
+
+    row = dict(method="m@0.1 tree=3,2,1,1,1", prompts=8, k=5, tau=1.9, acceptance_rate=0.3, accept_per_position=[])
+    tree = dict(export=True, method=row["method"], ratio=1.24, tokens_per_s=31.0, over_tokens_per_s=25.0, group="g",
+                factor="drafter", shape="tree 3,2,1,1,1, confidence cutoff 0.1")
+    ev = dict(factors=[tree], summary=[row], config=dict(max_new_tokens=128, temperature=0.0), machine={})
+    qs = dict(decoding=dict(trees=["3,2,1,1,1"], k=5, draft_thresholds=[0.1], dtype="bf16"),
+              report=dict(evals={"mt-bench": ev}), source="report.json")
+    body = "\n".join(quickstart_section(qs))
+    assert "**Not measured as served**" in body and "| mt-bench |" not in body
+    assert "`m@0.1 tree=3,2,1,1,1` (tree 3,2,1,1,1, confidence cutoff 0.1): 1.24x" in body

@@ -5,7 +5,7 @@ from drafterkit.train.quickstart_report import LOSS_WINDOW, headline_lines, loss
 
 def _factor(factor, ratio, export=False):
     return dict(factor=factor, ratio=ratio, export=export, role="factor", group="g", method=factor, over="engine",
-                what=factor, shape="tree 3,2,1,1,1, confidence cutoff 0.1" if export else None)
+                what=factor, shape="chain of 5" if export else None)
 
 
 def test_the_report_says_whether_the_drafter_alone_beats_prompt_lookup():
@@ -26,11 +26,21 @@ def test_the_report_says_whether_the_drafter_alone_beats_prompt_lookup():
     assert judged(0.95, 1.09).endswith(": level with it within the noise (the interval spans 1)")
     assert "0.90x (95% interval over the prompts 0.85-0.95x): slower, so at this budget" in judged(0.85, 0.95)
     assert lines(1.2, None) == []  # no lookup row measured: nothing to compare
-    carried = [x for x in headline_lines({"evals": {"mt-bench": {"factors": [_factor("drafter", 1.2, True)]}}})]
-    assert carried == ["- mt-bench: the drafter alone, the factor `drafterkit export` carries to a serving engine: "
-                       "1.20x the engine's plain decoding, drafting a tree 3,2,1,1,1, confidence cutoff 0.1 (a "
-                       "serving engine drafts the shape it is configured with: vLLM a chain of "
-                       "`num_speculative_tokens`)"]
+
+
+def test_the_factor_an_export_carries_is_the_chain_vllm_serves_measured_not_the_tree():
+    tree = dict(_factor("drafter", 1.24), shape="tree 3,2,1,1,1, confidence cutoff 0.1")
+    chain = dict(_factor("served", 1.01, export=True), shape="chain of 5", interval=[0.95, 1.08])
+    lines = headline_lines({"evals": {"mt-bench": {"factors": [tree, chain]}}})
+    assert lines == ["- mt-bench: the drafter alone as vLLM serves it, a chain of 5 without a draft threshold: the "
+                     "factor `drafterkit export` carries to a serving engine, 1.01x the engine's plain decoding (95% "
+                     "interval over the prompts 0.95-1.08x)",
+                     "- mt-bench: the drafter alone in drafterkit's own engine, drafting a tree 3,2,1,1,1, confidence "
+                     "cutoff 0.1 (a shape vLLM does not serve): 1.24x the engine's plain decoding"]
+    unmeasured = headline_lines({"evals": {"mt-bench": {"factors": [tree]}}})
+    assert "carries to a serving engine (the drafter alone as a chain of K without a draft threshold, what vLLM " \
+           "serves) was not measured: `drafterkit eval --served-chain` measures it" in unmeasured[0]
+    assert not any("1.24x" in x and "carries" in x for x in unmeasured)  # the tree is never called the carried factor
 
 
 def test_the_report_s_loss_is_a_mean_over_steps_not_one_noisy_step():

@@ -226,23 +226,26 @@ def test_a_factor_s_interval_is_a_paired_bootstrap_over_the_prompts_both_rows_de
 
 def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
     """The headline over generate = engine x drafter x lookup, each a ratio of two measured tokens/s; prompt
-    lookup alone and speculation over plain decoding are references; the drafter alone is what an export carries."""
+    lookup alone and speculation over plain decoding are references; what an export carries is the drafter alone as
+    vLLM serves it, a chain of K without a draft threshold (a reference beside the tree in the product)."""
     head = "eagle3:train/last+rest@0.1 tree=3,2,1,1,1"
     summary = [_row("spec", "eagle3:train/last@0.1 tree=3,2,1,1,1", 12.7), _row("spec", "ngram tree=3,2,1,1,1", 13.0),
                _row("spec", head, 18.4), _row("spec", "eagle3:train/last+rest@0.2 tree=3,2,1,1,1", 17.0),
                _row("spec", "eagle3:train/last@0.2 tree=3,2,1,1,1", 12.0), _row("plain", "engine", 10.0),
-               _row("hf", "hf", 7.1)]
+               _row("hf", "hf", 7.1), dict(_row("spec", "eagle3:train/last", 11.0), k=5)]
     rows = factors.headline_factors(summary)
     assert {r["group"] for r in rows} == {head, "eagle3:train/last+rest@0.2 tree=3,2,1,1,1"}
     mine = {r["factor"]: r for r in rows if r["group"] == head}
-    assert list(mine) == ["engine", "drafter", "lookup", "ngram", "speculation", "end to end"]
-    assert [r["role"] for r in mine.values()] == ["factor", "factor", "factor", "reference", "subtotal", "headline"]
+    assert list(mine) == ["engine", "drafter", "served", "lookup", "ngram", "speculation", "end to end"]
+    assert [r["role"] for r in mine.values()] == ["factor", "factor", "reference", "factor", "reference", "subtotal",
+                                                  "headline"]
     assert mine["engine"]["ratio"] == pytest.approx(10.0 / 7.1) and mine["drafter"]["ratio"] == pytest.approx(1.27)
     assert mine["lookup"]["ratio"] == pytest.approx(18.4 / 12.7) and mine["ngram"]["ratio"] == pytest.approx(1.3)
     assert mine["end to end"]["ratio"] == pytest.approx(18.4 / 7.1) == mine["end to end"]["product"]
     assert mine["engine"]["ratio"] * mine["drafter"]["ratio"] * mine["lookup"]["ratio"] == pytest.approx(18.4 / 7.1)
-    assert all(r["what"] for r in rows) and [r["factor"] for r in rows if r["export"]] == ["drafter", "drafter"]
-    # the exported factor names the shape it was measured in (a serving engine drafts its own configured shape)
+    assert all(r["what"] for r in rows) and [r["factor"] for r in rows if r["export"]] == ["served", "served"]
+    # the exported factor is the chain of K vLLM serves, measured; the tree stays drafterkit's engine's figure
+    assert mine["served"]["ratio"] == pytest.approx(1.1) and mine["served"]["shape"] == "chain of 5"
     assert mine["drafter"]["shape"] == "tree 3,2,1,1,1, confidence cutoff 0.1" and mine["lookup"]["shape"] is None
     assert factors.draft_shape(dict(method="eagle3:train/last", k=5), cutoff=True) == "chain of 5"
     assert factors.draft_shape(dict(method="engine", role="plain", k=0)) == "-"
@@ -254,13 +257,17 @@ def test_factor_rows_multiply_to_the_end_to_end_ratio_of_the_same_run():
     ends = [r for r in table if r["factor"] == "end to end"]
     assert [r["headline row"] for r in ends] == [head, "eagle3:train/last+rest@0.2 tree=3,2,1,1,1"]
     assert ends[0]["ratio"] == "2.59x" and ends[0]["in the headline"] == "= engine x drafter x lookup = 2.59x"
-    carried = [r["carried by `drafterkit export`"] for r in table if r["factor"] == "drafter"]
-    assert carried[0] == "yes: the drafter alone, measured here as tree 3,2,1,1,1, confidence cutoff 0.1"
+    carried = [r["carried by `drafterkit export`"] for r in table if r["factor"] in ("drafter", "served")][:2]
+    assert carried == ["no: tree 3,2,1,1,1, confidence cutoff 0.1 is drafterkit's engine only (vLLM serves a chain of "
+                       "K)", "yes: the drafter alone as vLLM serves it, measured here as chain of 5"]
+    assert [r["factor"] for r in table].count("served") == 1  # the same chain under both headlines, shown once
+    # no chain measured: nothing is marked carried (the tree is not what an engine serves)
+    assert not any(r["export"] for r in factors.headline_factors([r for r in summary if r.get("k") != 5]))
     assert factors.factors_sentence(rows)[0] == f"{head}: 2.59x over `generate` = 1.41x (engine) x 1.27x (drafter) " \
                                                 "x 1.45x (lookup)"
     # without the generate baseline: no engine factor and no headline over generate; without plain: nothing
     assert [r["factor"] for r in factors.headline_factors([r for r in summary if r["role"] != "hf"])][:3] == [
-        "drafter", "lookup", "ngram"]
+        "drafter", "served", "lookup"]
     assert factors.headline_factors([r for r in summary if r["role"] != "plain"]) == []
     assert report.factor_reference(rows) == "generate"  # the title names what the headline is over
     assert report.factor_reference(factors.headline_factors([r for r in summary if r["role"] != "hf"])) == \
@@ -283,7 +290,7 @@ def test_an_eval_with_baselines_splits_each_drafter_s_speedup_over_generate(swee
         assert all(r["interval"][0] <= r["ratio"] <= r["interval"][1] for r in rec["factors"])
     md = out.with_suffix(".md").read_text()
     assert "Where the speedup of `draft:1` over `generate` comes from" in md
-    assert "| drafter | the drafter alone vs the engine's plain decoding |" in md
+    assert "| drafter | the drafter alone vs the engine's plain decoding, in the shape measured here |" in md
 
 
 def test_bf16_off_the_cpu_speed_over_prompts_whose_text_did_not_diverge():

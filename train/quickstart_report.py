@@ -96,19 +96,19 @@ def exactness_lines(report_data: dict) -> list[str]:
 
 
 def headline_lines(report_data: dict) -> list[str]:
-    """Per benchmark, the headline over ``generate`` as the product of its measured factors, the one factor
-    an export carries (with its 95% interval over prompts), and the drafter alone against the stronger of the
-    model-free proposers measured (prompt lookup, suffix decoding: the one with the higher tokens/s over plain
-    decoding), paired on the same prompts: faster or slower beyond the noise, or level within it."""
+    """Per benchmark, the headline over ``generate`` as the product of its measured factors; the factor an export
+    carries to a serving engine (the drafter alone as a chain of K without a draft threshold, vLLM's shape, measured;
+    said to be missing where no such row was measured); the drafter alone in drafterkit's own engine where it drafted
+    another shape (a tree, a confidence cutoff), each with its 95% interval over prompts; and the drafter alone
+    against the stronger of the model-free proposers measured (prompt lookup, suffix decoding: the one with the higher
+    tokens/s over plain decoding), paired on the same prompts: faster or slower beyond the noise, or level within
+    it."""
     lines = []
     for bench, rec in report_data["evals"].items():
         lines += [f"- {bench}: {s}" for s in factors_sentence(rec.get("factors") or [])]
         factors = rec.get("factors") or []
-        alone = [r for r in factors if r["export"] and r["ratio"] is not None][:1]
-        lines += [f"- {bench}: the drafter alone, the factor `drafterkit export` carries to a serving engine: "
-                  f"{r['ratio']:.2f}x the engine's plain decoding{_interval(r.get('interval'))}"
-                  + (f", drafting a {r['shape']} (a serving engine drafts the shape it is configured with: vLLM a "
-                     "chain of `num_speculative_tokens`)" if r.get("shape") else "") for r in alone]
+        alone = [r for r in factors if r["factor"] == "drafter" and r["ratio"] is not None][:1]
+        lines += carried_lines(bench, factors)
         free = {}  # the first reference row of each model-free proposer (one per name; groups repeat them)
         for r in factors:
             if r["factor"] in MODEL_FREE and r["ratio"] is not None:
@@ -124,9 +124,36 @@ def headline_lines(report_data: dict) -> list[str]:
                 FREE_WORDS[n["factor"]]
             lines.append(f"- {bench}: against {which} alone (`{n['factor']}`, untrained, {shape}: "
                          f"{n['ratio']:.2f}x the engine's plain decoding{'; ' + ', '.join(other) if other else ''}), "
-                         f"the drafter alone is {vs['ratio']:.2f}x{_interval(vs['interval'])}: "
-                         f"{_verdict(vs, FREE_WORDS[n['factor']])}")
+                         f"the drafter alone{_in_shape(a, factors)} is {vs['ratio']:.2f}x"
+                         f"{_interval(vs['interval'])}: {_verdict(vs, FREE_WORDS[n['factor']])}")
     return lines
+
+
+def carried_lines(bench: str, factors: list[dict]) -> list[str]:
+    """The factor ``drafterkit export`` carries (``speceval.factors``: the row marked ``export``, a chain of K
+    without a draft threshold), and the drafter alone in drafterkit's own engine where it drafted another shape."""
+    carried = next((r for r in factors if r["export"] and r["ratio"] is not None), None)
+    own = next((r for r in factors if r["factor"] == "drafter" and not r["export"] and r["ratio"] is not None), None)
+    lines = []
+    if carried is not None:
+        lines.append(f"- {bench}: the drafter alone as vLLM serves it, a {carried['shape']} without a draft "
+                     "threshold: the factor `drafterkit export` carries to a serving engine, "
+                     f"{carried['ratio']:.2f}x the engine's plain decoding{_interval(carried.get('interval'))}")
+    elif own is not None:
+        lines.append(f"- {bench}: the factor `drafterkit export` carries to a serving engine (the drafter alone as a "
+                     "chain of K without a draft threshold, what vLLM serves) was not measured: `drafterkit eval "
+                     "--served-chain` measures it")
+    if own is not None:
+        lines.append(f"- {bench}: the drafter alone in drafterkit's own engine, drafting a {own['shape']} (a shape "
+                     f"vLLM does not serve): {own['ratio']:.2f}x the engine's plain decoding"
+                     f"{_interval(own.get('interval'))}")
+    return lines
+
+
+def _in_shape(row: dict, factors: list[dict]) -> str:
+    """`` (tree 3,2,1,1,1, ...)`` after "the drafter alone" where the report also gives it in another shape."""
+    other = any(r["export"] and r is not row for r in factors)
+    return f" ({row['shape']})" if other and row.get("shape") else ""
 
 
 def _interval(interval: list[float] | None) -> str:

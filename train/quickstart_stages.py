@@ -150,10 +150,10 @@ def measured_shapes(tuned: dict | None, tuned_rest: dict | None, ckpt: Path) -> 
 
 def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARGET,
                 datastore_source: str = DATASTORE):
-    """The ``speceval.bench.EvalConfig`` of one benchmark, validated: the drafter alone, prompt lookup alone
-    (``ngram``) and, unless ``--no-hybrid``, suffix decoding alone (``suffix``) and the drafter behind prompt
-    lookup + retrieval from ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the
-    bad flag."""
+    """The ``speceval.bench.EvalConfig`` of one benchmark, validated: the drafter alone (and, where its shape is not
+    one, as the chain of K a serving engine drafts: ``served_chain``), prompt lookup alone (``ngram``) and, unless
+    ``--no-hybrid``, suffix decoding alone (``suffix``) and the drafter behind prompt lookup + retrieval from
+    ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the bad flag."""
     try:
         thresholds = [float(x) for x in str(args.draft_thresholds or DEFAULT_THRESHOLD).split(",") if x.strip()]
     except ValueError:
@@ -164,7 +164,7 @@ def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARG
                      draft_thresholds=thresholds, trees=args.trees or fixed_trees(args),
                      device=args.device, progress=not args.no_progress, exact=not args.no_exact,
                      baselines=[b for b in args.baselines.split(",") if b],
-                     datastore=None if args.no_hybrid else datastore_source)
+                     datastore=None if args.no_hybrid else datastore_source, served_chain=True)
     cfg.validate()
     return cfg
 
