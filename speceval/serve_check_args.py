@@ -11,7 +11,8 @@ from drafterkit.speceval.prompts import BENCHMARKS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", help="a folder written by `drafterkit export` (vllm-eagle3, vllm-dflash, medusa or "
                                        "hf-assistant)")
-    parser.add_argument("--target", required=True, help="the target the drafter was trained for (name or folder)")
+    parser.add_argument("--target", default=None, help="the target the drafter was trained for (name or folder; "
+                                                       "default: the one its training recipe records)")
     parser.add_argument("--drafter", default=None, metavar="CHECKPOINT",
                         help="the drafterkit checkpoint to compare the export with (default: the drafter folder an "
                              "EAGLE-3 or Medusa export records in its config.json, checked by the sha256 of its "

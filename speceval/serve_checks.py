@@ -19,6 +19,7 @@ from pathlib import Path
 
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import ExportError, recorded_source, weights_sha256
+from drafterkit.drafters.target_record import target_from_records
 from drafterkit.drafters.vllm_support import cpu_attention_problem, draft_layer_types_problem, target_config
 from drafterkit.speceval.shape_checks import cap_refusal
 
@@ -112,3 +113,21 @@ def draft_layers_refusal(export_dir: str | Path, method: str) -> str | None:
     if method != "draft_model":
         return None
     return draft_layer_types_problem(_export_config(export_dir), f"the draft model of {export_dir}")
+
+
+def recorded_target(export_dir: str | Path, checkpoint: str | None) -> tuple[str | None, str]:
+    """serve-check without ``--target``: ``(the target, the line saying so)``, the target the drafter's training
+    recipe records (``drafters.target_record.target_from_records``, as ``drafterkit eval`` finds it) for
+    ``--drafter checkpoint`` or else the drafter folder the export records (``drafters.base.recorded_source``); or
+    ``(None, the line refusing)`` where neither records one (an ``hf-assistant`` export, a bare drafter folder)."""
+    label = f"--drafter {checkpoint}" if checkpoint else f"the drafter {export_dir} was exported from"
+    try:
+        folder = resolve_checkpoint(checkpoint)[0] if checkpoint else recorded_source(export_dir)
+        found = target_from_records({label: folder})
+    except (DrafterLoadError, ExportError, OSError, ValueError):
+        found = None
+    if found is not None:
+        return found[0], f"drafterkit serve-check: --target {found[0]} (the target {found[1]} was trained for, its " \
+                         "recipe.yaml)"
+    return None, (f"--target: {export_dir} records no drafter checkpoint whose training recipe names its target; "
+                  "pass --target (the target the drafter was trained for: a name or folder)")

@@ -53,7 +53,7 @@ from drafterkit.drafters.vllm_support import (cpu_hybrid_problem, eagle3_serve_p
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, cpu_method_refusal, draft_layers_refusal,
-                                             drafter_source_problem, k_problem, vllm_on_cpu)
+                                             drafter_source_problem, k_problem, recorded_target, vllm_on_cpu)
 from drafterkit.speceval.vllm_process import run_watched
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
@@ -459,6 +459,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.k is not None and (problem := k_problem(args.export, inspect_export(args.export), args.k)):
             raise ServeCheckError(problem)  # a K the export cannot draft, refused as `drafterkit eval` does
+        if args.target is None:  # the target its drafter's training recipe records, as `drafterkit eval` finds it
+            args.target, line = recorded_target(args.export, args.drafter)
+            if args.target is None:
+                raise ServeCheckError(line)
+            print(line, flush=True)
         (report,) = check_exports([(args.export, args.drafter)], args.target, benchmark=args.benchmark,
                                   num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k or 5,
                                   venv=args.venv, device=args.device)

@@ -180,6 +180,28 @@ def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, c
         assert f"was exported from {ckpt.resolve()}, which is gone" in err and "--drafter CHECKPOINT" in err
 
 
+def test_serve_check_takes_the_target_the_drafters_recipe_records(tmp_path, capsys):
+    """Without --target, serve-check uses the target the drafter's training recipe records (as ``drafterkit eval``
+    does) and says so, for the drafter the export records and for --drafter; where nothing records one it is
+    refused in one line naming --target (before: argparse refused any run without --target)."""
+    from conftest import tiny_llama
+
+    target = tiny_llama(0, layers=2)
+    heads = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2, share_lm_head=False), target=target)
+    ckpt = heads.save_pretrained(tmp_path / "run" / "checkpoints" / "best" / "drafter")
+    out = export(ckpt, "medusa", tmp_path / "md-export")
+    (ckpt.parent / "recipe.yaml").write_text("target:\n  name_or_path: smollm2-135m\n")  # the run's record
+    for extra in ([], ["--drafter", str(ckpt)]):
+        assert cli(["serve-check", str(out), "--venv", str(tmp_path / "none"), *extra]) == 2
+        said = capsys.readouterr()
+        assert "--target smollm2-135m (the target " in said.out and "was trained for, its recipe.yaml)" in said.out
+        assert "no vLLM venv" in said.err, said.err  # past the target: the run stops at the missing venv
+    (ckpt.parent / "recipe.yaml").unlink()  # a bare drafter folder records no target
+    assert cli(["serve-check", str(out), "--venv", str(tmp_path / "none")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("drafterkit serve-check: error: --target: ") and "pass --target" in line, line
+
+
 def test_a_peagle_export_is_served_as_eagle3_with_parallel_drafting(tmp_path):
     """serve-check reads a vllm-peagle export as P-EAGLE (its config names LlamaForCausalLMEagle3 as EAGLE-3's
     does) and the runner asks vLLM for EAGLE-3 with parallel_drafting; the source drafter loads as peagle."""
