@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from drafterkit.assets.records import did_you_mean
 from drafterkit.train.local_target import local_config, local_layer_count, meta_target, vocab_size
 
-from drafterkit.assets.records import did_you_mean
 
 def _drafters(module: str, name: str) -> Callable:
     """``drafterkit.drafters.<module>.<name>``, imported on first use: the checks against the target's layers need
