@@ -26,8 +26,9 @@ def pyplot():
 def plot_positions(ax, accept: list[float], reached: list[int] | None, label: str) -> int:
     """One per-position acceptance line on ``ax``: positions no proposal reached are left out (the record's
     0.0 there is not a 0% rate), and those fewer than :data:`FEW_PROPOSALS` proposals reached are drawn
-    as hollow markers annotated ``n=<proposals>``, not joined to the line (a rate over a handful of proposals is
-    mostly noise: a line dropping to it from 1.0 would show a fall nothing measured).
+    as hollow markers annotated ``n=<proposals>`` (a whole number: pooled counts arrive as floats), not joined to
+    the line (a rate over a handful of proposals is mostly noise: a line dropping to it from 1.0 would show a fall
+    nothing measured). One legend entry per call: the line's, or the hollow markers' where no point is solid.
     ``reached`` ``None``: counts unknown, every point solid. Returns the number of hollow points."""
     counts = reached if reached and len(reached) == len(accept) else [None] * len(accept)
     pts = [(i + 1, v, n) for i, (v, n) in enumerate(zip(accept, counts)) if n is None or n > 0]
@@ -35,13 +36,14 @@ def plot_positions(ax, accept: list[float], reached: list[int] | None, label: st
         return 0
     few = [p for p in pts if p[2] is not None and p[2] < FEW_PROPOSALS]
     solid = [p for p in pts if p not in few]  # the line joins these only: no drop to a rate over a handful
-    (line,) = ax.plot([p[0] for p in solid], [p[1] for p in solid], marker="o", label=label)
+    (line,) = ax.plot([p[0] for p in solid], [p[1] for p in solid], marker="o",
+                      label=label if solid else "_nolegend_")  # drawn even empty: its colour marks the hollow points
     if few:
         ax.plot([p[0] for p in few], [p[1] for p in few], linestyle="none", marker="o", markerfacecolor="white",
                 markeredgecolor=line.get_color(), zorder=line.get_zorder() + 1,
                 label=None if solid else label)
         for x, y, n in few:
-            ax.annotate(f"n={n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6,
+            ax.annotate(f"n={round(n)}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6,
                         color=line.get_color())
     return len(few)
 

@@ -327,6 +327,20 @@ def test_acceptance_points_resting_on_few_proposals_are_hollow(tmp_path):
     assert path.read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_each_acceptance_row_has_one_legend_entry_and_whole_counts():
+    """A row with solid and hollow points, and one whose points are all hollow (a quickstart's few proposals), each
+    get ONE legend entry (before: the hollow markers of the second came in as a second entry of the same label, and
+    an empty line of the first as well); pooled counts, floats, are annotated as whole numbers (before: n=5.0)."""
+    plt = plots.pyplot()
+    fig, ax = plt.subplots()
+    plots.plot_positions(ax, [0.5, 0.4, 0.3], [200.0, 40.0, 7.0], "both on mt-bench")
+    plots.plot_positions(ax, [0.2, 1.0], [5.0, 2.6], "few on humaneval")
+    plots._style_acceptance_axes(ax, 3)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["both on mt-bench", "few on humaneval"]
+    assert [t.get_text() for t in ax.texts if t.get_text().startswith("n=")] == ["n=7", "n=5", "n=3"]
+    plt.close(fig)
+
+
 def test_legends_sit_outside_the_data_and_the_loss_plot_shows_its_running_mean(tmp_path, monkeypatch):
     """A legend inside the axes covered bars and points: every legend is placed right of the plotting area, and
     the saved image is wide enough to hold it; the training loss is drawn raw and as a running mean."""
