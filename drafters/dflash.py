@@ -384,7 +384,7 @@ class DFlashDrafter(Drafter):
             ValueError: the decoder passed no features (``feature_layers`` was ignored).
         """
         if state.features is None:
-            raise ValueError("dflash needs target features; the decoder must honour feature_layers")
+            raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
         if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
             self.reset(len(state.tokens))
         v, b_all = self.config.vocab_size, len(state.tokens)
@@ -396,18 +396,26 @@ class DFlashDrafter(Drafter):
         slots = self.slots_for(state.num_draft_tokens or k)
         if rows:
             with torch.no_grad():
-                logits = self.block_logits(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, N]
-                t, q, n = self._select(logits, k, sampling, generator, state.vocab_size)
+                t, q, n = self.draft_rows(rows, state, last[rows], k, slots, sampling, generator)
             tokens[rows], lengths[rows] = t, n
             if probs is not None:
                 probs[rows] = q
-        capped = self.draft_threshold > 0 or k > slots
+        capped = self.draft_threshold > 0 or k > slots or self.cuts_chains()
         return Proposal(tokens=tokens, probs=probs, lengths=lengths if capped else None)
 
-    def _select(self, logits, k, sampling, generator, vocab_size):
-        """Draft tokens from block logits ``[R, B-1, N]``: :func:`select_parallel`."""
-        return select_parallel(logits, k, sampling, generator, vocab_size, self.draft_ids(), self.config.vocab_size,
-                               self.draft_threshold)
+    def draft_rows(self, rows: list[int], state: DecodeState, last: torch.Tensor, k: int, slots: int,
+                   sampling: SamplingParams, generator: torch.Generator | None):
+        """The drafts of the decoder rows ``rows`` (``last [R]``: their last committed tokens) from one block pass of
+        ``slots`` positions: ``(tokens [R, k], q [R, k, V] or None when greedy, lengths [R])``, every position
+        chosen from its own distribution (:func:`select_parallel`). DSpark adds its sequential stage here."""
+        logits = self.block_logits(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, N]
+        return select_parallel(logits, k, sampling, generator, state.vocab_size, self.draft_ids(),
+                               self.config.vocab_size, self.draft_threshold)
+
+    def cuts_chains(self) -> bool:
+        """Whether :meth:`draft_rows` may cut a chain short of ``k`` by itself (beyond the block's positions and
+        ``draft_threshold``); DFlash's never does."""
+        return False
 
 
 def select_parallel(logits: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None,

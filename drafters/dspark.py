@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafterkit.decode.cutoff import ChainCutoff
-from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.decode.sampling import select_tokens
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter, pad_chains
 
@@ -155,37 +155,19 @@ class DSparkDrafter(DFlashDrafter):
             raise ValueError("this dspark drafter has no confidence head (built with confidence_head: false)")
         return self.confidence_head(self.norm(hidden), self.markov_head.embed(prev))
 
-    def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
-        """Up to ``k`` draft tokens per row: ONE block pass over all rows (:meth:`slots_for` ``(K)`` positions, K =
+    def draft_rows(self, rows: list[int], state: DecodeState, last: torch.Tensor, k: int, slots: int,
+                   sampling: SamplingParams, generator: torch.Generator | None):
+        """ONE block pass over the rows (``slots`` = :meth:`slots_for` ``(K)`` positions, K =
         ``state.num_draft_tokens``, as vLLM's DSpark speculator runs ``num_speculative_tokens`` query positions),
-        then the Markov head left to right. ``lengths`` caps each chain at the block's positions and, with
-        :attr:`verify_cost`, at :func:`verified_length` of the confidences. Rows without target context yet (one
-        token) or inactive propose nothing.
+        then the Markov head left to right (:meth:`chain`). ``lengths`` caps each chain at the block's positions and,
+        with :attr:`verify_cost`, at :func:`verified_length` of the confidences (``DFlashDrafter.propose`` runs the
+        rest: rows without target context yet or inactive propose nothing)."""
+        hidden = self.block_hidden(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, H]
+        return self.chain(hidden, last.to(hidden.device), k, sampling, generator, state.vocab_size)
 
-        Raises:
-            ValueError: the decoder passed no features (``feature_layers`` was ignored).
-        """
-        if state.features is None:
-            raise ValueError("dspark needs target features; the decoder must honour feature_layers")
-        if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
-            self.reset(len(state.tokens))
-        v, b_all = self.config.vocab_size, len(state.tokens)
-        last = torch.tensor([t[-1] if t[-1] < state.vocab_size else 0 for t in state.tokens])
-        tokens = last[:, None].repeat(1, k)
-        probs = None if sampling.greedy else F.one_hot(tokens, v).float()
-        lengths = torch.zeros(b_all, dtype=torch.long)
-        rows = [b for b in range(b_all) if state.active[b] and len(state.tokens[b]) >= 2]
-        slots = self.slots_for(state.num_draft_tokens or k)
-        if rows:
-            with torch.no_grad():
-                hidden = self.block_hidden(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, H]
-                t, q, n = self.chain(hidden, last[rows].to(hidden.device), k, sampling, generator, state.vocab_size)
-            tokens[rows], lengths[rows] = t, n
-            if probs is not None:
-                probs[rows] = q
-        capped = self._verify_cost is not None or self.draft_threshold > 0 or k > slots
-        return Proposal(tokens=tokens, probs=probs, lengths=lengths if capped else None)
+    def cuts_chains(self) -> bool:
+        """With :attr:`verify_cost` set, the confidence head decides each chain's verified length."""
+        return self._verify_cost is not None
 
     def chain(self, hidden: torch.Tensor, prev: torch.Tensor, k: int, sampling: SamplingParams,
               generator: torch.Generator | None, vocab_size: int):

@@ -217,3 +217,16 @@ def test_dflash_behind_prompt_lookup_drafts_chains_and_eval_measures_it_so():
     assert not drafts_trees(d) and not drafts_trees(hybrid) and not drafts_trees(hybrid, "propose_dynamic_tree")
     got = candidates(hybrid, [3], ["2,1"], ["dynamic:4:2:2"], [0.0])
     assert [c.label for c in got] == ["chain K=3"]
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_one_propose_serves_both_block_kinds_and_names_the_kind(kind):
+    """DSpark drafts through DFlash's ``propose`` (one preamble: rows, slots, padding), adding only its sequential
+    stage (``draft_rows``); the refusal of a decoder that passed no features names the drafter's own kind."""
+    from drafterkit.drafters.dspark import DSparkDrafter
+
+    assert "propose" not in DSparkDrafter.__dict__ and "draft_rows" in DSparkDrafter.__dict__
+    d = build(kind, tiny_llama(0)).eval()
+    state = DecodeState(tokens=[[5, 6, 7]], num_stable=[0], features=None, active=[True], vocab_size=128)
+    with pytest.raises(ValueError, match=rf"^{kind} needs target features"):
+        d.propose(state, 3, SamplingParams(), None)
