@@ -39,7 +39,7 @@ VERBS = {
                  "measure a drafter: tau, acceptance, tokens/s vs plain decoding and transformers"),
     "export": Verb("drafterkit.train.export_args", "drafterkit.drafters.export:run",
                    "export a trained drafter for vLLM / SGLang / transformers"),
-    "serve-check": Verb("drafterkit.speceval.serve_check_args", "drafterkit.speceval.serving:run",
+    "serve-check": Verb("drafterkit.speceval.serve_check_args", "drafterkit.speceval.serve_speed:run",
                         "run an export in vLLM and check it drafts and decodes as drafterkit does"),
     "assets": Verb("drafterkit.train.assets_cli", "drafterkit.train.assets_cli:run",
                    "fetch / list the pinned target, data and eval prompts"),

@@ -26,3 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "$DRAFTERKIT_HOME/vllm-venv, made by scripts/vllm-venv.sh)")
     parser.add_argument("--device", default="cpu", help="drafterkit's device (vLLM picks its own)")
     parser.add_argument("--output", default=None, help="also write the report as JSON here")
+    parser.add_argument("--no-speed", dest="speed", action="store_false",
+                        help="skip the speed pass: tokens/s of vLLM (its defaults, compiled graphs) and of "
+                             "drafterkit's engine, plain decoding and with the drafter as a chain of K, each engine's "
+                             "speedup over its own plain decoding (batch size 1, the same prompts; minutes on a CPU)")
+    parser.add_argument("--speed-dtype", default="auto",
+                        help="the target's dtype in the speed pass: fp32 | bf16 | auto (bf16 where the CPU has bf16 "
+                             "units; the exactness check stays fp32)")

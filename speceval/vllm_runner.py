@@ -12,12 +12,16 @@ else the script stops), "jobs": [{"target": folder, "draft": export folder, "met
 has no ``draft`` and may give ``"suffix": {knob: value}`` (vLLM's ``suffix_decoding_<knob>`` fields) and
 ``"max_num_seqs"`` (1: the prompts one after the other, as a replay of its proposals needs);
 the jobs run one after the other in this process (vLLM is imported once), each with an ``LLM`` of its own
-(``enforce_eager=True``, greedy, ``stop_token_ids`` = ``eos``).
+(``enforce_eager=True`` unless the job gives ``"eager": false``, vLLM's default of compiled graphs; greedy,
+``stop_token_ids`` = ``eos``). ``"method": "none"`` decodes without speculation (vLLM's plain decoding). A job with
+``"timed": true`` measures speed at batch size 1: ``max_num_seqs`` 1, the first prompt decoded once untimed (a
+warm-up), then each prompt alone, ``"repeats"`` times (default 1), its wall seconds recorded.
 
 RESULT: ``{"vllm_version", "device", "results": [per job: {"load_seconds", "seconds" (generate only),
 "outputs": [[ids]], "finish_reasons", "steps": [[{"draft": [ids], "generated": [ids]}]] (per prompt, per
 verification step), "metrics": {"num_drafts", "num_draft_tokens", "num_accepted_tokens",
-"num_accepted_tokens_per_pos"}}]}``.
+"num_accepted_tokens_per_pos"}}]}``; a timed job's entry also holds ``"per_prompt"``: ``[[prompt index, new
+tokens, wall seconds], ...]``, one entry per prompt and repeat (summed by the caller).
 
 How the draft chains are captured (vLLM v1, read in ``vllm/v1/core/sched/scheduler.py`` of 0.32.0): each
 engine step the scheduler hands the model runner ``SchedulerOutput.scheduled_spec_decode_tokens``
@@ -131,15 +135,19 @@ def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
     spec = {**SPEC_METHODS.get(job["method"], {"method": job["method"]}), "num_speculative_tokens": job["k"]}
     if job["method"] == "suffix":  # model-free: vLLM's suffix_decoding_* knobs instead of a draft model
         spec.update({f"suffix_decoding_{k}": v for k, v in job.get("suffix", {}).items()})
-    else:
+    elif job["method"] == "ngram":  # prompt lookup: vLLM's own n-gram sizes unless the job gives them
+        spec.update(job.get("ngram", {}))
+    elif job["method"] != "none":
         spec["model"] = job["draft"]
+    timed = bool(job.get("timed"))
     t0 = time.perf_counter()
-    stage(f"{job.get('label', 'job')}: starting vLLM with the target and the drafter ({job['method']}, K={job['k']}): "
-          "loading, compiling, allocating its KV cache")
-    llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, seed=0,
+    what = ("the target alone" if job["method"] == "none"
+            else f"the target and the drafter ({job['method']}, K={job['k']})")
+    stage(f"{job.get('label', 'job')}: starting vLLM with {what}: loading, compiling, allocating its KV cache")
+    llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=job.get("eager", True), seed=0,
               max_model_len=longest + job["max_new_tokens"] + job["k"] + 16,
-              max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), disable_log_stats=False,
-              async_scheduling=False, speculative_config=spec)
+              max_num_seqs=1 if timed else job.get("max_num_seqs", len(job["prompts"])), disable_log_stats=False,
+              async_scheduling=False, speculative_config=None if job["method"] == "none" else spec)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], stop_token_ids=job["eos"],
                             ignore_eos=False, detokenize=False)
@@ -147,9 +155,17 @@ def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
     n = len(job["prompts"])
     stage(f"{job.get('label', 'job')}: vLLM ready in {load_s:.0f} s; decoding {n} prompt{'s' if n != 1 else ''} x up "
           f"to {job['max_new_tokens']} new tokens")
-    t0 = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["prompts"]], params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
+    per_prompt = []
+    if timed:  # batch size 1, each prompt alone after one untimed warm-up
+        llm.generate([TokensPrompt(prompt_token_ids=job["prompts"][0])], params, use_tqdm=False)
+        before = spec_metrics(llm)
+        record.clear()
+        outs, per_prompt = timed_generate(llm, job["prompts"], params, int(job.get("repeats", 1)))
+        seconds = sum(s for _, _, s in per_prompt)
+    else:
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["prompts"]], params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
     stage(f"{job.get('label', 'job')}: decoded in {seconds:.0f} s")
     after = spec_metrics(llm)
     by_prompt = {tuple(e["prompt"]): e["steps"] for e in record.values()}
@@ -158,13 +174,29 @@ def run_job(job: dict, record: dict, calls: list | None = None) -> dict:
         "outputs": [[int(t) for t in o.outputs[0].token_ids] for o in outs],
         "finish_reasons": [o.outputs[0].finish_reason for o in outs],
         "steps": [by_prompt.get(tuple(p), []) for p in job["prompts"]],
-        "proposals": list(calls or []),
+        "proposals": list(calls or []), "per_prompt": per_prompt,
         "metrics": {k: ([a - b for a, b in zip_longest(v, before[k], fillvalue=0)] if isinstance(v, list)
                         else v - before[k]) for k, v in after.items()},
     }
     del llm, outs  # free the engine before the next job's
     free_engine()
     return result
+
+
+def timed_generate(llm, prompts: list, params, repeats: int) -> tuple[list, list]:
+    """Each prompt decoded alone, ``repeats`` times over the list: the last pass's outputs (in prompt order) and
+    ``[[prompt index, new tokens, wall seconds], ...]`` per prompt and repeat."""
+    from vllm.inputs import TokensPrompt
+
+    outs, per_prompt = [], []
+    for _ in range(max(1, repeats)):
+        outs = []
+        for i, p in enumerate(prompts):
+            t0 = time.perf_counter()
+            (out,) = llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)
+            per_prompt.append([i, len(out.outputs[0].token_ids), time.perf_counter() - t0])
+            outs.append(out)
+    return outs, per_prompt
 
 
 def free_engine() -> None:
