@@ -243,9 +243,12 @@ def run(req: dict) -> dict:
             "results": results}
 
 
-def main(argv: list[str]) -> int:
+def json_main(argv: list[str], run, script: str) -> int:
+    """``python SCRIPT REQUEST.json RESULT.json``: ``run`` (the REQUEST dict -> the RESULT dict) between the two
+    JSON files; 2 with a usage line naming ``script`` for another argument count. Also the ``main`` of
+    ``train/vllm_data_runner.py``, the other script run with the vLLM venv's python."""
     if len(argv) != 2:
-        print("usage: python vllm_runner.py REQUEST.json RESULT.json", file=sys.stderr)
+        print(f"usage: python {script} REQUEST.json RESULT.json", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
         req = json.load(f)
@@ -253,6 +256,10 @@ def main(argv: list[str]) -> int:
     with open(argv[1], "w") as f:
         json.dump(result, f)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return json_main(argv, run, "vllm_runner.py")
 
 
 if __name__ == "__main__":

@@ -186,3 +186,27 @@ def test_vllm_features_equal_transformers_default_target():
     g = torch.Generator().manual_seed(0)
     examples = [torch.randint(3, 49152, (n,), generator=g).tolist() for n in (5, 64, 300)]
     assert_features_equal(target, resolve_target_path("smollm2-135m"), examples, [0, 2, 15, 27, 28, 30])
+
+
+def test_both_vllm_scripts_share_one_main_and_run_without_drafterkit(tmp_path):
+    """``train/vllm_data_runner.py`` takes its JSON in / JSON out ``main`` (and its stage lines, vLLM's CPU settings)
+    from ``speceval/vllm_runner.py``: run by path with ``python -S`` (no site-packages: no drafterkit, as in the
+    vLLM venv) each script answers a wrong call with its own usage line, exit 2; installed, it is the same function."""
+    import json
+    import subprocess
+    import sys
+
+    import drafterkit.speceval.vllm_runner as runner
+    import drafterkit.train.vllm_data_runner as data_runner
+
+    root = Path(__file__).resolve().parents[1]
+    for script in ("train/vllm_data_runner.py", "speceval/vllm_runner.py"):
+        out = subprocess.run([sys.executable, "-S", str(root / script), "only-one"], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip() == f"usage: python {Path(script).name} REQUEST.json RESULT.json", out.stderr
+    assert data_runner.json_main is runner.json_main and data_runner.stage is runner.stage
+    (tmp_path / "req.json").write_text(json.dumps({"task": "echo", "n": 2}))
+    assert runner.json_main([str(tmp_path / "req.json"), str(tmp_path / "res.json")], lambda req: {"got": req},
+                            "x.py") == 0
+    assert json.loads((tmp_path / "res.json").read_text()) == {"got": {"task": "echo", "n": 2}}

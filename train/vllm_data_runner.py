@@ -38,18 +38,18 @@ synchronously; on a GPU vLLM's own method runs unchanged.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sys
 import time
+from pathlib import Path
 
-STAGE = "[drafterkit-stage] "  # speceval.vllm_process.STAGE: drafterkit shows these lines while this runs
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
-def stage(line: str) -> None:
-    print(STAGE + line, flush=True)
+# speceval/vllm_runner.py, the serve-check runner, holds what both scripts share (the stage lines drafterkit shows,
+# vLLM's CPU settings, the JSON in / JSON out main); it imports nothing of drafterkit either
+if __package__:  # imported as drafterkit.train.vllm_data_runner (drafterkit's tests)
+    from drafterkit.speceval.vllm_runner import CPU_ENV, json_main, stage
+else:  # run by path with the vLLM venv's python, where drafterkit is not installed: the file itself
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speceval"))
+    from vllm_runner import CPU_ENV, json_main, stage
 
 
 def make_llm(req: dict, **extra):
@@ -173,15 +173,7 @@ def run(req: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python vllm_data_runner.py REQUEST.json RESULT.json", file=sys.stderr)
-        return 2
-    with open(argv[0]) as f:
-        req = json.load(f)
-    result = run(req)
-    with open(argv[1], "w") as f:
-        json.dump(result, f)
-    return 0
+    return json_main(argv, run, "vllm_data_runner.py")
 
 
 if __name__ == "__main__":
