@@ -19,8 +19,9 @@ The card holds:
 * its measured numbers when an evaluation of these very weights was recorded: the ``drafterkit quickstart``
   report that the drafter folder's ``decoding.json`` names (``speceval/recorded.py``; used while the folder
   still holds the weights whose sha256 it records): per benchmark, tau, per-position acceptance and the
-  drafter alone over the engine's plain decoding (the factor the export carries), with the prompt lookup +
-  retrieval figure shown apart as not carried; else ``eval.json`` (in ``checkpoints/best``), the entry of
+  drafter alone over the engine's plain decoding as vLLM serves it, a chain of K without a draft threshold (the
+  factor the export carries), with drafterkit's own shape (a tree, a cutoff) and the prompt lookup + retrieval
+  figure shown apart as not carried; else ``eval.json`` (in ``checkpoints/best``), the entry of
   ``trainer_state.json``'s ``history`` at its ``global_step``, or the run's ``eval/step-N.json`` at that step;
   else "Not measured" and the ``drafterkit eval`` command that measures it. The serve section states the
   decoding shape that was measured (a draft tree, a draft threshold) beside the chain the engines serve.
@@ -197,8 +198,9 @@ def shape_lines(fmt: str, shape: dict | None, k: int, served: dict | None = None
         if shape and (shape["tree"] is not None or shape["threshold"]):
             other = tree_words(shape["tree"], shape["k"]) if shape["tree"] else f"a chain of {shape['k']}"
             thr = f" with draft threshold {shape['threshold']:g}" if shape["threshold"] else ""
-            lines += [f"The other figures below (Tuned decoding's winner, Measured) are drafterkit's own decoder "
-                      f"in {other}{thr}, a shape the engines do not run.", ""]
+            lines += [f"Tuned decoding's winner is drafterkit's own decoder in {other}{thr}, a shape the engines do "
+                      "not run; Measured gives the drafter as a chain without a draft threshold, as they serve it, "
+                      "where the quickstart measured it.", ""]
         return lines
     if not shape:
         return []
@@ -208,11 +210,11 @@ def shape_lines(fmt: str, shape: dict | None, k: int, served: dict | None = None
         return [f"drafterkit measured this drafter as a chain of {shape['k']} draft tokens{thr} (numbers under "
                 f"Measured); the commands below serve a chain of {k}.", ""]
     chain = "vLLM drafts chains" if fmt != "sglang-eagle3" else "The command below drafts a chain"
-    return [f"drafterkit measured this drafter as {tree_words(shape['tree'], shape['k'])}{thr}: that is what "
-            f"the numbers under Measured and Tuned decoding are. {chain}: "
+    return [f"drafterkit measured this drafter as {tree_words(shape['tree'], shape['k'])}{thr}: the numbers "
+            f"under Tuned decoding, and drafterkit's own shape under Measured. {chain}: "
             f"`num_speculative_tokens` {k} is a chain as deep as that tree, whose acceptance differs from the "
-            f"tree's (measure the chain with the eval commands under Measured, `--tree {shape['tree']}` replaced by "
-            "`--tree chain` and the draft threshold by `--draft-threshold 0`).", ""]
+            "tree's: Measured's table is that chain where the quickstart measured it (else add `--served-chain` to "
+            "the eval commands under Measured).", ""]
 
 
 def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,

@@ -454,10 +454,11 @@ def render_markdown(record: dict) -> str:
         heads = ", ".join(f"`{g}`" for g in dict.fromkeys(r["group"] for r in factors))
         lines += [f"Where the speedup of {heads} over {factor_reference(factors, markdown=True)} comes from: each "
                   "row a ratio of two tokens/s "
-                  "measured in this run; the factors multiply to the headline, and `drafterkit export` carries "
-                  "only the drafter alone to a serving engine (the engine's kernels and prompt lookup + retrieval "
-                  "stay here), which drafts the shape it is configured with (vLLM: a chain of "
-                  "`num_speculative_tokens`).", "", markdown_table(factor_cells(factors), factor_columns(factors))]
+                  "measured in this run; the factors multiply to the headline. `drafterkit export` carries only "
+                  "the drafter alone to a serving engine (the engine's kernels and prompt lookup + retrieval stay "
+                  "here), in the shape that engine drafts (vLLM: a chain of `num_speculative_tokens`, no draft "
+                  "threshold): the row marked carried, measured as that chain (`--served-chain` adds it beside a "
+                  "tree or a cutoff).", "", markdown_table(factor_cells(factors), factor_columns(factors))]
     if note := small_sample_note(record):
         lines += [f"Note: {note}", ""]
     if record.get("sweep"):
