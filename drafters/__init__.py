@@ -57,8 +57,9 @@ def _folder_kind(path: Path) -> str | None:
 def _export_format(data: dict) -> str:
     """The ``drafterkit export --format`` that wrote an export's ``config.json``."""
     block = data["drafterkit"]
-    if block.get("kind") in ("eagle3", "dflash", "peagle", "dspark"):
-        return f"{block.get('engine', 'vllm')}-{block['kind']}"
+    kind = KINDS.get(block["kind"]) if isinstance(block.get("kind"), str) else None  # format <engine>-<kind>
+    if kind is not None and any(f == f"{f.split('-')[0]}-{kind.name}" for f in kind.exports):
+        return f"{block.get('engine', 'vllm')}-{kind.name}"
     return str(block.get("kind", "unknown"))
 
 

@@ -82,14 +82,14 @@ from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layou
     load_peagle_export,
     sglang_default_layers,
 )
-from drafterkit.drafters.kinds import export_formats
+from drafterkit.drafters.kinds import FormatView, export_format
 from drafterkit.drafters.model_card import vllm_serve_problem, write_model_card
 from drafterkit.drafters.portable import source_link
 from drafterkit.drafters.target_record import trained_target
 from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.vllm_support import draft_layer_types_problem
 
-FORMATS = export_formats()  # --format -> the kind it exports, from each kind's exports in drafters.kinds.KINDS
+FORMATS = FormatView()  # --format -> the kind it exports, read from each kind's formats in drafters.kinds.KINDS
 
 
 def record_source(out: Path, ckpt: Path) -> None:
@@ -308,6 +308,34 @@ def push_to_hub(folder: Path, repo: str, timeout: float = 3.0) -> str:
     return f"https://huggingface.co/{repo}"
 
 
+# the writers drafters.kinds.KINDS names (ExportFormat.writer): writer(ckpt, out, dtype, *, fmt, target, recorded)
+def write_eagle3(ckpt: Path, out: Path, dtype, *, fmt: str, target: str | None, recorded: str | None) -> Path:
+    return export_eagle3(ckpt, out, dtype, engine=fmt.split("-")[0])
+
+
+def write_peagle(ckpt: Path, out: Path, dtype, *, fmt: str, target: str | None, recorded: str | None) -> Path:
+    return export_peagle(ckpt, out, dtype)
+
+
+def write_dflash(ckpt: Path, out: Path, dtype, *, fmt: str, target: str | None, recorded: str | None) -> Path:
+    return export_dflash(ckpt, out, dtype)
+
+
+def write_dspark(ckpt: Path, out: Path, dtype, *, fmt: str, target: str | None, recorded: str | None) -> Path:
+    return export_dspark(ckpt, out, dtype)
+
+
+def write_medusa(ckpt: Path, out: Path, dtype, *, fmt: str, target: str | None, recorded: str | None) -> Path:
+    return export_medusa(ckpt, out, recorded, dtype)
+
+
+def write_hf_assistant(ckpt: Path, out: Path, dtype, *, fmt: str, target: str | None, recorded: str | None) -> Path:
+    export_hf_assistant(ckpt, out, target, dtype, recorded=recorded)
+    if problem := draft_layer_types_problem(read_config_dict(out), f"the draft model of {out}"):
+        print(f"drafterkit export: warning: {problem}", file=sys.stderr)
+    return out
+
+
 def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None = None,
            dtype: str | None = None, repo: str | None = None) -> Path:
     """Export the drafter at ``ckpt`` (resolved by ``drafters.resolve_checkpoint``) as ``fmt`` into
@@ -344,25 +372,12 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         warnings.warn(line, UserWarning, stacklevel=2)
     dt = resolve_dtype(dtype) if dtype else None
     used = target or trained_target(ckpt)  # the target the export is for: --target, else the recorded one
-    if fmt.endswith("eagle3"):
-        export_eagle3(ckpt, output, dt, engine=fmt.split("-")[0])
-    elif fmt == "vllm-peagle":
-        export_peagle(ckpt, output, dt)
-    elif fmt == "vllm-dflash":
-        export_dflash(ckpt, output, dt)
-    elif fmt == "vllm-dspark":
-        export_dspark(ckpt, output, dt)
-    elif fmt == "medusa":
-        export_medusa(ckpt, output, used, dt)
-    else:
-        export_hf_assistant(ckpt, output, target, dt, recorded=used)
-    if fmt != "hf-assistant":  # a draft LM export is a plain transformers model, compared as it is
+    spec = export_format(fmt)
+    spec.write_fn()(ckpt, output, dt, fmt=fmt, target=target, recorded=used)
+    if spec.records_source:  # not a draft LM export: a plain transformers model, compared as it is
         record_source(output, ckpt)
     if problem := vllm_serve_problem(fmt, used):
         print(f"drafterkit export: warning: target {used}: {problem}", file=sys.stderr)
-    if fmt == "hf-assistant" and (problem := draft_layer_types_problem(read_config_dict(output),
-                                                                       f"the draft model of {output}")):
-        print(f"drafterkit export: warning: {problem}", file=sys.stderr)
     write_model_card(output, fmt, kind, ckpt, target=target, repo=repo)
     return output
 

@@ -39,7 +39,7 @@ import yaml
 
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.drafters.base import read_config
-from drafterkit.drafters.kinds import max_draft_tokens
+from drafterkit.drafters.kinds import KINDS, export_format, export_formats, max_draft_tokens, resolve
 from drafterkit.drafters.portable import scrubbed, shown_path
 from drafterkit.drafters.card_measured import (
     measured_section,
@@ -58,12 +58,6 @@ from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_archit
 PINNED_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PINNED_TARGET_DIR = '"${DRAFTERKIT_HOME:-$HOME/.cache/drafterkit}/smollm2-135m-instruct-hf"'
 
-KIND_TAGS = {"eagle3": "eagle3", "medusa": "medusa", "draft_lm": "draft-model", "dflash": "dflash", "peagle": "p-eagle",
-             "dspark": "dspark"}
-KIND_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft_lm": "Draft model",
-               "dflash": "DFlash block drafter", "peagle": "P-EAGLE head", "dspark": "DSpark block drafter"}
-LIBRARIES = {"vllm-eagle3": "vllm", "sglang-eagle3": "sglang", "medusa": "vllm", "hf-assistant": "transformers",
-             "vllm-dflash": "vllm", "vllm-peagle": "vllm", "vllm-dspark": "vllm"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -165,7 +159,7 @@ def card_license(target: str | None, recipe: dict | None) -> tuple[str, str]:
 def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
     """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.vllm_support`: an EAGLE-3 /
     P-EAGLE head or a DFlash drafter for a target architecture vLLM gives no auxiliary hidden states), or None."""
-    if fmt not in ("vllm-eagle3", "vllm-peagle", "vllm-dflash", "vllm-dspark"):
+    if fmt not in export_formats() or not export_format(fmt).aux_hidden:  # drafters.kinds.ExportFormat
         return None
     return eagle3_serve_problem(target_architecture(target))
 
@@ -174,8 +168,9 @@ def _front_matter(fmt: str, kind: str, target: str | None, license_id: str) -> s
     meta: dict[str, Any] = {"license": license_id}
     if base := hub_base_model(target):
         meta["base_model"] = base
-    meta["library_name"] = LIBRARIES[fmt]
-    meta["tags"] = ["drafterkit", "speculative-decoding", KIND_TAGS[kind], LIBRARIES[fmt]]
+    library = export_format(fmt).library
+    meta["library_name"] = library
+    meta["tags"] = ["drafterkit", "speculative-decoding", KINDS[kind].tag, library]
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
@@ -240,19 +235,17 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
                   "```", "", "A draft tree instead of a chain: raise `--speculative-eagle-topk` and "
                   "`--speculative-num-draft-tokens`."]
         return lines
-    method = {"vllm-eagle3": "eagle3", "medusa": "medusa", "hf-assistant": "draft_model", "vllm-dflash": "dflash",
-              "vllm-peagle": "eagle3", "vllm-dspark": "dspark"}[fmt]
-    parallel = {"parallel_drafting": True} if fmt == "vllm-peagle" else {}  # P-EAGLE: all K tokens in one pass
-    spec = json.dumps({"method": method, "model": model, "num_speculative_tokens": k, **parallel})
+    if export_format(fmt).method is None:  # a format no engine drafterkit checks loads (drafters.kinds.ExportFormat)
+        return lines + [f"No serving engine drafterkit checks loads `{fmt}` exports: decode with drafterkit's own "
+                        "decoder (`drafterkit eval` / `decode.generate`)."]
+    extra = export_format(fmt).speculative_config()  # P-EAGLE: eagle3 with parallel_drafting (all K in one pass)
+    spec = json.dumps({"method": extra.pop("method"), "model": model, "num_speculative_tokens": k, **extra})
     if problem := vllm_serve_problem(fmt, target):
         lines += [f"**vLLM cannot serve this export yet.** {problem}. The command below is what vLLM takes once "
                   "it implements that interface for this architecture; until then use drafterkit's own decoder "
                   "(`drafterkit eval` / `decode.generate`).", ""]
     lines += ["vLLM:", "", "```bash", f"vllm serve {t} --speculative-config {shlex.quote(spec)}", "```"]
-    if fmt == "vllm-dspark":
-        lines += ["", "vLLM 0.32 runs DSpark with Model Runner V2 only, which needs Triton (a GPU; vLLM's CPU build "
-                  "refuses it). Add `\"enable_adaptive_verification\": true` to let the confidence head size the "
-                  "verified chain."]
+    lines += list(export_format(fmt).card_note)
     if fmt == "hf-assistant":
         py_target = ('os.path.join(os.environ.get("DRAFTERKIT_HOME", os.path.expanduser("~/.cache/drafterkit")), '
                      '"smollm2-135m-instruct-hf")' if target == DEFAULT_TARGET_ALIAS
@@ -270,6 +263,8 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
 
 
 def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
+    if kind in KINDS and (own := KINDS[kind].card_line):  # the kind's own words (drafters.kinds.Kind.card_line)
+        return resolve(own, KINDS[kind].module)(cfg, export_config)
     if kind == "eagle3":
         ids = (export_config or {}).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
         held = f"`eagle_aux_hidden_state_layer_ids` {ids}" if ids is not None else \
@@ -424,7 +419,7 @@ def write_model_card(out: Path, fmt: str, kind: str, ckpt: Path, *, target: str 
     if (cap := max_draft_tokens(kind, cfg)) is not None:  # Medusa's heads, DFlash's one block
         k = min(k, cap)
     export_config = read_json(out / "config.json")
-    title = f"{KIND_TITLES[kind]} for `{scrubbed(target)}`" if target else KIND_TITLES[kind]
+    title = f"{KINDS[kind].title} for `{scrubbed(target)}`" if target else KINDS[kind].title
     lines = [_front_matter(fmt, kind, target, license_id), f"# {title}", "",
              f"A speculative-decoding drafter trained with drafterkit and exported as "
              f"`{fmt}` from `{shown_path(ckpt)}`. The target verifies every draft token, so the output is the "

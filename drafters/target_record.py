@@ -27,10 +27,7 @@ import yaml
 
 from drafterkit.assets.target import TargetLoadError, load_target_tokenizer, resolve_target_path, same_target
 from drafterkit.drafters.base import DrafterLoadError, read_config
-
-#: the kinds that read the target's hidden states (a draft LM reads only token ids: any target sharing its
-#: vocabulary is its target)
-FEATURE_KINDS = ("eagle", "eagle3", "peagle", "medusa", "dflash", "dspark")
+from drafterkit.drafters.kinds import feature_kinds
 
 
 def trained_target(folder: str | Path) -> str | None:
@@ -77,7 +74,7 @@ def drafter_problem(folder: Path, kind: str, target: str, *, label: str | None =
             loadable here): the head's draft ids would name other tokens. The message names both targets and the fix.
     """
     recorded = trained_target(folder)
-    if kind not in FEATURE_KINDS or recorded is None or same_target(recorded, target):
+    if kind not in feature_kinds() or recorded is None or same_target(recorded, target):
         return None
     label = label or str(folder)
     fix = f"pass {flag} {recorded}, or train a drafter for {target}"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from drafterkit.drafters import resolve_checkpoint
 from drafterkit.drafters.base import DrafterLoadError
-from drafterkit.drafters.target_record import (FEATURE_KINDS, drafter_problem, shapes_match, target_from_records,
-                                               trained_target, vocabulary_difference)
+from drafterkit.drafters.target_record import (drafter_problem, shapes_match, target_from_records, trained_target,
+                                               vocabulary_difference)
 
 
 def trained_for_problem(folder: str | Path, target: str, *, label: str | None = None,
@@ -30,5 +30,5 @@ def trained_for_problem(folder: str | Path, target: str, *, label: str | None = 
     return drafter_problem(folder, kind, target, label=label, flag=flag)
 
 
-__all__ = ["FEATURE_KINDS", "shapes_match", "target_from_records", "trained_for_problem", "trained_target",
+__all__ = ["shapes_match", "target_from_records", "trained_for_problem", "trained_target",
            "vocabulary_difference"]

@@ -6,7 +6,8 @@ options from here.
 Adding a trainable kind: its entry in ``drafters.kinds.KINDS`` (``trainable=True``), its options model and
 one line in :data:`KINDS` here, its strategy class in ``train/strategies/<kind>.py``
 (``tests/test_train_recipe.py`` checks that this table and the drafters' registry list the same kinds, and
-that every strategy named here exists and uses the options model named here).
+that every strategy named here exists and uses the options model named here). A kind defined outside the
+package adds its line with ``train.strategies.register_kind`` (``tests/test_kind_registry.py``).
 
 Recipe checks (``KindRecipe.check``) take the validated :class:`train.recipe.Recipe` and raise
 ``ValueError`` whose message starts with the recipe key (``loss.name: ...``) and names the kind and the fix:
@@ -458,11 +459,12 @@ def truncation_refusal(target: Any, num_layers: int) -> str | None:
 @dataclass(frozen=True)
 class KindRecipe:
     """What training knows of a drafter kind, one line per trainable kind of :data:`drafters.kinds.KINDS`:
-    ``options_model`` validates ``drafter.options``; ``strategy``: the name of its training strategy class in
-    ``drafterkit.train.strategies.<kind>`` (imported on first use by ``train.strategies.get_strategy``, so
-    validating a recipe loads no strategy); ``reads_features``: it trains from target features (so the
-    offline feature cache can serve it, and its strategy has ``feature_layers``); ``check(recipe)``: refuses
-    what the kind cannot train."""
+    ``options_model`` validates ``drafter.options``; ``strategy``: its training strategy class, a name in
+    ``drafterkit.train.strategies.<kind>`` or ``"module:Class"`` (imported on first use by
+    ``train.strategies.get_strategy``, so validating a recipe loads no strategy); ``reads_features``: it trains
+    from target features (so the offline feature cache can serve it, and its strategy has ``feature_layers``;
+    the same as the drafter registry's ``Kind.reads_features``); ``check(recipe)``: refuses what the kind cannot
+    train."""
 
     options_model: type[BaseModel]
     strategy: str
