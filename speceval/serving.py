@@ -46,6 +46,7 @@ from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafterkit.drafters.base import ExportError, recorded_source
+from drafterkit.drafters.kinds import KINDS, serve_formats
 from drafterkit.drafters.target_recurrent import recurrent_target_problem
 from drafterkit.drafters.trained_for import trained_for_problem
 from drafterkit.drafters.vllm_support import (cpu_hybrid_problem, eagle3_serve_problem, target_architecture,
@@ -58,14 +59,8 @@ from drafterkit.speceval.vllm_process import run_watched
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vllm-venv.sh"
-# other causal LMs: draft_model
-VLLM_METHODS = {"LlamaForCausalLMEagle3": "eagle3", "MedusaModel": "medusa", "DFlashDraftModel": "dflash",
-                "Qwen3DSparkModel": "dspark"}
-# methods whose drafter reads the target's auxiliary hidden states (vLLM's SupportsEagle3 interface on the target)
-AUX_HIDDEN_METHODS = ("eagle3", "peagle", "dflash", "dspark")
-# vLLM method -> our kind
-DRAFTER_KINDS = {"eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft_lm", "dflash": "dflash",
-                 "peagle": "peagle", "dspark": "dspark"}
+# the methods, their exports' architectures (other causal LMs: draft_model), the kinds they come from and whether
+# they read the target's auxiliary hidden states: drafters.kinds.serve_formats(), from each kind's export formats
 # vLLM on a CPU: a small KV cache, no thread pinning on a shared machine, the engine core in-process
 # (the runner hooks its scheduler there)
 # a Python exception line in vLLM's log, maybe behind its logger's prefix ("ERROR 12-04 10:00:00 [core.py:7] ")
@@ -133,17 +128,17 @@ def inspect_export(export_dir: str | Path) -> dict:
         raise ServeCheckError(f"{export_dir} is an {engine}-eagle3 export (its feature layer ids follow {engine}'s "
                               "convention, which vLLM reads one layer off); serve-check runs vLLM: export the same "
                               "checkpoint with --format vllm-eagle3 and check that")
-    if arch == "LlamaForCausalLMEagle3" and isinstance(block, dict) and block.get("kind") == "peagle":
-        return {"method": "peagle", "num_heads": None}  # vLLM's eagle3 with parallel_drafting (vllm_runner.py)
-    if arch in VLLM_METHODS:
-        heads, block_size = config.get("num_heads"), config.get("block_size")
-        method = VLLM_METHODS[arch]
-        slots = None if type(block_size) is not int else block_size if method == "dspark" else block_size - 1
-        most = heads if type(heads) is int else slots
-        return {"method": method, "num_heads": most}
+    served = [(f, kind) for f, kind in serve_formats().values() if arch is not None and f.architecture == arch]
+    if served:  # several on one architecture (P-EAGLE is EAGLE-3's): the one of the kind the export records
+        own = [(f, kind) for f, kind in served if isinstance(block, dict) and block.get("kind") == kind]
+        fmt, kind = (own or served)[0]
+        field, offset = KINDS[kind].draft_limit or (None, 0)  # Medusa's heads, a block pass's tokens
+        value = config.get(field) if field else None
+        return {"method": fmt.method, "num_heads": value + offset if type(value) is int else None}
     if "model_type" not in config:
+        archs = sorted({f.architecture for f, _ in serve_formats().values() if f.architecture})
         raise ServeCheckError(f"{export_dir}: config.json names no architecture vLLM drafts with (expected "
-                              f"{sorted(VLLM_METHODS)} or a transformers causal LM)")
+                              f"{archs} or a transformers causal LM)")
     return {"method": "draft_model", "num_heads": None}
 
 
@@ -182,10 +177,10 @@ def load_check_drafter(export_dir: str | Path, method: str, checkpoint: str | No
                    else load_transformers_drafter(export_dir, target))
     except (DrafterLoadError, ValueError) as exc:
         raise ServeCheckError(f"--drafter {checkpoint or export_dir}: {exc}") from None
-    if getattr(drafter, "kind", None) != DRAFTER_KINDS[method]:
+    if getattr(drafter, "kind", None) != (kind := serve_formats()[method][1]):
         raise ServeCheckError(f"--drafter {checkpoint}: {a_or_an(getattr(drafter, 'kind', type(drafter).__name__))} "
                               f"drafter, but {export_dir} is a {method} export: give the "
-                              f"{DRAFTER_KINDS[method]} checkpoint it was exported from")
+                              f"{kind} checkpoint it was exported from")
     try:  # what drafterkit's decoder checks at its first call, checked before the vLLM pass rather than after it
         drafter.check_compatible(target, shared_vocab_size(target, as_proposer(drafter)))
     except ValueError as exc:
@@ -333,7 +328,13 @@ def serve_refusal(method: str, target: str) -> str | None:
     auxiliary hidden states of a target class that gives none), or None."""
     if problem := target_load_problem(target):
         return problem
-    return eagle3_serve_problem(target_architecture(target)) if method in AUX_HIDDEN_METHODS else None
+    return eagle3_serve_problem(target_architecture(target)) if reads_aux_hidden(method) else None
+
+
+def reads_aux_hidden(method: str) -> bool:
+    """Whether a ``method`` export's drafter reads the target's auxiliary hidden states (vLLM's ``SupportsEagle3``
+    interface on the target; ``drafters.kinds.ExportFormat.aux_hidden``)."""
+    return method in serve_formats() and serve_formats()[method][0].aux_hidden
 
 
 def check_targets(groups: list[tuple[str, list[tuple[str | Path, str | None]]]], *, benchmark: str = "mt-bench",

@@ -64,8 +64,8 @@ def cap_words(kind: str, cap: int) -> str:
     """Why a ``kind`` drafter drafts at most ``cap`` tokens a round, in words."""
     if kind == "medusa":
         return f"a medusa drafter with {cap} heads drafts at most {cap} tokens a round"
-    block = cap if kind == "dspark" else cap + 1  # DSpark's block drafts from its first position
-    return f"a {kind} drafter drafts at most {cap} tokens a round (block_size {block})"
+    field, offset = KINDS[kind].draft_limit  # cap = config[field] + offset (DSpark's block drafts from its first slot)
+    return f"a {kind} drafter drafts at most {cap} tokens a round ({field} {cap - offset})"
 
 
 def check_tree_shapes(drafters: list[str], trees: list[str]) -> None:

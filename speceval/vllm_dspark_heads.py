@@ -1,6 +1,6 @@
 """vLLM's own DSpark sequential stage on given block outputs: a standalone script run by path with the vLLM venv's
 python (it imports nothing of drafterkit), for the checks that vLLM's CPU build cannot run end to end (it refuses
-method ``dspark``, :data:`speceval.serve_checks.CPU_REFUSED_METHODS`)::
+method ``dspark``, :attr:`drafters.kinds.ExportFormat.cpu_refusal`)::
 
     VENV/bin/python speceval/vllm_dspark_heads.py REQUEST.json RESULT.json
 

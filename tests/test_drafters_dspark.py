@@ -235,7 +235,7 @@ def test_vllm_cpu_refuses_dspark_for_the_reason_serve_check_gives(tmp_path):
     from conftest import require_vllm_python
 
     from drafterkit.speceval import serving
-    from drafterkit.speceval.serve_checks import CPU_REFUSED_METHODS
+    from drafterkit.drafters.kinds import export_format
 
     python = require_vllm_python()
     _, _, out = _qwen3_export(tmp_path)
@@ -243,7 +243,7 @@ def test_vllm_cpu_refuses_dspark_for_the_reason_serve_check_gives(tmp_path):
            "prompts": [[3, 10, 20, 30]], "eos": [2], "dtype": "float32"}
     log = tmp_path / "vllm.log"
     (result,) = serving.run_vllm([job], Path(python), timeout=600, log=log, keep_going=True)["results"]
-    quoted = CPU_REFUSED_METHODS["dspark"].split("('")[1].rstrip("')")
+    quoted = export_format("vllm-dspark").cpu_refusal.split("('")[1].rstrip("')")
     assert "error" in result and quoted in log.read_text(), result
 
 

@@ -48,7 +48,7 @@ def _refusal(family: str, fmt: str) -> str | None:
     from drafterkit.drafters.vllm_support import eagle3_serve_problem
 
     arch = FAMILIES[family][1]
-    return eagle3_serve_problem(arch) if FORMATS[fmt][0] in serving.AUX_HIDDEN_METHODS else None
+    return eagle3_serve_problem(arch) if serving.reads_aux_hidden(FORMATS[fmt][0]) else None
 
 
 ALL = [(f, fmt) for f in FAMILIES for fmt in FORMATS]
