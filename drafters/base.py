@@ -5,7 +5,7 @@ A drafter kind is one module in ``drafters/`` defining
 * a config dataclass (JSON-serialisable fields only),
 * an ``nn.Module`` subclass of :class:`Drafter` with ``forward`` for training and ``propose`` for the
   decoder (the protocol in ``decode/protocol.py``),
-* registration in ``drafters.KINDS`` (a plain dict, kind name -> class).
+* its :class:`drafters.kinds.Kind` entry in ``drafters.kinds.KINDS`` (kind name -> what every layer reads of it).
 
 Checkpoints are a folder with ``config.json`` (``{"kind": ..., "config": {...}}``) and
 ``model.safetensors`` holding only the drafter's OWN trainable tensors and buffers; modules borrowed

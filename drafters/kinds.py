@@ -168,8 +168,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
                           aux_hidden=True),)),
     Kind("suffix", "SuffixDrafter", "SuffixConfig", trainable=False),
     Kind("peagle", "PEagleDrafter", "PEagleConfig", reads_features=True, tag="p-eagle", title="P-EAGLE head",
-         formats=(ExportFormat("vllm-peagle", "write_peagle", "vllm", "peagle",
-                               (("method", "eagle3"), ("parallel_drafting", True)), _EAGLE3, aux_hidden=True),)),
+         formats=(ExportFormat("vllm-peagle", "write_peagle", "vllm", "peagle", architecture=_EAGLE3, aux_hidden=True,
+                               vllm_spec=(("method", "eagle3"), ("parallel_drafting", True))),)),
     Kind("dspark", "DSparkDrafter", "DSparkConfig", trees=False, reads_features=True, draft_limit=("block_size", 0),
          title="DSpark block drafter", formats=(
              ExportFormat("vllm-dspark", "write_dspark", "vllm", "dspark", architecture="Qwen3DSparkModel",
