@@ -467,3 +467,12 @@ def pad_chains(tokens: torch.Tensor, q: torch.Tensor | None, n: torch.Tensor, k:
             q = torch.cat([q, q.new_zeros(r_n, k - steps, v)], 1)
         q = torch.where(fill[..., None], F.one_hot(tokens, v).float(), q)
     return tokens, q, n
+
+
+def card_line(cfg: dict, export_config: dict | None) -> str:
+    """The model card's line on a DFlash drafter whose ``config.json`` config is ``cfg`` (its export's
+    config: ``export_config``; ``drafters.kinds.Kind.card_line``)."""
+    return (f"DFlash: {cfg.get('num_layers')} draft layer(s) reading target layers {cfg.get('feature_layers')} "
+            f"(`hidden_states[i]`; vLLM `target_layer_ids` i - 1) as keys/values, one non-causal pass over a "
+            f"block of {cfg.get('block_size')} drafts {int(cfg.get('block_size', 2)) - 1} tokens, draft vocabulary "
+            f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")

@@ -203,3 +203,13 @@ class DSparkDrafter(DFlashDrafter):
             n = torch.minimum(n, verified_length(conf, self._verify_cost).cpu())
         tokens, q = torch.stack(picked, 1).cpu(), torch.stack(qs, 1).cpu() if qs else None
         return pad_chains(tokens, q, n, k, self.config.vocab_size)
+
+
+def card_line(cfg: dict, export_config: dict | None) -> str:
+    """The model card's line on a DSpark drafter whose ``config.json`` config is ``cfg`` (its export's
+    config: ``export_config``; ``drafters.kinds.Kind.card_line``)."""
+    return (f"DSpark: the DFlash backbone ({cfg.get('num_layers')} draft layer(s), target layers "
+            f"{cfg.get('feature_layers')}) drafting {cfg.get('block_size')} tokens per pass from the bonus token "
+            f"on, a rank-{cfg.get('markov_rank')} Markov head chaining them left to right"
+            f"{', a confidence head' if cfg.get('confidence_head') else ''}, draft vocabulary "
+            f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")

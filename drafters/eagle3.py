@@ -294,3 +294,16 @@ class Eagle3Drafter(FeatureHeadDrafter):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head output (pre-norm) ``[..., H]`` -> draft-vocabulary logits ``[..., N]``."""
         return self.lm_head(self.norm(hidden))
+
+
+def card_line(cfg: dict, export_config: dict | None) -> str:
+    """The model card's line on an EAGLE-3 drafter whose ``config.json`` config is ``cfg`` (its export's
+    config: ``export_config``; ``drafters.kinds.Kind.card_line``)."""
+    ids = (export_config or {}).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
+    held = f"`eagle_aux_hidden_state_layer_ids` {ids}" if ids is not None else \
+        "no `eagle_aux_hidden_state_layer_ids` (SGLang's default capture is these layers)"
+    n = int(cfg.get("num_layers", 1))
+    layers = "one decoder layer" if n == 1 else f"{n} decoder layers"
+    return (f"EAGLE-3: {layers} over 3 target layers (drafterkit ids {cfg.get('feature_layers')}: "
+            f"`hidden_states[i]`, the input of decoder layer i; this export holds {held}), draft vocabulary "
+            f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")

@@ -95,7 +95,7 @@ class Kind:
             (Medusa's heads, one block pass); None: as many as asked.
         tag: the model card's tag; title: its title (both default to ``name``).
         card_line: the name of a function ``(cfg, export_config) -> str`` in the kind's module (or
-            ``"module:function"``) that describes the drafter in its model card; None: ``drafters.model_card``'s own.
+            ``"module:function"``) that describes the drafter in its model card; None: a draft model's line.
         module: the kind's module (default ``drafterkit.drafters.<name>``).
     """
 
@@ -156,22 +156,23 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         ExportFormat("hf-assistant", "write_hf_assistant", "transformers", "draft_model", records_source=False),)),
     Kind("ngram", "NGramDrafter", "NGramConfig", trainable=False),
     Kind("medusa", "MedusaDrafter", "MedusaConfig", reads_features=True, draft_limit=("num_heads", 0),
-         title="Medusa heads", formats=(ExportFormat("medusa", "write_medusa", "vllm", "medusa",
-                                                     architecture="MedusaModel"),)),
+         title="Medusa heads", card_line="card_line", formats=(
+             ExportFormat("medusa", "write_medusa", "vllm", "medusa", architecture="MedusaModel"),)),
     Kind("eagle", "EagleDrafter", "EagleConfig", reads_features=True),
-    Kind("eagle3", "Eagle3Drafter", "Eagle3Config", reads_features=True, title="EAGLE-3 head", formats=(
-        ExportFormat("vllm-eagle3", "write_eagle3", "vllm", "eagle3", architecture=_EAGLE3, aux_hidden=True),
-        ExportFormat("sglang-eagle3", "write_eagle3", "sglang"))),
+    Kind("eagle3", "Eagle3Drafter", "Eagle3Config", reads_features=True, title="EAGLE-3 head", card_line="card_line",
+         formats=(ExportFormat("vllm-eagle3", "write_eagle3", "vllm", "eagle3", architecture=_EAGLE3, aux_hidden=True),
+                  ExportFormat("sglang-eagle3", "write_eagle3", "sglang"))),
     Kind("dflash", "DFlashDrafter", "DFlashConfig", trees=False, reads_features=True, draft_limit=("block_size", -1),
-         title="DFlash block drafter", formats=(
+         title="DFlash block drafter", card_line="card_line", formats=(
              ExportFormat("vllm-dflash", "write_dflash", "vllm", "dflash", architecture="DFlashDraftModel",
                           aux_hidden=True),)),
     Kind("suffix", "SuffixDrafter", "SuffixConfig", trainable=False),
     Kind("peagle", "PEagleDrafter", "PEagleConfig", reads_features=True, tag="p-eagle", title="P-EAGLE head",
-         formats=(ExportFormat("vllm-peagle", "write_peagle", "vllm", "peagle", architecture=_EAGLE3, aux_hidden=True,
-                               vllm_spec=(("method", "eagle3"), ("parallel_drafting", True))),)),
+         card_line="card_line", formats=(
+             ExportFormat("vllm-peagle", "write_peagle", "vllm", "peagle", architecture=_EAGLE3, aux_hidden=True,
+                          vllm_spec=(("method", "eagle3"), ("parallel_drafting", True))),)),
     Kind("dspark", "DSparkDrafter", "DSparkConfig", trees=False, reads_features=True, draft_limit=("block_size", 0),
-         title="DSpark block drafter", formats=(
+         title="DSpark block drafter", card_line="card_line", formats=(
              ExportFormat("vllm-dspark", "write_dspark", "vllm", "dspark", architecture="Qwen3DSparkModel",
                           aux_hidden=True, card_note=_SPARK_NOTE, cpu_refusal=_SPARK_CPU),)),
 )}

@@ -254,3 +254,10 @@ class MedusaDrafter(Drafter):
                 frontier = builder.add_children(logp[builder.level][b][None].expand(len(frontier), -1))
             rows.append(builder.result())
         return pack_rows(rows)
+
+
+def card_line(cfg: dict, export_config: dict | None) -> str:
+    """The model card's line on a Medusa drafter whose ``config.json`` config is ``cfg`` (its export's
+    config: ``export_config``; ``drafters.kinds.Kind.card_line``)."""
+    return (f"Medusa: {cfg.get('num_heads')} heads of {cfg.get('num_layers')} residual block(s) on the target's "
+            f"last hidden state (head k at position t predicts token t+k+2)")

@@ -265,35 +265,6 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
 def _drafter_line(kind: str, cfg: dict, export_config: dict | None) -> str:
     if kind in KINDS and (own := KINDS[kind].card_line):  # the kind's own words (drafters.kinds.Kind.card_line)
         return resolve(own, KINDS[kind].module)(cfg, export_config)
-    if kind == "eagle3":
-        ids = (export_config or {}).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
-        held = f"`eagle_aux_hidden_state_layer_ids` {ids}" if ids is not None else \
-            "no `eagle_aux_hidden_state_layer_ids` (SGLang's default capture is these layers)"
-        n = int(cfg.get("num_layers", 1))
-        layers = "one decoder layer" if n == 1 else f"{n} decoder layers"
-        return (f"EAGLE-3: {layers} over 3 target layers (drafterkit ids {cfg.get('feature_layers')}: "
-                f"`hidden_states[i]`, the input of decoder layer i; this export holds {held}), draft vocabulary "
-                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
-    if kind == "peagle":
-        return (f"P-EAGLE: the EAGLE-3 head ({int(cfg.get('num_layers', 1))} decoder layer(s), target layers "
-                f"{cfg.get('feature_layers')}, draft vocabulary "
-                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')}) with learned mask inputs (token "
-                f"{cfg.get('mask_token_id')}, `mask_hidden`): one pass drafts every position of the chain "
-                f"(trained on {cfg.get('num_depths')})")
-    if kind == "dflash":
-        return (f"DFlash: {cfg.get('num_layers')} draft layer(s) reading target layers {cfg.get('feature_layers')} "
-                f"(`hidden_states[i]`; vLLM `target_layer_ids` i - 1) as keys/values, one non-causal pass over a "
-                f"block of {cfg.get('block_size')} drafts {int(cfg.get('block_size', 2)) - 1} tokens, draft vocabulary "
-                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
-    if kind == "dspark":
-        return (f"DSpark: the DFlash backbone ({cfg.get('num_layers')} draft layer(s), target layers "
-                f"{cfg.get('feature_layers')}) drafting {cfg.get('block_size')} tokens per pass from the bonus token "
-                f"on, a rank-{cfg.get('markov_rank')} Markov head chaining them left to right"
-                f"{', a confidence head' if cfg.get('confidence_head') else ''}, draft vocabulary "
-                f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
-    if kind == "medusa":
-        return (f"Medusa: {cfg.get('num_heads')} heads of {cfg.get('num_layers')} residual block(s) on the target's "
-                f"last hidden state (head k at position t predicts token t+k+2)")
     return f"draft model: a {cfg.get('num_layers', '?')}-layer causal LM sharing the target's tokenizer"
 
 

@@ -246,3 +246,13 @@ class PEagleDrafter(Eagle3Drafter):
                 frontier = builder.add_children(logp[r, builder.level][None].expand(len(frontier), -1), ids)
             out[b] = builder.result()
         return pack_rows(out)
+
+
+def card_line(cfg: dict, export_config: dict | None) -> str:
+    """The model card's line on a P-EAGLE drafter whose ``config.json`` config is ``cfg`` (its export's
+    config: ``export_config``; ``drafters.kinds.Kind.card_line``)."""
+    return (f"P-EAGLE: the EAGLE-3 head ({int(cfg.get('num_layers', 1))} decoder layer(s), target layers "
+            f"{cfg.get('feature_layers')}, draft vocabulary "
+            f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')}) with learned mask inputs (token "
+            f"{cfg.get('mask_token_id')}, `mask_hidden`): one pass drafts every position of the chain "
+            f"(trained on {cfg.get('num_depths')})")

@@ -102,3 +102,18 @@ def test_the_vllm_runner_serves_each_method_as_its_export_format_says():
 
     for method, (fmt, _) in kinds.serve_formats().items():
         assert SPEC_METHODS.get(method, {"method": method}) == fmt.speculative_config(), method
+
+
+def test_quickstarts_kind_help_lists_the_trainable_kinds():
+    """``drafterkit quickstart --help`` answers without importing ``drafters/``, so its list of kinds is written by
+    hand: the built-in trainable kinds, each once."""
+    import argparse
+    import re
+
+    from drafterkit.train.quickstart_args import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    (action,) = [a for a in p._actions if "--kind" in a.option_strings]
+    listed = re.match(r"drafter kind: ([\w |]+?) \(", action.help).group(1).split(" | ")
+    assert sorted(listed) == [k for k in kinds.trainable_kinds() if kinds.KINDS[k].module.startswith("drafterkit.")]
