@@ -33,18 +33,13 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer, get_layer_types_and_kwargs
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from drafterkit.decode import compact, compiled
+from drafterkit.decode.compact import CACHE_ARG
 from drafterkit.decode.attention import verification_attention
 from drafterkit.decode.recurrent import RECURRENT_LAYER_TYPES
 from drafterkit.decode.recurrent_cache import RecurrentStates
 
-#: The name of a transformers model's KV-cache argument and output field: ``cache`` in the releases that renamed
-#: it (5.2x, ``past_key_values`` deprecated until 5.40), ``past_key_values`` before (5.17, the GPU machine's).
-#: Read from the library, not from a model's ``forward`` signature, which a wrapper (peft) hides behind **kwargs.
-#: Under the wrong name a model takes the cache as an unknown keyword and ignores it, attending to the new
-#: tokens alone.
-CACHE_ARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class RaggedCache:
@@ -71,6 +66,10 @@ class RaggedCache:
             if getattr(layer, "is_sliding", False):
                 self.cache.layers[i] = DynamicLayer()
         self._scan_layers()
+        # the target's forward as one function (decode.compact) where it computes this model; exact attention
+        # and recurrent or sliding layers take transformers' forward
+        self.compact = (compact.ENABLED and not exact and self.window is None and not self._recurrent_types
+                        and compact.compact_problem(model) is None)
         self._mark: tuple[int, torch.Tensor, list] | None = None
         self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -110,6 +109,11 @@ class RaggedCache:
                 causal = cols[None, :] <= (k - m) + torch.arange(m, device=self.mask.device)[:, None]  # [m, K]
                 seen = self.mask[:, None, :k].bool() & causal[None]
             attention_mask = self._masks(seen, position_ids)
+        if self.compact and set(kw) <= {"logits_to_keep", "output_hidden_states"}:
+            if compiled.ENABLED and (out := compiled.compiled_forward(self.model, input_ids, attention_mask,
+                                                                      position_ids, self.cache, **kw)) is not None:
+                return out
+            return compact.compact_forward(self.model, input_ids, attention_mask, position_ids, self.cache, **kw)
         with verification_attention(self.model, self.exact):  # multi-token passes without copying GQA K/V
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              position_ids=position_ids, use_cache=True, **{CACHE_ARG: self.cache}, **kw)

@@ -1,0 +1,203 @@
+"""Compiled target passes: the compact forward (:mod:`decode.compact`) through ``torch.compile``, weights frozen.
+
+:class:`compiled_mode` (off by default) runs every pass of the target after its prefill (decoding steps,
+verification passes of chains and trees) as one graph compiled by TorchInductor with its ``freezing`` option, as
+gpt-fast and vLLM's CPU backend do: the weights become constants of the graph (inductor prepacks them for oneDNN),
+the elementwise work of a layer (RMSNorm, the rotary embedding, SiLU gating, residual adds) fuses into a few C++
+kernels, and no Python runs per layer. Shapes are dynamic (``dynamic=True``): one graph serves every cache length
+and pass size; a pass with an attention mask and one without (a decoding step that sees every column) are two
+graphs, and a pass that returns hidden states (EAGLE-family drafters read them) two more.
+
+Cost: the first pass of each graph compiles it, tens of seconds on a 2-core CPU (inductor's caches under
+``TORCHINDUCTOR_CACHE_DIR`` keep the generated kernels for the next process, not dynamo's tracing);
+``docs/benchmarks/engine.md`` has the measured compile time and the decoding speed it buys. Memory: one more copy
+of the decoder's weights (the graph's constants). A model :func:`decode.compact.compact_problem` refuses, exact
+mode (``decode.exact_mode``) and a compile that fails run the compact or transformers forward instead; a failure
+says so once, on stderr, with the reason.
+
+What it computes is :func:`decode.compact.compact_forward`'s arithmetic, reordered where inductor fuses it (fp32:
+~1e-6 of the logits; bf16: an ulp here and there, so a greedy output may leave the eager one's at a near-tie, as
+between any two engines); ``tests/test_decode_compiled.py`` compares the two on tiny models.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from drafterkit.decode import compact
+
+#: ``decode.generate`` runs the target's passes compiled while True; set it with :class:`compiled_mode`
+ENABLED = False
+
+#: graphs ``torch.compile`` may build for one code object (dynamo's ``recompile_limit``, 8 by default)
+RECOMPILES = 256
+
+#: model -> its compiled passes (None: compiling failed; the compact forward runs)
+_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class compiled_mode:  # noqa: N801 -- a switch used as a function and a context manager, as decode.exact_mode
+    """Turn compiled target passes on (``enabled=True``) or off for the whole process (module docstring).
+
+    Called plainly it is a setter; as a context manager it restores the mode found before on exit::
+
+        with decode.compiled_mode():
+            out = decode.generate(target, [ids], drafter=head, num_draft_tokens=5)
+
+    Args:
+        enabled: True to compile the target's passes (Llama-layout targets on a CPU, outside exact mode).
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        global ENABLED
+        self.before = ENABLED
+        ENABLED = bool(enabled)
+
+    def __enter__(self) -> compiled_mode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global ENABLED
+        ENABLED = self.before
+
+
+def _weight(*linears: nn.Linear) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """The linear layers' weights (and biases) concatenated, as parameters of the graph's module (copies)."""
+    w = torch.cat([lin.weight.detach() for lin in linears])
+    b = torch.cat([lin.bias.detach() for lin in linears]) if linears[0].bias is not None else None
+    return (nn.Parameter(w, requires_grad=False),
+            nn.Parameter(b, requires_grad=False) if b is not None else None)
+
+
+class _Layer(nn.Module):
+    """One decoder layer's weights: merged q/k/v and gate/up projections, norms (Qwen3's q/k norms too)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv, self.qkv_bias = _weight(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o, self.o_bias = _weight(attn.o_proj)
+        self.gate_up, _ = _weight(mlp.gate_proj, mlp.up_proj)
+        self.down, _ = _weight(mlp.down_proj)
+        self.ln1 = nn.Parameter(layer.input_layernorm.weight.detach().clone(), requires_grad=False)
+        self.ln2 = nn.Parameter(layer.post_attention_layernorm.weight.detach().clone(), requires_grad=False)
+        norms = hasattr(attn, "q_norm")
+        self.q_norm = nn.Parameter(attn.q_norm.weight.detach().clone(), requires_grad=False) if norms else None
+        self.k_norm = nn.Parameter(attn.k_norm.weight.detach().clone(), requires_grad=False) if norms else None
+        self.eps, self.head_eps = layer.input_layernorm.variance_epsilon, getattr(
+            getattr(attn, "q_norm", None), "variance_epsilon", 0.0)
+        self.heads, self.kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+        self.head_dim, self.scaling, self.inter = attn.head_dim, attn.scaling, mlp.gate_proj.out_features
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+class _Passes(nn.Module):
+    """The decoder layers and the final norm of one model as a module for ``torch.compile`` (its parameters are the
+    graph's constants under inductor's ``freezing``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        body = model.model
+        self.layers = nn.ModuleList(_Layer(layer) for layer in body.layers[: model.config.num_hidden_layers])
+        self.norm = nn.Parameter(body.norm.weight.detach().clone(), requires_grad=False)
+        self.eps = body.norm.variance_epsilon
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                keys: list[torch.Tensor], values: list[torch.Tensor], hidden: bool):
+        """``h [B, m, H]`` embeddings, ``cos, sin [B, 1, m, D]``, ``mask [B, 1, m, K]`` bool or None (every column
+        up to each query's own), the cache's ``keys, values`` per layer ``[B, Hkv, K - m, D]``: ``(final-normed
+        h, new keys, new values, hidden states or [])``."""
+        b, m, _ = h.shape
+        new_k, new_v, states = [], [], [h] if hidden else []
+        for i, lay in enumerate(self.layers):
+            d, hq, hkv = lay.head_dim, lay.heads, lay.kv_heads
+            y = torch.nn.functional.linear(_rms(h, lay.ln1, lay.eps), lay.qkv, lay.qkv_bias)
+            q = y[..., : hq * d].view(b, m, hq, d)
+            k = y[..., hq * d: (hq + hkv) * d].view(b, m, hkv, d)
+            v = y[..., (hq + hkv) * d:].view(b, m, hkv, d).transpose(1, 2)
+            if lay.q_norm is not None:
+                q, k = _rms(q, lay.q_norm, lay.head_eps), _rms(k, lay.k_norm, lay.head_eps)
+            q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+            k, v = torch.cat([keys[i], k], 2), torch.cat([values[i], v], 2)
+            new_k.append(k)
+            new_v.append(v)
+            g = hq // hkv  # the g query heads of a group as g * m rows against their key/value head
+            qg = q.reshape(b, hkv, g * m, d)
+            mg = mask.repeat(1, 1, g, 1) if mask is not None else None
+            out = torch.nn.functional.scaled_dot_product_attention(qg, k, v, attn_mask=mg, scale=lay.scaling)
+            out = out.reshape(b, hq, m, d).transpose(1, 2).reshape(b, m, hq * d)
+            h = h + torch.nn.functional.linear(out, lay.o, lay.o_bias)
+            gu = torch.nn.functional.linear(_rms(h, lay.ln2, lay.eps), lay.gate_up)
+            h = h + torch.nn.functional.linear(torch.nn.functional.silu(gu[..., : lay.inter]) * gu[..., lay.inter:],
+                                               lay.down)
+            if hidden:
+                states.append(h)
+        h = _rms(h, self.norm, self.eps)
+        if hidden:
+            states[-1] = h
+        return h, new_k, new_v, states
+
+
+def _passes(model: nn.Module):
+    """``model``'s compiled passes, built on first use; None where building them failed (said once)."""
+    if model in _compiled:
+        return _compiled[model]
+    try:
+        fn = torch.compile(_Passes(model).eval(), dynamic=True, fullgraph=True)
+    except Exception as exc:  # noqa: BLE001 -- any failure to build falls back to the eager forward, said once
+        _fail(model, exc)
+        return None
+    _compiled[model] = fn
+    return fn
+
+
+def _fail(model: nn.Module, exc: BaseException) -> None:
+    _compiled[model] = None
+    print(f"drafterkit: compiled passes are off for {type(model).__name__} ({type(exc).__name__}: "
+          f"{str(exc).splitlines()[0] if str(exc) else ''}); its passes run uncompiled", file=sys.stderr)
+
+
+def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
+                     output_hidden_states: bool = False) -> CausalLMOutputWithPast | None:
+    """:func:`decode.compact.compact_forward` through the model's compiled passes, or None where they cannot run
+    (the cache holds no columns yet: a prefill runs eager; building or compiling failed). Same arguments and
+    result; the cache's key/value tensors are replaced by the grown ones."""
+    layers = getattr(cache, "layers", [])
+    if not layers or not getattr(layers[0], "is_initialized", False) or (fn := _passes(model)) is None:
+        return None
+    body = model.model
+    h = body.embed_tokens(input_ids)
+    cos, sin = body.rotary_emb(h, position_ids=position_ids)
+    mask = compact._mask(attention_mask, input_ids.shape[1])
+    if mask is not None and mask.dtype != torch.bool:  # an additive float mask: 0 where a key is seen
+        mask = mask == 0
+    try:
+        # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
+        # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
+        with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILES):
+            h, keys, values, states = fn(h, cos[:, None], sin[:, None], mask, [la.keys for la in layers],
+                                         [la.values for la in layers], bool(output_hidden_states))
+    except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager forward, said once
+        _fail(model, exc)
+        return None
+    for layer, k, v in zip(layers, keys, values):
+        layer.keys, layer.values = k, v
+    kept = h[:, -logits_to_keep:] if logits_to_keep else h
+    return CausalLMOutputWithPast(logits=model.lm_head.forward(kept), **{compact.CACHE_ARG: cache},
+                                  hidden_states=tuple(states) if output_hidden_states else None)
+
