@@ -8,7 +8,9 @@ use: ``benchmarks.objective_ablation.unseen_prompt_files``), bf16 (``--dtype``),
 earliest match, in both), suffix decoding (``suffix``: no corpus and no cache of earlier outputs in both, Arctic
 Inference's defaults otherwise) and each ``--export`` (its drafterkit checkpoint in drafterkit's engine) as chains of
 ``--k``, and both engines' speedups over their OWN plain decoding with 95% intervals over the prompts
-(``speceval.serve_speed``). vLLM runs with its defaults (compiled graphs; ``--eager`` for ``enforce_eager``).
+(``speceval.serve_speed``). vLLM runs with its defaults (compiled graphs; ``--eager`` for ``enforce_eager``);
+drafterkit's engine on its fast path (not exact mode), its target passes eager or, with ``--compile``, compiled
+(``decode.compiled_mode``; the compile timed apart, before the rows).
 
 The engines take turns (``--rounds``): vLLM's pass (one subprocess per method), then drafterkit's (its
 methods interleaved prompt by prompt), repeated; each engine's rows pool its rounds. On a shared machine absolute
@@ -24,6 +26,7 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads in both engines (OMP_NUM_THREADS for vLLM)")
     p.add_argument("--rounds", type=int, default=1, help="turns each engine takes (both pool their turns)")
     p.add_argument("--eager", action="store_true", help="run vLLM with enforce_eager (default: compiled graphs)")
+    p.add_argument("--compile", action="store_true", help="compile drafterkit's target passes (decode.compiled_mode); "
+                   "the compile is timed apart, before its rows")
     p.add_argument("--no-suffix", action="store_true", help="skip suffix decoding (vLLM needs Arctic Inference)")
     p.add_argument("--venv", default=None, help="the vLLM venv (default: serve-check's)")
     p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts of each benchmark (a smoke run)")
@@ -119,6 +124,7 @@ def main(argv=None) -> int:
 
     from drafterkit.assets.pinned import home
     from drafterkit.assets.target import load_target, resolve_target_path
+    from drafterkit.decode import compiled_mode, generate
     from drafterkit.decode.inputs import resolve_eos
     from drafterkit.speceval import serve_speed
     from drafterkit.speceval.harness import busy_cores
@@ -138,7 +144,7 @@ def main(argv=None) -> int:
     jobs = serve_speed.vllm_jobs(str(resolve_target_path(args.target)), ids, eos, args.max_new_tokens, theirs,
                                  dtype=dtype, eager=args.eager)
     busy = busy_cores()
-    dk_passes, vl_passes, vllm_version = [], [], None
+    dk_passes, vl_passes, vllm_version, compile_s = [], [], None, None
     for r in range(args.rounds):  # vLLM first: its start (compiling) is the part likelier to fail
         print(f"round {r + 1}/{args.rounds}: vLLM", flush=True)
         results = []  # one process per engine: vLLM 0.32's CPU build fails to start an engine after suffix decoding's
@@ -148,7 +154,13 @@ def main(argv=None) -> int:
             results += res["results"]
         vl_passes.append(serve_speed.vllm_rows(jobs, {"results": results}))
         print(f"round {r + 1}/{args.rounds}: drafterkit's engine", flush=True)
-        dk_passes.append(serve_speed.drafterkit_rows(target, ours, ids, args.max_new_tokens, eos))
+        with compiled_mode(args.compile):
+            if args.compile and r == 0:  # every graph the rows use, compiled once: its seconds recorded apart
+                t0 = time.perf_counter()
+                for d, k in [(None, 1), *ours.values()]:
+                    generate(target, [ids[0]], drafter=d, max_new_tokens=16, num_draft_tokens=k, eos_token_id=eos)
+                compile_s = time.perf_counter() - t0
+            dk_passes.append(serve_speed.drafterkit_rows(target, ours, ids, args.max_new_tokens, eos))
     dk, vl = pooled(dk_passes), pooled(vl_passes)
     tables = {name: serve_speed.side_by_side(split(dk, bench, name), split(vl, bench, name)) for name in COUNTS}
     record = dict(created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -157,12 +169,15 @@ def main(argv=None) -> int:
                                torch=torch.__version__, vllm=vllm_version, platform=platform.platform()),
                   config=dict(vars(args), dtype=dtype, prompts={n: bench.count(n) for n in COUNTS}),
                   vllm_mode="enforce_eager" if args.eager else "defaults (compiled graphs)",
+                  drafterkit_mode=("compiled passes" if args.compile else "eager passes") + ", fast path (not exact)",
+                  drafterkit_compile_s=compile_s,
                   tables=tables, drafterkit=dk, vllm=vl)
     (out / "engine-parity.json").write_text(json.dumps(record, indent=2))
     lines = [f"# Speed parity with vLLM ({record['created']})", "", f"`{record['command']}`", "",
              f"{record['machine']['cpu']}, {args.threads} threads, {dtype}, batch 1, greedy, {args.max_new_tokens} "
-             f"new tokens, chains of K={args.k}; vLLM {vllm_version} ({record['vllm_mode']}); busy cores before: "
-             f"{busy}.", ""]
+             f"new tokens, chains of K={args.k}; vLLM {vllm_version} ({record['vllm_mode']}); drafterkit "
+             f"{record['drafterkit_mode']}" + (f", compiled in {compile_s:.0f} s" if compile_s is not None else "")
+             + f"; busy cores before: {busy}.", ""]
     for name, table in tables.items():
         lines += [f"## {name} ({bench.count(name)} prompts)", "", *serve_speed.markdown_rows(table), ""]
     (out / "engine-parity.md").write_text("\n".join(lines) + "\n")

@@ -52,6 +52,7 @@ from drafterkit.assets.target import (
     target_source_problem,
 )
 from drafterkit.assets.thinking import thinking_mode
+from drafterkit.decode.compiled import compiled_mode
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
@@ -129,12 +130,13 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None, notes: typi
     Every method is measured in the decoder's exact mode unless ``cfg.exact`` is False
     (``decode.exact_mode``: greedy speculative rows then decode plain decoding's text in bf16 / fp16 on a CPU
     too, and are checked token for token); the mode found before is restored on return. The record says which
-    mode measured: ``config["exact"]`` and ``exactness["exact_mode"]``.
+    mode measured: ``config["exact"]`` and ``exactness["exact_mode"]``. ``cfg.compile`` compiles the target's passes
+    (``decode.compiled_mode``; the warm-up pass compiles them, outside the timed prompts: ``timings["warmup_s"]``).
 
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
     """
-    with exact_mode(cfg.exact):
+    with exact_mode(cfg.exact), compiled_mode(cfg.compile):
         return _evaluate(cfg, target, tok, datastore, notes)
 
 

@@ -136,6 +136,10 @@ class EvalConfig:
         "SmolLM2-135M bf16, docs/benchmarks/exactness.md). Without exact mode bf16 rows may diverge from plain "
         "decoding at near-ties: the report then counts them and gives the speed over the texts that did not "
         "diverge")})
+    compile: bool = field(default=False, metadata={"help": (
+        "compile the target's passes with torch.compile (decode.compiled_mode: Llama-layout targets on a CPU; "
+        "the first pass of each shape compiles, tens of seconds on 2 cores, before the timed prompts); needs "
+        "--no-exact, whose fast path it compiles")})
     seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
         "help": f"comma-separated subset of {','.join(BASELINES)} (default: all). hf-assisted rows exist for prompt "
@@ -179,6 +183,9 @@ class EvalConfig:
             if not self.sweep and getattr(self, name) != defaults[name].default_factory():
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} applies to --sweep only: add --sweep or drop {flag}")
+        if self.compile and self.exact:
+            raise ValueError("--compile compiles the fast path's target passes and exact mode runs its own "
+                             "attention: add --no-exact, or drop --compile")
         if not self.drafters:
             raise ValueError("give at least one --drafter (PATH | ngram | draft:N | none)")
         check_benchmark(self.benchmark)
@@ -266,9 +273,9 @@ EXAMPLES = {int: "ints such as 2,3,5", float: "floats such as 0.05,0.1"}
 #: the order ``drafterkit eval --help`` lists the flags in (fields of :class:`EvalConfig` and :class:`RunOptions`;
 #: a field left out of it comes last)
 HELP_ORDER = ("target", "drafters", "datastore", "benchmark", "num_prompts", "max_new_tokens", "max_prompt_tokens",
-              "temperature", "top_k", "top_p", "k", "draft_thresholds", "trees", "dtype", "device", "exact", "threads",
-              "seed", "output", "plots_dir", "baselines", "sweep", "sweep_k", "sweep_temperature", "concurrency",
-              "progress")
+              "temperature", "top_k", "top_p", "k", "draft_thresholds", "trees", "dtype", "device", "exact", "compile",
+              "threads", "seed", "output", "plots_dir", "baselines", "sweep", "sweep_k", "sweep_temperature",
+              "concurrency", "progress")
 
 
 #: said in the ``--help`` of the flags a drafter's ``decoding.json`` (``drafters.tuned.DECODING_FILE``) may set
