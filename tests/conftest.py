@@ -184,15 +184,16 @@ def acceptance_before_after(kind: str, drafter, target, batch, recipe, prompts, 
 SMOLLM2_VOCAB = 49152
 
 
-def save_tiny_target(folder: Path, *, layers: int = 2):
-    """A tiny seeded random Llama (hidden 32) with SmolLM2's vocabulary and real tokenizer (its EOS too),
-    saved to ``folder`` as a target folder (weights, config, tokenizer): ``(model, tokenizer)``."""
+def save_tiny_target(folder: Path, *, layers: int = 2, **shape):
+    """A tiny seeded random Llama (hidden 32; ``shape``: other :func:`tiny_llama` sizes) with SmolLM2's vocabulary
+    and real tokenizer (its EOS too), saved to ``folder`` as a target folder (weights, config, tokenizer):
+    ``(model, tokenizer)``."""
     from transformers import AutoTokenizer
 
     from drafterkit.assets.pinned import default_target_dir
 
     tok = AutoTokenizer.from_pretrained(default_target_dir())
-    model = tiny_llama(0, vocab_size=SMOLLM2_VOCAB, hidden_size=32, layers=layers)
+    model = tiny_llama(0, vocab_size=SMOLLM2_VOCAB, **{"hidden_size": 32, **shape}, layers=layers)
     model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -235,11 +236,11 @@ def write_chats(path: Path, chats: list[tuple[str, str]]) -> Path:
 
 
 @contextlib.contextmanager
-def training_world(root: Path, chats: list[tuple[str, str]], *, layers: int = 2):
-    """``root/target`` (:func:`save_tiny_target`) and ``root/chat.jsonl`` (:func:`write_chats`); inside,
-    ``DRAFTERKIT_HOME`` is ``root/home`` (dataset and feature caches stay in tmp), restored on exit.
+def training_world(root: Path, chats: list[tuple[str, str]], *, layers: int = 2, **shape):
+    """``root/target`` (:func:`save_tiny_target`, ``shape`` its sizes) and ``root/chat.jsonl`` (:func:`write_chats`);
+    inside, ``DRAFTERKIT_HOME`` is ``root/home`` (dataset and feature caches stay in tmp), restored on exit.
     Yields ``(target, tokenizer)``."""
-    model, tok = save_tiny_target(root / "target", layers=layers)
+    model, tok = save_tiny_target(root / "target", layers=layers, **shape)
     write_chats(root / "chat.jsonl", chats)
     old = os.environ.get("DRAFTERKIT_HOME")
     os.environ["DRAFTERKIT_HOME"] = str(root / "home")

@@ -24,3 +24,5 @@ class DataEngines(BaseModel):
     # the offline feature cache's source: a transformers forward of the target, or vLLM's extract_hidden_states
     features_engine: Literal["transformers", "vllm"] = "transformers"
     feature_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # the cache's storage dtype (bf16: half the disk)
+    # vLLM's tensor_parallel_size for both vLLM engines: the target split over this many GPUs (or CPU processes)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)

@@ -78,6 +78,7 @@ from drafterkit.train.features_args import SHARD_MB
 from drafterkit.train.features_run import require_feature_kind
 from drafterkit.train.recipe import RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
+from drafterkit.train.sharding import fingerprint_once, whole
 from drafterkit.train.strategies import get_strategy
 from drafterkit.train.vllm_data import vllm_features
 
@@ -100,6 +101,7 @@ class CacheSpec:
     hidden_size: int
     lengths: list[int]  # tokens of each example, in dataset order
     target_name: str = ""  # also the folder vLLM loads where identity["engine"] is "vllm"
+    tensor_parallel_size: int = 1  # vLLM's (data.vllm_tensor_parallel_size); not in the key: it computes the same
 
     @property
     def bytes_per_token(self) -> int:
@@ -126,12 +128,14 @@ def examples_digest(ds) -> tuple[str, list[int]]:
     return h.hexdigest(), lengths
 
 
+@fingerprint_once
 def target_fingerprint(target: torch.nn.Module) -> str:
     """sha256 hex of the target's config and of every parameter (name, shape, and 4,096 values spread
-    evenly over it): a fine-tune that changes any tensor names another cache."""
+    evenly over it): a fine-tune that changes any tensor names another cache. A sharded target's is the whole
+    one's (each tensor gathered: ``train.sharding.fingerprint_once``)."""
     h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True, default=str).encode())
     for name, p in target.named_parameters():
-        flat = p.detach().flatten()
+        flat = whole(p).detach().flatten()
         h.update(f"{name}{tuple(p.shape)}".encode())
         h.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
     return h.hexdigest()
@@ -231,7 +235,8 @@ def _write_shard(path: Path, shard: dict, target, ds, spec: CacheSpec, batch_siz
     if spec.engine == "vllm":  # one vLLM run over the shard's examples (it batches them itself)
         feats = [f.to(spec.dtype) for f in vllm_features(target, resolve_target_path(spec.target_name),
                                                          [list(r["input_ids"]) for r in rows], spec.layers,
-                                                         batch_size=batch_size, out=path)[1]]
+                                                         batch_size=batch_size, out=path,
+                                                         tensor_parallel_size=spec.tensor_parallel_size)[1]]
         bar.update(len(rows))
         order = []
     for b in range(0, len(order), batch_size):
@@ -356,8 +361,10 @@ def recipe_cache_spec(recipe, target, ds, layers: list[int]) -> CacheSpec:
         if problem := eagle3_serve_problem(arch):
             raise RecipeError(f"data.features_engine: vllm takes the target's hidden states through vLLM's EAGLE-3 "
                               f"interface, and {problem}; set data.features_engine=transformers")
-    return cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path,
+    spec = cache_spec(recipe_cache_root(recipe), target, ds, layers, target_name=recipe.target.name_or_path,
                       dtype=recipe.data.feature_dtype, engine=recipe.data.features_engine)
+    spec.tensor_parallel_size = recipe.data.vllm_tensor_parallel_size
+    return spec
 
 
 def recipe_cache_state(recipe, target, ds) -> tuple[CacheSpec, bool]:
@@ -406,7 +413,10 @@ def open_recipe_cache(recipe, target, ds, *, write: bool = True) -> FeatureCache
 def build_for_recipe(recipe, batch_size: int, shard_mb: float) -> int:
     """``drafterkit features``' work once its recipe is valid (:func:`train.features_run.run`): load the target and
     the training data as ``drafterkit train`` does, then build (or resume, verify, repair) the cache; print a JSON
-    summary (last line).
+    summary (last line). Where vLLM makes all of the data (``data.features_engine: vllm``, and no regeneration by
+    drafterkit's engine) drafterkit's own copy of the target is loaded into host memory, in the dtype training
+    resolves for its device: vLLM runs the target on the accelerators, and drafterkit reads only the final norm
+    and the cache key's fingerprint from it.
 
     Returns 0; 2 on a user error (a missing data file, layers that do not fit the target, too little disk); 130
     when interrupted (rerun the same command to resume).
@@ -414,8 +424,11 @@ def build_for_recipe(recipe, batch_size: int, shard_mb: float) -> int:
     try:
         recipe_data_file(recipe.data)
         device = resolve_device("cpu" if recipe.train.cpu else "auto")
-        target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=recipe.target.dtype,
-                                                      device=device, chat=True)
+        dtype = resolve_dtype(recipe.target.dtype, device)  # what training resolves: the cache key holds it
+        d = recipe.data  # vLLM makes all of the data: drafterkit's copy of the target stays in host memory
+        host = d.features_engine == "vllm" and (not d.regenerate or d.regenerate_engine == "vllm")
+        target, tokenizer = assets_target.load_target(recipe.target.name_or_path, dtype=dtype,
+                                                      device="cpu" if host else device, chat=True)
         try:
             ds = load_data(recipe, target, tokenizer)
         except (ValueError, FileNotFoundError) as exc:

@@ -32,9 +32,15 @@ from drafterkit.train.distributed import (
     make_engine,
 )
 from drafterkit.train.evaluate import EvalPrompts, eval_prompt_ids
-from drafterkit.train.feature_cache import FeatureCacheError, open_recipe_cache, recipe_cache_state
+from drafterkit.train.feature_cache import (
+    FeatureCacheError,
+    open_recipe_cache,
+    recipe_cache_state,
+    target_fingerprint,
+)
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.recipe_data import load_data, recipe_data_file
+from drafterkit.train.regenerate import responses_fingerprint
 from drafterkit.train.sharding import (
     ENGINE_NAMES,
     ShardedDrafter,
@@ -171,6 +177,11 @@ def setup_run(recipe: Recipe, target=None, tokenizer=None) -> RunContext:
     _clear_output_dir(recipe, acc)
     set_seed(recipe.train.seed)
     target, tokenizer, target_sharded = _load_target(recipe, acc, target, tokenizer)
+    if target_sharded:  # the data caches' keys read each tensor whole: gathered now, by every process together
+        for key, used in ((responses_fingerprint, recipe.data.regenerate),
+                          (target_fingerprint, recipe.data.feature_cache != "off")):
+            if used:
+                key(target)
     assert_frozen(target)
     target.eval()
     strategy = get_strategy(recipe.drafter.kind)

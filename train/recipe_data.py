@@ -54,5 +54,6 @@ def load_data(recipe: Recipe, target, tokenizer):
         ds = regenerate_dataset(ds, target, max_new_tokens=d.regenerate_max_new_tokens,
                                 batch_size=d.regenerate_batch_size, max_length=d.max_length,
                                 engine=d.regenerate_engine, target_path=resolve_target_path(recipe.target.name_or_path),
-                                sampling=sampling, thinking=d.thinking, tokenizer=tokenizer)
+                                sampling=sampling, thinking=d.thinking, tokenizer=tokenizer,
+                                tensor_parallel_size=d.vllm_tensor_parallel_size)
     return ds

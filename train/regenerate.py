@@ -37,21 +37,26 @@ from drafterkit import decode
 from drafterkit.assets.pinned import home
 from drafterkit.assets.console import progress_bars_off
 from drafterkit.assets.thinking import thinking_tail, with_thinking
+from drafterkit.train.sharding import fingerprint_once, whole
 from drafterkit.train.vllm_data import dtype_name, vllm_generate
 
 
-def _target_fingerprint(target: torch.nn.Module) -> str:
+@fingerprint_once
+def responses_fingerprint(target: torch.nn.Module) -> str:
+    """The target's part of the regenerated data's key: its config and the first 4,096 values of its first four
+    and last two tensors (a sharded target's gathered: ``train.sharding.fingerprint_once``)."""
     h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True, default=str).encode())
     for name, p in list(target.named_parameters())[:4] + list(target.named_parameters())[-2:]:
         h.update(name.encode())
-        h.update(p.detach().float().flatten()[:4096].cpu().numpy().tobytes())
+        h.update(whole(p).detach().float().flatten()[:4096].cpu().numpy().tobytes())
     return h.hexdigest()
 
 
 def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batch_size: int = 32,
                        max_length: int | None = None, cache_dir: str | Path | None = None,
                        progress: bool = True, engine: str = "drafterkit", target_path: str | None = None,
-                       sampling: dict | None = None, thinking: bool | None = None, tokenizer=None):
+                       sampling: dict | None = None, thinking: bool | None = None, tokenizer=None,
+                       tensor_parallel_size: int = 1):
     """Replace each example's response by the target's continuation (see module docstring).
 
     Args:
@@ -63,7 +68,8 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
         engine: ``"drafterkit"`` (``decode.generate``) or ``"vllm"`` (``train.vllm_data``; needs ``target_path``,
             the target's transformers folder). sampling: ``{"temperature", "top_k", "top_p", "seed"}``
             (default greedy). thinking: True / False puts each prompt in that mode (:func:`with_thinking`, needs
-            ``tokenizer``); None leaves the prompts as the data renders them.
+            ``tokenizer``); None leaves the prompts as the data renders them. tensor_parallel_size: vLLM's (the
+            vLLM engine only; not in the cache key).
 
     Returns:
         ``datasets.Dataset`` with ``input_ids``, ``loss_mask``, ``length``, in the source order.
@@ -82,7 +88,7 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
         extra["thinking"] = thinking
     if sampling["temperature"] > 0:
         extra["sampling"] = sampling
-    key = hashlib.sha256(json.dumps(dict(target=_target_fingerprint(target), data=ds._fingerprint,
+    key = hashlib.sha256(json.dumps(dict(target=responses_fingerprint(target), data=ds._fingerprint,
                                          n=len(ds), new=max_new_tokens, max_length=max_length, v=2, **extra),
                                     sort_keys=True).encode()).hexdigest()[:32]
     root = Path(cache_dir) if cache_dir else home() / "regenerated"
@@ -104,7 +110,7 @@ def regenerate_dataset(ds, target: torch.nn.Module, *, max_new_tokens: int, batc
                          "regenerate_max_new_tokens")
     if engine == "vllm":
         generated = dict(enumerate(vllm_responses(target, target_path, prompts, max_new_tokens, batch_size,
-                                                  sampling)))
+                                                  sampling, tensor_parallel_size)))
     else:
         generated = own_responses(target, prompts, max_new_tokens, batch_size, sampling, progress)
     rows = {"input_ids": [], "loss_mask": [], "length": []}
@@ -142,7 +148,7 @@ def own_responses(target, prompts: list[list[int]], max_new_tokens: int, batch_s
 
 
 def vllm_responses(target, target_path: str | None, prompts: list[list[int]], max_new_tokens: int, batch_size: int,
-                   sampling: dict) -> list[list[int]]:
+                   sampling: dict, tensor_parallel_size: int = 1) -> list[list[int]]:
     """vLLM answers ``prompts`` with the target at ``target_path`` (``train.vllm_data.vllm_generate``), stopping at
     the target's EOS ids as ``decode.generate`` does."""
     if target_path is None:
@@ -150,5 +156,5 @@ def vllm_responses(target, target_path: str | None, prompts: list[list[int]], ma
     eos = getattr(target.generation_config, "eos_token_id", None)
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     res = vllm_generate(target_path, dtype_name(target), prompts, max_new_tokens=max_new_tokens, eos=eos,
-                        batch_size=batch_size, **sampling)
+                        batch_size=batch_size, tensor_parallel_size=tensor_parallel_size, **sampling)
     return res["outputs"]

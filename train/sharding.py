@@ -22,13 +22,44 @@ with the model and optimizer states saved sharded by ``torch.distributed.checkpo
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import socket
+import weakref
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+
+def whole(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s values, all of them: a DTensor (a decoder-layer tensor of a sharded target) all-gathered, which is a
+    collective (every process of its mesh calls it, in the same order); any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return p.full_tensor() if isinstance(p, DTensor) else p
+
+
+def fingerprint_once(fn):
+    """Decorate ``fn(target) -> str``, a key read from the target's tensors (through :func:`whole`), so that on a
+    sharded target it is computed once and remembered for that target object: computing it gathers tensors, so
+    every process takes it together first (``train.prepare.setup_run``), and later calls (the main process alone,
+    building the data caches) read the remembered value. An unsharded target's key is computed at each call."""
+    known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @functools.wraps(fn)
+    def keyed(target: nn.Module) -> str:
+        from torch.distributed.tensor import DTensor
+
+        if target in known:
+            return known[target]
+        value = fn(target)
+        if any(isinstance(p, DTensor) for p in target.parameters()):
+            known[target] = value
+        return value
+
+    return keyed
 
 
 def shards(recipe) -> tuple[bool, bool]:

@@ -19,7 +19,11 @@ A checkpoint this cannot read as the model names its tensors (a Hub id, ``pytorc
 quantized checkpoint, a family whose checkpoint keys transformers renames or converts as it loads, e.g.
 per-expert MoE weights it stacks) is loaded whole and sharded after (:func:`load_run_target`), with a
 one-line warning saying why; so is a recipe that runs the whole target on one process before training
-(``data.regenerate``, ``data.feature_cache``, a ``draft_lm`` truncated from the target).
+(``data.regenerate`` and ``data.feature_cache`` with drafterkit's own engines, a ``draft_lm`` truncated from the
+target). Where vLLM makes the data (``data.regenerate_engine: vllm``, ``data.features_engine: vllm``) the target
+stays sharded: vLLM runs it, with its own tensor parallelism, and training reads only the modules kept whole (the
+final norm, for the last layer's features; the embedding and LM head, in each step). The caches' keys read every
+tensor whole, gathered one at a time by every process together (:func:`remember_fingerprints`).
 """
 
 from __future__ import annotations
@@ -201,10 +205,12 @@ def whole_target_needed(recipe) -> str | None:
     """Why the run needs the whole target on one process before training (so it loads whole, then shards),
     as a clause; None when it does not."""
     d, o = recipe.data, recipe.drafter.parsed_options()
-    if d.regenerate:
-        return "data.regenerate generates the training responses with the whole target on the main process"
-    if d.feature_cache != "off":
-        return "data.feature_cache writes the features with the whole target on the main process"
+    if d.regenerate and d.regenerate_engine != "vllm":
+        return ("data.regenerate generates the training responses with the whole target on the main process "
+                "(data.regenerate_engine=vllm leaves that to vLLM)")
+    if d.feature_cache != "off" and d.features_engine != "vllm":
+        return ("data.feature_cache writes the features with the whole target on the main process "
+                "(data.features_engine=vllm leaves that to vLLM)")
     if recipe.drafter.kind == "draft_lm" and getattr(o, "init", None) == "truncated":
         return "drafter.options.init=truncated copies the target's first layers into the draft LM"
     return None

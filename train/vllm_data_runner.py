@@ -7,7 +7,7 @@ It imports nothing of drafterkit (drafterkit is not installed in that venv) and 
 (:mod:`train.vllm_data`) through two JSON files; hidden states travel as safetensors files.
 
 REQUEST: ``{"task": "generate" | "hidden_states", "target": folder, "dtype": "float32" | "bfloat16",
-"max_model_len": int, "prompts": [[token ids]], "max_num_seqs": int}``, and
+"max_model_len": int, "prompts": [[token ids]], "max_num_seqs": int, "tensor_parallel_size": int}``, and
 
 - ``generate``: ``"sampling": {"temperature", "top_k", "top_p", "max_tokens", "seed"}``, ``"stop_token_ids"``.
   RESULT: ``{"outputs": [[ids]], "finish_reasons", "load_seconds", "seconds", "vllm_version", "device"}``.
@@ -30,14 +30,20 @@ forever): one more one-token request flushes them (:func:`flush_saves`).
 On a CPU the connector's write refuses: ``_submit_async_write`` copies the rows into pinned memory
 (``torch.empty_like(..., device="cpu", pin_memory=True)``, line 403 of that file in 0.32.0), and torch without an
 accelerator raises ``RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; no pinned memory
-allocator is available on this system``. Where no CUDA device is present, :func:`cpu_writes` replaces that one
-method by the same extraction (the connector's own ``extract_from_kv_cache`` over the request's blocks) written
-synchronously; on a GPU vLLM's own method runs unchanged.
+allocator is available on this system``. Where no CUDA device is present, the connector is a subclass whose
+``_submit_async_write`` is the same extraction (the connector's own ``extract_from_kv_cache`` over the request's
+blocks) written synchronously (:func:`cpu_connector`); vLLM imports it from this module by name
+(``kv_connector_module_path``), so that tensor-parallel workers, which a CPU starts by ``spawn``, get it too (a
+class patched in this process would not reach them). On a GPU vLLM's own connector runs unchanged.
+
+``tensor_parallel_size`` in REQUEST (default 1) is vLLM's: the target split over that many processes (GPUs; on a
+CPU, processes over gloo / shared memory). Only tensor-parallel rank 0 writes the hidden-state files.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import sys
 import time
@@ -57,7 +63,8 @@ def make_llm(req: dict, **extra):
 
     return LLM(model=req["target"], dtype=req.get("dtype", "float32"), enforce_eager=True, seed=0,
                skip_tokenizer_init=True, max_model_len=req["max_model_len"], max_num_seqs=req.get("max_num_seqs", 32),
-               enable_prefix_caching=False, async_scheduling=False, **extra)
+               enable_prefix_caching=False, async_scheduling=False,
+               tensor_parallel_size=req.get("tensor_parallel_size", 1), **extra)
 
 
 def generate(req: dict) -> dict:
@@ -98,29 +105,44 @@ class _Done:
         return True
 
 
-def cpu_writes() -> None:
-    """Replace ``ExampleHiddenStatesConnector._submit_async_write`` by a synchronous CPU write (module docstring)."""
+def _cpu_submit(self, pending) -> None:
+    """The connector's ``_submit_async_write`` as a synchronous CPU write (module docstring)."""
     import torch
     from safetensors.torch import save_file
     from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as ehs
 
-    def submit(self, pending) -> None:
-        if not self._is_tp_rank_zero:
-            return
-        blocks = torch.tensor(pending.block_ids, dtype=torch.long)
-        slots = (torch.arange(self._block_size).reshape(1, -1) + blocks.reshape(-1, 1) * self._block_size).flatten()
-        rows = ehs.extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0])  # [T, layers, H]
-        os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
-        lock_fd = self._lock_fds.pop(pending.req_id, None)
-        try:
-            save_file({"hidden_states": rows.contiguous().clone(), "token_ids": pending.token_ids.clone()},
-                      pending.filename)
-        finally:
-            if lock_fd is not None:
-                os.close(lock_fd)  # releases LOCK_EX: a reader waiting in wait_written goes on
-        self._req_copy_events[pending.req_id] = _Done()
+    if not self._is_tp_rank_zero:
+        return
+    blocks = torch.tensor(pending.block_ids, dtype=torch.long)
+    slots = (torch.arange(self._block_size).reshape(1, -1) + blocks.reshape(-1, 1) * self._block_size).flatten()
+    rows = ehs.extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0])  # [T, layers, H]
+    os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
+    lock_fd = self._lock_fds.pop(pending.req_id, None)
+    try:
+        save_file({"hidden_states": rows.contiguous().clone(), "token_ids": pending.token_ids.clone()},
+                  pending.filename)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)  # releases LOCK_EX: a reader waiting in wait_written goes on
+    self._req_copy_events[pending.req_id] = _Done()
 
-    ehs.ExampleHiddenStatesConnector._submit_async_write = submit
+
+@functools.cache
+def cpu_connector() -> type:
+    """``ExampleHiddenStatesConnector`` with :func:`_cpu_submit` as its write."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as ehs
+
+    return type("ExampleHiddenStatesConnector", (ehs.ExampleHiddenStatesConnector,),
+                {"_submit_async_write": _cpu_submit, "__module__": __name__})
+
+
+def __getattr__(name: str):
+    """vLLM reads the CPU connector class from this module by name (``kv_connector_module_path``, set by
+    :func:`hidden_states` without CUDA): in every process it runs the model in, its tensor-parallel workers too,
+    which start by ``spawn`` on a CPU (``vllm/platforms/cpu.py``) and so would not see a class patched here."""
+    if name == "ExampleHiddenStatesConnector":
+        return cpu_connector()
+    raise AttributeError(name)
 
 
 def flush_saves(llm, params, prompt: list[int]) -> None:
@@ -137,16 +159,17 @@ def hidden_states(req: dict) -> dict:
 
     import torch
 
-    if not torch.cuda.is_available():
-        cpu_writes()
+    connector = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                 "kv_connector_extra_config": {"shared_storage_path": req["out"]}}
+    if not torch.cuda.is_available():  # this module is on the path of vLLM's processes (spawn copies sys.path)
+        connector["kv_connector_module_path"] = os.path.splitext(os.path.basename(__file__))[0]
     layers = sorted({int(i) for i in req["layers"]})
     os.makedirs(req["out"], exist_ok=True)
     t0 = time.perf_counter()
     llm = make_llm(req, speculative_config={
         "method": "extract_hidden_states", "num_speculative_tokens": 1,
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}},
-        kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-                            "kv_connector_extra_config": {"shared_storage_path": req["out"]}})
+        kv_transfer_config=connector)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
     stage(f"vLLM ready in {load_s:.0f} s; hidden states of layers {layers} for {len(req['prompts'])} examples")
