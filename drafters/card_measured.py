@@ -152,8 +152,8 @@ def quickstart_section(qs: dict) -> list[str]:
         own = next((f for f in factors if f.get("factor") == "drafter" and f is not alone), None)
         summary = {r["method"]: r for r in ev.get("summary") or []}
         if own is not None and own.get("ratio") is not None:
-            own_lines.append(f"- {bench}: `{own['method']}` ({own.get('shape') or '?'}): {_fmt(own['ratio'])}x the "
-                             f"engine's plain decoding{_spread(own.get('interval'))}.")
+            own_lines.append(f"- {bench}: `{scrubbed(own['method'])}` ({own.get('shape') or '?'}): "
+                             f"{_fmt(own['ratio'])}x the engine's plain decoding{_spread(own.get('interval'))}.")
         setup = setup or ev
         row = summary.get(alone["method"]) if alone else None
         if row is None:
@@ -169,7 +169,7 @@ def quickstart_section(qs: dict) -> list[str]:
         spec = next((f for f in group if f["factor"] == "speculation"), None)
         e2e = next((f for f in group if f["factor"] == "end to end"), None)
         if spec is not None:
-            extra.append(f"- {bench}: `{spec['method']}`: {_fmt(spec['ratio'])}x the engine's plain decoding"
+            extra.append(f"- {bench}: `{scrubbed(spec['method'])}`: {_fmt(spec['ratio'])}x the engine's plain decoding"
                          + (f", {_fmt(e2e['ratio'])}x transformers `generate` end to end" if e2e else "") + ".")
     if setup is None:
         return []
