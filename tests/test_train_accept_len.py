@@ -150,14 +150,29 @@ def test_draft_lm_chains_k_steps():
     assert {f"alpha_step{j}" for j in range(1, K + 1)} <= metrics.keys() and f"alpha_step{K + 1}" not in metrics
 
 
-@pytest.mark.parametrize("heads,steps", [(3, 2), (3, 5), (2, 2)])
-def test_medusa_chains_min_of_heads_and_draft_steps(heads, steps):
+def _medusa_chain_steps(heads, loss):
+    """The ``alpha_step<j>`` a Medusa drafter of ``heads`` heads reports under a validated accept_len recipe."""
     from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 
     target = tiny_llama(0)
     d = _perturbed(MedusaDrafter(MedusaConfig.from_target(target, num_heads=heads), target=target), scale=0.05)
     recipe = recipe_from_dict({"output_dir": "unused", "drafter": {"kind": "medusa", "options": {"num_heads": heads}},
-                               "loss": {"name": "accept_len", "draft_steps": steps}})
+                               "loss": {"name": "accept_len", **loss}})
     _, metrics = get_strategy("medusa").loss(d.train(), target, _batch(TOKENS), recipe)
+    return {m for m in metrics if m.startswith("alpha_step")}
+
+
+@pytest.mark.parametrize("heads,steps", [(3, 2), (3, 3), (2, 2)])
+def test_medusa_chains_min_of_heads_and_draft_steps(heads, steps):
     k = min(heads, steps)
-    assert {f"alpha_step{j}" for j in range(1, k + 1)} <= metrics.keys() and f"alpha_step{k + 1}" not in metrics
+    assert _medusa_chain_steps(heads, {"draft_steps": steps}) == {f"alpha_step{j}" for j in range(1, k + 1)}
+
+
+def test_medusa_chain_never_outruns_its_heads():
+    """``loss.draft_steps`` above the heads is refused when the recipe is validated (a chain of 5 from 3 heads
+    would be cut to 3 without a word); left out, the default (4) follows the heads: the chain is 3 steps."""
+    from drafterkit.train.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match=r"loss\.draft_steps: 5 is more than drafter kind 'medusa' drafts"):
+        _medusa_chain_steps(3, {"draft_steps": 5})
+    assert _medusa_chain_steps(3, {}) == {f"alpha_step{j}" for j in range(1, 4)}

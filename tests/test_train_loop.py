@@ -568,7 +568,7 @@ def test_resuming_a_checkpoint_of_another_kind_names_both_kinds_before_anything_
     target, tok = _load(world)
     train(_recipe(world, tmp_path / "run", **{"train.max_steps": 1}), target=target, tokenizer=tok)
     medusa = _recipe(world, tmp_path / "run", **{"train.resume": "auto", "drafter.kind": "medusa",
-                                                 "drafter.options": "{num_heads: 2}"})
+                                                 "drafter.options": "{num_heads: 3}"})  # eval.k 3 fits
     says = (rf"cannot resume {tmp_path / 'run' / 'checkpoints' / 'last'}: it is a draft_lm checkpoint and this "
             r"recipe trains drafter.kind=medusa; .*output_dir=.*drafter.kind=draft_lm")
     with pytest.raises(RecipeError, match=says) as exc:
