@@ -172,8 +172,18 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
     root, ckpt, records, reproduce, args, tok, store = tiny_quickstart
     for rec in records.values():
         rows = {r["factor"]: r for r in rec["factors"]}
-        assert list(rows) == ["engine", "drafter", "lookup", "ngram", "suffix", "speculation", "end to end"]
+        assert list(rows) == ["engine", "drafter", "served", "lookup", "ngram", "suffix", "speculation",
+                              "end to end"]
         summary = {r["method"]: r for r in rec["summary"]}
+        # the drafter row is drafterkit's own shape (the fixed tree, cutoff 0.1); the served row is the same
+        # drafter measured as the chain of K vLLM serves, no cutoff, over the same plain decoding: the one carried
+        drafter, served = rows["drafter"], rows["served"]
+        assert drafter["shape"] == "tree 3,2,1,1,1, confidence cutoff 0.1" and not drafter["export"]
+        assert served["method"] == drafter["method"].split("@")[0] and served["method"] in summary
+        assert served["shape"] == "chain of 5" and summary[served["method"]]["k"] == 5 and served["export"]
+        assert served["role"] == "reference" and served["over"] == drafter["over"]
+        assert served["ratio"] == pytest.approx(summary[served["method"]]["tokens_per_s"]
+                                                / summary[served["over"]]["tokens_per_s"])
         head = rows["end to end"]
         assert head["group"].split("@")[0].endswith("+rest") and head["ratio"] == pytest.approx(
             summary[head["group"]]["speedup_vs_hf"])  # the end-to-end ratio of the eval table, same run
@@ -181,7 +191,7 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
         assert product == pytest.approx(head["ratio"], rel=1e-9) and head["product"] == pytest.approx(product)
         assert rows["ngram"]["method"] == "ngram tree=3,2,1,1,1" and rows["ngram"]["role"] == "reference"
         assert rows["suffix"]["method"] == "suffix tree=3,2,1,1,1" and rows["suffix"]["role"] == "reference"
-        assert [r["factor"] for r in rec["factors"] if r["export"]] == ["drafter"]
+        assert [r["factor"] for r in rec["factors"] if r["export"]] == ["served"]
     args.dtype = "bf16"  # measured in bf16 on a CPU in exact mode: bitwise exact, the measured rows are checked
     assert qstages.rows_checked(args) and qstages.eval_config(ckpt, args, "mt-bench", 5).exact
     assert qstages.exactness_stage(records, args, tok, store)["source"] == "the measured rows"
@@ -191,7 +201,10 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
     monkeypatch.setattr(qstages, "rows_checked", lambda args: False)  # bf16 off the CPU: a separate fp32 run
     exactness = qstages.exactness_stage(records, args, tok, store)
     assert exactness["source"] == qstages.SEPARATE_CHECK and exactness["checked"]
-    assert exactness["prompts"] == len(qstages.BENCHMARKS) and len(exactness["methods"]) == 2
+    # the drafter's rows: in its tree, behind +rest, and the served chain (the factor an export carries)
+    served = {r["method"] for rec in records.values() for r in rec["factors"] if r["factor"] == "served"}
+    assert exactness["prompts"] == len(qstages.BENCHMARKS) and len(exactness["methods"]) == 3
+    assert len(served) == 1 and served <= set(exactness["methods"])
     assert all(m == {"identical": 2, "compared": 2} for m in exactness["methods"].values())
     train = dict(kind="eagle3", recipe="recipes/eagle3.yaml", global_step=1, stopped="max_minutes", final_loss=None,
                  losses=[], checkpoint=str(ckpt))
@@ -213,7 +226,10 @@ def test_the_report_decomposes_the_headline_and_states_exactness(tiny_quickstart
         # to rounding of the printed factors (each +-0.005) and of the printed end-to-end ratio
         rounding = 0.005 * sum(product / f for f in factors) + 0.005
         assert float(table["end to end"]["ratio"].rstrip("x")) == pytest.approx(product, abs=rounding + 1e-9)
-        assert table["drafter"]["carried by `drafterkit export`"].startswith("yes")
+        assert table["drafter"]["carried by `drafterkit export`"].startswith("no: tree 3,2,1,1,1")
+        assert table["served"]["carried by `drafterkit export`"] == \
+            "yes: the drafter alone as vLLM serves it, measured here as chain of 5"
+        assert table["served"]["ratio"] == f"{next(r for r in rec['factors'] if r['factor'] == 'served')['ratio']:.2f}x"
     saved = json.loads((out / "report.json").read_text())
     assert saved["exactness"]["methods"] == exactness["methods"] and saved["evals"]["mt-bench"]["factors"]
 
@@ -229,15 +245,21 @@ def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickst
     assert str(root) not in card and str(root.resolve()) not in card
     assert "the static draft tree `3,2,1,1,1` (branching factors per depth, depth 5) with draft threshold 0.1" in card
     assert '"num_speculative_tokens": 5' in card and "vLLM drafts chains" in card
+    carried, *not_carried = card.split("**Not carried by this export**")
+    not_carried = "".join(not_carried)
     for bench, rec in records.items():
+        # the table's row is the drafter as vLLM serves it: the served chain of 5, not the tree it was tuned in
         alone = next(f for f in rec["factors"] if f["export"])
+        assert alone["factor"] == "served" and alone["shape"] == "chain of 5"
         row = next(r for r in rec["summary"] if r["method"] == alone["method"])
-        cells = next(line for line in card.splitlines() if line.startswith(f"| {bench} |")).split(" | ")
-        assert cells[2:4] == [f"{row['tau']:.3f}", f"{row['acceptance_rate']:.3f}"]
-        assert cells[5].startswith(f"{alone['ratio']:.2f}x")  # the drafter alone vs the engine's plain decoding
+        cells = next(line for line in carried.splitlines() if line.startswith(f"| {bench} |")).split(" | ")
+        assert cells[2:5] == ["5", f"{row['tau']:.3f}", f"{row['acceptance_rate']:.3f}"]
+        assert cells[6].startswith(f"{alone['ratio']:.2f}x")  # the served chain vs the engine's plain decoding
+        own = next(f for f in rec["factors"] if f["factor"] == "drafter")  # the tree: drafterkit's own shape
+        assert f"- {bench}: `{own['method']}` (tree 3,2,1,1,1, confidence cutoff 0.1): {own['ratio']:.2f}x the " \
+            "engine's plain decoding" in not_carried
         spec = next(f for f in rec["factors"] if f["factor"] == "speculation")
-        assert f"- {bench}: `{spec['method']}`: {spec['ratio']:.2f}x the engine's plain decoding" in card
-    carried, not_carried = card.split("**Not carried by this export**")
+        assert f"- {bench}: `{spec['method']}`: {spec['ratio']:.2f}x the engine's plain decoding" in not_carried
     assert "+rest" not in carried.split("## Measured")[1] and "+rest" in not_carried
     assert all(scrubbed(c) in card for c in reproduce["commands"]) and "- Machine: cpu," in card
     assert "dtype fp32" in card
@@ -382,8 +404,13 @@ def test_each_trained_row_is_measured_and_checked_in_its_own_tuned_shape(tiny_qu
     assert next(f for f in factors if f["factor"] == "ngram")["shape"] == (
         f"chain of {w['k']}" if w["tree"] == "chain" else f"tree {w['tree']}")
     shapes = qstages.measured_shapes(alone, rest, mine)
+    carried = [f for f in factors if f["export"]]  # the drafter as vLLM serves it: a chain of K, no cutoff
+    assert len(carried) == 1 and carried[0]["shape"].startswith("chain of ") and "cutoff" not in carried[0]["shape"]
     check = qstages.exactness_stage(records, args, tok, store, shapes)
-    assert check["source"] == qstages.SEPARATE_CHECK and check["checked"] and len(check["methods"]) == 2
+    # the drafter's rows in their tuned shapes (alone, +rest), and the served chain where the shape alone is not one
+    served = carried[0]["factor"] == "served"
+    assert check["source"] == qstages.SEPARATE_CHECK and check["checked"] and len(check["methods"]) == 2 + served
+    assert carried[0]["method"] in check["methods"], check
     assert all(m["identical"] == m["compared"] for m in check["methods"].values()), check
     qstages.record_decoding(mine, records, tmp_path, shapes=shapes)  # the drafter's own shape, spelled out
     kept = json.loads(path.read_text())
