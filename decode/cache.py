@@ -66,9 +66,9 @@ class RaggedCache:
             if getattr(layer, "is_sliding", False):
                 self.cache.layers[i] = DynamicLayer()
         self._scan_layers()
-        # the target's forward as one function (decode.compact) where it computes this model; exact attention
-        # and recurrent or sliding layers take transformers' forward
-        self.compact = (compact.ENABLED and not exact and self.window is None and not self._recurrent_types
+        # the target's forward as one function (decode.compact) where it computes this model (in exact mode too:
+        # it attends through the same exact attention); recurrent or sliding layers take transformers' forward
+        self.compact = (compact.ENABLED and self.window is None and not self._recurrent_types
                         and compact.compact_problem(model) is None)
         self._mark: tuple[int, torch.Tensor, list] | None = None
         self.mask = torch.zeros(batch_size, max(capacity, 1), dtype=torch.long, device=device)
@@ -110,10 +110,10 @@ class RaggedCache:
                 seen = self.mask[:, None, :k].bool() & causal[None]
             attention_mask = self._masks(seen, position_ids)
         if self.compact and set(kw) <= {"logits_to_keep", "output_hidden_states"}:
-            if compiled.ENABLED and (out := compiled.compiled_forward(self.model, input_ids, attention_mask,
-                                                                      position_ids, self.cache, **kw)) is not None:
+            args = (self.model, input_ids, attention_mask, position_ids, self.cache)
+            if compiled.ENABLED and not self.exact and (out := compiled.compiled_forward(*args, **kw)) is not None:
                 return out
-            return compact.compact_forward(self.model, input_ids, attention_mask, position_ids, self.cache, **kw)
+            return compact.compact_forward(*args, exact=self.exact, **kw)
         with verification_attention(self.model, self.exact):  # multi-token passes without copying GQA K/V
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              position_ids=position_ids, use_cache=True, **{CACHE_ARG: self.cache}, **kw)

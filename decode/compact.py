@@ -22,8 +22,10 @@ SiLU MLPs, RMSNorm, full attention in every layer (no sliding window) and the ``
 implementation: Llama 2 / 3 (SmolLM2), Qwen2 / 2.5, Qwen3 (its per-head q/k RMSNorm), Mistral without a window.
 Anything else runs transformers' forward. The results are transformers' up to the order of floating-point
 reductions that a different mask form can change inside SDPA (fp32: ~1e-6; ``tests/test_decode_compact.py``
-compares logits, hidden states and whole decodes). :func:`decode.exact_mode` runs transformers' forward with its
-exact attention (the compact path has no exact variant yet).
+compares logits, hidden states and whole decodes). In exact mode (:func:`decode.exact_mode`) its attention is
+:func:`decode.attention.exact_sdpa` and its linear layers the engine's row-invariant calls, as in transformers'
+forward, so greedy speculative decoding stays token-identical to plain decoding (``tests/test_decode_exact*.py``
+run it).
 """
 
 from __future__ import annotations
@@ -99,31 +101,35 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _mask(attention_mask: torch.Tensor | None, m: int) -> torch.Tensor | None:
-    """The pass's attention mask ``[B, 1, m, K]`` (bool: True = attend, or the additive float one given), or None
-    where every query sees every column up to its own (``attention_mask`` all ones, or None)."""
+    """The pass's attention mask ``[B or 1, 1, m, K]`` (bool: True = attend, or the additive float one given), or
+    None where the ``m`` new tokens are the whole key axis (a prompt, causal) or one token that sees every column.
+    One tensor per pass: :func:`decode.attention.exact_sdpa` plans each mask once, for every layer."""
     if attention_mask is None or attention_mask.dim() == 4:
         return attention_mask
-    if bool(attention_mask.all()):
-        return None
     k = attention_mask.shape[1]
     cols = torch.arange(k, device=attention_mask.device)
     causal = cols[None, :] <= (k - m) + torch.arange(m, device=attention_mask.device)[:, None]  # [m, K]
-    return (attention_mask[:, None, None, :].bool() & causal[None, None])
+    if bool(attention_mask.all()):
+        return None if m == 1 or k == m else causal[None, None]
+    return attention_mask[:, None, None, :].bool() & causal[None, None]
 
 
-def _attend(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention of ``q [B, Hq, m, D]`` over ``k, v [B, Hkv, K, D]``: ``[B, m, Hq * D]``. The ``g = Hq / Hkv``
-    query heads of a group read their key/value head in one call, as ``g * m`` rows (as transformers packs a
-    decoding step's), never a copy of the cache per query head (SDPA's ``enable_gqa`` on a CPU copies it)."""
+def _attend(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            exact: bool) -> torch.Tensor:
+    """Attention of ``q [B, Hq, m, D]`` over ``k, v [B, Hkv, K, D]``: ``[B, m, Hq * D]``. ``exact``:
+    :func:`decode.attention.exact_sdpa`; else the ``g = Hq / Hkv`` query heads of a
+    group read their key/value head in one call, as ``g * m`` rows (as transformers packs a decoding step's), never
+    a copy of the cache per query head (SDPA's ``enable_gqa`` on a CPU copies it)."""
     b, hq, m, d = q.shape
+    if exact:
+        out, _ = attention.exact_sdpa(attn, q, k, v, mask, scaling=attn.scaling)
+        return out.reshape(b, m, hq * d)
     if mask is None and m == 1:  # a decoding step that sees every column: no mask at all
         out = torch.nn.functional.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, d), k, v,
                                                                scale=attn.scaling)
         return out.reshape(b, hq * d)[:, None]
-    if mask is None:  # causal over the new ones
-        n = k.shape[2]
-        mask = (torch.arange(n)[None, :] <= (n - m) + torch.arange(m)[:, None])[None, None]
+    if mask is None:  # a prompt: causal over its own tokens
+        mask = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()[None, None]
     out, _ = attention.packed_gqa_sdpa(attn, q, k, v, mask, scaling=attn.scaling)  # [B, m, Hq, D]
     return out.reshape(b, m, hq * d)
 
@@ -131,7 +137,7 @@ def _attend(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @torch.no_grad()
 def compact_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                     position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
-                    output_hidden_states: bool = False) -> CausalLMOutputWithPast:
+                    output_hidden_states: bool = False, exact: bool = False) -> CausalLMOutputWithPast:
     """``model(input_ids, attention_mask=..., position_ids=..., cache=cache, use_cache=True, ...)`` for a model
     :func:`compact_problem` accepts, computed as one function (module docstring).
 
@@ -142,7 +148,8 @@ def compact_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
         position_ids: ``[B, m]`` RoPE positions. cache: the model's ``DynamicCache``, appended to.
         logits_to_keep: logits of the last this many positions (0: all). output_hidden_states: also return
             transformers' ``hidden_states`` tuple (``L + 1`` tensors ``[B, m, H]``: the embeddings, each layer's
-            output, the last one after the final norm).
+            output, the last one after the final norm). exact: attend through
+            :func:`decode.attention.exact_sdpa` (the engine's target cache in exact mode).
 
     Returns:
         ``CausalLMOutputWithPast`` with ``logits [B, min(m, logits_to_keep) or m, V]``, ``cache`` (updated in place)
@@ -166,7 +173,7 @@ def compact_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
             q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
         q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
         k, v = cache.update(k, v, i)
-        h = h + attn.o_proj.forward(_attend(attn, q, k, v, mask))
+        h = h + attn.o_proj.forward(_attend(attn, q, k, v, mask, exact))
         x = _rms(h, layer.post_attention_layernorm)
         gate, up = mlp.gate_proj.forward(x), mlp.up_proj.forward(x)
         h = h + mlp.down_proj.forward(torch.nn.functional.silu(gate) * up)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import REAL_MODEL_THREADS, tiny_llama
 
 from drafterkit.decode import attention, exact_mode, generate
 from drafterkit.decode.tree import DraftTree
@@ -134,8 +134,15 @@ def mt_bench_bf16():
 
     model, tok = load_target("smollm2-135m", dtype="bfloat16")
     rows = [p.input_ids for p in load_prompts("mt-bench", tok, 8)]
-    with exact_mode():  # a module fixture is set up outside the per-test `exact` fixture
-        plain = [generate(model, [r], max_new_tokens=64).sequences[0] for r in rows]
+    # a module fixture is set up outside the per-test `exact` and `_threads` fixtures: plain decoding runs with the
+    # thread count the tests decode with (a GEMM's bits may change with it: exact mode compares within one count)
+    before = torch.get_num_threads()
+    torch.set_num_threads(REAL_MODEL_THREADS)
+    try:
+        with exact_mode():
+            plain = [generate(model, [r], max_new_tokens=64).sequences[0] for r in rows]
+    finally:
+        torch.set_num_threads(before)
     return model, rows, plain
 
 
