@@ -397,6 +397,17 @@ def test_an_explicit_datastore_without_rest_is_refused_but_the_default_is_not():
             c.validate()
 
 
+def test_compile_needs_the_fast_path():
+    def cfg(*argv):
+        return bench.config_from_args(parse(build_parser(), ["eval", *argv]))
+
+    with pytest.raises(ValueError, match="--compile compiles the fast path's target passes.*add --no-exact"):
+        cfg("--compile").validate()
+    c = cfg("--compile", "--no-exact")
+    c.validate()
+    assert c.compile and not c.exact and not cfg().compile
+
+
 def test_help_shows_the_defaults(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # one line per option: no wrapping inside "(default: ...)"
     for verb in ("eval", "export", "quickstart"):
