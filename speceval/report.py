@@ -341,11 +341,13 @@ def same_text_note(exactness: dict) -> str:
 
 
 def mode_words(cfg: dict) -> str:
-    """``", exact mode"`` or ``", fast mode (--no-exact)"``: which decoder mode an eval config measured in
-    (``decode.exact_mode``); ``""`` for a record written before the mode was recorded."""
+    """``", exact mode"`` or ``", fast mode (--no-exact)"`` (with ``", compiled target passes (--compile)"`` where
+    ``decode.compiled_mode`` was on): which decoder mode an eval config measured in (``decode.exact_mode``); ``""``
+    for a record written before the mode was recorded."""
     if "exact" not in cfg:
         return ""
-    return ", exact mode" if cfg["exact"] else ", fast mode (--no-exact)"
+    compiled = ", compiled target passes (--compile)" if cfg.get("compile") else ""
+    return (", exact mode" if cfg["exact"] else ", fast mode (--no-exact)") + compiled
 
 
 def exactness_text(exactness: dict) -> str:

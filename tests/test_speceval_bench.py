@@ -406,6 +406,10 @@ def test_compile_needs_the_fast_path():
     c = cfg("--compile", "--no-exact")
     c.validate()
     assert c.compile and not c.exact and not cfg().compile
+    from drafterkit.speceval.report import mode_words
+
+    assert mode_words(dataclasses.asdict(c)) == ", fast mode (--no-exact), compiled target passes (--compile)"
+    assert mode_words(dataclasses.asdict(cfg())) == ", exact mode"
 
 
 def test_help_shows_the_defaults(capsys, monkeypatch):
