@@ -52,12 +52,13 @@ class RaggedCache:
     ``rollback`` (models with recurrent layers): record their per-position states so that :meth:`keep` leaves
     each row the state after its kept tokens; False (plain decoding: every active row keeps its one token)
     skips the recording, and a row keeping fewer tokens than a pass fed (a finished row) then holds a state
-    past them.
+    past them. ``compiled``: the passes after the prefill run compiled (``decode.compiled``; the engine's target
+    cache while ``decode.compiled_mode`` is on, outside exact mode).
     """
 
     def __init__(self, model: nn.Module, batch_size: int, device: torch.device, capacity: int = 256,
-                 exact: bool = False, rollback: bool = True):
-        self.model, self.exact, self.rollback = model, exact, rollback
+                 exact: bool = False, rollback: bool = True, compiled: bool = False):
+        self.model, self.exact, self.rollback, self.compiled = model, exact, rollback, compiled
         self.cache = DynamicCache(config=model.config)
         self.window, self.all_sliding = _sliding_layers(model.config)
         text = model.config.get_text_config(decoder=True)
@@ -111,7 +112,7 @@ class RaggedCache:
             attention_mask = self._masks(seen, position_ids)
         if self.compact and set(kw) <= {"logits_to_keep", "output_hidden_states"}:
             args = (self.model, input_ids, attention_mask, position_ids, self.cache)
-            if compiled.ENABLED and not self.exact and (out := compiled.compiled_forward(*args, **kw)) is not None:
+            if self.compiled and not self.exact and (out := compiled.compiled_forward(*args, **kw)) is not None:
                 return out
             return compact.compact_forward(*args, exact=self.exact, **kw)
         with verification_attention(self.model, self.exact):  # multi-token passes without copying GQA K/V

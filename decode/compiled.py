@@ -23,13 +23,14 @@ between any two engines); ``tests/test_decode_compiled.py`` compares the two on 
 from __future__ import annotations
 
 import sys
+import time
 import weakref
 
 import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from drafterkit.decode import compact
+from drafterkit.decode import attention, compact
 
 #: ``decode.generate`` runs the target's passes compiled while True; set it with :class:`compiled_mode`
 ENABLED = False
@@ -201,3 +202,27 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     return CausalLMOutputWithPast(logits=model.lm_head.forward(kept), **{compact.CACHE_ARG: cache},
                                   hidden_states=tuple(states) if output_hidden_states else None)
 
+
+
+def warm_up(model: nn.Module, hidden_states=(False,)) -> float:
+    """Compile, before anything is timed, every graph a batch-1 decode of ``model`` uses: a decoding step (no mask)
+    and a pass of several tokens (a mask: chains' and trees' verification), each with and without hidden states as
+    ``hidden_states`` lists (True where the drafter reads the target's features). Returns the seconds it took; 0
+    where the target's passes would not run compiled (compiled mode off, exact mode, a model
+    :func:`decode.compact.compact_problem` refuses)."""
+    from drafterkit.decode.cache import RaggedCache
+    from drafterkit.decode.fused import fused_projections
+
+    if not ENABLED or attention.EXACT or compact.compact_problem(model) is not None:
+        return 0.0
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    with torch.inference_mode(), fused_projections(model):
+        for hidden in sorted(set(hidden_states)):
+            cache = RaggedCache(model, 1, device, capacity=32, compiled=True)
+            cache.prefill([list(range(1, 9))], logits_to_keep=1)
+            for m in (1, 3):
+                cache.run(torch.ones(1, m, dtype=torch.long, device=device), logits_to_keep=m,
+                          output_hidden_states=hidden)
+                cache.keep(torch.ones(1, dtype=torch.long, device=device))
+    return time.perf_counter() - start

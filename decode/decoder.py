@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from drafterkit.decode import attention
+from drafterkit.decode import attention, compiled
 from drafterkit.decode.cache import RaggedCache
 from drafterkit.decode.metrics import DecodeCounts
 from drafterkit.decode.protocol import DecodeState, SamplingParams
@@ -105,7 +105,7 @@ class Decoder:
         self.out, self.reasons, self.stable = [[] for _ in range(b)], [None] * b, [0] * b
         # plain decoding (no proposer) rolls nothing back: a recurrent layer's per-position states are not recorded
         self.cache = RaggedCache(self.target, b, self.device, capacity=self.capacity(), exact=attention.EXACT,
-                                 rollback=self.proposer is not None)
+                                 rollback=self.proposer is not None, compiled=compiled.ENABLED)
         self.counts = DecodeCounts(batch_size=b, reached=[0] * self.k_max, accepted_at=[0] * self.k_max)
         self.layers = getattr(self.proposer, "feature_layers", None) if self.proposer is not None else None
 

@@ -26,7 +26,7 @@ MODELS = {"gqa-llama": tiny_llama(5, hidden_size=64, heads=4, kv_heads=2, layers
 
 
 def passes(model):
-    cache = RaggedCache(model, 2, torch.device("cpu"), capacity=8)
+    cache = RaggedCache(model, 2, torch.device("cpu"), capacity=8, compiled=compiled.ENABLED)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     outs = [cache.prefill([[5, 9, 11, 4, 7], [3, 8]], logits_to_keep=1)]
@@ -85,3 +85,17 @@ def test_mode_restores():
             assert not compiled.ENABLED
         assert compiled.ENABLED
     assert not compiled.ENABLED
+
+
+def test_warm_up_compiles_every_graph_a_batch_one_decode_uses():
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(6, hidden_size=64, heads=4, kv_heads=2, layers=2)
+    with decode.compiled_mode():
+        assert compiled.warm_up(model) > 0
+        before = dict(counters["frames"])
+        for d, tree in ((None, None), (NGramDrafter(), None), (NGramDrafter(), "2,1")):
+            decode.generate(model, [[5, 9, 11, 4, 7, 5, 9, 11]], max_new_tokens=12, drafter=d, num_draft_tokens=3,
+                            tree=tree)
+        assert dict(counters["frames"]) == before  # nothing compiled while decoding
+    assert compiled.warm_up(model) == 0.0  # compiled mode off: nothing to compile
