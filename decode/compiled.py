@@ -172,6 +172,12 @@ def _fail(model: nn.Module, exc: BaseException) -> None:
           f"{str(exc).splitlines()[0] if str(exc) else ''}); its passes run uncompiled", file=sys.stderr)
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous: a cache cropped after a rejection holds views with the strides of its longer past, and a
+    graph's guards on strides would compile it anew at each crop."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                      position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
                      output_hidden_states: bool = False) -> CausalLMOutputWithPast | None:
@@ -190,9 +196,11 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     try:
         # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
         # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
-        with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILES):
-            h, keys, values, states = fn(h, cos[:, None], sin[:, None], mask, [la.keys for la in layers],
-                                         [la.values for la in layers], bool(output_hidden_states))
+        # no duck shapes: sizes equal at trace time (a pass's g * m rows and the cache's length) stay distinct symbols
+        with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
+                torch.fx.experimental._config.patch(use_duck_shape=False):
+            h, keys, values, states = fn(h, cos[:, None], sin[:, None], mask, [_dense(la.keys) for la in layers],
+                                         [_dense(la.values) for la in layers], bool(output_hidden_states))
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager forward, said once
         _fail(model, exc)
         return None
