@@ -8,8 +8,9 @@ kernels, and no Python runs per layer. Shapes are dynamic (``dynamic=True``): on
 and pass size; a pass with an attention mask and one without (a decoding step that sees every column) are two
 graphs, and a pass that returns hidden states (EAGLE-family drafters read them) two more.
 
-Cost: the first pass of each graph compiles it, tens of seconds on a 2-core CPU (inductor's caches under
+Cost: the first pass of each graph compiles it, 30-70 s on a 2-core CPU (inductor's caches under
 ``TORCHINDUCTOR_CACHE_DIR`` keep the generated kernels for the next process, not dynamo's tracing);
+:func:`warm_up` compiles every graph a batch-1 decode uses before anything is timed;
 ``docs/benchmarks/engine.md`` has the measured compile time and the decoding speed it buys. Memory: one more copy
 of the decoder's weights (the graph's constants). A model :func:`decode.compact.compact_problem` refuses, exact
 mode (``decode.exact_mode``) and a compile that fails run the compact or transformers forward instead; a failure
