@@ -10,7 +10,7 @@ graphs, and a pass that returns hidden states (EAGLE-family drafters read them) 
 
 Cost: the first pass of each graph compiles it, 30-70 s on a 2-core CPU (inductor's caches under
 ``TORCHINDUCTOR_CACHE_DIR`` keep the generated kernels for the next process, not dynamo's tracing);
-:func:`warm_up` compiles every graph a batch-1 decode uses before anything is timed;
+:func:`decode.warm.warm_up` compiles every graph a batch-1 decode uses before anything is timed;
 ``docs/benchmarks/engine.md`` has the measured compile time and the decoding speed it buys. Memory: one more copy
 of the decoder's weights (the graph's constants). A model :func:`decode.compact.compact_problem` refuses, exact
 mode (``decode.exact_mode``) and a compile that fails run the compact or transformers forward instead; a failure
@@ -24,14 +24,13 @@ between any two engines); ``tests/test_decode_compiled.py`` compares the two on 
 from __future__ import annotations
 
 import sys
-import time
 import weakref
 
 import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from drafterkit.decode import attention, compact
+from drafterkit.decode import compact
 
 #: ``decode.generate`` runs the target's passes compiled while True; set it with :class:`compiled_mode`
 ENABLED = False
@@ -212,26 +211,3 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
                                   hidden_states=tuple(states) if output_hidden_states else None)
 
 
-
-def warm_up(model: nn.Module, hidden_states=(False,)) -> float:
-    """Compile, before anything is timed, every graph a batch-1 decode of ``model`` uses: a decoding step (no mask)
-    and a pass of several tokens (a mask: chains' and trees' verification), each with and without hidden states as
-    ``hidden_states`` lists (True where the drafter reads the target's features). Returns the seconds it took; 0
-    where the target's passes would not run compiled (compiled mode off, exact mode, a model
-    :func:`decode.compact.compact_problem` refuses)."""
-    from drafterkit.decode.cache import RaggedCache
-    from drafterkit.decode.fused import fused_projections
-
-    if not ENABLED or attention.EXACT or compact.compact_problem(model) is not None:
-        return 0.0
-    device = next(model.parameters()).device
-    start = time.perf_counter()
-    with torch.inference_mode(), fused_projections(model):
-        for hidden in sorted(set(hidden_states)):
-            cache = RaggedCache(model, 1, device, capacity=32, compiled=True)
-            cache.prefill([list(range(1, 9))], logits_to_keep=1)
-            for m in (1, 3):
-                cache.run(torch.ones(1, m, dtype=torch.long, device=device), logits_to_keep=m,
-                          output_hidden_states=hidden)
-                cache.keep(torch.ones(1, dtype=torch.long, device=device))
-    return time.perf_counter() - start

@@ -53,7 +53,7 @@ from drafterkit.assets.target import (
 )
 from drafterkit.assets.thinking import thinking_mode
 from drafterkit.decode.compiled import compiled_mode
-from drafterkit.decode.compiled import warm_up as compiled_warm_up
+from drafterkit.decode.warm import warm_up as compiled_warm_up
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
@@ -132,7 +132,7 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None, notes: typi
     (``decode.exact_mode``: greedy speculative rows then decode plain decoding's text in bf16 / fp16 on a CPU
     too, and are checked token for token); the mode found before is restored on return. The record says which
     mode measured: ``config["exact"]`` and ``exactness["exact_mode"]``. ``cfg.compile`` compiles the target's passes
-    (``decode.compiled_mode``; ``decode.compiled.warm_up`` compiles them before anything is timed:
+    (``decode.compiled_mode``; ``decode.warm.warm_up`` compiles them before anything is timed:
     ``timings["compile_s"]``).
 
     Raises:

@@ -15,7 +15,7 @@ import torch
 from conftest import tiny_llama
 from families import build_family
 from drafterkit import decode
-from drafterkit.decode import compiled
+from drafterkit.decode import compiled, warm
 from drafterkit.decode.cache import RaggedCache
 from drafterkit.decode.fused import fused_projections
 from drafterkit.drafters.ngram import NGramDrafter
@@ -92,10 +92,10 @@ def test_warm_up_compiles_every_graph_a_batch_one_decode_uses():
 
     model = tiny_llama(6, hidden_size=64, heads=4, kv_heads=2, layers=2)
     with decode.compiled_mode():
-        assert compiled.warm_up(model) > 0
+        assert warm.warm_up(model) > 0
         before = dict(counters["frames"])
         for d, tree in ((None, None), (NGramDrafter(), None), (NGramDrafter(), "2,1")):
             decode.generate(model, [[5, 9, 11, 4, 7, 5, 9, 11]], max_new_tokens=12, drafter=d, num_draft_tokens=3,
                             tree=tree)
         assert dict(counters["frames"]) == before  # nothing compiled while decoding
-    assert compiled.warm_up(model) == 0.0  # compiled mode off: nothing to compile
+    assert warm.warm_up(model) == 0.0  # compiled mode off: nothing to compile
