@@ -122,6 +122,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
+    from drafterkit.assets.device import cpu_model
     from drafterkit.assets.pinned import home
     from drafterkit.assets.target import load_target, resolve_target_path
     from drafterkit.decode import compiled_mode, generate
@@ -165,7 +166,7 @@ def main(argv=None) -> int:
     tables = {name: serve_speed.side_by_side(split(dk, bench, name), split(vl, bench, name)) for name in COUNTS}
     record = dict(created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   command="python benchmarks/engine_parity.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  machine=dict(cpu=_cpu(), cores=os.cpu_count(), threads=args.threads, busy_cores_before=busy,
+                  machine=dict(cpu=cpu_model(), cores=os.cpu_count(), threads=args.threads, busy_cores_before=busy,
                                torch=torch.__version__, vllm=vllm_version, platform=platform.platform()),
                   config=dict(vars(args), dtype=dtype, prompts={n: bench.count(n) for n in COUNTS}),
                   vllm_mode="enforce_eager" if args.eager else "defaults (compiled graphs)",
@@ -183,16 +184,6 @@ def main(argv=None) -> int:
     (out / "engine-parity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
 
 
 if __name__ == "__main__":
