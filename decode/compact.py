@@ -86,15 +86,19 @@ def _hooked(module: nn.Module) -> bool:
     return any(getattr(h, "__module__", None) != "transformers.utils.output_capturing" for h in hooks)
 
 
-def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """transformers' ``LlamaRMSNorm`` (and Qwen2's, Qwen3's, Mistral's): variance in fp32."""
-    dtype = x.dtype
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm`` (and Qwen2's, Qwen3's, Mistral's) with ``weight`` and ``eps``: variance in
+    fp32 (``decode.compiled`` computes the same)."""
     h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """:func:`rms` with an RMSNorm module's weight and epsilon."""
+    return rms(x, norm.weight, norm.variance_epsilon)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' ``apply_rotary_pos_emb`` for one tensor ``[B, H, m, D]`` (cos, sin ``[B, 1, m, D]``)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
@@ -171,7 +175,7 @@ def compact_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
         v = attn.v_proj.forward(x).view(b, m, -1, d).transpose(1, 2)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before the rotation
             q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
-        q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         k, v = cache.update(k, v, i)
         h = h + attn.o_proj.forward(_attend(attn, q, k, v, mask, exact))
         x = _rms(h, layer.post_attention_layernorm)

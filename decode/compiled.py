@@ -31,6 +31,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from drafterkit.decode import compact
+from drafterkit.decode.compact import rms, rotate
 
 #: ``decode.generate`` runs the target's passes compiled while True; set it with :class:`compiled_mode`
 ENABLED = False
@@ -96,16 +97,6 @@ class _Layer(nn.Module):
         self.head_dim, self.scaling, self.inter = attn.head_dim, attn.scaling, mlp.gate_proj.out_features
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.to(torch.float32)
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
-
-
 class _Passes(nn.Module):
     """The decoder layers and the final norm of one model as a module for ``torch.compile`` (its parameters are the
     graph's constants under inductor's ``freezing``)."""
@@ -126,13 +117,13 @@ class _Passes(nn.Module):
         new_k, new_v, states = [], [], [h] if hidden else []
         for i, lay in enumerate(self.layers):
             d, hq, hkv = lay.head_dim, lay.heads, lay.kv_heads
-            y = torch.nn.functional.linear(_rms(h, lay.ln1, lay.eps), lay.qkv, lay.qkv_bias)
+            y = torch.nn.functional.linear(rms(h, lay.ln1, lay.eps), lay.qkv, lay.qkv_bias)
             q = y[..., : hq * d].view(b, m, hq, d)
             k = y[..., hq * d: (hq + hkv) * d].view(b, m, hkv, d)
             v = y[..., (hq + hkv) * d:].view(b, m, hkv, d).transpose(1, 2)
             if lay.q_norm is not None:
-                q, k = _rms(q, lay.q_norm, lay.head_eps), _rms(k, lay.k_norm, lay.head_eps)
-            q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+                q, k = rms(q, lay.q_norm, lay.head_eps), rms(k, lay.k_norm, lay.head_eps)
+            q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
             k, v = torch.cat([keys[i], k], 2), torch.cat([values[i], v], 2)
             new_k.append(k)
             new_v.append(v)
@@ -142,12 +133,12 @@ class _Passes(nn.Module):
             out = torch.nn.functional.scaled_dot_product_attention(qg, k, v, attn_mask=mg, scale=lay.scaling)
             out = out.reshape(b, hq, m, d).transpose(1, 2).reshape(b, m, hq * d)
             h = h + torch.nn.functional.linear(out, lay.o, lay.o_bias)
-            gu = torch.nn.functional.linear(_rms(h, lay.ln2, lay.eps), lay.gate_up)
+            gu = torch.nn.functional.linear(rms(h, lay.ln2, lay.eps), lay.gate_up)
             h = h + torch.nn.functional.linear(torch.nn.functional.silu(gu[..., : lay.inter]) * gu[..., lay.inter:],
                                                lay.down)
             if hidden:
                 states.append(h)
-        h = _rms(h, self.norm, self.eps)
+        h = rms(h, self.norm, self.eps)
         if hidden:
             states[-1] = h
         return h, new_k, new_v, states
