@@ -40,8 +40,8 @@ def build_case(theta: float, args, folder: Path) -> dict:
 
     from drafterkit.decode import generate
     from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
-    from drafterkit.drafters.export import export
-    from drafterkit.speceval import serving
+    from drafterkit.drafters.export.writers import export
+    from drafterkit.speceval import serve_parity
     from drafterkit.train.recipe import recipe_from_dict
     from drafterkit.train.strategies import get_strategy
 
@@ -79,15 +79,15 @@ def build_case(theta: float, args, folder: Path) -> dict:
     ours = {}
     for name, slots in (("its trained block", drafter.config.block_size - 1), ("vLLM's block (the default)", None)):
         drafter.mask_slots = slots
-        ours[name] = decode_recording(drafter, target, prompts, args.k, serving)
+        ours[name] = decode_recording(drafter, target, prompts, args.k, serve_parity)
     torch.save(ours, folder / "ours.pt")
     return {"target": str(folder / "target"), "draft": str(exported), "method": "dflash", "k": args.k,
             "max_new_tokens": NEW, "prompts": prompts, "eos": [2], "dtype": "float32", "max_num_seqs": 1,
             "dump": str(folder / "vllm.pt")}
 
 
-def decode_recording(drafter, target, prompts, k: int, serving) -> dict:
-    """serve-check's drafterkit run (``speceval.serving.run_drafterkit``) with every block pass's ``(tokens,
+def decode_recording(drafter, target, prompts, k: int, serve_parity) -> dict:
+    """serve-check's drafterkit run (``speceval.serve_parity.run_drafterkit``) with every block pass's ``(tokens,
     logits [B-1, N])`` recorded per prompt in ``"passes"``."""
     passes: list = []
     original = type(drafter).block_logits
@@ -99,7 +99,7 @@ def decode_recording(drafter, target, prompts, k: int, serving) -> dict:
 
     type(drafter).block_logits = block_logits
     try:
-        run = serving.run_drafterkit(target, drafter, prompts, k, NEW, [2])
+        run = serve_parity.run_drafterkit(target, drafter, prompts, k, NEW, [2])
     finally:
         type(drafter).block_logits = original
     per_prompt: list[list] = []
@@ -153,7 +153,7 @@ def vllm_side(request: Path, result: Path) -> None:
 
 def compare_case(folder: Path, k: int) -> str:
     """One theta's lines: chains (serve-check's comparison), positions, logit differences, argmax flips."""
-    from drafterkit.speceval import serving
+    from drafterkit.speceval import serve_parity
 
     ours, theirs = (torch.load(folder / name, weights_only=True) for name in ("ours.pt", "vllm.pt"))
     result = theirs["result"]
@@ -164,7 +164,7 @@ def compare_case(folder: Path, k: int) -> str:
             vllm_per_prompt.append([])
         vllm_per_prompt[-1].append(entry)
     for name, run in ours.items():
-        cmp = serving.compare(run, result)
+        cmp = serve_parity.compare(run, result)
         shared, parted, worst, flips, positions = 0, False, 0.0, 0, 0
         for mine, vllm_passes in zip(run["passes"], vllm_per_prompt):
             for (tokens, logits), (_, pos, ids, vlogits) in zip(mine, vllm_passes):
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.k <= args.block_size - 1:
         ap.error(f"--k must be in [1, block_size - 1 = {args.block_size - 1}], got {args.k}")
     sys.path.insert(0, str(HERE.parent))
-    from drafterkit.speceval import serving
+    from drafterkit.speceval import serve_parity
 
     torch.set_num_threads(1)  # as vLLM's CPU engine runs
     thetas = [float(t) for t in args.thetas.split(",")]
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [build_case(t, args, f) for t, f in zip(thetas, folders)]
     request = args.out / "request.json"
     request.write_text(json.dumps({"jobs": jobs}))
-    env = {**os.environ, **serving.VLLM_ENV}
-    python = serving.vllm_python()
+    env = {**os.environ, **serve_parity.VLLM_ENV}
+    python = serve_parity.vllm_python()
     iomp = python.parent.parent / "lib" / "libiomp5.so"
     if iomp.is_file():
         env["LD_PRELOAD"] = str(iomp)

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from drafterkit.decode.inputs import resolve_eos
     from drafterkit.drafters import load_drafter
     from drafterkit.speceval.prompts import select_prompts
-    from drafterkit.speceval.serving import RUNNER, vllm_python
+    from drafterkit.speceval.serve_parity import RUNNER, vllm_python
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--drafter", required=True)

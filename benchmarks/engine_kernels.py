@@ -70,11 +70,11 @@ def main() -> None:
     a = p.parse_args()
 
     from drafterkit import decode
+    from drafterkit.assets.target import load_target
     from drafterkit.decode import fused
-    from drafterkit.speceval.bench import datastore_loader
+    from drafterkit.speceval.eval_run import datastore_loader
     from drafterkit.speceval.methods import build_drafter
     from drafterkit.speceval.prompts import load_prompts
-    from drafterkit.assets.target import load_target
 
     target, tok = load_target(a.target, dtype=a.dtype)
     if not a.skip_gemms:

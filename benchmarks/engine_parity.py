@@ -78,7 +78,7 @@ def proposers(args, target) -> tuple[dict, list[dict]]:
     """drafterkit's ``{label: (proposer, K)}`` and vLLM's method entries (``speceval.serve_speed.vllm_jobs``)."""
     from drafterkit.drafters.ngram import NGramConfig, NGramDrafter
     from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter
-    from drafterkit.speceval.serving import inspect_export, load_check_drafter
+    from drafterkit.speceval.serve_parity import inspect_export, load_check_drafter
 
     ours = {"ngram": (NGramDrafter(NGramConfig(**NGRAM)), args.k)}
     theirs = [dict(label="ngram", method="ngram", k=args.k,
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     from drafterkit.decode.inputs import resolve_eos
     from drafterkit.speceval import serve_speed
     from drafterkit.speceval.harness import busy_cores
-    from drafterkit.speceval.serving import run_vllm, vllm_python
+    from drafterkit.speceval.serve_parity import run_vllm, vllm_python
 
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

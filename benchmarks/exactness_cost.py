@@ -43,7 +43,7 @@ def main() -> None:
 
     from drafterkit import decode
     from drafterkit.assets.target import load_target
-    from drafterkit.speceval.bench import datastore_loader
+    from drafterkit.speceval.eval_run import datastore_loader
     from drafterkit.speceval.methods import build_drafter
     from drafterkit.speceval.prompts import load_prompts
 

@@ -2,7 +2,7 @@
 
 ``before`` is the layer as it was: the RoPE tables rebuilt from scratch for q and again for k on every
 call (inverse frequencies included), and grouped key/value heads copied to every query head
-(``repeat_interleave``) before attention. ``after`` is :class:`drafters.layers.DraftAttention` as it
+(``repeat_interleave``) before attention. ``after`` is :class:`drafters.heads.layers.DraftAttention` as it
 ships: the tables once per pass from inverse frequencies kept per device, and SDPA's ``enable_gqa``.
 Every prompt is decoded greedily at batch size 1 by both, prompt by prompt (a shared machine's slow
 spells hit both alike); the engine's own drafting clock (``draft_time_s``) is summed per target forward,
@@ -60,7 +60,7 @@ def main() -> None:
     from drafterkit import decode
     from drafterkit.assets.target import load_target
     from drafterkit.drafters import load_drafter
-    from drafterkit.drafters.layers import DraftAttention
+    from drafterkit.drafters.heads.layers import DraftAttention
     from drafterkit.speceval.prompts import load_prompts
 
     target, tok = load_target(a.target, dtype=a.dtype)

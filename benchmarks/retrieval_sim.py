@@ -37,8 +37,8 @@ def main() -> None:
     from head_probe import continuations  # benchmarks/ is on sys.path when run as a script
     from drafterkit.assets.target import load_target
     from drafterkit.drafters import load_drafter
-    from drafterkit.drafters.datastore import cached_datastore
-    from drafterkit.drafters.hybrid import CHAIN_SHARE, majority_chain
+    from drafterkit.drafters.lookup.datastore import cached_datastore
+    from drafterkit.drafters.lookup.hybrid import CHAIN_SHARE, majority_chain
     from drafterkit.drafters.ngram import lookup
     from drafterkit.train.features import target_features
 

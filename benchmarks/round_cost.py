@@ -48,11 +48,11 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     from drafterkit import decode
-    from drafterkit.speceval.prompts import load_prompts
     from drafterkit.assets.target import load_target
     from drafterkit.drafters import load_drafter
-    from drafterkit.drafters.datastore import cached_datastore
-    from drafterkit.drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.lookup.datastore import cached_datastore
+    from drafterkit.drafters.lookup.hybrid import LookupHybrid
+    from drafterkit.speceval.prompts import load_prompts
 
     target, tok = load_target(a.target, dtype=a.dtype)
     prompts = [q.input_ids for q in load_prompts(a.benchmark, tok, a.num_prompts)]

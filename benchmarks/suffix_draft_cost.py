@@ -1,4 +1,4 @@
-"""Milliseconds per suffix-decoding proposal call (``drafters.suffix_tree.speculate``), for the corpus index
+"""Milliseconds per suffix-decoding proposal call (``drafters.lookup.suffix_tree.speculate``), for the corpus index
 (ShareGPT's assistant turns as a suffix array, what ``--datastore sharegpt`` builds) and for a per-request
 suffix tree (prompt + committed tokens), replaying a greedy-like decode: each round drafts after the context,
 then commits the next few corpus tokens (the draft's accepted tokens plus the bonus token).
@@ -19,9 +19,9 @@ import time
 import numpy as np
 
 from drafterkit.assets.target import load_target_tokenizer
-from drafterkit.drafters.datastore import cached_datastore
+from drafterkit.drafters.lookup.datastore import cached_datastore
+from drafterkit.drafters.lookup.suffix_tree import SEPARATOR, SuffixTree, speculate
 from drafterkit.drafters.suffix import SuffixConfig, corpus_index
-from drafterkit.drafters.suffix_tree import SEPARATOR, SuffixTree, speculate
 
 
 def replay(corpus, rounds: int, k: int, seed: int = 0) -> tuple[list, list]:

@@ -1,13 +1,13 @@
 """``drafterkit export``'s arguments, importable without torch: ``drafterkit export --help`` and its usage
-errors answer before anything heavy loads (the verb itself runs in :mod:`drafters.export`, whose package
+errors answer before anything heavy loads (the verb itself runs in :mod:`drafters.export.writers`, whose package
 imports torch, so these live with the CLI)."""
 
 from __future__ import annotations
 
 import argparse
 
-#: the export formats, as ``drafters.export.FORMATS`` names them (its keys; ``tests/test_drafterkit_cli.py`` checks
-#: the two agree)
+#: the export formats, as ``drafters.export.writers.FORMATS`` names them (its keys; ``tests/test_drafterkit_cli.py``
+#: checks the two agree)
 FORMATS = ("hf-assistant", "medusa", "sglang-eagle3", "vllm-dflash", "vllm-dspark", "vllm-eagle3", "vllm-peagle")
 
 
@@ -26,9 +26,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cast floating tensors (fp32 | bf16 | fp16 | auto; default: keep the checkpoint's)")
     parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="also upload to this Hub repo id")
 
-
-def suggested_output(kind: str) -> str:
-    """The ``--output`` the docs and the commands training prints use for a ``kind`` drafter's export:
-    ``exports/<kind>`` (README: ``drafterkit export runs/eagle3/... --output exports/eagle3``, then
-    ``vllm serve ... "model": "exports/eagle3"``), relative to where the command runs."""
-    return f"exports/{kind}"

@@ -1,5 +1,5 @@
 """``drafterkit serve-check``'s flags, importable without torch: ``drafterkit serve-check --help`` and its usage
-errors answer before anything heavy loads (the verb itself runs in :mod:`speceval.serving`)."""
+errors answer before anything heavy loads (the verb itself runs in :mod:`speceval.serve_parity`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Drafter definitions (draft LM, Medusa, EAGLE, EAGLE-3, P-EAGLE, DFlash, n-gram): modules, save/load, export.
+"""Drafter definitions: one module per kind here (draft LM, Medusa, EAGLE, EAGLE-3, P-EAGLE, DFlash, DSpark,
+n-gram, suffix), save / load; the support modules by concept in subpackages: ``heads`` (the feature-level heads'
+shared parts), ``target`` (the target as a drafter reads it), ``lookup`` (model-free lookup support), ``export``
+(export formats, the model card, what vLLM serves).
 
 ``KINDS`` (:mod:`drafters.kinds`) declares each kind once: its module, drafter and config classes, whether
 it trains, its export formats; ``get_kind(kind)`` gives the class.
@@ -21,7 +24,7 @@ from drafterkit.assets.target import read_config_dict, safetensors_problem, weig
 from drafterkit.drafters.base import Drafter, DrafterLoadError, ExportError, read_config, recorded_source
 from drafterkit.drafters.draft_lm import DraftLM, check_vocab_match
 from drafterkit.drafters.kinds import KINDS, Kind
-from drafterkit.drafters.target_record import drafter_problem
+from drafterkit.drafters.target.record import drafter_problem
 from drafterkit.drafters.tuned import has_tuned, read_tuned
 
 TRANSFORMERS_KIND = "transformers"  # resolve_checkpoint's kind for a plain transformers model folder
@@ -175,7 +178,7 @@ def load_drafter(path: str | Path, target=None, *, trained_for: bool = True) -> 
 
     With ``trained_for`` (the default) and a ``target`` loaded from a folder or Hub id (its ``name_or_path``),
     a feature-level head whose training recipe records another target gets the warning line the CLI prints
-    (``warnings.warn``, ``UserWarning``; :func:`drafters.target_record.drafter_problem`); the CLI's verbs, which
+    (``warnings.warn``, ``UserWarning``; :func:`drafters.target.record.drafter_problem`); the CLI's verbs, which
     said it before loading, pass False.
 
     Raises:
@@ -203,7 +206,7 @@ def load_drafter(path: str | Path, target=None, *, trained_for: bool = True) -> 
 def attach_tuned(proposer, folder: str | Path, target=None, behind: str = ""):
     """Attach ``tuned_decoding`` / ``tuned_note`` (:func:`drafters.tuned.read_tuned` for this machine) to
     ``proposer`` and return it: the drafter of ``folder`` alone (``behind=""``), or that drafter behind prompt
-    lookup (``"+ngram"``) or lookup + retrieval (``"+rest"``, a ``drafters.hybrid.LookupHybrid`` wrapping it).
+    lookup (``"+ngram"``) or lookup + retrieval (``"+rest"``, a ``drafters.lookup.hybrid.LookupHybrid`` wrapping it).
     A composite that ``drafterkit tune`` never measured takes its inner drafter's setting (and says so); one
     it measured takes its own entry, usable or not (a composite whose best was slower than plain decoding
     is not decoded in the drafter's shape instead)."""

@@ -108,7 +108,7 @@ class Drafter(nn.Module):
     #: path probability is also >= this; a node between ``draft_threshold`` and it is verified as a leaf,
     #: costing verification but no further drafter pass (Medusa, whose heads draft every depth at once,
     #: cuts the children of such nodes the same way). 0.0 (default): ``draft_threshold`` alone decides;
-    #: above 1: no node gets children. ``drafters.hybrid.LookupHybrid`` with a datastore raises it to its
+    #: above 1: no node gets children. ``drafters.lookup.hybrid.LookupHybrid`` with a datastore raises it to its
     #: ``datastore_share`` for its calls. A decode-time setting, checked like ``draft_threshold``.
     expand_threshold = Checked(_probability_bar, _BAR, convert=float, default=0.0)
 
@@ -344,7 +344,7 @@ class ExportError(ValueError):
 
 
 def recorded_source(export_dir: str | Path) -> Path:
-    """The drafter folder an export was written from (:func:`drafters.export.record_source`: relative to the
+    """The drafter folder an export was written from (:func:`drafters.export.writers.record_source`: relative to the
     export folder, absolute in older exports), absolute, checked to still hold the same weights.
 
     Raises:
@@ -363,7 +363,7 @@ def recorded_source(export_dir: str | Path) -> Path:
             or not isinstance(source.get("model_sha256"), str):
         raise ExportError(f"{export_dir}/config.json records no source drafter folder (exported by an older "
                           "drafterkit): export it again, or name the folder it was exported from")
-    # relative to the export folder (drafters.portable.source_link); an older export recorded it absolute
+    # relative to the export folder (drafters.export.portable.source_link); an older export recorded it absolute
     folder = Path(os.path.normpath(Path(export_dir).resolve() / source["drafter"]))
     try:
         digest = weights_sha256(folder)

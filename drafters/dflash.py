@@ -20,7 +20,7 @@ most frequent target ids with ``d2t`` / ``t2d`` as EAGLE-3 (``drafters.eagle3.ma
 Tensor names are vLLM's (``fc.weight``, ``hidden_norm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj``,
 ``layers.{i}.self_attn.{q,k}_norm``, ``layers.{i}.mlp.{gate,up,down}_proj``, ``layers.{i}.input_layernorm``,
 ``layers.{i}.post_attention_layernorm``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``), so the
-``vllm-dflash`` export (:mod:`drafters.export`) is the checkpoint's tensors as saved.
+``vllm-dflash`` export (:mod:`drafters.export.writers`) is the checkpoint's tensors as saved.
 
 Feature layer ids: id ``i`` is ``hidden_states[i]`` (the output of target layer ``i-1``); vLLM's
 ``dflash_config.target_layer_ids`` names the same layer ``i - 1`` (it captures the input of layer
@@ -50,9 +50,9 @@ from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.decode.sampling import select_tokens
 from drafterkit.drafters.base import Drafter
-from drafterkit.drafters.feature_head import check_target_shape, target_shape_fields
 from drafterkit.drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
-from drafterkit.drafters.layers import DraftAttention, DraftMLP, RMSNorm
+from drafterkit.drafters.heads.feature_head import check_target_shape, target_shape_fields
+from drafterkit.drafters.heads.layers import DraftAttention, DraftMLP, RMSNorm
 
 
 def default_feature_layers(num_layers: int, count: int = 3) -> list[int]:
@@ -75,7 +75,7 @@ def check_dflash_feature_layers(layers, num_layers: int) -> None:
 
 @dataclass
 class DFlashConfig:
-    """DFlash drafter. Target sizes as :func:`drafters.feature_head.target_shape_fields`; ``num_layers`` draft
+    """DFlash drafter. Target sizes as :func:`drafters.heads.feature_head.target_shape_fields`; ``num_layers`` draft
     layers; ``block_size`` B (B-1 draft tokens per pass); ``draft_vocab_size`` (0: the target's vocabulary
     and its frozen LM head); ``mask_token_id``: the target embedding row fed at the B-1 masked positions."""
 

@@ -20,8 +20,8 @@ Training (``forward``) runs the same chain for every position at once: a trainin
 greedy draft token of step ``j-1`` at RoPE position ``t+j``, as :meth:`FeatureHeadDrafter.propose` does.
 
 The layers (attention with an explicit boolean mask and KV cache, Llama MLP, RMSNorm, the decoder
-layer, the masks) live in :mod:`drafters.layers`; the decoding this kind shares with EAGLE-3 (the per-row
-cache runner, chains and trees) is :class:`drafters.feature_head.FeatureHeadDrafter`, which this module
+layer, the masks) live in :mod:`drafters.heads.layers`; the decoding this kind shares with EAGLE-3 (the per-row
+cache runner, chains and trees) is :class:`drafters.heads.feature_head.FeatureHeadDrafter`, which this module
 feeds through its two hooks (``real_input``, ``logits_and_ids``). Parameter names follow the Llama / vLLM
 EAGLE naming (``self_attn.q_proj``, ``mlp.gate_proj``, ``post_attention_layernorm``, ``hidden_norm``, ...).
 """
@@ -33,8 +33,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from drafterkit.drafters.feature_head import FeatureHeadDrafter, borrow, init_layer_from_target, target_shape_fields
-from drafterkit.drafters.layers import DraftDecoderLayer
+from drafterkit.drafters.heads.feature_head import (
+    FeatureHeadDrafter,
+    borrow,
+    init_layer_from_target,
+    target_shape_fields,
+)
+from drafterkit.drafters.heads.layers import DraftDecoderLayer
 
 
 @dataclass

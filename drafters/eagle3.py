@@ -25,9 +25,9 @@ reads; valid ids are ``0 <= i < L`` (L = the target's ``num_hidden_layers``). ``
 the final norm) is refused by :class:`Eagle3Config`, so a checkpoint saved with it fails to load (retrain
 it); the defaults are clamped into ``[1, L-1]`` for small targets (see :func:`check_feature_layers`).
 SGLang names the same layer ``i - 1`` (it captures ``hidden_states[id+1]``); the ``sglang-eagle3`` export
-writes its ids and refuses what an engine cannot express (``drafters.export.engine_layer_ids``).
+writes its ids and refuses what an engine cannot express (``drafters.export.writers.engine_layer_ids``).
 
-Training-time test (TTT, :meth:`drafters.feature_head.FeatureHeadDrafter.unroll`): the head is unrolled for
+Training-time test (TTT, :meth:`drafters.heads.feature_head.FeatureHeadDrafter.unroll`): the head is unrolled for
 ``steps`` steps on its own outputs. At step ``j`` position ``t`` consumes a token and the head's own
 step ``j-1`` output at ``t`` (step 0: token ``t+1`` and the fused target feature), sits at RoPE position
 ``t+j`` and predicts token ``t+2+j``. It attends the step-0 keys at positions ``<= t`` (the real prefix)
@@ -51,9 +51,9 @@ import torch
 from torch import nn
 
 from drafterkit.drafters.eagle import EagleConfig
-from drafterkit.drafters.feature_head import FeatureHeadDrafter, target_shape_fields
-from drafterkit.drafters.layers import DraftDecoderLayer, RMSNorm
-from drafterkit.drafters.target_layers import norm_scale, target_body
+from drafterkit.drafters.heads.feature_head import FeatureHeadDrafter, target_shape_fields
+from drafterkit.drafters.heads.layers import DraftDecoderLayer, RMSNorm
+from drafterkit.drafters.target.layers import norm_scale, target_body
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -172,7 +172,7 @@ def mapping_from_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, 
 
 def copy_final_norm(drafter: nn.Module, target: nn.Module | None) -> None:
     """Start ``drafter.norm`` from the target's final norm (its LM head reads normed states of that scale),
-    by its effective scale (``drafters.target_layers.norm_scale``: Gemma's ``1 + weight``); a no-op without
+    by its effective scale (``drafters.target.layers.norm_scale``: Gemma's ``1 + weight``); a no-op without
     ``target`` or where the shapes differ."""
     scale = norm_scale(target_body(target)[2]) if target is not None else None  # the family's final norm
     if scale is not None and scale.shape == drafter.norm.weight.shape:
@@ -280,8 +280,8 @@ class Eagle3Drafter(FeatureHeadDrafter):
                 keep: torch.Tensor | None = None) -> list[torch.Tensor]:
         """TTT unroll. ``input_ids [B, T]``, ``features [B, T, 3H]`` (concat over ``feature_layers``);
         ``steps`` (default ``config.ttt_steps``), ``feed`` and ``keep``: see
-        :meth:`drafters.feature_head.FeatureHeadDrafter.unroll` (``feed="draft"``: step ``j >= 1`` reads the head's
-        own greedy draft of step ``j-1``, mapped to a target id through ``d2t``, as decoding does).
+        :meth:`drafters.heads.feature_head.FeatureHeadDrafter.unroll` (``feed="draft"``: step ``j >= 1`` reads the
+        head's own greedy draft of step ``j-1``, mapped to a target id through ``d2t``, as decoding does).
 
         Returns ``steps`` draft-vocabulary logits ``[B, T, N]``: ``out[j][:, t]`` predicts token
         ``t + 2 + j`` (entries whose token ``t+1+j`` is past the sequence are garbage; mask them).

@@ -36,7 +36,7 @@ class ExportFormat:
 
     Attributes:
         name: the format's name (``vllm-eagle3``).
-        writer: ``"module:function"`` (a bare name: of ``drafterkit.drafters.export``) called as
+        writer: ``"module:function"`` (a bare name: of ``drafterkit.drafters.export.writers``) called as
             ``writer(ckpt, out, dtype, target=..., recorded=...)``: ``ckpt`` the drafter folder, ``out`` the
             folder to write (its ``config.json`` holds a ``"drafterkit"`` block with ``kind``), ``dtype`` a
             ``torch.dtype`` or None, ``target`` the ``--target`` given, ``recorded`` the target the export is for
@@ -49,7 +49,7 @@ class ExportFormat:
         architecture: the ``architectures[0]`` its ``config.json`` names, how ``serve-check`` tells the method;
             None: any transformers causal LM (a draft model).
         aux_hidden: the drafter reads the target's auxiliary hidden states (vLLM's ``SupportsEagle3`` on the
-            target), so it is refused for a target class that gives none (:mod:`drafters.vllm_support`).
+            target), so it is refused for a target class that gives none (:mod:`drafters.export.vllm_support`).
         records_source: the export's ``config.json`` records the drafter folder it came from (False: a plain
             transformers model, compared as it is).
         card_note: lines the model card adds under its vLLM command.
@@ -73,7 +73,7 @@ class ExportFormat:
 
     def write_fn(self):
         """The writer function (imports its module)."""
-        return resolve(self.writer, "drafterkit.drafters.export")
+        return resolve(self.writer, "drafterkit.drafters.export.writers")
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,12 @@ class Kind:
         drafter: the ``Drafter`` subclass's name in the kind's module.
         config: its config dataclass's name in the same module (the class's ``config_class``).
         trainable: it has a training strategy (``train.options.KINDS``); prompt lookup has none.
-        formats: the ``drafterkit export --format`` entries that take this kind (``drafters.export``).
+        formats: the ``drafterkit export --format`` entries that take this kind (``drafters.export.writers``).
         trees: its drafter drafts static and dynamic trees (``propose_tree`` and ``propose_dynamic_tree``);
             False for a chain-only kind (DFlash: one block pass drafts one chain), which ``drafterkit eval``,
             ``tune`` and ``quickstart`` refuse to measure as a tree when their flags are validated.
         reads_features: it reads the target's hidden states (a draft LM reads only token ids: any target sharing
-            its vocabulary is its target; :mod:`drafters.target_record`).
+            its vocabulary is its target; :mod:`drafters.target.record`).
         draft_limit: ``(config field, offset)``: a drafter drafts at most ``config[field] + offset`` tokens a round
             (Medusa's heads, one block pass); None: as many as asked.
         tag: the model card's tag; title: its title (both default to ``name``).

@@ -32,7 +32,7 @@ from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.decode.sampling import select_tokens
 from drafterkit.drafters.base import Drafter
-from drafterkit.drafters.feature_head import check_target_shape
+from drafterkit.drafters.heads.feature_head import check_target_shape
 
 
 @dataclass

@@ -44,8 +44,8 @@ from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.drafters.dflash import select_parallel
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.feature_head import trim_kv
-from drafterkit.drafters.layers import causal_mask
+from drafterkit.drafters.heads.feature_head import trim_kv
+from drafterkit.drafters.heads.layers import causal_mask
 
 
 @dataclass

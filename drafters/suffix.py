@@ -5,7 +5,7 @@ Per row, a suffix tree over the prompt and every committed token (grown as token
 a global tree over the outputs already produced by this drafter (each row's output, FIFO-evicted beyond
 ``max_cached_requests`` outputs, as vLLM's cache), and optionally a static corpus (ShareGPT's assistant turns:
 :func:`corpus_index` over the REST datastore's token streams). Each round every source proposes the most
-frequent continuation of the row's longest useful suffix (:func:`drafters.suffix_tree.speculate`: the
+frequent continuation of the row's longest useful suffix (:func:`drafters.lookup.suffix_tree.speculate`: the
 draft grows with the matched length, ``max_spec_factor``, and stops where the estimated probability falls
 below ``min_token_prob``); the best-scoring source wins (ties: the row's own tree, then the outputs, then the
 corpus). Draft tokens are deterministic (one-hot q), so greedy decoding equals plain greedy decoding and
@@ -33,7 +33,7 @@ from drafterkit.assets.pinned import home
 from drafterkit.decode.dynamic_tree import DynamicTree, merge_scored, pack_rows
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.drafters.base import Drafter
-from drafterkit.drafters.suffix_tree import (
+from drafterkit.drafters.lookup.suffix_tree import (
     CorpusSuffixIndex,
     Draft,
     SuffixTree,
@@ -92,7 +92,7 @@ class SuffixDrafter(Drafter):
     Args:
         config: :class:`SuffixConfig` (defaults: vLLM's).
         target: unused (the proposer only reads token ids).
-        corpus: a :class:`drafters.suffix_tree.CorpusSuffixIndex` of the same ``max_tree_depth`` (see
+        corpus: a :class:`drafters.lookup.suffix_tree.CorpusSuffixIndex` of the same ``max_tree_depth`` (see
             :func:`corpus_index`), or None.
 
     Attributes:
@@ -241,7 +241,7 @@ class SuffixDrafter(Drafter):
 
     def row_paths(self, d: Draft, depth: int, total: int) -> dict[tuple[int, ...], float]:
         """``{token path: log estimated probability}``: the ``total`` most probable branches under ``d``'s
-        match (:func:`drafters.suffix_tree.branch_paths`), ``{}`` without a draft."""
+        match (:func:`drafters.lookup.suffix_tree.branch_paths`), ``{}`` without a draft."""
         if not d.tokens:
             return {}
         paths = branch_paths(d.source, d.node, self._depth(d, depth), self.config.min_token_prob, total)
@@ -271,7 +271,7 @@ class SuffixDrafter(Drafter):
 
 
 def corpus_index(datastore, max_depth: int = 24, log=None) -> CorpusSuffixIndex:
-    """The suffix-tree index of a REST datastore's token streams (``drafters.datastore.Datastore``: ShareGPT's
+    """The suffix-tree index of a REST datastore's token streams (``drafters.lookup.datastore.Datastore``: ShareGPT's
     assistant turns by default), its suffix array cached beside the datastore's ``.npz`` (or under
     ``$DRAFTERKIT_HOME/datastores`` for one held in memory), keyed by the corpus and the depth.
     ``log`` (a callable taking a string) hears when it is built."""

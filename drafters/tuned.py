@@ -12,7 +12,7 @@ batch-size-1 winner, or ``None``) and ``tuned_note`` (why, or why not), which is
 ``decode.generate(..., tree="auto")`` finds it without the decoder reading files.
 
 The same drafter behind prompt lookup (``PATH+ngram``) or lookup + retrieval (``PATH+rest``,
-``drafters.hybrid.LookupHybrid``) is another proposer with its own best shape (lookup proposes long
+``drafters.lookup.hybrid.LookupHybrid``) is another proposer with its own best shape (lookup proposes long
 single continuations, so a chain can beat the tree the head alone prefers): ``drafterkit tune PATH+rest``
 records it under its own key, ``tuned+rest`` (:func:`tuned_key`), beside the drafter's ``tuned``.
 """
@@ -28,7 +28,7 @@ from drafterkit.drafters.base import weights_sha256
 DECODING_FILE = "decoding.json"
 TUNED = "tuned"
 #: spec suffixes that put a drafter behind prompt lookup (``+ngram``), lookup + retrieval (``+rest``) or suffix
-#: decoding (``+suffix``, ``drafters.suffix_hybrid.SuffixHybrid``)
+#: decoding (``+suffix``, ``drafters.lookup.suffix_hybrid.SuffixHybrid``)
 LOOKUP_SUFFIXES = ("+ngram", "+rest", "+suffix")
 
 

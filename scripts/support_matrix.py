@@ -138,7 +138,7 @@ def hybrid_serving(cells: dict[str, dict[str, str]]) -> list[str]:
     for every export format, on vLLM's CPU build."""
     from families_hybrid import RECURRENT
 
-    from drafterkit.drafters.vllm_support import VLLM_VERSION
+    from drafterkit.drafters.export.vllm_support import VLLM_VERSION
 
     rows = [f"| {f} | " + cells.get(f, {}).get("vLLM for CPU", "not run").replace("|", "/") + " |" for f in RECURRENT]
     return [
@@ -158,7 +158,7 @@ def hybrid_serving(cells: dict[str, dict[str, str]]) -> list[str]:
         "`causal_conv1d_update` drops `num_accepted_tokens`: a rejected draft token stays in the convolution "
         "state; Nemotron-H with EAGLE-3: 0 of 2 outputs and 4 of 22 chains equal drafterkit's). So `drafterkit "
         "serve-check` refuses every hybrid target on vLLM's CPU build before vLLM starts, in one line with vLLM's "
-        "reason (`drafters/vllm_support.py`, `cpu_hybrid_problem`); with vLLM on a GPU (a venv made with "
+        "reason (`drafters/export/vllm_support.py`, `cpu_hybrid_problem`); with vLLM on a GPU (a venv made with "
         "`DRAFTERKIT_VLLM_PACKAGE=vllm`) it runs, EAGLE-3 / P-EAGLE / DFlash / DSpark next to the classes implementing "
         "SupportsEagle3 (Qwen3.5, Qwen3-Next, Nemotron-H), not checked here. Each cell: "
         "`tests/test_serving_hybrid.py`, a Medusa export (a format no other rule refuses).", "",
@@ -172,7 +172,7 @@ def render(cells: dict[str, dict[str, str]]) -> str:
     import torch
     import transformers
 
-    from drafterkit.drafters.vllm_support import VLLM_VERSION
+    from drafterkit.drafters.export.vllm_support import VLLM_VERSION
 
     def table(columns: list[str], header: list[str]) -> list[str]:
         out = ["| family | " + " | ".join(header) + " |", "|---|" + "---|" * len(columns)]
@@ -208,9 +208,10 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "window of Gemma-2, Gemma-3 and gpt-oss) x 12 new tokens equal drafterkit's, and every draft chain vLLM "
              "proposed (K=3) equals the one drafterkit's decoder proposed at that step (a DFlash drafter's block is 8: "
              "vLLM runs the shorter block [bonus, mask x 3] and so does drafterkit's decoder at K=3) "
-             "(`tests/test_serving_families.py`, `speceval.serving.check_targets`: every served cell in one vLLM "
+             "(`tests/test_serving_families.py`, `speceval.serve_parity.check_targets`: every served cell in one vLLM "
              "process). `refused: ...`: `drafterkit serve-check` refuses before vLLM starts and `drafterkit "
-             "export` warns (`drafters/vllm_support.py`: EAGLE-3, P-EAGLE, DFlash and DSpark draft from the target's "
+             "export` warns (`drafters/export/vllm_support.py`: EAGLE-3, P-EAGLE, DFlash and DSpark draft from the "
+             "target's "
              "auxiliary hidden states, which vLLM gives only for target classes implementing its SupportsEagle3 "
              "interface; it would stop at load with \"RuntimeError: Model does not support EAGLE3 interface\"). "
              "This table needs `DRAFTERKIT_SERVING_MATRIX=full` (the script sets it; CI serves every refused cell "

@@ -1,6 +1,6 @@
 """Evaluation: a drafter measured, never estimated, by the decoder on benchmark prompts.
 
-``drafterkit eval`` lives here (``speceval.bench``; its settings and flags, importable without torch, in
+``drafterkit eval`` lives here (``speceval.eval_run``; its settings and flags, importable without torch, in
 ``speceval.eval_args``): benchmark prompts (``speceval.prompts``: MT-bench, HumanEval, held-out ShareGPT)
 chat-templated as the target serves them, the methods compared side by
 side (``speceval.methods``: drafterkit's engine with and without a drafter, transformers ``generate``

@@ -1,7 +1,7 @@
 """``drafterkit eval``'s settings and flags, importable without torch: ``drafterkit eval --help`` and its usage
-errors answer before anything heavy loads (the verb itself runs in :mod:`speceval.bench`).
+errors answer before anything heavy loads (the verb itself runs in :mod:`speceval.eval_run`).
 
-:class:`EvalConfig` is everything an evaluation measures (``speceval.bench.evaluate`` takes one; the
+:class:`EvalConfig` is everything an evaluation measures (``speceval.eval_run.evaluate`` takes one; the
 quickstart builds its own); :class:`RunOptions` is what the command adds (threads, output files). Each of
 their fields is one flag, built by :func:`add_arguments` from the field's type, default and help.
 """
@@ -222,7 +222,7 @@ class RunOptions:
 
 def check_plots_dir(plots_dir: str | None, cfg: EvalConfig) -> None:
     """Refuse a ``--plots-dir`` (:class:`RunOptions`) that nothing would write into: only a ``--sweep`` or a
-    ``--concurrency`` run makes plots (``speceval.bench.write_outputs``).
+    ``--concurrency`` run makes plots (``speceval.eval_run.write_outputs``).
 
     Raises:
         ValueError: ``plots_dir`` given for an eval with neither, naming the fix.

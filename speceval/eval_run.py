@@ -42,8 +42,8 @@ import torch
 
 from drafterkit.assets.console import disable_progress_bars, make_console
 from drafterkit.assets.device import dtype_name, resolve_device
-from drafterkit.assets.records import plural, unwritable_folder
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
+from drafterkit.assets.records import plural, unwritable_folder
 from drafterkit.assets.target import (
     TargetLoadError,
     load_target,
@@ -53,15 +53,15 @@ from drafterkit.assets.target import (
 )
 from drafterkit.assets.thinking import thinking_mode
 from drafterkit.decode.compiled import compiled_mode
-from drafterkit.decode.warm import warm_up as compiled_warm_up
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
+from drafterkit.decode.warm import warm_up as compiled_warm_up
 from drafterkit.drafters.base import DrafterLoadError
-from drafterkit.drafters.target_recurrent import recurrent_target_problem
-from drafterkit.drafters.trained_for import target_from_records, trained_for_problem
-from drafterkit.drafters.datastore import cached_datastore
+from drafterkit.drafters.lookup.datastore import cached_datastore
+from drafterkit.drafters.lookup.tuned_free import FREE_SPECS
+from drafterkit.drafters.target.recurrent import recurrent_target_problem
+from drafterkit.drafters.target.trained_for import target_from_records, trained_for_problem
 from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
-from drafterkit.drafters.tuned_free import FREE_SPECS
 from drafterkit.speceval import plots, report
 from drafterkit.speceval.eval_args import (
     BASELINES,
@@ -221,7 +221,7 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
     take (from its ``config.json`` alone), and, unless ``target_loaded``, a local target folder
     (:func:`assets.target.target_source_problem`) and its tokenizer, which must have a chat template (the
     default alias is not fetched here), and a target with recurrent / linear-attention layers
-    (``drafters.target_recurrent.recurrent_target_problem``): a typo costs no model
+    (``drafters.target.recurrent.recurrent_target_problem``): a typo costs no model
     load, and nothing is said about the run (a tuned setting's note) before it is refused.
 
     Raises:
@@ -248,7 +248,7 @@ def check_config(cfg: EvalConfig, *, target_loaded: bool = False) -> None:
 
 def trained_for_warnings(specs: typing.Sequence[str], target: str) -> list[str]:
     """One warning line per checkpoint among the ``--drafter`` ``specs`` that was trained for another target than
-    ``target`` (:func:`drafters.trained_for.trained_for_problem`; each folder once).
+    ``target`` (:func:`drafters.target.trained_for.trained_for_problem`; each folder once).
 
     Raises:
         drafters.DrafterLoadError: a checkpoint trained for a target of another vocabulary.
@@ -265,7 +265,7 @@ def trained_for_warnings(specs: typing.Sequence[str], target: str) -> list[str]:
 
 
 def datastore_loader(source: str, tok, quiet: bool = False):
-    """A zero-argument callable returning the ``drafters.datastore`` for ``source`` (built and cached
+    """A zero-argument callable returning the ``drafters.lookup.datastore`` for ``source`` (built and cached
     on first use by ``cached_datastore``; loaded once however many ``+rest`` drafters ask)."""
     @functools.cache
     def load():
@@ -439,7 +439,7 @@ def command_line(config: dict, *, threads: int | None = None, output: str | Path
 def run(args: argparse.Namespace) -> int:
     """``drafterkit eval``: 0 on success, 2 on a usage error (message on stderr). Flags of
     ``speceval.eval_args.RECORDED`` not given take the values the drafters' ``decoding.json`` records; ``--target``
-    not given, the target the drafters' training recipe records (``drafters.trained_for.target_from_records``;
+    not given, the target the drafters' training recipe records (``drafters.target.trained_for.target_from_records``;
     refused when they record different ones), else the default one."""
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,4 +1,4 @@
-"""The measuring parts of ``drafterkit eval`` (``speceval.bench``): the warm-up, the interleaved
+"""The measuring parts of ``drafterkit eval`` (``speceval.eval_run``): the warm-up, the interleaved
 measurement loops (eval, K x temperature sweep, concurrency), the exactness check and machine info.
 Prompts come from ``speceval.prompts``, the methods measured from ``speceval.methods``.
 

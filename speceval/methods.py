@@ -36,13 +36,13 @@ from drafterkit.drafters import (
     resolve_checkpoint,
 )
 from drafterkit.drafters.draft_lm import DraftLM
-from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
 from drafterkit.drafters.kinds import max_draft_tokens
+from drafterkit.drafters.lookup.hybrid import LookupHybrid, drafts_trees
+from drafterkit.drafters.lookup.suffix_hybrid import SuffixHybrid
+from drafterkit.drafters.lookup.tuned_free import FREE_SPECS, attach_free_tuned
 from drafterkit.drafters.ngram import NGramDrafter
 from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
-from drafterkit.drafters.suffix_hybrid import SuffixHybrid
 from drafterkit.drafters.tuned import LOOKUP_SUFFIXES
-from drafterkit.drafters.tuned_free import FREE_SPECS, attach_free_tuned
 from drafterkit.speceval.eval_args import drafter_spec_forms
 from drafterkit.speceval.shape_checks import distinct_trees, refuse_trees, serves_alone, serves_chain
 
@@ -137,13 +137,13 @@ def check_drafter_spec(spec: str, flag: str = "--drafter") -> None:
 
 def build_drafter(spec: str, target, datastore=None, flag: str = "--drafter") -> DrafterSpec | None:
     """``none`` -> None; ``ngram`` -> prompt lookup; ``draft:N`` -> the target truncated to N layers;
-    ``SPEC+ngram`` -> SPEC's drafter behind prompt lookup (``drafters.hybrid.LookupHybrid``: rows whose
+    ``SPEC+ngram`` -> SPEC's drafter behind prompt lookup (``drafters.lookup.hybrid.LookupHybrid``: rows whose
     last 2+ tokens occurred before copy what followed, the rest use the drafter); ``SPEC+rest`` -> the
     same plus retrieval from a corpus datastore (REST) for the rows without a prompt match, the
     corpus's continuations merged into SPEC's tree (``datastore``: a zero-argument callable returning
-    the ``drafters.datastore.Datastore``, called once per ``+rest`` spec); ``suffix`` -> suffix decoding
+    the ``drafters.lookup.datastore.Datastore``, called once per ``+rest`` spec); ``suffix`` -> suffix decoding
     (:func:`suffix_drafter`: prompt trees plus the datastore's corpus); ``SPEC+suffix`` -> SPEC's drafter
-    behind it (``drafters.suffix_hybrid.SuffixHybrid``: the suffix draft where its score reaches the draft
+    behind it (``drafters.lookup.suffix_hybrid.SuffixHybrid``: the suffix draft where its score reaches the draft
     length, else the drafter's);
     anything else -> a path resolved by ``drafters.resolve_checkpoint``: a drafter folder, a training
     checkpoint (``.../checkpoints/best``), a run ``output_dir``, or a plain transformers causal-LM
@@ -197,7 +197,8 @@ _CORPUS_INDEXES: dict[int, Any] = {}
 
 def suffix_drafter(datastore=None) -> SuffixDrafter:
     """Suffix decoding as ``drafterkit eval`` measures it (``suffix`` and ``SPEC+suffix``): vLLM's knobs, its
-    global tree over ``datastore``'s corpus (a zero-argument callable returning a ``drafters.datastore.Datastore``,
+    global tree over ``datastore``'s corpus (a zero-argument callable returning a
+    ``drafters.lookup.datastore.Datastore``,
     the ``+rest`` rows' corpus; None: no corpus) and NOT over the outputs of the run
     (``max_cached_requests=0``): eval decodes the warm-up prompt twice and every prompt once per method, so
     cached outputs would hand a method the answer it is about to produce."""
@@ -213,7 +214,7 @@ def suffix_drafter(datastore=None) -> SuffixDrafter:
 
 def retrieval_info(specs: list[DrafterSpec]) -> dict | None:
     """What a reader needs to reproduce the ``+rest`` rows of ``specs``: ``{"datastore": {"source",
-    "path", "tokens", "vocab_size", "min_ngram", "max_ngram"} (drafters.datastore.Datastore.describe),
+    "path", "tokens", "vocab_size", "min_ngram", "max_ngram"} (drafters.lookup.datastore.Datastore.describe),
     "drafters": {label: {"datastore_share", "datastore_matches", "datastore_depth", "max_ngram",
     "min_match"}}}`` (``LookupHybrid.settings``); ``None`` when no spec retrieves from a datastore.
     ``drafterkit eval`` loads one datastore for all its ``+rest`` specs; should they hold several,
@@ -440,7 +441,7 @@ def tuned_row(name: str, target, datastore=None) -> tuple[DrafterSpec, str] | No
     ``decode.generate(tree="auto")`` uses; a ``+ngram`` / ``+rest`` spec takes the setting ``drafterkit tune
     PATH+rest`` recorded for it, or its drafter's when none was (``drafters.attach_tuned``); ``ngram`` and
     ``suffix`` take the one ``drafterkit tune ngram`` / ``suffix`` recorded for this target, dtype and corpus
-    (``drafters.tuned_free``), under the same rules. Returns
+    (``drafters.lookup.tuned_free``), under the same rules. Returns
     ``(spec, suffix)`` as :func:`build_drafters` collects them, the suffix ``"@<thr> (tuned) tree=<spec>"``
     (no ``tree=`` for a chain, whose K the row carries); ``None`` for a spec with nothing to tune (``none``,
     ``draft:N``).

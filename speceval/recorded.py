@@ -9,7 +9,7 @@ measured (``drafters.base.weights_sha256``) and the ``drafterkit eval`` commands
      "machine": {...speceval.harness.machine_info...}, "weights_sha256": "...", "commands": ["drafterkit eval ..."]}
 
 ``drafterkit export`` reads it too: the model card shows the report's measured numbers while the folder
-still holds the weights of ``weights_sha256`` (``drafters.model_card``).
+still holds the weights of ``weights_sha256`` (``drafters.export.model_card``).
 
 ``drafterkit eval --drafter PATH`` (or ``PATH+rest`` ...) reads it: every flag of :data:`RECORDED` the
 command line did not give takes the recorded value instead of eval's default (:func:`apply_recorded`);

@@ -25,10 +25,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from drafterkit.decode.inputs import AUTO
-from drafterkit.decode.metrics import pool_stats
 from drafterkit.assets.console import make_console
 from drafterkit.assets.records import FEW_PROPOSALS, position_rates
+from drafterkit.decode.inputs import AUTO
+from drafterkit.decode.metrics import pool_stats
 from drafterkit.speceval.factors import draft_shape, factor_cells, per_prompt
 
 # (header, key, format) of the sweep Markdown table; rows are generated from the JSON rows.
@@ -115,7 +115,7 @@ def summarize_eval(methods: list[dict], runs: list[dict]) -> list[dict]:
         methods: ``{"method", "role", "drafter", "k"}`` per method; the ones named ``engine``
             (role ``plain``) and ``hf`` (role ``hf``) are the references when present.
         runs: every run of the measurement (see the module docstring); ``mismatches`` per spec
-            method is filled by ``speceval.bench.evaluate`` afterwards.
+            method is filled by ``speceval.eval_run.evaluate`` afterwards.
 
     Returns:
         rows with the aggregate fields, ``per_prompt`` (``speceval.factors.per_prompt``, what the factor intervals

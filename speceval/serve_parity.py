@@ -46,14 +46,14 @@ from drafterkit.decode.inputs import as_proposer, resolve_eos, shared_vocab_size
 from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafterkit.drafters.base import ExportError, recorded_source
-from drafterkit.drafters.kinds import KINDS, serve_formats
-from drafterkit.drafters.target_recurrent import recurrent_target_problem
-from drafterkit.drafters.trained_for import trained_for_problem
-from drafterkit.drafters.vllm_support import (cpu_hybrid_problem, eagle3_serve_problem, target_architecture,
+from drafterkit.drafters.export.vllm_support import (cpu_hybrid_problem, eagle3_serve_problem, target_architecture,
                                               target_config, target_load_problem)
+from drafterkit.drafters.kinds import KINDS, serve_formats
+from drafterkit.drafters.target.recurrent import recurrent_target_problem
+from drafterkit.drafters.target.trained_for import trained_for_problem
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
-from drafterkit.speceval.serve_checks import (MARKER, cpu_attention_refusal, cpu_method_refusal, draft_layers_refusal,
+from drafterkit.speceval.serve_refusals import (MARKER, cpu_attention_refusal, cpu_method_refusal, draft_layers_refusal,
                                              drafter_source_problem, k_problem, recorded_target, vllm_on_cpu)
 from drafterkit.speceval.vllm_process import run_watched
 
@@ -145,12 +145,12 @@ def inspect_export(export_dir: str | Path) -> dict:
 def source_checkpoint(export_dir, method: str, checkpoint: str | None) -> str | None:
     """The drafterkit checkpoint to compare an export with: ``checkpoint`` (``--drafter``) when given, None for a
     draft LM export (loadable as it is), else the drafter folder the export records
-    (``drafters.export.recorded_source``).
+    (``drafters.base.recorded_source``).
 
     Raises:
         ServeCheckError: that record is absent, its folder is gone or holds other weights (names the fix:
             ``--drafter CHECKPOINT``); a ``checkpoint`` whose weights are not the recorded ones
-            (:func:`speceval.serve_checks.drafter_source_problem`).
+            (:func:`speceval.serve_refusals.drafter_source_problem`).
     """
     if checkpoint is not None and (problem := drafter_source_problem(export_dir, checkpoint)):
         raise ServeCheckError(problem)
@@ -313,8 +313,8 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
     Raises:
         ServeCheckError: no vLLM venv (the message gives the command), a folder that is not an export, an
             EAGLE-3 / P-EAGLE / DFlash / DSpark export for a target architecture vLLM cannot serve it with
-            (:mod:`drafters.vllm_support`), a missing ``--drafter``, an unknown benchmark, an unloadable target, a
-            target with recurrent / linear-attention layers (``drafters.target_recurrent``).
+            (:mod:`drafters.export.vllm_support`), a missing ``--drafter``, an unknown benchmark, an unloadable target,
+            a target with recurrent / linear-attention layers (``drafters.target.recurrent``).
         VLLMRunError: vLLM failed (the message holds the end of its log).
     """
     (reports,) = check_targets([(target, exports)], benchmark=benchmark, num_prompts=num_prompts,
@@ -324,8 +324,8 @@ def check_exports(exports: list[tuple[str | Path, str | None]], target: str = pi
 
 def serve_refusal(method: str, target: str) -> str | None:
     """Why drafterkit refuses, before vLLM starts, to serve-check a ``method`` export next to ``target``
-    (:mod:`drafters.vllm_support`: a target vLLM cannot load; EAGLE-3, P-EAGLE, DFlash and DSpark drafting from the
-    auxiliary hidden states of a target class that gives none), or None."""
+    (:mod:`drafters.export.vllm_support`: a target vLLM cannot load; EAGLE-3, P-EAGLE, DFlash and DSpark drafting from
+    the auxiliary hidden states of a target class that gives none), or None."""
     if problem := target_load_problem(target):
         return problem
     return eagle3_serve_problem(target_architecture(target)) if reads_aux_hidden(method) else None

@@ -1,14 +1,14 @@
-"""What ``drafterkit serve-check`` refuses before vLLM starts (besides :func:`speceval.serving.serve_refusal`'s
+"""What ``drafterkit serve-check`` refuses before vLLM starts (besides :func:`speceval.serve_parity.serve_refusal`'s
 targets vLLM cannot serve a method with), each in one line naming the fix:
 
 * a ``--drafter`` checkpoint whose weights are not the ones the export was written from (the export's
-  ``drafterkit.source.model_sha256``, :func:`drafters.export.record_source`): compared, its chains would differ
+  ``drafterkit.source.model_sha256``, :func:`drafters.export.writers.record_source`): compared, its chains would differ
   and the report would blame the export;
 * a ``--k`` above what the export drafts in one round (Medusa's heads, DFlash's ``block_size - 1``), the rule
   ``drafterkit eval`` applies (:func:`speceval.shape_checks.cap_refusal`);
 * on vLLM's CPU build, a target or drafter whose attention head size vLLM's CPU attention does not run
-  (:func:`drafters.vllm_support.cpu_attention_problem`);
-* a draft LM export whose layers mix attention types (:func:`drafters.vllm_support.draft_layer_types_problem`).
+  (:func:`drafters.export.vllm_support.cpu_attention_problem`);
+* a draft LM export whose layers mix attention types (:func:`drafters.export.vllm_support.draft_layer_types_problem`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import ExportError, recorded_source, weights_sha256
+from drafterkit.drafters.export.vllm_support import cpu_attention_problem, draft_layer_types_problem, target_config
 from drafterkit.drafters.kinds import KINDS, serve_formats
-from drafterkit.drafters.target_record import target_from_records
-from drafterkit.drafters.vllm_support import cpu_attention_problem, draft_layer_types_problem, target_config
+from drafterkit.drafters.target.record import target_from_records
 from drafterkit.speceval.shape_checks import cap_refusal
 
 MARKER = ".drafterkit-vllm-ready"  # written by scripts/vllm-venv.sh when the venv is complete: "PACKAGE: versions"
@@ -56,7 +56,7 @@ def drafter_source_problem(export_dir: str | Path, checkpoint: str) -> str | Non
         fix = f"drop --drafter (the export records {recorded_source(export_dir)}) or pass that folder"
     except (ExportError, OSError, ValueError):
         fix = "pass the checkpoint it was exported from"
-    link = source.get("drafter")  # relative to the export folder (drafters.portable.source_link), or None
+    link = source.get("drafter")  # relative to the export folder (drafters.export.portable.source_link), or None
     where = f" from {os.path.normpath(Path(export_dir).resolve() / link)}" if isinstance(link, str) else ""
     return (f"--drafter {checkpoint} is not the drafter {export_dir} was exported from (its model.safetensors has "
             f"sha256 {digest[:12]}..., the export records {recorded[:12]}...{where}), so "
@@ -64,7 +64,7 @@ def drafter_source_problem(export_dir: str | Path, checkpoint: str) -> str | Non
 
 
 def k_problem(export_dir: str | Path, info: dict, k: int) -> str | None:
-    """Why an explicit ``--k`` is more than the export of ``info`` (:func:`speceval.serving.inspect_export`) drafts
+    """Why an explicit ``--k`` is more than the export of ``info`` (:func:`speceval.serve_parity.inspect_export`) drafts
     in one round, as ``drafterkit eval`` words it (:func:`speceval.shape_checks.cap_refusal`), or None."""
     served = serve_formats().get(info.get("method"))  # the kind whose draft bound it has (Kind.draft_limit)
     kind = served[1] if served is not None and KINDS[served[1]].draft_limit is not None else None
@@ -97,7 +97,7 @@ def cpu_method_refusal(export_dir: str | Path, method: str, python: Path) -> str
 
 def cpu_attention_refusal(target: str, export_dir: str | Path, method: str) -> str | None:
     """Why vLLM's CPU attention cannot run ``target`` or the export's own drafter (a draft LM, a DFlash or EAGLE-3
-    layer; a Medusa export has no attention), or None (:func:`drafters.vllm_support.cpu_attention_problem`)."""
+    layer; a Medusa export has no attention), or None (:func:`drafters.export.vllm_support.cpu_attention_problem`)."""
     if problem := cpu_attention_problem(target_config(target), f"target {target}"):
         return problem
     if method == "medusa":
@@ -107,7 +107,7 @@ def cpu_attention_refusal(target: str, export_dir: str | Path, method: str) -> s
 
 def draft_layers_refusal(export_dir: str | Path, method: str) -> str | None:
     """Why vLLM cannot draft with the draft LM export ``export_dir`` (``method`` ``draft_model``): its layers mix
-    attention types (:func:`drafters.vllm_support.draft_layer_types_problem`); None for other methods."""
+    attention types (:func:`drafters.export.vllm_support.draft_layer_types_problem`); None for other methods."""
     if method != "draft_model":
         return None
     return draft_layer_types_problem(_export_config(export_dir), f"the draft model of {export_dir}")
@@ -115,7 +115,7 @@ def draft_layers_refusal(export_dir: str | Path, method: str) -> str | None:
 
 def recorded_target(export_dir: str | Path, checkpoint: str | None) -> tuple[str | None, str]:
     """serve-check without ``--target``: ``(the target, the line saying so)``, the target the drafter's training
-    recipe records (``drafters.target_record.target_from_records``, as ``drafterkit eval`` finds it) for
+    recipe records (``drafters.target.record.target_from_records``, as ``drafterkit eval`` finds it) for
     ``--drafter checkpoint`` or else the drafter folder the export records (``drafters.base.recorded_source``); or
     ``(None, the line refusing)`` where neither records one (an ``hf-assistant`` export, a bare drafter folder)."""
     label = f"--drafter {checkpoint}" if checkpoint else f"the drafter {export_dir} was exported from"

@@ -24,7 +24,7 @@ from pathlib import Path
 from drafterkit.assets.target import load_target, resolve_target_path
 from drafterkit.decode import generate
 from drafterkit.decode.inputs import resolve_eos
-from drafterkit.speceval import serving
+from drafterkit.speceval import serve_parity
 from drafterkit.speceval.factors import interval_words, ratio_interval
 from drafterkit.speceval.prompts import select_prompts
 
@@ -187,15 +187,15 @@ def export_speed(export_dir, checkpoint: str | None, target: str, *, prompts: li
     "max_new_tokens", "vllm_mode", "vllm_version", "table" (:func:`side_by_side`)}``.
 
     Raises:
-        ServeCheckError, VLLMRunError: as ``speceval.serving.check_exports``.
+        ServeCheckError, VLLMRunError: as ``speceval.serve_parity.check_exports``.
     """
-    python = serving.vllm_python(venv)
-    info = serving.inspect_export(export_dir)
+    python = serve_parity.vllm_python(venv)
+    info = serve_parity.inspect_export(export_dir)
     model, tok = load_target(target, dtype=dtype, device=device, chat=True)
     ids = prompts or [p.input_ids for p in select_prompts(benchmark, tok, num_prompts).prompts]
     eos = sorted(resolve_eos(model, None, model.config.vocab_size))
     kk = min(k, info["num_heads"]) if info["num_heads"] else k
-    drafter = serving.load_check_drafter(export_dir, info["method"], checkpoint, model)
+    drafter = serve_parity.load_check_drafter(export_dir, info["method"], checkpoint, model)
     name = str(next(model.parameters()).dtype).removeprefix("torch.")
     label = f"{info['method']} K={kk}"
     jobs = vllm_jobs(str(resolve_target_path(target)), ids, eos, max_new,
@@ -203,7 +203,7 @@ def export_speed(export_dir, checkpoint: str | None, target: str, *, prompts: li
     mode = "enforce_eager" if eager else "defaults (compiled graphs)"
     print(f"drafterkit serve-check: speed, {name}, batch size 1: vLLM with its {mode}, plain decoding and the "
           "export", flush=True)
-    served = serving.run_vllm(jobs, python)
+    served = serve_parity.run_vllm(jobs, python)
     theirs = vllm_rows(jobs, served)
     print(f"drafterkit serve-check: speed: drafterkit's engine, plain decoding and the drafter as a chain of {kk}",
           flush=True)
@@ -226,11 +226,11 @@ def speed_report(speed: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``drafterkit serve-check``: ``speceval.serving.run`` (the exactness check; its exit status), then, unless
+    """``drafterkit serve-check``: ``speceval.serve_parity.run`` (the exactness check; its exit status), then, unless
     ``--no-speed`` or the check could not run (status 2 or more), the speed pass (:func:`export_speed`), printed and
     added to ``--output``'s JSON as ``"speed"``. A speed pass that cannot run says why in one line on stderr and
     leaves the status as the check set it."""
-    rc = serving.run(args)
+    rc = serve_parity.run(args)
     if rc > 1 or not getattr(args, "speed", False):
         return rc
     k = args.k or 5
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         speed = export_speed(args.export, args.drafter, args.target, benchmark=args.benchmark,
                              num_prompts=args.num_prompts, max_new=args.max_new_tokens, k=k, dtype=args.speed_dtype,
                              venv=args.venv, device=args.device)
-    except (serving.ServeCheckError, serving.VLLMRunError, ValueError) as exc:
+    except (serve_parity.ServeCheckError, serve_parity.VLLMRunError, ValueError) as exc:
         print(f"drafterkit serve-check: speed not measured: {str(exc).splitlines()[0]} (--no-speed skips it)",
               file=sys.stderr)
         return rc

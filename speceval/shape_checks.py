@@ -151,7 +151,7 @@ def check_tune_flags(checkpoint: str, ks: list[int] | None, trees: list[str] | N
 
 def refuse_trees(name: str, drafter, shapes: list[str]) -> list[str]:
     """``["chain"]`` when ``shapes`` (the draft shapes ``speceval.methods.build_drafters`` measures drafter spec
-    ``name`` in) are chains only; the loaded ``drafter`` drafts no trees (``drafters.hybrid.drafts_trees``).
+    ``name`` in) are chains only; the loaded ``drafter`` drafts no trees (``drafters.lookup.hybrid.drafts_trees``).
 
     Raises:
         ValueError: ``shapes`` holds a tree (as :func:`check_tree_shapes`, which eval runs before loading).

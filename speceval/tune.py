@@ -23,7 +23,7 @@ The winner per concurrency, every rung's table, the machine, dtype and drafterki
 ``drafterkit eval`` and ``decode.generate(tree="auto")`` (through the loaded drafter) use when the
 machine matches; a plot of the speedups goes beside it. The model-free proposers (``drafterkit tune ngram``,
 ``drafterkit tune suffix``) have no folder: their record goes under ``$DRAFTERKIT_HOME/tuned``, keyed by the
-target's weights, its dtype and the proposer's knobs and corpus (:mod:`drafters.tuned_free`), and is used
+target's weights, its dtype and the proposer's knobs and corpus (:mod:`drafters.lookup.tuned_free`), and is used
 under the same rules.
 """
 
@@ -47,10 +47,10 @@ from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.recurrent import recurrent_problem
 from drafterkit.drafters import DrafterLoadError, resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
-from drafterkit.drafters.tuned_free import FREE_SPECS, record_path, write_free_tuned
-from drafterkit.drafters.hybrid import drafts_trees
-from drafterkit.drafters.target_recurrent import recurrent_target_problem
-from drafterkit.drafters.trained_for import target_from_records, trained_for_problem
+from drafterkit.drafters.lookup.hybrid import drafts_trees
+from drafterkit.drafters.lookup.tuned_free import FREE_SPECS, record_path, write_free_tuned
+from drafterkit.drafters.target.recurrent import recurrent_target_problem
+from drafterkit.drafters.target.trained_for import target_from_records, trained_for_problem
 from drafterkit.drafters.tuned import (
     DECODING_FILE,
     LOOKUP_SUFFIXES,
@@ -61,9 +61,9 @@ from drafterkit.drafters.tuned import (
     tuned_key,
 )
 from drafterkit.speceval import report
-from drafterkit.speceval.harness import check_quiet, machine_info
-from drafterkit.speceval.bench import datastore_loader
 from drafterkit.speceval.eval_args import DEFAULT_DATASTORE
+from drafterkit.speceval.eval_run import datastore_loader
+from drafterkit.speceval.harness import check_quiet, machine_info
 from drafterkit.speceval.methods import build_drafter, check_drafter_spec, retrieval_info
 from drafterkit.speceval.plots import pyplot, save_figure
 from drafterkit.speceval.prompts import Prompt, select_prompts
@@ -98,7 +98,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
     """Tune ``checkpoint`` (a drafter folder or anything ``drafters.resolve_checkpoint`` takes) and return the
     ``tuned`` record (also written into the folder's ``decoding.json`` when ``write``; for the model-free
     ``ngram`` and ``suffix``, under ``$DRAFTERKIT_HOME/tuned`` for this target, dtype and corpus,
-    ``drafters.tuned_free``, with ``record["file"]`` its path). ``PATH+rest`` /
+    ``drafters.lookup.tuned_free``, with ``record["file"]`` its path). ``PATH+rest`` /
     ``PATH+ngram`` / ``PATH+suffix`` tune the drafter behind lookup (+ retrieval) or suffix decoding, another
     proposer with its own best shape: its record goes under its own key (``tuned+rest``, ``tuned+suffix``,
     ``drafters.tuned.tuned_key``) beside the drafter's.
@@ -114,8 +114,8 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
             Ignored, with the reason in the record, where the drafter cannot decode it (a chain-only drafter
             and a tree incumbent).
         datastore: what ``PATH+rest`` retrieves from (and ``suffix`` / ``PATH+suffix`` index as their corpus): a
-            ``drafters.datastore.Datastore``, a source name or file for ``drafters.datastore.cached_datastore``
-            (default ``sharegpt``, as ``drafterkit eval``).
+            ``drafters.lookup.datastore.Datastore``, a source name or file for
+            ``drafters.lookup.datastore.cached_datastore`` (default ``sharegpt``, as ``drafterkit eval``).
         exact: measure in the decoder's exact mode (``decode.exact_mode``, as ``drafterkit eval`` measures by
             default, so the shape chosen is the fastest under the cost eval measures); the record's ``exact_mode``
             says which; the mode found before is restored on return.
@@ -188,7 +188,7 @@ def tune(checkpoint: str, *, target_name: str = "smollm2-135m", dtype: str = "fp
         record["datastore"] = retrieval_info([spec])["datastore"]
     elif corpus is not None:  # suffix decoding's corpus, PATH+suffix's too
         record["datastore"] = corpus().describe()
-    if write and folder is None:  # ngram, suffix: kept per target, dtype and corpus (drafters.tuned_free)
+    if write and folder is None:  # ngram, suffix: kept per target, dtype and corpus (drafters.lookup.tuned_free)
         path = record_path(target, spec.drafter)
         path.parent.mkdir(parents=True, exist_ok=True)
         record["plot"] = str(plot_tuning(table, winners, path.with_suffix(".png")))

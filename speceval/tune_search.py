@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from drafterkit import decode
 from drafterkit.decode.dynamic_tree import parse_tree
-from drafterkit.drafters.hybrid import drafts_trees
+from drafterkit.drafters.lookup.hybrid import drafts_trees
 from drafterkit.drafters.tuned import setting_label
 from drafterkit.speceval.prompts import Prompt
 

@@ -3,7 +3,7 @@
     VENV/bin/python speceval/vllm_runner.py REQUEST.json RESULT.json
 
 It imports nothing of drafterkit (drafterkit is not installed in that venv) and talks to the parent
-(:mod:`speceval.serving`) through two JSON files.
+(:mod:`speceval.serve_parity`) through two JSON files.
 
 REQUEST: ``{"keep_going": bool (a job that raises gives ``{"error": its exception line}`` and the next runs;
 else the script stops), "jobs": [{"target": folder, "draft": export folder, "method": "eagle3" | "peagle" | "medusa" |

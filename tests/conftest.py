@@ -70,11 +70,11 @@ def _drafterkit_env_is_left_as_found():
 def require_vllm_python() -> str:
     """vLLM's venv python (``scripts/vllm-venv.sh``) for the tests that run real vLLM: they skip without it, except
     where ``DRAFTERKIT_REQUIRE_VLLM=1`` (CI) makes its absence a failure, so a green CI means they ran."""
-    from drafterkit.speceval import serving
+    from drafterkit.speceval import serve_parity
 
     try:
-        return serving.vllm_python()
-    except serving.ServeCheckError as exc:
+        return serve_parity.vllm_python()
+    except serve_parity.ServeCheckError as exc:
         if os.environ.get("DRAFTERKIT_REQUIRE_VLLM") == "1":
             pytest.fail(f"DRAFTERKIT_REQUIRE_VLLM=1 but {exc}")
         pytest.skip(str(exc))

@@ -120,7 +120,7 @@ def test_converted_target_needs_a_matching_completeness_marker(tmp_path, monkeyp
 
 
 def test_assets_cli_names_sizes_and_the_target_alias(tmp_path, monkeypatch, capsys):
-    from drafterkit.train import assets_cli
+    from drafterkit import assets_verb
     from drafterkit.cli import main
 
     monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))
@@ -132,8 +132,8 @@ def test_assets_cli_names_sizes_and_the_target_alias(tmp_path, monkeypatch, caps
     assert main(["assets", "fetch", "smollm2-135m"]) == 0  # the name `list` shows: fetch + convert
     out = capsys.readouterr().out
     assert len(calls) == 1 and "smollm2-135m" in out and "mt-bench" not in out
-    assert assets_cli.format_size(44877) == "44.9 kB" and assets_cli.format_size(512) == "512 B"
-    assert assets_cli.format_size(538_090_408) == "538.1 MB"
+    assert assets_verb.format_size(44877) == "44.9 kB" and assets_verb.format_size(512) == "512 B"
+    assert assets_verb.format_size(538_090_408) == "538.1 MB"
 
 
 def test_local_target_source_resolves_the_alias_only_once_built(monkeypatch, tmp_path):

@@ -68,7 +68,7 @@ def test_first_tokens_follow_target_distribution(params, kind):
     if kind == "hybrid":  # the prompt's last 2-gram occurred before: the first round copies, later ones
         # depend on the sampled tokens (copy where the new 2-gram occurred, the draft LM's q elsewhere)
         from drafterkit.drafters.draft_lm import DraftLM
-        from drafterkit.drafters.hybrid import LookupHybrid
+        from drafterkit.drafters.lookup.hybrid import LookupHybrid
 
         drafter = LookupHybrid(DraftLM.from_model(tiny_llama(3, vocab_size=V, layers=1)))
         prompt = PROMPT + list(range(V)) + PROMPT
@@ -100,7 +100,7 @@ def test_tree_first_tokens_follow_target_distribution(kind):
     if kind == "ngram":  # every id follows the prompt's last token somewhere: a wide lookup trie
         prompt = [t for a in range(V) for t in (PROMPT[-1], a)] + PROMPT
     if kind.endswith("+ngram"):  # a lookup match on the first round, drafter trees later
-        from drafterkit.drafters.hybrid import LookupHybrid
+        from drafterkit.drafters.lookup.hybrid import LookupHybrid
 
         drafter = LookupHybrid(drafter)
         prompt = PROMPT + list(range(V)) + PROMPT

@@ -120,7 +120,7 @@ class _Recording:
 def _build(kind, target):
     from test_drafters_conformance import build
 
-    from drafterkit.drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.lookup.hybrid import LookupHybrid
 
     if kind == "eagle3+ngram":
         return LookupHybrid(build("eagle3", target))
@@ -171,7 +171,7 @@ def test_dynamic_tree_tokens_follow_target_distribution(params, kind):
     from test_decode_distribution import PROMPT, RUNS, V, _chi2, _exact_joint
     from test_drafters_conformance import build
 
-    from drafterkit.drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.lookup.hybrid import LookupHybrid
 
     target = tiny_llama(0, vocab_size=V)
     drafter = build(kind.split("+")[0], target)

@@ -42,7 +42,7 @@ def test_real_target_tree_drafts_are_exact(chat, kind):
     from test_decode_tree import ScriptedTree
 
     from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-    from drafterkit.drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.lookup.hybrid import LookupHybrid
 
     model, ids, ref = chat
     if kind == "scripted":

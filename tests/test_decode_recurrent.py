@@ -14,7 +14,7 @@ from drafterkit.cli import main
 from drafterkit.decode import generate
 from drafterkit.decode.recurrent import recurrent_layers, recurrent_problem
 from drafterkit.drafters.ngram import NGramDrafter
-from drafterkit.drafters.target_recurrent import local_config_dict, recurrent_target_problem
+from drafterkit.drafters.target.recurrent import local_config_dict, recurrent_target_problem
 from families import FAMILIES, family_config
 
 _TINY = {"vocab_size": 320, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,

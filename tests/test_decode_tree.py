@@ -189,7 +189,7 @@ def test_drafter_trees_are_exact_in_a_ragged_batch(target, greedy_ref, kind, spe
 def test_hybrid_tree_is_exact_in_a_batch_and_alone(target, greedy_ref):
     from test_drafters_conformance import build
 
-    from drafterkit.drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.lookup.hybrid import LookupHybrid
 
     hyb = LookupHybrid(build("eagle3", target))
     res = generate(target, ROWS, drafter=hyb, tree="3,2,1", max_new_tokens=N, eos_token_id=[])

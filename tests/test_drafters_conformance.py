@@ -15,7 +15,7 @@ from drafterkit.drafters import KINDS, DrafterLoadError, get_kind, load_drafter
 def test_every_registered_kind_imports_and_matches_its_entry():
     """Each drafters.kinds.KINDS entry names classes that exist in drafters/<kind>.py and agree with it (a kind
     whose module fails to import fails here, and in every parametrized test below: nothing is skipped)."""
-    from drafterkit.drafters.export import FORMATS
+    from drafterkit.drafters.export.writers import FORMATS
 
     for name, entry in KINDS.items():
         cls = entry.drafter_class()
@@ -162,8 +162,8 @@ def test_a_config_json_that_disagrees_with_its_weights_is_named_before_the_targe
     an export that the serving engine then refuses."""
     import json
 
-    from drafterkit.drafters.base import Drafter
     from drafterkit.cli import main as cli
+    from drafterkit.drafters.base import Drafter
 
     target = tiny_llama(0, layers=8)  # EAGLE-3's default ids (2, 4, 5), which engines express ((1, 1, 1) on 2 layers)
     path = build(kind, target).save_pretrained(tmp_path / "ckpt")

@@ -1,4 +1,4 @@
-"""drafters.datastore (REST-style corpus retrieval) and its use by the hybrid: lookups, document
+"""drafters.lookup.datastore (REST-style corpus retrieval) and its use by the hybrid: lookups, document
 boundaries, persistence, building from a conversation file, tree overlay, exactness."""
 
 import json
@@ -10,14 +10,14 @@ import torch
 from conftest import tiny_llama
 
 from drafterkit.decode import generate
-from drafterkit.speceval.methods import build_drafter
 from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.decode.tree import DraftTree
-from drafterkit.drafters import datastore as datastore_module
-from drafterkit.drafters.datastore import Datastore, build_datastore, cached_datastore
 from drafterkit.drafters.draft_lm import DraftLM
-from drafterkit.drafters.hybrid import LookupHybrid
+from drafterkit.drafters.lookup import datastore as datastore_module
+from drafterkit.drafters.lookup.datastore import Datastore, build_datastore, cached_datastore
+from drafterkit.drafters.lookup.hybrid import LookupHybrid
 from drafterkit.drafters.ngram import fill_tree, overlay_tree
+from drafterkit.speceval.methods import build_drafter
 
 
 def _brute(docs, row, depth, lo=2, hi=4):
@@ -241,14 +241,14 @@ def test_bad_datastores_and_specs_name_the_fix(tmp_path):
         build_drafter("draft:1+rest+ngram", target, lambda: _store_from([[1, 2]]))
     with pytest.raises(ValueError, match="rest: retrieval needs a datastore"):
         build_drafter("rest", target)
-    with pytest.raises(TypeError, match="drafters.datastore.Datastore"):
+    with pytest.raises(TypeError, match="drafters.lookup.datastore.Datastore"):
         LookupHybrid(DraftLM.from_target(target, 1), datastore="sharegpt")
     with pytest.raises(TypeError, match="wraps a drafter"):
         LookupHybrid(None)
     wide = LookupHybrid(DraftLM.from_target(target, 1), datastore=_store_from([[1, 2]], vocab=1000))
     with pytest.raises(ValueError, match="build it with the target's tokenizer"):
         generate(target, [[1, 2, 3]], drafter=wide, max_new_tokens=4)
-    from drafterkit.speceval.bench import EvalConfig, datastore_loader
+    from drafterkit.speceval.eval_run import EvalConfig, datastore_loader
 
     with pytest.raises(ValueError, match=r"x.jsonl is unused: only \+rest and suffix drafters read a datastore"):
         EvalConfig(drafters=["ngram"], datastore=str(tmp_path / "x.jsonl")).validate()

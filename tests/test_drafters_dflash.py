@@ -208,7 +208,7 @@ def test_training_raises_measured_acceptance_on_what_it_trained_on():
 def test_dflash_behind_prompt_lookup_drafts_chains_and_eval_measures_it_so():
     """A hybrid has propose_tree, but with a chain-only drafter inside it drafts chains: eval's tree rows and
     tune's tree candidates skip it instead of failing at the first tree."""
-    from drafterkit.drafters.hybrid import LookupHybrid, drafts_trees
+    from drafterkit.drafters.lookup.hybrid import LookupHybrid, drafts_trees
     from drafterkit.speceval.tune_search import candidates
 
     target = tiny_llama(0)

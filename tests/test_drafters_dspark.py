@@ -171,7 +171,7 @@ def test_export_holds_vllm_qwen3_dspark_names_and_fields(kind, tmp_path):
     reduced vocabulary; no embed_tokens, and no lm_head for the full one: shared from the target), and its
     config fields (markov_rank, enable_confidence_head, confidence_head_with_markov, draft_vocab_size,
     dspark_noise_token_id, sample_from_anchor, dflash_config.target_layer_ids = drafterkit ids - 1)."""
-    from drafterkit.drafters.export import export
+    from drafterkit.drafters.export.writers import export
 
     target = tiny_llama(0)
     d = build(kind, target)
@@ -197,7 +197,7 @@ def _qwen3_export(tmp_path):
     """A tiny Qwen3 target folder and a dspark drafter's checkpoint and vllm-dspark export for it."""
     from families import save_family
 
-    from drafterkit.drafters.export import export
+    from drafterkit.drafters.export.writers import export
 
     target, _ = save_family("qwen3", tmp_path / "target")
     torch.manual_seed(0)
@@ -212,11 +212,11 @@ def test_serve_check_refuses_a_dspark_export_on_vllms_cpu_build_before_starting_
     import sys
 
     from drafterkit.cli import main as cli
-    from drafterkit.speceval import serving
-    from drafterkit.speceval.serve_checks import MARKER
+    from drafterkit.speceval import serve_parity
+    from drafterkit.speceval.serve_refusals import MARKER
 
     _, _, out = _qwen3_export(tmp_path)
-    assert serving.inspect_export(out) == {"method": "dspark", "num_heads": 4}
+    assert serve_parity.inspect_export(out) == {"method": "dspark", "num_heads": 4}
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
@@ -234,15 +234,15 @@ def test_vllm_cpu_refuses_dspark_for_the_reason_serve_check_gives(tmp_path):
     fails: drop the refusal and check parity instead)."""
     from conftest import require_vllm_python
 
-    from drafterkit.speceval import serving
     from drafterkit.drafters.kinds import export_format
+    from drafterkit.speceval import serve_parity
 
     python = require_vllm_python()
     _, _, out = _qwen3_export(tmp_path)
     job = {"target": str(tmp_path / "target"), "draft": str(out), "method": "dspark", "k": 4, "max_new_tokens": 8,
            "prompts": [[3, 10, 20, 30]], "eos": [2], "dtype": "float32"}
     log = tmp_path / "vllm.log"
-    (result,) = serving.run_vllm([job], Path(python), timeout=600, log=log, keep_going=True)["results"]
+    (result,) = serve_parity.run_vllm([job], Path(python), timeout=600, log=log, keep_going=True)["results"]
     quoted = export_format("vllm-dspark").cpu_refusal.split("('")[1].rstrip("')")
     assert "error" in result and quoted in log.read_text(), result
 
@@ -260,8 +260,8 @@ def test_vllms_own_dspark_heads_draft_the_chain_and_confidences_drafterkit_does(
     from conftest import require_vllm_python
     from safetensors.torch import save_file
 
-    from drafterkit.drafters.export import export
-    from drafterkit.speceval.serving import RUNNER
+    from drafterkit.drafters.export.writers import export
+    from drafterkit.speceval.serve_parity import RUNNER
 
     python = require_vllm_python()
     target = tiny_llama(0)

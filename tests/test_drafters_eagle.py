@@ -160,7 +160,7 @@ def test_head_attention_matches_llama_attention_with_grouped_heads_at_far_positi
     """Grouped-query attention without copying key/value heads, and RoPE angles computed in float32 even
     after the module is cast to bf16: a query 1,000 positions past its cached keys (a bf16 frequency table
     would turn their relative angle by radians)."""
-    from drafterkit.drafters.layers import DraftAttention, causal_mask
+    from drafterkit.drafters.heads.layers import DraftAttention, causal_mask
 
     torch.manual_seed(0)
     attn = DraftAttention(64, 64, heads=4, kv_heads=2, head_dim=16, rope_theta=10000.0).eval()

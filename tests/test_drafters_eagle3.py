@@ -19,7 +19,7 @@ from drafterkit.drafters.eagle3 import (
     mapping_from_ids,
     select_draft_vocab,
 )
-from drafterkit.drafters.layers import ttt_attention_mask
+from drafterkit.drafters.heads.layers import ttt_attention_mask
 from drafterkit.train.recipe import recipe_from_dict
 from drafterkit.train.strategies import get_strategy
 
@@ -247,7 +247,7 @@ def test_last_feature_fc_init_passes_the_top_feature_layer_through():
 def test_split_attention_init_sees_embedding_plus_hidden_as_the_target_layer_would():
     """Both halves of the head's 2H-wide q/k/v get the target's last-layer weights: the projection of
     [e; x] equals the target's projection of e + x; the two input norms start as the target's."""
-    from drafterkit.drafters.feature_head import init_layer_from_target
+    from drafterkit.drafters.heads.feature_head import init_layer_from_target
     from drafterkit.train.strategies.eagle3 import init_split_attention_from_target
 
     target = tiny_llama(0, layers=4)

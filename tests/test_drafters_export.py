@@ -11,10 +11,10 @@ import torch
 from conftest import tiny_llama
 from safetensors.torch import load_file
 
-from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.export import ExportError, export, push_to_hub
-from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 from drafterkit.cli import main as cli
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.export.writers import ExportError, export, push_to_hub
+from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 
 
 def _eagle3_ckpt(tmp_path, n=40, layers=(1, 2, 3), num_layers=4, seed=0, head_layers=1):
@@ -61,7 +61,7 @@ def test_a_multi_layer_eagle3_export_writes_the_layers_vllm_loads_and_sglang_is_
     """num_layers 3: config.json's num_hidden_layers is 3; layer 0 is ``layers.0.*`` (2H-wide q/k/v, hidden_norm),
     layers 1-2 ``layers.{i}.*`` plain Llama layers (vLLM's llama_eagle3 names, no midlayer); it loads back into
     the same head. SGLang stacks later layers with another residual: refused, naming the fix."""
-    from drafterkit.drafters.export import load_eagle3_export
+    from drafterkit.drafters.export.writers import load_eagle3_export
 
     d, ckpt = _eagle3_ckpt(tmp_path, head_layers=3)
     out = export(ckpt, "vllm-eagle3", tmp_path / "out")
@@ -94,7 +94,7 @@ def test_eagle3_export_reloads_for_reduced_and_full_vocabularies(tmp_path, fmt, 
     """export -> load_eagle3_export gives the same head: the same tensors (fc's input blocks in layer order),
     the same draft ids, the same logits on the target's features; a full vocabulary carries no d2t / t2d
     (vLLM creates draft_id_to_target_id only for draft_vocab_size < vocab_size and loads strictly)."""
-    from drafterkit.drafters.export import load_eagle3_export
+    from drafterkit.drafters.export.writers import load_eagle3_export
 
     d, ckpt = _eagle3_ckpt(tmp_path, n=n, layers=layers)
     target = tiny_llama(0, layers=4)
@@ -454,7 +454,7 @@ def test_export_error_names_what_was_found(tmp_path, capsys):
 
 
 def test_push_to_hub_checks_the_hub_before_writing(tmp_path, monkeypatch, capsys):
-    import drafterkit.drafters.export as ex
+    import drafterkit.drafters.export.writers as ex
 
     _, ckpt = _eagle3_ckpt(tmp_path)
     order = []
@@ -485,7 +485,7 @@ def test_dflash_export_is_the_checkpoint_under_vllms_config_and_loads_back(tmp_p
     from test_drafters_conformance import build
 
     from drafterkit.decode.protocol import DecodeState, SamplingParams
-    from drafterkit.drafters.export import load_dflash_export
+    from drafterkit.drafters.export.writers import load_dflash_export
 
     target = tiny_llama(0, layers=4)
     d = build(kind, target)

@@ -15,8 +15,8 @@ import yaml
 from conftest import save_tiny_target
 
 from drafterkit.drafters.base import ExportError, recorded_source, weights_sha256
-from drafterkit.drafters.export import FORMATS, export
-from drafterkit.drafters.portable import scrubbed, shown_path, source_link
+from drafterkit.drafters.export.portable import scrubbed, shown_path, source_link
+from drafterkit.drafters.export.writers import FORMATS, export
 from drafterkit.train.checkpoint import TrainerState
 
 
@@ -135,7 +135,7 @@ def test_the_card_license_is_the_targets_else_the_recipes_else_other(world, tmp_
     (target / "README.md").write_text("---\nlicense: mit\ntags: [x]\n---\n# a target\n")
     card = (export(ckpt, "vllm-eagle3", tmp_path / "b") / "README.md").read_text()
     assert "license: mit" in card and "License: `mit`, the target's" in card
-    from drafterkit.drafters.model_card import target_license
+    from drafterkit.drafters.export.model_card import target_license
     assert target_license("smollm2-135m") == "apache-2.0" and target_license(None) is None
 
 

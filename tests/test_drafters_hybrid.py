@@ -1,14 +1,14 @@
-"""drafters.hybrid: prompt lookup first, the trained drafter otherwise; exact under greedy and sampling."""
+"""drafters.lookup.hybrid: prompt lookup first, the trained drafter otherwise; exact under greedy and sampling."""
 
 import pytest
 import torch
 from conftest import tiny_llama
 
 from drafterkit.decode import generate
-from drafterkit.speceval.methods import build_drafter
 from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.drafters.draft_lm import DraftLM
-from drafterkit.drafters.hybrid import LookupHybrid
+from drafterkit.drafters.lookup.hybrid import LookupHybrid
+from drafterkit.speceval.methods import build_drafter
 
 
 def _state(rows, vocab=128):

@@ -13,13 +13,13 @@ import torch
 import yaml
 from conftest import tiny_llama
 
+from drafterkit.cli import main as cli
 from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.export import export
+from drafterkit.drafters.export.model_card import hub_base_model
+from drafterkit.drafters.export.writers import export
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
-from drafterkit.drafters.model_card import hub_base_model
 from drafterkit.train.checkpoint import TrainerState
-from drafterkit.cli import main as cli
 from drafterkit.train.recipe import recipe_from_dict
 
 EVAL = {"tau": 1.8125, "acceptance_rate": 0.2031, "accept_per_position": [0.5, 0.25, 0.125, 0.0625],
@@ -158,7 +158,7 @@ def test_base_model_is_a_hub_id_or_left_out(tmp_path):
 def test_push_to_hub_uploads_the_export_with_its_card(tmp_path, monkeypatch, capsys):
     import huggingface_hub
 
-    import drafterkit.drafters.export as ex
+    import drafterkit.drafters.export.writers as ex
 
     calls = []
 
@@ -211,7 +211,7 @@ def test_the_card_states_the_tuned_setting_and_serves_its_k(tmp_path):
 def test_the_measured_table_marks_rates_resting_on_few_proposals():
     """Per-position acceptance over 3 proposals carries ``(n=3)``, as the quickstart's report prints it; a
     position no proposal reached is ``-``."""
-    from drafterkit.drafters.card_measured import quickstart_section
+    from drafterkit.drafters.export.card_measured import quickstart_section
 
     row = dict(method="m", prompts=8, k=5, tau=1.585, acceptance_rate=0.3, accept_per_position=[0.5, 0.4, 0.3, 0.0],
                reached_per_position=[100, 40, 3, 0])
@@ -232,7 +232,7 @@ def test_the_measured_table_marks_rates_resting_on_few_proposals():
 def test_a_tree_marked_carried_by_an_older_report_is_not_the_served_factor():
     """A report written before the served chain was measured marked its tree row ``export``: the card keeps it
     apart as drafterkit's own shape and says the served chain was not measured."""
-    from drafterkit.drafters.card_measured import quickstart_section
+    from drafterkit.drafters.export.card_measured import quickstart_section
 
     row = dict(method="m@0.1 tree=3,2,1,1,1", prompts=8, k=5, tau=1.9, acceptance_rate=0.3, accept_per_position=[])
     tree = dict(export=True, method=row["method"], ratio=1.24, tokens_per_s=31.0, over_tokens_per_s=25.0, group="g",

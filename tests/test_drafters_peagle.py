@@ -12,8 +12,8 @@ from conftest import tiny_llama
 from drafterkit.decode import engine, generate
 from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.drafters import load_drafter
-from drafterkit.drafters.eagle3_export import load_peagle_export
-from drafterkit.drafters.export import export
+from drafterkit.drafters.export.eagle3_layout import load_peagle_export
+from drafterkit.drafters.export.writers import export
 from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 
 V = 16

@@ -13,9 +13,9 @@ from conftest import tiny_llama
 
 from drafterkit.decode import generate
 from drafterkit.decode.protocol import DecodeState, SamplingParams
+from drafterkit.drafters.lookup.suffix_hybrid import SuffixHybrid
+from drafterkit.drafters.lookup.suffix_tree import CorpusSuffixIndex, SuffixTree, speculate
 from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter
-from drafterkit.drafters.suffix_hybrid import SuffixHybrid
-from drafterkit.drafters.suffix_tree import CorpusSuffixIndex, SuffixTree, speculate
 
 
 class Brute:

@@ -1,4 +1,4 @@
-"""Drafters started from the target's layers, per family (``drafters.target_layers``): what maps computes what
+"""Drafters started from the target's layers, per family (``drafters.target.layers``): what maps computes what
 the target's part computes (fused projections split, Gemma's ``1 + weight`` norms, the pre-MLP norm found by
 role), what does not map (post-norms, experts) keeps its default init, and a target none of whose layers maps
 starts the drafter fresh, said in one line naming the family and the option. Tiny seeded random targets of each
@@ -13,7 +13,7 @@ from families import FAMILIES, build_family
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, copy_final_norm
-from drafterkit.drafters.target_layers import decoder_layers, fresh_init_note, llama_layer_tensors
+from drafterkit.drafters.target.layers import decoder_layers, fresh_init_note, llama_layer_tensors
 from drafterkit.train.strategies.dflash import init_layers_from_target
 from drafterkit.train.strategies.eagle3 import init_split_attention_from_target
 
@@ -39,7 +39,7 @@ def test_an_eagle3_head_starts_from_the_last_layer_of_every_family(family):
     last = decoder_layers(target)[-1]
     head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=64), target=target)
     fresh = {k: v.clone() for k, v in head.layer.state_dict().items()}
-    from drafterkit.drafters.feature_head import init_layer_from_target
+    from drafterkit.drafters.heads.feature_head import init_layer_from_target
 
     init_layer_from_target(head.layer, target)
     init_split_attention_from_target(head.layer, target)
@@ -125,7 +125,7 @@ def test_a_target_without_mappable_attention_starts_the_drafter_fresh_in_one_lin
 def test_a_target_without_a_llama_body_is_refused_for_the_feature_kinds():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from drafterkit.drafters.target_layers import feature_refusal
+    from drafterkit.drafters.target.layers import feature_refusal
 
     target = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
                                               num_attention_heads=4, intermediate_size=64))

@@ -17,11 +17,11 @@ from families import build_family, save_family
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS, default_target_dir
 from drafterkit.assets.target import same_target
 from drafterkit.cli import main as cli
-from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters import load_drafter
 from drafterkit.drafters.base import DrafterLoadError
 from drafterkit.drafters.draft_lm import DraftLM
-from drafterkit.drafters.trained_for import shapes_match, trained_for_problem, trained_target
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.target.trained_for import shapes_match, trained_for_problem, trained_target
 from drafterkit.train.recipe import recipe_from_dict
 
 

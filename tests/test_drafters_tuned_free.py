@@ -1,4 +1,4 @@
-"""The tuned records of the model-free proposers (``drafters.tuned_free``): keyed by the target's weights, its
+"""The tuned records of the model-free proposers (``drafters.lookup.tuned_free``): keyed by the target's weights, its
 dtype, the proposer's knobs and corpus; used under the checkpoint rules (machine, faster than plain decoding);
 ``decode.generate(tree="auto")`` decodes in the recorded shape once attached."""
 
@@ -10,11 +10,9 @@ from conftest import tiny_llama
 
 from drafterkit.assets.device import host_info
 from drafterkit.decode import generate
-from drafterkit.drafters.datastore import Datastore
-from drafterkit.drafters.hybrid import LookupHybrid
-from drafterkit.drafters.ngram import NGramConfig, NGramDrafter
-from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
-from drafterkit.drafters.tuned_free import (
+from drafterkit.drafters.lookup.datastore import Datastore
+from drafterkit.drafters.lookup.hybrid import LookupHybrid
+from drafterkit.drafters.lookup.tuned_free import (
     attach_free_tuned,
     proposer_key,
     read_free_tuned,
@@ -22,6 +20,8 @@ from drafterkit.drafters.tuned_free import (
     target_identity,
     write_free_tuned,
 )
+from drafterkit.drafters.ngram import NGramConfig, NGramDrafter
+from drafterkit.drafters.suffix import SuffixConfig, SuffixDrafter, corpus_index
 
 
 def _record(speedup=1.5, machine=None, **winner):

@@ -49,7 +49,7 @@ def _recipe_file(root) -> str:
 
 
 def test_every_table_reads_the_registered_kind(toy):
-    from drafterkit.drafters.export import FORMATS
+    from drafterkit.drafters.export.writers import FORMATS
     from drafterkit.train.recipe import RecipeError, recipe_from_dict
 
     assert "toy" in kinds.trainable_kinds() and "toy" in kinds.feature_kinds() and FORMATS["toy-plain"] == "toy"
@@ -67,7 +67,7 @@ def test_the_toy_kind_trains_decodes_exactly_and_exports(toy, capsys):
     from drafterkit.decode import generate
     from drafterkit.drafters import load_drafter
     from drafterkit.drafters.base import ExportError
-    from drafterkit.drafters.export import export
+    from drafterkit.drafters.export.writers import export
 
     root, target, _ = toy
     assert main(["train", _recipe_file(root)]) == 0
@@ -110,7 +110,7 @@ def test_quickstarts_kind_help_lists_the_trainable_kinds():
     import argparse
     import re
 
-    from drafterkit.train.quickstart_args import add_arguments
+    from drafterkit.quickstart.args import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -5,10 +5,13 @@ Rank order (each package imports only packages of lower rank, and itself):
 
     0 assets    pinned assets, conversation and prompt readers, target loading
     1 decode    the decoder core: engine, cache, verification, sampling, trees, metrics, proposer protocol
-    2 drafters  drafter kinds, save / load, export (imports assets and decode)
-    3 speceval  evaluation: benchmark prompts, methods, measurement, reports, plots, sweeps
-    4 train     data, features, losses, the training loop, recipes, the quickstart
-    5 drafterkit the namespace root (``drafterkit/``): the ``drafterkit`` command (``cli.py``)
+    2 drafters  drafter kinds (one module each), save / load; subpackages: export formats and what vLLM serves
+                (``export/``), model-free lookup support (``lookup/``), the target as a drafter reads it
+                (``target/``), the heads' shared parts (``heads/``) (imports assets and decode)
+    3 speceval  evaluation: benchmark prompts, methods, measurement, reports, plots, sweeps, serve-check
+    4 train     data, features, losses, the training loop, recipes
+    5 drafterkit the namespace root (``drafterkit/``), the CLI layer: the ``drafterkit`` command (``cli.py``), the
+                verbs' front-ends that nothing below uses (``quickstart/``, ``assets_verb.py``, argument modules)
 
 Installed, every package lives under the ``drafterkit`` namespace (``drafterkit.decode``, ...), each from
 the repository folder of its name (pyproject.toml's package-dir).
@@ -42,7 +45,7 @@ MAX_FUNCTION_LINES = 80  # body lines, docstring excluded
 def _modules(root: Path = ROOT) -> dict[str, Path]:
     out = {}
     for pkg in RANKS:
-        for path in sorted((root / pkg).rglob("*.py")) if pkg != NAMESPACE else sorted((root / pkg).glob("*.py")):
+        for path in sorted((root / pkg).rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -51,9 +54,12 @@ def _modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 MODULES = _modules()
+#: the namespace root's own modules and subpackages (``cli``, ``quickstart``, ...), named ``drafterkit.<name>``
+ROOT_NAMES = sorted({p.stem for p in (ROOT / NAMESPACE).glob("*.py") if p.stem != "__init__"}
+                    | {p.name for p in (ROOT / NAMESPACE).iterdir() if (p / "__init__.py").exists()})
 #: a string naming a module of ours, as ``importlib.import_module`` or a ``"module:attr"`` table takes it (a
 #: trailing dot: the constant head of an f-string such as ``f"drafterkit.train.strategies.{kind}"``)
-STRING_IMPORT = re.compile(rf"{NAMESPACE}\.(?:{'|'.join(p for p in RANKS if p != NAMESPACE)}|cli)"
+STRING_IMPORT = re.compile(rf"{NAMESPACE}\.(?:{'|'.join([*(p for p in RANKS if p != NAMESPACE), *ROOT_NAMES])})"
                            r"(?:\.[A-Za-z_]\w*)*\.?(?::[A-Za-z_]\w*)?")
 
 
@@ -139,7 +145,7 @@ def test_a_planted_upward_string_import_fails_the_rank_order(tmp_path):
         'STRATEGY = "drafterkit.train.strategies.eagle3:Eagle3Strategy"\n'
         'LAZY = f"drafterkit.speceval.{1}"\nOWN = "drafterkit.drafters.eagle3:Eagle3Drafter"\n'
         'PROSE = "see drafterkit.train.loop for the loop"\n')
-    (tmp_path / "train" / "planted.py").write_text('RUNNER = "drafterkit.drafters.export:run"\n')
+    (tmp_path / "train" / "planted.py").write_text('RUNNER = "drafterkit.drafters.export.writers:run"\n')
     assert rank_offenders(tmp_path) == [
         "decode/planted.py:5 imports train.loop (by string)",
         "drafters/planted.py:1 imports train.strategies.eagle3 (by string)",

@@ -1,6 +1,6 @@
 """The quickstart report's headline lines: the factor an export carries and the drafter against prompt lookup."""
 
-from drafterkit.train.quickstart_report import LOSS_WINDOW, headline_lines, loss_words
+from drafterkit.quickstart.report import LOSS_WINDOW, headline_lines, loss_words
 
 
 def _factor(factor, ratio, export=False):

@@ -14,17 +14,17 @@ from families import save_family
 
 from drafterkit.cli import main as cli
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.export import export
+from drafterkit.drafters.export.vllm_support import CPU_ATTENTION_HEAD_SIZES
+from drafterkit.drafters.export.writers import export
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
-from drafterkit.drafters.vllm_support import CPU_ATTENTION_HEAD_SIZES
-from drafterkit.speceval import serving
-from drafterkit.speceval.serve_checks import MARKER, vllm_on_cpu
+from drafterkit.speceval import serve_parity
+from drafterkit.speceval.serve_refusals import MARKER, vllm_on_cpu
 
 VLLM_SHAPE = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}  # a head size vLLM's CPU runs
 
 
 def _venv(folder, marker: str):
-    """A vLLM venv as ``serving.vllm_python`` finds one (``scripts/vllm-venv.sh``'s marker, a python)."""
+    """A vLLM venv as ``serve_parity.vllm_python`` finds one (``scripts/vllm-venv.sh``'s marker, a python)."""
     (folder / "bin").mkdir(parents=True)
     (folder / "bin" / "python").symlink_to(sys.executable)
     (folder / MARKER).write_text(marker)
@@ -109,5 +109,5 @@ def test_the_report_counts_one_prompt_in_the_singular():
               "vllm": {"counters": stats, "steps": stats, "device": "cpu"},
               "comparison": {"outputs_identical": 1, "prompts": 1, "chains_identical": 3, "chains": 3,
                              "first_output_difference": None, "first_chain_difference": None}}
-    assert "mt-bench, 1 prompt x 8 new tokens" in serving.format_report(report)
-    assert "mt-bench, 2 prompts x 8 new tokens" in serving.format_report({**report, "prompts": 2})
+    assert "mt-bench, 1 prompt x 8 new tokens" in serve_parity.format_report(report)
+    assert "mt-bench, 2 prompts x 8 new tokens" in serve_parity.format_report({**report, "prompts": 2})

@@ -3,11 +3,11 @@
 
 A cell is a family x export format. The drafter is built from the family's tiny random target
 (``tests/families.py``, reshaped to 2 heads of 32, which vLLM's CPU attention takes), seeded and untrained,
-saved, exported with ``drafters.export.export`` and served by vLLM 0.32 on a CPU next to the saved target,
-greedy in fp32 (``speceval.serving.check_targets``): vLLM's outputs and every draft chain it proposes must equal
+saved, exported with ``drafters.export.writers.export`` and served by vLLM 0.32 on a CPU next to the saved target,
+greedy in fp32 (``speceval.serve_parity.check_targets``): vLLM's outputs and every draft chain it proposes must equal
 drafterkit's decoder's on the same 2 prompts of 40 tokens (past the 32-token sliding window of Gemma-2, Gemma-3
 and gpt-oss) x 12 new tokens. Every served cell runs in ONE vLLM process (an engine per cell, ~5 s each on 2 cores).
-A cell drafterkit refuses before vLLM starts (``drafters.vllm_support``: EAGLE-3, P-EAGLE and DFlash need a
+A cell drafterkit refuses before vLLM starts (``drafters.export.vllm_support``: EAGLE-3, P-EAGLE and DFlash need a
 target class with vLLM's SupportsEagle3 interface) checks that refusal's line instead.
 
 Which cells run: all of them with ``DRAFTERKIT_SERVING_MATRIX=full`` (what ``scripts/support_matrix.py`` runs
@@ -25,8 +25,8 @@ import pytest
 import torch
 from families import FAMILIES, build_family, family_prompts
 
-from drafterkit.drafters.export import export
-from drafterkit.speceval import serving
+from drafterkit.drafters.export.writers import export
+from drafterkit.speceval import serve_parity
 from conftest import require_vllm_python
 
 pytestmark = [pytest.mark.matrix, pytest.mark.serving, pytest.mark.slow]
@@ -45,10 +45,10 @@ FULL = os.environ.get("DRAFTERKIT_SERVING_MATRIX") == "full"
 
 
 def _refusal(family: str, fmt: str) -> str | None:
-    from drafterkit.drafters.vllm_support import eagle3_serve_problem
+    from drafterkit.drafters.export.vllm_support import eagle3_serve_problem
 
     arch = FAMILIES[family][1]
-    return eagle3_serve_problem(arch) if serving.reads_aux_hidden(FORMATS[fmt][0]) else None
+    return eagle3_serve_problem(arch) if serve_parity.reads_aux_hidden(FORMATS[fmt][0]) else None
 
 
 ALL = [(f, fmt) for f in FAMILIES for fmt in FORMATS]
@@ -113,7 +113,7 @@ def served(request, tmp_path_factory):
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as vLLM's CPU engine runs; the tiny models gain nothing from a second thread
     try:
-        reports = serving.check_targets(groups, prompts=prompts, max_new_tokens=NEW, k=K, keep_going=True,
+        reports = serve_parity.check_targets(groups, prompts=prompts, max_new_tokens=NEW, k=K, keep_going=True,
                                         log=root / "vllm.log", timeout=300 + 120 * len(cells))
     finally:
         torch.set_num_threads(before)
@@ -124,10 +124,10 @@ def served(request, tmp_path_factory):
 def test_serves(served, family, fmt, record_property):
     """vLLM loads the export next to the target and proposes the same chains as drafterkit, outputs equal."""
     r = served[family, fmt]
-    assert "error" not in r, serving.format_report(r)
+    assert "error" not in r, serve_parity.format_report(r)
     c = r["comparison"]
-    assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
-    assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+    assert c["outputs_identical"] == c["prompts"] == 2, serve_parity.format_report(r)
+    assert c["chains_identical"] == c["chains"] > 0, serve_parity.format_report(r)
     record_property("cell", f"pass (chains {c['chains_identical']}/{c['chains']})")
 
 
@@ -135,8 +135,8 @@ def test_serves(served, family, fmt, record_property):
 def test_serves_refused(tmp_path, family, fmt, record_property):
     """drafterkit refuses the cell before vLLM starts (``drafterkit serve-check`` exits 2 with the line)."""
     folder, ((out, _),) = _prepare(tmp_path, family, [fmt])
-    with pytest.raises(serving.ServeCheckError) as info:
-        serving.check_targets([(folder, [(out, None)])], venv=tmp_path / "no-venv")
+    with pytest.raises(serve_parity.ServeCheckError) as info:
+        serve_parity.check_targets([(folder, [(out, None)])], venv=tmp_path / "no-venv")
     line = str(info.value)
     assert FAMILIES[family][1] in line and "SupportsEagle3" in line, line
     record_property("cell", "refused: " + line.split(": ", 1)[1].split("; serve-check")[0])

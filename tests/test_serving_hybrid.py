@@ -1,5 +1,5 @@
 """``drafterkit serve-check`` next to hybrid targets (recurrent layers beside attention) on vLLM's CPU build: refused
-before vLLM starts, with vLLM's own reason (``drafters.vllm_support.cpu_hybrid_problem``).
+before vLLM starts, with vLLM's own reason (``drafters.export.vllm_support.cpu_hybrid_problem``).
 
 Found by running vLLM 0.32 for CPU (``scripts/vllm-venv.sh``, fp32, ``enforce_eager``) on the tiny hybrid targets of
 ``tests/families_hybrid.py`` reshaped to attention heads of 32 (what vLLM's CPU attention takes):
@@ -32,8 +32,8 @@ from families import one_thread  # noqa: F401 (an autouse fixture: one intra-op 
 from families_hybrid import HYBRID_FAMILIES, RECURRENT, save_hybrid
 from test_serving_families import make_drafter
 
-from drafterkit.drafters.export import export
-from drafterkit.speceval import serving
+from drafterkit.drafters.export.writers import export
+from drafterkit.speceval import serve_parity
 from conftest import require_vllm_python
 
 pytestmark = [pytest.mark.matrix, pytest.mark.serving]
@@ -49,14 +49,14 @@ STATE_COPY = "TypeError: 'function' object is not subscriptable"
 def test_serves_on_cpu_refused(tmp_path, family, record_property):
     """serve-check refuses a hybrid target on vLLM's CPU build in one line quoting vLLM's reason and naming the fix."""
     python = require_vllm_python()
-    if not serving.vllm_on_cpu(python):
+    if not serve_parity.vllm_on_cpu(python):
         pytest.skip("the vLLM venv is not vLLM's CPU build")
     folder = tmp_path / "target"
     target, _ = save_hybrid(family, folder, **VLLM_SHAPE)
     ckpt = make_drafter("medusa", target).save_pretrained(tmp_path / "medusa")
     out = export(ckpt, "medusa", tmp_path / "medusa-export", target=str(folder))
-    with pytest.raises(serving.ServeCheckError) as info:
-        serving.check_targets([(str(folder), [(out, None)])], prompts={str(folder): [[5, 6, 7]]}, max_new_tokens=4,
+    with pytest.raises(serve_parity.ServeCheckError) as info:
+        serve_parity.check_targets([(str(folder), [(out, None)])], prompts={str(folder): [[5, 6, 7]]}, max_new_tokens=4,
                               k=2)
     line = str(info.value)
     assert "\n" not in line and "for CPU cannot serve" in line, line
@@ -74,12 +74,13 @@ OBSERVED = {"qwen3_next": (STATE_COPY, STATE_COPY), "nemotron_h": (STATE_COPY, S
 
 @pytest.mark.slow
 def test_vllm_for_cpu_still_fails_as_the_refusals_say(tmp_path):
-    """The refusals' reasons are still vLLM's: past the refusal (``speceval.serving.run_vllm``, the runner serve-check
+    """The refusals' reasons are still vLLM's: past the refusal (``speceval.serve_parity.run_vllm``, the runner
+    serve-check
     starts, ``keep_going``), vLLM for CPU stops on each family with the error its refusal quotes; when a new vLLM pin
     serves these targets, this fails and the refusal goes. One vLLM process (~25 s on 2 cores); two jobs failing in
     a row also check that a failed job's engine does not take the next job's parallel groups down with it."""
     python = require_vllm_python()
-    if not serving.vllm_on_cpu(python):
+    if not serve_parity.vllm_on_cpu(python):
         pytest.skip("the vLLM venv is not vLLM's CPU build")
     jobs = []
     for family in OBSERVED:
@@ -90,7 +91,7 @@ def test_vllm_for_cpu_still_fails_as_the_refusals_say(tmp_path):
         jobs.append({"target": str(folder / "target"), "draft": str(out), "method": "medusa", "k": 2,
                      "max_new_tokens": 4, "prompts": [list(range(10, 50))], "eos": [2], "dtype": "float32"})
     log = tmp_path / "vllm.log"
-    results = serving.run_vllm(jobs, python, timeout=400, log=log, keep_going=True)["results"]
+    results = serve_parity.run_vllm(jobs, python, timeout=400, log=log, keep_going=True)["results"]
     text = log.read_text(errors="replace")
     for family, result in zip(OBSERVED, results):
         assert "error" in result, f"vLLM served a {family} target on a CPU: drop its refusal (cpu_hybrid_problem)"

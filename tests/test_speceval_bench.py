@@ -11,17 +11,17 @@ from conftest import tiny_llama
 
 from drafterkit.assets.console import make_console
 from drafterkit.assets.pinned import default_target_dir
+from drafterkit.cli import build_parser, main, parse
 from drafterkit.decode import exact_mode, exact_mode_enabled
 from drafterkit.decode.tree import DraftTree
-from drafterkit.drafters.datastore import Datastore
 from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.lookup.datastore import Datastore
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
-from drafterkit.speceval import bench, eval_args, methods, report
+from drafterkit.speceval import eval_args, eval_run, methods, report
 from drafterkit.speceval.harness import check_exactness
 from drafterkit.speceval.methods import build_drafter, hf_method
 from drafterkit.speceval.report import differs_note, parse_markdown_table, render_markdown
-from drafterkit.cli import build_parser, main, parse
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +347,7 @@ def test_repeated_trees_are_found_on_the_parsed_tree_not_the_text():
     assert DraftTree.parse(one[0]).num_nodes == 1
     parser = argparse.ArgumentParser()
     eval_args.add_arguments(parser)
-    cfg = bench.config_from_args(parser.parse_args([a for t in one for a in ("--tree", t)]))
+    cfg = eval_run.config_from_args(parser.parse_args([a for t in one for a in ("--tree", t)]))
     assert cfg.trees == ["[[0],[0]]"]
     specs = methods.build_drafters(["ngram"], tiny_llama(0), [0.0], one)  # the Python API path too
     assert [s.label for s in specs] == ["ngram tree=[[0],[0]]"]
@@ -383,7 +383,7 @@ def test_an_explicit_datastore_without_rest_is_refused_but_the_default_is_not():
     import warnings
 
     def cfg(*argv):
-        return bench.config_from_args(parse(build_parser(), ["eval", *argv]))
+        return eval_run.config_from_args(parse(build_parser(), ["eval", *argv]))
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -399,7 +399,7 @@ def test_an_explicit_datastore_without_rest_is_refused_but_the_default_is_not():
 
 def test_compile_needs_the_fast_path():
     def cfg(*argv):
-        return bench.config_from_args(parse(build_parser(), ["eval", *argv]))
+        return eval_run.config_from_args(parse(build_parser(), ["eval", *argv]))
 
     with pytest.raises(ValueError, match="--compile compiles the fast path's target passes.*add --no-exact"):
         cfg("--compile").validate()
@@ -439,14 +439,14 @@ def test_eval_flags_are_built_from_the_config_fields():
     fields = {f.name for cls in (eval_args.EvalConfig, eval_args.RunOptions) for f in dataclasses.fields(cls)}
     assert dests == (fields - {"progress", "exact"}) | {"no_progress", "no_exact"}
     assert all(a.help for a in eval_parser._actions)
-    assert bench.config_from_args(parse(parser, ["eval"])) == bench.EvalConfig()
-    assert bench.EvalConfig().drafters == ["ngram"]
+    assert eval_run.config_from_args(parse(parser, ["eval"])) == eval_run.EvalConfig()
+    assert eval_run.EvalConfig().drafters == ["ngram"]
     argv = ["--drafter", "a", "--drafter", "b+rest", "--datastore", "d.npz", "--tree", "2,1", "--tree", "1",
             "--draft-threshold", "0,0.1", "--sweep", "--sweep-k", "1,3", "--sweep-temperature", "0,1",
             "--concurrency", "2", "--no-progress", "--baselines", "engine", "--k", "3", "--top-p", "0.9",
             "--no-exact"]
-    cfg = bench.config_from_args(parse(parser, ["eval", *argv]))
-    assert bench.EvalConfig().exact and not cfg.exact
+    cfg = eval_run.config_from_args(parse(parser, ["eval", *argv]))
+    assert eval_run.EvalConfig().exact and not cfg.exact
     assert (cfg.drafters, cfg.datastore, cfg.trees, cfg.draft_thresholds) == (["a", "b+rest"], "d.npz", ["2,1", "1"],
                                                                            [0.0, 0.1])
     assert (cfg.sweep, cfg.sweep_k, cfg.sweep_temperature, cfg.concurrency) == (True, [1, 3], [0.0, 1.0], [2])
@@ -521,19 +521,19 @@ def test_eval_measures_in_exact_mode_unless_told_and_its_record_says_which(tiny_
 
 
 def test_the_command_line_of_a_config_parses_back_to_it():
-    """``bench.command_line`` (what the quickstart prints) is a shell line whose flags give the same config."""
+    """``eval_run.command_line`` (what the quickstart prints) is a shell line whose flags give the same config."""
     import shlex
 
-    cfg = bench.EvalConfig(drafters=["runs/a b", "ngram", "runs/a b+rest"], datastore="sharegpt", benchmark="humaneval",
-                           trees=["3,2,1,1,1", "chain"], draft_thresholds=[0.0, 0.1], dtype="bf16", top_p=0.9,
-                           sweep=True, sweep_k=[1, 3], progress=False, exact=False)
-    line = bench.command_line(dataclasses.asdict(cfg), threads=1, output="out/e.json")
+    cfg = eval_run.EvalConfig(drafters=["runs/a b", "ngram", "runs/a b+rest"], datastore="sharegpt",
+                              benchmark="humaneval", trees=["3,2,1,1,1", "chain"], draft_thresholds=[0.0, 0.1],
+                              dtype="bf16", top_p=0.9, sweep=True, sweep_k=[1, 3], progress=False, exact=False)
+    line = eval_run.command_line(dataclasses.asdict(cfg), threads=1, output="out/e.json")
     assert " --no-exact" in line  # the fast path, said where it differs from eval's default
     assert line.startswith("drafterkit eval --drafter 'runs/a b' --drafter ngram --drafter 'runs/a b+rest'")
     args = parse(build_parser(), shlex.split(line)[1:])
-    assert bench.config_from_args(args) == dataclasses.replace(cfg, progress=True)  # progress is not a setting
+    assert eval_run.config_from_args(args) == dataclasses.replace(cfg, progress=True)  # progress is not a setting
     assert (args.threads, args.output) == (1, "out/e.json")
-    plain = bench.command_line(dataclasses.asdict(bench.EvalConfig()))  # defaults: only the settings always said
+    plain = eval_run.command_line(dataclasses.asdict(eval_run.EvalConfig()))  # defaults: only the settings always said
     assert plain == ("drafterkit eval --drafter ngram --benchmark mt-bench --num-prompts 8 --max-new-tokens 128 "
                      "--k 5 --draft-threshold 0 --tree chain --dtype auto --baselines engine,hf,hf-assisted")
 
@@ -552,18 +552,18 @@ def test_recorded_decoding_settings_fill_the_flags_not_given(tmp_path, capsys):
 
     def applied(*argv):
         args = parse(parser, ["eval", *argv])
-        cfg = bench.config_from_args(args)
+        cfg = eval_run.config_from_args(args)
         return cfg, apply_recorded(cfg, {name for name in RECORDED if getattr(args, name) is not None})
 
     cfg, info = applied("--drafter", f"{a.parent}+rest")  # a checkpoint folder holding drafter/, behind lookup
     assert (cfg.dtype, cfg.trees, cfg.k, cfg.draft_thresholds) == ("bf16", ["2,1"], 3, [0.1])
     assert info["flags"] == "--dtype bf16 --tree 2,1 --k 3 --draft-threshold 0.1"
     assert info["file"] == str(a / "decoding.json") and info["source"].startswith("drafterkit quickstart, cpu")
-    assert "decoding settings taken from it: --dtype bf16" in bench.recorded_message(info)
+    assert "decoding settings taken from it: --dtype bf16" in eval_run.recorded_message(info)
     cfg, info = applied("--drafter", str(a), "--dtype", "fp32", "--tree", "chain")  # explicit flags win
     assert (cfg.dtype, cfg.trees, cfg.k, cfg.draft_thresholds) == ("fp32", ["chain"], 3, [0.1])
-    assert info["overridden"] == ["dtype", "trees"] and "own --dtype, --tree kept" in bench.recorded_message(info)
-    assert applied("--drafter", "ngram", "--drafter", str(b)) == (bench.EvalConfig(drafters=["ngram", str(b)]), None)
+    assert info["overridden"] == ["dtype", "trees"] and "own --dtype, --tree kept" in eval_run.recorded_message(info)
+    assert applied("--drafter", "ngram", "--drafter", str(b)) == (eval_run.EvalConfig(drafters=["ngram", str(b)]), None)
     write_decoding(b, dict(dtype="fp32", trees=["chain"], k=5, draft_thresholds=[0.0]), written_by="someone")
     cfg, info = applied("--drafter", str(a), "--drafter", str(b))  # two records that disagree: neither applies
     assert info["applied"] == {} and "record different decoding settings" in info["note"] and cfg.dtype == "auto"
@@ -593,7 +593,7 @@ def test_an_option_that_cannot_apply_is_refused_before_the_target_loads(tmp_path
 def test_sweep_and_plot_options_are_taken_where_they_apply():
     def cfg(*argv):
         args = parse(build_parser(), ["eval", *argv])
-        return bench.config_from_args(args), args
+        return eval_run.config_from_args(args), args
 
     for argv in (["--sweep", "--sweep-k", "1,2", "--sweep-temperature", "0"], ["--sweep", "--plots-dir", "p"],
                  ["--concurrency", "1,2", "--plots-dir", "p"], ["--sweep-k", "1,2,3,4,5,6,7,8"]):  # the default's value
@@ -601,7 +601,7 @@ def test_sweep_and_plot_options_are_taken_where_they_apply():
         c.validate()
         eval_args.check_plots_dir(args.plots_dir, c)
     with pytest.raises(ValueError, match="--sweep-k applies to --sweep only"):  # the library refuses it too
-        bench.EvalConfig(sweep_k=[2]).validate()
+        eval_run.EvalConfig(sweep_k=[2]).validate()
 
 
 def test_recorded_message_says_which_setting_is_used_and_why_not(tmp_path):
@@ -619,8 +619,8 @@ def test_recorded_message_says_which_setting_is_used_and_why_not(tmp_path):
     (folder / "decoding.json").write_text(json.dumps(dict(tuned=tuned)))
 
     def message(given=(), **flags):
-        cfg = bench.EvalConfig(drafters=[str(folder)], device="cpu", **flags)
-        return bench.recorded_message(apply_recorded(cfg, set(given)))
+        cfg = eval_run.EvalConfig(drafters=[str(folder)], device="cpu", **flags)
+        return eval_run.recorded_message(apply_recorded(cfg, set(given)))
 
     for msg in (message(), message(("trees", "k"), trees=["2,1"], k=2)):
         assert msg.startswith(f"drafterkit eval: {folder / 'decoding.json'}: nothing taken from it, eval's defaults "
@@ -637,8 +637,8 @@ def test_recorded_message_says_which_setting_is_used_and_why_not(tmp_path):
     assert msg.endswith(": its drafterkit tune setting not used, since the command line gives every one it records "
                         "(--draft-threshold, --dtype, --k, --tree)")
     # --tree auto (the quickstart's reproduce commands): every row runs the tuned setting, whatever else is given
-    cfg = bench.EvalConfig(drafters=[str(folder)], device="cpu", trees=["auto"])
-    auto = bench.recorded_message(apply_recorded(cfg, {"dtype", "trees", "k", "draft_thresholds"}), tree_auto=True)
+    cfg = eval_run.EvalConfig(drafters=[str(folder)], device="cpu", trees=["auto"])
+    auto = eval_run.recorded_message(apply_recorded(cfg, {"dtype", "trees", "k", "draft_thresholds"}), tree_auto=True)
     assert auto.endswith(": its drafterkit tune setting used: --tree auto measures each checkpoint row in the chain "
                          "/ tree, K and draft threshold tune recorded for it on this machine")
     assert "not used" not in auto
@@ -658,7 +658,7 @@ def test_eval_defaults_to_auto_dtype_resolved_as_the_quickstart_resolves_it(monk
         seen.append(cfg.dtype)
         raise ValueError("stop here")
 
-    monkeypatch.setattr(bench, "evaluate", fake_evaluate)
+    monkeypatch.setattr(eval_run, "evaluate", fake_evaluate)
     argv = ["eval", "--drafter", "ngram", "--target", "x/y", "--output", str(tmp_path / "e.json")]
     assert main(argv) == 2 and seen == [dtype_name("auto")]
     assert f"drafterkit eval: --dtype auto -> {seen[0]} on this device" in capsys.readouterr().out

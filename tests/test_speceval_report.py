@@ -10,11 +10,11 @@ import torch
 from conftest import tiny_llama
 
 from drafterkit.assets.console import make_console
-from drafterkit.assets.records import FEW_PROPOSALS
 from drafterkit.assets.pinned import default_target_dir
+from drafterkit.assets.records import FEW_PROPOSALS
+from drafterkit.cli import main
 from drafterkit.speceval import factors, plots, report
 from drafterkit.speceval.harness import check_exactness
-from drafterkit.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -344,7 +344,7 @@ def test_each_acceptance_row_has_one_legend_entry_and_whole_counts():
 def test_legends_sit_outside_the_data_and_the_loss_plot_shows_its_running_mean(tmp_path, monkeypatch):
     """A legend inside the axes covered bars and points: every legend is placed right of the plotting area, and
     the saved image is wide enough to hold it; the training loss is drawn raw and as a running mean."""
-    from drafterkit.train.quickstart_report import plot_losses
+    from drafterkit.quickstart.report import plot_losses
 
     plt = plots.pyplot()
     fig, ax = plt.subplots()

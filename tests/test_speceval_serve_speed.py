@@ -10,8 +10,8 @@ from conftest import tiny_llama
 
 from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.ngram import NGramDrafter
+from drafterkit.serve_check_args import add_arguments
 from drafterkit.speceval import methods, serve_speed
-from drafterkit.speceval.serve_check_args import add_arguments
 
 
 def test_served_chain_adds_the_chain_of_k_without_threshold_only_where_none_is_measured(tmp_path):

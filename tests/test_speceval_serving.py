@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from drafterkit.assets.target import load_target
+from drafterkit.cli import main as cli
 from drafterkit.decode import generate
 from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.export import export
+from drafterkit.drafters.export.writers import export
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
-from drafterkit.speceval import serving
+from drafterkit.speceval import serve_parity
 from drafterkit.speceval.prompts import select_prompts
-from drafterkit.cli import main as cli
 from drafterkit.train.recipe import recipe_from_dict
 from drafterkit.train.strategies import get_strategy
 from conftest import require_vllm_python
@@ -28,11 +28,11 @@ from conftest import require_vllm_python
 
 def test_counters_convert_to_our_per_position_convention():
     # 10 drafts of K=3: 6 accepted position 0, 3 of those position 1, 1 of those position 2
-    got = serving.convert_counters({"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 10,
+    got = serve_parity.convert_counters({"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 10,
                                     "num_accepted_tokens_per_pos": [6, 3, 1]})
     assert got["tau"] == pytest.approx(2.0) and got["acceptance_rate"] == pytest.approx(1 / 3)
     assert got["accept_per_position"] == pytest.approx([0.6, 0.5, 1 / 3])
-    assert serving.convert_counters({"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+    assert serve_parity.convert_counters({"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                                      "num_accepted_tokens_per_pos": [0, 0]})["accept_per_position"] == [0.0, 0.0]
 
 
@@ -41,23 +41,23 @@ def test_vllm_steps_rescored_as_our_engine_counts():
     out = [10, 11, 12, 13, 14, 15]
     steps = [[{"draft": [11, 12, 99], "generated": [11, 12, 13]},  # 2 accepted + bonus
               {"draft": [14, 15, 16], "generated": [14, 15, 16, 17]}]]  # all accepted; 2 tokens were left
-    st = serving.score_vllm_steps(steps, [out], max_new=6, eos=[2])
+    st = serve_parity.score_vllm_steps(steps, [out], max_new=6, eos=[2])
     assert st["committed"] == 6 and st["target_forwards"] == 2
     assert st["drafted"] == 3 + 1 and st["accepted"] == 2 + 1  # second chain cut to 2 - 1 = 1 token
     assert st["tau"] == pytest.approx(5 / 2)
     assert st["accept_per_position"] == pytest.approx([1.0, 1.0, 0.0])
     # EOS inside the accepted block: emitted up to EOS, no rejection counted after it
-    st = serving.score_vllm_steps([[{"draft": [11, 2, 5], "generated": [11, 2, 5, 6]}]], [[10, 11, 2]], 8, [2])
+    st = serve_parity.score_vllm_steps([[{"draft": [11, 2, 5], "generated": [11, 2, 5, 6]}]], [[10, 11, 2]], 8, [2])
     assert st["committed"] == 3 and st["accepted"] == 2 and st["tau"] == pytest.approx(2.0)
 
 
 def test_chains_compare_up_to_the_budget_cut():
     ours = {"outputs": [[1, 2, 3]], "chains": [[([2, 3], 5), ([7], 2)]]}
     theirs = {"outputs": [[1, 2, 3]], "steps": [[{"draft": [2, 3]}, {"draft": [7, 8]}]]}
-    got = serving.compare(ours, theirs)
+    got = serve_parity.compare(ours, theirs)
     assert (got["outputs_identical"], got["chains_identical"], got["chains"]) == (1, 2, 2)
     theirs["steps"][0][1]["draft"] = [6, 8]
-    got = serving.compare(ours, theirs)
+    got = serve_parity.compare(ours, theirs)
     assert got["chains_identical"] == 1 and got["first_chain_difference"]["step"] == 1
 
 
@@ -102,7 +102,7 @@ def test_an_exception_on_drafterkits_side_has_its_own_status_not_outputs_differ(
     def fails(*args, **kwargs):
         raise RuntimeError("Tensor must have a last dimension with stride 1\nsecond line")
 
-    monkeypatch.setattr(serving, "check_exports", fails)
+    monkeypatch.setattr(serve_parity, "check_exports", fails)
     assert cli(["serve-check", str(draft), "--target", "smollm2-135m"]) == 4
     err = capsys.readouterr().err
     assert err.startswith("drafterkit serve-check: error: drafterkit's own side failed (RuntimeError: Tensor must "
@@ -145,8 +145,8 @@ def test_a_drafter_that_does_not_fit_the_target_is_refused_before_the_vllm_pass(
     head.set_draft_vocab(torch.arange(40) * 3, target=target)
     ckpt = head.save_pretrained(tmp_path / "e3")
     out = export(ckpt, "vllm-eagle3", tmp_path / "e3-export")
-    with pytest.raises(serving.ServeCheckError, match=r"--drafter .*e3"):
-        serving.load_check_drafter(out, "eagle3", None, tiny_llama(0, layers=2))  # a target of 2 layers, not 4
+    with pytest.raises(serve_parity.ServeCheckError, match=r"--drafter .*e3"):
+        serve_parity.load_check_drafter(out, "eagle3", None, tiny_llama(0, layers=2))  # a target of 2 layers, not 4
 
 
 def test_exports_record_their_source_drafter_and_serve_check_uses_it(tmp_path, capsys):
@@ -215,9 +215,9 @@ def test_a_peagle_export_is_served_as_eagle3_with_parallel_drafting(tmp_path):
                          target=target)
     head.set_draft_vocab(torch.arange(40) * 3, target=target)
     out = export(head.save_pretrained(tmp_path / "pe"), "vllm-peagle", tmp_path / "pe-export")
-    assert serving.inspect_export(out) == {"method": "peagle", "num_heads": None}
+    assert serve_parity.inspect_export(out) == {"method": "peagle", "num_heads": None}
     assert SPEC_METHODS["peagle"] == {"method": "eagle3", "parallel_drafting": True}
-    assert serving.load_check_drafter(out, "peagle", None, target).kind == "peagle"
+    assert serve_parity.load_check_drafter(out, "peagle", None, target).kind == "peagle"
 
 
 def test_serve_check_runs_a_dflash_drafter_with_the_block_vllm_runs_at_k(tmp_path):
@@ -233,13 +233,13 @@ def test_serve_check_runs_a_dflash_drafter_with_the_block_vllm_runs_at_k(tmp_pat
     target = tiny_llama(0, layers=4)
     d = DFlashDrafter(DFlashConfig.from_target(target, block_size=6), target=target)
     out = export(d.save_pretrained(tmp_path / "df"), "vllm-dflash", tmp_path / "df-export")
-    assert serving.inspect_export(out) == {"method": "dflash", "num_heads": 5}
-    ours = serving.load_check_drafter(out, "dflash", None, target)
+    assert serve_parity.inspect_export(out) == {"method": "dflash", "num_heads": 5}
+    ours = serve_parity.load_check_drafter(out, "dflash", None, target)
     short = DFlashDrafter(replace(d.config, block_size=4), target=target)
     short.load_state_dict(d.state_dict())
     prompts = [[5, 9, 17, 33, 2, 70], [11, 12, 13]]
-    got = serving.run_drafterkit(target, ours, prompts, 3, 10, [])
-    want = serving.run_drafterkit(target, short, prompts, 3, 10, [])
+    got = serve_parity.run_drafterkit(target, ours, prompts, 3, 10, [])
+    want = serve_parity.run_drafterkit(target, short, prompts, 3, 10, [])
     assert got["chains"] == want["chains"] and got["outputs"] == want["outputs"]
 
 
@@ -328,18 +328,18 @@ def test_exports_decode_and_draft_in_vllm_as_in_drafterkit(tmp_path, vllm_python
     target, tok = load_target("smollm2-135m")
     exports = _exports(tmp_path, target, tok)
     del target
-    reports = serving.check_exports(exports, "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
+    reports = serve_parity.check_exports(exports, "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
     with capsys.disabled():
-        print("\n" + "\n".join(serving.format_report(r) for r in reports))
+        print("\n" + "\n".join(serve_parity.format_report(r) for r in reports))
     for r in reports:
         c = r["comparison"]
-        assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
-        assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+        assert c["outputs_identical"] == c["prompts"] == 2, serve_parity.format_report(r)
+        assert c["chains_identical"] == c["chains"] > 0, serve_parity.format_report(r)
         ours, steps, counters = r["drafterkit"], r["vllm"]["steps"], r["vllm"]["counters"]
         assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
         assert steps["accept_per_position"] == pytest.approx(ours["accept_per_position"])
         assert counters["num_drafts"] == ours["target_forwards"]  # one vLLM draft per verification pass
-        assert ours["accept_per_position"][1] > 0, serving.format_report(r)  # drafts accepted past position 0
+        assert ours["accept_per_position"][1] > 0, serve_parity.format_report(r)  # drafts accepted past position 0
 
 
 @pytest.mark.slow
@@ -362,14 +362,14 @@ def test_a_dflash_export_drafts_in_vllm_as_in_drafterkit(tmp_path, vllm_python, 
     ckpt = d.save_pretrained(tmp_path / "dflash")
     exported = export(ckpt, "vllm-dflash", tmp_path / "dflash-export", target="smollm2-135m")
     del target
-    (r,) = serving.check_exports([(exported, ckpt)], "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
+    (r,) = serve_parity.check_exports([(exported, ckpt)], "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
     with capsys.disabled():
-        print("\n" + serving.format_report(r))
+        print("\n" + serve_parity.format_report(r))
     c, ours, steps = r["comparison"], r["drafterkit"], r["vllm"]["steps"]
-    assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
-    assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+    assert c["outputs_identical"] == c["prompts"] == 2, serve_parity.format_report(r)
+    assert c["chains_identical"] == c["chains"] > 0, serve_parity.format_report(r)
     assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
-    assert ours["accept_per_position"][0] > 0, serving.format_report(r)
+    assert ours["accept_per_position"][0] > 0, serve_parity.format_report(r)
 
 
 @pytest.mark.slow
@@ -397,17 +397,17 @@ def test_a_peagle_export_drafts_in_vllm_with_parallel_drafting_as_in_drafterkit(
         ckpt = head.save_pretrained(tmp_path / name)
         exports.append((export(ckpt, "vllm-peagle", tmp_path / f"{name}-export", target="smollm2-135m"), None))
     del target
-    reports = serving.check_exports(exports, "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
+    reports = serve_parity.check_exports(exports, "smollm2-135m", num_prompts=2, max_new_tokens=32, k=5)
     with capsys.disabled():
-        print("\n" + "\n".join(serving.format_report(r) for r in reports))
+        print("\n" + "\n".join(serve_parity.format_report(r) for r in reports))
     assert len(reports) == 2
     for r in reports:
         c, ours, steps = r["comparison"], r["drafterkit"], r["vllm"]["steps"]
         assert r["method"] == "peagle"
-        assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
-        assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+        assert c["outputs_identical"] == c["prompts"] == 2, serve_parity.format_report(r)
+        assert c["chains_identical"] == c["chains"] > 0, serve_parity.format_report(r)
         assert steps["tau"] == pytest.approx(ours["tau"]) and steps["committed"] == ours["committed"] == 64
-        assert ours["accept_per_position"][0] > 0, serving.format_report(r)
+        assert ours["accept_per_position"][0] > 0, serve_parity.format_report(r)
 
 
 def test_serve_check_refuses_an_eagle3_export_for_a_target_vllm_cannot_serve_before_starting_vllm(tmp_path, capsys):
@@ -455,16 +455,16 @@ def test_a_failed_vllm_run_names_its_last_exception_line(tmp_path):
     import sys
     from pathlib import Path
 
-    with pytest.raises(serving.VLLMRunError) as info:
-        serving.run_vllm([{"target": "x", "draft": "y", "method": "eagle3"}], Path(sys.executable))
+    with pytest.raises(serve_parity.VLLMRunError) as info:
+        serve_parity.run_vllm([{"target": "x", "draft": "y", "method": "eagle3"}], Path(sys.executable))
     first = str(info.value).splitlines()[0]
     assert first.endswith("exit status 1: ModuleNotFoundError: No module named 'vllm'. End of its log:"), first
     log = ("INFO 12-04 10:00:01 [core.py:90] Loading model\n"
            "ERROR 12-04 10:02:11 [core.py:710] RuntimeError: Model does not support EAGLE3 interface but "
            "aux_hidden_state_outputs was requested\nProcess finished\n")
-    assert serving.last_exception(log) == ("RuntimeError: Model does not support EAGLE3 interface but "
+    assert serve_parity.last_exception(log) == ("RuntimeError: Model does not support EAGLE3 interface but "
                                            "aux_hidden_state_outputs was requested")
-    assert serving.last_exception("Traceback (most recent call last):\n  raise ValueError(x)\n") is None
+    assert serve_parity.last_exception("Traceback (most recent call last):\n  raise ValueError(x)\n") is None
 
 
 def test_serve_check_says_what_vllm_is_doing_while_it_starts(tmp_path, capsys):

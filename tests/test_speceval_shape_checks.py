@@ -10,8 +10,8 @@ from conftest import tiny_llama
 from drafterkit.cli import build_parser, main, parse
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
+from drafterkit.quickstart import stages as quickstart_stages
 from drafterkit.speceval import methods
-from drafterkit.train import quickstart_stages
 
 
 @pytest.fixture(scope="module")

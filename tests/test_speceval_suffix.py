@@ -9,11 +9,11 @@ import pytest
 from conftest import tiny_llama
 
 from drafterkit.assets.pinned import default_target_dir
-from drafterkit.drafters.datastore import Datastore
-from drafterkit.drafters.suffix import SuffixDrafter
-from drafterkit.drafters.suffix_hybrid import SuffixHybrid
-from drafterkit.speceval.methods import build_drafter, check_drafter_spec
 from drafterkit.cli import main
+from drafterkit.drafters.lookup.datastore import Datastore
+from drafterkit.drafters.lookup.suffix_hybrid import SuffixHybrid
+from drafterkit.drafters.suffix import SuffixDrafter
+from drafterkit.speceval.methods import build_drafter, check_drafter_spec
 
 
 @pytest.fixture(scope="module")

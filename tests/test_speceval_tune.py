@@ -9,12 +9,12 @@ from conftest import tiny_llama
 
 from drafterkit.assets.device import host_info
 from drafterkit.assets.pinned import default_target_dir
+from drafterkit.cli import build_parser, main, parse
 from drafterkit.decode import exact_mode_enabled
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
-from drafterkit.speceval.bench import EvalConfig
+from drafterkit.speceval.eval_run import EvalConfig
 from drafterkit.speceval.recorded import DECODING_FILE, TUNE_PLOT, apply_recorded, tuned_settings
 from drafterkit.speceval.tune_search import Candidate, candidates
-from drafterkit.cli import build_parser, main, parse
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +298,7 @@ def test_tune_behind_lookup_records_its_own_entry_that_eval_tree_auto_uses(world
     ``tuned+ngram`` / ``tuned+rest``, the drafter's own ``tuned`` entry is kept, and ``eval --tree auto`` gives
     each spec its own setting; a composite never tuned takes the drafter's, and says so."""
     from drafterkit.drafters import load_drafter
-    from drafterkit.drafters.hybrid import LookupHybrid
+    from drafterkit.drafters.lookup.hybrid import LookupHybrid
     from drafterkit.speceval.methods import build_drafter
 
     monkeypatch.setenv("DRAFTERKIT_HOME", str(tmp_path / "home"))

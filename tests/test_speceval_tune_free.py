@@ -9,7 +9,7 @@ from conftest import tiny_llama
 
 from drafterkit.assets.pinned import default_target_dir
 from drafterkit.cli import main
-from drafterkit.drafters.datastore import Datastore
+from drafterkit.drafters.lookup.datastore import Datastore
 from drafterkit.speceval.tune import default_incumbent
 
 

@@ -5,7 +5,7 @@ Columns: ``plain`` (decoding through the engine equals transformers' greedy ``ge
 decoding, model-free, decodes as a chain, a static and a dynamic tree equal to plain greedy); each drafter kind
 (trained 2 steps through ``drafterkit train`` (the CLI's ``main``, in process), then decoded as a chain, a
 static tree and a dynamic tree, each equal to plain greedy in fp32); each export format of the kind (written by
-``drafters.export.export`` and loaded back: the engine layouts with drafterkit's export loaders, decoding equal
+``drafters.export.writers.export`` and loaded back: the engine layouts with drafterkit's export loaders, decoding equal
 to plain greedy; Medusa's as its safetensors). A cell that cannot work is refused when the recipe is
 validated: the test then checks the one-line refusal and records it.
 
@@ -171,7 +171,7 @@ def test_export(home, world, trained, family, fmt, record_property):
     vLLM's names and a config that describes them."""
     from transformers import AutoModelForCausalLM
 
-    from drafterkit.drafters.export import export, load_dflash_export, load_eagle3_export, load_peagle_export
+    from drafterkit.drafters.export.writers import export, load_dflash_export, load_eagle3_export, load_peagle_export
 
     kind = next(k for k, fmts in EXPORTS.items() if fmt in fmts)
     if (family, kind) in REFUSED:

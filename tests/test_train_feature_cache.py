@@ -391,7 +391,7 @@ def test_training_builds_a_missing_cache_first_and_refuses_draft_lm(world, tmp_p
 def test_the_quickstart_reads_a_complete_cache_and_never_builds_one(world, tmp_path, capsys):
     from drafterkit.assets.target import load_target
     from drafterkit.cli import main
-    from drafterkit.train.quickstart_plan import feature_source
+    from drafterkit.quickstart.plan import feature_source
     from drafterkit.train.recipe import load_recipe
 
     recipe_file, fc = str(world / "recipe.yaml"), f"data.feature_cache={tmp_path / 'fc'}"

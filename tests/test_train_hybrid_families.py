@@ -197,14 +197,14 @@ EXPORTS = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle
 
 @pytest.mark.parametrize("family", PER_FAMILY)
 def test_exports_load_back(home, family, capsys, record_property):
-    """Each trained kind's export (``drafters.export.export``) loads back (the engine layouts with drafterkit's
+    """Each trained kind's export (``drafters.export.writers.export``) loads back (the engine layouts with drafterkit's
     export loaders, hf-assistant in transformers; Medusa's as its safetensors), and where ``decode.generate``
     verifies the target a chain of the loaded export equals transformers' greedy generate."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from drafterkit.decode import generate
-    from drafterkit.drafters.export import export, load_dflash_export, load_eagle3_export, load_peagle_export
+    from drafterkit.drafters.export.writers import export, load_dflash_export, load_eagle3_export, load_peagle_export
     from families import family_prompts
 
     target, _ = build_hybrid(family)
@@ -326,7 +326,7 @@ def test_the_head_starts_from_the_last_attention_layer(family):
     """An EAGLE head's layer computes the source layer's q (the query rows of a gated q_proj), k, v and o, and takes
     its head sizes from that layer's config (Gemma-4's full-attention layers: ``global_head_dim`` 32)."""
     from drafterkit.drafters.eagle import EagleConfig, EagleDrafter
-    from drafterkit.drafters.target_layers import decoder_layers, source_layer_ids
+    from drafterkit.drafters.target.layers import decoder_layers, source_layer_ids
 
     target, _ = build_hybrid(family)
     assert source_layer_ids(target) == [SOURCE[family]]
@@ -351,7 +351,7 @@ def test_the_heads_final_norm_starts_from_the_familys_final_norm(family):
     """Nemotron-H's ``norm_f``, Falcon-H1's ``final_layernorm``, LFM2's ``embedding_norm`` (after the last layer):
     the EAGLE-3 head's final norm starts at its scale."""
     from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, copy_final_norm
-    from drafterkit.drafters.target_layers import target_body
+    from drafterkit.drafters.target.layers import target_body
 
     target, _ = build_hybrid(family)
     final = target_body(target)[2]

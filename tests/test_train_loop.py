@@ -82,8 +82,8 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
     (exports/<kind>, from where the command runs)."""
     import shlex
 
-    from drafterkit.drafters.export import run
-    from drafterkit.train.export_args import add_arguments
+    from drafterkit.drafters.export.writers import run
+    from drafterkit.export_args import add_arguments
     from drafterkit.train.loop import train
 
     target, tok = _load(world)
@@ -256,8 +256,8 @@ def _recipe_file(world, tmp_path, out, **over) -> Path:
 
 
 def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(world, tmp_path, capsys, monkeypatch):
-    from drafterkit.train import loop
     from drafterkit.cli import main
+    from drafterkit.train import loop
 
     out, ck = tmp_path / "run", tmp_path / "run" / "checkpoints"
     recipe = _recipe_file(world, tmp_path, out, **{"train.max_steps": 4, "train.save_every": 1})
@@ -333,8 +333,8 @@ def test_data_path_is_read_for_sharegpt_source_and_a_missing_one_fails_first(wor
 
 
 def test_drafter_option_unfit_for_target_is_a_clean_error_before_data(world, tmp_path, capsys, monkeypatch):
-    from drafterkit.train import prepare
     from drafterkit.cli import main
+    from drafterkit.train import prepare
 
     monkeypatch.setattr(prepare, "load_data", lambda *a: pytest.fail("data loaded before the drafter was built"))
     recipe = _recipe_file(world, tmp_path, tmp_path / "run")

@@ -14,15 +14,15 @@ import torch
 from conftest import save_tiny_target
 
 from drafterkit.assets.target import load_target
-from drafterkit.drafters.datastore import Datastore, cached_datastore
+from drafterkit.drafters.lookup.datastore import Datastore, cached_datastore
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.export import export
-from drafterkit.drafters.portable import scrubbed
+from drafterkit.drafters.export.writers import export
+from drafterkit.drafters.export.portable import scrubbed
 from drafterkit.speceval import report
-from drafterkit.train import quickstart
-from drafterkit.train import quickstart_stages as qstages
+from drafterkit.quickstart import run as quickstart
+from drafterkit.quickstart import stages as qstages
 from drafterkit.cli import build_parser, main, parse
-from drafterkit.train.quickstart_report import (
+from drafterkit.quickstart.report import (
     drop_report,
     earlier_training,
     exactness_summary,
@@ -277,7 +277,7 @@ def test_the_exported_model_card_shows_what_the_quickstart_measured(tiny_quickst
 
 
 def test_each_stage_prints_a_header_with_what_it_does_and_its_time_share(capsys):
-    from drafterkit.train.quickstart_plan import Stages
+    from drafterkit.quickstart.plan import Stages
 
     args = parse(build_parser(), ["quickstart", "--dtype", "bf16", "--device", "cpu"])  # bf16 rows on a CPU: checked
     assert qstages.stage_names(args) == ["fetch", "datastore", "train", "tune", "eval", "report"]
@@ -552,7 +552,7 @@ def test_an_eval_block_says_the_later_stage_checks_exactness_and_names_its_tree(
     import io
 
     from drafterkit.assets.console import make_console
-    from drafterkit.speceval.bench import print_record, shape_words
+    from drafterkit.speceval.eval_run import print_record, shape_words
 
     bf16 = parse(build_parser(), ["quickstart", "--dtype", "bf16", "--device", "cpu"])
     assert qstages.exactness_later(bf16) is None
@@ -581,7 +581,7 @@ def test_the_export_training_suggests_is_where_the_readme_serves_from():
     """README's export writes the folder its vllm serve command reads, and training prints the same folder."""
     import re
 
-    from drafterkit.train.export_args import suggested_output
+    from drafterkit.drafters.export.writers import suggested_output
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     out = re.search(r"drafterkit export runs/eagle3/\S+ --format vllm-eagle3 --output (\S+)", readme).group(1)

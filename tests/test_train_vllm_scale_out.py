@@ -44,7 +44,7 @@ def world(tmp_path_factory):
     """``root`` with the tiny target, 8 chats and ``eagle3.yaml`` (3 steps of 8 examples, features from vLLM's
     cache in fp32); the cache built by ``drafterkit features`` with vLLM over 2 tensor-parallel processes;
     ``DRAFTERKIT_HOME`` inside ``root`` while open (vLLM's venv kept where it was)."""
-    from drafterkit.speceval.serving import default_venv
+    from drafterkit.speceval.serve_parity import default_venv
 
     require_vllm_python()
     root = tmp_path_factory.mktemp("vllm-scale-out")

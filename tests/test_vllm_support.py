@@ -1,4 +1,5 @@
-"""Which targets vLLM 0.32 serves an EAGLE-3 / P-EAGLE head or a DFlash drafter next to (``drafters.vllm_support``).
+"""Which targets vLLM 0.32 serves an EAGLE-3 / P-EAGLE head or a DFlash drafter next to
+(``drafters.export.vllm_support``).
 
 Targets vLLM serves through its generic Transformers backend (every backend class implements SupportsEagle3) are
 accepted: those its registry maps there (SmolLM3) and those absent from its registry that transformers implements
@@ -20,10 +21,10 @@ from families import VOCAB, family_prompts, tiny_tokenizer
 from drafterkit.cli import main as cli
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
-from drafterkit.drafters.export import export
-from drafterkit.drafters.vllm_registry import NATIVE_ARCHITECTURES
-from drafterkit.drafters.vllm_support import EAGLE3_TARGET_ARCHITECTURES, eagle3_serve_problem, vllm_model_class
-from drafterkit.speceval import serving
+from drafterkit.drafters.export.vllm_registry import NATIVE_ARCHITECTURES
+from drafterkit.drafters.export.vllm_support import EAGLE3_TARGET_ARCHITECTURES, eagle3_serve_problem, vllm_model_class
+from drafterkit.drafters.export.writers import export
+from drafterkit.speceval import serve_parity
 from conftest import require_vllm_python
 
 #: a tiny SmolLM3 (2 heads of 64, 1 KV head, 4 layers) with the shared tiny tokenizer's vocabulary
@@ -104,10 +105,11 @@ def test_vllm_serves_an_eagle3_export_next_to_a_smollm3_target(tmp_path):
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as vLLM's CPU engine runs
     try:
-        ((r,),) = serving.check_targets([(str(folder), [(out, None)])], prompts={str(folder): family_prompts(2, 16)},
-                                        max_new_tokens=8, k=3, log=tmp_path / "vllm.log", timeout=600)
+        ((r,),) = serve_parity.check_targets([(str(folder), [(out, None)])],
+                                             prompts={str(folder): family_prompts(2, 16)},
+                                             max_new_tokens=8, k=3, log=tmp_path / "vllm.log", timeout=600)
     finally:
         torch.set_num_threads(before)
     c = r["comparison"]
-    assert c["outputs_identical"] == c["prompts"] == 2, serving.format_report(r)
-    assert c["chains_identical"] == c["chains"] > 0, serving.format_report(r)
+    assert c["outputs_identical"] == c["prompts"] == 2, serve_parity.format_report(r)
+    assert c["chains_identical"] == c["chains"] > 0, serve_parity.format_report(r)

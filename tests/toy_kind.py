@@ -22,7 +22,7 @@ from torch import nn
 
 from drafterkit.decode.protocol import Proposal
 from drafterkit.drafters.base import Drafter
-from drafterkit.drafters.feature_head import borrow
+from drafterkit.drafters.heads.feature_head import borrow
 from drafterkit.drafters.kinds import ExportFormat, Kind
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import batch_features

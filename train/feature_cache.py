@@ -59,13 +59,12 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
-from drafterkit.assets.device import resolve_device, resolve_dtype
-from drafterkit.assets.target import resolve_target_path
-from drafterkit.assets.pinned import home
 from drafterkit.assets.console import progress_bars_off
-from drafterkit.drafters.vllm_support import eagle3_serve_problem
+from drafterkit.assets.device import resolve_device, resolve_dtype
+from drafterkit.assets.pinned import home
+from drafterkit.assets.target import resolve_target_path
+from drafterkit.drafters.export.vllm_support import eagle3_serve_problem
 from drafterkit.train.data import collate
-from drafterkit.train.features import target_features
 from drafterkit.train.feature_shards import (
     MANIFEST,
     file_sha256,
@@ -74,6 +73,7 @@ from drafterkit.train.feature_shards import (
     torn_shards,
     write_manifest,
 )
+from drafterkit.train.features import target_features
 from drafterkit.train.features_args import SHARD_MB
 from drafterkit.train.features_run import require_feature_kind
 from drafterkit.train.recipe import RecipeError
@@ -353,8 +353,8 @@ def recipe_cache_spec(recipe, target, ds, layers: list[int]) -> CacheSpec:
 
     Raises:
         train.recipe.RecipeError: ``data.features_engine: vllm`` for a target whose hidden states vLLM cannot give
-            (they come through its EAGLE-3 interface, ``drafters.vllm_support.eagle3_serve_problem``), before vLLM
-            starts.
+            (they come through its EAGLE-3 interface, ``drafters.export.vllm_support.eagle3_serve_problem``), before
+            vLLM starts.
     """
     if recipe.data.features_engine == "vllm":
         arch = (getattr(target.config, "architectures", None) or [None])[0]

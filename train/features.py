@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from drafterkit.drafters.target_layers import target_body
+from drafterkit.drafters.target.layers import target_body
 
 
 def _check_layers(target: torch.nn.Module, layers: Sequence[int]) -> int:

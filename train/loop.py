@@ -37,7 +37,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from drafterkit.assets.console import progress_bars_off
-from drafterkit.drafters.export import FORMATS
+from drafterkit.drafters.export.writers import FORMATS
 from drafterkit.train.checkpoint import (
     TrainerState,
     find_resume,
@@ -48,7 +48,7 @@ from drafterkit.train.checkpoint import (
 )
 from drafterkit.train.distributed import peak_memory_per_process, reset_peak_memory
 from drafterkit.train.evaluate import evaluate
-from drafterkit.train.export_args import suggested_output
+from drafterkit.drafters.export.writers import suggested_output
 from drafterkit.train.prepare import assert_frozen, preflight, setup_run
 from drafterkit.train.recipe import Recipe, RecipeError
 from drafterkit.train.step import RunContext, agreed_elapsed, batches, train_step

@@ -408,7 +408,7 @@ def check_draft_lm_recipe(recipe: Any) -> None:
 
 
 def check_init_from_target(recipe: Any) -> None:
-    """A feature kind needs a target whose hidden states it can read (``drafters.target_layers.feature_refusal``;
+    """A feature kind needs a target whose hidden states it can read (``drafters.target.layers.feature_refusal``;
     with ``init_from_target_layer`` and no target layer that maps, its layers start fresh, which training says in
     one line: never a refusal); a ``draft_lm``
     with ``init: truncated`` needs a decoder-only target whose first ``num_layers`` layers form a model of the
@@ -426,7 +426,7 @@ def check_init_from_target(recipe: Any) -> None:
     target = meta_target(recipe.target.name_or_path)
     if target is None:
         return
-    why = None if kind == "draft_lm" else _drafters("target_layers", "feature_refusal")(target, kind)
+    why = None if kind == "draft_lm" else _drafters("target.layers", "feature_refusal")(target, kind)
     if why:
         raise ValueError(why)
     if truncated and (why := truncation_refusal(target, o.num_layers)):
@@ -437,11 +437,11 @@ def truncation_refusal(target: Any, num_layers: int) -> str | None:
     """Why the draft LM cannot be the target's first ``num_layers`` layers (one line naming the family and the
     option), or None: ``num_layers`` must be below the target's layer count (as many would make the draft a full
     copy of the target, accepting every token at the target's own cost), and on a hybrid target reach its first
-    attention layer (``drafters.target_layers.recurrent_truncation_refusal``). ``target`` may live on the meta
+    attention layer (``drafters.target.layers.recurrent_truncation_refusal``). ``target`` may live on the meta
     device."""
     family = getattr(target.config, "model_type", type(target).__name__)
     total = getattr(target.config, "num_hidden_layers", None)
-    if total is None or _drafters("target_layers", "decoder_layers")(target) is None:
+    if total is None or _drafters("target.layers", "decoder_layers")(target) is None:
         return (f"drafter.options.init: truncating the target is not defined for model type {family!r} (no "
                 "num_hidden_layers / model.layers); set drafter.options.init=scratch or init=checkpoint")
     if not 1 <= num_layers < total:  # all of them: the "draft" would be the target itself (tau = K + 1, loss 0)
@@ -450,7 +450,7 @@ def truncation_refusal(target: Any, num_layers: int) -> str | None:
         return (f"drafter.options.num_layers: {num_layers} is not in [1, {total - 1}] for this {family} target of "
                 f"{total} layers (init=truncated copies its first num_layers layers, and the draft must be smaller "
                 f"than the target: {total} would copy it whole); {fix}")
-    return _drafters("target_layers", "recurrent_truncation_refusal")(target, num_layers)
+    return _drafters("target.layers", "recurrent_truncation_refusal")(target, num_layers)
 
 
 # --- the kinds -----------------------------------------------------------------------------------

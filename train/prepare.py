@@ -19,8 +19,8 @@ import torch
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
 from drafterkit.assets.records import a_or_an, unwritable_folder
 from drafterkit.assets.target import same_target
-from drafterkit.drafters.target_layers import fresh_init_note as layers_fresh_init_note
-from drafterkit.drafters.target_record import trained_target
+from drafterkit.drafters.target.layers import fresh_init_note as layers_fresh_init_note
+from drafterkit.drafters.target.record import trained_target
 from drafterkit.train.checkpoint import find_resume, saved_kind
 from drafterkit.train.data import DataError
 from drafterkit.train.distributed import (

@@ -5,7 +5,7 @@ cache), so a target with recurrent / linear-attention layers (Qwen3.5, Qwen3-Nex
 Falcon-H1, LFM2, Jamba, Bamba, Zamba2) trains every drafter kind. What decodes does not, while
 ``decode.generate`` refuses such a target (Zamba, RecurrentGemma, MiniMax, xLSTM, RWKV)
 (``decode.recurrent.recurrent_problem``, applied to the target's local config by
-``drafters.target_recurrent.recurrent_target_problem``): the in-training evaluation (``eval.every``,
+``drafters.target.recurrent.recurrent_target_problem``): the in-training evaluation (``eval.every``,
 ``eval.at_end``), ``data.regenerate`` (the target writes the responses) and on-policy batches of a draft LM
 truncated from the target (the draft samples through ``decode.generate``). :func:`decoding_refusal` names them in
 one line at recipe validation, with the fix; when the decoder verifies such targets, its rule returns None and
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drafterkit.drafters.target_recurrent import recurrent_target_problem
+from drafterkit.drafters.target.recurrent import recurrent_target_problem
 
 __all__ = ["decoding_keys", "decoding_refusal"]
 

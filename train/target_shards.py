@@ -39,7 +39,7 @@ from torch import nn
 
 from drafterkit.assets import target as assets_target
 from drafterkit.assets.device import resolve_device, resolve_dtype
-from drafterkit.drafters.target_layers import source_layer_ids
+from drafterkit.drafters.target.layers import source_layer_ids
 from drafterkit.train.sharding import shard_target
 
 
@@ -219,7 +219,7 @@ def whole_target_needed(recipe) -> str | None:
 def layers_read_at_build(recipe, target: nn.Module) -> list[int]:
     """Indices of the target's decoder layers the drafter's build copies (``init_from_target_layer``: the last
     layer whose attention maps for the EAGLE heads, the last ``num_layers`` such for DFlash;
-    ``drafters.target_layers.source_layer_ids``)."""
+    ``drafters.target.layers.source_layer_ids``)."""
     o = recipe.drafter.parsed_options()
     if not getattr(o, "init_from_target_layer", False):
         return []

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from drafterkit.assets.pinned import home
-from drafterkit.drafters.target_layers import target_body
-from drafterkit.speceval.serving import VLLM_ENV, ServeCheckError, default_venv, last_exception, vllm_python
+from drafterkit.drafters.target.layers import target_body
+from drafterkit.speceval.serve_parity import VLLM_ENV, ServeCheckError, default_venv, last_exception, vllm_python
 from drafterkit.speceval.vllm_process import run_watched
 
 RUNNER = Path(__file__).with_name("vllm_data_runner.py")
@@ -61,7 +61,7 @@ def run_runner(request: dict, timeout: float = 7200.0) -> dict:
     """Run :data:`RUNNER` on ``request`` with the vLLM venv's python; its RESULT dict.
 
     Raises:
-        speceval.serving.ServeCheckError: no vLLM venv (the message names ``scripts/vllm-venv.sh``).
+        speceval.serve_parity.ServeCheckError: no vLLM venv (the message names ``scripts/vllm-venv.sh``).
         VLLMDataError: vLLM failed or ran past ``timeout`` seconds.
     """
     python = vllm_python()

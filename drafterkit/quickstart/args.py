@@ -1,5 +1,6 @@
 """``drafterkit quickstart``'s flags and the defaults they show, importable without torch: ``drafterkit quickstart
---help`` and its usage errors answer before anything heavy loads (the verb itself runs in :mod:`train.quickstart`)."""
+--help`` and its usage errors answer before anything heavy loads (the verb itself runs in
+:mod:`drafterkit.quickstart.run`)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "held-out ShareGPT prompts, about 1.5 min with bf16 units, 3-6 in fp32, on a 2-core CPU) "
                         "and measure the fixed tree")
     p.add_argument("--no-hybrid", action="store_true",
-                   help="do not also measure the drafter behind prompt lookup and retrieval (drafters.hybrid."
+                   help="do not also measure the drafter behind prompt lookup and retrieval (drafters.lookup.hybrid."
                         "LookupHybrid, eval spec PATH+rest: rows whose last 2+ tokens occurred before copy what "
                         "followed; the others add what followed their last n-gram in ShareGPT to the drafter's tree)")
     p.add_argument("--dtype", default="auto",

@@ -1,4 +1,4 @@
-"""What ``drafterkit quickstart`` says before and while it runs (``train.quickstart``): the plan with its
+"""What ``drafterkit quickstart`` says before and while it runs (``drafterkit.quickstart.run``): the plan with its
 time, memory and disk needs up front, and a one-line header per stage with what the stage does and its
 share of the time, then the seconds it took.
 

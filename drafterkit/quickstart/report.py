@@ -1,4 +1,4 @@
-"""The report of ``drafterkit quickstart`` (``train.quickstart``): ``report.json``, ``report.md``, PNGs and the
+"""The report of ``drafterkit quickstart`` (``drafterkit.quickstart.run``): ``report.json``, ``report.md``, PNGs and the
 closing console summary.
 
 ``report.md`` opens with the stage timings and the training summary, then, per benchmark, the headline

@@ -4,11 +4,11 @@
     drafterkit quickstart --minutes 5 --kind draft_lm --output-dir runs/qs
 
 Stages, each timed in ``report.json``: ``fetch`` (``assets.pinned.fetch_all``), ``datastore``
-(``drafters.datastore``), ``train`` (``train.loop.train`` on ``recipes/<kind>.yaml`` under a time budget),
-``tune`` and the model-free baselines' tune (``train.quickstart_stages``), ``eval`` (``speceval.bench.evaluate``)
-and ``exactness`` (``speceval.harness.check_exactness``); the plan and its needs come from
-``train.quickstart_plan``, the report and plots from ``train.quickstart_report``. What each stage does and
-its options, for users: docs/evaluation.md, "The quickstart".
+(``drafters.lookup.datastore``), ``train`` (``train.loop.train`` on ``recipes/<kind>.yaml`` under a time budget),
+``tune`` and the model-free baselines' tune (``drafterkit.quickstart.stages``), ``eval``
+(``speceval.eval_run.evaluate``) and ``exactness`` (``speceval.harness.check_exactness``); the plan and its needs
+come from ``drafterkit.quickstart.plan``, the report and plots from ``drafterkit.quickstart.report``. What each
+stage does and its options, for users: docs/evaluation.md, "The quickstart".
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from drafterkit.assets.pinned import AssetError, fetch_all
 from drafterkit.assets.records import unwritable_folder
 from drafterkit.assets.target import load_target, same_target
 from drafterkit.drafters import KINDS
-from drafterkit.drafters.datastore import cached_datastore
-from drafterkit.train.loop import train
-from drafterkit.train.quickstart_args import EXACTNESS_TOKENS
-from drafterkit.train.quickstart_plan import Stages, feature_source, needs_lines
-from drafterkit.train.quickstart_report import drop_report, earlier_training, print_summary, write_report
-from drafterkit.train.quickstart_stages import (
+from drafterkit.drafters.lookup.datastore import cached_datastore
+from drafterkit.quickstart.args import EXACTNESS_TOKENS
+from drafterkit.quickstart.plan import Stages, feature_source, needs_lines
+from drafterkit.quickstart.report import drop_report, earlier_training, print_summary, write_report
+from drafterkit.quickstart.stages import (
     BENCHMARKS,
     DATASTORE,
     QUICK_TUNE,
@@ -52,9 +51,10 @@ from drafterkit.train.quickstart_stages import (
     tune_stage,
     tuned_summary,
 )
+from drafterkit.train.loop import train
 from drafterkit.train.recipe import RecipeError, load_recipe
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 #: how the stage headers mark a stage the --minutes budget does not count
 OUTSIDE = "outside the --minutes budget"
 

@@ -1,4 +1,5 @@
-"""The quickstart's stages after training (:mod:`train.quickstart`): the ``drafterkit tune`` search on the trained
+"""The quickstart's stages after training (:mod:`drafterkit.quickstart.run`): the ``drafterkit tune`` search on the
+trained
 drafter (alone and behind prompt lookup + retrieval), the eval stage on MT-bench and HumanEval, the fp32 exactness
 check and the ``decoding.json`` that records the measured settings with the commands that reproduce them; also
 the stage list and the words the stage headers print.
@@ -14,18 +15,18 @@ from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters import resolve_checkpoint
 from drafterkit.drafters.base import weights_sha256
 from drafterkit.drafters.tuned import beats_plain
-from drafterkit.speceval.bench import EvalConfig, command_line, evaluate, print_record
-from drafterkit.speceval.recorded import write_decoding
-from drafterkit.speceval.tune import tune
-from drafterkit.speceval.tune_search import Candidate
-from drafterkit.train.quickstart_args import (
+from drafterkit.quickstart.args import (
     DEFAULT_THRESHOLD,
     DEFAULT_TREES,
     EVAL_DEFAULTS,
     EXACTNESS_TOKENS,
 )
-from drafterkit.train.quickstart_plan import rows_checked
-from drafterkit.train.quickstart_report import exactness_summary, merge_checks
+from drafterkit.quickstart.plan import rows_checked
+from drafterkit.quickstart.report import exactness_summary, merge_checks
+from drafterkit.speceval.eval_run import EvalConfig, command_line, evaluate, print_record
+from drafterkit.speceval.recorded import write_decoding
+from drafterkit.speceval.tune import tune
+from drafterkit.speceval.tune_search import Candidate
 
 BENCHMARKS = ("mt-bench", "humaneval")
 #: The ``drafterkit tune`` search the quickstart runs after training (``speceval.tune.tune`` arguments): chains
@@ -68,7 +69,7 @@ def tune_stage(ckpt: Path, args, target, tok, *, target_name: str = TARGET, behi
 def fixed_trees(args) -> list[str]:
     """The draft shapes the eval stage measures when neither ``--tree`` nor a tuned setting says: ``DEFAULT_TREES``,
     or a chain for a chain-only kind (``drafters.kinds.Kind.trees`` False, DFlash; ``args.chain_only``, which
-    :func:`train.quickstart.run` sets)."""
+    :func:`drafterkit.quickstart.run.run` sets)."""
     return ["chain"] if getattr(args, "chain_only", False) else list(DEFAULT_TREES)
 
 
@@ -76,8 +77,8 @@ def free_tune_stage(args, target, tok, k: int, *, datastore=None, target_name: s
     """``drafterkit tune ngram`` and ``drafterkit tune suffix`` (suffix decoding over ``datastore``, the
     ``+rest`` rows' corpus) with :data:`QUICK_FREE_TUNE`'s search from the incumbent a chain of ``k``
     (``search`` overrides entries of it), each written under ``$DRAFTERKIT_HOME/tuned`` for this target and
-    dtype (``drafters.tuned_free``), where the eval's ``--tree auto`` finds it; returns ``{spec: tune's record}``.
-    Run only when every row is to be measured in its own shape (:func:`own_shapes`)."""
+    dtype (``drafters.lookup.tuned_free``), where the eval's ``--tree auto`` finds it; returns ``{spec: tune's
+    record}``. Run only when every row is to be measured in its own shape (:func:`own_shapes`)."""
     return {spec: tune(spec, target_name=target_name, dtype=args.dtype, device=args.device,
                        trees=list(DEFAULT_TREES), target=target, tok=tok, progress=not args.no_progress, write=True,
                        exact=not args.no_exact, incumbent=f"chain:{k}",
@@ -150,7 +151,7 @@ def measured_shapes(tuned: dict | None, tuned_rest: dict | None, ckpt: Path) -> 
 
 def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARGET,
                 datastore_source: str = DATASTORE):
-    """The ``speceval.bench.EvalConfig`` of one benchmark, validated: the drafter alone (and, where its shape is not
+    """The ``speceval.eval_run.EvalConfig`` of one benchmark, validated: the drafter alone (and, where its shape is not
     one, as the chain of K a serving engine drafts: ``served_chain``), prompt lookup alone (``ngram``) and, unless
     ``--no-hybrid``, suffix decoding alone (``suffix``) and the drafter behind prompt lookup + retrieval from
     ``datastore_source``, on the target ``target_name``. Raises ``ValueError`` naming the bad flag."""
@@ -170,7 +171,7 @@ def eval_config(ckpt: Path, args, bench: str, k: int, *, target_name: str = TARG
 
 
 def eval_stage(ckpt: Path, args, target, tok, k: int, datastore=None, **names) -> dict:
-    """``speceval.bench.evaluate`` of the checkpoint on each benchmark with the loaded ``target`` and
+    """``speceval.eval_run.evaluate`` of the checkpoint on each benchmark with the loaded ``target`` and
     ``datastore`` (``names``: :func:`eval_config`'s ``target_name`` and ``datastore_source``, the names
     the records and the printed commands carry); returns ``{benchmark: record}``."""
     records = {}
@@ -194,10 +195,10 @@ def exactness_stage(records: dict, args, tok, datastore=None, shapes: dict | Non
     """The fp32 greedy check: the drafter's rows of each eval record (not ``ngram``'s or ``suffix``'s) on its first
     ``--exactness-prompts`` prompts, :data:`EXACTNESS_TOKENS` new tokens at most, against plain decoding
     through the same engine, with a target loaded in fp32 (``speceval.harness.check_exactness`` via
-    ``speceval.bench.evaluate``); rows an ``--tree auto`` eval measured in their own tuned shape are checked
+    ``speceval.eval_run.evaluate``); rows an ``--tree auto`` eval measured in their own tuned shape are checked
     in it (``shapes``: :func:`measured_shapes`). In fp32, and in bf16 / fp16 on a CPU where the engine is bitwise
     exact (``decode.fused.bitwise_exact``), the eval rows themselves were checked and are summarized instead.
-    Returns ``train.quickstart_report.exactness_summary``."""
+    Returns ``drafterkit.quickstart.report.exactness_summary``."""
     if rows_checked(args):
         return exactness_summary(records, "the measured rows")
     if args.exactness_prompts <= 0:

@@ -1,4 +1,4 @@
-"""The Measured section of the model card (:mod:`drafters.model_card`): the numbers recorded for the very
+"""The Measured section of the model card (:mod:`drafters.export.model_card`): the numbers recorded for the very
 weights exported, in this order: the ``drafterkit quickstart`` report the drafter folder's ``decoding.json``
 names (:func:`quickstart_record`, used while the folder still holds the weights whose sha256 it records: per
 benchmark, tau, acceptance, per-position acceptance with ``(n=...)`` where few proposals reached a position,
@@ -17,7 +17,7 @@ from pathlib import Path
 from drafterkit.assets.device import busy_note
 from drafterkit.assets.records import FEW_PROPOSALS, position_rates
 from drafterkit.drafters.base import weights_sha256
-from drafterkit.drafters.portable import scrubbed, shown_path
+from drafterkit.drafters.export.portable import scrubbed, shown_path
 
 
 def read_json(path: Path) -> dict | None:

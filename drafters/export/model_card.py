@@ -39,9 +39,7 @@ import yaml
 
 from drafterkit.assets.pinned import DEFAULT_TARGET_ALIAS
 from drafterkit.drafters.base import read_config
-from drafterkit.drafters.kinds import KINDS, export_format, export_formats, max_draft_tokens, resolve
-from drafterkit.drafters.portable import scrubbed, shown_path
-from drafterkit.drafters.card_measured import (
+from drafterkit.drafters.export.card_measured import (
     measured_section,
     measured_shape,
     quickstart_record,
@@ -50,8 +48,10 @@ from drafterkit.drafters.card_measured import (
     served_chain,
     tree_words,
 )
+from drafterkit.drafters.export.portable import scrubbed, shown_path
+from drafterkit.drafters.export.vllm_support import eagle3_serve_problem, target_architecture
+from drafterkit.drafters.kinds import KINDS, export_format, export_formats, max_draft_tokens, resolve
 from drafterkit.drafters.tuned import DECODING_FILE, TUNED, beats_plain
-from drafterkit.drafters.vllm_support import eagle3_serve_problem, target_architecture
 
 #: the Hub model drafterkit's pinned default target was quantized from (assets.pinned: the Q4_1 GGUF of
 #: SmolLM2-135M-Instruct), and the folder it is dequantized into under $DRAFTERKIT_HOME
@@ -157,7 +157,7 @@ def card_license(target: str | None, recipe: dict | None) -> tuple[str, str]:
 
 
 def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
-    """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.vllm_support`: an EAGLE-3 /
+    """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.export.vllm_support`: an EAGLE-3 /
     P-EAGLE head or a DFlash drafter for a target architecture vLLM gives no auxiliary hidden states), or None."""
     if fmt not in export_formats() or not export_format(fmt).aux_hidden:  # drafters.kinds.ExportFormat
         return None
@@ -182,7 +182,7 @@ def _shell_target(target: str | None) -> str:
 
 def shape_lines(fmt: str, shape: dict | None, k: int, served: dict | None = None) -> list[str]:
     """Markdown lines: the chain of ``k`` draft tokens the commands below serve, with its measured figures
-    (``served``, :func:`drafters.card_measured.served_chain`), beside the decoding shape drafterkit measured
+    (``served``, :func:`drafters.export.card_measured.served_chain`), beside the decoding shape drafterkit measured
     otherwise (``shape``, :func:`measured_shape`)."""
     if served:
         batches = f", {served['batches']} batches" if served.get("batches") else ""
@@ -225,7 +225,7 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
                   "smollm2-135m` builds it); the Hub's full-precision weights differ.", ""]
     elif target is None:
         lines += ["`TARGET` is the model the drafter was trained for (not recorded with the checkpoint).", ""]
-    elif hub_base_model(target) is None:  # a local folder: named as the card names paths (drafters.portable)
+    elif hub_base_model(target) is None:  # a local folder: named as the card names paths (drafters.export.portable)
         lines += [f"`{scrubbed(target)}` stands for the local target folder the drafter was trained for (an export "
                   "names no folder of the machine that wrote it): serve those weights.", ""]
     if fmt == "sglang-eagle3":

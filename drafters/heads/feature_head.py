@@ -27,13 +27,13 @@ from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.decode.sampling import select_tokens
 from drafterkit.decode.tree import level_mask
 from drafterkit.drafters.base import Drafter
-from drafterkit.drafters.layers import (
+from drafterkit.drafters.heads.layers import (
     DraftDecoderLayer,
     causal_mask,
     rope_theta_of,
     ttt_attention_mask,
 )
-from drafterkit.drafters.target_layers import (
+from drafterkit.drafters.target.layers import (
     copy_matching,
     decoder_layers,
     layer_config,
@@ -395,7 +395,7 @@ def trim_kv(past, n: int):
 
 def target_shape_fields(target: nn.Module) -> dict:
     """The target's sizes a feature-level head copies (vocab, hidden, heads, head_dim, MLP, norm, RoPE), read from
-    the decoder layer the head starts from (``drafters.target_layers.source_layer_ids``: the last one whose attention
+    the decoder layer the head starts from (``drafters.target.layers.source_layer_ids``: the last one whose attention
     maps; a hybrid target's last full-attention layer) through that layer's config (Gemma-4's full-attention layers
     have their own ``head_dim``), and the MLP width of its dense MLP where it has one (LFM2's is not its config's
     ``intermediate_size``)."""
@@ -431,11 +431,11 @@ def borrow(target: nn.Module | None, config, kind: str) -> tuple[nn.Module, nn.M
 
 def init_layer_from_target(layer: DraftDecoderLayer, target: nn.Module) -> list[str]:
     """Copy the target's last decoder layer whose attention maps (the last layer of an attention-only target, the
-    last full-attention layer of a hybrid one; ``drafters.target_layers.source_layer_ids``) into ``layer`` where it
+    last full-attention layer of a hybrid one; ``drafters.target.layers.source_layer_ids``) into ``layer`` where it
     maps (EAGLE-1 practice), any family: fused projections split, norms by their effective scale, post-norms and MoE
-    MLPs left at their default init (``drafters.target_layers``). Returns the parameter names copied: none where no
+    MLPs left at their default init (``drafters.target.layers``). Returns the parameter names copied: none where no
     layer maps (DeepSeek's latent attention), the layer then keeping its fresh init (training prints
-    ``drafters.target_layers.fresh_init_note``)."""
+    ``drafters.target.layers.fresh_init_note``)."""
     ids = source_layer_ids(target)
     if not ids:
         return []

@@ -16,7 +16,7 @@ between), so its private caches re-synchronise exactly as the decoder protocol r
 source a row uses depends only on the committed tokens, and a looked-up continuation is deterministic
 (one-hot q), so greedy output equals plain greedy decoding and sampling stays exact.
 
-With a ``datastore`` (:class:`drafters.datastore.Datastore`, REST: He et al. 2023, "REST:
+With a ``datastore`` (:class:`drafters.lookup.datastore.Datastore`, REST: He et al. 2023, "REST:
 Retrieval-Based Speculative Decoding") rows without a prompt-lookup match also look their last n-gram
 up in a corpus (ShareGPT's assistant turns by default). In tree drafts, the corpus's frequency-ranked
 continuations are merged into the drafter's tree (:func:`drafters.ngram.overlay_tree`): the branches
@@ -86,7 +86,7 @@ class LookupHybrid:
         drafter: the fallback proposer (a loaded drafter: draft LM, Medusa, EAGLE, EAGLE-3).
         max_ngram: longest suffix of the row tried as the lookup key.
         min_match: shortest key accepted (docs/benchmarks/lookup-and-retrieval.md, the lookup key length).
-        datastore: optional :class:`drafters.datastore.Datastore` looked up for rows without a match.
+        datastore: optional :class:`drafters.lookup.datastore.Datastore` looked up for rows without a match.
         datastore_share: a corpus branch joins a tree when at least this share of the matches agree
             with its whole path (and a chain is cut there); in ``(0, 1]``.
         datastore_matches: corpus matches read per lookup (evenly spaced over all of them).
@@ -122,8 +122,8 @@ class LookupHybrid:
             raise TypeError(f"LookupHybrid wraps a drafter (a loaded checkpoint or any proposer), got "
                             f"{type(drafter).__name__}; for prompt lookup alone use drafters.ngram.NGramDrafter")
         if datastore is not None and not callable(getattr(datastore, "continuations", None)):
-            raise TypeError(f"datastore must be a drafters.datastore.Datastore (e.g. cached_datastore('sharegpt', "
-                            f"tokenizer)), got {type(datastore).__name__}")
+            raise TypeError(f"datastore must be a drafters.lookup.datastore.Datastore (e.g. "
+                            f"cached_datastore('sharegpt', tokenizer)), got {type(datastore).__name__}")
         self.drafter, self.max_ngram, self.min_match, self.datastore = drafter, max_ngram, min_match, datastore
         self.kind = f"{getattr(drafter, 'kind', type(drafter).__name__)}+{'rest' if datastore is not None else 'ngram'}"
         #: rounds x rows that proposed a looked-up continuation / the drafter's chain (since reset)

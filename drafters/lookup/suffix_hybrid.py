@@ -1,11 +1,11 @@
 """A trained drafter behind suffix decoding (``PATH+suffix``): per row and round, the suffix draft where its
-score (its expected accepted tokens, :mod:`drafters.suffix_tree`) reaches ``min_score``, else the drafter's.
+score (its expected accepted tokens, :mod:`drafters.lookup.suffix_tree`) reaches ``min_score``, else the drafter's.
 
 This is Arctic Inference's hybrid (its ``arctic`` speculator with ``enable_suffix_decoding``): a suffix
 draft is used when its score is at least the speculator's draft length, so the drafter keeps every round
 where the suffix trees are not confident of beating it. ``min_score=None`` does the same here: ``k`` for
 chains, the tree's depth for trees. The drafter is skipped in rounds where every active row takes the suffix
-draft and catches up through ``DecodeState.num_stable`` (as :class:`drafters.hybrid.LookupHybrid`, whose
+draft and catches up through ``DecodeState.num_stable`` (as :class:`drafters.lookup.hybrid.LookupHybrid`, whose
 bookkeeping this reuses). Exact: which source a row uses depends only on its committed tokens, and suffix
 drafts are deterministic (one-hot q).
 """
@@ -19,7 +19,7 @@ import torch
 
 from drafterkit.decode.dynamic_tree import DynamicTree, merge_scored, pack_rows, row_tree_of
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
-from drafterkit.drafters.hybrid import LookupHybrid
+from drafterkit.drafters.lookup.hybrid import LookupHybrid
 from drafterkit.drafters.suffix import SuffixDrafter
 
 

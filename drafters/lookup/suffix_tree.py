@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-SEPARATOR = -1  # between documents of a corpus (drafters.datastore.SEPARATOR)
+SEPARATOR = -1  # between documents of a corpus (drafters.lookup.datastore.SEPARATOR)
 
 
 @dataclass

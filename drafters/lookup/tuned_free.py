@@ -45,8 +45,8 @@ from drafterkit.drafters.tuned import NO_TUNED, TUNED, tuned_winner
 
 #: the ``--drafter`` / ``drafterkit tune`` specs of model-free proposers whose tuned shape is kept here
 FREE_SPECS = ("ngram", "rest", "suffix")
-#: a proposer's ``kind`` -> its spec (``rest``: prompt lookup + retrieval, ``drafters.hybrid.LookupHybrid`` around
-#: an ``NGramDrafter``, whose kind names both)
+#: a proposer's ``kind`` -> its spec (``rest``: prompt lookup + retrieval, ``drafters.lookup.hybrid.LookupHybrid``
+#: around an ``NGramDrafter``, whose kind names both)
 _SPEC_OF_KIND = {"ngram": "ngram", "ngram+rest": "rest", "suffix": "suffix"}
 #: values read per parameter by :func:`target_identity`
 SAMPLED = 4096
@@ -79,7 +79,7 @@ def target_identity(target: torch.nn.Module) -> str:
 
 
 def _corpus_sha(corpus) -> str | None:
-    """sha256 of a corpus's token stream (``drafters.suffix_tree.CorpusSuffixIndex`` or a ``Datastore``),
+    """sha256 of a corpus's token stream (``drafters.lookup.suffix_tree.CorpusSuffixIndex`` or a ``Datastore``),
     kept on the object (its tokens never change)."""
     if corpus is None:
         return None

@@ -1,9 +1,9 @@
 """The target a trained drafter was trained for (its training recipe's record), and what is said when it is used
-with another (:mod:`drafters.trained_for` resolves a checkpoint path first; ``drafters.load_drafter`` calls
+with another (:mod:`drafters.target.trained_for` resolves a checkpoint path first; ``drafters.load_drafter`` calls
 :func:`drafter_problem` on the folder it resolved).
 
 A feature-level head (EAGLE, EAGLE-3, P-EAGLE, Medusa, DFlash) reads the target's hidden states: loaded next to
-another target of the same hidden size and layer count it runs (``drafters.feature_head.check_target_shape``
+another target of the same hidden size and layer count it runs (``drafters.heads.feature_head.check_target_shape``
 compares only shapes), and decodes exactly, but drafts from features it was never fitted to. The training
 checkpoint around the drafter folder records its target (``recipe.yaml``'s ``target.name_or_path``);
 :func:`drafter_problem` compares it with the target given (:func:`assets.target.same_target`: a folder, the
@@ -86,7 +86,7 @@ def drafter_problem(folder: Path, kind: str, target: str, *, label: str | None =
             f"tokens; {fix}")
     shapes = shapes_match(folder, target)
     if shapes is False:
-        return None  # the target's shape error (drafters.feature_head.check_target_shape) says it all
+        return None  # the target's shape error (drafters.heads.feature_head.check_target_shape) says it all
     vocab = "the same vocabulary" if mine is not None and theirs is not None else \
         f"a vocabulary not compared ({(recorded if mine is None else target)}'s tokenizer is not available here)"
     shape = "the hidden size and layer count the drafter reads" if shapes else \
@@ -100,8 +100,8 @@ def shapes_match(folder: str | Path, target: str) -> bool | None:
     """Whether target ``target``'s ``config.json`` (a local folder or the default alias's) gives the hidden size,
     decoder layer count and LM head rows the feature-level drafter in ``folder`` records (its ``config.json``'s
     ``hidden_size``, ``target_num_layers`` and ``vocab_size``, :func:`drafters.base.read_config`: what
-    ``drafters.feature_head.check_target_shape`` and the heads' LM head checks compare once both are loaded; a copy
-    whose vocabulary is padded to more rows has the same tokenizer but not the same shapes); None where either is
+    ``drafters.heads.feature_head.check_target_shape`` and the heads' LM head checks compare once both are loaded; a
+    copy whose vocabulary is padded to more rows has the same tokenizer but not the same shapes); None where either is
     not readable here (a Hub id, a drafter config without them)."""
     try:
         mine = read_config(folder)[1]

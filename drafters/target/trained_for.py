@@ -1,6 +1,6 @@
 """What every command says when a drafter checkpoint is used with another target than the one it was trained for:
 :func:`trained_for_problem` resolves the checkpoint path (``drafters.resolve_checkpoint``) and asks
-:func:`drafters.target_record.drafter_problem` (the rules, and the record read, are described there)."""
+:func:`drafters.target.record.drafter_problem` (the rules, and the record read, are described there)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from drafterkit.drafters import resolve_checkpoint
 from drafterkit.drafters.base import DrafterLoadError
-from drafterkit.drafters.target_record import (drafter_problem, shapes_match, target_from_records, trained_target,
+from drafterkit.drafters.target.record import (drafter_problem, shapes_match, target_from_records, trained_target,
                                                vocabulary_difference)
 
 
@@ -16,7 +16,7 @@ def trained_for_problem(folder: str | Path, target: str, *, label: str | None = 
                         flag: str = "--target") -> str | None:
     """The warning line for the drafter checkpoint ``folder`` (anything ``drafters.resolve_checkpoint`` accepts)
     used with ``target`` (a name, folder or Hub id, as ``flag`` gave it), or None (see
-    :func:`drafters.target_record.drafter_problem`; also None for a path holding no drafter: loading it reports
+    :func:`drafters.target.record.drafter_problem`; also None for a path holding no drafter: loading it reports
     that). ``label`` names the drafter in the line (default: the resolved folder).
 
     Raises:

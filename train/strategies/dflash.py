@@ -31,7 +31,7 @@ import torch
 
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.eagle3 import copy_final_norm, select_draft_vocab
-from drafterkit.drafters.target_layers import (
+from drafterkit.drafters.target.layers import (
     copy_matching,
     decoder_layers,
     layer_config,
@@ -66,8 +66,8 @@ def sample_anchors(labels: torch.Tensor, count: int, generator: torch.Generator 
 @torch.no_grad()
 def init_layers_from_target(drafter: DFlashDrafter, target: torch.nn.Module) -> None:
     """Copy the target's last ``num_layers`` decoder layers whose attention maps (a hybrid target's last
-    full-attention layers; ``drafters.target_layers.source_layer_ids``) into the last draft layers, where they map,
-    any family (``drafters.target_layers``: fused projections split, norms by effective scale, per-head q/k norms
+    full-attention layers; ``drafters.target.layers.source_layer_ids``) into the last draft layers, where they map,
+    any family (``drafters.target.layers``: fused projections split, norms by effective scale, per-head q/k norms
     where the target has them; post-norms, MoE MLPs and whole-width q/k norms (OLMo-2) keep the default init).
     Draft layers with no such target layer left (fewer attention layers than draft layers; none for DeepSeek's
     latent attention) keep their fresh init, as training's one line says (``fresh_init_note``)."""

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from drafterkit.drafters.feature_head import init_layer_from_target
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, select_draft_vocab
-from drafterkit.drafters.target_layers import decoder_layers, layer_config, llama_layer_tensors, source_layer_ids
+from drafterkit.drafters.heads.feature_head import init_layer_from_target
+from drafterkit.drafters.target.layers import decoder_layers, layer_config, llama_layer_tensors, source_layer_ids
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
 from drafterkit.train.options import Eagle3Options, draft_vocab_for, draft_vocab_refusal
@@ -127,7 +127,7 @@ def start_from_target(drafter, o: Any, recipe: Any, target: torch.nn.Module, tok
 @torch.no_grad()
 def init_stacked_layer_from_target(layer, target) -> None:
     """Start a layer after the first of a multi-layer head (a plain Llama layer) as the identity on the residual
-    stream: the target's last decoder layer (:func:`drafters.feature_head.init_layer_from_target`) with its
+    stream: the target's last decoder layer (:func:`drafters.heads.feature_head.init_layer_from_target`) with its
     residual-branch outputs ``o_proj`` and ``down_proj`` zeroed, so the stack starts as the one-layer head and
     training grows what the later layers add (zero-initialised residual branches, as Goyal et al. 2017 and
     Fixup start deep residual stacks); the q/k/v and MLP input projections keep the target's weights, so once
@@ -150,9 +150,9 @@ def init_split_attention_from_target(layer, target) -> None:
     """Copy the q/k/v ``[out, H]`` of the target's layer the head starts from (its last whose attention maps; split
     from a fused ``qkv_proj``) into both ``H``-wide
     halves of the head's 2H-input projections, and its pre-attention norm scale into ``hidden_norm``
-    (``input_layernorm`` shares the Llama name, so :func:`drafters.feature_head.init_layer_from_target` has already
-    copied it); a post-norm target (OLMo-2) has no such norm and ``hidden_norm`` stays at ones
-    (``drafters.target_layers``)."""
+    (``input_layernorm`` shares the Llama name, so :func:`drafters.heads.feature_head.init_layer_from_target` has
+    already copied it); a post-norm target (OLMo-2) has no such norm and ``hidden_norm`` stays at ones
+    (``drafters.target.layers``)."""
     ids = source_layer_ids(target)
     if not ids:  # no layer maps: the head starts fresh (fresh_init_note)
         return
