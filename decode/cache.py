@@ -112,7 +112,8 @@ class RaggedCache:
             attention_mask = self._masks(seen, position_ids)
         if self.compact and set(kw) <= {"logits_to_keep", "output_hidden_states"}:
             args = (self.model, input_ids, attention_mask, position_ids, self.cache)
-            if self.compiled and not self.exact and (out := compiled.compiled_forward(*args, **kw)) is not None:
+            if self.compiled and not self.exact and (out := compiled.compiled_forward(
+                    *args, **kw, capacity=self.mask.shape[1])) is not None:
                 return out
             return compact.compact_forward(*args, exact=self.exact, **kw)
         with verification_attention(self.model, self.exact):  # multi-token passes without copying GQA K/V

@@ -7,6 +7,9 @@ the elementwise work of a layer (RMSNorm, the rotary embedding, SiLU gating, res
 kernels, and no Python runs per layer. Shapes are dynamic (``dynamic=True``): one graph serves every cache length
 and pass size; a pass with an attention mask and one without (a decoding step that sees every column) are two
 graphs, and a pass that returns hidden states (EAGLE-family drafters read them) two more.
+The cache's keys and values live in buffers allocated for the whole decode (``RaggedCache``'s capacity) and each
+pass writes its new columns into them in place, as gpt-fast's static cache does: no pass copies the cache's past,
+and a crop or a tree's reordering leaves the layers' tensors views of the same buffers.
 
 Cost: the first pass of each graph compiles it, 30-70 s on a 2-core CPU (inductor's caches under
 ``TORCHINDUCTOR_CACHE_DIR`` keep the generated kernels for the next process, not dynamo's tracing);
@@ -41,6 +44,9 @@ RECOMPILES = 256
 
 #: model -> its compiled passes (None: compiling failed; the compact forward runs)
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+#: a transformers cache -> its key and value buffers per layer (:func:`_buffers`)
+_kv_buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class compiled_mode:  # noqa: N801 -- a switch used as a function and a context manager, as decode.exact_mode
@@ -111,10 +117,11 @@ class _Passes(nn.Module):
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 keys: list[torch.Tensor], values: list[torch.Tensor], hidden: bool):
         """``h [B, m, H]`` embeddings, ``cos, sin [B, 1, m, D]``, ``mask [B, 1, m, K]`` bool or None (every column
-        up to each query's own), the cache's ``keys, values`` per layer ``[B, Hkv, K - m, D]``: ``(final-normed
-        h, new keys, new values, hidden states or [])``."""
+        up to each query's own), ``keys, values`` per layer ``[B, Hkv, K, D]``: views of the cache's buffers whose
+        last ``m`` columns this pass fills in place (no copy of the cache's past). Returns ``(final-normed h,
+        hidden states or [])``."""
         b, m, _ = h.shape
-        new_k, new_v, states = [], [], [h] if hidden else []
+        states = [h] if hidden else []
         for i, lay in enumerate(self.layers):
             d, hq, hkv = lay.head_dim, lay.heads, lay.kv_heads
             y = torch.nn.functional.linear(rms(h, lay.ln1, lay.eps), lay.qkv, lay.qkv_bias)
@@ -124,13 +131,14 @@ class _Passes(nn.Module):
             if lay.q_norm is not None:
                 q, k = rms(q, lay.q_norm, lay.head_eps), rms(k, lay.k_norm, lay.head_eps)
             q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
-            k, v = torch.cat([keys[i], k], 2), torch.cat([values[i], v], 2)
-            new_k.append(k)
-            new_v.append(v)
+            start = keys[i].shape[2] - m
+            keys[i][:, :, start:] = k
+            values[i][:, :, start:] = v
             g = hq // hkv  # the g query heads of a group as g * m rows against their key/value head
             qg = q.reshape(b, hkv, g * m, d)
             mg = mask.repeat(1, 1, g, 1) if mask is not None else None
-            out = torch.nn.functional.scaled_dot_product_attention(qg, k, v, attn_mask=mg, scale=lay.scaling)
+            out = torch.nn.functional.scaled_dot_product_attention(qg, keys[i], values[i], attn_mask=mg,
+                                                                   scale=lay.scaling)
             out = out.reshape(b, hq, m, d).transpose(1, 2).reshape(b, m, hq * d)
             h = h + torch.nn.functional.linear(out, lay.o, lay.o_bias)
             gu = torch.nn.functional.linear(rms(h, lay.ln2, lay.eps), lay.gate_up)
@@ -141,7 +149,7 @@ class _Passes(nn.Module):
         h = rms(h, self.norm, self.eps)
         if hidden:
             states[-1] = h
-        return h, new_k, new_v, states
+        return h, states
 
 
 def _passes(model: nn.Module):
@@ -163,18 +171,34 @@ def _fail(model: nn.Module, exc: BaseException) -> None:
           f"{str(exc).splitlines()[0] if str(exc) else ''}); its passes run uncompiled", file=sys.stderr)
 
 
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous: a cache cropped after a rejection holds views with the strides of its longer past, and a
-    graph's guards on strides would compile it anew at each crop."""
-    return t if t.is_contiguous() else t.contiguous()
+def _buffers(cache, layers: list, need: int, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer, key and value buffers ``[B, Hkv, C, D]`` (``C >= need``) whose first columns the layer's tensors
+    are views of: the ones kept for ``cache`` when they still are (crops, a tree's in-place reordering), else new
+    ones of ``max(capacity, 2 * need)`` columns holding the layer's columns (after a prefill, or when full). The
+    views' strides stay those of the buffer, so a pass compiles once for every cache length."""
+    kept = _kv_buffers.get(cache)
+    if kept is not None and kept[0][0].shape[2] >= need and all(
+            la.keys.data_ptr() == kb.data_ptr() and la.values.data_ptr() == vb.data_ptr()
+            and la.keys.stride() == kb.stride() for la, kb, vb in zip(layers, *kept)):
+        return kept
+    n = max(capacity, 2 * need)
+    kept = ([], [])
+    for la in layers:
+        for old, out in ((la.keys, kept[0]), (la.values, kept[1])):
+            buf = old.new_empty(*old.shape[:2], n, old.shape[3])
+            buf[:, :, : old.shape[2]] = old
+            out.append(buf)
+    _kv_buffers[cache] = kept
+    return kept
 
 
 def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                      position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
-                     output_hidden_states: bool = False) -> CausalLMOutputWithPast | None:
+                     output_hidden_states: bool = False, capacity: int = 0) -> CausalLMOutputWithPast | None:
     """:func:`decode.compact.compact_forward` through the model's compiled passes, or None where they cannot run
     (the cache holds no columns yet: a prefill runs eager; building or compiling failed). Same arguments and
-    result; the cache's key/value tensors are replaced by the grown ones."""
+    result; the cache's key/value tensors become views of buffers of at least ``capacity`` columns that later
+    passes write into in place (:func:`_buffers`)."""
     layers = getattr(cache, "layers", [])
     if not layers or not getattr(layers[0], "is_initialized", False) or (fn := _passes(model)) is None:
         return None
@@ -184,14 +208,17 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     mask = compact._mask(attention_mask, input_ids.shape[1])
     if mask is not None and mask.dtype != torch.bool:  # an additive float mask: 0 where a key is seen
         mask = mask == 0
+    m = input_ids.shape[1]
+    need = layers[0].keys.shape[2] + m
+    key_bufs, value_bufs = _buffers(cache, layers, need, capacity)
+    keys, values = [kb[:, :, :need] for kb in key_bufs], [vb[:, :, :need] for vb in value_bufs]
     try:
         # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
         # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
         # no duck shapes: sizes equal at trace time (a pass's g * m rows and the cache's length) stay distinct symbols
         with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
                 torch.fx.experimental._config.patch(use_duck_shape=False):
-            h, keys, values, states = fn(h, cos[:, None], sin[:, None], mask, [_dense(la.keys) for la in layers],
-                                         [_dense(la.values) for la in layers], bool(output_hidden_states))
+            h, states = fn(h, cos[:, None], sin[:, None], mask, keys, values, bool(output_hidden_states))
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager forward, said once
         _fail(model, exc)
         return None

@@ -77,6 +77,32 @@ def test_uncovered_model_runs_uncompiled():
     assert got == decode.generate(model, prompt, max_new_tokens=6).sequences
 
 
+def test_compiled_passes_write_the_cache_in_place():
+    """After the first compiled pass the layers' keys and values stay views of one set of buffers: a chain pass
+    with rejections, a decoding step and a tree pass with its reordering write their columns in place."""
+    model = MODELS["gqa-llama"]
+    cache = RaggedCache(model, 2, torch.device("cpu"), capacity=64, compiled=True)
+    seen = []
+    with torch.inference_mode(), fused_projections(model), decode.compiled_mode():
+        cache.prefill([[5, 9, 11, 4, 7], [3, 8]], logits_to_keep=1)
+        cache.run(torch.tensor([[4, 5, 6, 7], [8, 9, 10, 11]]), logits_to_keep=4)
+        cache.keep(torch.tensor([2, 4]))
+        seen.append(compiled._kv_buffers[cache.cache])
+        cache.run(torch.tensor([[12], [13]]), logits_to_keep=1)
+        cache.keep(torch.tensor([1, 1]))
+        seen.append(compiled._kv_buffers[cache.cache])
+        tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+        cache.run_tree(torch.tensor([[14, 15, 16], [17, 18, 19]]), torch.tensor([0, 1, 1]), tree, logits_to_keep=3)
+        cache.reorder(torch.tensor([[0, 2], [0, 1]]))
+        cache.keep(torch.tensor([2, 1]))
+        seen.append(compiled._kv_buffers[cache.cache])
+    keys, values = seen[0]
+    assert all(s is seen[0] for s in seen) and keys[0].shape[2] >= 64  # allocated once, at the cache's capacity
+    for layer, kb, vb in zip(cache.cache.layers, keys, values):
+        assert layer.keys.data_ptr() == kb.data_ptr() and layer.values.data_ptr() == vb.data_ptr()
+        assert layer.keys.shape[2] == cache.length == 5 + 4 + 1 + 2
+
+
 def test_mode_restores():
     assert not compiled.ENABLED
     with decode.compiled_mode():
