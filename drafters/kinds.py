@@ -120,6 +120,11 @@ class Kind:
                 object.__setattr__(self, attr, self.name)
 
     @property
+    def with_article(self) -> str:
+        """:attr:`title` after its indefinite article ("an EAGLE-3 head", "a DSpark block drafter"), for messages."""
+        return f"{'an' if self.title[:1].upper() in 'AEIOU' else 'a'} {self.title}"
+
+    @property
     def exports(self) -> tuple[str, ...]:
         """The ``drafterkit export --format`` names that take this kind."""
         return tuple(f.name for f in self.formats)

@@ -328,7 +328,9 @@ def serve_refusal(method: str, target: str) -> str | None:
     the auxiliary hidden states of a target class that gives none), or None."""
     if problem := target_load_problem(target):
         return problem
-    return eagle3_serve_problem(target_architecture(target)) if reads_aux_hidden(method) else None
+    if not reads_aux_hidden(method):
+        return None
+    return eagle3_serve_problem(target_architecture(target), KINDS[serve_formats()[method][1]].with_article)
 
 
 def reads_aux_hidden(method: str) -> bool:

@@ -46,9 +46,11 @@ FULL = os.environ.get("DRAFTERKIT_SERVING_MATRIX") == "full"
 
 def _refusal(family: str, fmt: str) -> str | None:
     from drafterkit.drafters.export.vllm_support import eagle3_serve_problem
+    from drafterkit.drafters.kinds import KINDS, export_formats
 
-    arch = FAMILIES[family][1]
-    return eagle3_serve_problem(arch) if serve_parity.reads_aux_hidden(FORMATS[fmt][0]) else None
+    arch, method = FAMILIES[family][1], FORMATS[fmt][0]
+    return eagle3_serve_problem(arch, KINDS[export_formats()[fmt]].with_article) \
+        if serve_parity.reads_aux_hidden(method) else None
 
 
 ALL = [(f, fmt) for f in FAMILIES for fmt in FORMATS]

@@ -46,14 +46,15 @@ and the loss is ``1 - E[L] / K`` averaged over chains (one chain starts at every
 decoder will run: step k feeds the drafter its own greedy draft tokens 1..k-1 and compares its
 distribution with the target's at the real position t + k - 1, i.e. it assumes the accepted tokens
 equal the data tokens (exact when the data was generated greedily by the target, ``data.regenerate:
-true``). Per kind, K = ``loss.draft_steps`` capped by the kind's chain:
+true``). Per kind, K = ``loss.draft_steps``, at most the kind's chain (a larger value the recipe gives is refused
+when it is validated; left at its default it follows the chain, ``train.draft_lengths``):
 
 * ``draft_lm``: K passes sharing one KV cache (``train.strategies.draft_lm.unroll_alphas``); K = ``draft_steps``.
-* ``medusa``: its heads at one position (Medusa's own drafting); K = ``min(num_heads, draft_steps)``.
+* ``medusa``: its heads at one position (Medusa's own drafting); K <= ``num_heads``.
 * ``eagle``: the training-time-test unroll on its own predicted features and draft tokens
-  (``EagleDrafter.forward``); K = ``min(ttt_steps, draft_steps)``.
+  (``EagleDrafter.forward``); K <= ``ttt_steps``.
 * ``eagle3``: the TTT unroll with ``ttt_tokens: draft`` (its own draft tokens; ``Eagle3Drafter.forward``);
-  K = ``min(ttt_steps, draft_steps)``.
+  K <= ``ttt_steps``.
 
 A recipe the kind cannot serve is refused when validated (``Strategy.validate_recipe``): ``accept_len``
 over ``draft_steps > 1`` on a one-step chain (``num_heads`` / ``ttt_steps`` 1: it would be plain alpha),

@@ -203,6 +203,9 @@ class DSparkOptions(DFlashOptions):
     confidence_head: bool = True  # train (and export) the confidence head
     confidence_with_markov: bool = True  # the confidence head also reads the Markov embedding of the previous token
     confidence_weight: float = Field(0.1, ge=0.0)  # weight of its binary cross-entropy in the loss
+    # false: the chain terms read the block's own logits, so the Markov head's zero-initialised output matrix
+    # stays zero and adds nothing when decoding (the ablation of a backbone trained without it)
+    train_markov_head: bool = True
 
 
 # --- recipe checks -------------------------------------------------------------------------------

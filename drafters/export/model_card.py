@@ -158,10 +158,11 @@ def card_license(target: str | None, recipe: dict | None) -> tuple[str, str]:
 
 def vllm_serve_problem(fmt: str, target: str | None) -> str | None:
     """Why vLLM cannot serve the ``fmt`` export next to ``target`` (:mod:`drafters.export.vllm_support`: an EAGLE-3 /
-    P-EAGLE head or a DFlash drafter for a target architecture vLLM gives no auxiliary hidden states), or None."""
+    P-EAGLE head or a DFlash / DSpark drafter for a target architecture vLLM gives no auxiliary hidden states; the
+    sentence names the export's kind), or None."""
     if fmt not in export_formats() or not export_format(fmt).aux_hidden:  # drafters.kinds.ExportFormat
         return None
-    return eagle3_serve_problem(target_architecture(target))
+    return eagle3_serve_problem(target_architecture(target), KINDS[export_formats()[fmt]].with_article)
 
 
 def _front_matter(fmt: str, kind: str, target: str | None, license_id: str) -> str:

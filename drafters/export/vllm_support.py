@@ -192,10 +192,15 @@ def vllm_model_class(architecture: str) -> str | None:
     return "transformers" if _transformers_backend_can_wrap(architecture) else None
 
 
-def eagle3_serve_problem(architecture: str | None) -> str | None:
-    """Why vLLM :data:`VLLM_VERSION` cannot serve an EAGLE-3 / P-EAGLE head or a DFlash / DSpark drafter next to a
-    target of ``architecture`` (one sentence naming it, the version and the reason), or None when it can (a native
-    class in :data:`EAGLE3_TARGET_ARCHITECTURES` or the Transformers backend, :func:`vllm_model_class`) or the
+#: the drafters :func:`eagle3_serve_problem` names when the caller does not say which one it refuses
+AUX_HIDDEN_DRAFTERS = "an EAGLE-3 / P-EAGLE head or a DFlash / DSpark drafter"
+
+
+def eagle3_serve_problem(architecture: str | None, drafter: str = AUX_HIDDEN_DRAFTERS) -> str | None:
+    """Why vLLM :data:`VLLM_VERSION` cannot serve ``drafter`` (words with their article, e.g. "a DSpark block
+    drafter", ``drafters.kinds.Kind.with_article``; default: the four kinds that read auxiliary hidden states) next to
+    a target of ``architecture`` (one sentence naming both, the version and the reason), or None when it can (a
+    native class in :data:`EAGLE3_TARGET_ARCHITECTURES` or the Transformers backend, :func:`vllm_model_class`) or the
     architecture is unknown (None)."""
     if architecture is None:
         return None
@@ -206,9 +211,8 @@ def eagle3_serve_problem(architecture: str | None) -> str | None:
         return (f"vLLM {VLLM_VERSION} has no model class for a {architecture} target: it is not in vLLM's model "
                 "registry and transformers has no class of that name its Transformers backend can wrap; serve a "
                 "target whose architecture vLLM supports")
-    return (f"vLLM {VLLM_VERSION} cannot serve an EAGLE-3 / P-EAGLE head or a DFlash / DSpark drafter for a "
-            f"{architecture} target: {VLLM_REASON}; it stops at load with \"RuntimeError: Model does not support "
-            "EAGLE3 interface\"")
+    return (f"vLLM {VLLM_VERSION} cannot serve {drafter} for a {architecture} target: {VLLM_REASON}; it stops at "
+            "load with \"RuntimeError: Model does not support EAGLE3 interface\"")
 
 
 # What vLLM 0.32's CPU build does with a hybrid target (recurrent layers beside attention), found by running it on

@@ -136,7 +136,8 @@ class DFlashStrategy(FeatureHeadStrategy):
             metrics["draft_vocab_coverage"] = float(cov.mean()) if cov.numel() else 0.0
         return loss, metrics
 
-    def slot_logits(self, drafter: DFlashDrafter, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    def slot_logits(self, drafter: DFlashDrafter, hidden: torch.Tensor, prev: torch.Tensor,
+                    recipe: Any) -> torch.Tensor:
         """Draft logits ``[N, Nv]`` of one block position's outputs ``hidden [N, H]``; ``prev [N]``: the data token
         before the drafted one (unused by DFlash, whose positions do not read each other)."""
         return drafter.draft_logits(hidden)
@@ -176,7 +177,7 @@ class DFlashStrategy(FeatureHeadStrategy):
                 yc = y.clamp(min=0)
                 y_k = torch.where(d.t2d[yc], label_draft[yc], t_k.argmax(-1))
             prev = ids[b_idx, pc]
-            out["draft"].append(self.slot_logits(d, hidden[:, s], prev).float())
+            out["draft"].append(self.slot_logits(d, hidden[:, s], prev, recipe).float())
             out["target"].append(t_k)
             out["label"].append(torch.where(ok, y_k, torch.full_like(y_k, -100)))
             out["prev"].append(prev)

@@ -9,12 +9,13 @@ Loss, the backbone and the Markov head jointly: each position's draft logits are
 bias of the token before the drafted one, taken from the data (teacher forcing: the tokens the decoder has when
 every earlier draft was accepted), ``lm_head(norm(h_s)) + markov_w2(markov_w1(x_{a+s}))``; every term of
 ``recipe.loss`` applies per position with DFlash's weights ``exp(-s / position_weight_gamma)``
-(:meth:`DFlashStrategy.chain_terms`). Plus, with ``confidence_head``, ``confidence_weight`` times the binary
-cross-entropy of the confidence head against whether that position's top-1 (Markov bias included) is the
-target's top-1, i.e. whether greedy verification accepts it when every earlier position was accepted; its
-inputs are detached, so it learns to read the drafter without moving it. Sum over supervised rows divided by the
-number of blocks, as the chain terms. Logged: ``confidence_bce``, ``confidence_acc`` (confidence > 0.5 agrees
-with the outcome) and ``accepted_rate`` (the outcome's mean).
+(:meth:`DFlashStrategy.chain_terms`); ``train_markov_head: false`` leaves the bias out, so the head's output
+matrix keeps its zero start (an ablation: a backbone trained without the head). Plus, with ``confidence_head``,
+``confidence_weight`` times the binary cross-entropy of the confidence head against whether that position's top-1
+(Markov bias included) is the target's top-1, i.e. whether greedy verification accepts it when every earlier
+position was accepted; its inputs are detached, so it learns to read the drafter without moving it. Sum over
+supervised rows divided by the number of blocks, as the chain terms. Logged: ``confidence_bce``, ``confidence_acc``
+(confidence > 0.5 agrees with the outcome) and ``accepted_rate`` (the outcome's mean).
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ class DSparkStrategy(DFlashStrategy):
                                         confidence_head=o.confidence_head,
                                         confidence_with_markov=o.confidence_with_markov)
 
-    def slot_logits(self, drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """The block's logits plus the Markov bias of ``prev [N]`` (the data token before the drafted one)."""
+    def slot_logits(self, drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor,
+                    recipe: Any) -> torch.Tensor:
+        """The block's logits plus the Markov bias of ``prev [N]`` (the data token before the drafted one); the
+        block's logits alone with ``train_markov_head: false``."""
+        if not recipe.drafter.parsed_options().train_markov_head:
+            return drafter.draft_logits(hidden)
         return drafter.markov_logits(hidden, prev)
 
     def loss(self, drafter, target, batch, recipe):
