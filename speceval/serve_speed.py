@@ -93,10 +93,12 @@ def drafterkit_rows(target, proposers: dict, prompts: list[list[int]], max_new: 
     """drafterkit's engine (``decode.generate``, batch size 1, greedy) on each prompt alone: plain decoding
     (:data:`PLAIN`) and each ``proposers`` entry ``{label: (proposer, K)}`` as a chain of K, interleaved prompt by
     prompt after one untimed warm-up of each on the first prompt, ``repeats`` passes; one :func:`speed_row` per
-    method (plain first) with its ``tau`` (tokens per verification pass)."""
+    method (plain first) with its ``tau`` (tokens per verification pass) and ``tau_drafting`` (1 + accepted draft
+    tokens per pass that verified a draft: vLLM's mean acceptance length, which leaves out steps with no draft)."""
     methods = [(PLAIN, None, 1)] + [(label, d, k) for label, (d, k) in proposers.items()]
     timed: dict[str, list] = {label: [] for label, _, _ in methods}
     passes: dict[str, list] = {label: [0, 0] for label, _, _ in methods}  # committed by verification, passes
+    drafts: dict[str, list] = {label: [0, 0] for label, _, _ in methods}  # accepted, passes that verified a draft
 
     def call(d, k, ids):
         return generate(target, [ids], drafter=d, max_new_tokens=max_new, num_draft_tokens=k, eos_token_id=eos)
@@ -111,10 +113,13 @@ def drafterkit_rows(target, proposers: dict, prompts: list[list[int]], max_new: 
                 timed[label].append([i, len(res.sequences[0]), time.perf_counter() - t0])
                 passes[label][0] += res.stats.committed - 1
                 passes[label][1] += res.stats.target_forwards
+                drafts[label][0] += res.counts.accepted
+                drafts[label][1] += res.counts.reached[0] if res.counts.reached else 0
     rows = []
     for label, _, _ in methods:
         row = speed_row(label, timed[label])
         row["tau"] = passes[label][0] / passes[label][1] if passes[label][1] else None
+        row["tau_drafting"] = 1 + drafts[label][0] / drafts[label][1] if drafts[label][1] else None
         rows.append(row)
     return rows
 
@@ -132,6 +137,7 @@ def side_by_side(ours: list[dict], theirs: list[dict]) -> list[dict]:
             r, plain = rows.get(label), rows.get(PLAIN)
             ok = r is not None and plain is not None and r.get("tokens_per_s") and plain.get("tokens_per_s")
             cells[name] = dict(tokens_per_s=r.get("tokens_per_s") if r else None, tau=r.get("tau") if r else None,
+                               tau_drafting=r.get("tau_drafting", r.get("tau")) if r else None,
                                speedup=r["tokens_per_s"] / plain["tokens_per_s"] if ok else None,
                                interval=ratio_interval(r, plain) if ok and label != PLAIN else None,
                                error=r.get("error") if r else None)
@@ -149,16 +155,20 @@ def _x(value, spec: str = "{:.2f}x") -> str:
 
 def markdown_rows(table: list[dict]) -> list[str]:
     """:func:`side_by_side` as a Markdown table: per method each engine's tokens/s, tau and speedup over its own
-    plain decoding with the 95% interval, and drafterkit's speedup / vLLM's."""
-    lines = ["| method | drafterkit tokens/s | drafterkit tau | drafterkit speedup (95% interval) | vLLM tokens/s | "
-             "vLLM tau | vLLM speedup (95% interval) | drafterkit / vLLM speedup |",
+    plain decoding with the 95% interval, and drafterkit's speedup / vLLM's. drafterkit's tau is given per
+    verification pass and, after the slash, per pass that verified a draft: vLLM's tau counts only those."""
+    lines = ["| method | drafterkit tokens/s | drafterkit tau (all passes / drafting passes) | drafterkit speedup (95% "
+             "interval) | vLLM tokens/s | vLLM tau (drafting passes) | vLLM speedup (95% interval) | "
+             "drafterkit / vLLM speedup |",
              "|---|---|---|---|---|---|---|---|"]
     for r in table:
         d, v = r["drafterkit"], r["vllm"]
         cell = [f"{_x(e['speedup'])} ({interval_words(e['interval'])})" if e["interval"] else _x(e["speedup"])
                 for e in (d, v)]
         ratio = _x(r.get("vs_vllm")) + " (plain tokens/s)" if r["method"] == PLAIN else _x(r["speedup_ratio"])
-        lines.append(f"| {r['method']} | {_x(d['tokens_per_s'], '{:.1f}')} | {_x(d['tau'], '{:.2f}')} | {cell[0]} | "
+        tau = _x(d["tau"], "{:.2f}") + (f" / {d['tau_drafting']:.2f}" if r["method"] != PLAIN and d.get("tau_drafting")
+                                          else "")
+        lines.append(f"| {r['method']} | {_x(d['tokens_per_s'], '{:.1f}')} | {tau} | {cell[0]} | "
                      f"{_x(v['tokens_per_s'], '{:.1f}')}{' (failed: ' + v['error'] + ')' if v['error'] else ''} | "
                      f"{_x(v['tau'], '{:.2f}')} | {cell[1]} | {ratio} |")
     return lines

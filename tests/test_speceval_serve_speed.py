@@ -81,6 +81,9 @@ def test_drafterkit_rows_time_each_prompt_and_count_tau():
     assert [r["method"] for r in rows] == ["plain", "ngram"]
     assert all(len(r["per_prompt"]) == 2 and r["new_tokens"] == 24 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["tau"] == pytest.approx(1.0) and rows[1]["tau"] >= 1.0
+    assert rows[0]["tau_drafting"] is None  # plain decoding verifies no draft
+    # per pass that verified a draft: at least the per-pass figure, as passes without an n-gram match drop out
+    assert rows[1]["tau_drafting"] >= rows[1]["tau"]
 
 
 def test_serve_check_measures_speed_unless_told_not_to():
