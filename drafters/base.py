@@ -339,6 +339,15 @@ def read_config(path: str | Path) -> tuple[str, dict]:
     return data["kind"], data.get("config", {})
 
 
+def card_head(cfg: dict, layers: str) -> tuple[str, str]:
+    """The two facts a head kind's model-card line (``drafters.kinds.Kind.card_line``) states, read from its
+    ``config.json`` config ``cfg``: its layers and the target layers it reads (``"2 draft layer(s), target layers
+    [3, 15, 27]"``; ``layers`` names its layers) and its vocabulary (``"draft vocabulary 512 of 49152 target
+    tokens"``)."""
+    return (f"{int(cfg.get('num_layers', 1))} {layers} layer(s), target layers {cfg.get('feature_layers')}",
+            f"draft vocabulary {cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
+
+
 class ExportError(ValueError):
     """The checkpoint cannot be exported in the requested format; the message says why and the fix."""
 

@@ -37,6 +37,7 @@ from torch import nn
 from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.decode.sampling import select_tokens
+from drafterkit.drafters.base import card_head
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter, pad_chains
 
 
@@ -208,8 +209,7 @@ class DSparkDrafter(DFlashDrafter):
 def card_line(cfg: dict, export_config: dict | None) -> str:
     """The model card's line on a DSpark drafter whose ``config.json`` config is ``cfg`` (its export's
     config: ``export_config``; ``drafters.kinds.Kind.card_line``)."""
-    return (f"DSpark: the DFlash backbone ({cfg.get('num_layers')} draft layer(s), target layers "
-            f"{cfg.get('feature_layers')}) drafting {cfg.get('block_size')} tokens per pass from the bonus token "
-            f"on, a rank-{cfg.get('markov_rank')} Markov head chaining them left to right"
-            f"{', a confidence head' if cfg.get('confidence_head') else ''}, draft vocabulary "
-            f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')} target tokens")
+    shape, vocab = card_head(cfg, "draft")
+    return (f"DSpark: the DFlash backbone ({shape}) drafting {cfg.get('block_size')} tokens per pass from the bonus "
+            f"token on, a rank-{cfg.get('markov_rank')} Markov head chaining them left to right"
+            f"{', a confidence head' if cfg.get('confidence_head') else ''}, {vocab}")

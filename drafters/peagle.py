@@ -42,6 +42,7 @@ from torch import nn
 
 from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
+from drafterkit.drafters.base import card_head
 from drafterkit.drafters.dflash import select_parallel
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters.heads.feature_head import trim_kv
@@ -251,8 +252,7 @@ class PEagleDrafter(Eagle3Drafter):
 def card_line(cfg: dict, export_config: dict | None) -> str:
     """The model card's line on a P-EAGLE drafter whose ``config.json`` config is ``cfg`` (its export's
     config: ``export_config``; ``drafters.kinds.Kind.card_line``)."""
-    return (f"P-EAGLE: the EAGLE-3 head ({int(cfg.get('num_layers', 1))} decoder layer(s), target layers "
-            f"{cfg.get('feature_layers')}, draft vocabulary "
-            f"{cfg.get('draft_vocab_size')} of {cfg.get('vocab_size')}) with learned mask inputs (token "
+    shape, vocab = card_head(cfg, "decoder")
+    return (f"P-EAGLE: the EAGLE-3 head ({shape}, {vocab}) with learned mask inputs (token "
             f"{cfg.get('mask_token_id')}, `mask_hidden`): one pass drafts every position of the chain "
             f"(trained on {cfg.get('num_depths')})")

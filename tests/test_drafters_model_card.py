@@ -18,6 +18,7 @@ from drafterkit.drafters.draft_lm import DraftLM
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters.export.model_card import hub_base_model
 from drafterkit.drafters.export.writers import export
+from drafterkit.drafters.kinds import KINDS, resolve
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 from drafterkit.train.checkpoint import TrainerState
 from drafterkit.train.recipe import recipe_from_dict
@@ -243,3 +244,17 @@ def test_a_tree_marked_carried_by_an_older_report_is_not_the_served_factor():
     body = "\n".join(quickstart_section(qs))
     assert "**Not measured as served**" in body and "| mt-bench |" not in body
     assert "`m@0.1 tree=3,2,1,1,1` (tree 3,2,1,1,1, confidence cutoff 0.1): 1.24x" in body
+
+
+@pytest.mark.parametrize("kind, layers", [("dspark", "draft"), ("peagle", "decoder")])
+def test_a_head_kinds_card_line_states_its_layers_and_vocabulary_from_its_config(kind, layers):
+    """DSpark's and P-EAGLE's card lines read their layers, target layers and vocabulary from the config
+    (``drafters.base.card_head``): another config, another line."""
+    line = resolve(KINDS[kind].card_line, KINDS[kind].module)
+    cfg = {"num_layers": 2, "feature_layers": [3, 15, 27], "draft_vocab_size": 512, "vocab_size": 49152,
+           "block_size": 8, "markov_rank": 64, "mask_token_id": 7, "num_depths": 4}
+    text = line(cfg, None)
+    assert f"2 {layers} layer(s), target layers [3, 15, 27]" in text
+    assert "draft vocabulary 512 of 49152 target tokens" in text
+    other = line({**cfg, "num_layers": 1, "feature_layers": [1, 2, 3], "draft_vocab_size": 49152}, None)
+    assert f"1 {layers} layer(s), target layers [1, 2, 3]" in other and "vocabulary 49152 of 49152" in other
