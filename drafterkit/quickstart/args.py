@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from drafterkit.speceval.eval_args import EvalConfig, thread_count
+from drafterkit.train.options import KINDS as TRAINED_KINDS
 
 #: Draft shapes the quickstart measures: a static tree (the 3 best first tokens, 2 after each, then one per
 #: depth to depth 5, so prompt lookup's chains keep K = 5 tokens behind it: 3 + 6 + 6 + 6 + 6 nodes before
@@ -44,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="the output folder holds an earlier quickstart's training: delete its checkpoints, "
                             "logs and evals and train from step 0 (train.overwrite=true) instead of refusing to "
                             "start")
-    p.add_argument("--kind", default=None, help="drafter kind: eagle3 | peagle | dflash | dspark | eagle | medusa "
-                                                "| draft_lm (default: eagle3 if recipes/eagle3.yaml exists, else "
-                                                "draft_lm)")
+    kinds = " | ".join(sorted(TRAINED_KINDS, key=lambda k: k != "eagle3"))  # training's table: no torch
+    p.add_argument("--kind", default=None, help=f"drafter kind: {kinds} (default: eagle3 if recipes/eagle3.yaml "
+                                                "exists, else draft_lm)")
     p.add_argument("--recipe", default=None, help="recipe YAML (default: recipes/<kind>.yaml)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="extra recipe override, repeatable (e.g. --set data.num_examples=200)")
