@@ -40,8 +40,8 @@ def needs_lines(args, out) -> list[str]:
 
 
 def _tune_words(args) -> str:
-    """The tune stage in the plan line, with its measured time: one search ~1.3 min with bf16 units, ~3 min in
-    fp32, on a quiet 2-core CPU (two with ``+rest``); it does not shrink with ``--num-prompts``."""
+    """The tune stage's words in the plan line: its searches and their expected time (it does not shrink with
+    ``--num-prompts``); empty with ``--no-tune``."""
     if args.no_tune:
         return ""
     searches = "one 15-candidate search" if args.no_hybrid else ("two 15-candidate searches, alone and behind "

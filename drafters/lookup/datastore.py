@@ -13,9 +13,8 @@ Index: for each ``n``, the positions of every n-gram that has a next token, sort
 key (the ``n`` ids packed into 64 bits when ``n * bits(vocab) <= 64``, exact; a 64-bit mix of them
 otherwise, where a collision can only cost draft quality, never exactness, since every draft is
 verified by the target). Lookup is two binary searches; at most ``max_matches`` matches, evenly spaced
-over the matching range, are read. Memory: 4 bytes per corpus token plus 12 bytes per token per ``n``
-(about 750 MB for all of ShareGPT V3, 18.8M assistant tokens, n = 2..4); on disk the keys are not
-stored (recomputed at load, no sort), 4 + 4 per ``n`` bytes per token.
+over the matching range, are read. Memory: 4 bytes per corpus token plus 12 bytes per token per ``n``;
+on disk the keys are not stored (recomputed at load, no sort), 4 + 4 per ``n`` bytes per token.
 
 :func:`cached_datastore` builds one from a conversation file (the assistant turns of every
 conversation outside the held-out split, so ShareGPT prompts used for evaluation never see their own
@@ -288,7 +287,7 @@ def cached_datastore(source: str | Path, tokenizer, *, max_tokens: int | None = 
     """:func:`build_datastore` over ``source`` (a pinned asset name such as ``"sharegpt"``, a
     conversation file, or a ``.npz`` written by :meth:`Datastore.save`, loaded as is), kept under
     ``$DRAFTERKIT_HOME/datastores`` keyed by the file (size, mtime), the tokenizer and the settings,
-    so only the first call pays for it (ShareGPT V3 with SmolLM2's tokenizer: ~35 s, ~300 MB).
+    so only the first call pays for it (its cost for ShareGPT: docs/drafters.md).
     ``log`` (a callable taking a string) hears when it is built. The store's ``source`` is ``source`` and
     its ``path`` the ``.npz`` it lives in (:meth:`Datastore.describe`). A store of fewer than
     ``SMALL_DATASTORE_TOKENS`` tokens warns (``UserWarning``) each time it is returned, built or cached.
