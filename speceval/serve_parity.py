@@ -47,14 +47,15 @@ from drafterkit.decode.metrics import DecodeCounts, compute_stats, pool_stats
 from drafterkit.drafters import DrafterLoadError, load_drafter, load_transformers_drafter
 from drafterkit.drafters.base import ExportError, recorded_source
 from drafterkit.drafters.export.vllm_support import (cpu_hybrid_problem, eagle3_serve_problem, target_architecture,
-                                              target_config, target_load_problem)
+                                                     target_config, target_load_problem)
 from drafterkit.drafters.kinds import KINDS, serve_formats
 from drafterkit.drafters.target.recurrent import recurrent_target_problem
 from drafterkit.drafters.target.trained_for import trained_for_problem
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
-from drafterkit.speceval.serve_refusals import (MARKER, cpu_attention_refusal, cpu_method_refusal, draft_layers_refusal,
-                                             drafter_source_problem, k_problem, recorded_target, vllm_on_cpu)
+from drafterkit.speceval.serve_refusals import (MARKER, cpu_attention_refusal, cpu_method_refusal,
+                                                draft_layers_refusal, drafter_source_problem, k_problem,
+                                                recorded_target, vllm_on_cpu)
 from drafterkit.speceval.vllm_process import run_watched
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")

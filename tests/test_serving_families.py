@@ -116,7 +116,7 @@ def served(request, tmp_path_factory):
     torch.set_num_threads(1)  # as vLLM's CPU engine runs; the tiny models gain nothing from a second thread
     try:
         reports = serve_parity.check_targets(groups, prompts=prompts, max_new_tokens=NEW, k=K, keep_going=True,
-                                        log=root / "vllm.log", timeout=300 + 120 * len(cells))
+                                             log=root / "vllm.log", timeout=300 + 120 * len(cells))
     finally:
         torch.set_num_threads(before)
     return dict(zip(cells, [r for group in reports for r in group]))

@@ -57,7 +57,7 @@ def test_serves_on_cpu_refused(tmp_path, family, record_property):
     out = export(ckpt, "medusa", tmp_path / "medusa-export", target=str(folder))
     with pytest.raises(serve_parity.ServeCheckError) as info:
         serve_parity.check_targets([(str(folder), [(out, None)])], prompts={str(folder): [[5, 6, 7]]}, max_new_tokens=4,
-                              k=2)
+                                   k=2)
     line = str(info.value)
     assert "\n" not in line and "for CPU cannot serve" in line, line
     assert HYBRID_FAMILIES[family][1] in line and REASONS.get(family, STATE_COPY) in line, line

@@ -29,11 +29,11 @@ from conftest import require_vllm_python
 def test_counters_convert_to_our_per_position_convention():
     # 10 drafts of K=3: 6 accepted position 0, 3 of those position 1, 1 of those position 2
     got = serve_parity.convert_counters({"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 10,
-                                    "num_accepted_tokens_per_pos": [6, 3, 1]})
+                                         "num_accepted_tokens_per_pos": [6, 3, 1]})
     assert got["tau"] == pytest.approx(2.0) and got["acceptance_rate"] == pytest.approx(1 / 3)
     assert got["accept_per_position"] == pytest.approx([0.6, 0.5, 1 / 3])
     assert serve_parity.convert_counters({"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                                     "num_accepted_tokens_per_pos": [0, 0]})["accept_per_position"] == [0.0, 0.0]
+                                          "num_accepted_tokens_per_pos": [0, 0]})["accept_per_position"] == [0.0, 0.0]
 
 
 def test_vllm_steps_rescored_as_our_engine_counts():
@@ -463,7 +463,7 @@ def test_a_failed_vllm_run_names_its_last_exception_line(tmp_path):
            "ERROR 12-04 10:02:11 [core.py:710] RuntimeError: Model does not support EAGLE3 interface but "
            "aux_hidden_state_outputs was requested\nProcess finished\n")
     assert serve_parity.last_exception(log) == ("RuntimeError: Model does not support EAGLE3 interface but "
-                                           "aux_hidden_state_outputs was requested")
+                                                "aux_hidden_state_outputs was requested")
     assert serve_parity.last_exception("Traceback (most recent call last):\n  raise ValueError(x)\n") is None
 
 
