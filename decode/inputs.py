@@ -110,7 +110,7 @@ def as_proposer(drafter: Any) -> Proposer | None:
 
 def proposer_modules(proposer: Proposer | None) -> list[torch.nn.Module]:
     """The proposer's own modules for :func:`decode.fused.fused_projections`: itself when it is a module
-    (a drafter), else the module it wraps as ``.drafter`` (``drafters.hybrid.LookupHybrid``) or as
+    (a drafter), else the module it wraps as ``.drafter`` (``drafters.lookup.hybrid.LookupHybrid``) or as
     ``.lm`` (:class:`decode.draft_model.DraftModel`)."""
     for m in (proposer, getattr(proposer, "drafter", None), getattr(proposer, "lm", None)):
         if isinstance(m, torch.nn.Module):

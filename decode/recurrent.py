@@ -14,7 +14,7 @@ Bailing-hybrid, OLMo-hybrid) and the all-recurrent Mamba, Mamba-2 and Falcon-Mam
 node is not kept), and every recurrent family outside that set, each of :data:`UNRECORDED` with the reason its state
 cannot be recorded per position (Zamba, RecurrentGemma, MiniMax, xLSTM, RWKV).
 ``decode.generate`` asks it for a loaded target, and the verbs ask it for a target folder (its ``config.json``)
-before the weights load (``drafters.target_recurrent.recurrent_target_problem``).
+before the weights load (``drafters.target.recurrent.recurrent_target_problem``).
 
 The rule follows transformers' own cache: ``DynamicCache`` builds one layer per entry of the text config's
 ``layer_types`` and gives ``conv`` / ``linear_attention`` / ``hybrid`` / ``hybrid_sliding`` entries a
