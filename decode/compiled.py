@@ -45,7 +45,7 @@ RECOMPILES = 256
 #: model -> its compiled passes (None: compiling failed; the compact forward runs)
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-#: a transformers cache -> the buffer its layers' keys and values are views of (:func:`_buffer`)
+#: a transformers cache -> its key and value buffers per layer (:func:`_buffers`)
 _kv_buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -115,11 +115,11 @@ class _Passes(nn.Module):
         self.eps = body.norm.variance_epsilon
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                kv: torch.Tensor, hidden: bool):
+                keys: list[torch.Tensor], values: list[torch.Tensor], hidden: bool):
         """``h [B, m, H]`` embeddings, ``cos, sin [B, 1, m, D]``, ``mask [B, 1, m, K]`` bool or None (every column
-        up to each query's own), ``kv [layers, 2, B, Hkv, K, D]``: a view of the cache's buffer (keys, values)
-        whose last ``m`` columns this pass fills in place (no copy of the cache's past; one input, not two per
-        layer, so the graph's per-call checks stay few). Returns ``(final-normed h, hidden states or [])``."""
+        up to each query's own), ``keys, values`` per layer ``[B, Hkv, K, D]``: views of the cache's buffers whose
+        last ``m`` columns this pass fills in place (no copy of the cache's past). Returns ``(final-normed h,
+        hidden states or [])``."""
         b, m, _ = h.shape
         states = [h] if hidden else []
         for i, lay in enumerate(self.layers):
@@ -131,13 +131,13 @@ class _Passes(nn.Module):
             if lay.q_norm is not None:
                 q, k = rms(q, lay.q_norm, lay.head_eps), rms(k, lay.k_norm, lay.head_eps)
             q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
-            start = kv.shape[4] - m
-            kv[i, 0, :, :, start:] = k
-            kv[i, 1, :, :, start:] = v
+            start = keys[i].shape[2] - m
+            keys[i][:, :, start:] = k
+            values[i][:, :, start:] = v
             g = hq // hkv  # the g query heads of a group as g * m rows against their key/value head
             qg = q.reshape(b, hkv, g * m, d)
             mg = mask.repeat(1, 1, g, 1) if mask is not None else None
-            out = torch.nn.functional.scaled_dot_product_attention(qg, kv[i, 0], kv[i, 1], attn_mask=mg,
+            out = torch.nn.functional.scaled_dot_product_attention(qg, keys[i], values[i], attn_mask=mg,
                                                                    scale=lay.scaling)
             out = out.reshape(b, hq, m, d).transpose(1, 2).reshape(b, m, hq * d)
             h = h + torch.nn.functional.linear(out, lay.o, lay.o_bias)
@@ -171,23 +171,25 @@ def _fail(model: nn.Module, exc: BaseException) -> None:
           f"{str(exc).splitlines()[0] if str(exc) else ''}); its passes run uncompiled", file=sys.stderr)
 
 
-def _buffer(cache, layers: list, need: int, capacity: int) -> torch.Tensor:
-    """The buffer ``[layers, 2, B, Hkv, C, D]`` (keys, values; ``C >= need``) whose first columns the layers'
-    tensors are views of: the one kept for ``cache`` while they still are (crops and a tree's reordering keep
-    them), else a new one of ``max(capacity, 2 * need)`` columns holding the layers' columns (after a prefill,
-    or when full). The views keep the buffer's strides, so a pass compiles once for every cache length."""
-    kv = _kv_buffers.get(cache)
-    if kv is not None and kv.shape[4] >= need and all(
-            la.keys.data_ptr() == kv[i, 0].data_ptr() and la.values.data_ptr() == kv[i, 1].data_ptr()
-            and la.keys.stride() == kv[i, 0].stride() for i, la in enumerate(layers)):
-        return kv
-    first = layers[0].keys
-    b, hkv, n, d = first.shape
-    kv = first.new_empty(len(layers), 2, b, hkv, max(capacity, 2 * need), d)
-    for i, la in enumerate(layers):
-        kv[i, 0, :, :, :n], kv[i, 1, :, :, :n] = la.keys, la.values
-    _kv_buffers[cache] = kv
-    return kv
+def _buffers(cache, layers: list, need: int, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer, key and value buffers ``[B, Hkv, C, D]`` (``C >= need``) whose first columns the layer's tensors
+    are views of: the ones kept for ``cache`` when they still are (crops, a tree's in-place reordering), else new
+    ones of ``max(capacity, 2 * need)`` columns holding the layer's columns (after a prefill, or when full). The
+    views' strides stay those of the buffer, so a pass compiles once for every cache length."""
+    kept = _kv_buffers.get(cache)
+    if kept is not None and kept[0][0].shape[2] >= need and all(
+            la.keys.data_ptr() == kb.data_ptr() and la.values.data_ptr() == vb.data_ptr()
+            and la.keys.stride() == kb.stride() for la, kb, vb in zip(layers, *kept)):
+        return kept
+    n = max(capacity, 2 * need)
+    kept = ([], [])
+    for la in layers:
+        for old, out in ((la.keys, kept[0]), (la.values, kept[1])):
+            buf = old.new_empty(*old.shape[:2], n, old.shape[3])
+            buf[:, :, : old.shape[2]] = old
+            out.append(buf)
+    _kv_buffers[cache] = kept
+    return kept
 
 
 def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -196,7 +198,7 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     """:func:`decode.compact.compact_forward` through the model's compiled passes, or None where they cannot run
     (the cache holds no columns yet: a prefill runs eager; building or compiling failed). Same arguments and
     result; the cache's key/value tensors become views of buffers of at least ``capacity`` columns that later
-    passes write into in place (:func:`_buffer`)."""
+    passes write into in place (:func:`_buffers`)."""
     layers = getattr(cache, "layers", [])
     if not layers or not getattr(layers[0], "is_initialized", False) or (fn := _passes(model)) is None:
         return None
@@ -208,19 +210,20 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
         mask = mask == 0
     m = input_ids.shape[1]
     need = layers[0].keys.shape[2] + m
-    kv = _buffer(cache, layers, need, capacity)[:, :, :, :, :need]
+    key_bufs, value_bufs = _buffers(cache, layers, need, capacity)
+    keys, values = [kb[:, :, :need] for kb in key_bufs], [vb[:, :, :need] for vb in value_bufs]
     try:
         # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
         # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
         # no duck shapes: sizes equal at trace time (a pass's g * m rows and the cache's length) stay distinct symbols
         with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
                 torch.fx.experimental._config.patch(use_duck_shape=False):
-            h, states = fn(h, cos[:, None], sin[:, None], mask, kv, bool(output_hidden_states))
+            h, states = fn(h, cos[:, None], sin[:, None], mask, keys, values, bool(output_hidden_states))
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager forward, said once
         _fail(model, exc)
         return None
-    for i, layer in enumerate(layers):
-        layer.keys, layer.values = kv[i, 0], kv[i, 1]
+    for layer, k, v in zip(layers, keys, values):
+        layer.keys, layer.values = k, v
     kept = h[:, -logits_to_keep:] if logits_to_keep else h
     return CausalLMOutputWithPast(logits=model.lm_head.forward(kept), **{compact.CACHE_ARG: cache},
                                   hidden_states=tuple(states) if output_hidden_states else None)

@@ -96,10 +96,10 @@ def test_compiled_passes_write_the_cache_in_place():
         cache.reorder(torch.tensor([[0, 2], [0, 1]]))
         cache.keep(torch.tensor([2, 1]))
         seen.append(compiled._kv_buffers[cache.cache])
-    kv = seen[0]
-    assert all(s is kv for s in seen) and kv.shape[4] >= 64  # allocated once, at the cache's capacity
-    for i, layer in enumerate(cache.cache.layers):
-        assert layer.keys.data_ptr() == kv[i, 0].data_ptr() and layer.values.data_ptr() == kv[i, 1].data_ptr()
+    keys, values = seen[0]
+    assert all(s is seen[0] for s in seen) and keys[0].shape[2] >= 64  # allocated once, at the cache's capacity
+    for layer, kb, vb in zip(cache.cache.layers, keys, values):
+        assert layer.keys.data_ptr() == kb.data_ptr() and layer.values.data_ptr() == vb.data_ptr()
         assert layer.keys.shape[2] == cache.length == 5 + 4 + 1 + 2
 
 
