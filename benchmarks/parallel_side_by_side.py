@@ -14,6 +14,10 @@ written to ``OUT/side-by-side.md``: per benchmark and row, tau, per-position acc
 per round (draft seconds / verification passes), tokens/s over plain decoding and over prompt lookup with paired
 95% bootstrap intervals over the prompts (``speceval.factors.ratio_interval``); then each kind's best row (its
 shape with the most tokens/s) per benchmark.
+
+``--drop-prompts BENCHMARK:I,J`` leaves prompts I, J out of every row's tokens/s and speed ratios on that benchmark
+(paired: the same prompts for every row; tau and acceptance keep every prompt): for a prompt whose timing a pause of
+the process by other work corrupted (its wall time in ``per_prompt`` many times the other rows').
 """
 
 from __future__ import annotations
@@ -61,6 +65,15 @@ def named_rows(record: dict, thresholds: list[str]) -> list[tuple[str, dict]]:
     return list(zip(names, spec))
 
 
+def without_prompts(row: dict, drop: set[int]) -> dict:
+    """``row`` with the prompts in ``drop`` left out of ``per_prompt`` and ``tokens_per_s`` (pooled tokens over
+    pooled seconds, as eval computes it); the other fields as measured."""
+    if not drop:
+        return row
+    kept = [p for p in row["per_prompt"] if p[0] not in drop]
+    return {**row, "per_prompt": kept, "tokens_per_s": sum(p[1] for p in kept) / sum(p[2] for p in kept)}
+
+
 def best_rows(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
     """Per kind, its row with the most tokens/s (its best measured shape here), then ``ngram``."""
     best = {}
@@ -81,6 +94,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-threshold", default="0,0.1", help="comma-separated, each measured side by side")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--drop-prompts", action="append", default=[], metavar="BENCHMARK:I,J",
+                   help="prompt indices left out of tokens/s on that benchmark (module docstring)")
     return p
 
 
@@ -95,11 +110,15 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.draft_threshold}; {args.num_prompts} unseen prompts x {args.max_new_tokens} new tokens, "
              f"{args.dtype}", ""]
     best = []
+    drops = {b: {int(i) for i in idx.split(",")} for b, idx in (d.split(":") for d in args.drop_prompts)}
     for benchmark, prompts in unseen_prompt_files(args.out).items():
         record = measure(ckpts, prompts, args.out / f"eval-{benchmark}.json", args)
-        rows = named_rows(record, thresholds)
-        lines += side_table(benchmark, rows, plain_row(record), rows[-1])
-        best += side_table(f"{benchmark}: each kind's best row", best_rows(rows), plain_row(record), rows[-1])
+        drop = drops.get(benchmark, set())
+        rows = [(name, without_prompts(row, drop)) for name, row in named_rows(record, thresholds)]
+        plain = without_prompts(plain_row(record), drop)
+        title = benchmark + (f" (tokens/s without prompts {sorted(drop)})" if drop else "")
+        lines += side_table(title, rows, plain, rows[-1])
+        best += side_table(f"{title}: each kind's best row", best_rows(rows), plain, rows[-1])
     text = "\n".join(lines + best)
     (args.out / "side-by-side.md").write_text(text + "\n")
     print(text)
