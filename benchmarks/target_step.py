@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ids = torch.tensor([[500]])
 
     def steps(mode: str, n: int) -> float:
-        cache = RaggedCache(target, 1, torch.device("cpu"), capacity=args.context + n + 16)
+        cache = RaggedCache(target, 1, torch.device("cpu"), capacity=args.context + n + 16, compiled=mode == "compiled")
         cache.compact = mode != "transformers"
         with decode.compiled_mode(mode == "compiled"):
             cache.prefill([prompt], logits_to_keep=1)
