@@ -538,7 +538,7 @@ def test_an_output_holding_files_is_refused_and_overwrite_replaces_it_whole(tmp_
     before = sorted(p.name for p in out.iterdir())
     assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("drafterkit export: error: --output ") and "already holds files" in err
+    assert err.startswith("drafterkit export: error: --output ") and "holds an earlier export" in err
     assert "--overwrite" in err and sorted(p.name for p in out.iterdir()) == before
     (tmp_path / "broken").mkdir()
     assert cli(["export", str(tmp_path / "broken"), "--format", "vllm-eagle3", "--output", str(out),
@@ -556,6 +556,26 @@ def test_an_output_holding_files_is_refused_and_overwrite_replaces_it_whole(tmp_
         assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(holder), "--overwrite"]) == 2
         assert "holds the checkpoint being exported" in capsys.readouterr().err
         assert (ckpt / "model.safetensors").is_file()
+
+
+def test_overwrite_replaces_only_an_earlier_export(tmp_path, capsys, monkeypatch):
+    """--overwrite never deletes a folder of other files (a repository, a user's work) nor the working folder or
+    one above it: refused in one line that does not suggest --overwrite, every file kept."""
+    _, ckpt = _eagle3_ckpt(tmp_path)
+    work = tmp_path / "work"
+    (work / ".git").mkdir(parents=True)
+    (work / "src").mkdir()
+    (work / "src" / "a.py").write_text("x = 1")
+    for overwrite in ([], ["--overwrite"]):
+        assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", str(work), *overwrite]) == 2
+        err = capsys.readouterr().err
+        assert "not an earlier drafterkit export" in err and "give --overwrite" not in err
+        assert sorted(p.name for p in work.iterdir()) == [".git", "src"] and (work / "src" / "a.py").exists()
+    monkeypatch.chdir(work / "src")
+    for output in (".", "..", str(work)):
+        assert cli(["export", str(ckpt), "--format", "vllm-eagle3", "--output", output, "--overwrite"]) == 2
+        assert "is the working folder or holds it" in capsys.readouterr().err
+    assert (work / "src" / "a.py").exists() and (work / ".git").is_dir()
 
 
 def test_a_damaged_weights_file_is_a_one_line_error_naming_it(tmp_path, capsys):

@@ -382,17 +382,33 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
     return output
 
 
+def _earlier_export(folder: Path) -> bool:
+    """Whether ``folder`` holds an export drafterkit wrote (its ``config.json`` carries the ``drafterkit`` block)."""
+    try:
+        return "drafterkit" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def output_problem(output: Path, overwrite: bool, source: Path | None = None) -> str | None:
-    """Why ``output`` cannot take an export, or None: a file, the folder holding the ``source`` checkpoint, or
-    one already holding files when ``overwrite`` is off (an export never mixes its files with another's)."""
+    """Why ``output`` cannot take an export, or None: a file, the folder holding the ``source`` checkpoint, the
+    working folder or one above it, or one already holding files, unless ``overwrite`` is on and they are an
+    earlier export (``--overwrite`` replaces an earlier export whole and nothing else)."""
     if source is not None and source.resolve().is_relative_to(output.resolve()):
         return f"--output {output} holds the checkpoint being exported ({source}); give another folder"
     if why := unwritable_folder(output):
         return f"--output {output}: {why}; give a folder you can write"
+    if Path.cwd().resolve().is_relative_to(output.resolve()):
+        return f"--output {output} is the working folder or holds it; give a new folder for the export"
     held = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
-    if held and not overwrite:
-        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
-        return (f"--output {output} already holds files ({shown}); give --overwrite to replace them, or an "
+    if not held:
+        return None
+    shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+    if not _earlier_export(output):
+        return (f"--output {output} holds files that are not an earlier drafterkit export ({shown}); give an empty "
+                "or new folder (--overwrite replaces only an earlier export)")
+    if not overwrite:
+        return (f"--output {output} holds an earlier export ({shown}); give --overwrite to replace it, or an "
                 "empty or new folder")
     return None
 
