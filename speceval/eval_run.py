@@ -52,6 +52,7 @@ from drafterkit.assets.target import (
     target_source_problem,
 )
 from drafterkit.assets.thinking import thinking_mode
+from drafterkit.decode.compact import compact_problem
 from drafterkit.decode.compiled import compiled_mode
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
@@ -168,6 +169,9 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
     if not methods:
         raise ValueError("nothing to measure: --drafter none with no --baselines")
     timings["load_s"] = time.perf_counter() - t0
+    if cfg.compile and (problem := compact_problem(target)) is not None:  # the record says what ran
+        print(f"drafterkit eval: --compile: the target's passes run uncompiled: {problem}", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, compile=False)
     if cfg.compile:  # every graph the rows use, compiled before anything is timed
         hidden = {False} | {getattr(s.drafter, "feature_layers", None) is not None for s in specs}
         timings["compile_s"] = compiled_warm_up(target, hidden)

@@ -412,6 +412,21 @@ def test_compile_needs_the_fast_path():
     assert mode_words(dataclasses.asdict(cfg())) == ", exact mode"
 
 
+def test_compile_on_a_target_it_cannot_compile_says_so(tiny_dir, prompts_file, capsys):
+    """--compile on a target the compiled passes do not cover (here: eager attention) says so in one line and the
+    record says the passes ran uncompiled, instead of claiming compiled passes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    cfg = eval_run.config_from_args(parse(build_parser(), [
+        "eval", "--target", str(tiny_dir), "--drafter", "ngram", "--benchmark", str(prompts_file), "--num-prompts",
+        "1", "--max-new-tokens", "4", "--compile", "--no-exact", "--no-progress", "--device", "cpu"]))
+    rec = eval_run.evaluate(cfg, target, tok)
+    assert "--compile: the target's passes run uncompiled: attention implementation 'eager'" in capsys.readouterr().err
+    assert rec["config"]["compile"] is False and "compile_s" not in rec["timings"]
+
+
 def test_help_shows_the_defaults(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # one line per option: no wrapping inside "(default: ...)"
     for verb in ("eval", "export", "quickstart"):
