@@ -41,6 +41,7 @@ def passes(model):
     return [(o.logits, o.hidden_states or ()) for o in outs]
 
 
+@pytest.mark.slow  # torch.compile: tens of seconds per graph
 @pytest.mark.parametrize("name", list(MODELS))
 def test_compiled_passes_match_eager(name):
     model = MODELS[name]
@@ -56,6 +57,7 @@ def test_compiled_passes_match_eager(name):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # torch.compile: tens of seconds per graph
 def test_compiled_decodes_match_eager():
     model = MODELS["gqa-llama"]
     prompts = [[5, 9, 11, 4, 7, 5, 9, 11], [3, 8, 3, 8, 3]]
@@ -77,6 +79,7 @@ def test_uncovered_model_runs_uncompiled():
     assert got == decode.generate(model, prompt, max_new_tokens=6).sequences
 
 
+@pytest.mark.slow  # torch.compile: tens of seconds per graph
 def test_compiled_passes_write_the_cache_in_place():
     """After the first compiled pass the layers' keys and values stay views of one set of buffers: a chain pass
     with rejections, a decoding step and a tree pass with its reordering write their columns in place."""
@@ -113,6 +116,7 @@ def test_mode_restores():
     assert not compiled.ENABLED
 
 
+@pytest.mark.slow  # torch.compile: tens of seconds per graph
 def test_warm_up_compiles_every_graph_a_batch_one_decode_uses():
     from torch._dynamo.utils import counters
 
