@@ -2,22 +2,25 @@
 
 :class:`compiled_mode` (off by default) runs every pass of the target after its prefill (decoding steps,
 verification passes of chains and trees) as one graph compiled by TorchInductor with its ``freezing`` option, as
-gpt-fast and vLLM's CPU backend do: the weights become constants of the graph (inductor prepacks them for oneDNN),
-the elementwise work of a layer (RMSNorm, the rotary embedding, SiLU gating, residual adds) fuses into a few C++
-kernels, and no Python runs per layer. Shapes are dynamic (``dynamic=True``): one graph serves every cache length
-and pass size; a pass with an attention mask and one without (a decoding step that sees every column) are two
-graphs, and a pass that returns hidden states (EAGLE-family drafters read them) two more.
+gpt-fast and vLLM's CPU backend do: the weights become constants of the graph, the elementwise work of a layer
+(RMSNorm, the rotary embedding, SiLU gating, residual adds) fuses into a few C++ kernels, and no Python runs per
+layer. The linear layers and the LM head (inside the graph) are GEMMs picked when the graph compiles
+(``max_autotune``): inductor's C++ GEMM template, generated for the shapes and the CPU's vector units (AVX-512,
+AMX where present), or ATen's oneDNN call, whichever its timing finds faster; at decoding shapes the template
+wins (``docs/benchmarks/engine.md`` has the step it buys). Shapes are dynamic (``dynamic=True``): one graph serves
+every cache length and pass size; a pass with an attention mask and one without (a decoding step that sees every
+column) are two graphs, and a pass that returns hidden states (EAGLE-family drafters read them) two more.
 The cache's keys and values live in buffers allocated for the whole decode (``RaggedCache``'s capacity) and each
 pass writes its new columns into them in place, as gpt-fast's static cache does: no pass copies the cache's past,
 and a crop or a tree's reordering leaves the layers' tensors views of the same buffers.
 
-Cost: the first pass of each graph compiles it, 30-70 s on a 2-core CPU (inductor's caches under
-``TORCHINDUCTOR_CACHE_DIR`` keep the generated kernels for the next process, not dynamo's tracing);
+Cost: the first pass of each graph compiles it (with the GEMMs' timing), 40-110 s on a 2-core CPU (inductor's
+caches under ``TORCHINDUCTOR_CACHE_DIR`` keep the generated kernels for the next process, not dynamo's tracing);
 :func:`decode.warm.warm_up` compiles every graph a batch-1 decode uses before anything is timed;
 ``docs/benchmarks/engine.md`` has the measured compile time and the decoding speed it buys. Memory: one more copy
-of the decoder's weights (the graph's constants). A model :func:`decode.compact.compact_problem` refuses, exact
-mode (``decode.exact_mode``) and a compile that fails run the compact or transformers forward instead; a failure
-says so once, on stderr, with the reason.
+of the decoder's weights and the LM head (the graph's constants). A model :func:`decode.compact.compact_problem`
+refuses, exact mode (``decode.exact_mode``) and a compile that fails run the compact or transformers forward
+instead; a failure says so once, on stderr, with the reason.
 
 What it computes is :func:`decode.compact.compact_forward`'s arithmetic, reordered where inductor fuses it (fp32:
 ~1e-6 of the logits; bf16: an ulp here and there, so a greedy output may leave the eager one's at a near-tie, as
@@ -41,6 +44,11 @@ ENABLED = False
 
 #: graphs ``torch.compile`` may build for one code object (dynamo's ``recompile_limit``, 8 by default)
 RECOMPILES = 256
+
+#: inductor's options for the passes: weights frozen into the graph; every linear layer (the LM head's too) a GEMM
+#: inductor generates for the shapes it sees and the CPU's vector units (its C++ GEMM template: AVX-512, AMX where
+#: present), picked by timing it against ATen's oneDNN call
+INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
 #: model -> its compiled passes (None: compiling failed; the compact forward runs)
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -113,9 +121,10 @@ class _Passes(nn.Module):
         self.layers = nn.ModuleList(_Layer(layer) for layer in body.layers[: model.config.num_hidden_layers])
         self.norm = nn.Parameter(body.norm.weight.detach().clone(), requires_grad=False)
         self.eps = body.norm.variance_epsilon
+        self.head, self.head_bias = _weight(model.lm_head)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                keys: list[torch.Tensor], values: list[torch.Tensor], hidden: bool):
+                keys: list[torch.Tensor], values: list[torch.Tensor], hidden: bool, keep: int):
         """``h [B, m, H]`` embeddings, ``cos, sin [B, 1, m, D]``, ``mask [B, 1, m, K]`` bool or None (every column
         up to each query's own), ``keys, values`` per layer ``[B, Hkv, K, D]``: views of the cache's buffers whose
         last ``m`` columns this pass fills in place (no copy of the cache's past). Returns ``(final-normed h,
@@ -149,7 +158,8 @@ class _Passes(nn.Module):
         h = rms(h, self.norm, self.eps)
         if hidden:
             states[-1] = h
-        return h, states
+        kept = h[:, -keep:] if keep else h
+        return torch.nn.functional.linear(kept, self.head, self.head_bias), states
 
 
 def _passes(model: nn.Module):
@@ -216,16 +226,16 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
         # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
         # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
         # no duck shapes: sizes equal at trace time (a pass's g * m rows and the cache's length) stay distinct symbols
-        with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
+        with torch._inductor.config.patch(INDUCTOR), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
                 torch.fx.experimental._config.patch(use_duck_shape=False):
-            h, states = fn(h, cos[:, None], sin[:, None], mask, keys, values, bool(output_hidden_states))
+            logits, states = fn(h, cos[:, None], sin[:, None], mask, keys, values, bool(output_hidden_states),
+                                min(int(logits_to_keep), m))
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager forward, said once
         _fail(model, exc)
         return None
     for layer, k, v in zip(layers, keys, values):
         layer.keys, layer.values = k, v
-    kept = h[:, -logits_to_keep:] if logits_to_keep else h
-    return CausalLMOutputWithPast(logits=model.lm_head.forward(kept), **{compact.CACHE_ARG: cache},
+    return CausalLMOutputWithPast(logits=logits, **{compact.CACHE_ARG: cache},
                                   hidden_states=tuple(states) if output_hidden_states else None)
 
 

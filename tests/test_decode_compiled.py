@@ -37,7 +37,7 @@ def passes(model):
     cache.keep(torch.tensor([1, 1]))
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     outs.append(cache.run_tree(torch.randint(4, vocab, (2, 3), generator=gen), torch.tensor([0, 1, 1]), tree,
-                               logits_to_keep=3))
+                               logits_to_keep=0))  # 0: every new column's logits
     return [(o.logits, o.hidden_states or ()) for o in outs]
 
 
