@@ -5,6 +5,7 @@ nothing heavy (no torch), so a verb that only prints a table (``drafterkit asset
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -116,3 +117,12 @@ def deepspeed_quiet():
         yield
     finally:
         logger.removeFilter(flt)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser for drafterkit's commands, but a usage error prints the error and where the options are,
+    not the whole usage first (a verb's usage runs to a screenful and buried the line naming the problem and fix).
+    Exits 2, as argparse does."""
+
+    def error(self, message: str):  # argparse's hook
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists the options)\n")

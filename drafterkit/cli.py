@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from drafterkit.assets.console import deepspeed_quiet, user_warnings
+from drafterkit.assets.console import Parser, deepspeed_quiet, user_warnings
 
 
 class Verb(NamedTuple):
@@ -72,10 +72,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ``only``: give only that verb's subparser its arguments, importing its arguments module alone (``""``:
     no verb's, for ``drafterkit --help``). ``None``: every verb (the parser tests and tools inspect). No
     verb's runner is imported here (:func:`load_runner`)."""
-    parser = argparse.ArgumentParser(prog="drafterkit", description="train speculative-decoding drafters for a "
+    parser = Parser(prog="drafterkit", description="train speculative-decoding drafters for a "
                                      "frozen target LLM, measure them, tune and export them")
     parser.add_argument("--version", action="version", version=f"drafterkit {_version()}")
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=Parser)
     parser.verb_parsers = {}
     for name, verb in VERBS.items():
         p = parser.verb_parsers[name] = sub.add_parser(name, help=verb.help, description=verb.help,

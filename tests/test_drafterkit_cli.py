@@ -109,6 +109,18 @@ def test_threads_below_one_is_a_usage_error(verb, count, capsys):
     assert code == 2 and "--threads" in err and "count of CPU threads >= 1" in err and repr(count) in err
 
 
+@pytest.mark.parametrize("argv", [["eval", "--threads", "0"], ["export", "ckpt", "--format", "vllm-eagle4"],
+                                  ["evl"], ["export"]])
+def test_a_usage_error_is_its_line_and_where_the_options_are(argv, capsys):
+    """A usage error prints the error and a pointer to ``--help``; argparse's usage block (a screenful for eval)
+    used to come first and bury the line that names the problem."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert exc.value.code == 2 and len(err) == 2 and "error: " in err[0] and "usage" not in "".join(err)
+    assert err[1].endswith("--help lists the options)")
+
+
 def test_tree_specs_lose_their_spaces_in_eval_and_tune():
     """``--tree ' 3, 2 ,1'`` is measured and labelled as ``3,2,1`` (it used to keep the spaces in its labels)."""
     import argparse

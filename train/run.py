@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 
-from drafterkit.assets.console import datasets_quiet, deepspeed_quiet, user_warnings
+from drafterkit.assets.console import Parser, datasets_quiet, deepspeed_quiet, user_warnings
 from drafterkit.train.recipe import RecipeError, load_recipe
 from drafterkit.train.train_args import add_arguments
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m drafterkit.train", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m drafterkit.train", description=__doc__.splitlines()[0])
     add_arguments(parser)
     with user_warnings(), deepspeed_quiet():  # as drafterkit VERB prints them: torchrun starts this in each process
         return run(parser.parse_intermixed_args(argv))
