@@ -48,6 +48,16 @@ def test_misspelt_top_level_section_and_strategy_option():
         recipe_from_dict({"output_dir": "x", "drafter": {"kind": "nope"}})
 
 
+def test_a_value_given_to_a_section_names_its_keys_and_the_override_meant():
+    """``drafter=eagle3`` used to answer with pydantic's words for an internal class; it names the section's keys
+    and the override that sets the kind."""
+    with pytest.raises(RecipeError) as err:
+        recipe_from_dict({"output_dir": "x"}, ["drafter=eagle3"])
+    msg = str(err.value)
+    assert "drafter: is a section with keys ['kind', 'options']" in msg and "drafter.kind=eagle3" in msg
+    assert "Spec" not in msg and "instance" not in msg
+
+
 @pytest.mark.parametrize("override,field", [
     ("optim.lr=0", "optim.lr"), ("optim.warmup_steps=-1", "optim.warmup_steps"),
     ("train.batch_size=0", "train.batch_size"), ("loss.name=kl", "loss.name"),

@@ -400,6 +400,13 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], prefix
             msg = f"unknown key {loc[-1]!r}; valid keys here: {valid}"
         elif e["type"] == "missing":
             msg = "required key is missing"
+        elif e["type"] in ("model_type", "model_attributes_type", "dict_type") and (
+                section := _model_at(model, (*loc, ""))) is not None:
+            keys = sorted(section.model_fields)
+            example = "kind" if "kind" in keys else keys[0]
+            value = e.get("input") if isinstance(e.get("input"), (str, int, float)) else "..."
+            msg = (f"is a section with keys {keys}, not a value ({e.get('input')!r}): set a key of it, e.g. "
+                   f"{path}.{example}={value}")
         # a nested validator's message already names its full path (drafter.options.<key>: ...), and so
         # does a check across sections of the whole recipe (data.feature_cache: ...)
         named = msg.startswith(f"{path}.") or (not loc and re.match(r"[a-z_]+\.[a-z_.]+: ", msg))
