@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import CHAT_WORDS, random_chats, tiny_llama, training_world
 
 from drafterkit.train.recipe import RecipeError, load_recipe, recipe_from_dict
@@ -253,6 +254,30 @@ def _recipe_file(world, tmp_path, out, **over) -> Path:
     path = tmp_path / "recipe.yaml"
     path.write_text(_recipe(world, out, **{"logging.trackers": "[]", **over}).to_yaml())
     return path
+
+
+def test_a_resume_with_a_changed_recipe_says_so_and_records_it(world, tmp_path, capsys):
+    """Resuming with other optimizer values used to pass silently while recipe.yaml took the new ones, and the
+    model card said the recipe reruns the training. The change is printed, kept in trainer_state.json and stated
+    by the model card."""
+    from drafterkit.drafters.export.model_card import training_section
+    from drafterkit.train.loop import train
+
+    target, tok = _load(world)
+    over = {"train.max_steps": 2, "optim.warmup_steps": 0}
+    train(_recipe(world, tmp_path / "b", **over), target=target, tokenizer=tok)
+    capsys.readouterr()
+    train(_recipe(world, tmp_path / "b", **{**over, "train.max_steps": 3, "optim.lr": 5e-4, "train.resume": "auto"}),
+          target=target, tokenizer=tok)
+    out = capsys.readouterr().out
+    assert "resumed with a changed recipe: optim.lr " in out and "-> 0.0005" in out and "train.max_steps 2 -> 3" in out
+    last = tmp_path / "b" / "checkpoints" / "last"
+    state = json.loads((last / "trainer_state.json").read_text())
+    assert [c["step"] for c in state["recipe_changes"]] == [2]
+    assert set(state["recipe_changes"][0]["changed"]) == {"optim.lr", "train.max_steps"}  # not train.resume
+    recipe = yaml.safe_load((last / "recipe.yaml").read_text())
+    card = "\n".join(training_section("draft_lm", {}, {"recipe": recipe, "state": state}, None))
+    assert "Resumed at step 2 with a changed recipe: optim.lr" in card and "reruns it" not in card
 
 
 def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(world, tmp_path, capsys, monkeypatch):

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import yaml
+
 from drafterkit.assets.file_modes import apply_umask
 
 
@@ -50,6 +52,8 @@ class TrainerState:
     best_score: list[float] | None = None  # (tau, tokens/s) of best/, compared lexicographically
     best_step: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # one entry per evaluation
+    #: per resume with a changed recipe: ``{"step": N, "changed": {"optim.lr": [before, after], ...}}``
+    recipe_changes: list[dict[str, Any]] = field(default_factory=list)
 
     def improves(self, score: tuple[float, float]) -> bool:
         """True if ``score`` = (tau, tokens/s) beats the best so far (ties on tau broken by tokens/s)."""
@@ -221,6 +225,33 @@ def find_resume(recipe) -> Path | None:
                                 "state/ and trainer_state.json, e.g. output_dir/checkpoints/last); use "
                                 "'auto' or 'never'")
     return path
+
+
+#: recipe keys a resume may change without changing what is trained: how the run resumes, where it writes and logs
+NOT_TRAINING = ("train.resume", "train.overwrite", "output_dir", "logging.")
+
+
+def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested recipe dict as ``{"section.key": value}`` (lists and scalars are values)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def recipe_changes(checkpoint: Path, recipe) -> dict[str, list]:
+    """What ``recipe`` changes from the recipe ``checkpoint`` was trained with (its ``recipe.yaml``):
+    ``{"optim.lr": [before, after], ...}``, leaving out :data:`NOT_TRAINING`; empty where nothing changed or
+    the checkpoint holds no readable recipe."""
+    try:
+        before = flat(yaml.safe_load((Path(checkpoint) / "recipe.yaml").read_text()) or {})
+    except (OSError, yaml.YAMLError):
+        return {}
+    after = flat(recipe.model_dump(mode="json"))
+    return {k: [before.get(k), after.get(k)] for k in sorted(set(before) | set(after))
+            if before.get(k) != after.get(k) and not k.startswith(NOT_TRAINING)}
 
 
 def saved_kind(path: str | Path) -> str | None:

@@ -37,12 +37,14 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from drafterkit.assets.console import progress_bars_off
+from drafterkit.drafters.export.model_card import changes_text
 from drafterkit.drafters.export.writers import FORMATS
 from drafterkit.train.checkpoint import (
     TrainerState,
     find_resume,
     load_checkpoint,
     prune_step_checkpoints,
+    recipe_changes,
     save_checkpoint,
     update_trainer_state,
 )
@@ -153,6 +155,10 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
             note = (f" (a checkpoint of another output_dir: its weights, optimizer, step and data position carry "
                     f"over; best tracking starts afresh, so {paths.best} holds this run's evaluations only)")
         acc.print(f"resumed from {resume} at step {state.global_step}{note}")
+        if changed := recipe_changes(resume, recipe):
+            state.recipe_changes.append({"step": state.global_step, "changed": changed})
+            acc.print(f"resumed with a changed recipe: {changes_text(changed)}; the steps before "
+                      f"{state.global_step} ran the earlier one. trainer_state.json and the model card record it")
     elif cfg.resume == "auto":
         acc.print(f"no checkpoint to resume in {paths.checkpoints}; starting at step 0")
     if acc.is_main_process:

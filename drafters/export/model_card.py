@@ -285,6 +285,11 @@ def _resolved(recipe: dict, cfg: dict) -> dict:
     return {**recipe, "drafter": {**drafter, "options": resolved}} if options else recipe
 
 
+def changes_text(changed: dict) -> str:
+    """``{"optim.lr": [0.001, 0.0005], ...}`` (a resume's recipe changes) as ``optim.lr 0.001 -> 0.0005, ...``."""
+    return ", ".join(f"{k} {json.dumps(b)} -> {json.dumps(a)}" for k, (b, a) in changed.items())
+
+
 def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None) -> list[str]:
     """Markdown lines: the drafter, and what the recipe and trainer state recorded about its training."""
     lines = ["## Training", "", f"- Drafter: {_drafter_line(kind, cfg, export_config)}."]
@@ -314,12 +319,17 @@ def training_section(kind: str, cfg: dict, rec: dict, export_config: dict | None
             f"{f', max_minutes {m}' if (m := train.get('max_minutes')) else ''}, batch "
             f"{train.get('batch_size')} x grad_accum {train.get('grad_accum')} per process, mixed precision "
             f"{train.get('mixed_precision')}, seed {train.get('seed')}."]
+    changes = (state or {}).get("recipe_changes") or []
     if state is not None:
         lines.append(f"- Trained: {state.get('global_step')} optimizer steps, epoch {state.get('epoch')}, "
                      f"{state.get('tokens_seen')} tokens seen.")
+        lines += [f"- Resumed at step {c.get('step')} with a changed recipe: {changes_text(c.get('changed') or {})} "
+                  "(the steps before it ran the earlier values)." for c in changes]
     if recipe is not None:
+        rerun = ("the recipe of the last resume: the run changed its recipe when resumed (above), so rerunning it "
+                 "trains a different drafter" if changes else "<code>drafterkit train recipe.yaml</code> reruns it")
         lines += ["", "<details><summary>The resolved recipe (<code>recipe.yaml</code> of the training checkpoint; "
-                  "<code>drafterkit train recipe.yaml</code> reruns it)</summary>", "", "```yaml",
+                  f"{rerun})</summary>", "", "```yaml",
                   yaml.safe_dump(scrubbed(_resolved(recipe, cfg)), sort_keys=False).rstrip(), "```", "",
                   "</details>"]
     return lines + [""]
