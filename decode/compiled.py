@@ -47,8 +47,9 @@ RECOMPILES = 256
 
 #: inductor's options for the passes: weights frozen into the graph; every linear layer (the LM head's too) a GEMM
 #: inductor generates for the shapes it sees and the CPU's vector units (its C++ GEMM template: AVX-512, AMX where
-#: present), picked by timing it against ATen's oneDNN call
-INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+#: present), picked by timing it against ATen's oneDNN call; the timings are not printed (they are inductor's notes)
+INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+            "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 #: model -> its compiled passes (None: compiling failed; the compact forward runs)
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -121,6 +122,8 @@ class _Passes(nn.Module):
         self.layers = nn.ModuleList(_Layer(layer) for layer in body.layers[: model.config.num_hidden_layers])
         self.norm = nn.Parameter(body.norm.weight.detach().clone(), requires_grad=False)
         self.eps = body.norm.variance_epsilon
+        if type(model.lm_head) is not nn.Linear or compact._hooked(model.lm_head):  # its weight is not all it does
+            raise TypeError("the LM head is not a plain nn.Linear without hooks")
         self.head, self.head_bias = _weight(model.lm_head)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,

@@ -79,6 +79,19 @@ def test_uncovered_model_runs_uncompiled():
     assert got == decode.generate(model, prompt, max_new_tokens=6).sequences
 
 
+def test_a_head_that_is_not_a_plain_linear_runs_uncompiled(capsys):
+    """The graph computes the LM head from its weight; a head that does more (here a hook scaling the logits, as a
+    wrapper or adapter would) keeps the model's forward, said once."""
+    model = tiny_llama(7, hidden_size=64, heads=4, kv_heads=2, layers=2)
+    model.lm_head.register_forward_hook(lambda mod, args, out: out * 2)
+    prompt = [[5, 9, 11, 4]]
+    want = decode.generate(model, prompt, max_new_tokens=6).sequences
+    with decode.compiled_mode():
+        got = decode.generate(model, prompt, max_new_tokens=6).sequences
+    assert compiled._compiled.get(model, "unbuilt") is None and got == want
+    assert "the LM head is not a plain nn.Linear without hooks" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # torch.compile: tens of seconds per graph
 def test_compiled_passes_write_the_cache_in_place():
     """After the first compiled pass the layers' keys and values stay views of one set of buffers: a chain pass
