@@ -45,11 +45,16 @@ ENABLED = False
 #: graphs ``torch.compile`` may build for one code object (dynamo's ``recompile_limit``, 8 by default)
 RECOMPILES = 256
 
-#: inductor's options for the passes: weights frozen into the graph; every linear layer (the LM head's too) a GEMM
-#: inductor generates for the shapes it sees and the CPU's vector units (its C++ GEMM template: AVX-512, AMX where
-#: present), picked by timing it against ATen's oneDNN call; the timings are not printed (they are inductor's notes)
-INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-            "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+#: inductor's options for the passes of several rows (verification passes, batches): weights frozen into the graph,
+#: the linear layers ATen's oneDNN calls on them
+INDUCTOR = {"freezing": True}
+
+#: and for a pass of one row (a decoding step at batch 1, a graph of its own: dynamo specializes sizes of 1): every
+#: linear layer (the LM head's too) the faster of inductor's C++ GEMM template (generated for the CPU's vector units)
+#: and ATen's call, timed when it compiles; the timings are not printed (they are inductor's notes). The template
+#: reads a one-row GEMM's weights ~1.5x faster than oneDNN here, but costs ~2x at six rows, so it is one row's only
+INDUCTOR_ONE_ROW = {**INDUCTOR, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 #: model -> its compiled passes (None: compiling failed; the compact forward runs)
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -229,7 +234,8 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
         # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
         # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
         # no duck shapes: sizes equal at trace time (a pass's g * m rows and the cache's length) stay distinct symbols
-        with torch._inductor.config.patch(INDUCTOR), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
+        options = INDUCTOR_ONE_ROW if input_ids.shape[0] == 1 and m == 1 else INDUCTOR
+        with torch._inductor.config.patch(options), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
                 torch.fx.experimental._config.patch(use_duck_shape=False):
             logits, states = fn(h, cos[:, None], sin[:, None], mask, keys, values, bool(output_hidden_states),
                                 min(int(logits_to_keep), m))
