@@ -1,6 +1,7 @@
-"""One decoding step of the target, three ways, interleaved in one process: transformers' forward, the compact
-forward (``decode/compact.py``) and the compiled passes (``decode/compiled.py``), each through
-``decode.cache.RaggedCache`` with the engine's merged and prepacked linear layers, at a fixed context.
+"""One decoding step of the target (or one pass of ``--tokens`` tokens: a chain's verification pass), three ways,
+interleaved in one process: transformers' forward, the compact forward (``decode/compact.py``) and the compiled
+passes (``decode/compiled.py``), each through ``decode.cache.RaggedCache`` with the engine's merged and prepacked
+linear layers, at a fixed context.
 
     python benchmarks/target_step.py --context 250 --steps 40 --reps 3
 
@@ -26,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=250, help="prompt tokens before the timed steps")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=1, help="tokens per pass: 1 a decoding step, K + 1 a chain's "
+                   "verification pass (each pass keeps its first token)")
     args = p.parse_args(argv)
     import torch
 
@@ -37,7 +40,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     target, _ = load_target(args.target, dtype=args.dtype, device="cpu")
     prompt = [100 + i % 1000 for i in range(args.context)]
-    ids = torch.tensor([[500]])
+    ids = torch.full((1, args.tokens), 500)
 
     def steps(mode: str, n: int) -> float:
         cache = RaggedCache(target, 1, torch.device("cpu"), capacity=args.context + n + 16, compiled=mode == "compiled")
@@ -45,11 +48,11 @@ def main(argv=None) -> int:
         with decode.compiled_mode(mode == "compiled"):
             cache.prefill([prompt], logits_to_keep=1)
             for _ in range(5):
-                cache.run(ids, logits_to_keep=1)
+                cache.run(ids, logits_to_keep=args.tokens)
                 cache.keep(torch.tensor([1]))
             t0 = time.perf_counter()
             for _ in range(n):
-                cache.run(ids, logits_to_keep=1)
+                cache.run(ids, logits_to_keep=args.tokens)
                 cache.keep(torch.tensor([1]))
             return (time.perf_counter() - t0) / max(n, 1) * 1e3
 
@@ -63,7 +66,8 @@ def main(argv=None) -> int:
             for m in modes:
                 timed[m].append(steps(m, args.steps))
     base = sum(timed["transformers"]) / len(timed["transformers"])
-    print(f"{args.target} {args.dtype}, {args.threads} threads, context {args.context}, {args.steps} steps x "
+    print(f"{args.target} {args.dtype}, {args.threads} threads, context {args.context}, {args.tokens} token(s) per "
+          f"pass, {args.steps} steps x "
           f"{args.reps} reps; compile {compile_s:.0f} s")
     for m in modes:
         ms = sum(timed[m]) / len(timed[m])
