@@ -114,6 +114,11 @@ def _llama_fields(model: nn.Module) -> dict:
                  "eos_token_id", "pad_token_id"):
         if getattr(c, name, None) is not None:
             out[name] = getattr(c, name)
+    rope = getattr(c, "rope_parameters", None)  # transformers 5 keeps rope_theta there (per layer type: nested)
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = getattr(c, "rope_theta", None) if theta is None else theta
+    if isinstance(theta, (int, float)):
+        out["rope_theta"] = float(theta)
     return out
 
 

@@ -27,6 +27,16 @@ def test_from_target_copies_first_layers():
         DraftLM.from_target(target, 3)
 
 
+def test_the_readable_config_records_the_targets_rope_theta():
+    """config.json's Llama fields are read from the source model; rope_theta (under transformers 5's
+    rope_parameters) used to stay at the dataclass default while the model ran the target's."""
+    target = tiny_llama(0)
+    theta = target.config.rope_parameters["rope_theta"]
+    assert theta != DraftLMConfig.rope_theta  # the tiny target's differs from the default, so the check bites
+    d = DraftLM.from_target(target, 1)
+    assert d.config.rope_theta == theta == d.lm.config.rope_parameters["rope_theta"]
+
+
 def test_scratch_config_builds_llama_and_validates():
     cfg = DraftLMConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_attention_heads=4,
                         num_key_value_heads=2)

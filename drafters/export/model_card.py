@@ -228,7 +228,9 @@ def serve_section(fmt: str, cfg: dict, model: str, target: str | None, k: int,
         lines += ["`TARGET` is the model the drafter was trained for (not recorded with the checkpoint).", ""]
     elif hub_base_model(target) is None:  # a local folder: named as the card names paths (drafters.export.portable)
         lines += [f"`{scrubbed(target)}` stands for the local target folder the drafter was trained for (an export "
-                  "names no folder of the machine that wrote it): serve those weights.", ""]
+                  "names no absolute folder of the machine that wrote it; config.json's `drafterkit.source.drafter` "
+                  "is the training checkpoint's folder relative to the export, which `drafterkit serve-check` "
+                  "reads where both still sit side by side): serve those weights.", ""]
     if fmt == "sglang-eagle3":
         lines += ["```bash", f"python -m sglang.launch_server --model-path {t} --speculative-algorithm EAGLE3 \\",
                   f"    --speculative-draft-model-path {m} \\",
