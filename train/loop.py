@@ -42,6 +42,7 @@ from drafterkit.drafters.export.writers import FORMATS
 from drafterkit.train.checkpoint import (
     TrainerState,
     find_resume,
+    flat,
     load_checkpoint,
     prune_step_checkpoints,
     recipe_changes,
@@ -305,17 +306,9 @@ def finish(bar: tqdm, cfg, step: int, stopped: str) -> None:
 
 
 def _flat_config(recipe: Recipe) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, obj: Any) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(f"{prefix}.{k}" if prefix else k, v)
-        else:
-            out[prefix] = obj if isinstance(obj, (int, float, str, bool)) else str(obj)
-
-    walk("", recipe.model_dump(mode="json"))
-    return out
+    """The recipe as the trackers' flat config: ``{"section.key": value}``, values that are not scalars as text."""
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v)
+            for k, v in flat(recipe.model_dump(mode="json")).items()}
 
 
 def _eval_due(ctx: RunContext, state: TrainerState, final: bool) -> bool:
