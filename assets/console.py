@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import logging
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -38,18 +37,6 @@ def disable_progress_bars() -> None:
 
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
-
-
-#: seconds between two refreshes of a progress bar written to a log or a pipe (each refresh is a line there)
-LOG_BAR_INTERVAL = 30.0
-
-
-def bar_interval(stream=None) -> float:
-    """tqdm's ``mininterval`` for drafterkit's progress bars: its default (0.1 s) on a terminal; written to a log or a
-    pipe (``stream``, stderr by default, is not a terminal), :data:`LOG_BAR_INTERVAL`, since each refresh is a line
-    there and a training run's log was mostly bar lines."""
-    stream = sys.stderr if stream is None else stream
-    return 0.1 if hasattr(stream, "isatty") and stream.isatty() else LOG_BAR_INTERVAL
 
 
 def progress_bars_off() -> bool:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from drafterkit.assets.console import bar_interval
 from drafterkit.assets.device import cpu_model, crowded
 from drafterkit.assets.records import plural
 from drafterkit.decode import invariance
@@ -46,8 +45,7 @@ def measure(prompts: list[Prompt], methods: list[Method], max_new: int, seed: in
     from tqdm import tqdm
 
     runs = []
-    for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress, leave=False,
-                                        mininterval=bar_interval())):
+    for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress, leave=False)):
         order = methods[i % len(methods):] + methods[: i % len(methods)]
         for m in order:
             seqs, wall, stats = m.call([p.input_ids], seed + i, max_new)
@@ -178,8 +176,7 @@ def run_concurrency(target, prompts, specs, levels, *, k, sampling, eos, max_new
     runs = []
     for c in levels:
         n_batches = max(1, len(prompts) // c)
-        for j in tqdm(range(n_batches), desc=f"concurrency {c}", disable=not progress, leave=False,
-                           mininterval=bar_interval()):
+        for j in tqdm(range(n_batches), desc=f"concurrency {c}", disable=not progress, leave=False):
             rows = [prompts[(j * c + t) % len(prompts)].input_ids for t in range(c)]
             for m in methods[j % len(methods):] + methods[: j % len(methods)]:
                 seqs, wall, stats = m.call(rows, seed + j, max_new)

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 
 from drafterkit import decode
-from drafterkit.assets.console import bar_interval
 from drafterkit.decode.dynamic_tree import parse_tree
 from drafterkit.drafters.lookup.hybrid import drafts_trees
 from drafterkit.drafters.tuned import setting_label
@@ -155,8 +154,7 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     fixed = [] if incumbent is None else [incumbent]
     total = sum(b * (a + 1 + len(fixed)) for b, a in zip(plan, alive_counts))
     rows, alive_cands = [], list(cands)
-    with tqdm(total=total, desc=search_label(what, concurrency), disable=not progress, leave=False,
-              mininterval=bar_interval()) as bar:
+    with tqdm(total=total, desc=search_label(what, concurrency), disable=not progress, leave=False) as bar:
         for r, b in enumerate(plan):
             batches = [[prompts[(j * concurrency + t) % len(prompts)].input_ids for t in range(concurrency)]
                        for j in range(b)]

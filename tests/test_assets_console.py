@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 
 def test_datasets_quiet_silences_datasets_bars_and_restores_them(tmp_path, capfd):
     """Building a table inside ``datasets_quiet`` draws no datasets bar (a line per refresh in a log); outside
@@ -31,26 +29,3 @@ def test_a_console_off_a_terminal_is_wide_enough_for_the_tables():
     from drafterkit.assets.console import MIN_TABLE_WIDTH, make_console
 
     assert make_console(file=io.StringIO()).width >= MIN_TABLE_WIDTH
-
-
-def test_bars_written_to_a_log_refresh_seldom():
-    """A progress bar written to a log or a pipe draws a line per refresh: off a terminal drafterkit's bars refresh
-    every LOG_BAR_INTERVAL seconds (tqdm's mininterval), on one at tqdm's default."""
-    import io
-
-    from tqdm import tqdm
-
-    from drafterkit.assets.console import LOG_BAR_INTERVAL, bar_interval
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    def refreshes(interval: float) -> int:
-        log = io.StringIO()
-        for _ in tqdm(range(60), file=log, miniters=1, mininterval=interval):
-            time.sleep(0.01)
-        return log.getvalue().count("\r")
-
-    assert bar_interval(Terminal()) == 0.1 and bar_interval(io.StringIO()) == LOG_BAR_INTERVAL
-    assert refreshes(bar_interval(io.StringIO())) <= 3 < refreshes(bar_interval(Terminal()))

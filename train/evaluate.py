@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from drafterkit import decode
-from drafterkit.assets.console import bar_interval, progress_bars_off
+from drafterkit.assets.console import progress_bars_off
 from drafterkit.assets.device import fitting_threads
 from drafterkit.assets.pinned import resolve_source
 from drafterkit.assets.target import resolve_target_path
@@ -162,8 +162,7 @@ def evaluate(drafter: torch.nn.Module, target: torch.nn.Module, prompts: EvalPro
     drafter.eval()
     torch.set_num_threads(use)
     stats = []
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", leave=False, disable=progress_bars_off(),
-               mininterval=bar_interval())
+    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", leave=False, disable=progress_bars_off())
 
     def run(rows: list[list[int]], max_new: int, seed: int):
         return decode.generate(target, rows, drafter=drafter, max_new_tokens=max_new, temperature=cfg.temperature,

@@ -59,7 +59,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from drafterkit.assets import target as assets_target  # load_target looked up at call time: one place to replace it
-from drafterkit.assets.console import bar_interval, progress_bars_off
+from drafterkit.assets.console import progress_bars_off
 from drafterkit.assets.device import resolve_device, resolve_dtype
 from drafterkit.assets.pinned import home
 from drafterkit.assets.target import resolve_target_path
@@ -212,7 +212,7 @@ def build_feature_cache(spec: CacheSpec, target: torch.nn.Module, ds, *, batch_s
         raise OSError(f"the feature cache needs {_gb(need)} more but {path} has {_gb(free)} free; free space, or "
                       "set data.feature_cache to a folder on a larger disk (or DRAFTERKIT_HOME)")
     bar = tqdm(total=sum(s["count"] for s in todo), desc="features", unit="ex",
-               disable=not progress or progress_bars_off(), mininterval=bar_interval())
+               disable=not progress or progress_bars_off())
     try:
         for s in todo:
             _write_shard(path, s, target, ds, spec, batch_size, bar)

@@ -36,7 +36,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from drafterkit.assets.console import bar_interval, progress_bars_off
+from drafterkit.assets.console import progress_bars_off
 from drafterkit.drafters.export.model_card import changes_text
 from drafterkit.drafters.export.writers import FORMATS
 from drafterkit.train.checkpoint import (
@@ -257,11 +257,11 @@ def progress_bar(cfg, step: int, start: float, disable: bool = False) -> tqdm:
     (:func:`advance`); tqdm's remaining time is then the time to that bound. ``start``: the
     ``time.perf_counter()`` value the budget counts from."""
     if cfg.max_minutes is None:
-        return tqdm(total=cfg.max_steps, initial=step, desc="train", disable=disable, mininterval=bar_interval())
+        return tqdm(total=cfg.max_steps, initial=step, desc="train", disable=disable)
     share, _ = run_share(cfg, step, time.perf_counter() - start)
     return tqdm(total=SHARE_TOTAL, initial=round(share * SHARE_TOTAL),
                 desc=f"train ({cfg.max_steps} steps or {cfg.max_minutes:g} min, whichever comes first)",
-                disable=disable, mininterval=bar_interval(),
+                disable=disable,
                 bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
 
 

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from drafterkit import decode
 from drafterkit.assets.pinned import home
-from drafterkit.assets.console import bar_interval, progress_bars_off
+from drafterkit.assets.console import progress_bars_off
 from drafterkit.assets.thinking import thinking_tail, with_thinking
 from drafterkit.train.sharding import fingerprint_once, whole
 from drafterkit.train.vllm_data import dtype_name, vllm_generate
@@ -138,8 +138,7 @@ def own_responses(target, prompts: list[list[int]], max_new_tokens: int, batch_s
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     generated: dict[int, list[int]] = {}
     bars = progress and not progress_bars_off()
-    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not bars,
-                  mininterval=bar_interval()):
+    for i in tqdm(range(0, len(order), batch_size), desc="regenerate", leave=False, disable=not bars):
         idx = order[i:i + batch_size]
         res = decode.generate(target, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
                               temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
