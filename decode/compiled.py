@@ -4,12 +4,13 @@
 verification passes of chains and trees) as one graph compiled by TorchInductor with its ``freezing`` option, as
 gpt-fast and vLLM's CPU backend do: the weights become constants of the graph, the elementwise work of a layer
 (RMSNorm, the rotary embedding, SiLU gating, residual adds) fuses into a few C++ kernels, and no Python runs per
-layer. The linear layers and the LM head (inside the graph) are GEMMs picked when the graph compiles
-(``max_autotune``): inductor's C++ GEMM template, generated for the shapes and the CPU's vector units (AVX-512,
-AMX where present), or ATen's oneDNN call, whichever its timing finds faster; at decoding shapes the template
-wins (``docs/benchmarks/engine.md`` has the step it buys). Shapes are dynamic (``dynamic=True``): one graph serves
-every cache length and pass size; a pass with an attention mask and one without (a decoding step that sees every
-column) are two graphs, and a pass that returns hidden states (EAGLE-family drafters read them) two more.
+layer. The LM head runs inside the graph. In a decoding step at batch 1 (one row) the linear layers are the
+faster, timed when its graph compiles (``max_autotune``), of inductor's C++ GEMM template (generated for the CPU's
+vector units: AVX-512, AMX where present) and ATen's oneDNN call; passes of several rows use oneDNN's
+(:data:`INDUCTOR_ONE_ROW`; ``docs/benchmarks/engine.md`` has the step it buys). Shapes are dynamic
+(``dynamic=True``): one graph serves every cache length and pass size; a pass with an attention mask and one
+without (a decoding step that sees every column) are two graphs, and a pass that returns hidden states
+(EAGLE-family drafters read them) two more.
 The cache's keys and values live in buffers allocated for the whole decode (``RaggedCache``'s capacity) and each
 pass writes its new columns into them in place, as gpt-fast's static cache does: no pass copies the cache's past,
 and a crop or a tree's reordering leaves the layers' tensors views of the same buffers.
@@ -135,8 +136,8 @@ class _Passes(nn.Module):
                 keys: list[torch.Tensor], values: list[torch.Tensor], hidden: bool, keep: int):
         """``h [B, m, H]`` embeddings, ``cos, sin [B, 1, m, D]``, ``mask [B, 1, m, K]`` bool or None (every column
         up to each query's own), ``keys, values`` per layer ``[B, Hkv, K, D]``: views of the cache's buffers whose
-        last ``m`` columns this pass fills in place (no copy of the cache's past). Returns ``(final-normed h,
-        hidden states or [])``."""
+        last ``m`` columns this pass fills in place (no copy of the cache's past), ``keep`` the logits of the last this
+        many positions (0: all). Returns ``(logits [B, keep or m, V], hidden states or [])``."""
         b, m, _ = h.shape
         states = [h] if hidden else []
         for i, lay in enumerate(self.layers):
