@@ -13,7 +13,12 @@ target's token ``t+1+j``. Reported per position:
 * ``distinct``: how many different tokens the position drafted over all contexts (a handful: the position ignores
   its context and drafts the data's most frequent tokens);
 * ``marginal``: the top-1 a constant guess scores there (the most frequent target token at that position over
-  the same contexts), the floor a context-blind position reaches.
+  the same contexts), the floor a context-blind position reaches;
+* ``bonus``: how often the position drafted the bonus token ``t+1`` (the token before position 1's; a head
+  still near a next-token start, as Medusa's zero-initialised heads begin, repeats it).
+
+A position past the proposal's ``lengths`` is not drafted and not counted (Medusa proposes at most ``num_heads``
+tokens, so with ``--k`` above that its further positions print "not drafted").
 
 Works for every kind whose drafter reads the target's features (``eagle3``, ``peagle``, ``dflash``, ``dspark``,
 ``medusa``); EAGLE-3 drafts its chain autoregressively, the others in one pass.
@@ -41,13 +46,14 @@ from drafterkit.train.features import target_features
 
 @torch.no_grad()
 def probe(drafter, target, seqs: list[dict], k: int, every: int) -> list[dict]:
-    """``[{"top1", "given", "given_n", "distinct", "marginal", "n"}]`` per draft position (module docstring)."""
+    """``[{"top1", "given", "given_n", "distinct", "marginal", "bonus", "n"}]`` per draft position (module
+    docstring)."""
     layers = list(drafter.feature_layers)
     dtype = next(drafter.parameters()).dtype
     greedy = SamplingParams(temperature=0.0)
     vocab = target.get_output_embeddings().weight.shape[0]  # the ids a draft token may take
     hit = [0] * k
-    given, given_n = [0] * k, [0] * k
+    given, given_n, bonus = [0] * k, [0] * k, [0] * k
     drafted: list[Counter] = [Counter() for _ in range(k)]
     truth: list[Counter] = [Counter() for _ in range(k)]
     n = [0] * k
@@ -58,12 +64,16 @@ def probe(drafter, target, seqs: list[dict], k: int, every: int) -> list[dict]:
             drafter.reset(1)
             state = DecodeState(tokens=[s["ids"][:t + 2]], num_stable=[0], features=[feats[:t + 1]], active=[True],
                                 vocab_size=vocab, num_draft_tokens=k)
-            draft = drafter.propose(state, k, greedy, None).tokens[0].tolist()
+            prop = drafter.propose(state, k, greedy, None)
+            draft = prop.tokens[0].tolist()
+            if prop.lengths is not None:  # columns past it are padding, not drafted (Medusa: num_heads < k)
+                draft = draft[:int(prop.lengths[0])]
             right = True
             for j in range(min(k, len(draft), len(s["ids"]) - 2 - t)):
                 y = s["ids"][t + 2 + j]
                 ok = draft[j] == y
                 hit[j] += ok
+                bonus[j] += draft[j] == s["ids"][t + 1]
                 n[j] += 1
                 drafted[j][draft[j]] += 1
                 truth[j][y] += 1
@@ -73,7 +83,7 @@ def probe(drafter, target, seqs: list[dict], k: int, every: int) -> list[dict]:
                 right = right and ok
     return [{"top1": hit[j] / max(n[j], 1), "given": given[j] / max(given_n[j], 1), "given_n": given_n[j],
              "distinct": len(drafted[j]), "marginal": (truth[j].most_common(1)[0][1] / n[j]) if n[j] else 0.0,
-             "n": n[j]} for j in range(k)]
+             "bonus": bonus[j] / max(n[j], 1), "n": n[j]} for j in range(k)]
 
 
 def main() -> None:
@@ -114,7 +124,9 @@ def main() -> None:
         out[ck] = {"kind": d.kind, "positions": res}
         print(f"{ck} ({d.kind}): " + " | ".join(
             f"pos {j + 1}: top-1 {r['top1']:.3f} given-prefix {r['given']:.3f} (n={r['given_n']}) "
-            f"distinct {r['distinct']} marginal {r['marginal']:.3f}" for j, r in enumerate(res)), flush=True)
+            f"distinct {r['distinct']} marginal {r['marginal']:.3f} bonus {r['bonus']:.3f}" if r["n"]
+            else f"pos {j + 1}: not drafted"
+            for j, r in enumerate(res)), flush=True)
     if a.output:
         Path(a.output).write_text(json.dumps(out, indent=1))
 
