@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from drafterkit.decode import compact
+from drafterkit.decode import attention, compact, fused
 from drafterkit.decode.compact import rms, rotate
 
 #: ``decode.generate`` runs the target's passes compiled while True; set it with :class:`compiled_mode`
@@ -59,6 +61,9 @@ INDUCTOR_ONE_ROW = {**INDUCTOR, "max_autotune": True, "max_autotune_gemm_backend
 
 #: model -> its compiled passes (None: compiling failed; the compact forward runs)
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+#: owner (a drafter) -> the compiled module of :func:`module_call` (None: compiling failed; the eager code runs)
+_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: a transformers cache -> its key and value buffers per layer (:func:`_buffers`)
 _kv_buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -184,10 +189,64 @@ def _passes(model: nn.Module):
     return fn
 
 
-def _fail(model: nn.Module, exc: BaseException) -> None:
-    _compiled[model] = None
+def _fail(model: nn.Module, exc: BaseException, table: weakref.WeakKeyDictionary = _compiled) -> None:
+    table[model] = None
     print(f"drafterkit: compiled passes are off for {type(model).__name__} ({type(exc).__name__}: "
           f"{str(exc).splitlines()[0] if str(exc) else ''}); its passes run uncompiled", file=sys.stderr)
+
+
+def _options(one_row: bool):
+    """The patches every compiled call runs under: inductor's options for its row count, dynamo's recompile limit
+    and no duck shapes (sizes equal at trace time stay distinct symbols)."""
+    stack = ExitStack()
+    stack.enter_context(torch._inductor.config.patch(INDUCTOR_ONE_ROW if one_row else INDUCTOR))
+    stack.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILES))
+    stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))
+    return stack
+
+
+def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row: bool = False):
+    """``make()``'s module called on ``args`` compiled (built on first use for ``owner`` and kept while it lives), or
+    ``None`` where it does not run compiled: compiled mode off, exact mode (``decode.exact_mode``), or building or
+    compiling it failed (said once, on stderr; the caller's eager code runs). Drafters run their drafting passes
+    through it (``drafters/heads/compiled_steps.py``); ``one_row``: the call is one row (a drafting step at batch 1),
+    whose linear layers get :data:`INDUCTOR_ONE_ROW`'s timed GEMM choice.
+
+    ``make()``'s module should hold a copy of ``owner``'s weights (its graph freezes them as constants):
+    :func:`runs_compiled`, which a decode asks once before it starts, drops it when ``owner``'s weights changed.
+    """
+    if not ENABLED or attention.EXACT:
+        return None
+    if owner not in _modules:
+        try:
+            _modules[owner] = (fused.stamp(list(owner.parameters())),
+                               torch.compile(make().eval(), dynamic=True, fullgraph=True))
+        except Exception as exc:  # noqa: BLE001 -- any failure to build falls back to the eager code, said once
+            _fail(owner, exc, _modules)
+    if _modules[owner] is None:
+        return None
+    try:
+        with _options(one_row):
+            return _modules[owner][1](*args)
+    except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager code, said once
+        _fail(owner, exc, _modules)
+        return None
+
+
+def runs_compiled(module: object) -> bool:
+    """Whether ``module`` (a drafter) runs its drafting passes through :func:`module_call` in a decode starting now:
+    compiled mode on, not exact mode, it declares ``compiled_steps`` true, its parameters are on a CPU, and its
+    compile has not failed. A module built from weights that have changed since (:func:`decode.fused.intact`) is
+    dropped; the next call builds it again."""
+    if not (ENABLED and not attention.EXACT and getattr(module, "compiled_steps", False)):
+        return False
+    params = list(module.parameters()) if isinstance(module, nn.Module) else []
+    if not params or params[0].device.type != "cpu":
+        return False
+    built = _modules.get(module, ())
+    if built and not fused.intact(params, built[0]):
+        del _modules[module]
+    return built is not None
 
 
 def _buffers(cache, layers: list, need: int, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -235,9 +294,7 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
         # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
         # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
         # no duck shapes: sizes equal at trace time (a pass's g * m rows and the cache's length) stay distinct symbols
-        options = INDUCTOR_ONE_ROW if input_ids.shape[0] == 1 and m == 1 else INDUCTOR
-        with torch._inductor.config.patch(options), torch._dynamo.config.patch(recompile_limit=RECOMPILES), \
-                torch.fx.experimental._config.patch(use_duck_shape=False):
+        with _options(input_ids.shape[0] == 1 and m == 1):
             logits, states = fn(h, cos[:, None], sin[:, None], mask, keys, values, bool(output_hidden_states),
                                 min(int(logits_to_keep), m))
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager forward, said once

@@ -102,6 +102,32 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def stamp(tensors: list[torch.Tensor]) -> list[tuple]:
+    """Per tensor: its address, its in-place version counter and :data:`SAMPLES` of its values at fixed seeded
+    positions (edits through ``.data``, fused optimizers and peft's ``merge_adapter`` change values without bumping
+    the counter). :func:`intact` compares tensors with it."""
+    out = []
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        g = torch.Generator().manual_seed(flat.numel())
+        idx = torch.randint(0, flat.numel(), (min(SAMPLES, flat.numel()),), generator=g)
+        out.append((t.data_ptr(), t._version, idx, flat.index_select(0, idx)))
+    return out
+
+
+def intact(tensors: list[torch.Tensor], stamped: list[tuple]) -> bool:
+    """Whether ``tensors`` are those :func:`stamp` saw, unchanged: same tensors, same version counters and the same
+    values at the sampled positions."""
+    if len(tensors) != len(stamped):
+        return False
+    for t, (ptr, version, idx, values) in zip(tensors, stamped):
+        if t.data_ptr() != ptr or t._version != version:
+            return False
+        if not torch.equal(t.detach().reshape(-1).index_select(0, idx), values):
+            return False
+    return True
+
+
 class _Group:
     """The engine's copy of one group of linear layers (merged; prepacked where it gives the same bits)
     and, per thread, the last input it was called on and its outputs."""
@@ -109,7 +135,7 @@ class _Group:
     def __init__(self, layers: list[nn.Linear]):
         self.layers = layers
         self.sizes = [lin.out_features for lin in layers]
-        self.stamp = self._stamp()
+        self.stamp = stamp(self._tensors())
         # one layer: its own weight (no copy); several: their concatenation
         weight = torch.cat([lin.weight.detach() for lin in layers]) if len(layers) > 1 else layers[0].weight.detach()
         bias = self.bias = torch.cat([lin.bias.detach() for lin in layers]) if layers[0].bias is not None else None
@@ -120,28 +146,10 @@ class _Group:
     def _tensors(self) -> list[torch.Tensor]:
         return [t.detach() for lin in self.layers for t in (lin.weight, lin.bias) if t is not None]
 
-    def _stamp(self) -> list[tuple]:
-        """Per weight and bias: its address, its in-place version counter and :data:`SAMPLES` of its
-        values at fixed seeded positions (edits through ``.data``, fused optimizers and peft's
-        ``merge_adapter`` change values without bumping the counter)."""
-        out = []
-        for t in self._tensors():
-            flat = t.reshape(-1)
-            g = torch.Generator().manual_seed(flat.numel())
-            idx = torch.randint(0, flat.numel(), (min(SAMPLES, flat.numel()),), generator=g)
-            out.append((t.data_ptr(), t._version, idx, flat.index_select(0, idx)))
-        return out
-
     def intact(self) -> bool:
-        """Whether every layer still holds the same weights: same tensors, same version counters and the
-        same values at the sampled positions. A few elements changed without a version bump
-        (``weight.data[i, j] = x``) can go unseen: :func:`refresh` after such edits."""
-        for t, (ptr, version, idx, values) in zip(self._tensors(), self.stamp):
-            if t.data_ptr() != ptr or t._version != version:
-                return False
-            if not torch.equal(t.reshape(-1).index_select(0, idx), values):
-                return False
-        return True
+        """Whether every layer still holds the same weights (:func:`intact`). A few elements changed without a
+        version bump (``weight.data[i, j] = x``) can go unseen: :func:`refresh` after such edits."""
+        return intact(self._tensors(), self.stamp)
 
     def hooked(self) -> bool:
         """Whether a layer got hooks (or was replaced) since the copy was built: it runs its own forward."""

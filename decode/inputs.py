@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from drafterkit.decode import compiled
 from drafterkit.decode.draft_model import DraftModel, lm_head_rows
 from drafterkit.decode.protocol import Proposer
 
@@ -111,10 +112,11 @@ def as_proposer(drafter: Any) -> Proposer | None:
 def proposer_modules(proposer: Proposer | None) -> list[torch.nn.Module]:
     """The proposer's own modules for :func:`decode.fused.fused_projections`: itself when it is a module
     (a drafter), else the module it wraps as ``.drafter`` (``drafters.lookup.hybrid.LookupHybrid``) or as
-    ``.lm`` (:class:`decode.draft_model.DraftModel`)."""
+    ``.lm`` (:class:`decode.draft_model.DraftModel`). None for a drafter that runs its steps compiled
+    (:func:`decode.compiled.runs_compiled`): its graphs freeze its plain linear layers' weights."""
     for m in (proposer, getattr(proposer, "drafter", None), getattr(proposer, "lm", None)):
         if isinstance(m, torch.nn.Module):
-            return [m]
+            return [] if compiled.runs_compiled(m) else [m]
     return []
 
 

@@ -1,4 +1,5 @@
-"""Compiling the target's graphs before anything is timed (:func:`warm_up`, for ``decode.compiled_mode``)."""
+"""Compiling the target's graphs (:func:`warm_up`) and a drafter's (:func:`warm_up_proposer`) before anything is timed,
+for ``decode.compiled_mode``."""
 
 from __future__ import annotations
 
@@ -30,4 +31,16 @@ def warm_up(model: nn.Module, hidden_states=(False,)) -> float:
                 cache.run(torch.ones(1, m, dtype=torch.long, device=device), logits_to_keep=m,
                           output_hidden_states=hidden)
                 cache.keep(torch.ones(1, dtype=torch.long, device=device))
+    return time.perf_counter() - start
+
+
+def warm_up_proposer(proposer) -> float:
+    """Compile, before anything is timed, the graphs of a drafter that runs its own drafting passes compiled
+    (:func:`decode.compiled.runs_compiled`; its ``warm_up_compiled`` method), itself or wrapped as ``.drafter``
+    (``drafters.lookup.hybrid.LookupHybrid``). Returns the seconds it took; 0 where nothing compiles."""
+    start = time.perf_counter()
+    for module in (proposer, getattr(proposer, "drafter", None)):
+        warm = getattr(module, "warm_up_compiled", None)
+        if callable(warm) and compiled.runs_compiled(module):
+            warm()
     return time.perf_counter() - start

@@ -271,6 +271,9 @@ class Eagle3Drafter(FeatureHeadDrafter):
     def logits_and_ids(self, out: torch.Tensor):
         return self.lm_head(self.norm(out)), self.draft_ids()
 
+    def draft_id_map(self) -> torch.Tensor:
+        return self.draft_ids()
+
     def target_vocab_size(self) -> int:
         return self.config.vocab_size
 

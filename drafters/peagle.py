@@ -72,6 +72,7 @@ class PEagleDrafter(Eagle3Drafter):
 
     kind = "peagle"
     config_class = PEagleConfig
+    compiled_steps = False  # its one drafting pass runs eager, in the engine's fused linear layers
 
     def __init__(self, config: PEagleConfig, target: nn.Module | None = None):
         super().__init__(config, target=target)

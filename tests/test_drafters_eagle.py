@@ -35,7 +35,7 @@ def _reference_chain(d, state, k):
     ids, hid, out = list(tokens[1:]), feats.clone(), []
     with torch.no_grad():
         for _ in range(k):
-            pred, _ = d._run(torch.tensor([ids]), hid[None], 0, None)  # [1, m, H]
+            pred, _, _ = d._step(torch.tensor([ids]), hid[None], 0, None)  # [1, m, H]
             f_new = pred[0, -1]
             tok = int(d.lm_head(f_new).argmax())
             out.append(tok)

@@ -27,6 +27,7 @@ from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.decode.sampling import select_tokens
 from drafterkit.decode.tree import level_mask
 from drafterkit.drafters.base import Drafter
+from drafterkit.drafters.heads.compiled_steps import head_pass, warm_up
 from drafterkit.drafters.heads.layers import (
     DraftDecoderLayer,
     causal_mask,
@@ -67,10 +68,14 @@ class FeatureHeadDrafter(Drafter):
     residual stream after the last layer) predicts ``tokens[t+2]``.
 
     KV caches (``past``) are tuples with one ``(k, v)`` per layer, each ``[B, n_kv, S, d]``; row ``b``'s cache
-    is ``self._caches[b] = {"kv": past, "real": positions cached, "last": output at the last one [1, H]}``.
+    is ``self._caches[b] = {"kv": past, "real": positions cached, "last": output at the last one [1, H], "logits":
+    its draft logits [1, V']}``. Every drafting pass (:meth:`_pass`) runs the layers and the LM head compiled in
+    ``decode.compiled_mode`` (``drafters/heads/compiled_steps.py``).
     """
 
     supports_draft_threshold = True
+    #: drafting passes run compiled in ``decode.compiled_mode`` (``decode.compiled.runs_compiled``)
+    compiled_steps = True
 
     def check_compatible(self, target: nn.Module, vocab_size: int) -> None:
         super().check_compatible(target, vocab_size)
@@ -95,27 +100,48 @@ class FeatureHeadDrafter(Drafter):
             kvs.append(kv)
         return hidden, tuple(kvs)
 
-    def _run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, past):
-        """Layer over ``m`` new positions ``start..start+m-1`` (causal). ``ids [B, m]``, ``hidden [B, m, H]``."""
-        m = ids.shape[1]
-        pos = torch.arange(start, start + m, device=ids.device)[None].expand(ids.shape[0], m)
-        plen = kv_len(past)
-        return self._layer(ids, hidden, pos, causal_mask(m, plen, ids.device), past)
+    def _pass(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past,
+              real: bool = False, keep: int = 1):
+        """One drafting pass: :meth:`_layer` over new positions (``hidden`` through :meth:`real_input` first when
+        ``real``) and the draft logits of its last ``keep`` outputs (0: all) -> ``(out [B, m, H], per-layer (k, v),
+        logits [B, keep or m, V'])``; compiled in ``decode.compiled_mode`` (``compiled_steps.head_pass``)."""
+        got = head_pass(self, ids, hidden, positions, mask, past, real, keep)
+        if got is not None:
+            return got
+        out, kv = self._layer(ids, self.real_input(hidden) if real else hidden, positions, mask, past)
+        return out, kv, self.logits_and_ids(out[:, -keep:] if keep else out)[0]
 
-    def _catch_up(self, b: int, tokens: list[int], feats: torch.Tensor, stable: int) -> torch.Tensor:
-        """Bring row ``b``'s cache to the real prefix; return the head output at position ``n-2`` ``[1, H]``."""
+    def _step(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, past, real: bool = False):
+        """:meth:`_pass` over ``m`` new positions ``start..start+m-1`` (causal), ``ids [1, m]``, keeping the last
+        one's logits."""
+        m = ids.shape[1]
+        pos = torch.arange(start, start + m, device=ids.device)[None]
+        return self._pass(ids, hidden, pos, causal_mask(m, kv_len(past), ids.device), past, real=real)
+
+    def warm_up_compiled(self) -> None:
+        """Compile every drafting graph a batch-1 decode uses (``compiled_steps.warm_up``); called by
+        ``decode.warm.warm_up_proposer`` in ``decode.compiled_mode``."""
+        warm_up(self)
+
+    def draft_id_map(self) -> torch.Tensor | None:
+        """The target id of each draft-vocabulary id ``[V']`` (what :meth:`logits_and_ids` returns beside the
+        logits), or None when the head drafts over the target's vocabulary."""
+        return None
+
+    def _catch_up(self, b: int, tokens: list[int], feats: torch.Tensor, stable: int):
+        """Bring row ``b``'s cache to the real prefix; return the head output at position ``n-2`` ``[1, H]`` and its
+        draft logits ``[1, V']``."""
         dev, dt = self.embed.weight.device, self._dtype()
         n = len(tokens)
         cache = self._caches[b]
         valid = 0 if cache is None else max(0, min(cache["real"], stable - 1))
         past = trim_kv(cache["kv"], valid) if valid > 0 else None
         if valid == n - 1 and cache is not None and cache["real"] == valid:
-            return cache["last"]
+            return cache["last"], cache["logits"]
         ids = torch.tensor(tokens[valid + 1:n], device=dev)[None]
-        hid = self.real_input(feats[valid:n - 1].to(dev, dt)[None])
-        out, kv = self._run(ids, hid, valid, past)
-        self._caches[b] = {"kv": kv, "real": n - 1, "last": out[:, -1]}
-        return out[:, -1]
+        out, kv, logits = self._step(ids, feats[valid:n - 1].to(dev, dt)[None], valid, past, real=True)
+        self._caches[b] = {"kv": kv, "real": n - 1, "last": out[:, -1], "logits": logits[:, -1]}
+        return out[:, -1], logits[:, -1]
 
     def _dtype(self) -> torch.dtype:
         return next(self.layer.parameters()).dtype
@@ -215,12 +241,11 @@ class FeatureHeadDrafter(Drafter):
             t = torch.full((k,), toks[-1] if toks[-1] < vocab_size else 0, dtype=torch.long)
             return t, F.one_hot(t, v_out).float(), k if len(toks) < 2 else 0
         n = len(toks)
-        out = self._catch_up(b, toks, feats, stable)  # [1, H], predicts tokens[n]
-        past, hid = self._caches[b]["kv"], out
+        hid, logits = self._catch_up(b, toks, feats, stable)  # [1, H], [1, V']: predicts tokens[n]
+        past, ids = self._caches[b]["kv"], self.draft_id_map()
         drafted, probs = [], []
         cut = ChainCutoff(self.draft_threshold, 1, k)
         for i in range(k):
-            logits, ids = self.logits_and_ids(hid)  # [1, V']
             if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
                 logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
             tok, p = select_tokens(logits, sampling, vocab_size if ids is None else None, generator)
@@ -232,8 +257,8 @@ class FeatureHeadDrafter(Drafter):
             if not sampling.greedy:
                 probs.append(self._to_target_probs(p[0], ids, v_out))
             if i + 1 < k:  # next position (n-2)+i+1 consumes (draft token, own output feature)
-                hid, past = self._run(tgt.view(1, 1), hid[:, None], n - 1 + i, past)
-                hid = hid[:, -1]
+                hid, past, logits = self._step(tgt.view(1, 1), hid[:, None], n - 1 + i, past)
+                hid, logits = hid[:, -1], logits[:, -1]
         length = len(drafted)
         fill = drafted[-1] if drafted else (toks[-1] if toks[-1] < vocab_size else 0)
         t = torch.tensor(drafted + [fill] * (k - length), dtype=torch.long)
@@ -276,13 +301,15 @@ class FeatureHeadDrafter(Drafter):
 
     def _tree_row(self, b, toks, feats, stable, tree, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(toks)
-        root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
+        root, root_logits = self._catch_up(b, toks, feats, stable)  # [1, H], [1, V']: predicts tokens[n]
         past = self._caches[b]["kv"]
         plen = kv_len(past)
         dev = root.device
         out_tok, ok, path_p = [0] * tree.num_nodes, [False] * tree.num_nodes, {-1: 1.0}
         bar = self.expand_bar  # nodes below it stay leaves
         outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
+        logit_of: dict[int, torch.Tensor] = {-1: root_logits}  # and its draft logits [1, V']
+        ids = self.draft_id_map()
         col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
         levels: dict[int, list[int]] = {}
         for i, d in enumerate(tree.depths):
@@ -292,7 +319,7 @@ class FeatureHeadDrafter(Drafter):
             if not level:
                 break
             parents = sorted({tree.parents[i] for i in level})
-            logits, ids = self.logits_and_ids(torch.cat([outs[p] for p in parents]))  # [P, V']
+            logits = torch.cat([logit_of[p] for p in parents])  # [P, V']
             if ids is not None:
                 logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
             else:
@@ -317,9 +344,9 @@ class FeatureHeadDrafter(Drafter):
             hid_in = torch.cat([outs[tree.parents[i]] for i in grow])[None]  # [1, m, H]
             pos = torch.full((1, m), n - 2 + d, device=dev)
             attn = torch.cat([torch.ones(m, plen, dtype=torch.bool), level_mask(tree, grow, col)], 1).to(dev)
-            out, past = self._layer(ids_in, hid_in, pos, attn, past)
+            out, past, level_logits = self._pass(ids_in, hid_in, pos, attn, past, keep=0)
             for j, i in enumerate(grow):
-                outs[i], col[i] = out[:, j], ntree + j
+                outs[i], logit_of[i], col[i] = out[:, j], level_logits[:, j], ntree + j
         return torch.tensor(out_tok, dtype=torch.long), torch.tensor(ok, dtype=torch.bool)
 
     def propose_dynamic_tree(self, state: DecodeState, spec: DynamicTree, sampling: SamplingParams,
@@ -350,15 +377,17 @@ class FeatureHeadDrafter(Drafter):
 
     def _dynamic_row(self, b, toks, feats, stable, spec, vocab_size) -> RowTree:
         n = len(toks)
-        root = self._catch_up(b, toks, feats, stable)  # [1, H]: predicts tokens[n] (depth 1)
+        root, root_logits = self._catch_up(b, toks, feats, stable)  # [1, H], [1, V']: predicts tokens[n]
         past = self._caches[b]["kv"]
         plen = kv_len(past)
         builder = TreeBuilder(spec, self.draft_threshold, self.expand_bar)
         outs: dict[int, torch.Tensor] = {-1: root}  # head output per expanded node
+        logit_of: dict[int, torch.Tensor] = {-1: root_logits}  # and its draft logits [1, V']
+        ids = self.draft_id_map()
         col: dict[int, int] = {}  # expanded node -> its column among the tree's head-cache entries
         frontier = [-1]
         while frontier:
-            logits, ids = self.logits_and_ids(torch.cat([outs[p] for p in frontier]))  # [P, V']
+            logits = torch.cat([logit_of[p] for p in frontier])  # [P, V']
             if ids is not None:
                 logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
             else:
@@ -371,9 +400,9 @@ class FeatureHeadDrafter(Drafter):
             hid_in = torch.cat([outs[builder.parents[i]] for i in frontier])[None]  # [1, m, H]
             pos = torch.full((1, m), n - 2 + builder.level, device=root.device)
             attn = torch.cat([torch.ones(m, plen, dtype=torch.bool), level_mask(builder.parents, frontier, col)], 1)
-            out, past = self._layer(ids_in, hid_in, pos, attn.to(root.device), past)
+            out, past, level_logits = self._pass(ids_in, hid_in, pos, attn.to(root.device), past, keep=0)
             for j, i in enumerate(frontier):
-                outs[i], col[i] = out[:, j], ntree + j
+                outs[i], logit_of[i], col[i] = out[:, j], level_logits[:, j], ntree + j
         return builder.result()
 
     @staticmethod

@@ -1,0 +1,108 @@
+"""drafters.heads.compiled_steps: an EAGLE-family head's drafting passes compiled compute what its eager passes do.
+
+On a tiny seeded EAGLE-3 head (two layers, a reduced draft vocabulary) over the tests' GQA Llama, in fp32: a first
+catch-up, a chain's drafting step and a tree level give the same outputs, keys/values and draft logits compiled and
+eager; greedy decodes (a chain, a static tree, a dynamic tree) give the same tokens; a decode in compiled mode
+leaves the head out of the engine's fused layers (its graph freezes its own); changed weights rebuild the graph;
+:func:`decode.warm.warm_up_proposer` compiles every graph a batch-1 decode uses. Compiling takes tens of seconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from drafterkit import decode
+from drafterkit.decode import compiled, warm
+from drafterkit.decode.inputs import proposer_modules
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.heads.layers import causal_mask
+
+PROMPTS = [[5, 9, 11, 4, 7, 5, 9, 11, 4]]
+DECODES = (None, "2,1", "dynamic:4:2:2")
+
+
+def world(seed: int = 6):
+    target = tiny_llama(seed, hidden_size=64, heads=4, kv_heads=2, layers=2)
+    torch.manual_seed(seed)
+    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48, num_layers=2), target).eval()
+    head.set_draft_vocab(torch.arange(48) * 2, target)
+    return target, head
+
+
+def passes(head):
+    """A first catch-up (5 real positions), a chain's drafting step, a tree level of 3 nodes."""
+    gen = torch.Generator().manual_seed(0)
+    width, hidden = 3 * head.config.hidden_size, head.config.hidden_size
+    ids = torch.randint(0, 100, (1, 5), generator=gen)
+    out = [head._pass(ids, torch.randn(1, 5, width, generator=gen), torch.arange(5)[None], causal_mask(5, 0), None,
+                      real=True, keep=1)]
+    past = out[-1][1]
+    out.append(head._pass(ids[:, :1], torch.randn(1, 1, hidden, generator=gen), torch.tensor([[5]]),
+                          causal_mask(1, 5), past))
+    tree = torch.cat([torch.ones(3, 5, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)
+    out.append(head._pass(ids[:, :3], torch.randn(1, 3, hidden, generator=gen), torch.full((1, 3), 6), tree, past,
+                          keep=0))
+    return out
+
+
+def flat(result):
+    out, kv, logits = result
+    return [out, logits, *(t for layer in kv for t in layer)]
+
+
+@pytest.mark.slow  # torch.compile: tens of seconds per graph
+def test_compiled_drafting_passes_and_decodes_match_eager():
+    target, head = world()
+    runs = {}
+    for on in (False, True):
+        with decode.compiled_mode(on), torch.inference_mode():
+            runs[on] = [flat(r) for r in passes(head)]
+    assert compiled._modules[head] is not None  # compiled, not fallen back to the eager passes
+    for eager, built in zip(runs[False], runs[True]):
+        for a, b in zip(eager, built):
+            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+    for tree in DECODES:
+        outs = {}
+        for on in (False, True):
+            with decode.compiled_mode(on):
+                assert proposer_modules(head) == ([] if on else [head])  # compiled: its own graph, not fused
+                outs[on] = decode.generate(target, PROMPTS, max_new_tokens=16, drafter=head, num_draft_tokens=3,
+                                           tree=tree).sequences
+        assert outs[True] == outs[False], tree
+
+
+@pytest.mark.slow
+def test_changed_weights_rebuild_the_graph():
+    target, head = world(7)
+    with decode.compiled_mode():
+        decode.generate(target, PROMPTS, max_new_tokens=6, drafter=head, num_draft_tokens=3)
+        first = compiled._modules[head]
+        with torch.no_grad():
+            head.lm_head.weight.mul_(-1.5)  # a training step between two evaluations
+        decode.generate(target, PROMPTS, max_new_tokens=6, drafter=head, num_draft_tokens=3)
+        assert compiled._modules[head] is not first
+        with torch.inference_mode():
+            built = [flat(r) for r in passes(head)]
+    with torch.inference_mode():
+        eager = [flat(r) for r in passes(head)]
+    for a, b in zip(eager, built):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y, x, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_warm_up_compiles_every_drafting_graph_a_batch_one_decode_uses():
+    from torch._dynamo.utils import counters
+
+    target, head = world(8)
+    with decode.compiled_mode():
+        warm.warm_up(target, (True,))
+        assert warm.warm_up_proposer(head) > 0
+        before = dict(counters["frames"])
+        for tree in DECODES:
+            for prompt in (PROMPTS[0], PROMPTS[0][:2], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]):
+                decode.generate(target, [prompt], max_new_tokens=12, drafter=head, num_draft_tokens=3, tree=tree)
+        assert dict(counters["frames"]) == before  # nothing compiled while decoding
+    assert warm.warm_up_proposer(head) < 0.5  # compiled mode off: nothing to compile
