@@ -193,6 +193,32 @@ def test_export_holds_vllm_qwen3_dspark_names_and_fields(kind, tmp_path):
     assert '"method": "dspark"' in (out / "README.md").read_text()
 
 
+
+@pytest.mark.parametrize("kind", ["dspark", "dspark_reduced"])
+def test_export_loads_back_proposing_the_same_chains(kind, tmp_path):
+    """load_dspark_export rebuilds the drafter from the vllm-dspark export alone: the same config, the same tensors
+    (Markov and confidence heads included) and the same chains; a DFlash export is refused as not a DSpark one."""
+    from drafterkit.drafters.base import DrafterLoadError
+    from drafterkit.drafters.export.writers import export, load_dspark_export
+
+    target = tiny_llama(0)
+    d = _strong_markov(build(kind, target))
+    back = load_dspark_export(export(d.save_pretrained(tmp_path / "ckpt"), "vllm-dspark", tmp_path / "export"),
+                              target)
+    assert type(back) is DSparkDrafter and back.config == d.config
+    mine, theirs = d.own_state_dict(), back.own_state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    ids = [5, 9, 17, 33, 2, 70, 71]
+    feats = _features(target, ids, d.feature_layers)[:-1]
+    props = []
+    for dr in (d, back):
+        dr.reset(1)
+        props.append(dr.propose(_state(ids, feats), 4, SamplingParams(), None).tokens)
+    assert torch.equal(props[0], props[1])
+    dflash = build("dflash", target).save_pretrained(tmp_path / "dflash")
+    with pytest.raises(DrafterLoadError, match="not a drafterkit vllm-dspark export"):
+        load_dspark_export(export(dflash, "vllm-dflash", tmp_path / "dflash-export"), target)
+
 def _qwen3_export(tmp_path):
     """A tiny Qwen3 target folder and a dspark drafter's checkpoint and vllm-dspark export for it."""
     from families import save_family

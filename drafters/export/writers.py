@@ -24,7 +24,8 @@ Formats:
 * ``vllm-dspark`` (a ``dspark`` checkpoint): vLLM's ``Qwen3DSparkModel`` (``models/qwen3_dspark.py``): the
   ``vllm-dflash`` layout plus ``markov_head.*`` / ``confidence_head.*`` and the config fields ``markov_rank``,
   ``enable_confidence_head``, ``confidence_head_with_markov``, ``draft_vocab_size``, ``dspark_noise_token_id``,
-  ``sample_from_anchor: true``; :func:`export_dspark`. vLLM 0.32 serves it with Model Runner V2 only.
+  ``sample_from_anchor: true``; :func:`export_dspark`, :func:`load_dspark_export`. vLLM 0.32 serves it with Model
+  Runner V2 only.
 * ``medusa`` (a ``medusa`` checkpoint): vLLM's ``MedusaModel`` layout: ``blocks.{k}.layers.{j}.weight`` / ``.bias``
   (``medusa_fc_bias: true``), ``lm_heads.{k}.weight``; a head shared with the target is written once as
   ``lm_heads.0.weight`` with ``original_lm_head: true`` (from ``--target``, else the target the training recipe
@@ -72,6 +73,7 @@ from drafterkit.drafters import get_kind, load_drafter, resolve_checkpoint
 from drafterkit.drafters.base import (DrafterLoadError, ExportError, left_out, nonfinite_tensors, read_config,
                                       read_weights, save_tensors, weights_sha256)
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
+from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter
 from drafterkit.drafters.export.eagle3_layout import (  # noqa: F401 (the EAGLE-3 layout's names, also read from here)
     cast_tensors,
     drafterkit_layer_ids,
@@ -163,30 +165,39 @@ def export_dspark(ckpt: Path, out: Path, dtype: torch.dtype | None = None) -> Pa
     return out
 
 
-def load_dflash_export(path: str | Path, target: torch.nn.Module) -> DFlashDrafter:
-    """Load a ``vllm-dflash`` export back into a :class:`DFlashDrafter` for ``target`` (strict).
+def load_dflash_export(path: str | Path, target: torch.nn.Module, kind: str = "dflash") -> DFlashDrafter:
+    """Load a ``vllm-dflash`` export back into a :class:`DFlashDrafter` for ``target`` (strict); ``kind="dspark"``:
+    a ``vllm-dspark`` export into a :class:`DSparkDrafter` (:func:`load_dspark_export`).
 
     Raises:
-        DrafterLoadError: not a DFlash export, a config this version refuses, or a tensor mismatch.
+        DrafterLoadError: not an export of ``kind``, a config this version refuses, or a tensor mismatch.
     """
     path = Path(path)
     try:
         config = json.loads((path / "config.json").read_text())
-        if config["drafterkit"].get("kind") != "dflash":
+        if config["drafterkit"].get("kind") != kind:
             raise KeyError("kind")
         fields = {k: config[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
                                          "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta", "block_size")}
+        if kind == "dspark":
+            fields.update(markov_rank=int(config["markov_rank"]), confidence_head=config["enable_confidence_head"],
+                          confidence_with_markov=config["confidence_head_with_markov"])
         dcfg = config["dflash_config"]
-        cfg = DFlashConfig(**fields, target_num_layers=int(config["num_target_layers"]),
-                           num_layers=int(config["num_hidden_layers"]),
-                           draft_vocab_size=int(config.get("draft_vocab_size", config["vocab_size"])),
-                           mask_token_id=int(dcfg["mask_token_id"]),
-                           feature_layers=[int(i) + 1 for i in dcfg["target_layer_ids"]])
+        cfg = (DSparkConfig if kind == "dspark" else DFlashConfig)(
+            **fields, target_num_layers=int(config["num_target_layers"]), num_layers=int(config["num_hidden_layers"]),
+            draft_vocab_size=int(config.get("draft_vocab_size", config["vocab_size"])),
+            mask_token_id=int(dcfg["mask_token_id"]), feature_layers=[int(i) + 1 for i in dcfg["target_layer_ids"]])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise DrafterLoadError(f"{path} is not a drafterkit vllm-dflash export ({exc})") from None
-    drafter = DFlashDrafter(cfg, target=target)
+        raise DrafterLoadError(f"{path} is not a drafterkit vllm-{kind} export ({exc})") from None
+    drafter = (DSparkDrafter if kind == "dspark" else DFlashDrafter)(cfg, target=target)
     drafter.load_own_state_dict(read_weights(path), source=str(path))
     return drafter.eval()
+
+
+def load_dspark_export(path: str | Path, target: torch.nn.Module) -> DSparkDrafter:
+    """Load a ``vllm-dspark`` export back into a :class:`DSparkDrafter` for ``target`` (strict; the confidence head
+    as exported, :attr:`DSparkDrafter.verify_cost` unset). Raises ``DrafterLoadError`` as :func:`load_dflash_export`."""
+    return load_dflash_export(path, target, "dspark")
 
 
 def export_medusa(ckpt: Path, out: Path, target: str | None = None, dtype: torch.dtype | None = None) -> Path:
