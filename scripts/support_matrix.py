@@ -29,13 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/test_train_families.py", "tests/test_decode_families.py", "tests/test_serving_families.py",
          "tests/test_train_hybrid_families.py", "tests/test_serving_hybrid.py"]
 COMMAND = "python scripts/support_matrix.py"
-COLUMNS = ["plain", "past window", "suffix", "draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash",
-           "hf-assistant", "medusa export", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]
-SERVED = ["hf-assistant", "medusa", "vllm-eagle3", "vllm-peagle", "vllm-dflash"]  # the vLLM table's columns
+COLUMNS = ["plain", "past window", "suffix", "draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash", "dspark",
+           "hf-assistant", "medusa export", "vllm-eagle3", "vllm-peagle", "vllm-dflash", "vllm-dspark"]
+#: the vLLM table's columns
+SERVED = ["hf-assistant", "medusa", "vllm-eagle3", "vllm-peagle", "vllm-dflash", "vllm-dspark"]
 _NAME = re.compile(r"test_(plain|suffix|kind|export|serves|serves_refused|serves_on_cpu_refused|kind_trains|"
                    r"decodes_exactly_or_is_refused_up_front|exports_load_back|"
                    r"speculative_decoding_past_the_sliding_window_equals_plain)\[(.+)\]")
-KINDS = ["draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash"]
+KINDS = ["draft_lm", "medusa", "eagle", "eagle3", "peagle", "dflash", "dspark"]
 HYBRID_COLUMNS = [*KINDS, "decodes", "exports"]
 
 
@@ -110,10 +111,10 @@ def hybrid_section(cells: dict[str, dict[str, str]]) -> list[str]:
         "- **decodes**: plain decoding and each trained kind as a chain (K=3), a static tree (`2,2,1`) and a dynamic "
         "tree (`dynamic:6:3:2`): `exact`: equal to transformers' greedy `generate` token for token in fp32; "
         "`refused up front`: `decode.generate` raised one ValueError before any token, with its reason (DFlash's "
-        "trees are refused on every target: it proposes chains only).",
-        "- **exports**: each trained kind's export (hf-assistant, medusa, vllm-eagle3, vllm-peagle, vllm-dflash) "
-        "loads back (drafterkit's export loaders, transformers; Medusa's safetensors), and where the decoder "
-        "verifies the target a chain of the loaded export equals transformers' greedy `generate`.",
+        "and DSpark's trees are refused on every target: they propose chains only).",
+        "- **exports**: each trained kind's export (hf-assistant, medusa, vllm-eagle3, vllm-peagle, vllm-dflash, "
+        "vllm-dspark) loads back (drafterkit's export loaders, transformers; Medusa's safetensors), and where the "
+        "decoder verifies the target a chain of the loaded export equals transformers' greedy `generate`.",
         "- **serves in vLLM**: the table after this one.", "",
         "| family | " + " | ".join(HYBRID_COLUMNS) + " |", "|---|" + "---|" * len(HYBRID_COLUMNS), *rows, "",
         *hybrid_serving(cells),
@@ -150,8 +151,8 @@ def hybrid_serving(cells: dict[str, dict[str, str]]) -> list[str]:
         "attribute 'conv_dim'\": released LFM2 configs carry `conv_dim` and `block_dim`, which transformers does "
         "not save); Qwen3.5 stops at load (its vLLM module needs torchvision, which the venv removes) and Qwen3-Next "
         "at its first forward (Gated DeltaNet runs in bf16 only on the CPU build). No export (hf-assistant, medusa, "
-        "vllm-eagle3, vllm-peagle, vllm-dflash) is served next to any of them with identical outputs: speculative "
-        "decoding next to Qwen3-Next or a Mamba-2 or short-convolution target stops "
+        "vllm-eagle3, vllm-peagle, vllm-dflash, vllm-dspark) is served next to any of them with identical outputs: "
+        "speculative decoding next to Qwen3-Next or a Mamba-2 or short-convolution target stops "
         "at its first step in a Triton kernel vLLM's CPU build lacks (\"TypeError: 'function' object is not "
         "subscriptable\", `precopy_mamba_align_fused_kernel`, the state copy of prefix caching's 'align' mode), "
         "and with prefix caching off its outputs differ from the target's greedy decoding (vLLM's CPU "
@@ -191,11 +192,11 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "plain greedy.",
              "- **suffix**: suffix decoding (model-free, nothing to train) decodes as a chain (K=3), a static tree "
              "(`2,2,1`) and a dynamic tree (`dynamic:6:3:2`), each equal to plain greedy decoding in fp32.",
-             "- **a kind** (draft_lm, medusa, eagle, eagle3, peagle, dflash): trains 2 steps through "
+             "- **a kind** (draft_lm, medusa, eagle, eagle3, peagle, dflash, dspark): trains 2 steps through "
              "`drafterkit train`, then decodes as a chain, a static tree and a dynamic tree as above.",
              "- **an export format**: `drafterkit export` of that checkpoint loads back (hf-assistant in "
-             "transformers, vllm-eagle3 / vllm-peagle / vllm-dflash with drafterkit's export loaders, decoding "
-             "equal to plain greedy; medusa as its safetensors).",
+             "transformers, vllm-eagle3 / vllm-peagle / vllm-dflash / vllm-dspark with drafterkit's export loaders, "
+             "decoding equal to plain greedy; medusa as its safetensors).",
              "- `refused: ...`: refused up front (the recipe when validated, or serve-check before vLLM starts), "
              "with the line shown; `known failure: ...`: a strict expected failure and its cause; `FAIL`: the test "
              "failed; `not run`: no result in the run the page was made from.",
@@ -214,8 +215,11 @@ def render(cells: dict[str, dict[str, str]]) -> str:
              "target's "
              "auxiliary hidden states, which vLLM gives only for target classes implementing its SupportsEagle3 "
              "interface; it would stop at load with \"RuntimeError: Model does not support EAGLE3 interface\"). "
-             "This table needs `DRAFTERKIT_SERVING_MATRIX=full` (the script sets it; CI serves every refused cell "
-             "and one format per family, each format at least twice).", "",
+             "vLLM's CPU build refuses DSpark next to any target (its Model Runner V2 needs Triton with a GPU backend; "
+             "`drafters/kinds.py`, checked against vLLM by `tests/test_drafters_dspark.py`): serve-check says so "
+             "before vLLM starts, after the SupportsEagle3 refusal where both apply. This table needs "
+             "`DRAFTERKIT_SERVING_MATRIX=full` (the script sets it; CI serves every refused cell and one format per "
+             "family, each format it serves at least twice).", "",
              *table([f"vLLM {f}" for f in SERVED], SERVED), "",
              "Notes: vLLM serves OLMo-2 through its Transformers backend (`TransformersForCausalLM`, which implements "
              "SupportsEagle3). vLLM's `Gemma2ForCausalLM` has no `lm_head`: it takes the logits from `embed_tokens`, "

@@ -7,18 +7,21 @@ saved, exported with ``drafters.export.writers.export`` and served by vLLM 0.32 
 greedy in fp32 (``speceval.serve_parity.check_targets``): vLLM's outputs and every draft chain it proposes must equal
 drafterkit's decoder's on the same 2 prompts of 40 tokens (past the 32-token sliding window of Gemma-2, Gemma-3
 and gpt-oss) x 12 new tokens. Every served cell runs in ONE vLLM process (an engine per cell, ~5 s each on 2 cores).
-A cell drafterkit refuses before vLLM starts (``drafters.export.vllm_support``: EAGLE-3, P-EAGLE and DFlash need a
-target class with vLLM's SupportsEagle3 interface) checks that refusal's line instead.
+A cell drafterkit refuses before vLLM starts checks that refusal's one line instead (seconds, no vLLM): EAGLE-3,
+P-EAGLE, DFlash and DSpark need a target class with vLLM's SupportsEagle3 interface
+(``drafters.export.vllm_support``), and vLLM's CPU build refuses method ``dspark`` on every target
+(``drafters.kinds.ExportFormat.cpu_refusal``; ``tests/test_drafters_dspark.py`` checks vLLM itself still does).
 
 Which cells run: all of them with ``DRAFTERKIT_SERVING_MATRIX=full`` (what ``scripts/support_matrix.py`` runs
 for the page, ~5 minutes); otherwise (CI) every refused cell and :data:`CI_CELLS`, every family and every
-format at least once (~1.5 minutes). Marked ``matrix``, ``serving`` and ``slow``; skipped without the vLLM
+format it serves at least once (~1.5 minutes). Marked ``matrix``, ``serving`` and ``slow``; skipped without the vLLM
 venv (``scripts/vllm-venv.sh``) unless ``DRAFTERKIT_REQUIRE_VLLM=1``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,9 +38,10 @@ VLLM_SHAPE = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32
 #: export format -> (vLLM's method, the drafterkit kind exported)
 FORMATS = {"hf-assistant": ("draft_model", "draft_lm"), "medusa": ("medusa", "medusa"),
            "vllm-eagle3": ("eagle3", "eagle3"), "vllm-peagle": ("peagle", "peagle"),
-           "vllm-dflash": ("dflash", "dflash")}
+           "vllm-dflash": ("dflash", "dflash"), "vllm-dspark": ("dspark", "dspark")}
 PROMPT_LEN, NEW, K = 40, 12, 3
-#: the cells CI serves (one vLLM engine each): every family once and every format at least twice
+#: the cells CI serves (one vLLM engine each): every family once and every format vLLM's CPU build serves at least
+#: twice (vllm-dspark: none, every cell refused)
 CI_CELLS = [("llama3", "vllm-eagle3"), ("qwen2", "vllm-dflash"), ("qwen3", "vllm-peagle"), ("qwen3_moe", "medusa"),
             ("mistral", "vllm-eagle3"), ("gemma2", "hf-assistant"), ("gemma3", "medusa"), ("phi3", "vllm-dflash"),
             ("olmo2", "hf-assistant"), ("granite", "vllm-peagle"), ("gpt_oss", "vllm-eagle3")]
@@ -45,12 +49,15 @@ FULL = os.environ.get("DRAFTERKIT_SERVING_MATRIX") == "full"
 
 
 def _refusal(family: str, fmt: str) -> str | None:
+    """What serve-check refuses the cell with on vLLM's CPU build, in its order: a target without SupportsEagle3
+    for a drafter reading auxiliary hidden states, then a method the CPU build refuses (DSpark); None: served."""
     from drafterkit.drafters.export.vllm_support import eagle3_serve_problem
-    from drafterkit.drafters.kinds import KINDS, export_formats
+    from drafterkit.drafters.kinds import KINDS, export_format, export_formats
 
     arch, method = FAMILIES[family][1], FORMATS[fmt][0]
-    return eagle3_serve_problem(arch, KINDS[export_formats()[fmt]].with_article) \
+    aux = eagle3_serve_problem(arch, KINDS[export_formats()[fmt]].with_article) \
         if serve_parity.reads_aux_hidden(method) else None
+    return aux or export_format(fmt).cpu_refusal
 
 
 ALL = [(f, fmt) for f in FAMILIES for fmt in FORMATS]
@@ -59,13 +66,15 @@ SERVED = [c for c in ALL if c not in REFUSED and (FULL or c in CI_CELLS)]
 
 
 def make_drafter(kind: str, target):
-    """A seeded, untrained drafter of ``kind`` started from ``target`` (EAGLE-3 / P-EAGLE / DFlash with a draft
-    vocabulary of every other id, so the export's d2t mapping is exercised). DFlash's block is the shipped recipe's
-    (8: 7 mask slots) while vLLM drafts K=3, so vLLM runs the shorter block ``[bonus, mask x 3]``, and its LM head
-    rows stay random (not the target's): margins narrow enough that the trained block's drafts differ from the
-    shorter one's (Qwen2: 19 of 22 chains equal vLLM's), which drafterkit's side must run too (``mask_slots``)."""
+    """A seeded, untrained drafter of ``kind`` started from ``target`` (EAGLE-3 / P-EAGLE / DFlash / DSpark with a
+    draft vocabulary of every other id, so the export's d2t mapping is exercised). DFlash's block is the shipped
+    recipe's (8: 7 mask slots) while vLLM drafts K=3, so vLLM runs the shorter block ``[bonus, mask x 3]``, and its LM
+    head rows stay random (not the target's): margins narrow enough that the trained block's drafts differ from the
+    shorter one's (Qwen2: 19 of 22 chains equal vLLM's), which drafterkit's side must run too (``mask_slots``).
+    DSpark's block is its recipe's too (7), with a Markov head of rank 8."""
     from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
     from drafterkit.drafters.draft_lm import DraftLM
+    from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter
     from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
     from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
     from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
@@ -77,10 +86,10 @@ def make_drafter(kind: str, target):
     if kind == "medusa":
         return MedusaDrafter(MedusaConfig.from_target(target, num_heads=K), target=target)
     config, cls = {"eagle3": (Eagle3Config, Eagle3Drafter), "peagle": (PEagleConfig, PEagleDrafter),
-                   "dflash": (DFlashConfig, DFlashDrafter)}[kind]
-    extra = {"block_size": 8} if kind == "dflash" else {}
+                   "dflash": (DFlashConfig, DFlashDrafter), "dspark": (DSparkConfig, DSparkDrafter)}[kind]
+    extra = {"dflash": {"block_size": 8}, "dspark": {"block_size": 7, "markov_rank": 8}}.get(kind, {})
     drafter = cls(config.from_target(target, draft_vocab_size=vocab // 2, **extra), target=target)
-    drafter.set_draft_vocab(torch.arange(vocab // 2) * 2, target=None if kind == "dflash" else target)
+    drafter.set_draft_vocab(torch.arange(vocab // 2) * 2, target=None if kind in ("dflash", "dspark") else target)
     return drafter
 
 
@@ -135,10 +144,21 @@ def test_serves(served, family, fmt, record_property):
 
 @pytest.mark.parametrize("family,fmt", REFUSED, ids=[f"{f}-{fmt}" for f, fmt in REFUSED])
 def test_serves_refused(tmp_path, family, fmt, record_property):
-    """drafterkit refuses the cell before vLLM starts (``drafterkit serve-check`` exits 2 with the line)."""
+    """drafterkit refuses the cell before vLLM starts (``drafterkit serve-check`` exits 2 with the line). The venv is
+    a stand-in of vLLM's CPU build (its marker, this python, no vLLM): serve-check reads which build it is from the
+    marker, and a refusal that came after vLLM started would be vLLM's import error here, not the line."""
+    from drafterkit.drafters.export.vllm_support import VLLM_VERSION
+    from drafterkit.speceval.serve_refusals import MARKER
+
+    venv = tmp_path / "vllm-cpu"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / MARKER).write_text(f"vllm-cpu=={VLLM_VERSION}: vllm {VLLM_VERSION}, torch {torch.__version__}")
     folder, ((out, _),) = _prepare(tmp_path, family, [fmt])
     with pytest.raises(serve_parity.ServeCheckError) as info:
-        serve_parity.check_targets([(folder, [(out, None)])], venv=tmp_path / "no-venv")
-    line = str(info.value)
-    assert FAMILIES[family][1] in line and "SupportsEagle3" in line, line
-    record_property("cell", "refused: " + line.split(": ", 1)[1].split("; serve-check")[0])
+        serve_parity.check_targets([(folder, [(out, None)])], venv=venv)
+    line, reason = str(info.value), _refusal(family, fmt)
+    assert "\n" not in line and line.startswith(f"{out}: {reason}; "), line
+    if "SupportsEagle3" in reason:
+        assert FAMILIES[family][1] in reason, reason
+    record_property("cell", f"refused: {reason}")

@@ -35,7 +35,10 @@ def test_cells_from_junit_include_the_vllm_suffix_and_peagle_columns(tmp_path):
         _case("test_suffix[qwen3_moe]", "pass"), _case("test_kind[qwen3-peagle]", "pass"),
         _case("test_export[qwen3-vllm-peagle]", "pass"), _case("test_kind_trains[qwen3_5-eagle3]", "trains"),
         _case("test_decodes_exactly_or_is_refused_up_front[lfm2]", "exact: 7 of 7 chains"),
-        _case("test_serves_on_cpu_refused[nemotron_h]", "refused: vLLM's CPU build cannot decode it speculatively")])
+        _case("test_serves_on_cpu_refused[nemotron_h]", "refused: vLLM's CPU build cannot decode it speculatively"),
+        _case("test_serves_refused[qwen3-vllm-dspark]", "refused: vLLM 0.32 runs DSpark"),
+        _case("test_kind[qwen3-dspark]", "pass (chains; trees refused: dspark proposes chains only)"),
+        _case("test_export[qwen3-vllm-dspark]", "pass")])
         + "</testsuite></testsuites>")
     (tmp_path / "b.xml").write_text("<testsuites><testsuite>" + _case("test_serves[qwen3-vllm-peagle]", "pass (rerun)")
                                     + "</testsuite></testsuites>")
@@ -47,10 +50,11 @@ def test_cells_from_junit_include_the_vllm_suffix_and_peagle_columns(tmp_path):
     assert sm.read_cells([tmp_path / "a.xml", tmp_path / "b.xml"])["qwen3"]["vLLM vllm-peagle"] == "pass (rerun)"
     assert cells["qwen3_5"]["eagle3"] == "trains" and cells["lfm2"]["decodes"] == "exact: 7 of 7 chains"
     assert cells["nemotron_h"]["vLLM for CPU"].startswith("refused: vLLM's CPU build")
+    assert cells["qwen3"]["vLLM vllm-dspark"] == "refused: vLLM 0.32 runs DSpark"
+    assert cells["qwen3"]["vllm-dspark"] == "pass" and cells["qwen3"]["dspark"].endswith("proposes chains only)")
     page = sm.render(cells)
     assert "## Serves in vLLM" in page and "| gemma2 | pass (chains 20/20) |" in page
-    assert "| lfm2 | not run | not run | not run | not run | not run | not run | exact: 7 of 7 chains | not run |" \
-        in page
+    assert "| lfm2 | " + "not run | " * len(sm.KINDS) + "exact: 7 of 7 chains | not run |" in page
     assert "| nemotron_h | refused: vLLM's CPU build cannot decode it speculatively |" in page
     assert "| lfm2 | not run |" in page  # the hybrid serving table's row
 

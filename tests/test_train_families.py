@@ -29,7 +29,7 @@ from families import FAMILIES, family_prompts, one_thread, save_family  # noqa: 
 from drafterkit.cli import main
 from drafterkit.decode import generate
 
-pytestmark = pytest.mark.matrix  # ~110 tests, minutes on 2 cores: `-m "not matrix"` leaves them out
+pytestmark = pytest.mark.matrix  # ~165 tests, minutes on 2 cores: `-m "not matrix"` leaves them out
 
 KIND_OPTIONS = {  # tiny, 2 steps: what each kind trains here
     "draft_lm": {"init": "truncated", "num_layers": 1},
@@ -38,11 +38,13 @@ KIND_OPTIONS = {  # tiny, 2 steps: what each kind trains here
     "eagle3": {"draft_vocab_size": 64, "ttt_steps": 2},
     "peagle": {"draft_vocab_size": 64, "num_depths": 3},
     "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},
+    "dspark": {"block_size": 4, "num_layers": 1, "num_anchors": 4, "markov_rank": 8},
 }
 EXPORTS = {"draft_lm": ["hf-assistant"], "medusa": ["medusa"], "eagle": [], "eagle3": ["vllm-eagle3"],
-           "peagle": ["vllm-peagle"], "dflash": ["vllm-dflash"]}
+           "peagle": ["vllm-peagle"], "dflash": ["vllm-dflash"], "dspark": ["vllm-dspark"]}
 REFUSED: dict[tuple[str, str], str] = {}  # (family, kind) -> the refusal its recipe check gives
-CHAINS_ONLY = {"dflash": r"dflash (proposes chains only|cannot)"}  # kinds refusing tree drafts, and what they say
+#: kinds refusing tree drafts, and what they say
+CHAINS_ONLY = {"dflash": r"dflash (proposes chains only|cannot)", "dspark": r"dspark (proposes chains only|cannot)"}
 NEW = 10  # new tokens per prompt
 CHATS = [(f"question {i}: list the days of the week", f"answer {i}: Monday, Tuesday, Wednesday.") for i in range(6)]
 
@@ -171,7 +173,7 @@ def test_export(home, world, trained, family, fmt, record_property):
     vLLM's names and a config that describes them."""
     from transformers import AutoModelForCausalLM
 
-    from drafterkit.drafters.export.writers import export, load_dflash_export, load_eagle3_export, load_peagle_export
+    from drafterkit.drafters.export import writers
 
     kind = next(k for k, fmts in EXPORTS.items() if fmt in fmts)
     if (family, kind) in REFUSED:
@@ -180,13 +182,11 @@ def test_export(home, world, trained, family, fmt, record_property):
     folder, target, plain = world(family)
     rc, err, ckpt = trained(family, kind)
     assert rc == 0, err
-    out = export(ckpt, fmt, home / "exports" / f"{family}-{fmt}", target=str(folder))
-    if fmt == "vllm-eagle3":
-        drafter = load_eagle3_export(out, target)
-    elif fmt == "vllm-peagle":
-        drafter = load_peagle_export(out, target)
-    elif fmt == "vllm-dflash":
-        drafter = load_dflash_export(out, target)
+    out = writers.export(ckpt, fmt, home / "exports" / f"{family}-{fmt}", target=str(folder))
+    loaders = {"vllm-eagle3": writers.load_eagle3_export, "vllm-peagle": writers.load_peagle_export,
+               "vllm-dflash": writers.load_dflash_export, "vllm-dspark": writers.load_dspark_export}
+    if fmt in loaders:
+        drafter = loaders[fmt](out, target)
     elif fmt == "hf-assistant":
         drafter = AutoModelForCausalLM.from_pretrained(out).eval()
     else:  # medusa: the layout serving engines read; drafterkit decodes from its own checkpoint

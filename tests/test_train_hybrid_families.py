@@ -37,13 +37,15 @@ KIND_OPTIONS = {  # tiny, 2 steps; the EAGLE-3-layout heads over the whole 320-t
     "eagle3": {"ttt_steps": 2},
     "peagle": {"num_depths": 3},
     "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},
+    "dspark": {"block_size": 4, "num_layers": 1, "num_anchors": 4, "markov_rank": 8},
 }
 #: a truncated draft LM reaches the family's first attention layer (all-recurrent first layers are refused)
 DRAFT_LM_LAYERS = {"qwen3_5": 3, "qwen3_5_moe": 3, "qwen3_next": 3, "nemotron_h": 2, "granite_h": 2, "lfm2": 3,
                    "lfm2_moe": 3, "jamba": 2, "bamba": 2, "zamba2": 2}
 CHATS = [(f"question {i}: list the days of the week", f"answer {i}: Monday, Tuesday, Wednesday.") for i in range(6)]
 NO_EVAL = {"every": 0, "at_end": False, "k": 2}
-CHAINS_ONLY = ("tree drafts need", "dynamic trees need")  # decode's refusal of DFlash's trees
+CHAINS_ONLY = ("tree drafts need", "dynamic trees need")  # decode's refusal of DFlash's and DSpark's trees
+CHAIN_KINDS = ("dflash", "dspark")  # the kinds that propose chains only (drafters.kinds: trees=False)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +140,7 @@ def test_kind_trains(home, family, kind, capsys, record_property):
     report, out, recipe = _train_cli(home, family, kind, capsys)
     _check_trained(recipe, report)
     fresh = [line for line in out.splitlines() if "start fresh" in line]
-    if family in FRESH and kind in ("eagle", "eagle3", "peagle", "dflash"):
+    if family in FRESH and kind in ("eagle", "eagle3", "peagle", *CHAIN_KINDS):
         # one line naming the kind, the layer class found without attention to copy, the family and the option
         (line,) = fresh
         assert all(w in line for w in (f"the {kind} drafter", FRESH[family], f"this {family} target",
@@ -153,8 +155,8 @@ def test_kind_trains(home, family, kind, capsys, record_property):
 def test_decodes_exactly_or_is_refused_up_front(home, family, capsys, record_property):
     """Plain decoding and each trained kind as a chain (K=3), a static and a dynamic tree: equal to transformers'
     greedy generate token for token, or refused by ``decode.generate`` before any token with one ValueError (a
-    recurrent target the decoder does not roll back; trees on one it rolls back; DFlash's trees). Records what
-    decodes and what is refused."""
+    recurrent target the decoder does not roll back; trees on one it rolls back; DFlash's and DSpark's trees).
+    Records what decodes and what is refused."""
     from families import family_prompts
 
     from drafterkit.decode import generate
@@ -174,7 +176,7 @@ def test_decodes_exactly_or_is_refused_up_front(home, family, capsys, record_pro
             except ValueError as exc:  # decode's refusals name the recurrent layers or the chains-only kind
                 if "recurrent" not in str(exc) and not str(exc).startswith(CHAINS_ONLY):
                     raise
-                refused.setdefault(str(exc).split(":")[0] if kind == "dflash" else str(exc), []).append(
+                refused.setdefault(str(exc).split(":")[0] if kind in CHAIN_KINDS else str(exc), []).append(
                     f"{kind or 'plain'} {tree or 'chain'}")
                 continue
             assert got == ref, (kind, tree)
@@ -187,12 +189,12 @@ def test_decodes_exactly_or_is_refused_up_front(home, family, capsys, record_pro
     if reasons:
         cell += f"; refused up front: {len(sum(refused.values(), []))} ({' / '.join(reasons)})"
     record_property("cell", cell)
-    if family not in HYBRID_RECURRENT:  # attention throughout: everything decodes (DFlash drafts chains only)
-        assert len(done) == 1 + 3 * len(KIND_OPTIONS) - 2, refused
+    if family not in HYBRID_RECURRENT:  # attention throughout: everything decodes (DFlash, DSpark: chains only)
+        assert len(done) == 1 + 3 * len(KIND_OPTIONS) - 2 * len(CHAIN_KINDS), refused
 
 
 EXPORTS = {"draft_lm": "hf-assistant", "medusa": "medusa", "eagle3": "vllm-eagle3", "peagle": "vllm-peagle",
-           "dflash": "vllm-dflash"}
+           "dflash": "vllm-dflash", "dspark": "vllm-dspark"}
 
 
 @pytest.mark.parametrize("family", PER_FAMILY)
@@ -204,7 +206,8 @@ def test_exports_load_back(home, family, capsys, record_property):
     from transformers import AutoModelForCausalLM
 
     from drafterkit.decode import generate
-    from drafterkit.drafters.export.writers import export, load_dflash_export, load_eagle3_export, load_peagle_export
+    from drafterkit.drafters.export.writers import (export, load_dflash_export, load_dspark_export, load_eagle3_export,
+                                                    load_peagle_export)
     from families import family_prompts
 
     target, _ = build_hybrid(family)
@@ -212,7 +215,7 @@ def test_exports_load_back(home, family, capsys, record_property):
     ref = [target.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, eos_token_id=None,
                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
     loaders = {"vllm-eagle3": load_eagle3_export, "vllm-peagle": load_peagle_export,
-               "vllm-dflash": load_dflash_export}
+               "vllm-dflash": load_dflash_export, "vllm-dspark": load_dspark_export}
     loaded, exact = [], []
     for kind, fmt in EXPORTS.items():
         ckpt = trained(home, family, kind, capsys)
