@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from drafterkit.decode import attention, compact, fused
+from drafterkit.decode import attention, compact, few_rows, fused
 from drafterkit.decode.compact import rms, rotate
 
 #: ``decode.generate`` runs the target's passes compiled while True; set it with :class:`compiled_mode`
@@ -102,16 +102,46 @@ def _weight(*linears: nn.Linear) -> tuple[nn.Parameter, nn.Parameter | None]:
             nn.Parameter(b, requires_grad=False) if b is not None else None)
 
 
+class Linear(nn.Module):
+    """A linear layer of a compiled graph from its own copy of one or more layers' weights (concatenated: merged
+    projections): ``x [..., in] -> [..., out]``. A bf16 pass of at most :data:`decode.few_rows.ROWS` rows (a decoding
+    step, a chain's verification pass, a drafting step) runs :func:`decode.few_rows.linear` on a packed copy where
+    that kernel runs (:func:`decode.few_rows.available`), every other pass ATen's ``linear``."""
+
+    def __init__(self, *linears: nn.Linear):
+        super().__init__()
+        self.weight, self.bias = _weight(*linears)
+        w = self.weight
+        fits = w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.shape[1] % 2 == 0
+        self.packed = nn.Parameter(few_rows.pack(w.detach()), requires_grad=False) \
+            if fits and few_rows.available() else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.numel() <= few_rows.ROWS * x.shape[-1]:
+            return few_rows.linear(x, self.packed, self.bias, self.weight.shape[0])
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+def few_row_linears(module: nn.Module) -> nn.Module:
+    """``module`` with each plain ``nn.Linear`` inside replaced by a :class:`Linear` of its weights, in place (for a
+    copy a compiled graph runs: ``drafters/heads/compiled_steps.py``); returns it."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and not child._forward_hooks and not child._forward_pre_hooks:
+                setattr(parent, name, Linear(child))
+    return module
+
+
 class _Layer(nn.Module):
     """One decoder layer's weights: merged q/k/v and gate/up projections, norms (Qwen3's q/k norms too)."""
 
     def __init__(self, layer: nn.Module):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv, self.qkv_bias = _weight(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.o, self.o_bias = _weight(attn.o_proj)
-        self.gate_up, _ = _weight(mlp.gate_proj, mlp.up_proj)
-        self.down, _ = _weight(mlp.down_proj)
+        self.qkv = Linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o = Linear(attn.o_proj)
+        self.gate_up = Linear(mlp.gate_proj, mlp.up_proj)
+        self.down = Linear(mlp.down_proj)
         self.ln1 = nn.Parameter(layer.input_layernorm.weight.detach().clone(), requires_grad=False)
         self.ln2 = nn.Parameter(layer.post_attention_layernorm.weight.detach().clone(), requires_grad=False)
         norms = hasattr(attn, "q_norm")
@@ -135,7 +165,7 @@ class _Passes(nn.Module):
         self.eps = body.norm.variance_epsilon
         if type(model.lm_head) is not nn.Linear or compact._hooked(model.lm_head):  # its weight is not all it does
             raise TypeError("the LM head is not a plain nn.Linear without hooks")
-        self.head, self.head_bias = _weight(model.lm_head)
+        self.head = Linear(model.lm_head)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 keys: list[torch.Tensor], values: list[torch.Tensor], hidden: bool, keep: int):
@@ -147,7 +177,7 @@ class _Passes(nn.Module):
         states = [h] if hidden else []
         for i, lay in enumerate(self.layers):
             d, hq, hkv = lay.head_dim, lay.heads, lay.kv_heads
-            y = torch.nn.functional.linear(rms(h, lay.ln1, lay.eps), lay.qkv, lay.qkv_bias)
+            y = lay.qkv(rms(h, lay.ln1, lay.eps))
             q = y[..., : hq * d].view(b, m, hq, d)
             k = y[..., hq * d: (hq + hkv) * d].view(b, m, hkv, d)
             v = y[..., (hq + hkv) * d:].view(b, m, hkv, d).transpose(1, 2)
@@ -163,17 +193,16 @@ class _Passes(nn.Module):
             out = torch.nn.functional.scaled_dot_product_attention(qg, keys[i], values[i], attn_mask=mg,
                                                                    scale=lay.scaling)
             out = out.reshape(b, hq, m, d).transpose(1, 2).reshape(b, m, hq * d)
-            h = h + torch.nn.functional.linear(out, lay.o, lay.o_bias)
-            gu = torch.nn.functional.linear(rms(h, lay.ln2, lay.eps), lay.gate_up)
-            h = h + torch.nn.functional.linear(torch.nn.functional.silu(gu[..., : lay.inter]) * gu[..., lay.inter:],
-                                               lay.down)
+            h = h + lay.o(out)
+            gu = lay.gate_up(rms(h, lay.ln2, lay.eps))
+            h = h + lay.down(torch.nn.functional.silu(gu[..., : lay.inter]) * gu[..., lay.inter:])
             if hidden:
                 states.append(h)
         h = rms(h, self.norm, self.eps)
         if hidden:
             states[-1] = h
         kept = h[:, -keep:] if keep else h
-        return torch.nn.functional.linear(kept, self.head, self.head_bias), states
+        return self.head(kept), states
 
 
 def _passes(model: nn.Module):
@@ -195,11 +224,13 @@ def _fail(model: nn.Module, exc: BaseException, table: weakref.WeakKeyDictionary
           f"{str(exc).splitlines()[0] if str(exc) else ''}); its passes run uncompiled", file=sys.stderr)
 
 
-def _options(one_row: bool):
-    """The patches every compiled call runs under: inductor's options for its row count, dynamo's recompile limit
-    and no duck shapes (sizes equal at trace time stay distinct symbols)."""
+def _options(one_row: bool, dtype: torch.dtype):
+    """The patches every compiled call runs under: inductor's options (:data:`INDUCTOR_ONE_ROW` for one row unless
+    its linear layers run :mod:`decode.few_rows`' kernel), dynamo's recompile limit and no duck shapes (sizes equal at
+    trace time stay distinct symbols)."""
+    timed = one_row and not (dtype == torch.bfloat16 and few_rows.available())
     stack = ExitStack()
-    stack.enter_context(torch._inductor.config.patch(INDUCTOR_ONE_ROW if one_row else INDUCTOR))
+    stack.enter_context(torch._inductor.config.patch(INDUCTOR_ONE_ROW if timed else INDUCTOR))
     stack.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILES))
     stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))
     return stack
@@ -226,7 +257,7 @@ def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row:
     if _modules[owner] is None:
         return None
     try:
-        with _options(one_row):
+        with _options(one_row, next(owner.parameters()).dtype):
             return _modules[owner][1](*args)
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager code, said once
         _fail(owner, exc, _modules)
@@ -294,7 +325,7 @@ def compiled_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
         # every (batch 1 or more) x (1 token or more) x (mask or none) x (hidden states or not) is its own graph
         # (dynamo specializes sizes 0 and 1), over every model compiled in the process: the limit counts them all
         # no duck shapes: sizes equal at trace time (a pass's g * m rows and the cache's length) stay distinct symbols
-        with _options(input_ids.shape[0] == 1 and m == 1):
+        with _options(input_ids.shape[0] == 1 and m == 1, h.dtype):
             logits, states = fn(h, cos[:, None], sin[:, None], mask, keys, values, bool(output_hidden_states),
                                 min(int(logits_to_keep), m))
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager forward, said once

@@ -30,6 +30,7 @@ class HeadPass(nn.Module):
         self.head = copy.deepcopy(head)
         for module in self.head.modules():  # the engine's per-decode layer swaps (decode.fused) are not copied
             module.__dict__.pop("forward", None)
+        compiled.few_row_linears(self.head)  # a few rows' bf16 GEMMs through decode.few_rows' kernel
         self.head.reset(0)
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past,
