@@ -137,9 +137,9 @@ class EvalConfig:
         "decoding at near-ties: the report then counts them and gives the speed over the texts that did not "
         "diverge")})
     compile: bool = field(default=False, metadata={"help": (
-        "compile the target's passes with torch.compile (decode.compiled_mode: Llama-layout targets on a CPU; "
-        "the first pass of each shape compiles, tens of seconds on 2 cores, before the timed prompts); needs "
-        "--no-exact, whose fast path it compiles")})
+        "compile the target's passes, and an EAGLE or EAGLE-3 head's drafting passes, with torch.compile "
+        "(decode.compiled_mode: Llama-layout targets on a CPU; every graph compiles before the timed prompts, "
+        "tens of seconds each on 2 cores); needs --no-exact, whose fast path it compiles")})
     seed: int = field(default=0, metadata={"help": "sampling seed; prompt i uses seed + i"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
         "help": f"comma-separated subset of {','.join(BASELINES)} (default: all). hf-assisted rows exist for prompt "

@@ -88,7 +88,7 @@ def test_the_support_matrix_quotes_the_refusal_as_serve_check_says_it():
         arch = re.search(r"for a (\w+) target", cell).group(1)
         expected = eagle3_serve_problem(arch, KINDS[export_formats()[fmt]].with_article)
         assert cell == expected, (fmt, cell, expected)
-    assert {fmt for fmt, _ in cells} == {"vllm-eagle3", "vllm-peagle", "vllm-dflash"}
+    assert {fmt for fmt, _ in cells} == {"vllm-eagle3", "vllm-peagle", "vllm-dflash", "vllm-dspark"}
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
