@@ -45,6 +45,7 @@ from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.drafters.base import card_head
 from drafterkit.drafters.dflash import select_parallel
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.heads.compiled_steps import warm_up
 from drafterkit.drafters.heads.feature_head import trim_kv
 from drafterkit.drafters.heads.layers import causal_mask
 
@@ -72,7 +73,6 @@ class PEagleDrafter(Eagle3Drafter):
 
     kind = "peagle"
     config_class = PEagleConfig
-    compiled_steps = False  # its one drafting pass runs eager, in the engine's fused linear layers
 
     def __init__(self, config: PEagleConfig, target: nn.Module | None = None):
         super().__init__(config, target=target)
@@ -119,16 +119,21 @@ class PEagleDrafter(Eagle3Drafter):
 
     # --- decoding ------------------------------------------------------------------------------------
     def _outputs(self, rows: list[int], state: DecodeState, k: int) -> torch.Tensor:
-        """Head outputs for draft positions ``1..k`` of the decoder rows ``rows`` ``[R, k, H]``: per row ONE pass of
-        the layer stack over the real positions new since its cache and ``k - 1`` masked positions (rows needing the
-        same range run batched); caches the real keys/values only."""
+        """Head outputs for draft positions ``1..k`` of the decoder rows ``rows`` ``[R, k, H]`` (:meth:`_drafted`)."""
+        return self._drafted(rows, state, k)[0]
+
+    def _drafted(self, rows: list[int], state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head outputs ``[R, k, H]`` and draft logits ``[R, k, N]`` for draft positions ``1..k`` of the decoder rows
+        ``rows``: per row ONE pass (:meth:`_pass`, compiled in ``decode.compiled_mode``) of the layer stack over the
+        real positions new since its cache and ``k - 1`` masked positions (rows needing the same range run batched);
+        caches the real keys/values only."""
         dev, dt = self.embed.weight.device, self._dtype()
         groups: dict[tuple[int, int], list[int]] = {}
         for b in rows:
             n, cache = len(state.tokens[b]), self._caches[b]
             valid = 0 if cache is None else max(0, min(cache["real"], state.num_stable[b] - 1))
             groups.setdefault((valid, n), []).append(b)
-        outs: dict[int, torch.Tensor] = {}
+        outs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         m_ids, m_hid = self.mask_inputs((k - 1,), dt)
         for (valid, n), group in groups.items():
             past = None if valid == 0 else tuple(  # per layer: the group's rows' caches cut to `valid`, stacked
@@ -140,15 +145,24 @@ class PEagleDrafter(Eagle3Drafter):
             hid = torch.stack([torch.cat([self.real_input(state.features[b][valid:n - 1].to(dev, dt)), m_hid])
                                for b in group])  # [G, fresh + k - 1, H]
             pos = torch.arange(valid, n - 2 + k, device=dev)[None].expand(len(group), -1)
-            out, kv = self._layer(ids, hid, pos, causal_mask(ids.shape[1], valid, dev), past)
+            # the logits of the last real position's output and the masked ones' (only the masked ones' when the
+            # cache holds the last real output already)
+            out, kv, logits = self._pass(ids, hid, pos, causal_mask(ids.shape[1], valid, dev), past,
+                                         keep=k if fresh > 0 else 0)
             for g, b in enumerate(group):
                 if fresh > 0:  # every layer's keys/values of the real positions only
                     self._caches[b] = {"kv": tuple((k[g:g + 1, :, :n - 1], v[g:g + 1, :, :n - 1]) for k, v in kv),
-                                       "real": n - 1, "last": out[g:g + 1, fresh - 1]}
-                    outs[b] = out[g, fresh - 1:]
+                                       "real": n - 1, "last": out[g:g + 1, fresh - 1], "logits": logits[g:g + 1, 0]}
+                    outs[b] = out[g, fresh - 1:], logits[g]
                 else:  # nothing new: the cached output drafts position 1
-                    outs[b] = torch.cat([self._caches[b]["last"], out[g]])
-        return torch.stack([outs[b] for b in rows])
+                    cached = self._caches[b]
+                    outs[b] = torch.cat([cached["last"], out[g]]), torch.cat([cached["logits"], logits[g]])
+        return torch.stack([outs[b][0] for b in rows]), torch.stack([outs[b][1] for b in rows])
+
+    def warm_up_compiled(self, k: int = 5) -> None:
+        """Compile the drafting graphs a batch-1 decode of chains (and trees) of ``k`` draft tokens uses: a first
+        pass (no cache), later passes of one and of several new real positions, and one with none (``_drafted``)."""
+        warm_up(self, ((k + 3, False, k), (k, False, k), (k + 2, False, k), (k - 1, False, 0)))
 
     def _row_logits(self, state: DecodeState, k: int) -> tuple[list[int], torch.Tensor | None]:
         """The rows that can draft (active, >= 2 tokens) and their draft-vocabulary logits ``[R, k, N]``."""
@@ -160,7 +174,7 @@ class PEagleDrafter(Eagle3Drafter):
         if not rows:
             return rows, None
         with torch.no_grad():
-            return rows, self.draft_logits(self._outputs(rows, state, k)).float()  # [R, k, N]
+            return rows, self._drafted(rows, state, k)[1].float()  # [R, k, N]
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:

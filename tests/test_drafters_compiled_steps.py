@@ -2,9 +2,10 @@
 
 On a tiny seeded EAGLE-3 head (two layers, a reduced draft vocabulary) over the tests' GQA Llama, in fp32: a first
 catch-up, a chain's drafting step and a tree level give the same outputs, keys/values and draft logits compiled and
-eager; greedy decodes (a chain, a static tree, a dynamic tree) give the same tokens; a decode in compiled mode
-leaves the head out of the engine's fused layers (its graph freezes its own); changed weights rebuild the graph;
-:func:`decode.warm.warm_up_proposer` compiles every graph a batch-1 decode uses. Compiling takes tens of seconds.
+eager; greedy decodes (a chain, a static tree, a dynamic tree) give the same tokens, for the EAGLE-3 head and a
+P-EAGLE head (one drafting pass per round); a decode in compiled mode leaves the head out of the engine's fused
+layers (its graph freezes its own); changed weights rebuild the graph; :func:`decode.warm.warm_up_proposer` compiles
+every graph a batch-1 decode uses. Compiling takes tens of seconds.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from drafterkit.decode import compiled, warm
 from drafterkit.decode.inputs import proposer_modules
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters.heads.layers import causal_mask
+from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 
 PROMPTS = [[5, 9, 11, 4, 7, 5, 9, 11, 4]]
 DECODES = (None, "2,1", "dynamic:4:2:2")
 
 
-def world(seed: int = 6):
+def world(seed: int = 6, kind: str = "eagle3"):
     target = tiny_llama(seed, hidden_size=64, heads=4, kv_heads=2, layers=2)
     torch.manual_seed(seed)
-    head = Eagle3Drafter(Eagle3Config.from_target(target, draft_vocab_size=48, num_layers=2), target).eval()
+    config, cls = (Eagle3Config, Eagle3Drafter) if kind == "eagle3" else (PEagleConfig, PEagleDrafter)
+    head = cls(config.from_target(target, draft_vocab_size=48, num_layers=2), target).eval()
     head.set_draft_vocab(torch.arange(48) * 2, target)
     return target, head
 
@@ -93,16 +96,30 @@ def test_changed_weights_rebuild_the_graph():
 
 
 @pytest.mark.slow
-def test_warm_up_compiles_every_drafting_graph_a_batch_one_decode_uses():
+def test_a_peagle_head_decodes_compiled_as_eager():
+    target, head = world(9, "peagle")
+    for tree in (None, "2,1"):
+        outs = {}
+        for on in (False, True):
+            with decode.compiled_mode(on):
+                outs[on] = decode.generate(target, PROMPTS, max_new_tokens=16, drafter=head, num_draft_tokens=5,
+                                           tree=tree).sequences
+        assert outs[True] == outs[False], tree
+    assert compiled._modules[head] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,k", [("eagle3", 3), ("peagle", 5)])
+def test_warm_up_compiles_every_drafting_graph_a_batch_one_decode_uses(kind, k):
     from torch._dynamo.utils import counters
 
-    target, head = world(8)
+    target, head = world(8, kind)
     with decode.compiled_mode():
         warm.warm_up(target, (True,))
         assert warm.warm_up_proposer(head) > 0
         before = dict(counters["frames"])
-        for tree in DECODES:
+        for tree in DECODES if kind == "eagle3" else (None,):
             for prompt in (PROMPTS[0], PROMPTS[0][:2], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]):
-                decode.generate(target, [prompt], max_new_tokens=12, drafter=head, num_draft_tokens=3, tree=tree)
+                decode.generate(target, [prompt], max_new_tokens=12, drafter=head, num_draft_tokens=k, tree=tree)
         assert dict(counters["frames"]) == before  # nothing compiled while decoding
     assert warm.warm_up_proposer(head) < 0.5  # compiled mode off: nothing to compile

@@ -57,16 +57,22 @@ def head_pass(head: nn.Module, ids: torch.Tensor, hidden: torch.Tensor, position
     Returns:
         ``(out [B, m, H], per-layer (k, v) [B, n_kv, S, d], logits [B, keep or m, V'])``.
     """
-    if ids.device.type != "cpu" or not getattr(head, "compiled_steps", False):
+    if ids.device.type != "cpu" or not ids.shape[1] or not getattr(head, "compiled_steps", False):
         return None
     return compiled.module_call(head, lambda: HeadPass(head), ids, hidden, positions, mask, past, bool(real),
                                 int(keep), one_row=ids.shape[0] * ids.shape[1] == 1)
 
 
-def warm_up(head: nn.Module) -> None:
+#: the drafting passes of a batch-1 decode of an EAGLE-family head, after a first catch-up (4 real positions, no
+#: cache yet): later catch-ups of one and of several accepted positions, a chain's drafting step, tree levels of one
+#: and of several nodes; each ``(positions, real, keep)`` as :func:`head_pass` takes them
+CHAIN_AND_TREE = ((4, True, 1), (1, True, 1), (3, True, 1), (1, False, 1), (1, False, 0), (3, False, 0))
+
+
+def warm_up(head: nn.Module, passes=CHAIN_AND_TREE) -> None:
     """Compile every graph a batch-1 decode of ``head`` uses (``decode.warm.warm_up_proposer`` calls it before
-    anything is timed): a first catch-up (no cache yet), later catch-ups of one and of several accepted positions, a
-    chain's drafting step, and tree levels of one and of several nodes. Inputs are zeros of the decode's shapes."""
+    anything is timed): ``passes`` of ``(positions, real, keep)``, the first without a cache, the others over the
+    cache it left. Inputs are zeros of the decode's shapes."""
     p = next(head.parameters())
     hidden, width = head.config.hidden_size, len(head.feature_layers) * head.config.hidden_size
 
@@ -78,6 +84,6 @@ def warm_up(head: nn.Module) -> None:
         return head._pass(ids, feats, torch.arange(s, s + m, device=p.device)[None], mask, past, real=real, keep=keep)
 
     with torch.inference_mode():
-        _, past, _ = run(4, None, True, 1)
-        for m, real, keep in ((1, True, 1), (3, True, 1), (1, False, 1), (1, False, 0), (3, False, 0)):
+        _, past, _ = run(*passes[0][:1], None, *passes[0][1:])
+        for m, real, keep in passes[1:]:
             run(m, past, real, keep)
