@@ -22,6 +22,12 @@ from drafterkit.drafters.heads.layers import causal_mask
 from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 
 PROMPTS = [[5, 9, 11, 4, 7, 5, 9, 11, 4]]
+
+#: a strict expected failure until the head's graphs stop compiling again inside a decode
+RECOMPILES = pytest.mark.xfail(strict=True, reason=(
+    "known defect: in a decode the head's drafting graph compiles again for cut-back caches and pass sizes the "
+    "warm-up's graphs should serve (dynamo guard failures on past's strides and ids' sizes; TORCH_LOGS=recompiles "
+    "shows them), so eval --compile times compiles"))
 DECODES = (None, "2,1", "dynamic:4:2:2")
 
 
@@ -109,17 +115,36 @@ def test_a_peagle_head_decodes_compiled_as_eager():
 
 
 @pytest.mark.slow
+@RECOMPILES
 @pytest.mark.parametrize("kind,k", [("eagle3", 3), ("peagle", 5)])
 def test_warm_up_compiles_every_drafting_graph_a_batch_one_decode_uses(kind, k):
-    from torch._dynamo.utils import counters
-
     target, head = world(8, kind)
     with decode.compiled_mode():
         warm.warm_up(target, (True,))
         assert warm.warm_up_proposer(head) > 0
-        before = dict(counters["frames"])
-        for tree in DECODES if kind == "eagle3" else (None,):
-            for prompt in (PROMPTS[0], PROMPTS[0][:2], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]):
-                decode.generate(target, [prompt], max_new_tokens=12, drafter=head, num_draft_tokens=k, tree=tree)
-        assert dict(counters["frames"]) == before  # nothing compiled while decoding
+        with torch._dynamo.config.patch(error_on_recompile=True):  # a compile now fails the graph: eager from then
+            for tree in DECODES if kind == "eagle3" else (None,):
+                for prompt in (PROMPTS[0], PROMPTS[0][:2], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]):
+                    decode.generate(target, [prompt], max_new_tokens=12, drafter=head, num_draft_tokens=k, tree=tree)
+        assert compiled._modules[head] is not None  # nothing compiled while decoding
     assert warm.warm_up_proposer(head) < 0.5  # compiled mode off: nothing to compile
+
+
+@pytest.mark.slow
+@RECOMPILES
+def test_a_cut_back_cache_and_a_row_of_a_wider_output_reuse_the_warm_graphs():
+    """A decode hands the head views: its cache cut back after rejected drafts (a view into the longer cache) and the
+    last row of a pass's output; their strides are not a new tensor's, and must not compile the graphs again."""
+    _, head = world(10)
+    width = 3 * head.config.hidden_size
+    with decode.compiled_mode(), torch.inference_mode():
+        assert warm.warm_up_proposer(head) > 0
+        with torch._dynamo.config.patch(error_on_recompile=True):  # a compile now fails the graph: eager from then
+            _, past, _ = head._pass(torch.ones(1, 9, dtype=torch.long), torch.zeros(1, 9, width),
+                                    torch.arange(9)[None], causal_mask(9, 0), None, real=True)
+            cut = tuple((k[:, :, :6], v[:, :, :6]) for k, v in past)  # two of three drafts rejected
+            out, past, _ = head._pass(torch.ones(1, 2, dtype=torch.long), torch.zeros(1, 2, width),
+                                      torch.arange(6, 8)[None], causal_mask(2, 6), cut, real=True)
+            head._pass(torch.ones(1, 1, dtype=torch.long), out[:, -1][:, None], torch.tensor([[8]]),
+                       causal_mask(1, 8), past)
+    assert compiled._modules[head] is not None  # nothing compiled again (a compile fails the graph)
