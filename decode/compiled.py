@@ -253,7 +253,7 @@ def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row:
         return None
     if owner not in _modules:
         try:
-            _modules[owner] = (fused.stamp(list(owner.parameters())),
+            _modules[owner] = (fused.stamp(_state_tensors(owner)),
                                torch.compile(make().eval(), dynamic=True, fullgraph=True))
         except Exception as exc:  # noqa: BLE001 -- any failure to build falls back to the eager code, said once
             _fail(owner, exc, _modules)
@@ -267,18 +267,23 @@ def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row:
         return None
 
 
+def _state_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """What a compiled copy of ``module`` freezes: its parameters, then its buffers (EAGLE-3's draft-id map)."""
+    return [*module.parameters(), *module.buffers()]
+
+
 def runs_compiled(module: object) -> bool:
     """Whether ``module`` (a drafter) runs its drafting passes through :func:`module_call` in a decode starting now:
     compiled mode on, not exact mode, it declares ``compiled_steps`` true, its parameters are on a CPU, and its
-    compile has not failed. A module built from weights that have changed since (:func:`decode.fused.intact`) is
+    compile has not failed. A module built from weights or buffers changed since (:func:`decode.fused.intact`) is
     dropped; the next call builds it again."""
     if not (ENABLED and not attention.EXACT and getattr(module, "compiled_steps", False)):
         return False
-    params = list(module.parameters()) if isinstance(module, nn.Module) else []
-    if not params or params[0].device.type != "cpu":
+    tensors = _state_tensors(module) if isinstance(module, nn.Module) else []
+    if not tensors or tensors[0].device.type != "cpu":
         return False
     built = _modules.get(module, ())
-    if built and not fused.intact(params, built[0]):
+    if built and not fused.intact(tensors, built[0]):
         del _modules[module]
     return built is not None
 
