@@ -52,12 +52,9 @@ from drafterkit.assets.target import (
     target_source_problem,
 )
 from drafterkit.assets.thinking import thinking_mode
-from drafterkit.decode.compact import compact_problem
 from drafterkit.decode.compiled import compiled_mode
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
-from drafterkit.decode.warm import warm_up as compiled_warm_up
-from drafterkit.decode.warm import warm_up_proposer
 from drafterkit.drafters.base import DrafterLoadError
 from drafterkit.drafters.lookup.datastore import cached_datastore
 from drafterkit.drafters.lookup.tuned_free import FREE_SPECS
@@ -65,6 +62,7 @@ from drafterkit.drafters.target.recurrent import recurrent_target_problem
 from drafterkit.drafters.target.trained_for import target_from_records, trained_for_problem
 from drafterkit.drafters.tuned import NO_TUNED, TUNED_HERE
 from drafterkit.speceval import plots, report
+from drafterkit.speceval.compiling import compile_graphs
 from drafterkit.speceval.eval_args import (
     BASELINES,
     DEFAULT_DATASTORE,
@@ -134,8 +132,8 @@ def evaluate(cfg: EvalConfig, target=None, tok=None, datastore=None, notes: typi
     (``decode.exact_mode``: greedy speculative rows then decode plain decoding's text in bf16 / fp16 on a CPU
     too, and are checked token for token); the mode found before is restored on return. The record says which
     mode measured: ``config["exact"]`` and ``exactness["exact_mode"]``. ``cfg.compile`` compiles the target's passes
-    (``decode.compiled_mode``; ``decode.warm.warm_up`` compiles them before anything is timed:
-    ``timings["compile_s"]``).
+    (``decode.compiled_mode``; ``speceval.compiling.compile_graphs`` compiles them before anything is timed, saying
+    so on stderr: ``timings["compile_s"]``).
 
     Raises:
         ValueError: bad config or drafter spec; ``drafters.DrafterLoadError``: a broken checkpoint.
@@ -170,13 +168,11 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
     if not methods:
         raise ValueError("nothing to measure: --drafter none with no --baselines")
     timings["load_s"] = time.perf_counter() - t0
-    if cfg.compile and (problem := compact_problem(target)) is not None:  # the record says what ran
-        print(f"drafterkit eval: --compile: the target's passes run uncompiled: {problem}", file=sys.stderr)
-        cfg = dataclasses.replace(cfg, compile=False)
-    if cfg.compile:  # every graph the rows use, compiled before anything is timed
-        hidden = {False} | {getattr(s.drafter, "feature_layers", None) is not None for s in specs}
-        timings["compile_s"] = compiled_warm_up(target, hidden) + sum(
-            warm_up_proposer(s.drafter) for s in specs)  # and the drafters' own graphs (decode.warm)
+    if cfg.compile:  # every graph the rows use, compiled before anything is timed (speceval.compiling)
+        if (seconds := compile_graphs(target, specs)) is None:
+            cfg = dataclasses.replace(cfg, compile=False)  # the record says what ran
+        else:
+            timings["compile_s"] = seconds
     machine = machine_info(target, busy=check_quiet(target))
     timings["warmup_s"] = warm_up(methods, prompts[0])
     t0 = time.perf_counter()

@@ -427,6 +427,21 @@ def test_compile_on_a_target_it_cannot_compile_says_so(tiny_dir, prompts_file, c
     assert rec["config"]["compile"] is False and "compile_s" not in rec["timings"]
 
 
+def test_compile_says_what_it_compiles_and_how_long_it_took(monkeypatch, capsys):
+    """--compile spends minutes compiling on a CPU: one stderr line before (what compiles, that it takes minutes, where
+    the kernels are cached) and one after with the seconds, besides the record's compile_s."""
+    from drafterkit.speceval import compiling
+
+    monkeypatch.setattr(compiling, "warm_up", lambda target, hidden: 12.5 if hidden == {False} else 0.0)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/cache/inductor")
+    target = tiny_llama(0).eval()
+    assert compiling.compile_graphs(target, []) == 12.5
+    before, after = capsys.readouterr().err.strip().splitlines()
+    assert before.startswith("drafterkit eval: --compile: compiling 2 graphs of the target's passes before anything")
+    assert "takes minutes on a CPU" in before and "caches the kernels in /cache/inductor" in before
+    assert after == "drafterkit eval: --compile: compiled in 12.5 s"
+
+
 def test_help_shows_the_defaults(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # one line per option: no wrapping inside "(default: ...)"
     for verb in ("eval", "export", "quickstart"):
