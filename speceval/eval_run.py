@@ -56,6 +56,7 @@ from drafterkit.decode.compiled import compiled_mode
 from drafterkit.decode.exact import exact_mode
 from drafterkit.decode.inputs import AUTO
 from drafterkit.drafters.base import DrafterLoadError
+from drafterkit.drafters.export.vllm_support import kind_serve_problem
 from drafterkit.drafters.lookup.datastore import cached_datastore
 from drafterkit.drafters.lookup.tuned_free import FREE_SPECS
 from drafterkit.drafters.target.recurrent import recurrent_target_problem
@@ -183,6 +184,8 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
     for row in summary:
         if row["role"] == "spec":
             row["mismatches"] = exact["mismatches"].get(row["method"]) if exact["checked"] else None
+    served = {s.label: p for s in specs if s.folder and  # what export says of vLLM next to this target
+              (p := kind_serve_problem(getattr(getattr(s.drafter, "drafter", s.drafter), "kind", ""), cfg.target))}
     record = dict(
         tool="drafterkit eval", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         config=dataclasses.asdict(cfg), machine=machine,
@@ -193,7 +196,7 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
         prompts_skipped=chosen.skipped, thinking=thinking_mode(tok, [p.input_ids for p in prompts])[1],
         methods=[dict(m.meta(), hf_kwargs=_public_kwargs(s.hf_kwargs, cfg.k) if m.role == "hf-assisted" else None)
                  for m in methods for s in [next((x for x in specs if x.label == m.drafter), None)]],
-        summary=summary, factors=headline_factors(summary), exactness=exact, runs=runs, timings=timings)
+        summary=summary, factors=headline_factors(summary, served), exactness=exact, runs=runs, timings=timings)
     if retrieval := retrieval_info(specs):
         record["retrieval"] = retrieval
     if suffix := suffix_info(specs):

@@ -174,7 +174,7 @@ def _drafter_alone(combo: dict, trained: list[dict]) -> dict | None:
         (r for r in same if tuned and "(tuned)" in r["method"]), None)
 
 
-def headline_factors(summary: list[dict]) -> list[dict]:
+def headline_factors(summary: list[dict], serve_problems: dict[str, str] | None = None) -> list[dict]:
     """The factor rows of an eval summary, one group per headline row: every ``SPEC+rest`` /
     ``SPEC+ngram`` / ``SPEC+suffix`` spec row whose drafter-alone row ``SPEC`` was measured too, in the same shape
     or, both ``(tuned)``, each in its own tuned shape (else every spec row of a trained drafter, whose headline is
@@ -186,7 +186,9 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         "over" (the two rows divided), "tokens_per_s", "over_tokens_per_s", "ratio", "interval" (its 95% interval,
         :func:`ratio_interval`, or None), "export" (True on the row ``drafterkit export`` carries to a serving
         engine: the drafter alone as a chain of K without a draft threshold, the ``drafter`` row where it drafted
-        so, else a ``served`` row of that chain where one was measured, else none), "shape" (the draft shape in
+        so, else a ``served`` row of that chain where one was measured, else none), "serve_problem" (on that row:
+        why vLLM cannot serve the drafter next to the run's target, ``serve_problems[method]``, else None), "shape"
+        (the draft shape in
         words of the drafter-alone, ``served``, ``ngram`` and ``suffix`` rows, :func:`draft_shape` with its cutoff;
         None on the others)}``; the ``end to end`` row
         also holds ``"product"``, the product of its group's factor rows (equal to its ``ratio`` up to
@@ -194,6 +196,10 @@ def headline_factors(summary: list[dict]) -> list[dict]:
         "interval"}``: the drafter alone over that model-free proposer alone, paired on the same prompts). Empty
         without a plain (``engine``) row. ``engine`` and ``end to end`` need the ``hf`` row, ``ngram`` /
         ``suffix`` a spec row of that proposer (the one with the headline's tree if any).
+
+    Args:
+        serve_problems: spec row label -> why vLLM cannot serve that drafter next to the target
+            (``drafters.export.vllm_support.kind_serve_problem``, what ``drafterkit export`` warns of).
     """
     plain = next((r for r in summary if r["role"] == "plain"), None)
     hf = next((r for r in summary if r["role"] == "hf"), None)
@@ -234,6 +240,9 @@ def headline_factors(summary: list[dict]) -> list[dict]:
             what = f"{words} + the drafter" if suffix else "the drafter"
             group_rows.append(_row(group, "end to end", "headline", head, hf,
                                    _WHAT["end to end"].format(what=what), product=product))
+        for r in group_rows:
+            if r["export"]:
+                r["serve_problem"] = (serve_problems or {}).get(r["method"])
         rows += group_rows
     return rows
 
@@ -275,7 +284,10 @@ def factor_cells(rows: list[dict]) -> list[dict]:
 
 def _export_words(row: dict) -> str:
     """The ``carried by drafterkit export`` cell: ``yes`` on the chain an engine serves, ``no`` on a drafter row in
-    a shape only drafterkit's engine drafts (a tree, a confidence cutoff)."""
+    a shape only drafterkit's engine drafts (a tree, a confidence cutoff), and ``no`` with the reason on the chain
+    where vLLM cannot serve the drafter next to this target (its ``serve_problem``)."""
+    if row["export"] and row.get("serve_problem"):
+        return f"no: {row['serve_problem']}"
     if row["export"]:
         return f"yes: the drafter alone as vLLM serves it, measured here as {row['shape']}"
     if row["factor"] == "drafter":

@@ -364,3 +364,34 @@ def test_legends_sit_outside_the_data_and_the_loss_plot_shows_its_running_mean(t
     plot_losses([2.0, 1.0] * 60, tmp_path / "loss.png")
     assert captured == [["per step", "mean of the last 50 steps"]]
 
+
+
+def test_the_carried_column_says_no_where_vllm_cannot_serve_the_drafter(tmp_path):
+    """The row export carries says "no" with vLLM's reason where the target's class has no SupportsEagle3 (it used to
+    say "yes: ... as vLLM serves it" while export warned and serve-check refused); the reason is export's own."""
+    summary = [_row("plain", "engine", 10.0), _row("hf", "hf", 7.0), dict(_row("spec", "eagle3:run/best", 12.0), k=5)]
+    rows = factors.headline_factors(summary, {"eagle3:run/best": "vLLM cannot serve it"})
+    cells = {r["factor"]: r["export"] for r in factors.factor_cells(rows)}
+    assert cells["drafter"] == "no: vLLM cannot serve it"
+    assert factors.factor_cells(factors.headline_factors(summary))[1]["export"].startswith("yes: ")
+
+    from families import save_family
+
+    from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from drafterkit.drafters.export.model_card import vllm_serve_problem
+
+    model, _ = save_family("gemma3", tmp_path / "gemma3")  # Gemma3ForCausalLM: no SupportsEagle3 in vLLM 0.32
+    torch.manual_seed(0)
+    head = Eagle3Drafter(Eagle3Config.from_target(model, draft_vocab_size=64), target=model)
+    head.set_draft_vocab(torch.arange(64), target=model)
+    head.save_pretrained(tmp_path / "head")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "hello world"}) + "\n")
+    out = tmp_path / "e.json"
+    assert main(["eval", "--target", str(tmp_path / "gemma3"), "--drafter", str(tmp_path / "head"), "--benchmark",
+                 str(tmp_path / "p.jsonl"), "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine",
+                 "--no-progress", "--device", "cpu", "--output", str(out)]) == 0
+    carried = [r for r in json.loads(out.read_text())["factors"] if r["export"]]
+    said = vllm_serve_problem("vllm-eagle3", str(tmp_path / "gemma3"))
+    assert said.startswith("vLLM 0.32.0 cannot serve an EAGLE-3 head for a Gemma3ForCausalLM target")
+    assert len(carried) == 1 and carried[0]["serve_problem"] == said
+    assert f"| no: {said} |" in out.with_suffix(".md").read_text()

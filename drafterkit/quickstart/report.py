@@ -138,7 +138,8 @@ def carried_lines(bench: str, factors: list[dict]) -> list[str]:
     if carried is not None:
         lines.append(f"- {bench}: the drafter alone as vLLM serves it, a {carried['shape']} without a draft "
                      "threshold: the factor `drafterkit export` carries to a serving engine, "
-                     f"{carried['ratio']:.2f}x the engine's plain decoding{_interval(carried.get('interval'))}")
+                     f"{carried['ratio']:.2f}x the engine's plain decoding{_interval(carried.get('interval'))}"
+                     + (f"; but {carried['serve_problem']}" if carried.get("serve_problem") else ""))
     elif own is not None:
         lines.append(f"- {bench}: the factor `drafterkit export` carries to a serving engine (the drafter alone as a "
                      "chain of K without a draft threshold, what vLLM serves) was not measured: `drafterkit eval "

@@ -33,6 +33,7 @@ from drafterkit.drafters.export.vllm_registry import (
     TRANSFORMERS_BACKEND_CLASSES,
     TRANSFORMERS_LISTED_ARCHITECTURES,
 )
+from drafterkit.drafters.kinds import KINDS
 
 #: the vLLM version :data:`EAGLE3_TARGET_ARCHITECTURES` was read from
 VLLM_VERSION = "0.32.0"
@@ -213,6 +214,19 @@ def eagle3_serve_problem(architecture: str | None, drafter: str = AUX_HIDDEN_DRA
                 "target whose architecture vLLM supports")
     return (f"vLLM {VLLM_VERSION} cannot serve {drafter} for a {architecture} target: {VLLM_REASON}; it stops at "
             "load with \"RuntimeError: Model does not support EAGLE3 interface\"")
+
+
+def kind_serve_problem(kind: str, target: str | None) -> str | None:
+    """Why vLLM :data:`VLLM_VERSION` cannot serve what ``drafterkit export`` writes of a ``kind`` drafter next to
+    ``target`` (one sentence), or None where it can: the kind has no export format vLLM loads (EAGLE-1), or its vLLM
+    format reads auxiliary hidden states the target's class does not give (:func:`eagle3_serve_problem`, the verdict
+    export warns with and serve-check refuses on). None for a kind not registered or a target not readable here."""
+    if kind not in KINDS:
+        return None
+    served = [f for f in KINDS[kind].formats if f.method is not None]  # drafters.kinds.ExportFormat: vLLM loads it
+    if not served:
+        return f"drafterkit export writes no format vLLM loads for {KINDS[kind].with_article}"
+    return eagle3_serve_problem(target_architecture(target), KINDS[kind].with_article) if served[0].aux_hidden else None
 
 
 # What vLLM 0.32's CPU build does with a hybrid target (recurrent layers beside attention), found by running it on
