@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from drafterkit.cli import main as cli
 from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.export.eagle3_layout import layer_ids_refusal
 from drafterkit.drafters.export.writers import ExportError, export, push_to_hub
 from drafterkit.drafters.medusa import MedusaConfig, MedusaDrafter
 
@@ -157,9 +158,18 @@ def test_a_layer_id_the_engine_cannot_express_is_refused_at_export(tmp_path, cap
                                               r"retrain with drafter.options.feature_layers"):
             export(ckpt, fmt, tmp_path / "x")
     _with_layers(ckpt, (2, 2, 1))  # each engine captures a layer once: 2 features for a 3-feature head
-    with pytest.raises(ExportError, match=r"\[2, 2, 1\] cannot be expressed in vLLM.*id 2 repeats"):
+    with pytest.raises(ExportError, match=r"^EAGLE-3 feature layer ids 2, 2, 1 repeat layer 2: vLLM captures each "
+                                          r"layer once, so the head needs 3 distinct ids\. Fix: retrain with"):
         export(ckpt, "vllm-eagle3", tmp_path / "x")
     assert not (tmp_path / "x").exists()
+    # a 2-layer target's clamped default: said plainly (it read "SGLang reads ids in [1, 1], fewer than 3 layers")
+    two = {"feature_layers": [1, 1, 1], "target_num_layers": 2}
+    assert layer_ids_refusal("sglang-eagle3", two) == (
+        "EAGLE-3 feature layer ids 1, 1, 1 repeat layer 1: SGLang captures each layer once, so the head needs 3 "
+        "distinct ids. Fix: train the head for a target of at least 4 layers (SGLang reads only id 1 of a 2-layer "
+        "target)")
+    assert "(vLLM reads only ids 0, 1 of a 2-layer target)" in layer_ids_refusal("vllm-eagle3", two)
+    assert layer_ids_refusal("vllm-eagle3", {"feature_layers": [1, 2, 3], "target_num_layers": 4}) is None
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -100,6 +100,35 @@ def test_printed_export_command_runs_as_printed_for_a_medusa_head(world, tmp_pat
     assert (Path(argv[argv.index("--output") + 1]) / "config.json").is_file()
 
 
+def test_an_eagle3_head_on_repeated_layers_is_warned_of_and_gets_no_refused_export_hint(world, tmp_path, capsys):
+    """A 2-layer target clamps EAGLE-3's default feature layers to [1, 1, 1]: the recipe's validation says so in one
+    line (the layers, the exports refused, what to do), and training's closing hint suggests no export format that
+    export refuses for this head (it suggested --format vllm-eagle3, then both formats were refused)."""
+    import warnings
+
+    from drafterkit.train.loop import train
+
+    target, tok = _load(world)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recipe = _recipe(world, tmp_path / "run", **{"drafter.kind": "eagle3",
+                                                     "drafter.options": "{draft_vocab_size: 64}", "train.max_steps": 1})
+    lines = [str(w.message) for w in caught if "feature layers" in str(w.message)]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert lines[0].startswith("drafter.options.feature_layers: the EAGLE-3 head's feature layers [1, 1, 1] (the "
+                               "default for a 2-layer target") and "repeat layer 1" in lines[0]
+    assert "export will refuse vllm-eagle3 and sglang-eagle3" in lines[0] and "at least 4 layers" in lines[0]
+    with warnings.catch_warnings(record=True) as caught:  # ids given that repeat too; a kind without feature layers not
+        warnings.simplefilter("always")
+        _recipe(world, tmp_path / "x", **{"drafter.kind": "eagle3", "drafter.options": "{feature_layers: [0, 1, 1]}"})
+        _recipe(world, tmp_path / "x", **{"drafter.kind": "medusa", "drafter.options": "{num_heads: 3}"})
+    lines = [str(w.message) for w in caught if "feature layers" in str(w.message)]
+    assert len(lines) == 1 and "feature layers [0, 1, 1] (drafter.options.feature_layers) repeat layer 1" in lines[0]
+    train(recipe, target=target, tokenizer=tok)
+    out = capsys.readouterr().out
+    assert "--format" not in out and "  export:   none: EAGLE-3 feature layer ids 1, 1, 1 repeat layer 1: " in out
+
+
 def test_save_total_limit_keeps_the_newest_step_checkpoints_and_resume_still_works(world, tmp_path):
     from drafterkit.train.checkpoint import find_resume
     from drafterkit.train.loop import train

@@ -4,6 +4,7 @@ converts or loads weights, so a recipe is checked against its target in a second
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from drafterkit.assets.pinned import local_target_source
@@ -22,6 +23,24 @@ def local_layer_count(name_or_path: str) -> int | None:
     config = local_config(name_or_path)
     n = getattr(config, "num_hidden_layers", None) if config is not None else None
     return int(n) if n is not None else None
+
+
+def check_local_feature_layers(recipe: Any, layers, check, warn=None) -> None:
+    """Run ``check(layers, num_layers)`` when ``layers`` (``drafter.options.feature_layers``) is set and the target's
+    config is readable locally; its ``ValueError`` is re-raised naming ``drafter.options.feature_layers``. ``warn``:
+    ``(kind, layers, num_layers) -> line or None`` (EAGLE-3 and P-EAGLE: ``drafters.export.eagle3_layout.
+    repeated_layers_warning``, feature layer ids that repeat a layer, ``layers`` or else the target's default, which
+    the kind's engine exports refuse), warned as a ``UserWarning`` when it gives a line."""
+    n = local_layer_count(recipe.target.name_or_path) if layers is not None or warn is not None else None
+    if n is None:
+        return
+    if layers is not None:
+        try:
+            check(layers, n)
+        except ValueError as exc:
+            raise ValueError(f"drafter.options.feature_layers: {exc}") from None
+    if warn is not None and (line := warn(recipe.drafter.kind, layers, n)):
+        warnings.warn(line, UserWarning, stacklevel=2)
 
 
 def local_config(name_or_path: str):

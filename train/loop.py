@@ -37,6 +37,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from drafterkit.assets.console import progress_bars_off
+from drafterkit.drafters.base import DrafterLoadError, read_config
+from drafterkit.drafters.export.eagle3_layout import layer_ids_refusal
 from drafterkit.drafters.export.model_card import changes_text
 from drafterkit.drafters.export.writers import FORMATS
 from drafterkit.train.checkpoint import (
@@ -362,6 +364,16 @@ def _save(ctx: RunContext, path: Path, state: TrainerState) -> None:
                     scheduler=ctx.scheduler)
 
 
+def _layer_refusals(formats: list[str], drafter: Path) -> dict[str, str]:
+    """The export formats of ``formats`` that refuse the feature layer ids of the drafter saved in ``drafter``
+    (``drafters.export.eagle3_layout.layer_ids_refusal``, what ``drafterkit export`` refuses with), with why."""
+    try:
+        config = read_config(drafter)[1]
+    except DrafterLoadError:  # not saved where this process looks: the hint names every format
+        return {}
+    return {f: why for f in formats if (why := layer_ids_refusal(f, config))}
+
+
 def _report_drafter(ctx: RunContext, state: TrainerState, result: TrainResult, resume_hint: str) -> Path:
     """Print where the trained drafter is and the commands that evaluate / export it; return its folder."""
     recipe, acc = ctx.recipe, ctx.accelerator
@@ -379,6 +391,10 @@ def _report_drafter(ctx: RunContext, state: TrainerState, result: TrainResult, r
                      f"{paths.last}; to continue, {resume_hint}")
     lines += [f"drafter: {drafter} ({how})", f"  evaluate: drafterkit eval --drafter {drafter}"]
     formats = [f for f, kind in FORMATS.items() if kind == recipe.drafter.kind]
+    refused = _layer_refusals(formats, drafter)  # an EAGLE-3 / P-EAGLE head whose feature layer ids repeat
+    if refused and len(refused) == len(formats):
+        lines.append(f"  export:   none: {next(iter(refused.values()))}")
+    formats = [f for f in formats if f not in refused]
     if formats:
         # every export reads the target the checkpoint's recipe.yaml records (a Medusa one writes its LM head)
         lines.append(f"  export:   drafterkit export {drafter} --format {formats[0]} "

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from drafterkit.assets.records import did_you_mean
-from drafterkit.train.local_target import local_config, local_layer_count, meta_target, vocab_size
+from drafterkit.train.local_target import check_local_feature_layers, local_config, meta_target, vocab_size
 
 
 def _drafters(module: str, name: str) -> Callable:
@@ -270,7 +270,8 @@ def check_eagle3_recipe(recipe: Any) -> None:
                          "'eagle3' with drafter.options.ttt_tokens: data (its TTT steps read the data's tokens, so "
                          "the chain is not the one it drafts); set drafter.options.ttt_tokens: draft (the unroll "
                          "on its own drafts, what decoding runs) or use another loss")
-    _check_local_feature_layers(recipe, o.feature_layers, _drafters("eagle3", "check_feature_layers"))
+    check_local_feature_layers(recipe, o.feature_layers, _drafters("eagle3", "check_feature_layers"),
+                               _drafters("export.eagle3_layout", "repeated_layers_warning"))
     _check_local_draft_vocab(recipe, o)
     check_init_from_target(recipe)
 
@@ -283,8 +284,9 @@ def check_peagle_recipe(recipe: Any) -> None:
         ValueError: naming the key, the kind and the fix.
     """
     check_head_recipe(recipe, "peagle", "num_depths")
-    _check_local_feature_layers(recipe, recipe.drafter.parsed_options().feature_layers,
-                                _drafters("eagle3", "check_feature_layers"))
+    check_local_feature_layers(recipe, recipe.drafter.parsed_options().feature_layers,
+                               _drafters("eagle3", "check_feature_layers"),
+                               _drafters("export.eagle3_layout", "repeated_layers_warning"))
     _check_local_draft_vocab(recipe, recipe.drafter.parsed_options())
     check_init_from_target(recipe)
 
@@ -306,7 +308,7 @@ def check_dflash_recipe(recipe: Any) -> None:
                          f"loss.draft_steps: {steps} would be plain alpha); set drafter.options.block_size: "
                          f"{steps + 1}, "
                          "or loss.draft_steps: 1, or another loss")
-    _check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
+    check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
     check_init_from_target(recipe)
 
 
@@ -323,21 +325,8 @@ def check_dspark_recipe(recipe: Any) -> None:
     if o.confidence_weight > 0 and not o.confidence_head:
         raise ValueError("drafter.options.confidence_weight: drafter kind 'dspark' with confidence_head: false has no "
                          "confidence head to train; set confidence_weight: 0, or confidence_head: true")
-    _check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
+    check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
     check_init_from_target(recipe)
-
-
-def _check_local_feature_layers(recipe: Any, layers, check) -> None:
-    """Run ``check(layers, num_layers)`` when ``layers`` is set and the target's config is readable
-    locally; its ``ValueError`` is re-raised naming ``drafter.options.feature_layers``."""
-    if layers is None:
-        return
-    n = local_layer_count(recipe.target.name_or_path)
-    if n is not None:
-        try:
-            check(layers, int(n))
-        except ValueError as exc:
-            raise ValueError(f"drafter.options.feature_layers: {exc}") from None
 
 
 def draft_vocab_refusal(options: Any, vocab_size: int | None) -> str | None:

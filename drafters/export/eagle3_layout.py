@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 from drafterkit.drafters.base import DrafterLoadError, ExportError, read_config, read_weights, save_tensors
-from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter, default_feature_layers
+from drafterkit.drafters.kinds import KINDS
 from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 
 
@@ -65,9 +66,9 @@ def engine_layer_ids(layers, num_layers: int, engine: str) -> list[int] | None:
     retrain = _retrain_hint(num_layers, lo, name)
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if len(ids) != 3 or repeated:
-        raise ExportError(f"EAGLE-3 feature layer ids {ids} cannot be expressed in {name}: it captures each layer "
-                          f"once{f', and id {repeated[0]} repeats' if repeated else ''}, so the head needs 3 "
-                          f"distinct ids. Fix: {retrain}")
+        what = f"repeat layer {repeated[0]}" if repeated else f"are {len(ids)} ids"
+        raise ExportError(f"EAGLE-3 feature layer ids {', '.join(map(str, ids))} {what}: {name} captures each layer "
+                          f"once, so the head needs 3 distinct ids. Fix: {retrain}")
     for i in ids:
         if i == 0 and engine == "sglang":
             raise ExportError(
@@ -87,11 +88,57 @@ def engine_layer_ids(layers, num_layers: int, engine: str) -> list[int] | None:
     return None if ids == sglang_default_layers(num_layers) else [i - 1 for i in ids]
 
 
+def layer_ids_refusal(fmt: str, config: dict) -> str | None:
+    """Why export format ``fmt`` (``vllm-eagle3``, ``sglang-eagle3``, ``vllm-peagle``) cannot express the feature
+    layer ids a drafter's ``config`` dict records (``feature_layers``, ``target_num_layers``): the
+    :class:`ExportError` message of :func:`engine_layer_ids`, or None (expressible, another format, or no ids)."""
+    layers, n = config.get("feature_layers"), config.get("target_num_layers")
+    if not fmt.endswith(("eagle3", "peagle")) or not isinstance(layers, list) or \
+            not all(type(i) is int for i in [*layers, n]):
+        return None
+    try:
+        engine_layer_ids(layers, n, fmt.split("-")[0])
+    except ExportError as exc:
+        return str(exc)
+    return None
+
+
+def repeated_layers_warning(kind: str, layers: list[int] | None, num_layers: int) -> str | None:
+    """The one-line warning for an EAGLE-3 / P-EAGLE drafter (``kind``) whose feature layer ids repeat a layer:
+    ``layers`` (``drafter.options.feature_layers``), else the default for a ``num_layers``-layer target
+    (``drafters.eagle3.default_feature_layers``: the last id three times below 3 layers). The head trains and decodes
+    in drafterkit, but the kind's vLLM / SGLang exports refuse it (:func:`layer_ids_refusal`); the line names the
+    ids, the formats refused and how to choose ids. None where the ids are distinct."""
+    ids = [int(i) for i in (layers if layers is not None else default_feature_layers(num_layers))]
+    if len(set(ids)) == len(ids) or kind not in KINDS:
+        return None
+    config = {"feature_layers": ids, "target_num_layers": num_layers}
+    refused = [f.name for f in KINDS[kind].formats if layer_ids_refusal(f.name, config)]
+    lo = 1 if any(f.startswith("sglang") for f in refused) else 0  # SGLang cannot read id 0
+    where = "drafter.options.feature_layers" if layers is not None else \
+        f"the default for a {num_layers}-layer target, drafter.options.feature_layers unset"
+    if num_layers - lo >= 3:
+        fix = (f"set drafter.options.feature_layers to 3 distinct ids in [{lo}, {num_layers - 1}], e.g. "
+               f"{[lo, (lo + num_layers) // 2, num_layers - 1]}")
+    elif num_layers == 3:  # vLLM reads ids 0-2; SGLang cannot read id 0
+        fix = ("set drafter.options.feature_layers to [0, 1, 2] for vLLM; SGLang cannot read id 0, so it needs a "
+               "target of at least 4 layers")
+    else:
+        fix = (f"a {num_layers}-layer target has no 3 distinct ids: train for a target of at least {lo + 3} layers"
+               + (" (3 for vLLM alone)" if lo else ""))
+    return (f"drafter.options.feature_layers: the {KINDS[kind].title}'s feature layers {ids} ({where}) repeat layer "
+            f"{min(i for i in ids if ids.count(i) > 1)}: it trains and decodes in drafterkit, but drafterkit export "
+            f"will refuse {' and '.join(refused)} (an engine captures each layer once and needs 3 distinct ids); "
+            f"{fix}")
+
+
 def _retrain_hint(num_layers: int, lo: int, name: str) -> str:
     """How to get feature layer ids ``name`` can express for a ``num_layers``-layer target (ids ``>= lo``)."""
     if num_layers - lo < 3:
-        return (f"none: {name} reads ids in [{lo}, {num_layers - 1}], fewer than 3 layers of a {num_layers}-layer "
-                "target, so train the head for a deeper target")
+        ids = list(range(lo, num_layers))
+        read = f"only {'id' if len(ids) == 1 else 'ids'} {', '.join(map(str, ids))}" if ids else "no id"
+        return (f"train the head for a target of at least {lo + 3} layers ({name} reads {read} of a {num_layers}-layer "
+                "target)")
     default = sglang_default_layers(num_layers)
     example = default if len(set(default)) == 3 else [lo, lo + 1, num_layers - 1]
     return (f"retrain with drafter.options.feature_layers set to 3 distinct ids in [{lo}, {num_layers - 1}], "

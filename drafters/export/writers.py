@@ -80,6 +80,7 @@ from drafterkit.drafters.export.eagle3_layout import (  # noqa: F401 (the EAGLE-
     engine_layer_ids,
     export_eagle3,
     export_peagle,
+    layer_ids_refusal,
     load_eagle3_export,
     load_peagle_export,
     sglang_default_layers,
@@ -372,9 +373,8 @@ def export(ckpt: str | Path, fmt: str, output: str | Path, *, target: str | None
         fits = sorted(f for f, k in FORMATS.items() if k == kind) or "none"
         raise ExportError(f"format {fmt!r} exports {FORMATS[fmt]!r} drafters but {ckpt} holds a drafter of kind "
                           f"{kind!r}; formats for {kind!r}: {fits}")
-    layers, n = (raw := read_config(ckpt)[1]).get("feature_layers"), raw.get("target_num_layers")
-    if fmt.endswith(("eagle3", "peagle")) and isinstance(layers, list) and all(type(i) is int for i in layers + [n]):
-        engine_layer_ids(layers, n, fmt.split("-")[0])  # the engine's own refusal of a layer id, before the config's
+    if problem := layer_ids_refusal(fmt, read_config(ckpt)[1]):  # the engine's refusal of an id, before the config's
+        raise ExportError(problem)
     get_kind(kind).check_weights(ckpt)  # a config this version refuses; weights of other shapes than it says
     if bad := nonfinite_tensors(ckpt):
         raise ExportError(f"{ckpt} holds NaN or inf values in {', '.join(bad[:3])}{left_out(bad, 3)}: its training "
