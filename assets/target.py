@@ -105,6 +105,10 @@ def target_folder_problem(path: str | Path, *, weights: bool = True, tokenizer: 
     if isinstance(config, dict) and "kind" in config:
         return (f"is a drafterkit {config['kind']} drafter checkpoint, not a target model (the drafter is what "
                 "training writes; the target is the LM it drafts for)")
+    if isinstance(config, dict) and isinstance(config.get("drafterkit"), dict):  # drafters.export's block
+        kind, trained = config["drafterkit"].get("kind", "drafter"), _export_target(path, config["drafterkit"])
+        return (f"is a drafterkit {kind} export (what drafterkit export writes for a serving engine), a drafter, not a "
+                "target model" + (f"; its drafter was trained for target {trained}: give that" if trained else ""))
     if weights and (problem := weights_problem(path)):
         return problem
     if tokenizer and not any((path / f).is_file() for f in _TOKENIZER_FILES):
@@ -113,6 +117,22 @@ def target_folder_problem(path: str | Path, *, weights: bool = True, tokenizer: 
         return ("holds tokenizer_config.json but no vocabulary file (tokenizer.json, tokenizer.model, vocab.json, "
                 "vocab.txt or *.tiktoken), so its tokenizer cannot load; save the tokenizer there too")
     return None
+
+
+def _export_target(path: Path, block: dict) -> str | None:
+    """The target the drafter behind a drafterkit export was trained for, or None: the ``recipe.yaml`` beside the
+    drafter folder the export's ``drafterkit`` block records (``source.drafter``, relative to the export folder;
+    ``drafters.export.writers.record_source``), its ``target.name_or_path``."""
+    import yaml
+
+    source = block.get("source")
+    link = source.get("drafter") if isinstance(source, dict) else None
+    try:
+        recipe = yaml.safe_load((Path(os.path.normpath(path.resolve() / link)).parent / "recipe.yaml").read_text())
+        name = recipe["target"]["name_or_path"]
+    except (TypeError, OSError, KeyError, yaml.YAMLError):  # no link, no recipe beside it, another layout
+        return None
+    return str(name) if name else None
 
 
 def eos_problem(eos, vocab: int | None, where: str) -> str | None:

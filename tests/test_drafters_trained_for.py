@@ -152,6 +152,28 @@ def test_export_and_serve_check_warn_for_another_target(world, monkeypatch):
     assert len(lines) == 1 and lines[0].startswith(f"{out}: this eagle3 drafter was trained for target")
 
 
+def test_an_export_given_as_the_target_is_named_as_a_drafter_export(world, tmp_path, capsys):
+    """A drafter export given where the target goes is said to be one, with the target its drafter was trained for
+    (it was "holds no tokenizer ...; save the tokenizer there too"), by eval and by training's recipe check."""
+    out = tmp_path / "exported"
+    assert cli(["export", str(world / "run"), "--format", "vllm-eagle3", "--output", str(out)]) == 0
+    capsys.readouterr()
+    assert cli(_eval(world, str(out))) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"drafterkit eval: error: target {out} is a drafterkit eagle3 export (what drafterkit export "
+                          "writes for a serving engine), a drafter, not a target model; its drafter was trained for "
+                          f"target {world / 'a'}: give that")
+    assert "holds no tokenizer" not in err
+    recipe = world / "run" / "checkpoints" / "best" / "recipe.yaml"
+    with warnings.catch_warnings(record=True) as caught:  # no check reads the export's config as the target's
+        warnings.simplefilter("always")
+        assert cli(["train", str(recipe), f"target.name_or_path={out}", f"output_dir={tmp_path / 'run'}"]) == 2
+    assert not [w for w in caught if "layer" in str(w.message)]
+    err = capsys.readouterr().err.strip()
+    assert "is a drafterkit eagle3 export" in err and f"trained for target {world / 'a'}" in err, err
+
+
 def test_the_quickstart_refuses_another_target(world, capsys):
     """The quickstart trains and measures the default target: a --set naming another was trained on the default
     target while its recipe.yaml recorded the other (so eval then warned of a target it never trained for)."""

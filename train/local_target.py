@@ -5,6 +5,7 @@ converts or loads weights, so a recipe is checked against its target in a second
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 from drafterkit.assets.pinned import local_target_source
@@ -47,9 +48,11 @@ def local_config(name_or_path: str):
     """The target's transformers config when local files alone give it (see :func:`local_layer_count`), else None."""
     from transformers import AutoConfig
 
+    from drafterkit.assets.target import target_folder_problem
+
     path = local_target_source(name_or_path)
-    if path is None:
-        return None
+    if path is None or (Path(path).is_dir() and target_folder_problem(path, weights=False, tokenizer=False)):
+        return None  # a folder that is no target (a drafter checkpoint or export): refused when the target loads
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError):
