@@ -95,6 +95,17 @@ def test_the_recorded_target_and_what_is_said(world):
     assert trained_for_problem(bare, str(world / "b")) is None  # no record: nothing to compare
 
 
+def test_a_target_of_another_architecture_is_not_called_a_fine_tune(world, tmp_path):
+    """Same shapes and vocabulary but another model_type (Mistral for a head trained on Llama): the line says the
+    drafter was trained for another architecture, naming both, instead of "right for a fine-tune of" it."""
+    save_family("mistral", tmp_path / "m")
+    line = trained_for_problem(world / "run", str(tmp_path / "m"), label="--drafter R")
+    assert line == (f"--drafter R: this eagle3 drafter was trained for target {world / 'a'} (its recipe.yaml), a "
+                    f"llama model, not {tmp_path / 'm'}, a mistral model: a different architecture, whose features the "
+                    f"drafter was not fitted to; pass --target {world / 'a'}, or train a drafter for {tmp_path / 'm'}")
+    assert "fine-tune" in trained_for_problem(world / "run", str(world / "b"))  # the same architecture: as before
+
+
 def _eval(world, target: str) -> list[str]:
     return ["eval", "--target", target, "--drafter", str(world / "run"), "--benchmark", str(world / "p.jsonl"),
             "--num-prompts", "1", "--max-new-tokens", "4", "--baselines", "engine", "--no-progress", "--device", "cpu",

@@ -15,7 +15,8 @@ alias naming it and a copy of it are the same target):
   the target is refused before any token is generated);
 * another target with the same vocabulary: a warning line naming both and the fix. Not an error, since a
   fine-tuned sibling of the trained target is a legitimate use (the acceptance then measures how far its
-  features moved).
+  features moved); a target of another ``model_type`` is no such sibling, and the line says it is another
+  architecture instead.
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def drafter_problem(folder: Path, kind: str, target: str, *, label: str | None =
     shapes = shapes_match(folder, target)
     if shapes is False:
         return None  # the target's shape error (drafters.heads.feature_head.check_target_shape) says it all
+    types = (model_type(recorded), model_type(target))
+    if None not in types and types[0] != types[1]:  # not a fine-tune of the recorded target
+        return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), a {types[0]} "
+                f"model, not {target}, a {types[1]} model: a different architecture, whose features the drafter was "
+                f"not fitted to; {fix}")
     vocab = "the same vocabulary" if mine is not None and theirs is not None else \
         f"a vocabulary not compared ({(recorded if mine is None else target)}'s tokenizer is not available here)"
     shape = "the hidden size and layer count the drafter reads" if shapes else \
@@ -94,6 +100,17 @@ def drafter_problem(folder: Path, kind: str, target: str, *, label: str | None =
     return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), not {target}; "
             f"{target} has {shape} and {vocab}, but the drafter reads features it was not fitted to: right for a "
             f"fine-tune of {recorded}, otherwise {fix}")
+
+
+def model_type(target: str) -> str | None:
+    """The ``model_type`` of target ``target``'s ``config.json`` (a local folder or the default alias's), or None where
+    it is not readable here (a Hub id)."""
+    try:
+        config = json.loads((Path(resolve_target_path(target)).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    found = config.get("model_type") if isinstance(config, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def shapes_match(folder: str | Path, target: str) -> bool | None:
