@@ -261,10 +261,27 @@ def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row:
         return None
     try:
         with _options(one_row, next(owner.parameters()).dtype):
-            return _modules[owner][1](*args)
+            return _modules[owner][1](*standard(args))
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager code, said once
         _fail(owner, exc, _modules)
         return None
+
+
+def standard(value):
+    """``value`` with every tensor in it (nested in tuples and lists) laid out with a new tensor's strides (a copy
+    where a view's differ: a cache cut back after rejected drafts, one row of a wider output) and every list a tuple.
+    A compiled graph guards its inputs' strides, size-1 dimensions' too, and their container types: inputs of one
+    layout reuse the graphs a warm-up built instead of compiling new ones inside a timed decode."""
+    if isinstance(value, torch.Tensor):
+        expected, step = [], 1
+        for size in reversed(value.shape):
+            expected.append(step)
+            step *= max(size, 1)
+        return value if value.stride() == tuple(reversed(expected)) else value.clone(
+            memory_format=torch.contiguous_format)
+    if isinstance(value, (tuple, list)):
+        return tuple(standard(v) for v in value)
+    return value
 
 
 def _state_tensors(module: nn.Module) -> list[torch.Tensor]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from drafterkit.decode import compiled
 from drafterkit.decode.dynamic_tree import DynamicTree, TreeBuilder, pack_rows
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
 from drafterkit.drafters.base import card_head
@@ -48,6 +49,11 @@ from drafterkit.drafters.eagle3 import Eagle3Config, Eagle3Drafter
 from drafterkit.drafters.heads.compiled_steps import warm_up
 from drafterkit.drafters.heads.feature_head import trim_kv
 from drafterkit.drafters.heads.layers import causal_mask
+
+#: the fewest draft positions a compiled drafting pass computes (more than a round asks, near the end of a decode, are
+#: dropped): every pass then has several rows and keeps several logits or none, the shapes of the graphs
+#: :meth:`PEagleDrafter.warm_up_compiled` builds, and nothing compiles inside a timed decode
+COMPILED_MIN_K = 3
 
 
 @dataclass
@@ -128,6 +134,7 @@ class PEagleDrafter(Eagle3Drafter):
         real positions new since its cache and ``k - 1`` masked positions (rows needing the same range run batched);
         caches the real keys/values only."""
         dev, dt = self.embed.weight.device, self._dtype()
+        want, k = k, max(k, COMPILED_MIN_K) if compiled.runs_compiled(self) else k
         groups: dict[tuple[int, int], list[int]] = {}
         for b in rows:
             n, cache = len(state.tokens[b]), self._caches[b]
@@ -157,11 +164,12 @@ class PEagleDrafter(Eagle3Drafter):
                 else:  # nothing new: the cached output drafts position 1
                     cached = self._caches[b]
                     outs[b] = torch.cat([cached["last"], out[g]]), torch.cat([cached["logits"], logits[g]])
-        return torch.stack([outs[b][0] for b in rows]), torch.stack([outs[b][1] for b in rows])
+        return (torch.stack([outs[b][0][:want] for b in rows]), torch.stack([outs[b][1][:want] for b in rows]))
 
     def warm_up_compiled(self, k: int = 5) -> None:
         """Compile the drafting graphs a batch-1 decode of chains (and trees) of ``k`` draft tokens uses: a first
         pass (no cache), later passes of one and of several new real positions, and one with none (``_drafted``)."""
+        k = max(k, COMPILED_MIN_K)
         warm_up(self, ((k + 3, False, k), (k, False, k), (k + 2, False, k), (k - 1, False, 0)))
 
     def _row_logits(self, state: DecodeState, k: int) -> tuple[list[int], torch.Tensor | None]:

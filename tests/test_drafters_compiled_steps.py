@@ -23,11 +23,6 @@ from drafterkit.drafters.peagle import PEagleConfig, PEagleDrafter
 
 PROMPTS = [[5, 9, 11, 4, 7, 5, 9, 11, 4]]
 
-#: a strict expected failure until the head's graphs stop compiling again inside a decode
-RECOMPILES = pytest.mark.xfail(strict=True, reason=(
-    "known defect: in a decode the head's drafting graph compiles again for cut-back caches and pass sizes the "
-    "warm-up's graphs should serve (dynamo guard failures on past's strides and ids' sizes; TORCH_LOGS=recompiles "
-    "shows them), so eval --compile times compiles"))
 DECODES = (None, "2,1", "dynamic:4:2:2")
 
 
@@ -115,7 +110,6 @@ def test_a_peagle_head_decodes_compiled_as_eager():
 
 
 @pytest.mark.slow
-@RECOMPILES
 @pytest.mark.parametrize("kind,k", [("eagle3", 3), ("peagle", 5)])
 def test_warm_up_compiles_every_drafting_graph_a_batch_one_decode_uses(kind, k):
     target, head = world(8, kind)
@@ -131,7 +125,6 @@ def test_warm_up_compiles_every_drafting_graph_a_batch_one_decode_uses(kind, k):
 
 
 @pytest.mark.slow
-@RECOMPILES
 def test_a_cut_back_cache_and_a_row_of_a_wider_output_reuse_the_warm_graphs():
     """A decode hands the head views: its cache cut back after rejected drafts (a view into the longer cache) and the
     last row of a pass's output; their strides are not a new tensor's, and must not compile the graphs again."""

@@ -32,6 +32,10 @@ class HeadPass(nn.Module):
             module.__dict__.pop("forward", None)
         compiled.few_row_linears(self.head)  # a few rows' bf16 GEMMs through decode.few_rows' kernel
         self.head.reset(0)
+        device = next(self.head.parameters()).device
+        for module in self.head.modules():  # RoPE's inverse frequencies made now, not by the graph's first call
+            if getattr(module, "_inv_freq", False) is None:
+                module.rope(torch.zeros(1, 1, dtype=torch.long, device=device), torch.float32)
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past,
                 real: bool, keep: int):
