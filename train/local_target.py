@@ -4,6 +4,7 @@ converts or loads weights, so a recipe is checked against its target in a second
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,9 @@ def local_config(name_or_path: str):
     """The target's transformers config when local files alone give it (see :func:`local_layer_count`), else None."""
     from transformers import AutoConfig
 
-    from drafterkit.assets.target import target_folder_problem
-
+    problem = importlib.import_module("drafterkit.assets.target").target_folder_problem  # torch: loaded when used
     path = local_target_source(name_or_path)
-    if path is None or (Path(path).is_dir() and target_folder_problem(path, weights=False, tokenizer=False)):
+    if path is None or (Path(path).is_dir() and problem(path, weights=False, tokenizer=False)):
         return None  # a folder that is no target (a drafter checkpoint or export): refused when the target loads
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
