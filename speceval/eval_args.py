@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 from drafterkit.speceval.prompts import check_benchmark
 
-__all__ = ["BASELINES", "DEFAULT_DATASTORE", "RECORDED", "EvalConfig", "RunOptions", "add_arguments", "check_plots_dir",
-           "field_flag", "flag_fields"]
+__all__ = ["BASELINES", "DEFAULT_DATASTORE", "MAX_DRAFT_TOKENS", "RECORDED", "EvalConfig", "RunOptions",
+           "add_arguments", "check_plots_dir", "field_flag", "flag_fields", "k_refusal"]
 
 #: the baselines ``drafterkit eval`` can measure next to the drafters (``speceval.methods``)
 BASELINES = ("engine", "hf", "hf-assisted")
@@ -27,6 +27,22 @@ DEFAULT_DATASTORE = "sharegpt"
 #: ``EvalConfig`` field -> its ``drafterkit eval`` flag: the settings a ``decoding.json`` records
 #: (``speceval.recorded``)
 RECORDED = {"dtype": "--dtype", "trees": "--tree", "k": "--k", "draft_thresholds": "--draft-threshold"}
+#: the most draft tokens per verification (K) a drafterkit command takes (eval, tune, serve-check, a recipe's eval.k):
+#: the longest block a DFlash / DSpark drafter drafts (its drafter.options.block_size is at most this,
+#: ``train.options``); a longer chain is almost never accepted to its end, and each verification pass grows with it
+MAX_DRAFT_TOKENS = 32
+
+
+def k_refusal(flag: str, k: int) -> str | None:
+    """Why ``flag`` cannot take ``k`` draft tokens per verification (below 1, or above :data:`MAX_DRAFT_TOKENS`),
+    in one line naming the fix; None when it can."""
+    if k < 1:
+        return f"{flag} must be >= 1, got {k}"
+    if k > MAX_DRAFT_TOKENS:
+        return (f"{flag} {k}: at most {MAX_DRAFT_TOKENS} draft tokens per verification (the longest block a DFlash / "
+                "DSpark drafter drafts; a longer chain is almost never accepted to its end, and every verification "
+                f"pass grows with it); give {flag} of at most {MAX_DRAFT_TOKENS} (3 to 8 is usual)")
+    return None
 
 
 def reads_corpus(spec: str) -> bool:
@@ -100,7 +116,8 @@ class EvalConfig:
     top_k: int = field(default=0, metadata={"help": "sample from the k likeliest tokens; 0: all"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
     k: int = field(default=5, metadata={"help": (
-        "draft tokens per verification (K) of chain rows; at most Medusa's num_heads, DFlash's block_size - 1, "
+        f"draft tokens per verification (K) of chain rows, 1 to {MAX_DRAFT_TOKENS}; at most Medusa's num_heads, "
+        "DFlash's block_size - 1, "
         "DSpark's block_size (a larger --k is refused; left out, their rows use 5 or that bound if smaller)")})
     draft_thresholds: list[float] = field(default_factory=lambda: [0.0], metadata={
         "flag": "--draft-threshold",
@@ -170,14 +187,16 @@ class EvalConfig:
         if bad:
             raise ValueError(f"--baselines: unknown {bad}; choose from {','.join(BASELINES)}")
         for name, value, low in (("--num-prompts", self.num_prompts, 1), ("--max-new-tokens", self.max_new_tokens, 1),
-                                 ("--k", self.k, 1), ("--top-k", self.top_k, 0)):
+                                 ("--top-k", self.top_k, 0)):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        for flag, k in [("--k", self.k), *(("--sweep-k", k) for k in self.sweep_k)]:
+            if problem := k_refusal(flag, k):
+                raise ValueError(problem)
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {self.temperature}, {self.top_p}")
-        if any(k < 1 for k in self.sweep_k) or any(t < 0 for t in self.sweep_temperature) or \
-                any(c < 1 for c in self.concurrency):
-            raise ValueError("--sweep-k and --concurrency values must be >= 1, --sweep-temperature values >= 0")
+        if any(t < 0 for t in self.sweep_temperature) or any(c < 1 for c in self.concurrency):
+            raise ValueError("--concurrency values must be >= 1, --sweep-temperature values >= 0")
         defaults = {f.name: f for f in dataclasses.fields(EvalConfig)}
         for name in ("sweep_k", "sweep_temperature"):  # the default's value given again changes nothing either
             if not self.sweep and getattr(self, name) != defaults[name].default_factory():

@@ -51,6 +51,7 @@ from drafterkit.drafters.export.vllm_support import (cpu_hybrid_problem, eagle3_
 from drafterkit.drafters.kinds import KINDS, serve_formats
 from drafterkit.drafters.target.recurrent import recurrent_target_problem
 from drafterkit.drafters.target.trained_for import trained_for_problem
+from drafterkit.speceval.eval_args import k_refusal
 from drafterkit.speceval.methods import stats_record
 from drafterkit.speceval.prompts import select_prompts
 from drafterkit.speceval.serve_refusals import (MARKER, cpu_attention_refusal, cpu_method_refusal,
@@ -454,6 +455,9 @@ def run(args: argparse.Namespace) -> int:
     (loading, its decoder, the comparison) raised an exception (one line on stderr naming it)."""
     if args.num_prompts < 1 or args.max_new_tokens < 1 or (args.k is not None and args.k < 1):
         print("drafterkit serve-check: error: --num-prompts, --max-new-tokens and --k must be >= 1", file=sys.stderr)
+        return 2
+    if args.k is not None and (problem := k_refusal("--k", args.k)):  # above MAX_DRAFT_TOKENS
+        print(f"drafterkit serve-check: error: {problem}", file=sys.stderr)
         return 2
     try:
         resolve_device(args.device)  # an unknown or absent device, before vLLM or the target loads

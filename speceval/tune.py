@@ -61,7 +61,7 @@ from drafterkit.drafters.tuned import (
     tuned_key,
 )
 from drafterkit.speceval import report
-from drafterkit.speceval.eval_args import DEFAULT_DATASTORE
+from drafterkit.speceval.eval_args import DEFAULT_DATASTORE, k_refusal
 from drafterkit.speceval.eval_run import datastore_loader
 from drafterkit.speceval.harness import check_quiet, machine_info
 from drafterkit.speceval.methods import build_drafter, check_drafter_spec, retrieval_info
@@ -333,8 +333,9 @@ def check_settings(ks, trees, dynamic, max_new_tokens, thresholds=None) -> None:
     """Refuse bad search settings before anything loads.
 
     Raises:
-        ValueError: a K below 1, a malformed static or dynamic tree, ``max_new_tokens`` below 1, or a
-            confidence threshold outside [0, 1) (as ``drafterkit eval --draft-threshold``).
+        ValueError: a K below 1 or above ``speceval.eval_args.MAX_DRAFT_TOKENS``, a malformed static or dynamic
+            tree, ``max_new_tokens`` below 1, or a confidence threshold outside [0, 1) (as ``drafterkit eval
+            --draft-threshold``).
     """
     bad_t = [t for t in thresholds or [] if not 0.0 <= t < 1.0]
     if bad_t or thresholds == []:
@@ -342,6 +343,8 @@ def check_settings(ks, trees, dynamic, max_new_tokens, thresholds=None) -> None:
     bad_k = [k for k in ks or [] if isinstance(k, bool) or not isinstance(k, int) or k < 1]
     if bad_k:
         raise ValueError(f"--k {bad_k[0]!r}: draft chains need K >= 1")
+    if problem := next(filter(None, (k_refusal("--k", k) for k in ks or [])), None):  # above MAX_DRAFT_TOKENS
+        raise ValueError(problem)
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {max_new_tokens}: needs >= 1")
     for t in dynamic or []:

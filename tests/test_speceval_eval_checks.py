@@ -50,6 +50,8 @@ def _eval(world, *extra: str) -> list[str]:
     (["--tree", "3,x"], "--tree '3,x'"),
     (["--target", "/nonexistent/target"], "target /nonexistent/target does not exist"),
     (["--target", "NOCHAT"], "its tokenizer has no chat template"),
+    (["--drafter", "draft:1", "--k", "100"], "--k 100: at most 32 draft tokens per verification"),
+    (["--sweep", "--sweep-k", "1,64"], "--sweep-k 64: at most 32 draft tokens per verification"),
 ])
 def test_usage_errors_come_before_the_tuned_note(world, capsys, extra, error):
     """A tuned checkpoint's note ("decoding settings taken from it") is said only once every argument passed: an
@@ -80,3 +82,26 @@ def test_a_damaged_drafter_folder_is_named_with_what_is_wrong_first(tmp_path, ca
         check_drafter_spec(str(tmp_path))
     assert str(exc.value).startswith(f"--drafter {tmp_path}: {tmp_path} is not a drafter checkpoint")
     assert "config.json is not valid JSON" in str(exc.value) and "not 'ngram'" not in str(exc.value)
+
+
+def test_an_absurd_k_is_refused_by_every_command_that_takes_one(world, capsys, tmp_path):
+    """One bound on draft tokens per verification (the longest block a DFlash / DSpark drafter drafts, also the bound
+    of their block_size): eval's --k above (a draft LM's --k 100 used to run), tune's and serve-check's --k and a
+    recipe's eval.k, each refused in one line before anything loads."""
+    from drafterkit.speceval.eval_args import MAX_DRAFT_TOKENS
+    from drafterkit.speceval.tune import check_settings
+    from drafterkit.train.recipe import RecipeError, recipe_from_dict
+
+    assert MAX_DRAFT_TOKENS == 32
+    with pytest.raises(ValueError, match=r"^--k 33: at most 32 draft tokens per verification .*give --k of at most "):
+        check_settings([3, 33], ["chain"], [], 16)
+    check_settings([32], ["chain"], [], 16)
+    capsys.readouterr()
+    assert cli(["serve-check", str(tmp_path), "--k", "100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("drafterkit serve-check: error: --k 100: at most 32") and len(err.splitlines()) == 1
+    with pytest.raises(RecipeError, match=r"eval\.k"):
+        recipe_from_dict({"output_dir": str(tmp_path / "run"), "eval": {"k": 100}})
+    with pytest.raises(RecipeError, match=r"drafter\.options\.block_size"):
+        recipe_from_dict({"output_dir": str(tmp_path / "run"), "drafter": {"kind": "dspark", "options": {
+            "block_size": 33}}})

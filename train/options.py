@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from drafterkit.assets.records import did_you_mean
+from drafterkit.speceval.eval_args import MAX_DRAFT_TOKENS
 from drafterkit.train.local_target import check_local_feature_layers, local_config, meta_target, vocab_size
 
 
@@ -169,7 +170,7 @@ class DFlashOptions(BaseModel):
     """``drafter.options`` for ``kind: dflash`` (``drafters.dflash``; DFlash, arXiv 2602.06036)."""
 
     model_config = ConfigDict(extra="forbid")
-    block_size: int = Field(8, ge=2, le=32)  # B: one pass drafts B-1 tokens (the block's masked positions)
+    block_size: int = Field(8, ge=2, le=MAX_DRAFT_TOKENS)  # B: one pass drafts B-1 tokens (its masked positions)
     num_layers: int = Field(1, ge=1, le=8)  # draft decoder layers (each reads the context as keys/values)
     # hidden_states ids 1 <= i <= L-1, increasing (vLLM's target_layer_ids = i - 1); None: 3 spread over [2, L-2]
     feature_layers: list[int] | None = None
@@ -198,7 +199,7 @@ class DSparkOptions(DFlashOptions):
     """``drafter.options`` for ``kind: dspark`` (``drafters.dspark``; DSpark, arXiv 2607.05147): DFlash's, with
     ``block_size`` the draft tokens of one pass (the bonus token drafts the first), plus its two heads."""
 
-    block_size: int = Field(7, ge=2, le=32)  # S: one pass drafts S tokens (DSpark's paper: 7)
+    block_size: int = Field(7, ge=2, le=MAX_DRAFT_TOKENS)  # S: one pass drafts S tokens (DSpark's paper: 7)
     markov_rank: int = Field(64, ge=1, le=4096)  # r of the Markov head (V x r, r x N)
     confidence_head: bool = True  # train (and export) the confidence head
     confidence_with_markov: bool = True  # the confidence head also reads the Markov embedding of the previous token

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from drafterkit.speceval.eval_args import MAX_DRAFT_TOKENS
 from drafterkit.train.checkpoint import is_resumable
 from drafterkit.train.recipe_loss import LOSS_NAMES, SECTION_CONFIG, LossSection  # noqa: F401
 from drafterkit.train.data_engines import DataEngines
@@ -250,7 +251,7 @@ class EvalSection(Section):
     prompts: Literal["sharegpt_heldout", "mt_bench"] = "sharegpt_heldout"
     num_prompts: int = Field(8, ge=1)
     max_new_tokens: int = Field(64, ge=1)
-    k: int = Field(5, ge=1)  # draft tokens per verification
+    k: int = Field(5, ge=1, le=MAX_DRAFT_TOKENS)  # draft tokens per verification (speceval.eval_args' bound)
     temperature: float = Field(0.0, ge=0.0)
     batch_size: int = Field(1, ge=1)
 
