@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             if args.compile and r == 0:  # every graph the rows use, compiled once: its seconds recorded apart
                 t0 = time.perf_counter()
                 for d, k in [(None, 1), *ours.values()]:
-                    warm_up_proposer(d)  # a drafter's own compiled graphs (EAGLE-family heads)
+                    warm_up_proposer(d, k)  # a drafter's own compiled graphs (EAGLE-family heads)
                     generate(target, [ids[0]], drafter=d, max_new_tokens=16, num_draft_tokens=k, eos_token_id=eos)
                 compile_s = time.perf_counter() - t0
             dk_passes.append(serve_speed.drafterkit_rows(target, ours, ids, args.max_new_tokens, eos))

@@ -244,7 +244,8 @@ def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row:
     ``None`` where it does not run compiled: compiled mode off, exact mode (``decode.exact_mode``), or building or
     compiling it failed (said once, on stderr; the caller's eager code runs). Drafters run their drafting passes
     through it (``drafters/heads/compiled_steps.py``); ``one_row``: the call is one row (a drafting step at batch 1),
-    whose linear layers get :data:`INDUCTOR_ONE_ROW`'s timed GEMM choice.
+    whose linear layers get :data:`INDUCTOR_ONE_ROW`'s timed GEMM choice. ``args`` are handed over through
+    :func:`standard`, so a view and a new tensor of the same shape reuse one graph.
 
     ``make()``'s module should hold a copy of ``owner``'s weights (its graph freezes them as constants):
     :func:`runs_compiled`, which a decode asks once before it starts, drops it when ``owner``'s weights changed.
@@ -265,6 +266,12 @@ def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row:
     except Exception as exc:  # noqa: BLE001 -- a graph that does not compile: the eager code, said once
         _fail(owner, exc, _modules)
         return None
+
+
+def may_call(owner: nn.Module) -> bool:
+    """Whether :func:`module_call` would run ``owner``'s module compiled now (compiled mode on, not exact mode, no
+    failed compile for it), before anything is built."""
+    return ENABLED and not attention.EXACT and _modules.get(owner, True) is not None
 
 
 def standard(value):

@@ -34,13 +34,14 @@ def warm_up(model: nn.Module, hidden_states=(False,)) -> float:
     return time.perf_counter() - start
 
 
-def warm_up_proposer(proposer) -> float:
+def warm_up_proposer(proposer, k: int = 5) -> float:
     """Compile, before anything is timed, the graphs of a drafter that runs its own drafting passes compiled
-    (:func:`decode.compiled.runs_compiled`; its ``warm_up_compiled`` method), itself or wrapped as ``.drafter``
-    (``drafters.lookup.hybrid.LookupHybrid``). Returns the seconds it took; 0 where nothing compiles."""
+    (:func:`decode.compiled.runs_compiled`; its ``warm_up_compiled(k)`` method), itself or wrapped as ``.drafter``
+    (``drafters.lookup.hybrid.LookupHybrid``), for chains of ``k`` draft tokens (and trees). Returns the seconds it
+    took; 0 where nothing compiles."""
     start = time.perf_counter()
     for module in (proposer, getattr(proposer, "drafter", None)):
         warm = getattr(module, "warm_up_compiled", None)
         if callable(warm) and compiled.runs_compiled(module):
-            warm()
+            warm(k)
     return time.perf_counter() - start

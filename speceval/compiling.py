@@ -34,12 +34,12 @@ def _drafts_compiled(drafter) -> bool:
     return any(runs_compiled(m) for m in (drafter, getattr(drafter, "drafter", None)) if m is not None)
 
 
-def compile_graphs(target, specs: typing.Sequence, log: typing.TextIO | None = None) -> float | None:
+def compile_graphs(target, specs: typing.Sequence, log: typing.TextIO | None = None, k: int = 5) -> float | None:
     """Compile every graph the rows of ``specs`` (``speceval.methods.DrafterSpec``) use next to ``target`` in
     ``decode.compiled_mode``: the target's decoding step and verification pass (with hidden states too where a
     drafter reads them; ``decode.warm.warm_up``) and the drafters' own drafting graphs (``warm_up_proposer``). One
     line on ``log`` (default stderr) before, naming what compiles, that it takes minutes on a CPU and where the
-    kernels are cached, and one after with the seconds it took.
+    kernels are cached, and one after with the seconds it took. ``k``: the rows' chain K where a spec has none.
 
     Returns:
         the seconds it took, or None where the target's passes cannot run compiled
@@ -56,6 +56,6 @@ def compile_graphs(target, specs: typing.Sequence, log: typing.TextIO | None = N
     print(f"drafterkit eval: --compile: compiling {what} before anything is timed; this takes minutes on a CPU "
           f"(TorchInductor caches the kernels in {inductor_cache_dir()}, so a later run compiles faster)",
           file=log, flush=True)
-    seconds = warm_up(target, hidden) + sum(warm_up_proposer(s.drafter) for s in specs)
+    seconds = warm_up(target, hidden) + sum(warm_up_proposer(s.drafter, s.k or k) for s in specs)
     print(f"drafterkit eval: --compile: compiled in {seconds:.1f} s", file=log, flush=True)
     return seconds

@@ -170,7 +170,7 @@ def _evaluate(cfg: EvalConfig, target, tok, datastore, notes: typing.Sequence[st
         raise ValueError("nothing to measure: --drafter none with no --baselines")
     timings["load_s"] = time.perf_counter() - t0
     if cfg.compile:  # every graph the rows use, compiled before anything is timed (speceval.compiling)
-        if (seconds := compile_graphs(target, specs)) is None:
+        if (seconds := compile_graphs(target, specs, k=cfg.k)) is None:
             cfg = dataclasses.replace(cfg, compile=False)  # the record says what ran
         else:
             timings["compile_s"] = seconds

@@ -72,8 +72,9 @@ def test_compiled_drafting_passes_and_decodes_match_eager():
         for on in (False, True):
             with decode.compiled_mode(on):
                 assert proposer_modules(head) == ([] if on else [head])  # compiled: its own graph, not fused
-                outs[on] = decode.generate(target, PROMPTS, max_new_tokens=16, drafter=head, num_draft_tokens=3,
-                                           tree=tree).sequences
+                res = decode.generate(target, PROMPTS, max_new_tokens=16, drafter=head, num_draft_tokens=3,
+                                      tree=tree)
+                outs[on] = res.sequences, res.counts.accepted_at  # the same drafts accepted: the same drafts
         assert outs[True] == outs[False], tree
 
 

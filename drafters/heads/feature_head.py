@@ -118,10 +118,12 @@ class FeatureHeadDrafter(Drafter):
         pos = torch.arange(start, start + m, device=ids.device)[None]
         return self._pass(ids, hidden, pos, causal_mask(m, kv_len(past), ids.device), past, real=real)
 
-    def warm_up_compiled(self) -> None:
-        """Compile every drafting graph a batch-1 decode uses (``compiled_steps.warm_up``); called by
-        ``decode.warm.warm_up_proposer`` in ``decode.compiled_mode``."""
-        warm_up(self)
+    def warm_up_compiled(self, k: int = 5) -> None:
+        """Compile every drafting graph a batch-1 decode with chains of ``k`` draft tokens (and trees) uses
+        (``compiled_steps.warm_up``); called by ``decode.warm.warm_up_proposer`` in ``decode.compiled_mode``. Greedy
+        chains of fewer tokens (the last rounds of a decode) then draft ``k`` and keep what they need."""
+        self._chain_k = k
+        warm_up(self, k=k)
 
     def draft_id_map(self) -> torch.Tensor | None:
         """The target id of each draft-vocabulary id ``[V']`` (what :meth:`logits_and_ids` returns beside the
@@ -142,6 +144,29 @@ class FeatureHeadDrafter(Drafter):
         out, kv, logits = self._step(ids, feats[valid:n - 1].to(dev, dt)[None], valid, past, real=True)
         self._caches[b] = {"kv": kv, "real": n - 1, "last": out[:, -1], "logits": logits[:, -1]}
         return out[:, -1], logits[:, -1]
+
+    def _chained(self, b: int, tokens: list[int], feats: torch.Tensor, stable: int, k: int,
+                 vocab_size: int) -> torch.Tensor | None:
+        """Row ``b``'s greedy chain ``[k]`` drafted by one compiled call (``compiled_steps.head_pass`` with
+        ``chain``: the catch-up and every drafting step in one graph), the cache brought to the real prefix as
+        :meth:`_catch_up` does; None where that does not run (not compiled, nothing new to catch up on), and the
+        caller drafts a step at a time."""
+        dev, dt = self.embed.weight.device, self._dtype()
+        n, cache = len(tokens), self._caches[b]
+        valid = 0 if cache is None else max(0, min(cache["real"], stable - 1))
+        if valid >= n - 1:
+            return None
+        past = trim_kv(cache["kv"], valid) if valid > 0 else None
+        ids = torch.tensor(tokens[valid + 1:n], device=dev)[None]
+        m = ids.shape[1]
+        got = head_pass(self, ids, feats[valid:n - 1].to(dev, dt)[None], torch.arange(valid, n - 1, device=dev)[None],
+                        causal_mask(m, kv_len(past), dev), past, True, 1, max(k, getattr(self, "_chain_k", 0)),
+                        vocab_size)
+        if got is None:
+            return None
+        drafted, kv, out, logits = got
+        self._caches[b] = {"kv": kv, "real": n - 1, "last": out[:, -1], "logits": logits[:, -1]}
+        return drafted[0, :k].cpu()
 
     def _dtype(self) -> torch.dtype:
         return next(self.layer.parameters()).dtype
@@ -240,6 +265,9 @@ class FeatureHeadDrafter(Drafter):
         if len(toks) < 2 or not active:  # nothing to condition on yet: repeat the last token (valid id)
             t = torch.full((k,), toks[-1] if toks[-1] < vocab_size else 0, dtype=torch.long)
             return t, F.one_hot(t, v_out).float(), k if len(toks) < 2 else 0
+        if sampling.greedy and self.draft_threshold <= 0 and (got := self._chained(b, toks, feats, stable, k,
+                                                                                   vocab_size)) is not None:
+            return got, None, k
         n = len(toks)
         hid, logits = self._catch_up(b, toks, feats, stable)  # [1, H], [1, V']: predicts tokens[n]
         past, ids = self._caches[b]["kv"], self.draft_id_map()
