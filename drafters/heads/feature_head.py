@@ -70,7 +70,7 @@ class FeatureHeadDrafter(Drafter):
     KV caches (``past``) are tuples with one ``(k, v)`` per layer, each ``[B, n_kv, S, d]``; row ``b``'s cache
     is ``self._caches[b] = {"kv": past, "real": positions cached, "last": output at the last one [1, H], "logits":
     its draft logits [1, V']}``. Every drafting pass (:meth:`_pass`) runs the layers and the LM head compiled in
-    ``decode.compiled_mode`` (``drafters/heads/compiled_steps.py``).
+    ``decode.compiled_mode`` (``drafters/heads/compiled_steps.py``), and a greedy chain one call a round.
     """
 
     supports_draft_threshold = True
