@@ -167,8 +167,9 @@ class PEagleDrafter(Eagle3Drafter):
         return (torch.stack([outs[b][0][:want] for b in rows]), torch.stack([outs[b][1][:want] for b in rows]))
 
     def warm_up_compiled(self, k: int = 5) -> None:
-        """Compile the drafting graphs a batch-1 decode of chains (and trees) of ``k`` draft tokens uses: a first
-        pass (no cache), later passes of one and of several new real positions, and one with none (``_drafted``)."""
+        """Compile the drafting graphs a batch-1 decode of chains (and trees) of ``k`` draft tokens uses, each over a
+        cache (``compiled_steps.head_pass`` runs a first pass's prefix eagerly): passes of one and of several new real
+        positions before the ``k - 1`` masked ones, and one with none (``_drafted``)."""
         k = max(k, COMPILED_MIN_K)
         warm_up(self, ((k + 3, False, k), (k, False, k), (k + 2, False, k), (k - 1, False, 0)))
 
