@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 import torch
@@ -422,9 +423,27 @@ def test_compile_on_a_target_it_cannot_compile_says_so(tiny_dir, prompts_file, c
     cfg = eval_run.config_from_args(parse(build_parser(), [
         "eval", "--target", str(tiny_dir), "--drafter", "ngram", "--benchmark", str(prompts_file), "--num-prompts",
         "1", "--max-new-tokens", "4", "--compile", "--no-exact", "--no-progress", "--device", "cpu"]))
+    from drafterkit.decode import compiled
+    from drafterkit.speceval import compiling
+
     rec = eval_run.evaluate(cfg, target, tok)
     assert "--compile: the target's passes run uncompiled: attention implementation 'eager'" in capsys.readouterr().err
     assert rec["config"]["compile"] is False and "compile_s" not in rec["timings"]
+    with compiled.compiled_mode():  # nothing else compiles either: a drafter's graphs would compile while timed
+        assert compiling.compile_graphs(target, [], log=sys.stderr) is None and not compiled.ENABLED
+    assert not compiled.ENABLED  # the mode found before the context
+
+
+def test_the_warm_up_covers_the_widest_verification_pass():
+    """A tree's verification pass of more than 8 tokens is a graph of its own (decode.few_rows' kernel takes 8 rows at
+    most): eval's compile step warms it, with the rows each row's tree or chain verifies."""
+    from drafterkit.speceval.compiling import verified_rows
+    from drafterkit.speceval.methods import DrafterSpec
+
+    assert verified_rows(DrafterSpec("ngram", None, None), 5) == 6
+    assert verified_rows(DrafterSpec("ngram", None, None, k=3), 5) == 4
+    assert verified_rows(DrafterSpec("h", None, None, tree="3,2,1"), 5) == 16  # 3 + 3 * 2 + 6 * 1 nodes, the root
+    assert verified_rows(DrafterSpec("h", None, None, tree="dynamic:20:4:4"), 5) == 21
 
 
 def test_compile_says_what_it_compiles_and_how_long_it_took(monkeypatch, capsys):
@@ -432,7 +451,7 @@ def test_compile_says_what_it_compiles_and_how_long_it_took(monkeypatch, capsys)
     the kernels are cached) and one after with the seconds, besides the record's compile_s."""
     from drafterkit.speceval import compiling
 
-    monkeypatch.setattr(compiling, "warm_up", lambda target, hidden: 12.5 if hidden == {False} else 0.0)
+    monkeypatch.setattr(compiling, "warm_up", lambda target, hidden, widest: 12.5 if hidden == {False} else 0.0)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/cache/inductor")
     target = tiny_llama(0).eval()
     assert compiling.compile_graphs(target, []) == 12.5
