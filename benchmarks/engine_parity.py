@@ -97,22 +97,28 @@ def proposers(args, target) -> tuple[dict, list[dict]]:
 
 
 def split(rows: list[dict], bench: list[str], name: str) -> list[dict]:
-    """Rows restricted to one benchmark's prompts (tau stays the pooled one)."""
+    """Rows restricted to one benchmark's prompts (the taus stay the pooled ones)."""
     from drafterkit.speceval.serve_speed import speed_row
 
     keep = {i for i, b in enumerate(bench) if b == name}
-    return [dict(speed_row(r["method"], [p for p in r["per_prompt"] if p[0] in keep]), tau=r.get("tau"),
+    return [dict(speed_row(r["method"], [p for p in r["per_prompt"] if p[0] in keep]), **taus(r),
                  error=r.get("error")) for r in rows]
 
 
+def taus(row: dict) -> dict:
+    """A row's acceptance lengths: ``tau``, ``tau_all`` (vLLM's over every pass), ``tau_drafting`` (drafterkit's over
+    the passes that drafted), those it has."""
+    return {key: row[key] for key in ("tau", "tau_all", "tau_drafting") if row.get(key) is not None}
+
+
 def pooled(passes: list[list[dict]]) -> list[dict]:
-    """One row per method from several passes' rows (their per-prompt entries together; tau of the first pass)."""
+    """One row per method from several passes' rows (their per-prompt entries together; taus of the first pass)."""
     from drafterkit.speceval.serve_speed import speed_row
 
     out = []
     for i, first in enumerate(passes[0]):
         entries = [p for rows in passes for p in rows[i]["per_prompt"]]
-        out.append(dict(speed_row(first["method"], entries), tau=first.get("tau"), error=first.get("error")))
+        out.append(dict(speed_row(first["method"], entries), **taus(first), error=first.get("error")))
     return out
 
 

@@ -74,7 +74,9 @@ def vllm_jobs(target: str, prompts: list[list[int]], eos: list[int], max_new: in
 
 def vllm_rows(jobs: list[dict], result: dict) -> list[dict]:
     """:func:`speed_row` per timed job from the runner's RESULT (a failed job: ``{"method", "error"}``), with
-    vLLM's mean acceptance length ``tau`` (1 + accepted / drafts) where it drafted."""
+    vLLM's mean acceptance length ``tau`` (1 + accepted / drafts) where it drafted, and ``tau_all``, the tokens per
+    verification pass over every pass as drafterkit's ``tau`` counts them: each prompt's tokens after its first
+    (which the prefill gives) over those tokens less the accepted draft tokens (one pass each)."""
     rows = []
     for job, res in zip(jobs, result["results"]):
         if "error" in res:
@@ -83,6 +85,9 @@ def vllm_rows(jobs: list[dict], result: dict) -> list[dict]:
         row = speed_row(job["label"], res.get("per_prompt") or [])
         m = res.get("metrics") or {}
         row["tau"] = 1 + m["num_accepted_tokens"] / m["num_drafts"] if m.get("num_drafts") else None
+        after_first = sum(p[1] - 1 for p in res.get("per_prompt") or [])
+        if row["tau"] is not None and after_first > m["num_accepted_tokens"]:
+            row["tau_all"] = after_first / (after_first - m["num_accepted_tokens"])
         row["load_seconds"] = res.get("load_seconds")
         rows.append(row)
     return rows
@@ -137,6 +142,7 @@ def side_by_side(ours: list[dict], theirs: list[dict]) -> list[dict]:
             r, plain = rows.get(label), rows.get(PLAIN)
             ok = r is not None and plain is not None and r.get("tokens_per_s") and plain.get("tokens_per_s")
             cells[name] = dict(tokens_per_s=r.get("tokens_per_s") if r else None, tau=r.get("tau") if r else None,
+                               tau_all=r.get("tau_all") if r else None,
                                tau_drafting=r.get("tau_drafting", r.get("tau")) if r else None,
                                speedup=r["tokens_per_s"] / plain["tokens_per_s"] if ok else None,
                                interval=ratio_interval(r, plain) if ok and label != PLAIN else None,
@@ -155,10 +161,10 @@ def _x(value, spec: str = "{:.2f}x") -> str:
 
 def markdown_rows(table: list[dict]) -> list[str]:
     """:func:`side_by_side` as a Markdown table: per method each engine's tokens/s, tau and speedup over its own
-    plain decoding with the 95% interval, and drafterkit's speedup / vLLM's. drafterkit's tau is given per
-    verification pass and, after the slash, per pass that verified a draft: vLLM's tau counts only those."""
+    plain decoding with the 95% interval, and drafterkit's speedup / vLLM's. Each engine's tau is given per
+    verification pass and, after the slash, per pass that verified a draft (vLLM's mean acceptance length)."""
     lines = ["| method | drafterkit tokens/s | drafterkit tau (all passes / drafting passes) | drafterkit speedup (95% "
-             "interval) | vLLM tokens/s | vLLM tau (drafting passes) | vLLM speedup (95% interval) | "
+             "interval) | vLLM tokens/s | vLLM tau (all passes / drafting passes) | vLLM speedup (95% interval) | "
              "drafterkit / vLLM speedup |",
              "|---|---|---|---|---|---|---|---|"]
     for r in table:
@@ -170,7 +176,8 @@ def markdown_rows(table: list[dict]) -> list[str]:
                                           else "")
         lines.append(f"| {r['method']} | {_x(d['tokens_per_s'], '{:.1f}')} | {tau} | {cell[0]} | "
                      f"{_x(v['tokens_per_s'], '{:.1f}')}{' (failed: ' + v['error'] + ')' if v['error'] else ''} | "
-                     f"{_x(v['tau'], '{:.2f}')} | {cell[1]} | {ratio} |")
+                     f"{_x(v.get('tau_all'), '{:.2f} / ') if v.get('tau_all') else ''}{_x(v['tau'], '{:.2f}')} | "
+                     f"{cell[1]} | {ratio} |")
     return lines
 
 

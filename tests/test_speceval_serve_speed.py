@@ -58,6 +58,8 @@ def test_each_engine_s_speedup_is_over_its_own_plain_decoding_with_an_interval()
         {"error": "ImportError: no arctic_inference"}]}
     theirs = serve_speed.vllm_rows(jobs, result)
     assert theirs[1]["tau"] == pytest.approx(2.5) and theirs[2]["error"].startswith("ImportError")
+    assert theirs[1]["tau_all"] == pytest.approx(18 / (18 - 6))  # 9 tokens after each prompt's first, 6 accepted
+    assert "tau_all" not in theirs[0]  # plain decoding drafted nothing
     ours = [serve_speed.speed_row("plain", [[0, 10, 2.0], [1, 10, 2.0]]),
             serve_speed.speed_row("ngram", [[0, 10, 1.0], [1, 10, 2.0]])]
     table = {r["method"]: r for r in serve_speed.side_by_side(ours, theirs)}
@@ -71,6 +73,7 @@ def test_each_engine_s_speedup_is_over_its_own_plain_decoding_with_an_interval()
     assert table["suffix"]["vllm"]["speedup"] is None and table["suffix"]["drafterkit"]["tokens_per_s"] is None
     md = "\n".join(serve_speed.markdown_rows(list(table.values())))
     assert "| plain | 5.0 |" in md and "0.50x (plain tokens/s)" in md and "(failed: ImportError" in md
+    assert "| 1.50 / 2.50 |" in md  # vLLM's tau over every pass, then over its drafting passes
     assert len(serve_speed.text_lines(list(table.values()))) == 4
 
 
