@@ -134,7 +134,7 @@ class PEagleDrafter(Eagle3Drafter):
         real positions new since its cache and ``k - 1`` masked positions (rows needing the same range run batched);
         caches the real keys/values only."""
         dev, dt = self.embed.weight.device, self._dtype()
-        want, k = k, max(k, COMPILED_MIN_K) if compiled.runs_compiled(self) else k
+        want, k = k, max(k, COMPILED_MIN_K) if compiled.may_call(self) and dev.type == "cpu" else k
         groups: dict[tuple[int, int], list[int]] = {}
         for b in rows:
             n, cache = len(state.tokens[b]), self._caches[b]
@@ -169,9 +169,10 @@ class PEagleDrafter(Eagle3Drafter):
     def warm_up_compiled(self, k: int = 5) -> None:
         """Compile the drafting graphs a batch-1 decode of chains (and trees) of ``k`` draft tokens uses, each over a
         cache (``compiled_steps.head_pass`` runs a first pass's prefix eagerly): passes of one and of several new real
-        positions before the ``k - 1`` masked ones, and one with none (``_drafted``)."""
+        positions before the ``k - 1`` masked ones (up to ``k + 1``, a chain all accepted and its bonus token), and one
+        with none (``_drafted``)."""
         k = max(k, COMPILED_MIN_K)
-        warm_up(self, ((k + 3, False, k), (k, False, k), (k + 2, False, k), (k - 1, False, 0)))
+        warm_up(self, ((k + 1, False, k), (2 * k, False, k), (k - 1, False, 0)), k)
 
     def _row_logits(self, state: DecodeState, k: int) -> tuple[list[int], torch.Tensor | None]:
         """The rows that can draft (active, >= 2 tokens) and their draft-vocabulary logits ``[R, k, N]``."""

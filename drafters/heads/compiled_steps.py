@@ -17,7 +17,7 @@ import copy
 import torch
 from torch import nn
 
-from drafterkit.decode import compiled
+from drafterkit.decode import compiled, few_rows
 from drafterkit.drafters.heads.layers import causal_mask
 
 
@@ -128,10 +128,15 @@ GREEDY_CHAINS = ((1, True, 1, "k"), (3, True, 1, "k"))
 STEPS_AND_TREES = ((1, True, 1, 0), (3, True, 1, 0), (1, False, 1, 0), (1, False, 0, 0), (3, False, 0, 0))
 
 
-def warm_up(head: nn.Module, passes=GREEDY_CHAINS + STEPS_AND_TREES, k: int = 5) -> None:
+def warm_up(head: nn.Module, passes=None, k: int = 5) -> None:
     """Compile every graph of ``passes`` (``decode.warm.warm_up_proposer`` calls it before anything is timed), each
-    ``(positions, real, keep, chain)`` (``"k"``: ``k``) over the cache of 12 positions an eager pass leaves. Inputs are
-    zeros of the decode's shapes."""
+    ``(positions, real, keep, chain)`` (``"k"``: ``k``) over the cache of 12 positions an eager pass leaves; by default
+    :data:`GREEDY_CHAINS` and :data:`STEPS_AND_TREES`, and catch-ups of ``k + 1`` positions (a chain all accepted and
+    its bonus token) where that is more rows than :data:`decode.few_rows.ROWS`. Inputs are zeros of the decode's
+    shapes."""
+    if passes is None:
+        wide = ((k + 1, True, 1, "k"), (k + 1, True, 1, 0)) if k + 1 > few_rows.ROWS else ()
+        passes = GREEDY_CHAINS + STEPS_AND_TREES + wide
     p = next(head.parameters())
     hidden, width = head.config.hidden_size, len(head.feature_layers) * head.config.hidden_size
 
