@@ -250,7 +250,7 @@ def module_call(owner: nn.Module, make: Callable[[], nn.Module], *args, one_row:
     ``make()``'s module should hold a copy of ``owner``'s weights (its graph freezes them as constants):
     :func:`runs_compiled`, which a decode asks once before it starts, drops it when ``owner``'s weights changed.
     """
-    if not ENABLED or attention.EXACT:
+    if not may_call(owner):
         return None
     if owner not in _modules:
         try:
