@@ -31,9 +31,8 @@ Decoding: each row keeps its context keys/values per layer (a cache re-synchroni
 ``[last committed token, mask x S]`` where ``S = min(K, B-1)`` for K draft tokens asked, as vLLM's
 ``DFlashProposer`` runs ``[bonus, mask x num_speculative_tokens]``: the block attends non-causally, so its length
 moves the logits of every position, and a drafter served at K drafts what it drafts here at K (``mask_slots``
-fixes S instead); draft
-position ``j`` is chosen from its own distribution ``q_j`` (the block's positions do not read each
-other's draft tokens), so rejection sampling stays exact; ``draft_threshold`` cuts the chain where the
+fixes S instead); draft position ``j`` is chosen from its own distribution ``q_j`` (the block's positions do not
+read each other's draft tokens), so rejection sampling stays exact; ``draft_threshold`` cuts the chain where the
 product of ``q_j`` of its tokens falls below it (``decode.cutoff.ChainCutoff``).
 """
 
@@ -48,8 +47,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
-from drafterkit.decode.sampling import select_tokens
+from drafterkit.decode.sampling import sanitize_logits, select_tokens
 from drafterkit.drafters.base import Drafter
+from drafterkit.drafters.block_pass import block_pass, warm_up
 from drafterkit.drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
 from drafterkit.drafters.heads.feature_head import check_target_shape, target_shape_fields
 from drafterkit.drafters.heads.layers import DraftAttention, DraftMLP, RMSNorm
@@ -172,6 +172,8 @@ class DFlashDrafter(Drafter):
     #: block position 0 (the last committed token) drafts too (DSpark's anchor-as-first-prediction: a block of B
     #: positions drafts B tokens, each the next token); False: DFlash's B-1 masked positions draft
     anchor_predicts = False
+    #: a round's block pass runs as one compiled graph in ``decode.compiled_mode`` (``drafters/block_pass.py``)
+    compiled_steps = True
 
     def __init__(self, config: DFlashConfig, target: nn.Module | None = None):
         super().__init__(config)
@@ -344,7 +346,22 @@ class DFlashDrafter(Drafter):
     def block_logits(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
                      stable: list[int], slots: int | None = None) -> torch.Tensor:
         """:meth:`block_hidden` through ``norm`` and the LM head: ``[R, S, N]`` draft-vocabulary logits."""
-        return self.draft_logits(self.block_hidden(rows, tokens, features, stable, slots))
+        return self.block_outputs(rows, tokens, features, stable, slots)[1]
+
+    def block_outputs(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
+                      stable: list[int], slots: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden [R, S, H], logits [R, S, N])``: :meth:`block_hidden` and its draft logits; one row's round is one
+        compiled graph in ``decode.compiled_mode`` (``drafters.block_pass.block_pass``)."""
+        if len(rows) == 1 and (got := block_pass(self, rows[0], tokens[rows[0]], features[rows[0]],
+                                                 stable[rows[0]], slots)) is not None:
+            return got
+        hidden = self.block_hidden(rows, tokens, features, stable, slots)
+        return hidden, self.draft_logits(hidden)
+
+    def warm_up_compiled(self, k: int = 5) -> None:
+        """Compile the block-pass graphs of a batch-1 decode with chains of ``k`` (``drafters.block_pass.warm_up``);
+        ``decode.warm.warm_up_proposer`` calls it in ``decode.compiled_mode``."""
+        warm_up(self, k)
 
     def block_hidden(self, rows: list[int], tokens: list[list[int]], features: list[torch.Tensor],
                      stable: list[int], slots: int | None = None) -> torch.Tensor:
@@ -440,7 +457,12 @@ def select_parallel(logits: torch.Tensor, k: int, sampling: SamplingParams, gene
     steps = min(k, logits.shape[1])
     cut = ChainCutoff(threshold, r_n, steps)
     picked, qs = [], []
-    for i in range(steps):
+    if sampling.greedy:  # every position's argmax at once: select_tokens' choice, one pass over the logits
+        best = sanitize_logits(logits[:, :steps], vocab_size if ids is None else None).argmax(-1)  # [R, steps]
+        for i in range(steps):
+            cut.update(i, best[:, i], logits=logits[:, i])  # a no-op without a threshold
+        picked = list((best if ids is None else ids[best]).unbind(1))
+    for i in range(0 if sampling.greedy else steps):
         tok, p = select_tokens(logits[:, i], sampling, vocab_size if ids is None else None, generator)
         cut.update(i, tok, logits=logits[:, i], probs=p)
         picked.append(tok if ids is None else ids[tok])

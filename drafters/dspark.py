@@ -163,16 +163,17 @@ class DSparkDrafter(DFlashDrafter):
         then the Markov head left to right (:meth:`chain`). ``lengths`` caps each chain at the block's positions and,
         with :attr:`verify_cost`, at :func:`verified_length` of the confidences (``DFlashDrafter.propose`` runs the
         rest: rows without target context yet or inactive propose nothing)."""
-        hidden = self.block_hidden(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, H]
-        return self.chain(hidden, last.to(hidden.device), k, sampling, generator, state.vocab_size)
+        hidden, logits = self.block_outputs(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, .]
+        return self.chain(hidden, last.to(hidden.device), k, sampling, generator, state.vocab_size, logits)
 
     def cuts_chains(self) -> bool:
         """With :attr:`verify_cost` set, the confidence head decides each chain's verified length."""
         return self._verify_cost is not None
 
     def chain(self, hidden: torch.Tensor, prev: torch.Tensor, k: int, sampling: SamplingParams,
-              generator: torch.Generator | None, vocab_size: int):
-        """The sequential stage over block outputs ``hidden [R, S, H]`` after the anchors ``prev [R]``.
+              generator: torch.Generator | None, vocab_size: int, logits: torch.Tensor | None = None):
+        """The sequential stage over block outputs ``hidden [R, S, H]`` after the anchors ``prev [R]`` (``logits``:
+        their draft logits ``[R, S, N]`` where already computed).
 
         Returns:
             ``(tokens [R, k] target ids, q [R, k, V] or None when greedy, lengths [R])`` as
@@ -182,7 +183,7 @@ class DSparkDrafter(DFlashDrafter):
         """
         r_n, ids = hidden.shape[0], self.draft_ids()
         steps = min(k, hidden.shape[1])
-        base = self.draft_logits(hidden)  # [R, S, N]
+        base = self.draft_logits(hidden) if logits is None else logits  # [R, S, N]
         if ids is not None:  # reduced draft vocabulary: draft ids mapping past vocab_size are never proposed
             base = base.masked_fill((ids >= vocab_size)[None, None], float("-inf"))
         picked, qs, prevs = [], [], []

@@ -21,21 +21,30 @@ from drafterkit.decode import compiled, few_rows
 from drafterkit.drafters.heads.layers import causal_mask
 
 
+def graph_copy(drafter: nn.Module) -> nn.Module:
+    """A copy of ``drafter`` for a compiled graph to freeze: its caches emptied (``reset(0)``), the engine's per-decode
+    layer swaps (``decode.fused``) left out, its bf16 linear layers of a few rows through :mod:`decode.few_rows`'
+    kernel, and RoPE's inverse frequencies made now rather than by the graph's first call (which would guard on them
+    being None)."""
+    copied = copy.deepcopy(drafter)
+    for module in copied.modules():
+        module.__dict__.pop("forward", None)
+    compiled.few_row_linears(copied)
+    copied.reset(0)
+    device = next(copied.parameters()).device
+    for module in copied.modules():
+        if getattr(module, "_inv_freq", False) is None:
+            module.rope(torch.zeros(1, 1, dtype=torch.long, device=device), torch.float32)
+    return copied
+
+
 class HeadPass(nn.Module):
     """A copy of a feature head (``drafters.heads.feature_head.FeatureHeadDrafter``) whose forward is one drafting
     pass; see :func:`head_pass` for the arguments."""
 
     def __init__(self, head: nn.Module):
         super().__init__()
-        self.head = copy.deepcopy(head)
-        for module in self.head.modules():  # the engine's per-decode layer swaps (decode.fused) are not copied
-            module.__dict__.pop("forward", None)
-        compiled.few_row_linears(self.head)  # a few rows' bf16 GEMMs through decode.few_rows' kernel
-        self.head.reset(0)
-        device = next(self.head.parameters()).device
-        for module in self.head.modules():  # RoPE's inverse frequencies made now, not by the graph's first call
-            if getattr(module, "_inv_freq", False) is None:
-                module.rope(torch.zeros(1, 1, dtype=torch.long, device=device), torch.float32)
+        self.head = graph_copy(head)
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past,
                 real: bool, keep: int, chain: int = 0, vocab_size: int = 0):
