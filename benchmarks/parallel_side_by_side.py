@@ -3,7 +3,8 @@
     python benchmarks/parallel_side_by_side.py --runs runs/sbs --out runs/sbs/eval --threads 1
 
 Training (done before, one ``drafterkit train`` per kind, see docs/benchmarks/parallel-drafters.md for the command
-lines): ``RUNS/<kind>/checkpoints/last`` for each of :data:`KINDS`; a missing one stops the script.
+lines): ``RUNS/<kind>/checkpoints/last`` for each of :data:`KINDS` (``--checkpoint KIND=NAME``: its
+``checkpoints/NAME`` instead, e.g. ``step-970`` of a longer run); a missing one stops the script.
 
 Measurement: per benchmark ONE ``drafterkit eval`` with the four drafters ALONE, prompt lookup (``ngram``) and the
 engine's plain decoding, on the questions the quickstart never measures
@@ -94,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-threshold", default="0,0.1", help="comma-separated, each measured side by side")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--checkpoint", action="append", default=[], metavar="KIND=NAME",
+                   help="measure RUNS/KIND/checkpoints/NAME instead of .../last")
     p.add_argument("--drop-prompts", action="append", default=[], metavar="BENCHMARK:I,J",
                    help="prompt indices left out of tokens/s on that benchmark (module docstring)")
     return p
@@ -102,11 +105,15 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    ckpts = {kind: args.runs / kind / "checkpoints" / "last" for kind in KINDS}
+    names = dict(c.split("=", 1) for c in args.checkpoint)
+    if unknown := sorted(set(names) - set(KINDS)):
+        raise SystemExit(f"--checkpoint names kinds {unknown}; the kinds measured are {', '.join(KINDS)}")
+    ckpts = {kind: args.runs / kind / "checkpoints" / names.get(kind, "last") for kind in KINDS}
     if missing := [str(c) for c in ckpts.values() if not c.is_dir()]:
         raise SystemExit(f"no trained drafter at {', '.join(missing)}; train each kind first (module docstring)")
     thresholds = args.draft_threshold.split(",")
-    lines = [f"DSpark, DFlash, P-EAGLE, EAGLE-3 ({args.runs}); chains of {args.k} at draft thresholds "
+    where = ", ".join(str(c) for c in ckpts.values())
+    lines = [f"DSpark, DFlash, P-EAGLE, EAGLE-3 ({where}); chains of {args.k} at draft thresholds "
              f"{args.draft_threshold}; {args.num_prompts} unseen prompts x {args.max_new_tokens} new tokens, "
              f"{args.dtype}", ""]
     best = []
