@@ -134,14 +134,20 @@ class PEagleDrafter(Eagle3Drafter):
         real positions new since its cache and ``k - 1`` masked positions (rows needing the same range run batched);
         caches the real keys/values only."""
         dev, dt = self.embed.weight.device, self._dtype()
-        want, k = k, max(k, COMPILED_MIN_K) if compiled.may_call(self) and dev.type == "cpu" else k
+        # compiled, the graph maps every input through fc (real_input): the features and mask_hidden both
+        raw = compiled.may_call(self) and dev.type == "cpu"
+        want, k = k, max(k, COMPILED_MIN_K) if raw else k
         groups: dict[tuple[int, int], list[int]] = {}
         for b in rows:
             n, cache = len(state.tokens[b]), self._caches[b]
             valid = 0 if cache is None else max(0, min(cache["real"], state.num_stable[b] - 1))
             groups.setdefault((valid, n), []).append(b)
         outs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        m_ids, m_hid = self.mask_inputs((k - 1,), dt)
+        if raw:
+            m_ids = torch.full((k - 1,), self.config.mask_token_id, dtype=torch.long, device=dev)
+            m_hid = self.mask_hidden.to(dt).expand(k - 1, -1)
+        else:
+            m_ids, m_hid = self.mask_inputs((k - 1,), dt)
         for (valid, n), group in groups.items():
             past = None if valid == 0 else tuple(  # per layer: the group's rows' caches cut to `valid`, stacked
                 tuple(torch.cat(rows) for rows in zip(*layer))
@@ -149,12 +155,12 @@ class PEagleDrafter(Eagle3Drafter):
             fresh = n - 1 - valid  # real positions valid .. n-2
             ids = torch.stack([torch.cat([torch.tensor(state.tokens[b][valid + 1:n], dtype=torch.long, device=dev),
                                           m_ids]) for b in group])  # [G, fresh + k - 1]
-            hid = torch.stack([torch.cat([self.real_input(state.features[b][valid:n - 1].to(dev, dt)), m_hid])
-                               for b in group])  # [G, fresh + k - 1, H]
+            feats = [state.features[b][valid:n - 1].to(dev, dt) for b in group]
+            hid = torch.stack([torch.cat([f if raw else self.real_input(f), m_hid]) for f in feats])  # [G, ., H or 3H]
             pos = torch.arange(valid, n - 2 + k, device=dev)[None].expand(len(group), -1)
             # the logits of the last real position's output and the masked ones' (only the masked ones' when the
             # cache holds the last real output already)
-            out, kv, logits = self._pass(ids, hid, pos, causal_mask(ids.shape[1], valid, dev), past,
+            out, kv, logits = self._pass(ids, hid, pos, causal_mask(ids.shape[1], valid, dev), past, real=raw,
                                          keep=k if fresh > 0 else 0)
             for g, b in enumerate(group):
                 if fresh > 0:  # every layer's keys/values of the real positions only
@@ -172,7 +178,7 @@ class PEagleDrafter(Eagle3Drafter):
         positions before the ``k - 1`` masked ones (up to ``k + 1``, a chain all accepted and its bonus token), and one
         with none (``_drafted``)."""
         k = max(k, COMPILED_MIN_K)
-        warm_up(self, ((k + 1, False, k), (2 * k, False, k), (k - 1, False, 0)), k)
+        warm_up(self, ((k + 1, True, k), (2 * k, True, k), (k - 1, True, 0)), k)
 
     def _row_logits(self, state: DecodeState, k: int) -> tuple[list[int], torch.Tensor | None]:
         """The rows that can draft (active, >= 2 tokens) and their draft-vocabulary logits ``[R, k, N]``."""

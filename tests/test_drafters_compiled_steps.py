@@ -121,13 +121,14 @@ def test_warm_up_compiles_every_drafting_graph_a_batch_one_decode_uses(kind, k):
             for tree in DECODES if kind == "eagle3" else (None,):
                 for prompt in (PROMPTS[0], PROMPTS[0][:2], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]):
                     decode.generate(target, [prompt], max_new_tokens=12, drafter=head, num_draft_tokens=k, tree=tree)
-            if kind == "peagle":  # a chain all accepted: its k + 1 new real positions and k - 1 masked ones
+            if kind == "peagle":  # a chain all accepted: its k + 1 new real positions and k - 1 masked ones (every
+                # input through fc in the graph: features and mask_hidden)
                 width = 3 * head.config.hidden_size
                 with torch.inference_mode():
                     _, past = head._layer(torch.ones(1, 9, dtype=torch.long), head.real_input(torch.zeros(1, 9, width)),
                                           torch.arange(9)[None], causal_mask(9, 0), None)
-                    head._pass(torch.ones(1, 2 * k, dtype=torch.long), torch.zeros(1, 2 * k, head.config.hidden_size),
-                               torch.arange(9, 9 + 2 * k)[None], causal_mask(2 * k, 9), past, keep=k)
+                    head._pass(torch.ones(1, 2 * k, dtype=torch.long), torch.zeros(1, 2 * k, width),
+                               torch.arange(9, 9 + 2 * k)[None], causal_mask(2 * k, 9), past, real=True, keep=k)
         assert compiled._modules[head] is not None  # nothing compiled while decoding
     assert warm.warm_up_proposer(head) < 0.5  # compiled mode off: nothing to compile
 
