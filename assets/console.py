@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -25,6 +26,21 @@ def make_console(file=None, min_width: int = MIN_TABLE_WIDTH):
     if not console.is_terminal:
         console = Console(file=file, width=max(console.width, min_width))
     return console
+
+
+#: seconds between two refreshes of a progress bar written to a log or a pipe (:func:`progress_for_logs`)
+LOG_REFRESH_S = 30
+
+
+def progress_for_logs(stream=None) -> None:
+    """Where ``stream`` (default stderr) is not a terminal (a log file, ``nohup``, CI), progress bars refresh every
+    :data:`LOG_REFRESH_S` seconds instead of ten times a second: each refresh there is one more line, thousands over a
+    training run. Through tqdm's ``TQDM_MININTERVAL``, which tqdm reads when it is imported: called before that (the
+    CLI does, first), every bar of the process follows it (drafterkit's, transformers' and datasets'); a value the
+    user set wins."""
+    stream = sys.stderr if stream is None else stream
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        os.environ.setdefault("TQDM_MININTERVAL", str(LOG_REFRESH_S))
 
 
 def disable_progress_bars() -> None:

@@ -13,7 +13,7 @@ from drafterkit.decode.cache import RaggedCache
 from drafterkit.decode.fused import fused_projections
 
 
-def warm_up(model: nn.Module, hidden_states=(False,), widest: int = 8) -> float:
+def warm_up(model: nn.Module, hidden_states=(False,), widest: int = few_rows.ROWS) -> float:
     """Compile, before anything is timed, every graph a batch-1 decode of ``model`` uses: a decoding step (no mask)
     and a pass of several tokens (a mask: chains' and trees' verification; ``widest``: the most tokens one holds, a
     tree's nodes and the root: past :data:`decode.few_rows.ROWS` a pass is a graph of its own), each with and without

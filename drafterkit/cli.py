@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from drafterkit.assets.console import Parser, deepspeed_quiet, user_warnings
+from drafterkit.assets.console import Parser, deepspeed_quiet, progress_for_logs, user_warnings
 
 
 class Verb(NamedTuple):
@@ -128,6 +128,7 @@ def requested_verb(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = requested_verb(argv)
+    progress_for_logs()
     try:
         args = parse(build_parser(only=verb), argv)
         run = load_runner(args.verb)  # imports torch and the verb's modules: seconds

@@ -29,3 +29,24 @@ def test_a_console_off_a_terminal_is_wide_enough_for_the_tables():
     from drafterkit.assets.console import MIN_TABLE_WIDTH, make_console
 
     assert make_console(file=io.StringIO()).width >= MIN_TABLE_WIDTH
+
+
+
+def test_bars_written_to_a_log_refresh_rarely_and_the_users_setting_wins():
+    """Off a terminal every tqdm refresh is one more line of the log: there the CLI's bars refresh every
+    LOG_REFRESH_S seconds (tqdm reads ``TQDM_MININTERVAL`` when it is imported, so the CLI sets it before any verb
+    imports tqdm); a value the user set wins."""
+    import os
+    import subprocess
+    import sys
+
+    from drafterkit.assets.console import LOG_REFRESH_S
+
+    code = ("import sys; from drafterkit import cli; assert 'tqdm' not in sys.modules; "
+            "from drafterkit.assets.console import progress_for_logs; progress_for_logs(); "
+            "from tqdm import tqdm; print(tqdm(total=1).mininterval)")
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_MININTERVAL"}
+    for user, want in ((None, LOG_REFRESH_S), ("2", 2)):
+        run_env = env if user is None else {**env, "TQDM_MININTERVAL": user}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert float(out.stdout.split()[-1]) == want
