@@ -10,8 +10,9 @@ has AVX-512 BF16: each weight read once whatever the row count. Elsewhere a deco
 the faster, timed when its graph compiles (``max_autotune``), of inductor's C++ GEMM template (generated for the
 CPU's vector units: AVX-512, AMX where present) and ATen's oneDNN call (:data:`INDUCTOR_ONE_ROW`), and other passes
 oneDNN's (``docs/benchmarks/engine.md`` has what each buys). Drafters compile their own passes through
-:func:`module_call` (EAGLE-family heads: ``drafters/heads/compiled_steps.py``). Shapes are dynamic
-(``dynamic=True``): one graph serves every cache length and pass size; a pass with an attention mask and one
+:func:`module_call` (EAGLE-family heads: ``drafters/heads/compiled_steps.py``; DFlash and DSpark:
+``drafters/block_pass.py``). Shapes are dynamic (``dynamic=True``): one graph serves every cache length and pass
+size; a pass with an attention mask and one
 without (a decoding step that sees every column) are two graphs, and a pass that returns hidden states
 (EAGLE-family drafters read them) two more.
 The cache's keys and values live in buffers allocated for the whole decode (``RaggedCache``'s capacity) and each
