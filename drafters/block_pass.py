@@ -34,16 +34,20 @@ class BlockPass(nn.Module):
         self.drafter = graph_copy(drafter)
         self.first = 0 if drafter.anchor_predicts else 1
 
-    def forward(self, feats: torch.Tensor, ctx_pos: torch.Tensor, past, ids: torch.Tensor, pos: torch.Tensor):
+    def forward(self, feats: torch.Tensor, ctx_pos: torch.Tensor, past, ids: torch.Tensor, pos: torch.Tensor,
+                chain: bool = False, vocab_size: int = 0):
         d = self.drafter
         new = d.context_kv(d.context(feats), ctx_pos)
         kv = tuple((torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(past, new))
         hidden = d.block(ids, pos, kv, None)[:, self.first:]
-        return kv, hidden, d.draft_logits(hidden)
+        logits = d.draft_logits(hidden)
+        if not chain:
+            return kv, hidden, logits
+        return kv, hidden, logits, d.greedy_chain(logits, ids[:, 0], vocab_size)
 
 
 def block_pass(drafter: nn.Module, row: int, tokens: list[int], features: torch.Tensor, stable: int,
-               slots: int | None = None):
+               slots: int | None = None, chain: bool = False, vocab_size: int = 0):
     """Decoder row ``row``'s block pass compiled, its context cache brought up to date; or ``None`` where it does not
     run compiled and the caller runs the eager code: compiled mode off, exact mode, off the CPU, a failed compile (said
     once), or a context cache of fewer than 2 stable rows or with no new row (the graphs specialise sizes 0 and 1, so
@@ -53,10 +57,12 @@ def block_pass(drafter: nn.Module, row: int, tokens: list[int], features: torch.
         drafter: a ``drafters.dflash.DFlashDrafter`` (DSpark included). row: the decoder row. tokens: its committed
             tokens. features: ``[len(tokens) - 1, nF*H]`` its target features. stable: its ``num_stable`` (the
             context rows of a prefix still committed). slots: the block's draft positions S
-            (``DFlashDrafter.block_hidden``).
+            (``DFlashDrafter.block_hidden``). chain: the same graph goes on to draft the greedy chain of every
+            position (DSpark's ``greedy_chain``, over the target's ``vocab_size`` ids).
 
     Returns:
-        ``(hidden [1, S, H] pre-norm, logits [1, S, N] draft-vocabulary)``, as ``DFlashDrafter.block_outputs``.
+        ``(hidden [1, S, H] pre-norm, logits [1, S, N] draft-vocabulary)``, as ``DFlashDrafter.block_outputs``; with
+        ``chain``, and the chain's draft tokens ``[1, S]`` (target ids).
     """
     dev = drafter.fc.weight.device
     if dev.type != "cpu" or not getattr(drafter, "compiled_steps", False) or not compiled.may_call(drafter):
@@ -73,20 +79,20 @@ def block_pass(drafter: nn.Module, row: int, tokens: list[int], features: torch.
     pos = torch.arange(len(tokens) - 1, len(tokens) - 1 + blk, device=dev)[None]
     ctx_pos = torch.arange(valid, m, device=dev)[None]
     got = compiled.module_call(drafter, lambda: BlockPass(drafter), features[valid:m].to(dev)[None], ctx_pos, past,
-                               ids, pos)
+                               ids, pos, bool(chain), int(vocab_size))
     if got is None:
         return None
-    kv, hidden, logits = got
-    drafter._caches[row] = {"rows": m, "kv": list(kv)}
-    return hidden, logits
+    drafter._caches[row] = {"rows": m, "kv": list(got[0])}
+    return got[1:]
 
 
 def warm_up(drafter: nn.Module, k: int = 5) -> None:
     """Compile the graphs a batch-1 decode with chains of ``k`` draft tokens uses (``decode.warm.warm_up_proposer``
     calls it, through ``warm_up_compiled``, before anything is timed): rounds after one and after several new context
     rows (up to ``k + 1``, a chain all accepted and its bonus token, where that is more rows than
-    :data:`decode.few_rows.ROWS`), over the context an eager first round of :data:`WARM_CONTEXT` rows leaves. Inputs
-    are zeros of the decode's shapes; the drafter's caches are as they were."""
+    :data:`decode.few_rows.ROWS`), over the context an eager first round of :data:`WARM_CONTEXT` rows leaves, and the
+    same with the greedy chain where the drafter drafts it in the graph (``greedy_chain``). Inputs are zeros of the
+    decode's shapes; the drafter's caches are as they were."""
     kept = drafter.__dict__.get("_caches")
     p = drafter.fc.weight
     slots = drafter.slots_for(k)
@@ -97,7 +103,9 @@ def warm_up(drafter: nn.Module, k: int = 5) -> None:
                 drafter.reset(1)
                 drafter._context_rows([0], [feats[:WARM_CONTEXT]], [WARM_CONTEXT])
                 m = WARM_CONTEXT + new
-                block_pass(drafter, 0, [0] * (m + 1), feats[:m], m, slots)
+                for chain in (False, True) if hasattr(drafter, "greedy_chain") else (False,):
+                    drafter._caches[0]["rows"] = WARM_CONTEXT
+                    block_pass(drafter, 0, [0] * (m + 1), feats[:m], m, slots, chain, drafter.config.vocab_size)
     finally:
         if kept is None:
             drafter.__dict__.pop("_caches", None)

@@ -38,6 +38,7 @@ from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, SamplingParams
 from drafterkit.decode.sampling import select_tokens
 from drafterkit.drafters.base import card_head
+from drafterkit.drafters.block_pass import block_pass
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter, pad_chains
 
 
@@ -163,8 +164,28 @@ class DSparkDrafter(DFlashDrafter):
         then the Markov head left to right (:meth:`chain`). ``lengths`` caps each chain at the block's positions and,
         with :attr:`verify_cost`, at :func:`verified_length` of the confidences (``DFlashDrafter.propose`` runs the
         rest: rows without target context yet or inactive propose nothing)."""
+        if sampling.greedy and self.draft_threshold <= 0 and self._verify_cost is None and len(rows) == 1 and (
+                got := block_pass(self, rows[0], state.tokens[rows[0]], state.features[rows[0]],
+                                  state.num_stable[rows[0]], slots, True, state.vocab_size)) is not None:
+            steps = min(k, got[2].shape[1])  # the greedy chain drafted in the compiled graph
+            return pad_chains(got[2][:, :steps].cpu(), None, torch.full((1,), steps), k, self.config.vocab_size)
         hidden, logits = self.block_outputs(rows, state.tokens, state.features, state.num_stable, slots)  # [R, S, .]
         return self.chain(hidden, last.to(hidden.device), k, sampling, generator, state.vocab_size, logits)
+
+    def greedy_chain(self, logits: torch.Tensor, prev: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """:meth:`chain`'s greedy choice at every block position, as tensors only (the compiled round runs it,
+        ``drafters.block_pass``): ``logits [R, S, N]`` of the block, ``prev [R]`` the anchors -> draft tokens
+        ``[R, S]`` (target ids; ids ``>= vocab_size`` never drafted, NaN never chosen, as
+        ``decode.sampling.sanitize_logits``)."""
+        ids, n = self.draft_ids(), logits.shape[-1]
+        bad = (ids if ids is not None else torch.arange(n, device=logits.device)) >= vocab_size
+        picked = []
+        for i in range(logits.shape[1]):
+            x = (logits[:, i] + self.markov_head.bias(self.markov_head.embed(prev))).float()
+            best = x.nan_to_num(nan=float("-inf")).masked_fill(bad, float("-inf")).argmax(-1)
+            prev = best if ids is None else ids[best]
+            picked.append(prev)
+        return torch.stack(picked, 1)
 
     def cuts_chains(self) -> bool:
         """With :attr:`verify_cost` set, the confidence head decides each chain's verified length."""

@@ -14,6 +14,7 @@ import torch
 from conftest import tiny_llama
 from drafterkit import decode
 from drafterkit.decode import compiled, warm
+from drafterkit.decode.protocol import SamplingParams
 from drafterkit.drafters.block_pass import block_pass
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter
 from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter
@@ -71,3 +72,18 @@ def test_warm_decodes_match_eager_and_compile_nothing_more(kind, k):
     assert compiled._modules[d] is not None  # nothing compiled while decoding
     assert outs[True] == outs[False]
     assert warm.warm_up_proposer(d, k) < 0.5  # compiled mode off: nothing to compile
+
+
+@pytest.mark.parametrize("vocab", [100, 60])
+def test_dsparks_greedy_chain_in_tensors_is_its_chains_greedy_choice(vocab):
+    """What the compiled round drafts (``greedy_chain``) is what :meth:`DSparkDrafter.chain` drafts greedily, draft ids
+    mapping past the target's vocabulary (60: some do) never drafted."""
+    _, d = world("dspark", 8)
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 4, d.config.hidden_size, generator=gen)
+    prev = torch.tensor([3, 17])
+    with torch.inference_mode():
+        want, _, _ = d.chain(hidden, prev, 4, SamplingParams(), None, vocab)
+        got = d.greedy_chain(d.draft_logits(hidden), prev, vocab)
+    assert got.tolist() == want.tolist()
+    assert got.max() < vocab
