@@ -55,6 +55,10 @@ def candidates(drafter, ks, trees, dynamic, thresholds) -> list[Candidate]:
     return list(dict.fromkeys(out))
 
 
+#: new tokens of the untimed call each method makes before the first rung (:func:`halving`)
+WARM_TOKENS = 8
+
+
 def _call(target, drafter, cand: Candidate | None, rows, seed: int, max_new: int, eos) -> tuple[int, float, float]:
     """One timed ``decode.generate``: (new tokens, seconds, tau)."""
     if cand is not None and getattr(drafter, "supports_draft_threshold", False):
@@ -155,6 +159,9 @@ def halving(target, drafter, prompts: list[Prompt], cands: list[Candidate], conc
     total = sum(b * (a + 1 + len(fixed)) for b, a in zip(plan, alive_counts))
     rows, alive_cands = [], list(cands)
     with tqdm(total=total, desc=search_label(what, concurrency), disable=not progress, leave=False) as bar:
+        first_rows = [prompts[t % len(prompts)].input_ids for t in range(concurrency)]
+        for cand in [None, *fixed, *cands]:  # untimed: a method's first call pays one-time costs (eval's warm-up)
+            _call(target, drafter, cand, first_rows, seed, min(max_new, WARM_TOKENS), eos)
         for r, b in enumerate(plan):
             batches = [[prompts[(j * concurrency + t) % len(prompts)].input_ids for t in range(concurrency)]
                        for j in range(b)]

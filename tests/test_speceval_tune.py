@@ -463,3 +463,29 @@ def test_tune_measures_in_exact_mode_unless_told_and_records_which(world, monkey
         assert rec["exact_mode"] is exact and seen[-1] is exact and not exact_mode_enabled()
     assert not parse(build_parser(), ["tune", str(ckpt)]).no_exact
     assert parse(build_parser(), ["tune", str(ckpt), "--no-exact"]).no_exact
+
+
+def test_every_method_is_called_once_untimed_before_the_first_rung(monkeypatch):
+    """A method's first decode pays one-time costs (kernels built, caches sized): timed, it made plain decoding look
+    twice as slow in the first rung and a drafter that accepted nothing look faster. Each method (plain decoding
+    and each candidate) decodes once, briefly, before anything is timed."""
+    from drafterkit.speceval import tune_search
+    from drafterkit.speceval.prompts import Prompt
+
+    target = tiny_llama(0)
+    medusa = MedusaDrafter(MedusaConfig.from_target(target, num_heads=2), target=target).eval()
+    calls = []
+    real = tune_search._call
+
+    def noted(target, drafter, cand, rows, seed, max_new, eos):
+        calls.append((cand, max_new))
+        return real(target, drafter, cand, rows, seed, max_new, eos)
+
+    monkeypatch.setattr(tune_search, "_call", noted)
+    cands = [Candidate("chain", 2, 0.0), Candidate("2,1", 2, 0.0)]
+    prompts = [Prompt("a", "x", [], [1, 2, 3, 4]), Prompt("b", "x", [], [5, 6, 7])]
+    tune_search.halving(target, medusa, prompts, cands, 1, eta=2, first=1, max_new=12, eos=[], seed=0,
+                        progress=False)
+    warm = [(None, tune_search.WARM_TOKENS)] + [(c, tune_search.WARM_TOKENS) for c in cands]
+    assert calls[:3] == warm
+    assert all(n == 12 for _, n in calls[3:]) and len(calls) > 3
