@@ -63,14 +63,13 @@ def default_feature_layers(num_layers: int, count: int = 3) -> list[int]:
     return sorted({min(max(i, 1), max(num_layers - 1, 1)) for i in raw})
 
 
-def check_dflash_feature_layers(layers, num_layers: int) -> None:
-    """Raise ``ValueError`` unless ``layers`` are distinct increasing ids in ``[1, L-1]`` (what vLLM's
-    ``dflash_config.target_layer_ids`` can name: ``id - 1`` in ``[0, L-2]``)."""
+def check_dflash_feature_layers(layers, num_layers: int, kind: str = "dflash") -> None:
+    """Raise ``ValueError`` (naming ``kind``: dflash or dspark) unless ``layers`` are distinct increasing ids in
+    ``[1, L-1]`` (what vLLM's ``dflash_config.target_layer_ids`` can name: ``id - 1`` in ``[0, L-2]``)."""
     layers = [int(i) for i in layers]
     if not layers or layers != sorted(set(layers)) or layers[0] < 1 or layers[-1] > num_layers - 1:
-        raise ValueError("dflash feature_layers must be distinct increasing hidden_states ids in "
-                         f"[1, {num_layers - 1}] "
-                         f"for a target of {num_layers} layers (vLLM's target_layer_ids = id - 1), got {layers}")
+        raise ValueError(f"{kind} feature_layers must be distinct increasing hidden_states ids in [1, {num_layers - 1}]"
+                         f" for a target of {num_layers} layers (vLLM's target_layer_ids = id - 1), got {layers}")
 
 
 @dataclass
@@ -79,6 +78,7 @@ class DFlashConfig:
     layers; ``block_size`` B (B-1 draft tokens per pass); ``draft_vocab_size`` (0: the target's vocabulary
     and its frozen LM head); ``mask_token_id``: the target embedding row fed at the B-1 masked positions."""
 
+    kind = "dflash"  # named in its errors (not a field)
     vocab_size: int
     hidden_size: int
     target_num_layers: int
@@ -98,13 +98,13 @@ class DFlashConfig:
         if not self.feature_layers:
             self.feature_layers = default_feature_layers(self.target_num_layers)
         self.feature_layers = [int(i) for i in self.feature_layers]
-        check_dflash_feature_layers(self.feature_layers, self.target_num_layers)
+        check_dflash_feature_layers(self.feature_layers, self.target_num_layers, self.kind)
         self.draft_vocab_size = int(self.draft_vocab_size) or self.vocab_size
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], "
                              f"got {self.draft_vocab_size}")
         if self.block_size < 2 or self.num_layers < 1:
-            raise ValueError("dflash needs block_size >= 2 and num_layers >= 1, "
+            raise ValueError(f"{self.kind} needs block_size >= 2 and num_layers >= 1, "
                              f"got {self.block_size}, {self.num_layers}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id must be a target token id in [0, {self.vocab_size}), "

@@ -48,6 +48,7 @@ class DSparkConfig(DFlashConfig):
     included as a drafting position; ``mask_token_id``: the noise token) plus ``markov_rank`` r of the Markov head,
     ``confidence_head`` (train and save one) and ``confidence_with_markov`` (it reads the Markov embedding too)."""
 
+    kind = "dspark"
     markov_rank: int = 64
     confidence_head: bool = True
     confidence_with_markov: bool = True

@@ -100,9 +100,10 @@ def test_a_target_of_another_architecture_is_not_called_a_fine_tune(world, tmp_p
     drafter was trained for another architecture, naming both, instead of "right for a fine-tune of" it."""
     save_family("mistral", tmp_path / "m")
     line = trained_for_problem(world / "run", str(tmp_path / "m"), label="--drafter R")
-    assert line == (f"--drafter R: this eagle3 drafter was trained for target {world / 'a'} (its recipe.yaml), a "
-                    f"llama model, not {tmp_path / 'm'}, a mistral model: a different architecture, whose features the "
-                    f"drafter was not fitted to; pass --target {world / 'a'}, or train a drafter for {tmp_path / 'm'}")
+    assert line == (f"--drafter R: this eagle3 drafter was trained for target {world / 'a'} (its recipe.yaml, "
+                    f"model_type llama), not {tmp_path / 'm'} (model_type mistral): a different architecture, whose "
+                    f"features the drafter was not fitted to; pass --target {world / 'a'}, or train a drafter for "
+                    f"{tmp_path / 'm'}")
     assert "fine-tune" in trained_for_problem(world / "run", str(world / "b"))  # the same architecture: as before
 
 

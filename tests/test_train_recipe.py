@@ -269,7 +269,7 @@ def test_a_dflash_feature_layer_vllm_cannot_capture_is_refused(tmp_path):
     recipe_from_dict(data, ["drafter.options.feature_layers=[1, 3]"])
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "dspark"])
 def test_a_draft_vocab_larger_than_the_targets_vocabulary_is_refused(tmp_path, capsys, kind):
     """An explicit draft_vocab_size above the target's vocabulary (128 here) was clamped while recipe.yaml kept it:
     refused when the recipe is validated (the CLI exits 2 before any model loads), or when the head is built for a

@@ -310,6 +310,7 @@ def check_dflash_recipe(recipe: Any) -> None:
                          f"{steps + 1}, "
                          "or loss.draft_steps: 1, or another loss")
     check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
+    _check_local_draft_vocab(recipe, o)
     check_init_from_target(recipe)
 
 
@@ -326,15 +327,17 @@ def check_dspark_recipe(recipe: Any) -> None:
     if o.confidence_weight > 0 and not o.confidence_head:
         raise ValueError("drafter.options.confidence_weight: drafter kind 'dspark' with confidence_head: false has no "
                          "confidence head to train; set confidence_weight: 0, or confidence_head: true")
-    check_local_feature_layers(recipe, o.feature_layers, _drafters("dflash", "check_dflash_feature_layers"))
+    check = _drafters("dflash", "check_dflash_feature_layers")
+    check_local_feature_layers(recipe, o.feature_layers, lambda layers, n: check(layers, n, "dspark"))
+    _check_local_draft_vocab(recipe, o)
     check_init_from_target(recipe)
 
 
 def draft_vocab_refusal(options: Any, vocab_size: int | None) -> str | None:
-    """Why an EAGLE-3 / P-EAGLE ``draft_vocab_size`` the recipe sets cannot fit a target of ``vocab_size`` tokens
-    (one line naming the option, the target's vocabulary and the fix), or None. Unset (null), it is 8192 fitted to
-    a smaller target's vocabulary (:func:`draft_vocab_for`); a set one is never changed, so the saved recipe says
-    what was trained."""
+    """Why an EAGLE-3 / P-EAGLE / DFlash / DSpark ``draft_vocab_size`` the recipe sets cannot fit a target of
+    ``vocab_size`` tokens (one line naming the option, the target's vocabulary and the fix), or None. Unset (null),
+    EAGLE-3's and P-EAGLE's is 8192 fitted to a smaller target's vocabulary (:func:`draft_vocab_for`), DFlash's and
+    DSpark's the whole vocabulary; a set one is never changed, so the saved recipe says what was trained."""
     n = options.draft_vocab_size
     if vocab_size is None or n is None or n <= vocab_size:
         return None

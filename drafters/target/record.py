@@ -90,9 +90,9 @@ def drafter_problem(folder: Path, kind: str, target: str, *, label: str | None =
         return None  # the target's shape error (drafters.heads.feature_head.check_target_shape) says it all
     types = (model_type(recorded), model_type(target))
     if None not in types and types[0] != types[1]:  # not a fine-tune of the recorded target
-        return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml), a {types[0]} "
-                f"model, not {target}, a {types[1]} model: a different architecture, whose features the drafter was "
-                f"not fitted to; {fix}")
+        return (f"{label}: this {kind} drafter was trained for target {recorded} (its recipe.yaml, model_type "
+                f"{types[0]}), not {target} (model_type {types[1]}): a different architecture, whose features the "
+                f"drafter was not fitted to; {fix}")
     vocab = "the same vocabulary" if mine is not None and theirs is not None else \
         f"a vocabulary not compared ({(recorded if mine is None else target)}'s tokenizer is not available here)"
     shape = "the hidden size and layer count the drafter reads" if shapes else \

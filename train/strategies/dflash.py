@@ -40,7 +40,7 @@ from drafterkit.drafters.target.layers import (
 )
 from drafterkit.train.data import shift_for_next_token
 from drafterkit.train.features import target_logits
-from drafterkit.train.options import DFlashOptions
+from drafterkit.train.options import DFlashOptions, draft_vocab_refusal
 from drafterkit.train.strategies.eagle3 import init_fc_last_feature
 from drafterkit.train.strategies.heads import (
     FeatureHeadStrategy,
@@ -87,6 +87,8 @@ class DFlashStrategy(FeatureHeadStrategy):
 
     def config(self, recipe: Any, target: torch.nn.Module) -> DFlashConfig:
         o: DFlashOptions = recipe.drafter.parsed_options()
+        if why := draft_vocab_refusal(o, target.config.vocab_size):  # a target whose config was not local
+            raise ValueError(why)
         return DFlashConfig.from_target(target, num_layers=o.num_layers, block_size=o.block_size,
                                         draft_vocab_size=o.draft_vocab_size or 0, mask_token_id=o.mask_token_id,
                                         feature_layers=list(o.feature_layers or []))

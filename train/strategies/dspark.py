@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from drafterkit.drafters.dspark import DSparkConfig, DSparkDrafter
-from drafterkit.train.options import DSparkOptions
+from drafterkit.train.options import DSparkOptions, draft_vocab_refusal
 from drafterkit.train.strategies.dflash import DFlashStrategy
 
 
@@ -39,6 +39,8 @@ class DSparkStrategy(DFlashStrategy):
 
     def config(self, recipe: Any, target: torch.nn.Module) -> DSparkConfig:
         o: DSparkOptions = recipe.drafter.parsed_options()
+        if why := draft_vocab_refusal(o, target.config.vocab_size):  # a target whose config was not local
+            raise ValueError(why)
         return DSparkConfig.from_target(target, num_layers=o.num_layers, block_size=o.block_size,
                                         draft_vocab_size=o.draft_vocab_size or 0, mask_token_id=o.mask_token_id,
                                         feature_layers=list(o.feature_layers or []), markov_rank=o.markov_rank,
