@@ -309,6 +309,29 @@ def test_a_resume_with_a_changed_recipe_says_so_and_records_it(world, tmp_path, 
     assert "Resumed at step 2 with a changed recipe: optim.lr" in card and "reruns it" not in card
 
 
+
+def test_a_resume_with_nothing_left_to_train_leaves_last_and_the_recipe_as_they_were(world, tmp_path, capsys):
+    """A checkpoint already at train.max_steps, resumed with another recipe: nothing trains, so nothing may say it
+    did. checkpoints/last (its recipe.yaml, trainer_state.json, the drafter's files) and the run's recipe.yaml keep
+    the recipe the steps ran with, and the run says there was nothing to train."""
+    from drafterkit.train.loop import train
+
+    target, tok = _load(world)
+    over = {"train.max_steps": 2, "optim.warmup_steps": 0}
+    train(_recipe(world, tmp_path / "b", **over), target=target, tokenizer=tok)
+    last, root = tmp_path / "b" / "checkpoints" / "last", tmp_path / "b"
+    before = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+              and "logs" not in p.parts}
+    capsys.readouterr()
+    result = train(_recipe(world, tmp_path / "b", **{**over, "optim.lr": 5e-4, "train.resume": "auto"}),
+                   target=target, tokenizer=tok)
+    out = capsys.readouterr().out
+    assert "nothing to train: the checkpoint is at step 2 and train.max_steps is 2" in out
+    assert result.global_step == 2 and (last / "drafter").is_dir()
+    after = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+             and "logs" not in p.parts}
+    assert after == before
+
 def test_sigint_saves_last_and_resume_auto_takes_newest_complete_checkpoint(world, tmp_path, capsys, monkeypatch):
     from drafterkit.cli import main
     from drafterkit.train import loop

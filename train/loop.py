@@ -138,6 +138,41 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
     """
     preflight(recipe)
     ctx = setup_run(recipe, target, tokenizer)
+    acc, paths = ctx.accelerator, recipe.paths
+    state, resume, done = _resume(ctx, recipe)
+    if acc.is_main_process and not done:  # nothing trained: the run's recipe.yaml stays the one it trained with
+        recipe.save(paths.recipe)
+    acc.init_trackers(recipe.logging.project, config=_flat_config(recipe),
+                      init_kwargs={"wandb": {"name": recipe.logging.run_name, "dir": str(paths.logs)}})
+    data = batches(ctx.data, recipe, state, acc.process_index, acc.num_processes, ctx.pad_id)
+    result = TrainResult(global_step=state.global_step, stopped="max_steps", output_dir=str(paths.root))
+    setup_peak = peak_memory_per_process(acc)
+    reset_peak_memory(acc.device)
+    with StopOnSignal() as stop:
+        _run_steps(ctx, data, state, result, stop, budget_start)
+        if result.stopped == "max_minutes":
+            _save(ctx, paths.last, state)  # the trained steps survive a failing final evaluation
+            ev = _maybe_evaluate(ctx, state, final=True)
+            result.evals += [ev] if ev else []
+        if not done:
+            _save(ctx, paths.last, state)
+    # before end_training, which ends the process group
+    result.train_peak_memory_mb = peak_memory_per_process(acc)
+    result.peak_memory_mb = [max(a, b) for a, b in zip(setup_peak, result.train_peak_memory_mb)]
+    acc.end_training()
+    result.global_step, result.best_score, result.signal = state.global_step, state.best_score, stop.signum
+    result.drafter = str(_report_drafter(ctx, state, result, resume_hint))
+    return result
+
+
+def _resume(ctx: RunContext, recipe: Recipe) -> tuple[TrainerState, Path | None, bool]:
+    """The state to train from: the checkpoint ``train.resume`` finds, or a new one; returns ``(state, the checkpoint
+    or None, done)``. ``done``: the checkpoint has reached ``train.max_steps`` already, so nothing trains and its
+    folder and the run's recipe.yaml are left as they were (a changed recipe is not recorded as trained).
+
+    Raises:
+        RecipeError: the checkpoint's drafter does not fit the one this recipe builds.
+    """
     acc, paths, cfg = ctx.accelerator, recipe.paths, recipe.train
     state = TrainerState()
     resume = find_resume(recipe)
@@ -158,34 +193,18 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
             note = (f" (a checkpoint of another output_dir: its weights, optimizer, step and data position carry "
                     f"over; best tracking starts afresh, so {paths.best} holds this run's evaluations only)")
         acc.print(f"resumed from {resume} at step {state.global_step}{note}")
+        if state.global_step >= cfg.max_steps:
+            acc.print(f"nothing to train: the checkpoint is at step {state.global_step} and train.max_steps is "
+                      f"{cfg.max_steps}; {paths.last} and the run's recipe.yaml are left as they were (raise "
+                      "train.max_steps to train on)")
+            return state, resume, True
         if changed := recipe_changes(resume, recipe):
             state.recipe_changes.append({"step": state.global_step, "changed": changed})
             acc.print(f"resumed with a changed recipe: {changes_text(changed)}; the steps before "
                       f"{state.global_step} ran the earlier one. trainer_state.json and the model card record it")
     elif cfg.resume == "auto":
         acc.print(f"no checkpoint to resume in {paths.checkpoints}; starting at step 0")
-    if acc.is_main_process:
-        recipe.save(paths.recipe)
-    acc.init_trackers(recipe.logging.project, config=_flat_config(recipe),
-                      init_kwargs={"wandb": {"name": recipe.logging.run_name, "dir": str(paths.logs)}})
-    data = batches(ctx.data, recipe, state, acc.process_index, acc.num_processes, ctx.pad_id)
-    result = TrainResult(global_step=state.global_step, stopped="max_steps", output_dir=str(paths.root))
-    setup_peak = peak_memory_per_process(acc)
-    reset_peak_memory(acc.device)
-    with StopOnSignal() as stop:
-        _run_steps(ctx, data, state, result, stop, budget_start)
-        if result.stopped == "max_minutes":
-            _save(ctx, paths.last, state)  # the trained steps survive a failing final evaluation
-            ev = _maybe_evaluate(ctx, state, final=True)
-            result.evals += [ev] if ev else []
-        _save(ctx, paths.last, state)
-    # before end_training, which ends the process group
-    result.train_peak_memory_mb = peak_memory_per_process(acc)
-    result.peak_memory_mb = [max(a, b) for a, b in zip(setup_peak, result.train_peak_memory_mb)]
-    acc.end_training()
-    result.global_step, result.best_score, result.signal = state.global_step, state.best_score, stop.signum
-    result.drafter = str(_report_drafter(ctx, state, result, resume_hint))
-    return result
+    return state, resume, False
 
 
 def _run_steps(ctx: RunContext, data: Iterator[dict], state: TrainerState, result: TrainResult,
