@@ -151,15 +151,15 @@ def generate(target: torch.nn.Module, input_ids: torch.Tensor | list[list[int]],
         draft_tree = parse_tree(tree)
         if isinstance(draft_tree, DynamicTree):
             if not callable(getattr(proposer, "propose_dynamic_tree", None)):
-                raise ValueError(f"dynamic trees need a drafter that grows its tree (propose_dynamic_tree: every "
-                                 f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "
+                raise ValueError(f"dynamic trees need a drafter that grows its tree (propose_dynamic_tree); "
+                                 f"{getattr(proposer, 'kind', type(proposer).__name__)} "
                                  "cannot: give a static tree such as '3,2,1' or tree=None")
         elif max(draft_tree.ranks) >= vocab:
             raise ValueError(f"tree rank {max(draft_tree.ranks)} needs more candidates than the vocabulary has "
                              f"({vocab} tokens): use ranks below it")
         elif not callable(getattr(proposer, "propose_tree", None)):
-            raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree: every "
-                             f"drafters/ kind has it); {getattr(proposer, 'kind', type(proposer).__name__)} "
+            raise ValueError(f"tree drafts need a drafter that can propose a tree (propose_tree); "
+                             f"{getattr(proposer, 'kind', type(proposer).__name__)} "
                              "proposes chains only: pass tree=None")
     if problem := _recurrent_drafting_problem(target, proposer, draft_tree is not None):
         raise ValueError(problem)  # a hybrid target (or draft model) drafts and verifies chains only

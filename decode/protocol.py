@@ -139,7 +139,8 @@ class Proposer(Protocol):
 #   propose_tree(state, tree, sampling, generator) -> Proposal: tree drafts (TreeProposer below).
 #   propose_dynamic_tree(state, spec, sampling, generator) -> Proposal: EAGLE-2 dynamic trees
 #       (``decode.dynamic_tree.DynamicTree`` spec; ``Proposal.trees`` holds each row's tree). Every
-#       drafters/ kind has it; ``decode.dynamic_tree.TreeBuilder`` does the expansion and reranking.
+#       drafters/ kind but the chain-only ones (dflash, dspark) has it; ``decode.dynamic_tree.TreeBuilder`` does the
+#       expansion and reranking.
 
 
 @runtime_checkable

@@ -137,7 +137,8 @@ class EvalConfig:
                 "verified, DEPTH levels, top-TOPK expansion; default dynamic:24:5:4); or auto: one row per "
                 "checkpoint with the chain / tree, K and threshold drafterkit tune recorded for it on this machine "
                 "(as decode.generate(tree='auto')). Tree rows ignore --k (their K column is the tree's depth) and "
-                "the --sweep over K covers chain rows only. A chain-only drafter (dflash) is refused with a tree"})
+                "the --sweep over K covers chain rows only. A chain-only drafter (dflash, dspark) is refused with a "
+                "tree"})
     served_chain: bool = field(default=False, metadata={"help": (
         "also measure each checkpoint alone as a serving engine drafts it, a chain of --k without a draft threshold "
         "(vLLM's num_speculative_tokens): the factor drafterkit export carries (added where no such row is measured)")})

@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"EAGLE-2 dynamic trees tried (dynamic:TOTAL:DEPTH:TOPK, comma-separated; default: "
                         f"{','.join(QUICK_DYNAMIC)}; --thorough: {','.join(DEFAULT_DYNAMIC)}); "
                         "trees, --tree ones too, are tried only for drafters that draw "
-                        "them: one given for a chain-only drafter (dflash) is refused")
+                        "them: one given for a chain-only drafter (dflash, dspark) is refused")
     p.add_argument("--draft-threshold", type=csv_values(float, "--draft-threshold"), default=None,
                    dest="thresholds",
                    help=f"confidence thresholds tried (default: {','.join(map(str, QUICK_THRESHOLDS))}; --thorough: "

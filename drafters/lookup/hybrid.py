@@ -305,8 +305,8 @@ class LookupHybrid:
             ValueError: the wrapped drafter cannot grow dynamic trees.
         """
         if not callable(getattr(self.drafter, "propose_dynamic_tree", None)):
-            raise ValueError(f"{self.kind}: the wrapped drafter cannot grow dynamic trees (propose_dynamic_tree: "
-                             "every drafters/ kind has it); give a static tree such as 3,2,1")
+            raise ValueError(f"{self.kind}: the wrapped drafter cannot grow dynamic trees (propose_dynamic_tree); "
+                             "give a static tree such as 3,2,1")
         conts = [continuations(row, spec.depth, self.max_ngram, self.min_match) if active else []
                  for row, active in zip(state.tokens, state.active)]
         stable, n_active, copied = self._count(state, conts)
