@@ -465,7 +465,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"drafterkit serve-check: error: {exc}", file=sys.stderr)
         return 2
     try:
-        if args.k is not None and (problem := k_problem(args.export, inspect_export(args.export), args.k)):
+        info = inspect_export(args.export)  # a folder that is not an export is said first, before its target
+        if args.k is not None and (problem := k_problem(args.export, info, args.k)):
             raise ServeCheckError(problem)  # a K the export cannot draft, refused as `drafterkit eval` does
         if args.target is None:  # the target its drafter's training recipe records, as `drafterkit eval` finds it
             args.target, line = recorded_target(args.export, args.drafter)

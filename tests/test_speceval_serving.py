@@ -77,6 +77,8 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, capsys):
     (target_like / "config.json").write_text(json.dumps({"kind": "eagle3", "config": {}}))
     assert cli(["serve-check", str(target_like), "--target", "smollm2-135m"]) == 2
     assert "is a drafterkit eagle3 checkpoint, not an export" in capsys.readouterr().err
+    assert cli(["serve-check", str(target_like)]) == 2  # without --target: what the folder is comes first
+    assert "is a drafterkit eagle3 checkpoint, not an export" in capsys.readouterr().err
     draft = tmp_path / "draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({"model_type": "llama"}))
