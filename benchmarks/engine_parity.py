@@ -186,7 +186,8 @@ def main(argv=None) -> int:
              f"{record['machine']['cpu']}, {args.threads} threads, {dtype}, batch 1, greedy, {args.max_new_tokens} "
              f"new tokens, chains of K={args.k}; vLLM {vllm_version} ({record['vllm_mode']}); drafterkit "
              f"{record['drafterkit_mode']}" + (f", compiled in {compile_s:.0f} s" if compile_s is not None else "")
-             + f"; busy cores before: {busy}.", ""]
+             + f"; busy cores before: {busy}. Tokens/s and speedups per benchmark; each tau over both benchmarks' "
+             "prompts.", ""]
     for name, table in tables.items():
         lines += [f"## {name} ({bench.count(name)} prompts)", "", *serve_speed.markdown_rows(table), ""]
     (out / "engine-parity.md").write_text("\n".join(lines) + "\n")
