@@ -6,8 +6,9 @@ is dozens of small operations per layer (the fc over new feature rows, per-layer
 block's attention, the MLP, the LM head) whose Python and dispatch cost more than their arithmetic on a CPU at
 batch 1. Here they run as one graph compiled by TorchInductor with its ``freezing`` option
 (:func:`decode.compiled.module_call`), its bf16 linear layers of a few rows through :mod:`decode.few_rows`' kernel,
-as the EAGLE-family heads' passes do (``drafters/heads/compiled_steps.py``). DSpark's Markov chain and the choice of
-draft tokens stay outside it.
+as the EAGLE-family heads' passes do (``drafters/heads/compiled_steps.py``). A greedy DSpark chain (no threshold,
+no confidence cut) is drafted in the same graph, its Markov head left to right; elsewhere the choice of draft tokens
+runs after it.
 
 The graph computes from a copy of the drafter's weights made when it is built; a decode that starts after they
 changed builds it again (:func:`decode.compiled.runs_compiled`). Exact mode and compiled mode off run the eager
