@@ -167,8 +167,8 @@ def train(recipe: Recipe, *, target=None, tokenizer=None, budget_start: float | 
 
 def _resume(ctx: RunContext, recipe: Recipe) -> tuple[TrainerState, Path | None, bool]:
     """The state to train from: the checkpoint ``train.resume`` finds, or a new one; returns ``(state, the checkpoint
-    or None, done)``. ``done``: the checkpoint has reached ``train.max_steps`` already, so nothing trains and its
-    folder and the run's recipe.yaml are left as they were (a changed recipe is not recorded as trained).
+    or None, done)``. ``done``: the run's own checkpoint has reached ``train.max_steps`` already, so nothing trains and
+    its folder and the run's recipe.yaml are left as they were (a changed recipe is not recorded as trained).
 
     Raises:
         RecipeError: the checkpoint's drafter does not fit the one this recipe builds.
@@ -193,7 +193,7 @@ def _resume(ctx: RunContext, recipe: Recipe) -> tuple[TrainerState, Path | None,
             note = (f" (a checkpoint of another output_dir: its weights, optimizer, step and data position carry "
                     f"over; best tracking starts afresh, so {paths.best} holds this run's evaluations only)")
         acc.print(f"resumed from {resume} at step {state.global_step}{note}")
-        if state.global_step >= cfg.max_steps:
+        if state.global_step >= cfg.max_steps and not note:  # this run's own checkpoint, complete already
             acc.print(f"nothing to train: the checkpoint is at step {state.global_step} and train.max_steps is "
                       f"{cfg.max_steps}; {paths.last} and the run's recipe.yaml are left as they were (raise "
                       "train.max_steps to train on)")
