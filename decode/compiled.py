@@ -275,6 +275,13 @@ def may_call(owner: nn.Module) -> bool:
     return ENABLED and not attention.EXACT and _modules.get(owner, True) is not None
 
 
+def drafts_compiled(owner: nn.Module, device: torch.device) -> bool:
+    """Whether a drafter ``owner`` drafts through :func:`module_call` now on ``device``: it declares
+    ``compiled_steps``, ``device`` is a CPU and :func:`may_call` says yes (the question every compiled drafting path
+    asks before it builds its inputs)."""
+    return device.type == "cpu" and getattr(owner, "compiled_steps", False) and may_call(owner)
+
+
 def standard(value):
     """``value`` with every tensor in it (nested in tuples and lists) laid out with a new tensor's strides (a copy
     where a view's differ: a cache cut back after rejected drafts, one row of a wider output) and every list a tuple.

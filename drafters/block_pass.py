@@ -66,7 +66,7 @@ def block_pass(drafter: nn.Module, row: int, tokens: list[int], features: torch.
         ``chain``, and the chain's draft tokens ``[1, S]`` (target ids).
     """
     dev = drafter.fc.weight.device
-    if dev.type != "cpu" or not getattr(drafter, "compiled_steps", False) or not compiled.may_call(drafter):
+    if not compiled.drafts_compiled(drafter, dev):
         return None
     m, cache = features.shape[0], drafter._caches[row]
     valid = 0 if cache is None else min(cache["rows"], stable, m)

@@ -135,7 +135,7 @@ class PEagleDrafter(Eagle3Drafter):
         caches the real keys/values only."""
         dev, dt = self.embed.weight.device, self._dtype()
         # compiled, the graph maps every input through fc (real_input): the features and mask_hidden both
-        raw = compiled.may_call(self) and dev.type == "cpu"
+        raw = compiled.drafts_compiled(self, dev)
         want, k = k, max(k, COMPILED_MIN_K) if raw else k
         groups: dict[tuple[int, int], list[int]] = {}
         for b in rows:

@@ -103,7 +103,7 @@ def head_pass(head: nn.Module, ids: torch.Tensor, hidden: torch.Tensor, position
         (the chain's own steps are not cached).
     """
     m = ids.shape[1]
-    if ids.device.type != "cpu" or not m or not getattr(head, "compiled_steps", False) or not compiled.may_call(head):
+    if not m or not compiled.drafts_compiled(head, ids.device):
         return None
     # a graph specializes sizes 0 and 1: every compiled pass extends a cache of at least 2 positions
     tail = m if past is not None else min(m - 2, max(TAIL, keep))  # the positions that run compiled
