@@ -134,25 +134,35 @@ def measure(runs: list[dict], bench: str, prompts: Path, temperature: float, out
     return json.loads(path.read_text())
 
 
+def tau_counts(record: dict, method: str) -> dict[int, tuple[int, int]]:
+    """prompt -> (committed tokens, verification passes) of ``method`` in an eval record (its tau per prompt)."""
+    return {int(r["prompt"]): (r["stats"]["committed"], r["stats"]["target_forwards"]) for r in record["runs"]
+            if r.get("method") == method and r.get("stats") and r.get("prompt") is not None}
+
+
 def table(runs: list[dict], evals: dict[str, dict]) -> str:
-    """Markdown: one row per objective (and ngram), tau and x plain per benchmark / temperature (with its 95%
-    interval over the prompts, ``speceval.factors.ratio_interval``)."""
-    from drafterkit.speceval.factors import interval_words, ratio_interval
+    """Markdown: one row per objective (and ngram), per benchmark / temperature its tau, its tau over the first
+    objective's and its tokens/s over plain decoding's, each ratio with its 95% interval from a paired bootstrap
+    over the prompts (``speceval.factors.paired_interval``)."""
+    from drafterkit.speceval.factors import interval_words, paired_interval, ratio_interval
 
     cols = list(evals)
-    head = "| objective | steps | train min | " + " | ".join(f"{c} tau | {c} x plain" for c in cols) + \
-           " | MT-bench T=0 per-position acceptance |"
-    lines = [head, "|" + "---|" * (3 + 2 * len(cols) + 1)]
+    base = runs[0]["objective"] if runs else "-"
+    head = "| objective | steps | train min | " + " | ".join(
+        f"{c} tau | {c} tau / {base}'s | {c} x plain" for c in cols) + " | MT-bench T=0 per-position acceptance |"
+    lines = [head, "|" + "---|" * (3 + 3 * len(cols) + 1)]
     names = [(r["objective"], r) for r in runs] + [("ngram (untrained)", None)]
     for i, (label, r) in enumerate(names):
         cells = [label, str(r["steps"]) if r else "-", f"{r['train_s'] / 60:.1f}" if r else "-"]
         pos = "-"
         for c in cols:
-            row = [s for s in evals[c]["summary"] if s["role"] == "spec"][i]  # in --drafter order
-            plain = next(s for s in evals[c]["summary"] if s["role"] == "plain")
-            spread = ratio_interval(row, plain)  # 95%, paired bootstrap over the prompts
-            cells += [f"{row['tau']:.3f}", f"{row['speedup_vs_engine']:.2f}x"
-                      + (f" ({interval_words(spread)})" if spread else "")]
+            spec = [s for s in evals[c]["summary"] if s["role"] == "spec"]  # in --drafter order
+            row, plain = spec[i], next(s for s in evals[c]["summary"] if s["role"] == "plain")
+            spread = ratio_interval(row, plain)
+            mine, first = (tau_counts(evals[c], s["method"]) for s in (row, spec[0]))
+            over = paired_interval(mine, first) if i else None
+            cells += [f"{row['tau']:.3f}", f"{row['tau'] / spec[0]['tau']:.3f}x ({interval_words(over)})" if i else "-",
+                      f"{row['speedup_vs_engine']:.2f}x" + (f" ({interval_words(spread)})" if spread else "")]
             if c.startswith("mt-bench") and c.endswith("T=0"):
                 reached = row.get("reached_per_position") or [1] * len(row["accept_per_position"])
                 pos = " ".join(f"{a:.2f}" if n else "-" for a, n in zip(row["accept_per_position"], reached))

@@ -52,6 +52,18 @@ def sanitize_logits(logits: torch.Tensor, vocab_size: int | None = None) -> torc
     return torch.where((x == float("-inf")).all(-1, keepdim=True), fill, x)
 
 
+def mask_unproposable(logits: torch.Tensor, ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """``logits [..., N]`` over a draft vocabulary with -inf where the entry may not be proposed: entry ``j`` names
+    target id ``ids[j]`` (``ids [N]``, a reduced draft vocabulary as EAGLE-3's ``d2t``) or ``j`` itself (``ids``
+    None), and ids ``>= vocab_size`` (the target's; padding rows of an LM head) are never drafted. Same shape and
+    dtype (``logits`` itself where nothing can be masked); graph-safe (no host sync): compiled draft rounds use it."""
+    n = logits.shape[-1]
+    if ids is None and n <= vocab_size:
+        return logits
+    bad = (ids if ids is not None else torch.arange(n, device=logits.device)) >= vocab_size
+    return logits.masked_fill(bad, float("-inf"))
+
+
 def greedy_logits(logits: torch.Tensor) -> torch.Tensor:
     """``logits [..., V]`` ready for a greedy ``argmax``: on the CPU, when every logit is finite (the usual
     case), the tensor itself in its own dtype (a bf16 -> fp32 conversion is exact, so the argmax is the

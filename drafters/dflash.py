@@ -47,7 +47,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
-from drafterkit.decode.sampling import sanitize_logits, select_tokens
+from drafterkit.decode.sampling import mask_unproposable, sanitize_logits, select_tokens
 from drafterkit.drafters.base import Drafter
 from drafterkit.drafters.block_pass import block_pass, warm_up
 from drafterkit.drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
@@ -453,7 +453,7 @@ def select_parallel(logits: torch.Tensor, k: int, sampling: SamplingParams, gene
     """
     r_n, v = logits.shape[0], target_vocab
     if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
-        logits = logits.masked_fill((ids >= vocab_size)[None, None], float("-inf"))
+        logits = mask_unproposable(logits, ids, vocab_size)
     steps = min(k, logits.shape[1])
     cut = ChainCutoff(threshold, r_n, steps)
     picked, qs = [], []

@@ -36,7 +36,7 @@ from torch import nn
 
 from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, SamplingParams
-from drafterkit.decode.sampling import select_tokens
+from drafterkit.decode.sampling import mask_unproposable, select_tokens
 from drafterkit.drafters.base import card_head
 from drafterkit.drafters.block_pass import block_pass
 from drafterkit.drafters.dflash import DFlashConfig, DFlashDrafter, pad_chains
@@ -178,12 +178,11 @@ class DSparkDrafter(DFlashDrafter):
         ``drafters.block_pass``): ``logits [R, S, N]`` of the block, ``prev [R]`` the anchors -> draft tokens
         ``[R, S]`` (target ids; ids ``>= vocab_size`` never drafted, NaN never chosen, as
         ``decode.sampling.sanitize_logits``)."""
-        ids, n = self.draft_ids(), logits.shape[-1]
-        bad = (ids if ids is not None else torch.arange(n, device=logits.device)) >= vocab_size
+        ids = self.draft_ids()
         picked = []
         for i in range(logits.shape[1]):
             x = (logits[:, i] + self.markov_head.bias(self.markov_head.embed(prev))).float()
-            best = x.nan_to_num(nan=float("-inf")).masked_fill(bad, float("-inf")).argmax(-1)
+            best = mask_unproposable(x.nan_to_num(nan=float("-inf")), ids, vocab_size).argmax(-1)
             prev = best if ids is None else ids[best]
             picked.append(prev)
         return torch.stack(picked, 1)
@@ -207,7 +206,7 @@ class DSparkDrafter(DFlashDrafter):
         steps = min(k, hidden.shape[1])
         base = self.draft_logits(hidden) if logits is None else logits  # [R, S, N]
         if ids is not None:  # reduced draft vocabulary: draft ids mapping past vocab_size are never proposed
-            base = base.masked_fill((ids >= vocab_size)[None, None], float("-inf"))
+            base = mask_unproposable(base, ids, vocab_size)
         picked, qs, prevs = [], [], []
         cut = ChainCutoff(self.draft_threshold, r_n, steps)
         for i in range(steps):

@@ -68,14 +68,19 @@ def per_prompt(runs: list[dict]) -> list[list]:
 
 
 def ratio_interval(num: dict, den: dict, level: float = 0.95) -> list[float] | None:
-    """The ``level`` interval of ``num``'s pooled tokens/s over ``den``'s, from a paired bootstrap over the
-    prompts both decoded: :data:`DRAWS` resamples (seeded, :data:`SEED`) of those prompts with replacement,
-    each giving (sum of num's tokens / its seconds) / (sum of den's tokens / its seconds) over the drawn
-    prompts; the percentiles at (1 - level) / 2 and (1 + level) / 2. ``num`` and ``den`` are summary rows
-    holding ``per_prompt`` (:func:`per_prompt`). None with fewer than 2 shared prompts (or
-    rows without ``per_prompt``, as in records written before it existed)."""
-    a = {p: (t, s) for p, t, s in num.get("per_prompt") or []}
-    b = {p: (t, s) for p, t, s in den.get("per_prompt") or []}
+    """The ``level`` interval of ``num``'s pooled tokens/s over ``den``'s (:func:`paired_interval` of their tokens
+    and seconds per prompt). ``num`` and ``den`` are summary rows holding ``per_prompt`` (:func:`per_prompt`). None
+    with fewer than 2 shared prompts (or rows without ``per_prompt``, as in records written before it existed)."""
+    return paired_interval({p: (t, s) for p, t, s in num.get("per_prompt") or []},
+                           {p: (t, s) for p, t, s in den.get("per_prompt") or []}, level)
+
+
+def paired_interval(a: dict, b: dict, level: float = 0.95) -> list[float] | None:
+    """The ``level`` interval of ``(sum x_a / sum y_a) / (sum x_b / sum y_b)``, two pooled rates over the same
+    prompts (``a``, ``b``: prompt -> ``(x, y)``, e.g. tokens and seconds, or committed tokens and verification
+    passes for tau), from a paired bootstrap: :data:`DRAWS` resamples (seeded, :data:`SEED`) of the prompts both
+    hold, with replacement, the same draw for both; the percentiles at (1 - level) / 2 and (1 + level) / 2. None
+    with fewer than 2 shared prompts."""
     keys = sorted(set(a) & set(b))
     if len(keys) < 2:
         return None
@@ -83,10 +88,10 @@ def ratio_interval(num: dict, den: dict, level: float = 0.95) -> list[float] | N
     ratios = []
     for _ in range(DRAWS):
         pick = [keys[rng.randrange(len(keys))] for _ in keys]
-        ta, sa = sum(a[k][0] for k in pick), sum(a[k][1] for k in pick)
-        tb, sb = sum(b[k][0] for k in pick), sum(b[k][1] for k in pick)
-        if sa > 0 and sb > 0 and tb > 0:
-            ratios.append((ta / sa) / (tb / sb))
+        xa, ya = sum(a[k][0] for k in pick), sum(a[k][1] for k in pick)
+        xb, yb = sum(b[k][0] for k in pick), sum(b[k][1] for k in pick)
+        if ya > 0 and yb > 0 and xb > 0:
+            ratios.append((xa / ya) / (xb / yb))
     if not ratios:
         return None
     ratios.sort()

@@ -9,17 +9,14 @@ the step (not the mean of micro-batch means).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import random_chats, training_world
+from sharded_runs import launch
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = {
     "draft_lm": "{init: truncated, num_layers: 1}",
     "eagle3": "{draft_vocab_size: 512, ttt_steps: 3}",
@@ -147,12 +144,8 @@ def test_logged_loss_is_the_mean_over_every_supervised_token_of_the_step(world, 
 def test_two_gloo_processes_give_the_one_process_update(world, tmp_path, capsys):
     recipe = _recipe_file(world, tmp_path, "draft_lm")
     one = _train_cli(recipe, tmp_path / "one", 8, 1, capsys)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "-m", "drafterkit.train",
-                           str(recipe), f"output_dir={tmp_path / 'two'}", "train.batch_size=2", "train.grad_accum=2"],
-                          cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=300)
+    proc = launch("-m", "drafterkit.train", str(recipe), f"output_dir={tmp_path / 'two'}", "train.batch_size=2",
+                  "train.grad_accum=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads([x for x in proc.stdout.splitlines() if x.startswith('{"output_dir"')][-1])
     init = _initial_params(world, recipe)

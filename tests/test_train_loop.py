@@ -500,16 +500,11 @@ def test_max_minutes_stops_the_run_and_ends_the_cosine_schedule(world, tmp_path)
 def test_two_cpu_processes_train_as_one_run_and_stop_together_on_the_clock(world, tmp_path):
     """``torchrun --nproc_per_node 2`` on CPU is one data-parallel run (accelerate MULTI_CPU over gloo),
     not two independent ones racing on the same folder; a max_minutes stop is agreed by both processes."""
-    import subprocess
-    import sys
+    from sharded_runs import launch
 
     path = _recipe_file(world, tmp_path, tmp_path / "mp", **{"optim.schedule": "cosine", "train.max_steps": 100000,
                                                               "train.max_minutes": 0.1})
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "-m", "drafterkit.train",
-                           str(path)], cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=240)
+    proc = launch("-m", "drafterkit.train", str(path), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(line.startswith('{"output_dir"') for line in proc.stdout.splitlines()) == 1  # one summary line
     state = json.loads((tmp_path / "mp" / "checkpoints" / "last" / "trainer_state.json").read_text())

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from drafterkit.decode import compiled, few_rows
+from drafterkit.decode.sampling import mask_unproposable
 from drafterkit.drafters.heads.layers import causal_mask
 
 
@@ -61,11 +62,9 @@ class HeadPass(nn.Module):
         and its logits ``[1, 1, V']``: each step the argmax (draft ids mapping to ids >= ``vocab_size`` left out),
         then the head over (that token, ``h``) at the next position, as ``FeatureHeadDrafter._propose_row``."""
         ids = self.head.draft_id_map()
-        n = logits.shape[-1]
-        bad = (ids if ids is not None else torch.arange(n, device=logits.device)) >= vocab_size
         drafted = []
         for i in range(k):
-            token = logits[:, -1].float().masked_fill(bad, float("-inf")).argmax(-1)  # [1]
+            token = mask_unproposable(logits[:, -1].float(), ids, vocab_size).argmax(-1)  # [1]
             token = ids[token] if ids is not None else token
             drafted.append(token)
             if i + 1 < k:

@@ -24,7 +24,7 @@ from torch import nn
 from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.dynamic_tree import DynamicTree, RowTree, TreeBuilder, pack_rows
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
-from drafterkit.decode.sampling import select_tokens
+from drafterkit.decode.sampling import mask_unproposable, select_tokens
 from drafterkit.decode.tree import level_mask
 from drafterkit.drafters.base import Drafter
 from drafterkit.drafters.heads.compiled_steps import head_pass, warm_up
@@ -275,7 +275,7 @@ class FeatureHeadDrafter(Drafter):
         cut = ChainCutoff(self.draft_threshold, 1, k)
         for i in range(k):
             if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
-                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+                logits = mask_unproposable(logits, ids, vocab_size)
             tok, p = select_tokens(logits, sampling, vocab_size if ids is None else None, generator)
             cut.update(i, tok, logits=logits, probs=p)
             if cut.done:
@@ -349,7 +349,7 @@ class FeatureHeadDrafter(Drafter):
             parents = sorted({tree.parents[i] for i in level})
             logits = torch.cat([logit_of[p] for p in parents])  # [P, V']
             if ids is not None:
-                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+                logits = mask_unproposable(logits, ids, vocab_size)
             else:
                 logits = logits[:, :vocab_size]
             probs = torch.softmax(logits.float(), -1)
@@ -417,7 +417,7 @@ class FeatureHeadDrafter(Drafter):
         while frontier:
             logits = torch.cat([logit_of[p] for p in frontier])  # [P, V']
             if ids is not None:
-                logits = logits.masked_fill((ids >= vocab_size)[None], float("-inf"))
+                logits = mask_unproposable(logits, ids, vocab_size)
             else:
                 logits = logits[:, :vocab_size]
             frontier = builder.add_children(torch.log_softmax(logits.float(), -1), ids)
