@@ -206,6 +206,20 @@ def _prompts(*pairs):
     return [[i, t, w] for i, (t, w) in enumerate(pairs)]
 
 
+def test_a_tau_ratio_s_interval_pairs_the_prompts_and_pools_committed_tokens_over_passes():
+    """paired_interval is the ratio of two pooled rates over the same resampled prompts: tau (committed tokens over
+    verification passes) of one drafter over another's, as benchmarks/objective_ablation.py reports it."""
+    first = {0: (100, 80), 1: (120, 100), 2: (90, 70), 3: (110, 90)}
+    assert factors.paired_interval(first, first) == pytest.approx([1.0, 1.0])
+    longer = {p: (c * 1.1, n) for p, (c, n) in first.items()}  # 10% more tokens per pass on every prompt
+    assert factors.paired_interval(longer, first) == pytest.approx([1.1, 1.1])
+    mixed = {0: (130, 80), 1: (110, 100), 2: (100, 70), 3: (100, 90)}
+    lo, hi = factors.paired_interval(mixed, first)
+    pooled = (440 / 340) / (420 / 340)
+    assert lo < pooled < hi and lo < 1.0 < hi  # one prompt carries the lead: the interval spans 1
+    assert factors.paired_interval({0: (1, 1)}, {0: (1, 1), 1: (2, 2)}) is None  # one shared prompt
+
+
 def test_a_factor_s_interval_is_a_paired_bootstrap_over_the_prompts_both_rows_decoded():
     den = dict(per_prompt=_prompts((10, 1.0), (20, 2.0), (30, 2.0), (40, 5.0)))
     steady = dict(per_prompt=[[i, 2 * t, w] for i, t, w in den["per_prompt"]])  # twice as fast on every prompt
