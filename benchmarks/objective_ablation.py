@@ -19,7 +19,8 @@ chain of ``--k`` draft tokens, bf16. Reported per objective: tau, per-position a
 over the engine's plain decoding measured in the same run. Writes ``OUT/ablation.json`` and
 ``OUT/ablation.md``.
 
-Objectives (``--objectives``, comma-separated names; ``recipe`` keeps the recipe's own loss):
+Objectives (``--objectives``, comma-separated names; ``recipe`` keeps the recipe's own loss; every other name but
+``dpace`` also sets ``loss.position_weights=fixed``, the kind's own decay, whatever the recipe weighs positions by):
 
 | name | recipe overrides |
 |---|---|
@@ -57,17 +58,18 @@ def objective_overrides(name: str, kind: str, draft_steps: int) -> list[str]:
         own = ["drafter.options.ttt_tokens=draft"]  # accept_len needs the head's own drafts in its unroll
     elif kind == "eagle":
         own = [f"drafter.options.ttt_steps={draft_steps}"]
+    fixed = "loss.position_weights=fixed"  # each kind's own decay, whatever the recipe weighs positions by
     if name == "recipe":
         return []
     if name == "ce":
-        return ["loss.name=ce", "loss.ce_labels=target", "loss.weights=null"]
+        return ["loss.name=ce", "loss.ce_labels=target", "loss.weights=null", fixed]
     if name in SINGLE:
         extra = [f"loss.draft_steps={draft_steps}", *own] if name == "accept_len" else []
-        return [f"loss.name={name}", "loss.weights=null", *extra]
+        return [f"loss.name={name}", "loss.weights=null", fixed, *extra]
     if name == "dpace":
         return ["loss.name=ce", "loss.ce_labels=target", "loss.weights=null", "loss.position_weights=dpace"]
     if name == "fkl+accept_len":
-        return ["loss.weights={fkl: 1.0, accept_len: 1.0}", f"loss.draft_steps={draft_steps}", *own]
+        return ["loss.weights={fkl: 1.0, accept_len: 1.0}", f"loss.draft_steps={draft_steps}", fixed, *own]
     raise ValueError(f"unknown objective {name!r}; choose from recipe, ce, {', '.join(SINGLE[1:])}, dpace, "
                      "fkl+accept_len")
 
