@@ -187,13 +187,13 @@ def _resume(ctx: RunContext, recipe: Recipe) -> tuple[TrainerState, Path | None,
                               f"recipe builds ({why}); the drafter's options changed since it was saved. Train "
                               "into a new output_dir, restore the options it was trained with (its recipe.yaml), "
                               "or start over with train.resume=never train.overwrite=true") from None
-        note = ""
-        if resume.resolve().parent != paths.checkpoints.resolve():  # another run's checkpoint: its best is not ours
+        note, own = "", resume.resolve().parent == paths.checkpoints.resolve()
+        if not own:  # another run's checkpoint: its best is not ours
             state.best_score, state.best_step = None, None
             note = (f" (a checkpoint of another output_dir: its weights, optimizer, step and data position carry "
                     f"over; best tracking starts afresh, so {paths.best} holds this run's evaluations only)")
         acc.print(f"resumed from {resume} at step {state.global_step}{note}")
-        if state.global_step >= cfg.max_steps and not note:  # this run's own checkpoint, complete already
+        if own and state.global_step >= cfg.max_steps:  # this run's own checkpoint, complete already
             acc.print(f"nothing to train: the checkpoint is at step {state.global_step} and train.max_steps is "
                       f"{cfg.max_steps}; {paths.last} and the run's recipe.yaml are left as they were (raise "
                       "train.max_steps to train on)")
