@@ -3,7 +3,8 @@
 // The weight is packed once (decode/few_rows.py, `pack`) into blocks of 16 output columns, each block [K/2][16][2]:
 // for every pair of input positions, the 16 columns' two weights side by side, the layout VDPBF16PS multiplies
 // against one broadcast pair of an input row. Each weight is read once per call whatever M is, and each 64-byte load
-// feeds M dot-product instructions, so at M <= 8 the call costs about what reading the weights costs.
+// feeds M dot-product instructions, so at M <= 8 the call costs about what reading the weights costs. Each tile
+// prefetches the next one's weights, so the loads overlap the dot products.
 // Accumulation is fp32 (pairs summed in the instruction, then added in k order); the result is rounded to bf16
 // (nearest even). The kernel functions carry their own target attribute: the library loads on any x86-64 CPU, and
 // decode/few_rows.py calls it only where the CPU has AVX-512 BF16.
@@ -26,7 +27,13 @@ DK_TARGET inline void tile(const uint32_t* x, int64_t kp_count, const uint16_t* 
   __m512 acc[M][B];
   for (int m = 0; m < M; ++m)
     for (int b = 0; b < B; ++b) acc[m][b] = _mm512_setzero_ps();
+  // The next tile's B blocks follow this tile's in memory and hold B * 64 bytes per input pair, as this one does: each
+  // iteration asks for that many of them into L2, so the next tile's weights stream in while this one's dot products
+  // run (a verification pass's 6 rows otherwise pay the loads and the arithmetic one after the other). Past the last
+  // tile the hint names bytes no one reads; a prefetch never faults.
+  const char* next = reinterpret_cast<const char*>(wp + B * block_stride);
   for (int64_t kp = 0; kp < kp_count; ++kp) {
+    for (int b = 0; b < B; ++b) _mm_prefetch(next + (kp * B + b) * 64, _MM_HINT_T1);
     __m512bh w[B];
     for (int b = 0; b < B; ++b)
       w[b] = (__m512bh)_mm512_loadu_si512((const void*)(wp + b * block_stride + kp * 2 * kCols));
