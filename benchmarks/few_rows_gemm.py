@@ -3,9 +3,16 @@ the compiled passes called before) against drafterkit's few-row kernel (``decode
 caches, best of 5 timed loops, microseconds.
 
     python benchmarks/few_rows_gemm.py --threads 2
+    python benchmarks/few_rows_gemm.py --threads 2 --stream --against HEAD~1
 
 Prints one line per layer shape and row count, and the sum over one decoder layer's four GEMMs (q/k/v and gate/up
 merged, as the engine runs them) and the LM head. Needs a CPU with AVX-512 BF16 (``decode.few_rows.available``).
+
+``--stream``: what a target pass sees instead: every GEMM of the default target's pass (30 decoder layers, each with
+weights of its own, then the LM head: 269 MB of bf16) called in the pass's order, so the weights stream from memory,
+milliseconds per pass (best of ``--reps`` rounds of 10 passes), oneDNN's and the kernel's. ``--against REV`` adds the
+kernel of git revision ``REV`` (its ``decode/few_rows.cpp`` built under an operator namespace of its own), timed in
+turn with the current one in the same process: a kernel change measured side by side.
 """
 
 from __future__ import annotations
@@ -38,7 +45,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", default="1,2,4,6,8")
+    p.add_argument("--stream", action="store_true", help="whole target passes, weights streaming from memory")
+    p.add_argument("--against", default=None, help="with --stream: also the kernel of this git revision")
+    p.add_argument("--reps", type=int, default=5, help="with --stream: timed rounds per kernel and row count")
     args = p.parse_args(argv)
+    if args.against and not args.stream:
+        p.error("--against compares whole passes: add --stream")
     import torch
 
     from drafterkit.decode import few_rows
@@ -48,6 +60,8 @@ def main(argv=None) -> int:
         print("the few-row kernel does not run on this CPU (no AVX-512 BF16, or it did not build)")
         return 1
     rows = [int(r) for r in args.rows.split(",")]
+    if args.stream:
+        return stream(rows, args.against, args.reps)
     sums = {m: [0.0, 0.0] for m in rows}
     print(f"{args.threads} threads, bf16, microseconds per call (oneDNN prepacked / few-row kernel)")
     with torch.inference_mode():
@@ -66,6 +80,72 @@ def main(argv=None) -> int:
             print(f"{name} {n}x{k}: " + ", ".join(cells), flush=True)
     print("one layer + LM head: " + ", ".join(f"{m} rows {a:.0f} / {b:.0f} ({a / b:.2f}x)"
                                               for m, (a, b) in sums.items()))
+    return 0
+
+
+def kernel_at(rev: str):
+    """The few-row operator built from ``decode/few_rows.cpp`` as git revision ``rev`` holds it, registered as
+    ``drafterkit_<sha>::few_rows_linear`` (its own namespace, beside the current kernel's)."""
+    import subprocess
+    import tempfile
+
+    import torch
+    from torch.utils import cpp_extension
+
+    root = Path(__file__).resolve().parents[1]
+    sha = subprocess.run(["git", "rev-parse", "--short=10", rev], cwd=root, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    src = subprocess.run(["git", "show", f"{sha}:decode/few_rows.cpp"], cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    ns = f"drafterkit_{sha}"
+    path = Path(tempfile.mkdtemp(prefix="few-rows-")) / f"{ns}.cpp"
+    path.write_text(src.replace("TORCH_LIBRARY(drafterkit,", f"TORCH_LIBRARY({ns},")
+                    .replace("TORCH_LIBRARY_IMPL(drafterkit,", f"TORCH_LIBRARY_IMPL({ns},"))
+    cpp_extension.load(name=ns, sources=[str(path)], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                       is_python_module=False, verbose=False)
+    return getattr(torch.ops, ns).few_rows_linear
+
+
+def stream(rows: list[int], against: str | None, reps: int) -> int:
+    """``--stream``: milliseconds per whole pass of the default target's GEMMs, each kernel in turn (module doc)."""
+    import torch
+
+    from drafterkit.decode import few_rows
+
+    layer = [s for s in SHAPES if s[0] != "lm_head"]
+    pass_shapes = layer * 30 + [SHAPES[-1]]
+    gen = torch.Generator().manual_seed(0)
+    weights = []
+    for _, n, k in pass_shapes:
+        w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+        weights.append((n, k, torch.ops.mkldnn._reorder_linear_weight(w, None), few_rows.pack(w)))
+    print(f"{torch.get_num_threads()} threads, bf16, one pass: {len(weights)} GEMMs, "
+          f"{sum(n * k for n, k, _, _ in weights) * 2 / 1e6:.0f} MB of weights; ms per pass, best of {reps}")
+    kernels = {"oneDNN": None, "kernel": few_rows.linear}
+    if against:
+        kernels[f"kernel at {against}"] = kernel_at(against)
+    best = {(name, m): float("inf") for name in kernels for m in rows}
+    with torch.inference_mode():
+        inputs = {m: {k: torch.randn(m, k, generator=gen).to(torch.bfloat16) for _, k, _, _ in weights} for m in rows}
+        for _ in range(reps):
+            for m in rows:
+                for name, op in kernels.items():  # in turn, so a slow spell of the machine hits each alike
+                    def one_pass():
+                        for n, k, onednn, packed in weights:
+                            x = inputs[m][k]
+                            if op is None:
+                                torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")
+                            else:
+                                op(x, packed, None, n)
+                    one_pass()
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        one_pass()
+                    best[name, m] = min(best[name, m], (time.perf_counter() - t0) / 10 * 1e3)
+    print("| rows | " + " | ".join(kernels) + " |")
+    print("|---|" + "---|" * len(kernels))
+    for m in rows:
+        print(f"| {m} | " + " | ".join(f"{best[name, m]:.2f}" for name in kernels) + " |")
     return 0
 
 
