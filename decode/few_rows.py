@@ -5,7 +5,8 @@ PyTorch's bf16 GEMM (oneDNN) costs more than that for one row and 1.3-2x it at 6
 CPU, and inductor's C++ GEMM template (bf16 converted to fp32, fp32 FMAs) 2-5x at 6 rows
 (``docs/benchmarks/engine.md``). :func:`linear` computes ``x @ W^T`` for up to :data:`ROWS` rows with AVX-512 BF16
 dot products (``VDPBF16PS``) over a weight packed once (:func:`pack`): each 64-byte weight load feeds one
-instruction per row, so a few rows cost little more than one until the dot products, not the loads, bound it. fp32
+instruction per row, and each tile of up to 32 output columns prefetches the next tile's weights into L2 while it
+computes, so a few rows cost little more than one until the dot products, not the loads, bound it. fp32
 accumulation, the result rounded to bf16 (nearest even), as oneDNN's; the sums' order differs, so values can differ
 from oneDNN's by an ulp.
 
