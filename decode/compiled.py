@@ -4,20 +4,19 @@
 verification passes of chains and trees) as one graph compiled by TorchInductor with its ``freezing`` option, as
 gpt-fast and vLLM's CPU backend do: the weights become constants of the graph, the elementwise work of a layer
 (RMSNorm, the rotary embedding, SiLU gating, residual adds) fuses into a few C++ kernels, and no Python runs per
-layer. The LM head runs inside the graph. A bf16 pass of at most 8 rows (a decoding step, a chain's verification
-pass, a drafting step) runs its linear layers through :mod:`decode.few_rows`' kernel (:class:`Linear`) where the CPU
-has AVX-512 BF16: each weight read once whatever the row count. Elsewhere a decoding step at batch 1 (one row) takes
-the faster, timed when its graph compiles (``max_autotune``), of inductor's C++ GEMM template (generated for the
-CPU's vector units: AVX-512, AMX where present) and ATen's oneDNN call (:data:`INDUCTOR_ONE_ROW`), and other passes
-oneDNN's (``docs/benchmarks/engine.md`` has what each buys). Drafters compile their own passes through
-:func:`module_call` (EAGLE-family heads: ``drafters/heads/compiled_steps.py``; DFlash and DSpark:
-``drafters/block_pass.py``). Shapes are dynamic (``dynamic=True``): one graph serves every cache length and pass
-size; a pass with an attention mask and one
-without (a decoding step that sees every column) are two graphs, and a pass that returns hidden states
-(EAGLE-family drafters read them) two more.
-The cache's keys and values live in buffers allocated for the whole decode (``RaggedCache``'s capacity) and each
-pass writes its new columns into them in place, as gpt-fast's static cache does: no pass copies the cache's past,
-and a crop or a tree's reordering leaves the layers' tensors views of the same buffers.
+layer. The LM head runs inside the graph. A bf16 pass of at most 16 rows (a decoding step, a chain's or a small
+tree's verification pass, a drafting step) runs its linear layers through :mod:`decode.few_rows`' kernel
+(:class:`Linear`) where the CPU has AVX-512 BF16: each weight read once whatever the row count. Elsewhere a decoding
+step at batch 1 (one row) takes the faster, timed when its graph compiles (``max_autotune``), of inductor's C++ GEMM
+template (generated for the CPU's vector units: AVX-512, AMX where present) and ATen's oneDNN call
+(:data:`INDUCTOR_ONE_ROW`), and other passes oneDNN's (``docs/benchmarks/engine.md`` has what each buys). Drafters
+compile their own passes through :func:`module_call` (EAGLE-family heads: ``drafters/heads/compiled_steps.py``;
+DFlash and DSpark: ``drafters/block_pass.py``). Shapes are dynamic (``dynamic=True``): one graph serves every cache
+length and pass size; a pass with an attention mask and one without (a decoding step that sees every column) are two
+graphs, and a pass that returns hidden states (EAGLE-family drafters read them) two more. The cache's keys and
+values live in buffers allocated for the whole decode (``RaggedCache``'s capacity) and each pass writes its new
+columns into them in place, as gpt-fast's static cache does: no pass copies the cache's past, and a crop or a tree's
+reordering leaves the layers' tensors views of the same buffers.
 
 Cost: the first pass of each graph compiles it (with the GEMMs' timing where used), 10-110 s on 2 cores (inductor's
 caches under ``TORCHINDUCTOR_CACHE_DIR`` keep the generated kernels for the next process, not dynamo's tracing);

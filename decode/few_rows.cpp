@@ -1,9 +1,9 @@
-// A bf16 GEMM for a few rows (decode.few_rows): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 8, on AVX-512 BF16.
+// A bf16 GEMM for a few rows (decode.few_rows): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16, on AVX-512 BF16.
 //
 // The weight is packed once (decode/few_rows.py, `pack`) into blocks of 16 output columns, each block [K/2][16][2]:
 // for every pair of input positions, the 16 columns' two weights side by side, the layout VDPBF16PS multiplies
 // against one broadcast pair of an input row. Each weight is read once per call whatever M is, and each 64-byte load
-// feeds M dot-product instructions, so at M <= 8 the call costs about what reading the weights costs. Each tile
+// feeds M dot-product instructions, so at M <= 16 the call costs about what reading the weights costs. Each tile
 // prefetches the next one's weights, so the loads overlap the dot products.
 // Accumulation is fp32 (pairs summed in the instruction, then added in k order); the result is rounded to bf16
 // (nearest even). The kernel functions carry their own target attribute: the library loads on any x86-64 CPU, and
@@ -58,27 +58,33 @@ DK_TARGET inline void tile(const uint32_t* x, int64_t kp_count, const uint16_t* 
   }
 }
 
+// Up to 8 rows a tile is two blocks (2M accumulators, two weight loads per input pair); past 8, one block, so the M
+// accumulators, the weights and the broadcast input still fit the 32 vector registers.
 template <int M>
 DK_TARGET void blocks(const uint32_t* x, int64_t kp_count, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
                       int64_t n, int64_t first, int64_t last) {
   const int64_t stride = kp_count * 2 * kCols;  // one block's packed weights
   int64_t blk = first;
-  for (; blk + 2 <= last; blk += 2)
-    tile<M, 2>(x, kp_count, wp + blk * stride, stride, bias, y, n, blk * kCols);
-  if (blk < last) tile<M, 1>(x, kp_count, wp + blk * stride, stride, bias, y, n, blk * kCols);
+  if constexpr (M <= 8) {
+    for (; blk + 2 <= last; blk += 2)
+      tile<M, 2>(x, kp_count, wp + blk * stride, stride, bias, y, n, blk * kCols);
+  }
+  for (; blk < last; ++blk) tile<M, 1>(x, kp_count, wp + blk * stride, stride, bias, y, n, blk * kCols);
 }
 
 using Blocks = void (*)(const uint32_t*, int64_t, const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t,
                         int64_t);
-constexpr Blocks kByRows[8] = {blocks<1>, blocks<2>, blocks<3>, blocks<4>, blocks<5>, blocks<6>, blocks<7>,
-                               blocks<8>};
+constexpr int kMaxRows = 16;
+constexpr Blocks kByRows[kMaxRows] = {blocks<1>, blocks<2>, blocks<3>, blocks<4>, blocks<5>, blocks<6>,
+                                      blocks<7>, blocks<8>, blocks<9>, blocks<10>, blocks<11>, blocks<12>,
+                                      blocks<13>, blocks<14>, blocks<15>, blocks<16>};
 
 }  // namespace
 
-// x [..., K] bf16 (M = the product of the leading sizes, 1..8; K even); packed [ceil(N/16), K/2, 32] bf16; bias [N]
+// x [..., K] bf16 (M = the product of the leading sizes, 1..16; K even); packed [ceil(N/16), K/2, 32] bf16; bias [N]
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t n) {
   const int64_t k = x.size(-1), m = k ? x.numel() / k : 0;
-  TORCH_CHECK(m >= 1 && m <= 8, "drafterkit::few_rows_linear takes 1 to 8 rows, got ", m);
+  TORCH_CHECK(m >= 1 && m <= kMaxRows, "drafterkit::few_rows_linear takes 1 to ", kMaxRows, " rows, got ", m);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
               "drafterkit::few_rows_linear takes bf16 inputs and weights");
   TORCH_CHECK(k % 2 == 0 && packed.dim() == 3 && packed.size(1) * 2 == k && packed.size(2) == 2 * kCols &&

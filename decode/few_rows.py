@@ -1,8 +1,8 @@
 """A bf16 linear layer for a few rows (a verification pass's K + 1 tokens, a drafting step) that reads each weight once.
 
 On a CPU a decoding step is bound by reading the weights: one row's GEMM should cost what its weight bytes cost.
-PyTorch's bf16 GEMM (oneDNN) costs more than that for one row and 1.3-2x it at 6 rows on this project's 2-core AMD
-CPU, and inductor's C++ GEMM template (bf16 converted to fp32, fp32 FMAs) 2-5x at 6 rows
+PyTorch's bf16 GEMM (oneDNN) costs more than that for one row and 1.3-2x it at 6-16 rows on this project's 2-core
+AMD CPU, and inductor's C++ GEMM template (bf16 converted to fp32, fp32 FMAs) 2-5x at 6 rows
 (``docs/benchmarks/engine.md``). :func:`linear` computes ``x @ W^T`` for up to :data:`ROWS` rows with AVX-512 BF16
 dot products (``VDPBF16PS``) over a weight packed once (:func:`pack`): each 64-byte weight load feeds one
 instruction per row, and each tile of up to 32 output columns prefetches the next tile's weights into L2 while it
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-#: the most rows :func:`linear` takes
-ROWS = 8
+#: the most rows :func:`linear` takes (a chain's verification pass up to K = 15, a tree of up to 15 nodes)
+ROWS = 16
 
 #: output columns per packed block (one AVX-512 register of fp32 sums)
 COLS = 16

@@ -38,7 +38,7 @@ def test_pack_puts_each_pair_of_inputs_side_by_side_per_block_of_16_columns():
 
 @needs_kernel
 @pytest.mark.parametrize("n,k", [(37, 64), (96, 576), (1000, 130)])
-def test_kernel_matches_a_float_reference_for_one_to_eight_rows(n, k):
+def test_kernel_matches_a_float_reference_for_every_row_count_it_takes(n, k):
     w, b = weights(n, k)
     p = few_rows.pack(w)
     for m in range(1, few_rows.ROWS + 1):
@@ -55,8 +55,8 @@ def test_kernel_matches_a_float_reference_for_one_to_eight_rows(n, k):
 def test_kernel_refuses_what_it_cannot_take():
     w, _ = weights(32, 64)
     p = few_rows.pack(w)
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        few_rows.linear(torch.zeros(9, 64, dtype=torch.bfloat16), p, None, 32)
+    with pytest.raises(RuntimeError, match=f"1 to {few_rows.ROWS} rows"):
+        few_rows.linear(torch.zeros(few_rows.ROWS + 1, 64, dtype=torch.bfloat16), p, None, 32)
     with pytest.raises(RuntimeError, match="bf16"):
         few_rows.linear(torch.zeros(2, 64), p, None, 32)
     with pytest.raises(RuntimeError, match="does not fit"):
@@ -68,7 +68,7 @@ def test_a_compiled_graph_calls_the_kernel():
     w, b = weights(40, 64)
     p = few_rows.pack(w)
     fn = torch.compile(lambda x: torch.relu(few_rows.linear(x, p, b, 40)), fullgraph=True, dynamic=True)
-    for m in (1, 3, 8):
+    for m in (1, 3, 8, 9, few_rows.ROWS):
         x = torch.randn(m, 64).to(torch.bfloat16)
         assert torch.equal(fn(x), torch.relu(few_rows.linear(x, p, b, 40)))
 
@@ -78,7 +78,7 @@ def test_compiled_linear_sends_few_rows_to_the_kernel_and_more_to_aten():
     layer = compiled.Linear(lin)
     assert (layer.packed is not None) == few_rows.available()
     with torch.no_grad():
-        for m in (1, 8, 9, 30):
+        for m in (1, 8, 9, few_rows.ROWS, few_rows.ROWS + 1, 30):
             x = torch.randn(m, 64).to(torch.bfloat16)
             ref = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
             torch.testing.assert_close(layer(x).float(), ref, atol=0.05, rtol=2 ** -7)

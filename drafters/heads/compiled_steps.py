@@ -124,8 +124,8 @@ def head_pass(head: nn.Module, ids: torch.Tensor, hidden: torch.Tensor, position
     return (got[0], got[1], out, logits) if chain else (out, got[1], logits)
 
 
-#: the most positions of a first pass (no cache yet) that run compiled (:func:`head_pass`): a pass of 2..8 rows is one
-#: graph (:mod:`decode.few_rows`' kernel serves them all)
+#: the most positions of a first pass (no cache yet) that run compiled (:func:`head_pass`): a pass of 2 to
+#: ``decode.few_rows.ROWS`` rows is one graph (:mod:`decode.few_rows`' kernel serves them all)
 TAIL = 4
 
 #: the drafting passes a batch-1 decode of an EAGLE-family head compiles, over a cache: catch-ups of one and of
