@@ -12,7 +12,8 @@ merged, as the engine runs them) and the LM head. Needs a CPU with AVX-512 BF16 
 weights of its own, then the LM head: 269 MB of bf16) called in the pass's order, so the weights stream from memory,
 milliseconds per pass (best of ``--reps`` rounds of 10 passes), oneDNN's and the kernel's. ``--against REV`` adds the
 kernel of git revision ``REV`` (its ``decode/few_rows.cpp`` built under an operator namespace of its own), timed in
-turn with the current one in the same process: a kernel change measured side by side.
+turn with the current one in the same process: a kernel change measured side by side ("-" where that kernel
+does not take so many rows).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def kernel_at(rev: str):
     import tempfile
 
     import torch
-    from torch.utils import cpp_extension
+
+    from drafterkit.decode import few_rows
 
     root = Path(__file__).resolve().parents[1]
     sha = subprocess.run(["git", "rev-parse", "--short=10", rev], cwd=root, capture_output=True, text=True,
@@ -101,8 +103,7 @@ def kernel_at(rev: str):
     path = Path(tempfile.mkdtemp(prefix="few-rows-")) / f"{ns}.cpp"
     path.write_text(src.replace("TORCH_LIBRARY(drafterkit,", f"TORCH_LIBRARY({ns},")
                     .replace("TORCH_LIBRARY_IMPL(drafterkit,", f"TORCH_LIBRARY_IMPL({ns},"))
-    cpp_extension.load(name=ns, sources=[str(path)], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                       is_python_module=False, verbose=False)
+    few_rows.build(ns, path)
     return getattr(torch.ops, ns).few_rows_linear
 
 
@@ -137,7 +138,13 @@ def stream(rows: list[int], against: str | None, reps: int) -> int:
                                 torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")
                             else:
                                 op(x, packed, None, n)
-                    one_pass()
+                    if best[name, m] is None:
+                        continue
+                    try:
+                        one_pass()
+                    except RuntimeError:  # a revision's kernel that takes fewer rows: "-" in its column
+                        best[name, m] = None
+                        continue
                     t0 = time.perf_counter()
                     for _ in range(10):
                         one_pass()
@@ -145,7 +152,8 @@ def stream(rows: list[int], against: str | None, reps: int) -> int:
     print("| rows | " + " | ".join(kernels) + " |")
     print("|---|" + "---|" * len(kernels))
     for m in rows:
-        print(f"| {m} | " + " | ".join(f"{best[name, m]:.2f}" for name in kernels) + " |")
+        print(f"| {m} | " + " | ".join("-" if best[name, m] is None else f"{best[name, m]:.2f}" for name in kernels)
+              + " |")
     return 0
 
 

@@ -44,11 +44,7 @@ def _build():
     if not torch.cpu._is_avx512_bf16_supported():
         return None
     try:
-        from torch.utils import cpp_extension  # the builder imports setuptools: only where the kernel is built
-
-        cpp_extension.load(name="drafterkit_few_rows", sources=[str(Path(__file__).with_suffix(".cpp"))],
-                           extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False,
-                           verbose=False)
+        build("drafterkit_few_rows", Path(__file__).with_suffix(".cpp"))
         op = torch.ops.drafterkit.few_rows_linear
         torch.library.register_fake("drafterkit::few_rows_linear")(_shape)
         return op
@@ -56,6 +52,16 @@ def _build():
         print(f"drafterkit: the few-row bf16 GEMM kernel did not build ({type(exc).__name__}: "
               f"{str(exc).splitlines()[0] if str(exc) else ''}); oneDNN's GEMM runs instead", file=sys.stderr)
         return None
+
+
+def build(name: str, source: Path) -> None:
+    """Build the kernel's C++ ``source`` as the extension library ``name`` and load it (its operators register on
+    load), with the flags every build of the kernel uses: ``benchmarks/few_rows_gemm.py --against`` builds another
+    revision's source alike. Raises what PyTorch's extension builder raises (no compiler, no ninja, a failed build)."""
+    from torch.utils import cpp_extension  # the builder imports setuptools: only where the kernel is built
+
+    cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                       is_python_module=False, verbose=False)
 
 
 def _shape(x, packed, bias, n):
