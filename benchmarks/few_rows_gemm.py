@@ -131,6 +131,9 @@ def stream(rows: list[int], against: str | None, reps: int) -> int:
         for _ in range(reps):
             for m in rows:
                 for name, op in kernels.items():  # in turn, so a slow spell of the machine hits each alike
+                    if best[name, m] is None:  # that kernel refused this many rows in an earlier round
+                        continue
+
                     def one_pass():
                         for n, k, onednn, packed in weights:
                             x = inputs[m][k]
@@ -138,8 +141,6 @@ def stream(rows: list[int], against: str | None, reps: int) -> int:
                                 torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")
                             else:
                                 op(x, packed, None, n)
-                    if best[name, m] is None:
-                        continue
                     try:
                         one_pass()
                     except RuntimeError:  # a revision's kernel that takes fewer rows: "-" in its column
