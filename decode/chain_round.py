@@ -26,7 +26,7 @@ from drafterkit.decode.decoder import (
     sync,
     timed_proposal,
 )
-from drafterkit.decode.sampling import greedy_logits, logits_to_probs
+from drafterkit.decode.sampling import logits_to_probs
 from drafterkit.decode.verify import verify_greedy, verify_sampling
 
 
@@ -73,7 +73,7 @@ def chain_round(dec: Decoder) -> None:
                         output_hidden_states=dec.layers is not None)
     logits = out.logits[..., : dec.vocab]  # [B, k+1, V]
     if dec.sampling.greedy:
-        n, nxt = verify_greedy(greedy_logits(logits), d, limit)
+        n, nxt = verify_greedy(logits, d, limit)
     else:
         n, nxt = verify_sampling(logits_to_probs(logits, dec.sampling), q, d, dec.gen, limit)
     n_acc, bonus, lims, drafts = n.tolist(), nxt.tolist(), limit.tolist(), d.tolist()

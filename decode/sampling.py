@@ -64,14 +64,22 @@ def mask_unproposable(logits: torch.Tensor, ids: torch.Tensor | None, vocab_size
     return logits.masked_fill(bad, float("-inf"))
 
 
-def greedy_logits(logits: torch.Tensor) -> torch.Tensor:
-    """``logits [..., V]`` ready for a greedy ``argmax``: on the CPU, when every logit is finite (the usual
-    case), the tensor itself in its own dtype (a bf16 -> fp32 conversion is exact, so the argmax is the
-    same and the ~0.5 ms float32 copy of a ``[6, 49152]`` verification block is saved); otherwise
-    :func:`sanitize_logits` (NaN / ``+inf`` rows repaired; on accelerators always, without a host sync)."""
-    if logits.device.type == "cpu" and bool(torch.isfinite(logits).all()):
-        return logits
-    return sanitize_logits(logits)
+def greedy_argmax(logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+    """The greedy choice of each row of ``logits [..., V]`` -> LongTensor ``[...]``: the same ids as
+    ``sanitize_logits(logits, vocab_size).argmax(-1)``, reading the logits once in the usual case.
+
+    On the CPU one ``argmax`` over the first ``vocab_size`` ids in the logits' own dtype (a bf16 -> fp32
+    conversion is exact, so ties and order are the same), then a finiteness check of the chosen values only:
+    ``argmax`` propagates NaN and prefers ``+inf``, so a finite chosen value means the row held neither and
+    :func:`sanitize_logits` would leave its order as it is. A non-finite one (NaN, ``+inf``, a row all
+    ``-inf``) takes the full repair. On accelerators always the repair, without a host sync.
+    """
+    if logits.device.type == "cpu":
+        x = logits if vocab_size is None or vocab_size >= logits.shape[-1] else logits[..., :vocab_size]
+        best = x.argmax(-1)
+        if bool(torch.isfinite(x.gather(-1, best[..., None])).all()):
+            return best
+    return sanitize_logits(logits, vocab_size).argmax(-1)
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams, vocab_size: int | None = None) -> torch.Tensor:
@@ -123,6 +131,6 @@ def select_tokens(logits: torch.Tensor, params: SamplingParams, vocab_size: int 
         (``None`` when greedy, where no distribution is needed).
     """
     if params.greedy:
-        return sanitize_logits(logits, vocab_size).argmax(-1), None
+        return greedy_argmax(logits, vocab_size), None
     probs = logits_to_probs(logits, params, vocab_size)
     return sample(probs, generator), probs

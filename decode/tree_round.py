@@ -31,7 +31,7 @@ from drafterkit.decode.decoder import (
     timed_proposal,
 )
 from drafterkit.decode.dynamic_tree import DynamicTree
-from drafterkit.decode.sampling import greedy_logits, logits_to_probs, select_tokens
+from drafterkit.decode.sampling import logits_to_probs, select_tokens
 from drafterkit.decode.tree import DraftTree, close_under_parents
 from drafterkit.decode.verify import verify_tree_greedy, verify_tree_sampling
 
@@ -184,7 +184,7 @@ def tree_round(dec: Decoder) -> None:
         paths = [[] for _ in active]
         nxt = select_tokens(logits[:, 0], dec.sampling, dec.vocab, dec.gen)[0].tolist()
     elif dec.sampling.greedy:
-        paths, nxt = verify_tree_greedy(greedy_logits(logits), shape, d, valid)
+        paths, nxt = verify_tree_greedy(logits, shape, d, valid)
     else:
         paths, nxt = verify_tree_sampling(logits_to_probs(logits, dec.sampling), shape, d, valid, dec.gen)
     paths = [p if a else [] for p, a in zip(paths, active)]

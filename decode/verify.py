@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from drafterkit.decode.sampling import sample
+from drafterkit.decode.sampling import greedy_argmax, sample
 
 
 def _check_shapes(scores: torch.Tensor, draft_tokens: torch.Tensor, name: str) -> tuple[int, int]:
@@ -42,7 +42,8 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
 
     Args:
         target_logits: ``[B, K+1, V]`` target logits over ``[last token, d_1..d_K]`` (already
-            masked beyond the real vocabulary by the caller if needed).
+            masked beyond the real vocabulary by the caller if needed; NaN and ``+inf`` are repaired as
+            ``decode.sampling.sanitize_logits`` does).
         draft_tokens: LongTensor ``[B, K]``.
         limit: optional LongTensor ``[B]``: consider only the first ``limit[b]`` draft tokens of row b
             (the rest are ignored; the bonus then comes from position ``limit[b]``).
@@ -55,7 +56,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         ValueError: on mismatched shapes.
     """
     _check_shapes(target_logits, draft_tokens, "target_logits")
-    best = target_logits.argmax(-1)  # [B, K+1]
+    best = greedy_argmax(target_logits)  # [B, K+1]; NaN / +inf rows as decode.sampling.sanitize_logits repairs them
     n = _leading_accepts(draft_tokens == best[:, :-1], limit)
     return n, best.gather(1, n[:, None]).squeeze(1)
 
@@ -157,7 +158,7 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree, draft_tokens: torch.Te
         ValueError: on mismatched shapes.
     """
     toks, ok, trees = _check_tree(target_logits, tree, draft_tokens, valid, "target_logits")
-    best = target_logits.argmax(-1).tolist()
+    best = greedy_argmax(target_logits).tolist()
     paths, nxt = [], []
     for b in range(len(toks)):
         node, path = -1, []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from drafterkit.decode.protocol import SamplingParams
-from drafterkit.decode.sampling import logits_to_probs, sample, sanitize_logits, select_tokens
+from drafterkit.decode.sampling import greedy_argmax, logits_to_probs, sample, sanitize_logits, select_tokens
 
 
 def _hf_probs(logits, t, k, p):
@@ -55,6 +55,18 @@ def test_nan_and_inf_are_safe():
     assert probs[2].tolist() == [0.0, 0.5, 0.5, 0.0]  # +inf entries share the mass
     assert torch.allclose(probs[1], torch.full((4,), 0.25))  # nothing usable -> uniform
     assert torch.isfinite(sanitize_logits(logits, vocab_size=3)[..., :3]).any(-1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab_size", [None, 3, 5])
+def test_greedy_argmax_is_the_repaired_argmax(dtype, vocab_size):
+    nan, inf = float("nan"), float("inf")
+    rows = [[nan, 1.0, 2.0, nan, 0.0], [nan] * 5, [0.0, inf, inf, 1.0, 0.0], [-inf] * 5, [-inf, 3.0, 3.0, -inf, 9.0],
+            [1.0, -inf, 2.0, 2.0, 7.0], [0.0, 1.0, 0.5, inf, nan], [-inf, -inf, -inf, 4.0, 5.0]]
+    logits = torch.tensor(rows, dtype=dtype)
+    want = sanitize_logits(logits, vocab_size).argmax(-1)
+    assert greedy_argmax(logits, vocab_size).tolist() == want.tolist()
+    assert greedy_argmax(logits.view(2, 4, 5), vocab_size).tolist() == want.view(2, 4).tolist()  # any leading shape
 
 
 def test_sample_uses_generator():
