@@ -47,7 +47,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from drafterkit.decode.cutoff import ChainCutoff
 from drafterkit.decode.protocol import DecodeState, Proposal, SamplingParams
-from drafterkit.decode.sampling import mask_unproposable, sanitize_logits, select_tokens
+from drafterkit.decode.sampling import greedy_argmax, mask_unproposable, select_tokens
 from drafterkit.drafters.base import Drafter
 from drafterkit.drafters.block_pass import block_pass, warm_up
 from drafterkit.drafters.eagle3 import adopt_draft_vocab, mapping_from_ids
@@ -452,13 +452,13 @@ def select_parallel(logits: torch.Tensor, k: int, sampling: SamplingParams, gene
         positions' end, or the ``draft_threshold`` cut) tokens repeat the last one (q one-hot there).
     """
     r_n, v = logits.shape[0], target_vocab
-    if ids is not None:  # reduced draft vocabulary: mask draft ids mapping past vocab_size
+    if ids is not None and bool((ids >= vocab_size).any()):  # reduced draft vocabulary: mask ids past vocab_size
         logits = mask_unproposable(logits, ids, vocab_size)
     steps = min(k, logits.shape[1])
     cut = ChainCutoff(threshold, r_n, steps)
     picked, qs = [], []
     if sampling.greedy:  # every position's argmax at once: select_tokens' choice, one pass over the logits
-        best = sanitize_logits(logits[:, :steps], vocab_size if ids is None else None).argmax(-1)  # [R, steps]
+        best = greedy_argmax(logits[:, :steps], vocab_size if ids is None else None)  # [R, steps]
         for i in range(steps):
             cut.update(i, best[:, i], logits=logits[:, i])  # a no-op without a threshold
         picked = list((best if ids is None else ids[best]).unbind(1))

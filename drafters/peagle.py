@@ -181,7 +181,8 @@ class PEagleDrafter(Eagle3Drafter):
         warm_up(self, ((k + 1, True, k), (2 * k, True, k), (k - 1, True, 0)), k)
 
     def _row_logits(self, state: DecodeState, k: int) -> tuple[list[int], torch.Tensor | None]:
-        """The rows that can draft (active, >= 2 tokens) and their draft-vocabulary logits ``[R, k, N]``."""
+        """The rows that can draft (active, >= 2 tokens) and their draft-vocabulary logits ``[R, k, N]`` (the head's
+        dtype: the choice of draft tokens reads them once, :func:`drafters.dflash.select_parallel`)."""
         if state.features is None:
             raise ValueError(f"{self.kind} needs target features; the decoder must honour feature_layers")
         if not hasattr(self, "_caches") or len(self._caches) != len(state.tokens):
@@ -190,7 +191,7 @@ class PEagleDrafter(Eagle3Drafter):
         if not rows:
             return rows, None
         with torch.no_grad():
-            return rows, self._drafted(rows, state, k)[1].float()  # [R, k, N]
+            return rows, self._drafted(rows, state, k)[1]  # [R, k, N], the head's dtype
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
@@ -221,7 +222,7 @@ class PEagleDrafter(Eagle3Drafter):
         rows, logits = self._row_logits(state, depth)
         if logits is None:
             return rows, None
-        logits = logits.masked_fill((self.draft_ids() >= state.vocab_size)[None, None], float("-inf"))
+        logits = logits.float().masked_fill((self.draft_ids() >= state.vocab_size)[None, None], float("-inf"))
         return rows, torch.log_softmax(logits, -1).cpu()
 
     def propose_tree(self, state: DecodeState, tree, sampling: SamplingParams,
