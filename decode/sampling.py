@@ -68,16 +68,18 @@ def greedy_argmax(logits: torch.Tensor, vocab_size: int | None = None) -> torch.
     """The greedy choice of each row of ``logits [..., V]`` -> LongTensor ``[...]``: the same ids as
     ``sanitize_logits(logits, vocab_size).argmax(-1)``, reading the logits once in the usual case.
 
-    On the CPU one ``argmax`` over the first ``vocab_size`` ids in the logits' own dtype (a bf16 -> fp32
-    conversion is exact, so ties and order are the same), then a finiteness check of the chosen values only:
-    ``argmax`` propagates NaN and prefers ``+inf``, so a finite chosen value means the row held neither and
-    :func:`sanitize_logits` would leave its order as it is. A non-finite one (NaN, ``+inf``, a row all
-    ``-inf``) takes the full repair. On accelerators always the repair, without a host sync.
+    On the CPU one ``max`` over the first ``vocab_size`` ids in the logits' own dtype (a bf16 -> fp32 conversion is
+    exact, so ties and order are the same; ``max`` returns the first maximal index, as ``argmax`` does, and its
+    vectorised reduction runs several times faster than ``argmax``'s on bf16 rows of a large vocabulary), then a
+    finiteness check of the chosen values only: ``max`` propagates NaN and prefers ``+inf``, so a finite chosen
+    value means the row held neither and :func:`sanitize_logits` would leave its order as it is. A non-finite one
+    (NaN, ``+inf``, a row all ``-inf``) takes the full repair. On accelerators always the repair, without a host
+    sync.
     """
     if logits.device.type == "cpu":
         x = logits if vocab_size is None or vocab_size >= logits.shape[-1] else logits[..., :vocab_size]
-        best = x.argmax(-1)
-        if bool(torch.isfinite(x.gather(-1, best[..., None])).all()):
+        values, best = x.max(-1)
+        if bool(torch.isfinite(values).all()):
             return best
     return sanitize_logits(logits, vocab_size).argmax(-1)
 

@@ -69,6 +69,15 @@ def test_greedy_argmax_is_the_repaired_argmax(dtype, vocab_size):
     assert greedy_argmax(logits.view(2, 4, 5), vocab_size).tolist() == want.view(2, 4).tolist()  # any leading shape
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_argmax_breaks_ties_as_argmax(dtype):
+    """Rows of few distinct values (many tied maxima, at any index): the first maximal id, as ``argmax``."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (64, 3000), generator=g).to(dtype)
+    assert greedy_argmax(logits).tolist() == logits.float().argmax(-1).tolist()
+    assert greedy_argmax(logits, 1000).tolist() == logits[:, :1000].float().argmax(-1).tolist()
+
+
 def test_sample_uses_generator():
     probs = torch.softmax(torch.randn(3, 50), -1)
     a = sample(probs, torch.Generator().manual_seed(3))
