@@ -87,8 +87,11 @@ TORCH_LIBRARY(drafterkit_amx_probe, lib) { lib.def("linear(Tensor x, Tensor pack
 TORCH_LIBRARY_IMPL(drafterkit_amx_probe, CPU, lib) { lib.impl("linear", &linear); }
 """
 
-#: the default target's GEMMs in one pass, in order (q/k/v and gate/up merged, as the engine runs them)
-LAYERS = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
+from benchmarks.few_rows_gemm import SHAPES  # noqa: E402
+
+#: the default target's GEMMs in one pass, in order, as ``few_rows_gemm --stream`` runs them: (out, in)
+LAYERS = [(n, k) for name, n, k in SHAPES if name != "lm_head"] * 30 + [(n, k) for name, n, k in SHAPES
+                                                                       if name == "lm_head"]
 
 
 def ms_per_pass(fn, weights, rows: int, passes: int = 5) -> float:
