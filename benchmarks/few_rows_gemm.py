@@ -1,16 +1,17 @@
-"""The default target's linear layers at 1-8 rows in bf16: oneDNN's prepacked GEMM (what the engine's eager path and
-the compiled passes called before) against drafterkit's few-row kernel (``decode/few_rows.cpp``), one call each, hot
-caches, best of 5 timed loops, microseconds.
+"""The default target's linear layers at 1-8 rows in bf16: ATen's GEMM as the engine's eager path calls it (oneDNN on
+a prepacked weight where the CPU has that op, ATen's ``linear`` elsewhere) against drafterkit's few-row kernel
+(``decode/few_rows.cpp``, each build the CPU runs: AVX-512 BF16, AVX2), one call each, hot caches, best of 5 timed
+loops, microseconds.
 
     python benchmarks/few_rows_gemm.py --threads 2
     python benchmarks/few_rows_gemm.py --threads 2 --stream --against HEAD~1
 
 Prints one line per layer shape and row count, and the sum over one decoder layer's four GEMMs (q/k/v and gate/up
-merged, as the engine runs them) and the LM head. Needs a CPU with AVX-512 BF16 (``decode.few_rows.available``).
+merged, as the engine runs them) and the LM head. Needs a CPU the kernel runs on (``decode.few_rows.available``).
 
 ``--stream``: what a target pass sees instead: every GEMM of the default target's pass (30 decoder layers, each with
 weights of its own, then the LM head: 269 MB of bf16) called in the pass's order, so the weights stream from memory,
-milliseconds per pass (best of ``--reps`` rounds of 10 passes), oneDNN's and the kernel's. ``--against REV`` adds the
+milliseconds per pass (best of ``--reps`` rounds of 10 passes), ATen's and each kernel build's. ``--against REV`` adds the
 kernel of git revision ``REV`` (its ``decode/few_rows.cpp`` built under an operator namespace of its own), timed in
 turn with the current one in the same process: a kernel change measured side by side ("-" where that kernel
 does not take so many rows).
@@ -58,35 +59,53 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     if not few_rows.available():
-        print("the few-row kernel does not run on this CPU (no AVX-512 BF16, or it did not build)")
+        print("the few-row kernel does not run on this CPU (neither AVX-512 BF16 nor AVX2, or it did not build)")
         return 1
     rows = [int(r) for r in args.rows.split(",")]
     if args.stream:
         return stream(rows, args.against, args.reps)
-    sums = {m: [0.0, 0.0] for m in rows}
-    print(f"{args.threads} threads, bf16, microseconds per call (oneDNN prepacked / few-row kernel)")
+    builds = few_rows.kernels()
+    names = None
+    sums = {m: [0.0] * (1 + len(builds)) for m in rows}
     with torch.inference_mode():
         for name, n, k in SHAPES:
             w = torch.randn(n, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
-            onednn, packed = torch.ops.mkldnn._reorder_linear_weight(w, None), few_rows.pack(w)
+            (aten, aten_name), packed = aten_gemm(w), few_rows.pack(w)
+            if names is None:
+                names = [aten_name, *builds]
+                print(f"{args.threads} threads, bf16, microseconds per call ({' / '.join(names)})")
             loops = 30 if n > 10000 else 300
             cells = []
             for m in rows:
                 x = torch.randn(m, k).to(torch.bfloat16)
-                a = best_us(lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""), loops)
-                b = best_us(lambda: few_rows.linear(x, packed, None, n), loops)
-                sums[m][0] += a
-                sums[m][1] += b
-                cells.append(f"{m} rows {a:.0f} / {b:.0f}")
+                times = [best_us(lambda: aten(x), loops)]
+                times += [best_us(lambda: op(x, packed, None, n), loops) for op in builds.values()]
+                sums[m] = [a + t for a, t in zip(sums[m], times)]
+                cells.append(f"{m} rows " + " / ".join(f"{t:.0f}" for t in times))
             print(f"{name} {n}x{k}: " + ", ".join(cells), flush=True)
-    print("one layer + LM head: " + ", ".join(f"{m} rows {a:.0f} / {b:.0f} ({a / b:.2f}x)"
-                                              for m, (a, b) in sums.items()))
+    print("one layer + LM head: " + ", ".join(
+        f"{m} rows " + " / ".join(f"{t:.0f}" for t in ts) + " (" + ", ".join(f"{ts[0] / t:.2f}x" for t in ts[1:]) + ")"
+        for m, ts in sums.items()))
     return 0
 
 
+def aten_gemm(w):
+    """``(fn, name)``: ``fn(x)`` computes ``x @ w^T`` as the engine's eager path does (``decode.fused``): oneDNN on a
+    weight prepacked once where this CPU has that op for bf16, ATen's ``linear`` elsewhere."""
+    import torch
+
+    from drafterkit.decode import fused
+
+    onednn = fused._pack(w, None)
+    if onednn is not None:
+        return (lambda x: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")), "oneDNN prepacked"
+    return (lambda x: torch.nn.functional.linear(x, w)), "ATen linear"
+
+
 def kernel_at(rev: str):
-    """The few-row operator built from ``decode/few_rows.cpp`` as git revision ``rev`` holds it, registered as
-    ``drafterkit_<sha>::few_rows_linear`` (its own namespace, beside the current kernel's)."""
+    """The few-row operator built from ``decode/few_rows.cpp`` as git revision ``rev`` holds it, registered under
+    ``drafterkit_<sha>`` (its own namespace, beside the current kernel's): its build for the widest instruction set
+    this CPU runs. Raises SystemExit where that revision has no such build (before AVX2 had one)."""
     import subprocess
     import tempfile
 
@@ -104,7 +123,10 @@ def kernel_at(rev: str):
     path.write_text(src.replace("TORCH_LIBRARY(drafterkit,", f"TORCH_LIBRARY({ns},")
                     .replace("TORCH_LIBRARY_IMPL(drafterkit,", f"TORCH_LIBRARY_IMPL({ns},"))
     few_rows.build(ns, path)
-    return getattr(torch.ops, ns).few_rows_linear
+    op = "few_rows_linear" if "avx512_bf16" in few_rows.kernels() else "few_rows_linear_avx2"
+    if not hasattr(getattr(torch.ops, ns), op):
+        raise SystemExit(f"the kernel at {rev} has no build for this CPU ({op} is missing): compare a later revision")
+    return getattr(getattr(torch.ops, ns), op)
 
 
 def stream(rows: list[int], against: str | None, reps: int) -> int:
@@ -119,10 +141,10 @@ def stream(rows: list[int], against: str | None, reps: int) -> int:
     weights = []
     for _, n, k in pass_shapes:
         w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
-        weights.append((n, k, torch.ops.mkldnn._reorder_linear_weight(w, None), few_rows.pack(w)))
+        weights.append((n, k, aten_gemm(w), few_rows.pack(w)))
     print(f"{torch.get_num_threads()} threads, bf16, one pass: {len(weights)} GEMMs, "
           f"{sum(n * k for n, k, _, _ in weights) * 2 / 1e6:.0f} MB of weights; ms per pass, best of {reps}")
-    kernels = {"oneDNN": None, "kernel": few_rows.linear}
+    kernels = {weights[0][2][1]: None, **{f"kernel ({isa})": op for isa, op in few_rows.kernels().items()}}
     if against:
         kernels[f"kernel at {against}"] = kernel_at(against)
     best = {(name, m): float("inf") for name in kernels for m in rows}
@@ -135,10 +157,10 @@ def stream(rows: list[int], against: str | None, reps: int) -> int:
                         continue
 
                     def one_pass():
-                        for n, k, onednn, packed in weights:
+                        for n, k, (aten, _), packed in weights:
                             x = inputs[m][k]
                             if op is None:
-                                torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")
+                                aten(x)
                             else:
                                 op(x, packed, None, n)
                     try:

@@ -1,20 +1,21 @@
 """A bf16 linear layer for a few rows (a verification pass's K + 1 tokens, a drafting step) that reads each weight once.
 
 On a CPU a decoding step is bound by reading the weights: one row's GEMM should cost what its weight bytes cost.
-PyTorch's bf16 GEMM (oneDNN) costs more than that for one row and 1.3-2x it at 6-16 rows on this project's 2-core
-AMD CPU, and inductor's C++ GEMM template (bf16 converted to fp32, fp32 FMAs) 2-5x at 6 rows
-(``docs/benchmarks/engine.md``). :func:`linear` computes ``x @ W^T`` for up to :data:`ROWS` rows with AVX-512 BF16
-dot products (``VDPBF16PS``) over a weight packed once (:func:`pack`): each 64-byte weight load feeds one
-instruction per row, and each tile of up to 32 output columns prefetches the next tile's weights into L2 while it
-computes, so a few rows cost little more than one until the dot products, not the loads, bound it. fp32
+PyTorch's bf16 GEMM (oneDNN) costs more than that for one row and 1.3-2x it at 6-16 rows on a 2-core AMD CPU with
+AVX-512 BF16, and inductor's C++ GEMM template (bf16 converted to fp32, fp32 FMAs) 2-5x at 6 rows; on a CPU with AVX2
+only, oneDNN's bf16 GEMM costs ~4x at 6 rows what it costs at one (``docs/benchmarks/engine.md``). :func:`linear`
+computes ``x @ W^T`` for up to :data:`ROWS` rows over a weight packed once (:func:`pack`), with AVX-512 BF16 dot
+products (``VDPBF16PS``) where the CPU has them and with AVX2 FMAs on the weights widened to fp32 elsewhere: each
+64-byte weight load feeds every row's arithmetic, and each tile prefetches the next tile's weights into L2 while it
+computes, so a few rows cost little more than one until the arithmetic, not the loads, bounds it. fp32
 accumulation, the result rounded to bf16 (nearest even), as oneDNN's; the sums' order differs, so values can differ
 from oneDNN's by an ulp.
 
 The kernel (``decode/few_rows.cpp``) is built on first use with PyTorch's extension builder (a C++ compiler and
-ninja, ~30 s once; kept in PyTorch's extensions folder) and registers the operator ``drafterkit::few_rows_linear``,
-which compiled graphs (``decode/compiled.py``) call without Python in between. :func:`available` is False, and
-callers keep oneDNN's GEMM, on a CPU without AVX-512 BF16 or where the build fails (said once, on stderr, with the
-reason).
+ninja, ~30 s once; kept in PyTorch's extensions folder) and registers the operators ``drafterkit::few_rows_linear``
+(AVX-512 BF16) and ``drafterkit::few_rows_linear_avx2``, which compiled graphs (``decode/compiled.py``) call without
+Python in between. :func:`available` is False, and callers keep oneDNN's GEMM, on a CPU with neither instruction set
+or where the build fails (said once, on stderr, with the reason).
 """
 
 from __future__ import annotations
@@ -34,20 +35,34 @@ _state: dict = {}
 
 
 def available() -> bool:
-    """Whether :func:`linear` runs here: a CPU with AVX-512 BF16 and the kernel built (on the first call)."""
+    """Whether :func:`linear` runs here: a CPU with AVX-512 BF16 or AVX2 and the kernel built (on the first call)."""
     if "lib" not in _state:
         _state["lib"] = _build()
     return _state["lib"] is not None
 
 
+def kernels() -> dict:
+    """The kernel's builds this CPU runs, by instruction set: ``"avx512_bf16"`` (``drafterkit::few_rows_linear``)
+    and / or ``"avx2"`` (``drafterkit::few_rows_linear_avx2``), each taking :func:`linear`'s arguments. Empty where
+    :func:`available` is False. :func:`linear` runs the first."""
+    if not available():
+        return {}
+    ops = torch.ops.drafterkit
+    found = {"avx512_bf16": ops.few_rows_linear} if torch.cpu._is_avx512_bf16_supported() else {}
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):  # ATen's AVX2 level includes FMA
+        found["avx2"] = ops.few_rows_linear_avx2
+    return found
+
+
 def _build():
-    if not torch.cpu._is_avx512_bf16_supported():
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     try:
         build("drafterkit_few_rows", Path(__file__).with_suffix(".cpp"))
-        op = torch.ops.drafterkit.few_rows_linear
-        torch.library.register_fake("drafterkit::few_rows_linear")(_shape)
-        return op
+        ops = torch.ops.drafterkit
+        for op in ("few_rows_linear", "few_rows_linear_avx2"):
+            torch.library.register_fake(f"drafterkit::{op}")(_shape)
+        return ops.few_rows_linear if torch.cpu._is_avx512_bf16_supported() else ops.few_rows_linear_avx2
     except Exception as exc:  # noqa: BLE001 -- no compiler, no ninja, a failed build: oneDNN's GEMM runs, said once
         print(f"drafterkit: the few-row bf16 GEMM kernel did not build ({type(exc).__name__}: "
               f"{str(exc).splitlines()[0] if str(exc) else ''}); oneDNN's GEMM runs instead", file=sys.stderr)
@@ -87,8 +102,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
     """``x [..., K]`` bf16 (at most :data:`ROWS` rows in all) times the weight :func:`pack` made (``n`` output
-    columns), plus ``bias [n]`` bf16 -> ``[..., n]`` bf16: the operator ``drafterkit::few_rows_linear``. Needs
-    :func:`available`.
+    columns), plus ``bias [n]`` bf16 -> ``[..., n]`` bf16: the operator of the widest instruction set the CPU has
+    (:func:`kernels`). Needs :func:`available`.
 
     Raises:
         RuntimeError: more than :data:`ROWS` rows, not bf16, or a packed weight that does not fit ``x`` or ``n``.
