@@ -11,9 +11,9 @@ merged, as the engine runs them) and the LM head. Needs a CPU the kernel runs on
 
 ``--stream``: what a target pass sees instead: every GEMM of the default target's pass (30 decoder layers, each with
 weights of its own, then the LM head: 269 MB of bf16) called in the pass's order, so the weights stream from memory,
-milliseconds per pass (best of ``--reps`` rounds of 10 passes), ATen's and each kernel build's. ``--against REV`` adds the
-kernel of git revision ``REV`` (its ``decode/few_rows.cpp`` built under an operator namespace of its own), timed in
-turn with the current one in the same process: a kernel change measured side by side ("-" where that kernel
+milliseconds per pass (best of ``--reps`` rounds of 10 passes), ATen's and each kernel build's. ``--against REV``
+adds the kernel of git revision ``REV`` (its ``decode/few_rows.cpp`` built under an operator namespace of its own),
+timed in turn with the current one in the same process: a kernel change measured side by side ("-" where that kernel
 does not take so many rows).
 """
 
