@@ -56,8 +56,12 @@ def _read_jsonl_objects(path: Path, skip_bad: bool = False, skipped: list[int] |
         warnings.warn(f"{path}: skipped line{'s' if len(bad) > 1 else ''} {shown}: not a JSON object (a file cut "
                       "mid-line, or a damaged line; fix or delete it); every other line was read", UserWarning,
                       stacklevel=3)
+    if not seen and bad:
+        shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ValueError(f"{path}: no line holds a JSON object (not one: line{'s' if len(bad) > 1 else ''} {shown}); "
+                         "expected JSONL, one JSON object per line (a JSON array or a plain text file is not JSONL)")
     if not seen:
-        raise ValueError(f"{path} is empty or holds no JSON object; expected JSONL (one JSON object per line)")
+        raise ValueError(f"{path} is empty; expected JSONL (one JSON object per line)")
 
 
 def _require(path: Path, lineno: int, obj: dict, key: str, kind: type | tuple) -> Any:

@@ -391,3 +391,13 @@ def test_cli_prints_each_drafterkit_warning_once_per_verb():
     assert [str(w.message) for w in shown] == ["x.jsonl: 3 conversations gave no example",
                                                "x.jsonl: fewer examples", "from elsewhere", "from elsewhere"]
     assert warnings.showwarning is show_before  # restored after the verb
+
+
+def test_a_prompts_file_with_no_json_line_names_its_lines_not_emptiness(tmp_path):
+    path = tmp_path / "bench.jsonl"
+    path.write_text("What is 2 + 2?\nName a prime.\n")
+    with pytest.raises(ValueError, match=r"bench\.jsonl: no line holds a JSON object \(not one: lines 1, 2\)"):
+        prompt_files.load_prompts_jsonl(path)
+    path.write_text("\n\n")
+    with pytest.raises(ValueError, match=r"bench\.jsonl is empty"):
+        prompt_files.load_prompts_jsonl(path)

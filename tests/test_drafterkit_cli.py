@@ -166,3 +166,12 @@ def test_version_and_the_assets_error_prefix(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.startswith("drafterkit ")
     assert main(["assets", "fetch", "bogus"]) != 0
     assert capsys.readouterr().err.startswith("drafterkit assets: error: ")
+
+
+@pytest.mark.parametrize("verb", ["train", "features"])
+def test_a_verb_without_its_recipe_asks_for_the_recipe_only(verb, capsys):
+    """The overrides are optional: the usage error names the one missing argument."""
+    with pytest.raises(SystemExit) as exc:
+        main([verb])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "required: recipe" in err and "key.sub" not in err.split("error:")[-1]

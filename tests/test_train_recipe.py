@@ -461,3 +461,15 @@ def test_a_bad_recipe_is_refused_before_torch_or_the_training_loop_loads(entry, 
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"rc": 2, "loaded": []}, out.stderr
     assert error in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_folder_or_an_empty_file_as_the_recipe_is_named_as_such(tmp_path):
+    (tmp_path / "mine.yaml").write_text("output_dir: runs/x\n")
+    with pytest.raises(FileNotFoundError, match=r"is a folder, not a YAML file.*YAML files in it: mine\.yaml"):
+        load_recipe(tmp_path)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(RecipeError, match=r"empty\.yaml is empty: .*output_dir"):
+        load_recipe(empty)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_recipe(tmp_path / "missing.yaml")

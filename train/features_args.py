@@ -10,7 +10,7 @@ SHARD_MB = 512  # default shard size: resume granularity, and the RAM one shard 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="YAML recipe (see recipes/): its target, data and drafter kind")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+    parser.add_argument("overrides", nargs="*", default=[], metavar="key.sub=value",
                         help="recipe overrides, e.g. data.num_examples=200 data.feature_cache=/big/disk/features")
     parser.add_argument("--batch-size", type=int, default=8, help="examples per target forward")
     parser.add_argument("--shard-mb", type=float, default=SHARD_MB,

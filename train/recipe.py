@@ -476,12 +476,21 @@ def recipe_from_dict(data: dict, overrides: list[str] | None = None) -> Recipe:
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read and validate a YAML recipe. Raises :class:`RecipeError` (or ``FileNotFoundError``)."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.y*ml"))[:5]
+        hint = f"; YAML files in it: {', '.join(inside)}" if inside else ""
+        raise FileNotFoundError(f"recipe {path} is a folder, not a YAML file: pass the recipe file, e.g. "
+                                f"recipes/smoke.yaml{hint}")
     if not path.is_file():
         raise FileNotFoundError(f"recipe {path} not found; see recipes/ for examples (recipes/smoke.yaml)")
     try:
-        data = load_yaml(path.read_text()) or {}
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path} is not valid YAML: {exc}") from None
+    if data is None:
+        raise RecipeError(f"{path} is empty: a recipe is a YAML mapping that sets at least output_dir (the target, "
+                          "drafter and data sections have defaults); copy one from recipes/ (recipes/smoke.yaml is "
+                          "the smallest)")
     try:
         return recipe_from_dict(data, overrides)
     except RecipeError as exc:
