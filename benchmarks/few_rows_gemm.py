@@ -113,11 +113,12 @@ def kernel_at(rev: str):
 
     from drafterkit.decode import few_rows
 
+    from benchmarks.greedy_choice import revision_source
+
     root = Path(__file__).resolve().parents[1]
     sha = subprocess.run(["git", "rev-parse", "--short=10", rev], cwd=root, capture_output=True, text=True,
                          check=True).stdout.strip()
-    src = subprocess.run(["git", "show", f"{sha}:decode/few_rows.cpp"], cwd=root, capture_output=True, text=True,
-                         check=True).stdout
+    src = revision_source(sha, "decode/few_rows.cpp")
     ns = f"drafterkit_{sha}"
     path = Path(tempfile.mkdtemp(prefix="few-rows-")) / f"{ns}.cpp"
     path.write_text(src.replace("TORCH_LIBRARY(drafterkit,", f"TORCH_LIBRARY({ns},")
