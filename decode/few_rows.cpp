@@ -8,7 +8,7 @@
 // tile prefetches the next one's weights, so the loads overlap the arithmetic.
 // Accumulation is fp32 in k order; the result is rounded to bf16 (nearest even). The AVX2 build widens each weight
 // to fp32 (its 16 bits shifted into the high half) and multiplies with FMAs; it has 16 vector registers, not 32, so
-// it takes the rows in groups of at most 5 per pass over a block, the later groups reading the block's weights
+// it takes the rows in groups of at most 6 per pass over a block, the later groups reading the block's weights
 // again from cache. The kernel functions carry their own target attributes: the library loads on any x86-64 CPU,
 // and decode/few_rows.py calls only the operator the CPU runs.
 #include <torch/library.h>
@@ -87,7 +87,7 @@ constexpr Blocks kByRows[kMaxRows] = {blocks<1>, blocks<2>, blocks<3>, blocks<4>
 
 // --- AVX2 + FMA --------------------------------------------------------------------------------------------------
 
-constexpr int kGroup = 5;  // rows per pass over a block: 2 x 5 accumulators, 4 widened weights, 2 broadcasts
+constexpr int kGroup = 6;  // rows per pass over a block: 2 x 6 accumulators and 4 widened weights fill the 16 registers
 
 // fp32 -> bf16, nearest even; a NaN stays a (quiet) NaN. 8 values -> 8 x 16 bits in the low 128 bits.
 DK_AVX2 inline __m128i to_bf16(__m256 v) {
@@ -101,7 +101,8 @@ DK_AVX2 inline __m128i to_bf16(__m256 v) {
 }
 
 // H groups of 8 output columns (2: one block; 4: two blocks, for one row) by R rows. xf holds the rows' inputs as
-// fp32, [K/2][R][2]; `next` (or null) is the weight the following tile reads, prefetched into L2 meanwhile.
+// fp32, each value repeated 8 times, [K/2][R][2][8]: the FMAs take them as memory operands, so no register holds a
+// broadcast input. `next` (or null) is the weight the following tile reads, prefetched into L2 meanwhile.
 template <int R, int H>
 DK_AVX2 inline void tile2(const float* xf, int64_t kp_count, const uint16_t* wp, int64_t block_stride,
                           const char* next, const uint16_t* bias, uint16_t* y, int64_t n, int64_t col0) {
@@ -119,11 +120,11 @@ DK_AVX2 inline void tile2(const float* xf, int64_t kp_count, const uint16_t* wp,
       even[h] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
       odd[h] = _mm256_castsi256_ps(_mm256_and_si256(raw, high));
     }
-    const float* xr = xf + kp * R * 2;
-    for (int r = 0; r < R; ++r) {
-      const __m256 xe = _mm256_broadcast_ss(xr + 2 * r), xo = _mm256_broadcast_ss(xr + 2 * r + 1);
-      for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(odd[h], xo, _mm256_fmadd_ps(even[h], xe, acc[r][h]));
-    }
+    const float* xr = xf + kp * R * 16;
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < H; ++h)
+        acc[r][h] = _mm256_fmadd_ps(odd[h], _mm256_load_ps(xr + 16 * r + 8),
+                                    _mm256_fmadd_ps(even[h], _mm256_load_ps(xr + 16 * r), acc[r][h]));
   }
   for (int h = 0; h < H; ++h) {
     const int64_t c0 = col0 + h * 8, left = n - c0;
@@ -150,7 +151,7 @@ DK_AVX2 inline void tile2(const float* xf, int64_t kp_count, const uint16_t* wp,
 
 using Tile2 = void (*)(const float*, int64_t, const uint16_t*, int64_t, const char*, const uint16_t*, uint16_t*,
                        int64_t, int64_t);
-constexpr Tile2 kTile2[kGroup] = {tile2<1, 2>, tile2<2, 2>, tile2<3, 2>, tile2<4, 2>, tile2<5, 2>};
+constexpr Tile2 kTile2[kGroup] = {tile2<1, 2>, tile2<2, 2>, tile2<3, 2>, tile2<4, 2>, tile2<5, 2>, tile2<6, 2>};
 
 // Blocks [first, last) for all M rows: one row two blocks a tile; more rows one block a tile, the rows in groups of
 // near-equal size (at most kGroup) whose inputs xf holds one after another.
@@ -169,7 +170,7 @@ DK_AVX2 void blocks_avx2(const float* xf, int m, int64_t kp_count, const uint16_
     const char* next = reinterpret_cast<const char*>(wp + (blk + 1) * stride);
     for (int g = 0, row = 0; g < groups; ++g) {
       const int rows = (m - row) / (groups - g);  // near-equal groups: 6 -> 3 + 3, 11 -> 3 + 4 + 4
-      kTile2[rows - 1](xf + row * kp_count * 2, kp_count, wp + blk * stride, stride, g == 0 ? next : nullptr, bias,
+      kTile2[rows - 1](xf + row * kp_count * 16, kp_count, wp + blk * stride, stride, g == 0 ? next : nullptr, bias,
                        y + row * n, n, blk * kCols);
       row += rows;
     }
@@ -207,23 +208,28 @@ static at::Tensor run(const at::Tensor& x, const at::Tensor& packed, const std::
     });
     return y;
   }
-  // the inputs widened to fp32 once, each group of rows laid out [K/2][rows][2] as blocks_avx2 reads them
+  // the inputs widened to fp32 once, each value 8 times, each group of rows laid out [K/2][rows][2][8] as blocks_avx2
+  // reads them (32-byte aligned: at::empty's buffers are 64-byte aligned)
   const auto* xb = reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>());
-  std::vector<float> xf(m * k);
+  at::Tensor wide = at::empty({m * k * 8}, x.options().dtype(at::kFloat));
+  float* xf = wide.data_ptr<float>();
   const int groups = (int(m) + kGroup - 1) / kGroup;
   for (int g = 0, row = 0; g < groups; ++g) {
     const int count = (int(m) - row) / (groups - g);
-    float* dst = xf.data() + row * k;
+    float* dst = xf + row * k * 8;
     for (int64_t kp = 0; kp < kp_count; ++kp)
       for (int r = 0; r < count; ++r)
         for (int j = 0; j < 2; ++j) {
           const uint32_t bits = uint32_t(xb[(row + r) * k + 2 * kp + j]) << 16;
-          memcpy(dst + (kp * count + r) * 2 + j, &bits, 4);
+          float value;
+          memcpy(&value, &bits, 4);
+          float* out = dst + ((kp * count + r) * 2 + j) * 8;
+          for (int i = 0; i < 8; ++i) out[i] = value;
         }
     row += count;
   }
   at::parallel_for(0, (nblk + 1) / 2, 8, [&](int64_t begin, int64_t end) {
-    blocks_avx2(xf.data(), int(m), kp_count, wp, bp, yp, n, begin * 2, std::min(end * 2, nblk));
+    blocks_avx2(xf, int(m), kp_count, wp, bp, yp, n, begin * 2, std::min(end * 2, nblk));
   });
   return y;
 }
