@@ -6,9 +6,9 @@ gpt-fast and vLLM's CPU backend do: the weights become constants of the graph, t
 (RMSNorm, the rotary embedding, SiLU gating, residual adds) fuses into a few C++ kernels, and no Python runs per
 layer. The LM head runs inside the graph. A bf16 pass of at most 16 rows (a decoding step, a chain's or a small
 tree's verification pass, a drafting step) runs its linear layers through :mod:`decode.few_rows`' kernel
-(:class:`Linear`) where the CPU has AVX-512 BF16: each weight read once whatever the row count. Elsewhere a decoding
-step at batch 1 (one row) takes the faster, timed when its graph compiles (``max_autotune``), of inductor's C++ GEMM
-template (generated for the CPU's vector units: AVX-512, AMX where present) and ATen's oneDNN call
+(:class:`Linear`) where the CPU has AVX-512 BF16 or AVX2: each weight read once whatever the row count. Elsewhere a
+decoding step at batch 1 (one row) takes the faster, timed when its graph compiles (``max_autotune``), of inductor's
+C++ GEMM template (generated for the CPU's vector units: AVX-512, AMX where present) and ATen's oneDNN call
 (:data:`INDUCTOR_ONE_ROW`), and other passes oneDNN's (``docs/benchmarks/engine.md`` has what each buys). Drafters
 compile their own passes through :func:`module_call` (EAGLE-family heads: ``drafters/heads/compiled_steps.py``;
 DFlash and DSpark: ``drafters/block_pass.py``). Shapes are dynamic (``dynamic=True``): one graph serves every cache

@@ -59,7 +59,7 @@ def test_compiled_passes_match_eager(name):
 
 @pytest.mark.slow  # torch.compile: tens of seconds per graph
 def test_compiled_bf16_passes_match_eager_to_bf16_rounding():
-    """bf16: a few rows' linear layers run decode.few_rows' kernel where the CPU has AVX-512 BF16 (its sums in
+    """bf16: a few rows' linear layers run decode.few_rows' kernel where the CPU has AVX-512 BF16 or AVX2 (its sums in
     another order than oneDNN's), so passes agree up to bf16 rounding, not bit for bit."""
     model = tiny_llama(5, hidden_size=64, heads=4, kv_heads=2, layers=2).to(torch.bfloat16)
     with torch.inference_mode(), fused_projections(model):
