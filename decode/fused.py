@@ -1,4 +1,5 @@
-"""The decoder's CPU linear layers: merged projections, bf16 weights prepacked for oneDNN, few-row fp32 GEMMs.
+"""The decoder's CPU linear layers: merged projections, bf16 weights prepacked for oneDNN (or run through the few-row
+kernel where oneDNN has no bf16 GEMM), few-row fp32 GEMMs.
 
 At decoding batch sizes (one row, or the few nodes of a verification pass) a transformers decoder on a
 CPU spends its time in ``linear`` calls that are small and many: SmolLM2-135M makes 7 per layer, 211
@@ -12,6 +13,10 @@ per forward. Two things make them cheaper, both as inference engines do it:
   a model (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``). Same kernel, same
   results (checked bit for bit when a weight is packed; a mismatch or a missing op falls back to the
   plain merged weight), without the per-call reorder.
+* **The few-row kernel where oneDNN has no bf16 GEMM.** On a CPU with AVX2 only, oneDNN refuses to prepack bf16
+  and PyTorch's bf16 GEMM is a slow generic loop (4-5x the kernel at every row count). There bf16 layers run
+  :mod:`decode.few_rows`' kernel in calls of up to 16 rows, and past :data:`KERNEL_MAX_ROWS` rows (a prefill) one fp32
+  GEMM (:func:`_kernel_matmul`): PyTorch's values up to an ulp, not its bits.
 
 Measured on this project's 2-core CPU (``benchmarks/engine_kernels.py``; BENCHMARKS.md, "Engine vs
 transformers `generate`"): bf16 LM head 49152x576 3.2 -> 2.0 ms at 1 row and 4.7 -> 1.6 ms at 6; the
@@ -42,7 +47,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-from drafterkit.decode import attention, invariance
+from drafterkit.decode import attention, few_rows, invariance
 
 #: inputs of more rows (batch x tokens) than this run the stock layers. SmolLM2-135M body, bf16, this
 #: project's CPU: 1 row 31.8 -> 21.7 ms, 6 rows 36.1 -> 22.7, 48 rows 79.7 -> 62.8, 200 rows 202 -> 196,
@@ -102,6 +107,37 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+#: bf16 inputs of more rows than this, on a layer that runs the few-row kernel, take one fp32 GEMM instead (bf16
+#: cast up, the result rounded back): on an AVX2 CPU the kernel in 16-row calls costs 3.0 / 5.8 / 10.6 ms for one
+#: SmolLM2-135M layer's GEMMs at 32 / 64 / 128 rows, the fp32 GEMM 3.9 / 5.0 / 8.1, PyTorch's bf16 GEMM 13.5 / 25.9 /
+#: 47.6 (2 threads)
+KERNEL_MAX_ROWS = 48
+
+
+def _kernel_fits(weight: torch.Tensor) -> bool:
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.shape[1] % 2 == 0
+            and few_rows.available())
+
+
+def _kernel_matmul(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """``linear(x, weight, bias)`` in bf16 through :mod:`decode.few_rows`' kernel (``packed``: its copy of ``weight``),
+    in calls of at most :data:`decode.few_rows.ROWS` rows; past :data:`KERNEL_MAX_ROWS` rows one fp32 GEMM. Both sum
+    in fp32 and round once to bf16, so the values are PyTorch's bf16 GEMM's up to an ulp, not its bits; each row's
+    bits depend on its own values and on which of the two ran (exact mode's check finds the row counts that agree)."""
+    rows = x.reshape(-1, x.shape[-1])
+    n, m = weight.shape[0], rows.shape[0]
+    if m > KERNEL_MAX_ROWS:
+        y = torch.nn.functional.linear(rows.float(), weight.float(), None if bias is None else bias.float())
+        y = y.to(torch.bfloat16)
+    elif m <= few_rows.ROWS:
+        y = few_rows.linear(rows, packed, bias, n)
+    else:
+        y = torch.cat([few_rows.linear(rows[i: i + few_rows.ROWS], packed, bias, n)
+                       for i in range(0, m, few_rows.ROWS)])
+    return y.reshape(*x.shape[:-1], n)
+
+
 def stamp(tensors: list[torch.Tensor]) -> list[tuple]:
     """Per tensor: its address, its in-place version counter and :data:`SAMPLES` of its values at fixed seeded
     positions (edits through ``.data``, fused optimizers and peft's ``merge_adapter`` change values without bumping
@@ -141,6 +177,8 @@ class _Group:
         bias = self.bias = torch.cat([lin.bias.detach() for lin in layers]) if layers[0].bias is not None else None
         self.packed = _pack(weight, bias)
         self.weight = None if self.packed is not None else weight  # the packed copy replaces the plain one
+        # bf16 weights oneDNN cannot prepack (a CPU without its bf16 GEMM: AVX2 only) run the few-row kernel
+        self.kernel = few_rows.pack(weight) if self.packed is None and _kernel_fits(weight) else None
         self._local = threading.local()  # the last input and outputs, per thread
 
     def _tensors(self) -> list[torch.Tensor]:
@@ -157,7 +195,7 @@ class _Group:
 
     def forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         invariant = ROW_INVARIANT and x.dtype in (torch.bfloat16, torch.float16)
-        if not invariant and x.numel() > MAX_ROWS * x.shape[-1]:  # a prefill: the stock layer (see MAX_ROWS)
+        if not invariant and self.kernel is None and x.numel() > MAX_ROWS * x.shape[-1]:  # a prefill (MAX_ROWS)
             lin = self.layers[i]
             return torch.nn.functional.linear(x, lin.weight, lin.bias)
         local = self._local
@@ -171,13 +209,16 @@ class _Group:
         """``_matmul(x)`` with each row's bits independent of the row count (``decode.invariance``): calls of the
         row counts this layer's check allows, whatever pass the rows belong to."""
         rows = x.reshape(-1, x.shape[-1])  # a 1-D input (e.g. a learned [H] vector) is one row too
-        key = ("prepacked",) * (self.packed is not None) + ("bias",) * (self.bias is not None)
+        key = (("prepacked",) * (self.packed is not None) + ("few-row kernel",) * (self.kernel is not None)
+               + ("bias",) * (self.bias is not None))
         found = invariance.check(key, self._matmul, rows.shape[-1], sum(self.sizes), rows.dtype, rows.device)
         return invariance.run(self._matmul, rows, found.shapes).reshape(*x.shape[:-1], -1)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.kernel is not None:
+            return _kernel_matmul(x, self.kernel, self.weight, self.bias)
         if self.weight.dtype == torch.float32 and x.numel() <= FEW_ROWS * x.shape[-1]:
             return _few_rows(x, self.weight, self.bias)
         return torch.nn.functional.linear(x, self.weight, self.bias)

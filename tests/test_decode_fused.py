@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from drafterkit import decode
+from drafterkit.decode import few_rows
 from drafterkit.decode.fused import engine_groups, fused_projections
 from drafterkit.decode.tree import DraftTree
 from drafterkit.drafters.ngram import NGramDrafter
@@ -61,11 +63,16 @@ def test_the_model_is_untouched_and_bf16_copies_are_prepacked_with_the_same_outp
     want = _logits(model, ids)
     groups = engine_groups(model)
     layers = model.config.num_hidden_layers
-    # bf16: q/k/v, gate/up, o, down per layer and the LM head, each prepacked for oneDNN when the CPU has it
-    assert len(groups) == (4 * layers + 1 if groups[0].packed is not None else 2 * layers)
+    # bf16: q/k/v, gate/up, o, down per layer and the LM head, each prepacked for oneDNN where the CPU has its bf16
+    # GEMM (the stock bits), else run through the few-row kernel (the stock values up to bf16 rounding)
+    assert len(groups) == 4 * layers + 1
+    assert all((g.packed is None) == (g.kernel is not None) for g in groups) or not few_rows.available()
     with fused_projections(model):
         got = _logits(model, ids)
-    assert torch.equal(got, want)
+    if groups[0].packed is not None:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), atol=0.06, rtol=0.02)
     assert {k: v.data_ptr() for k, v in model.state_dict().items()} == ptrs  # parameters never replaced
 
 
@@ -232,4 +239,29 @@ def test_a_one_dimensional_bf16_input_runs_through_the_engine_copy():
         finally:
             fused.ROW_INVARIANT = old
         assert got.shape == want.shape == (lin.out_features,)
-        assert torch.equal(got, want)
+        if fused.engine_groups(model)[0].packed is not None:  # oneDNN prepacked: the stock bits
+            assert torch.equal(got, want)
+        else:  # the few-row kernel: the stock values up to bf16 rounding
+            torch.testing.assert_close(got.float(), want.float(), atol=0.02, rtol=2 ** -7)
+
+
+def test_bf16_layers_oneDNN_cannot_prepack_run_the_few_row_kernel(monkeypatch):
+    """Where oneDNN has no bf16 GEMM (an AVX2 CPU; here forced by refusing its prepacking) a bf16 layer runs the few-row
+    kernel, in 16-row calls, and an fp32 GEMM past KERNEL_MAX_ROWS rows: the stock values up to bf16 rounding."""
+    from drafterkit.decode import fused
+
+    if not few_rows.available():
+        pytest.skip("the few-row kernel does not run on this CPU (neither AVX-512 BF16 nor AVX2)")
+    monkeypatch.setattr(fused, "_pack", lambda weight, bias: None)
+    lin = torch.nn.Linear(64, 40).to(torch.bfloat16)
+    group = fused._Group([lin])
+    assert group.packed is None and group.kernel is not None
+    g = torch.Generator().manual_seed(4)
+    for m in (1, 6, few_rows.ROWS, 20, fused.KERNEL_MAX_ROWS, fused.KERNEL_MAX_ROWS + 1, 100):
+        x = torch.randn(2, m, 64, generator=g).to(torch.bfloat16)
+        ref = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
+        got = group._matmul(x)
+        assert got.shape == (2, m, 40) and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=2 ** -8)
+        if 2 * m <= fused.KERNEL_MAX_ROWS:  # the kernel: a row's bits whatever else is in the call
+            assert torch.equal(group._matmul(x[:1, :1]), got[:1, :1])
