@@ -15,6 +15,11 @@ milliseconds per pass (best of ``--reps`` rounds of 10 passes), ATen's and each 
 adds the kernel of git revision ``REV`` (its ``decode/few_rows.cpp`` built under an operator namespace of its own),
 timed in turn with the current one in the same process: a kernel change measured side by side ("-" where that kernel
 does not take so many rows).
+
+``--prefill``: one decoder layer's four GEMMs at prompt-sized row counts (``--rows``, e.g. 16,32,64,128,256),
+milliseconds, best of ``--reps``: PyTorch's bf16 GEMM as the engine's eager path calls it, the kernel in calls of
+16 rows, and one fp32 GEMM on the bf16 operands cast up (what ``decode.fused`` runs past ``KERNEL_MAX_ROWS`` rows
+where oneDNN has no bf16 GEMM).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ def main(argv=None) -> int:
     p.add_argument("--stream", action="store_true", help="whole target passes, weights streaming from memory")
     p.add_argument("--against", default=None, help="with --stream: also the kernel of this git revision")
     p.add_argument("--reps", type=int, default=5, help="with --stream: timed rounds per kernel and row count")
+    p.add_argument("--prefill", action="store_true", help="one layer's GEMMs at prompt-sized row counts, three ways")
     args = p.parse_args(argv)
     if args.against and not args.stream:
         p.error("--against compares whole passes: add --stream")
@@ -64,6 +70,8 @@ def main(argv=None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     if args.stream:
         return stream(rows, args.against, args.reps)
+    if args.prefill:
+        return prefill(rows, args.reps)
     builds = few_rows.kernels()
     names = None
     sums = {m: [0.0] * (1 + len(builds)) for m in rows}
@@ -128,6 +136,45 @@ def kernel_at(rev: str):
     if not hasattr(getattr(torch.ops, ns), op):
         raise SystemExit(f"the kernel at {rev} has no build for this CPU ({op} is missing): compare a later revision")
     return getattr(getattr(torch.ops, ns), op)
+
+
+def prefill(rows: list[int], reps: int) -> int:
+    """``--prefill``: one decoder layer's GEMMs at many rows, three ways (module doc)."""
+    import torch
+
+    from drafterkit.decode import few_rows
+
+    gen = torch.Generator().manual_seed(0)
+    layer = [(n, k, (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)) for name, n, k in SHAPES
+             if name != "lm_head"]
+    weights = [(n, k, w, aten_gemm(w), few_rows.pack(w)) for n, k, w in layer]
+
+    def kernel(x, packed, n):
+        return [few_rows.linear(x[i: i + few_rows.ROWS], packed, None, n) for i in range(0, x.shape[0], few_rows.ROWS)]
+
+    ways = {weights[0][3][1]: lambda x, n, w, aten, packed: aten(x),
+            "kernel, 16-row calls": lambda x, n, w, aten, packed: kernel(x, packed, n),
+            "fp32 GEMM, cast up": lambda x, n, w, aten, packed: torch.nn.functional.linear(x.float(), w.float())}
+    print(f"{torch.get_num_threads()} threads, bf16 operands, one decoder layer's 4 GEMMs, ms, best of {reps}")
+    print("| rows | " + " | ".join(ways) + " |")
+    print("|---|" + "---|" * len(ways))
+    with torch.inference_mode():
+        for m in rows:
+            xs = {k: torch.randn(m, k, generator=gen).to(torch.bfloat16) for _, k, *_ in weights}
+            cells = []
+            for way in ways.values():
+                def one_layer():
+                    for n, k, w, (aten, _), packed in weights:
+                        way(xs[k], n, w, aten, packed)
+                one_layer()
+                best = float("inf")
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    one_layer()
+                    best = min(best, (time.perf_counter() - t0) * 1e3)
+                cells.append(f"{best:.1f}")
+            print(f"| {m} | " + " | ".join(cells) + " |", flush=True)
+    return 0
 
 
 def stream(rows: list[int], against: str | None, reps: int) -> int:
