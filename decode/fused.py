@@ -108,9 +108,9 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
 
 
 #: bf16 inputs of more rows than this, on a layer that runs the few-row kernel, take one fp32 GEMM instead (bf16
-#: cast up, the result rounded back): on an AVX2 CPU the kernel in 16-row calls costs 3.0 / 5.8 / 10.6 ms for one
-#: SmolLM2-135M layer's GEMMs at 32 / 64 / 128 rows, the fp32 GEMM 3.9 / 5.0 / 8.1, PyTorch's bf16 GEMM 13.5 / 25.9 /
-#: 47.6 (2 threads)
+#: cast up, the result rounded back): on a 2-core AVX2 CPU one SmolLM2-135M layer's GEMMs cost 3.7 / 6.8 ms at 32 /
+#: 64 rows in the kernel's 16-row calls, 5.8 / 6.4 in the fp32 GEMM and 15.1 / 28.9 in PyTorch's bf16 GEMM
+#: (``benchmarks/few_rows_gemm.py --prefill``, docs/benchmarks/engine.md)
 KERNEL_MAX_ROWS = 48
 
 
