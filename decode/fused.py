@@ -14,7 +14,7 @@ per forward. Two things make them cheaper, both as inference engines do it:
   results (checked bit for bit when a weight is packed; a mismatch or a missing op falls back to the
   plain merged weight), without the per-call reorder.
 * **The few-row kernel where oneDNN has no bf16 GEMM.** On a CPU with AVX2 only, oneDNN refuses to prepack bf16
-  and PyTorch's bf16 GEMM is a slow generic loop (4-5x the kernel at every row count). There bf16 layers run
+  and PyTorch's bf16 GEMM is a slow generic loop (1.4-1.7x the kernel at one row, 4-5x from 6 rows). There bf16 layers run
   :mod:`decode.few_rows`' kernel in calls of up to 16 rows, and past :data:`KERNEL_MAX_ROWS` rows (a prefill) one fp32
   GEMM (:func:`_kernel_matmul`): PyTorch's values up to an ulp, not its bits.
 
