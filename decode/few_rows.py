@@ -3,7 +3,8 @@
 On a CPU a decoding step is bound by reading the weights: one row's GEMM should cost what its weight bytes cost.
 PyTorch's bf16 GEMM (oneDNN) costs more than that for one row and 1.3-2x it at 6-16 rows on a 2-core AMD CPU with
 AVX-512 BF16, and inductor's C++ GEMM template (bf16 converted to fp32, fp32 FMAs) 2-5x at 6 rows; on a CPU with AVX2
-only, oneDNN's bf16 GEMM costs ~4x at 6 rows what it costs at one (``docs/benchmarks/engine.md``). :func:`linear`
+only, where oneDNN has no bf16 GEMM, PyTorch's generic loop costs ~4.7x at 6 rows what it costs at one
+(``docs/benchmarks/engine.md``). :func:`linear`
 computes ``x @ W^T`` for up to :data:`ROWS` rows over a weight packed once (:func:`pack`), with AVX-512 BF16 dot
 products (``VDPBF16PS``) where the CPU has them and with AVX2 FMAs on the weights widened to fp32 elsewhere: each
 64-byte weight load feeds every row's arithmetic, and each tile prefetches the next tile's weights into L2 while it
