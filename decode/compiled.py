@@ -115,9 +115,7 @@ class Linear(nn.Module):
         super().__init__()
         self.weight, self.bias = _weight(*linears)
         w = self.weight
-        fits = w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.shape[1] % 2 == 0
-        self.packed = nn.Parameter(few_rows.pack(w.detach()), requires_grad=False) \
-            if fits and few_rows.available() else None
+        self.packed = nn.Parameter(few_rows.pack(w.detach()), requires_grad=False) if few_rows.fits(w) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.numel() <= few_rows.ROWS * x.shape[-1]:

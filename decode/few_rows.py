@@ -4,9 +4,9 @@ On a CPU a decoding step is bound by reading the weights: one row's GEMM should 
 PyTorch's bf16 GEMM (oneDNN) costs more than that for one row and 1.3-2x it at 6-16 rows on a 2-core AMD CPU with
 AVX-512 BF16, and inductor's C++ GEMM template (bf16 converted to fp32, fp32 FMAs) 2-5x at 6 rows; on a CPU with AVX2
 only, where oneDNN has no bf16 GEMM, PyTorch's generic loop costs ~4.7x at 6 rows what it costs at one
-(``docs/benchmarks/engine.md``). :func:`linear`
-computes ``x @ W^T`` for up to :data:`ROWS` rows over a weight packed once (:func:`pack`), with AVX-512 BF16 dot
-products (``VDPBF16PS``) where the CPU has them and with AVX2 FMAs on the weights widened to fp32 elsewhere: each
+(``docs/benchmarks/engine.md``). :func:`linear` computes ``x @ W^T`` for up to :data:`ROWS` rows over a weight
+packed once (:func:`pack`), with AVX-512 BF16 dot products (``VDPBF16PS``) where the CPU has them and with AVX2
+FMAs on the weights widened to fp32 elsewhere: each
 64-byte weight load feeds every row's arithmetic, and each tile prefetches the next tile's weights into L2 while it
 computes, so a few rows cost little more than one until the arithmetic, not the loads, bounds it. fp32
 accumulation, the result rounded to bf16 (nearest even), as oneDNN's; the sums' order differs, so values can differ
@@ -53,6 +53,13 @@ def kernels() -> dict:
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):  # ATen's AVX2 level includes FMA
         found["avx2"] = ops.few_rows_linear_avx2
     return found
+
+
+def fits(weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` can run ``weight [N, K]``: a bf16 CPU tensor with ``K`` even, on a CPU where the kernel
+    runs (:func:`available`)."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.shape[1] % 2 == 0 and available())
 
 
 def _build():

@@ -14,9 +14,9 @@ per forward. Two things make them cheaper, both as inference engines do it:
   results (checked bit for bit when a weight is packed; a mismatch or a missing op falls back to the
   plain merged weight), without the per-call reorder.
 * **The few-row kernel where oneDNN has no bf16 GEMM.** On a CPU with AVX2 only, oneDNN refuses to prepack bf16
-  and PyTorch's bf16 GEMM is a slow generic loop (1.4-1.7x the kernel at one row, 4-5x from 6 rows). There bf16 layers run
-  :mod:`decode.few_rows`' kernel in calls of up to 16 rows, and past :data:`KERNEL_MAX_ROWS` rows (a prefill) one fp32
-  GEMM (:func:`_kernel_matmul`): PyTorch's values up to an ulp, not its bits.
+  and PyTorch's bf16 GEMM is a slow generic loop (1.4-1.7x the kernel at one row, 4-5x from 6 rows). There bf16
+  layers run :mod:`decode.few_rows`' kernel in calls of up to 16 rows, and past :data:`KERNEL_MAX_ROWS` rows (a
+  prefill) one fp32 GEMM (:func:`_kernel_matmul`): PyTorch's values up to an ulp, not its bits.
 
 Measured on this project's 2-core CPU (``benchmarks/engine_kernels.py``; BENCHMARKS.md, "Engine vs
 transformers `generate`"): bf16 LM head 49152x576 3.2 -> 2.0 ms at 1 row and 4.7 -> 1.6 ms at 6; the
@@ -114,11 +114,6 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
 KERNEL_MAX_ROWS = 48
 
 
-def _kernel_fits(weight: torch.Tensor) -> bool:
-    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.shape[1] % 2 == 0
-            and few_rows.available())
-
-
 def _kernel_matmul(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None) -> torch.Tensor:
     """``linear(x, weight, bias)`` in bf16 through :mod:`decode.few_rows`' kernel (``packed``: its copy of ``weight``),
@@ -178,7 +173,7 @@ class _Group:
         self.packed = _pack(weight, bias)
         self.weight = None if self.packed is not None else weight  # the packed copy replaces the plain one
         # bf16 weights oneDNN cannot prepack (a CPU without its bf16 GEMM: AVX2 only) run the few-row kernel
-        self.kernel = few_rows.pack(weight) if self.packed is None and _kernel_fits(weight) else None
+        self.kernel = few_rows.pack(weight) if self.packed is None and few_rows.fits(weight) else None
         self._local = threading.local()  # the last input and outputs, per thread
 
     def _tensors(self) -> list[torch.Tensor]:
