@@ -89,6 +89,11 @@ constexpr Blocks kByRows[kMaxRows] = {blocks<1>, blocks<2>, blocks<3>, blocks<4>
 
 constexpr int kGroup = 6;  // rows per pass over a block: 2 x 6 accumulators and 4 widened weights fill the 16 registers
 
+// The rows in near-equal groups of at most kGroup (8 -> 4 + 4, 11 -> 5 + 6, 16 -> 5 + 5 + 6): how many groups, and
+// the size of the one starting at `row` with `left` groups to go. The inputs' layout and the tiles both follow it.
+inline int group_count(int m) { return (m + kGroup - 1) / kGroup; }
+inline int group_rows(int m, int row, int left) { return (m - row) / left; }
+
 // fp32 -> bf16, nearest even; a NaN stays a (quiet) NaN. 8 values -> 8 x 16 bits in the low 128 bits.
 DK_AVX2 inline __m128i to_bf16(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
@@ -165,11 +170,11 @@ DK_AVX2 void blocks_avx2(const float* xf, int m, int64_t kp_count, const uint16_
       tile2<1, 4>(xf, kp_count, wp + blk * stride, stride, next, bias, y, n, blk * kCols);
     }
   }
-  const int groups = (m + kGroup - 1) / kGroup;
+  const int groups = group_count(m);
   for (; blk < last; ++blk) {
     const char* next = reinterpret_cast<const char*>(wp + (blk + 1) * stride);
     for (int g = 0, row = 0; g < groups; ++g) {
-      const int rows = (m - row) / (groups - g);  // near-equal groups: 6 -> 3 + 3, 11 -> 3 + 4 + 4
+      const int rows = group_rows(m, row, groups - g);
       kTile2[rows - 1](xf + row * kp_count * 16, kp_count, wp + blk * stride, stride, g == 0 ? next : nullptr, bias,
                        y + row * n, n, blk * kCols);
       row += rows;
@@ -213,9 +218,9 @@ static at::Tensor run(const at::Tensor& x, const at::Tensor& packed, const std::
   const auto* xb = reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>());
   at::Tensor wide = at::empty({m * k * 8}, x.options().dtype(at::kFloat));
   float* xf = wide.data_ptr<float>();
-  const int groups = (int(m) + kGroup - 1) / kGroup;
+  const int groups = group_count(int(m));
   for (int g = 0, row = 0; g < groups; ++g) {
-    const int count = (int(m) - row) / (groups - g);
+    const int count = group_rows(int(m), row, groups - g);
     float* dst = xf + row * k * 8;
     for (int64_t kp = 0; kp < kp_count; ++kp)
       for (int r = 0; r < count; ++r)

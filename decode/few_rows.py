@@ -50,7 +50,7 @@ def kernels() -> dict:
         return {}
     ops = torch.ops.drafterkit
     found = {"avx512_bf16": ops.few_rows_linear} if torch.cpu._is_avx512_bf16_supported() else {}
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):  # ATen's AVX2 level includes FMA
+    if _has_avx2():
         found["avx2"] = ops.few_rows_linear_avx2
     return found
 
@@ -62,8 +62,12 @@ def fits(weight: torch.Tensor) -> bool:
             and weight.shape[1] % 2 == 0 and available())
 
 
+def _has_avx2() -> bool:
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")  # ATen's AVX2 level includes FMA
+
+
 def _build():
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    if not _has_avx2():
         return None
     try:
         build("drafterkit_few_rows", Path(__file__).with_suffix(".cpp"))
